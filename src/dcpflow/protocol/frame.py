@@ -1,0 +1,371 @@
+"""Frames of the memcached binary protocol: the 24-byte header, flexible framing extras, an
+incremental decoder and the encoder.
+
+Reference: reference/kv_engine/docs/BinaryProtocol.md ("Packet Structure", "Request header with
+flexible framing extras") and TABLES.md section 1. Magic 0x08 (erratum 43: missing from the
+page's magic table) and 0x18 carry framing extras: byte 2 is their length and byte 3 the key
+length, so keys in such frames are at most 255 bytes.
+"""
+
+import struct
+from enum import IntEnum
+from typing import NamedTuple
+
+from .errors import ProtocolError
+from .status import Status
+
+HEADER_LEN = 24
+#: The largest document value the server accepts (DocumentSizeLimits.md).
+MAX_VALUE_LEN = 20 * 1024 * 1024
+#: Default body limit: a maximal value plus the largest framing extras, extras and key.
+DEFAULT_MAX_BODY_LEN = MAX_VALUE_LEN + 0xFF + 0xFF + 0xFFFF
+
+HEADER = struct.Struct(">BBHBBHIIQ")
+ALT_HEADER = struct.Struct(">BBBBBBHIIQ")
+_U32 = struct.Struct(">I")
+
+
+class Magic(IntEnum):
+    REQUEST = 0x80
+    ALT_REQUEST = 0x08
+    RESPONSE = 0x81
+    ALT_RESPONSE = 0x18
+    SERVER_REQUEST = 0x82
+    SERVER_RESPONSE = 0x83
+
+
+_ALT = frozenset({Magic.ALT_REQUEST, Magic.ALT_RESPONSE})
+_RESPONSES = frozenset({Magic.RESPONSE, Magic.ALT_RESPONSE, Magic.SERVER_RESPONSE})
+_MAGICS = frozenset(int(m) for m in Magic)
+
+
+class RequestFrameId(IntEnum):
+    """Framing-extras ids in requests (TABLES.md 1.3)."""
+
+    BARRIER = 0
+    DURABILITY = 1
+    DCP_STREAM_ID = 2
+    OPEN_TRACING_UNUSED = 3
+    IMPERSONATE = 4
+    PRESERVE_TTL = 5
+    IMPERSONATE_EXTRA_PRIVILEGE = 6
+    IMPERSONATE_TOKEN = 7
+
+
+class ResponseFrameId(IntEnum):
+    """Framing-extras ids in responses (TABLES.md 1.3)."""
+
+    SERVER_DURATION = 0
+    READ_UNITS = 1
+    WRITE_UNITS = 2
+    THROTTLE_DURATION = 3
+
+
+class Frame(NamedTuple):
+    """One packet, split into its parts; fields not interpreted beyond the header.
+
+    `vbucket_or_status` is header bytes 6-7: the vbucket of a request, the status of a response.
+    """
+
+    magic: int
+    opcode: int
+    datatype: int = 0
+    vbucket_or_status: int = 0
+    opaque: int = 0
+    cas: int = 0
+    framing: bytes = b""
+    extras: bytes = b""
+    key: bytes = b""
+    value: bytes = b""
+
+    @property
+    def is_response(self) -> bool:
+        return self.magic in _RESPONSES
+
+    @property
+    def vbucket(self) -> int:
+        return self.vbucket_or_status
+
+    @property
+    def status(self) -> int:
+        return self.vbucket_or_status
+
+    @property
+    def body_len(self) -> int:
+        return len(self.framing) + len(self.extras) + len(self.key) + len(self.value)
+
+    @property
+    def frame_infos(self) -> list[tuple[int, bytes]]:
+        return decode_frame_infos(self.framing)
+
+    @property
+    def stream_id(self) -> int | None:
+        """The DCP stream-id frame of a request (0x08), or None."""
+        if not self.framing or self.magic != Magic.ALT_REQUEST:
+            return None
+        for fid, payload in decode_frame_infos(self.framing):
+            if fid == RequestFrameId.DCP_STREAM_ID and len(payload) == 2:
+                return int.from_bytes(payload, "big")
+        return None
+
+    def encode(self) -> bytes:
+        return encode_frame(self.magic, self.opcode, key=self.key, extras=self.extras, value=self.value,
+                            vbucket_or_status=self.vbucket_or_status, opaque=self.opaque, cas=self.cas,
+                            datatype=self.datatype, framing=self.framing)
+
+
+def encode_frame(magic: int, opcode: int, *, key: bytes = b"", extras: bytes = b"", value: bytes = b"",
+                 vbucket_or_status: int = 0, opaque: int = 0, cas: int = 0, datatype: int = 0,
+                 framing: bytes = b"") -> bytes:
+    """Encode one packet. With framing extras the magic must be 0x08/0x18 (use `request`/`response`
+    to have it chosen for you)."""
+    body_len = len(framing) + len(extras) + len(key) + len(value)
+    if magic in _ALT:
+        if len(framing) > 0xFF or len(key) > 0xFF:
+            raise ValueError("with framing extras both framing and key must be at most 255 bytes")
+        header = ALT_HEADER.pack(magic, opcode, len(framing), len(key), len(extras), datatype,
+                                 vbucket_or_status, body_len, opaque, cas)
+    else:
+        if framing:
+            raise ValueError(f"magic 0x{magic:02x} cannot carry framing extras; use 0x08/0x18")
+        header = HEADER.pack(magic, opcode, len(key), len(extras), datatype, vbucket_or_status,
+                             body_len, opaque, cas)
+    return b"".join((header, framing, extras, key, value))
+
+
+def request(opcode: int, *, key: bytes = b"", extras: bytes = b"", value: bytes = b"", vbucket: int = 0,
+            opaque: int = 0, cas: int = 0, datatype: int = 0, framing: bytes = b"") -> bytes:
+    """Encode a client request; magic 0x08 when there are framing extras, else 0x80."""
+    magic = Magic.ALT_REQUEST if framing else Magic.REQUEST
+    return encode_frame(magic, opcode, key=key, extras=extras, value=value, vbucket_or_status=vbucket,
+                        opaque=opaque, cas=cas, datatype=datatype, framing=framing)
+
+
+def response(opcode: int, status: int = Status.SUCCESS, *, key: bytes = b"", extras: bytes = b"",
+             value: bytes = b"", opaque: int = 0, cas: int = 0, datatype: int = 0,
+             framing: bytes = b"") -> bytes:
+    """Encode a response; magic 0x18 when there are framing extras, else 0x81."""
+    magic = Magic.ALT_RESPONSE if framing else Magic.RESPONSE
+    return encode_frame(magic, opcode, key=key, extras=extras, value=value, vbucket_or_status=status,
+                        opaque=opaque, cas=cas, datatype=datatype, framing=framing)
+
+
+# ---------------------------------------------------------------------------------------------
+# Framing extras ("FrameInfo" objects)
+
+def encode_frame_info(frame_id: int, payload: bytes = b"") -> bytes:
+    """One FrameInfo: id and length nibbles, each escaped with 15 + next byte when above 14."""
+    if not 0 <= frame_id <= 15 + 0xFF or len(payload) > 15 + 0xFF:
+        raise ValueError(f"frame info id {frame_id} / length {len(payload)} cannot be encoded")
+    id_nib, id_ext = (frame_id, b"") if frame_id < 15 else (15, bytes([frame_id - 15]))
+    n = len(payload)
+    len_nib, len_ext = (n, b"") if n < 15 else (15, bytes([n - 15]))
+    return bytes([(id_nib << 4) | len_nib]) + id_ext + len_ext + payload
+
+
+def decode_frame_infos(data: bytes) -> list[tuple[int, bytes]]:
+    """All FrameInfo objects as (id, payload); raises ProtocolError if one runs past the end."""
+    out = []
+    pos, end = 0, len(data)
+    while pos < end:
+        first = data[pos]
+        pos += 1
+        fid, flen = first >> 4, first & 0x0F
+        if fid == 15:
+            if pos >= end:
+                raise ProtocolError("framing extras end inside an escaped frame-info id")
+            fid = 15 + data[pos]
+            pos += 1
+        if flen == 15:
+            if pos >= end:
+                raise ProtocolError("framing extras end inside an escaped frame-info length")
+            flen = 15 + data[pos]
+            pos += 1
+        if pos + flen > end:
+            raise ProtocolError(f"frame info {fid} declares {flen} bytes but only {end - pos} remain")
+        out.append((fid, data[pos:pos + flen]))
+        pos += flen
+    return out
+
+
+def stream_id_frame(stream_id: int) -> bytes:
+    """The DCP stream-id FrameInfo (id 2, u16) a producer puts on every stream message."""
+    return encode_frame_info(RequestFrameId.DCP_STREAM_ID, stream_id.to_bytes(2, "big"))
+
+
+def durability_frame(level: int, timeout_ms: int | None = None) -> bytes:
+    payload = bytes([level]) if timeout_ms is None else bytes([level]) + timeout_ms.to_bytes(2, "big")
+    return encode_frame_info(RequestFrameId.DURABILITY, payload)
+
+
+def encode_server_duration(micros: float) -> int:
+    """Response frame 0/3 encoding: (micros * 2) ^ (1 / 1.74), clamped to a u16."""
+    return min(0xFFFF, round((micros * 2) ** (1.0 / 1.74)))
+
+
+def decode_server_duration(encoded: int) -> float:
+    return (encoded ** 1.74) / 2
+
+
+def check_request_frame_infos(framing: bytes) -> list[ProtocolError]:
+    """Every rule the request FrameInfo objects break (BinaryProtocol.md, ID:0..ID:7)."""
+    try:
+        infos = decode_frame_infos(framing)
+    except ProtocolError as e:
+        return [e]
+    problems: list[ProtocolError] = []
+    for fid, payload in infos:
+        n = len(payload)
+        if fid in (RequestFrameId.BARRIER, RequestFrameId.PRESERVE_TTL) and n:
+            problems.append(ProtocolError(f"frame info {RequestFrameId(fid).name} must be empty, has {n} bytes"))
+        elif fid == RequestFrameId.DURABILITY:
+            if n not in (1, 3):
+                problems.append(ProtocolError(f"durability frame must be 1 or 3 bytes, has {n}"))
+            elif not 1 <= payload[0] <= 3:
+                problems.append(ProtocolError(f"durability level {payload[0]} is not 1..3",
+                                              Status.DURABILITY_INVALID_LEVEL))
+            elif n == 3 and int.from_bytes(payload[1:], "big") in (0, 0xFFFF):
+                problems.append(ProtocolError("durability timeout 0 and 0xffff are reserved"))
+        elif fid == RequestFrameId.DCP_STREAM_ID:
+            if n != 2:
+                problems.append(ProtocolError(f"DCP stream-id frame must be 2 bytes, has {n}"))
+            elif payload == b"\x00\x00":
+                problems.append(ProtocolError("DCP stream-id 0 is invalid", Status.DCP_STREAM_ID_INVALID))
+        elif fid in (RequestFrameId.IMPERSONATE, RequestFrameId.IMPERSONATE_EXTRA_PRIVILEGE) and not n:
+            problems.append(ProtocolError(f"frame info {RequestFrameId(fid).name} needs a name"))
+        elif fid == RequestFrameId.IMPERSONATE_TOKEN and n != 2:
+            problems.append(ProtocolError(f"impersonate-token frame must be 2 bytes, has {n}"))
+        elif fid == RequestFrameId.OPEN_TRACING_UNUSED or fid > RequestFrameId.IMPERSONATE_TOKEN:
+            problems.append(ProtocolError(f"unknown frame info id {fid}", Status.UNKNOWN_FRAME_INFO))
+    return problems
+
+
+# ---------------------------------------------------------------------------------------------
+# Incremental decoder
+
+class FrameDecoder:
+    """Feed it bytes as they arrive; iterate it for complete frames.
+
+    Sans-I/O: no sockets, no clocks. A fatal ProtocolError (bad magic, oversize body) poisons the
+    decoder: the stream cannot be resynchronised and the connection should be closed. A non-fatal
+    one (a header whose lengths contradict each other inside a sound body) is raised after the bad
+    frame was consumed, so the caller can answer EINVAL and keep iterating.
+
+    Bytes are accumulated without quadratic copying: while a frame larger than what is buffered is
+    pending, chunks are collected in a list and joined once the frame is complete.
+    """
+
+    __slots__ = ("max_body_len", "_buf", "_pos", "_chunks", "_chunk_len", "_need", "_broken")
+
+    def __init__(self, max_body_len: int = DEFAULT_MAX_BODY_LEN):
+        self.max_body_len = max_body_len
+        self._buf = b""
+        self._pos = 0
+        self._chunks: list[bytes] | None = None
+        self._chunk_len = 0
+        self._need = 0
+        self._broken: ProtocolError | None = None
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received but not yet returned as frames."""
+        return self._chunk_len if self._chunks is not None else len(self._buf) - self._pos
+
+    def feed(self, data: bytes) -> None:
+        if not data:
+            return
+        if self._chunks is not None:
+            self._chunks.append(bytes(data))
+            self._chunk_len += len(data)
+            if self._chunk_len >= self._need:
+                self._buf = b"".join(self._chunks)
+                self._pos = 0
+                self._chunks = None
+            return
+        if self._pos >= len(self._buf):
+            self._buf = bytes(data)
+        else:
+            self._buf = self._buf[self._pos:] + data
+        self._pos = 0
+
+    def _wait_for(self, pos: int, need: int) -> None:
+        """Park the partial frame at `pos` until `need` bytes of it have arrived."""
+        rest = self._buf[pos:]
+        self._buf, self._pos = b"", 0
+        if need > len(rest) + 65536:
+            self._chunks, self._chunk_len, self._need = [rest], len(rest), need
+        else:
+            self._buf = rest
+
+    def _header_error(self, buf: bytes, pos: int) -> ProtocolError | None:
+        """Return the fatal error of the header at pos, if any (checked only off the fast path)."""
+        magic, opcode = buf[pos], buf[pos + 1]
+        if magic not in _MAGICS:
+            return ProtocolError(f"invalid magic 0x{magic:02x} (expected 0x80, 0x81, 0x08, 0x18, 0x82 "
+                                 f"or 0x83): not a memcached binary protocol stream", fatal=True,
+                                 opcode=opcode, magic=magic)
+        (body_len,) = _U32.unpack_from(buf, pos + 8)
+        if body_len > self.max_body_len:
+            return ProtocolError(f"body length {body_len} exceeds the limit of {self.max_body_len} bytes",
+                                 Status.E2BIG, fatal=True, opcode=opcode, magic=magic)
+        return None
+
+    def __iter__(self):
+        return self.frames()
+
+    def frames(self):
+        """Yield every complete Frame now buffered."""
+        if self._broken is not None:
+            raise self._broken
+        if self._chunks is not None:
+            return
+        buf, pos = self._buf, self._pos
+        end = len(buf)
+        unpack, alt = HEADER.unpack_from, _ALT
+        max_body = self.max_body_len
+        while end - pos >= HEADER_LEN:
+            magic, opcode, key_len, ext_len, datatype, vbs, body_len, opaque, cas = unpack(buf, pos)
+            if body_len > max_body or magic not in _MAGICS:
+                self._broken = self._header_error(buf, pos)
+                self._buf, self._pos = b"", 0
+                raise self._broken
+            frame_end = pos + HEADER_LEN + body_len
+            if frame_end > end:
+                self._wait_for(pos, HEADER_LEN + body_len)
+                return
+            if magic in alt:
+                fr_len, key_len = key_len >> 8, key_len & 0xFF
+            else:
+                fr_len = 0
+            start = pos + HEADER_LEN
+            k = start + fr_len + ext_len
+            v = k + key_len
+            self._pos = frame_end
+            if v > frame_end:
+                pos = frame_end
+                raise ProtocolError(
+                    f"framing extras ({fr_len}) + extras ({ext_len}) + key ({key_len}) = {v - start} bytes "
+                    f"exceed the total body length {body_len}", opcode=opcode, opaque=opaque, magic=magic)
+            yield Frame(magic, opcode, datatype, vbs, opaque, cas,
+                        buf[start:start + fr_len] if fr_len else b"", buf[start + fr_len:k],
+                        buf[k:v], buf[v:frame_end])
+            if self._buf is not buf:  # fed while suspended: feed() rebased the buffer, stop here
+                return
+            pos = frame_end
+        self._pos = pos
+
+    def next_frame(self) -> Frame | None:
+        """The next complete frame, or None if more bytes are needed."""
+        for frame in self.frames():
+            return frame
+        return None
+
+
+def decode_all(data: bytes, max_body_len: int = DEFAULT_MAX_BODY_LEN) -> list[Frame]:
+    """Decode a buffer that holds only whole frames; raises ProtocolError on leftovers."""
+    dec = FrameDecoder(max_body_len)
+    dec.feed(data)
+    frames = list(dec.frames())
+    if dec.buffered:
+        raise ProtocolError(f"{dec.buffered} trailing bytes do not make a whole frame")
+    return frames
