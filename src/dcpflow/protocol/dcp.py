@@ -1248,62 +1248,61 @@ class DcpDecoder(FrameDecoder):
     def messages(self):
         """Yield every complete message now buffered (same contract as `frames()`)."""
         while True:
-            yield from self._fast_messages()
+            if self._broken is not None:
+                raise self._broken
+            if self._chunks is None:
+                buf, pos = self._buf, self._pos
+                end = len(buf)
+                limit = HEADER_LEN + self.max_body_len
+                mut, del2, del1, marker = _MUT_FAST, _DEL2_FAST, _DEL1_FAST, _MARKER_FAST
+                mutation, deletion, snapshot = DcpMutation, DcpDeletion, DcpSnapshotMarker
+                while end - pos >= 44 and buf[pos] == 0x80:
+                    op, ext = buf[pos + 1], buf[pos + 4]
+                    if op == 0x57 and ext == 31 and end - pos >= 55:
+                        klen, dt, vb, blen, opaque, cas, seq, rev, flags, exp, lock, nru = mut(buf, pos)
+                        k = pos + 55
+                        v = k + klen
+                        fend = pos + 24 + blen
+                        if not (v <= fend <= end and klen and fend - pos <= limit and buf[pos + 52] == 0
+                                and buf[pos + 53] == 0):
+                            break
+                        self._pos = pos = fend
+                        yield _tn(mutation, (vb, seq, rev, flags, exp, lock, buf[k:v], buf[v:fend], cas, dt,
+                                             opaque, nru, None))
+                    elif op == 0x58 and ext == 21:
+                        klen, dt, vb, blen, opaque, cas, seq, rev, dtime = del2(buf, pos)
+                        k = pos + 45
+                        v = k + klen
+                        fend = pos + 24 + blen
+                        if not (v <= fend <= end and klen and fend - pos <= limit):
+                            break
+                        self._pos = pos = fend
+                        yield _tn(deletion, (vb, seq, rev, buf[k:v], buf[v:fend], cas, dt, opaque, dtime, None))
+                    elif op == 0x58 and ext == 18:
+                        klen, dt, vb, blen, opaque, cas, seq, rev = del1(buf, pos)
+                        k = pos + 42
+                        v = k + klen
+                        fend = pos + 24 + blen
+                        if not (v <= fend <= end and klen and fend - pos <= limit and buf[pos + 40] == 0
+                                and buf[pos + 41] == 0):
+                            break
+                        self._pos = pos = fend
+                        yield _tn(deletion, (vb, seq, rev, buf[k:v], buf[v:fend], cas, dt, opaque, None, None))
+                    elif op == 0x56 and ext == 20 and buf[pos + 2] == 0 and buf[pos + 3] == 0:
+                        vb, blen, opaque, start, stop, flags = marker(buf, pos)
+                        if not (blen == 20 and start <= stop and not flags & ~0x3F and flags & 3 != 3):
+                            break
+                        self._pos = pos = pos + 44
+                        yield _tn(snapshot, (vb, start, stop, flags, -1, 0, 0, 0, 0, opaque, None))
+                    else:
+                        break
+                    if self._buf is not buf:  # fed while suspended: feed() rebased the buffer
+                        break
+            # Slow path: one generic frame (or the wait for more bytes), then the fast path again.
             frame = next(self.frames(), None)
             if frame is None:
                 return
             yield decode_dcp(frame)
-
-    def _fast_messages(self):
-        if self._broken is not None or self._chunks is not None:
-            return
-        buf, pos = self._buf, self._pos
-        end = len(buf)
-        limit = HEADER_LEN + self.max_body_len
-        mut, del2, del1, marker = _MUT_FAST, _DEL2_FAST, _DEL1_FAST, _MARKER_FAST
-        mutation, deletion, snapshot = DcpMutation, DcpDeletion, DcpSnapshotMarker
-        while end - pos >= 44 and buf[pos] == 0x80:
-            op, ext = buf[pos + 1], buf[pos + 4]
-            if op == 0x57 and ext == 31 and end - pos >= 55:
-                klen, dt, vb, blen, opaque, cas, seq, rev, flags, exp, lock, nru = mut(buf, pos)
-                k = pos + 55
-                v = k + klen
-                fend = pos + 24 + blen
-                if not (v <= fend <= end and klen and fend - pos <= limit and buf[pos + 52] == 0
-                        and buf[pos + 53] == 0):
-                    return
-                self._pos = pos = fend
-                yield _tn(mutation, (vb, seq, rev, flags, exp, lock, buf[k:v], buf[v:fend], cas, dt, opaque,
-                                     nru, None))
-            elif op == 0x58 and ext == 21:
-                klen, dt, vb, blen, opaque, cas, seq, rev, dtime = del2(buf, pos)
-                k = pos + 45
-                v = k + klen
-                fend = pos + 24 + blen
-                if not (v <= fend <= end and klen and fend - pos <= limit):
-                    return
-                self._pos = pos = fend
-                yield _tn(deletion, (vb, seq, rev, buf[k:v], buf[v:fend], cas, dt, opaque, dtime, None))
-            elif op == 0x58 and ext == 18:
-                klen, dt, vb, blen, opaque, cas, seq, rev = del1(buf, pos)
-                k = pos + 42
-                v = k + klen
-                fend = pos + 24 + blen
-                if not (v <= fend <= end and klen and fend - pos <= limit and buf[pos + 40] == 0
-                        and buf[pos + 41] == 0):
-                    return
-                self._pos = pos = fend
-                yield _tn(deletion, (vb, seq, rev, buf[k:v], buf[v:fend], cas, dt, opaque, None, None))
-            elif op == 0x56 and ext == 20 and buf[pos + 2] == 0 and buf[pos + 3] == 0:
-                vb, blen, opaque, start, stop, flags = marker(buf, pos)
-                if not (blen == 20 and start <= stop and not flags & ~0x3F and flags & 3 != 3):
-                    return
-                self._pos = pos = pos + 44
-                yield _tn(snapshot, (vb, start, stop, flags, -1, 0, 0, 0, 0, opaque, None))
-            else:
-                return
-            if self._buf is not buf:  # fed while suspended: feed() rebased the buffer
-                return
 
 
 def charged_size(message) -> int:

@@ -1,0 +1,249 @@
+"""`dcpflow inspect`: decode hex dumps of protocol traffic into one JSON object per frame.
+
+For a person debugging a DCP stream: every header field by name, the typed body with flags spelled
+as the reference spells them, and a `problems` list naming each rule a frame breaks. Input copied
+from a page or a packet capture is often slightly wrong (the upstream examples are: see the errata
+list), so framing is lenient: when the declared body length does not lead to a plausible next
+frame, the frame is taken to run to the next plausible header (or the end), and the mismatch is
+reported as a problem rather than a crash.
+"""
+
+import json
+import re
+import struct
+from collections.abc import Iterator
+from enum import IntEnum, IntFlag
+
+from .protocol import dcp, rules
+from .protocol.datatype import Datatype
+from .protocol.errors import ProtocolError
+from .protocol.frame import ALT_HEADER, HEADER, HEADER_LEN, Frame, Magic, RequestFrameId, ResponseFrameId
+from .protocol.messages import decode_message
+from .protocol.opcodes import OPCODE_DESCRIPTIONS, Opcode
+from .protocol.status import STATUS_DESCRIPTIONS, Status
+
+_MAGICS = {int(m) for m in Magic}
+_HEX_TOKEN = re.compile(r"0[xX]")
+_COMMENT = re.compile(r"#[^\n]*")
+
+
+def parse_hex(text: str) -> bytes:
+    """Bytes from a hex dump: whitespace, commas, `0x` prefixes, `#` comments and `|` grid bars are
+    ignored, so a dump pasted from a page or a capture works as is."""
+    text = _COMMENT.sub(" ", text)
+    text = _HEX_TOKEN.sub("", text)
+    digits = re.sub(r"[\s,|:;]", "", text)
+    bad = re.search(r"[^0-9a-fA-F]", digits)
+    if bad:
+        raise ValueError(f"not a hex digit: {bad.group()!r} at position {bad.start()} of the cleaned input")
+    if len(digits) % 2:
+        raise ValueError(f"odd number of hex digits ({len(digits)}): a byte is missing a digit")
+    return bytes.fromhex(digits)
+
+
+def _plausible_start(data: bytes, pos: int) -> bool:
+    return pos == len(data) or (len(data) - pos >= HEADER_LEN and data[pos] in _MAGICS)
+
+
+def split_frames(data: bytes) -> Iterator[tuple[int, int, list[str]]]:
+    """(offset, length, framing problems) per frame, leniently (see module docstring)."""
+    pos = 0
+    while pos < len(data):
+        problems = []
+        remaining = len(data) - pos
+        if remaining < HEADER_LEN:
+            yield pos, remaining, [f"truncated header: {remaining} of 24 bytes"]
+            return
+        magic = data[pos]
+        if magic not in _MAGICS:
+            problems.append(f"invalid magic 0x{magic:02x}: the rest of the input cannot be framed")
+            yield pos, remaining, problems
+            return
+        (body_len,) = struct.unpack_from(">I", data, pos + 8)
+        declared_end = pos + HEADER_LEN + body_len
+        if declared_end > len(data):
+            if _parts_len(data, pos) <= remaining - HEADER_LEN:
+                problems.append(f"total body length says {body_len} bytes but only {remaining - HEADER_LEN} "
+                                f"follow the header")
+            else:
+                problems.append(f"truncated frame: header says {body_len} body bytes, only "
+                                f"{remaining - HEADER_LEN} present")
+            yield pos, remaining, problems
+            return
+        end = declared_end
+        if not _plausible_start(data, declared_end) or _parts_len(data, pos) > body_len:
+            # The declared length is wrong; the frame runs to the next plausible header.
+            end = next((p for p in range(pos + HEADER_LEN + _parts_len(data, pos), len(data) + 1)
+                        if _plausible_start(data, p) and p >= pos + HEADER_LEN), len(data))
+            actual = end - pos - HEADER_LEN
+            problems.append(f"total body length says {body_len} bytes but the frame has {actual}")
+        yield pos, end - pos, problems
+        pos = end
+
+
+def _parts_len(data: bytes, pos: int) -> int:
+    """framing + extras + key lengths from the header at pos."""
+    magic = data[pos]
+    if magic in (Magic.ALT_REQUEST, Magic.ALT_RESPONSE):
+        return data[pos + 2] + data[pos + 3] + data[pos + 4]
+    return struct.unpack_from(">H", data, pos + 2)[0] + data[pos + 4]
+
+
+def _frame_of(chunk: bytes) -> tuple[Frame, dict]:
+    """The Frame for a chunk, built from the actual bytes, plus the raw header fields."""
+    magic = chunk[0]
+    if magic in (Magic.ALT_REQUEST, Magic.ALT_RESPONSE):
+        _, opcode, fl, kl, el, dt, vbs, bl, opaque, cas = ALT_HEADER.unpack_from(chunk)
+    else:
+        _, opcode, kl, el, dt, vbs, bl, opaque, cas = HEADER.unpack_from(chunk)
+        fl = 0
+    p = HEADER_LEN
+    body = chunk[p:]
+    f = body[:fl]
+    e = body[fl:fl + el]
+    k = body[fl + el:fl + el + kl]
+    v = body[fl + el + kl:]
+    header = {"framing_extras_length": fl, "key_length": kl, "extras_length": el, "total_body_length": bl}
+    return Frame(magic, opcode, dt, vbs, opaque, cas, f, e, k, v), header
+
+
+def _render_bytes(b: bytes):
+    if not b:
+        return ""
+    try:
+        text = b.decode("utf-8")
+    except UnicodeDecodeError:
+        return {"hex": b.hex()}
+    if all(c.isprintable() for c in text):
+        return text
+    return {"hex": b.hex()}
+
+
+_FLAG_FIELDS: dict[tuple[type, str], type] = {
+    (dcp.DcpOpen, "flags"): dcp.OpenFlag,
+    (dcp.DcpAddStream, "flags"): dcp.StreamFlag,
+    (dcp.DcpStreamRequest, "flags"): dcp.StreamFlag,
+    (dcp.DcpSnapshotMarker, "flags"): dcp.SnapshotFlag,
+    (dcp.DcpOsoSnapshot, "flags"): dcp.OsoFlag,
+    (dcp.DcpStreamEnd, "reason"): dcp.StreamEndReason,
+    (dcp.DcpSetVbucketState, "state"): dcp.VBucketState,
+    (dcp.DcpSystemEvent, "event"): dcp.SystemEventId,
+    (dcp.DcpPrepare, "durability_level"): dcp.DurabilityLevel,
+}
+
+_MARKER_VERSION_NAMES = {dcp.MarkerVersion.V1: "V1", dcp.MarkerVersion.V2_0: "V2.0", dcp.MarkerVersion.V2_2: "V2.2"}
+
+
+def register_field_enum(cls: type, field: str, enum: type) -> None:
+    """Let other message modules have their flag/enum fields spelled out by inspect."""
+    _FLAG_FIELDS[(cls, field)] = enum
+
+
+def _render_value(v):
+    if isinstance(v, bytes):
+        return _render_bytes(v)
+    if isinstance(v, tuple | list):
+        return [_render_value(x) for x in v]
+    if isinstance(v, IntEnum):
+        return v.name
+    return v
+
+
+def describe_message(msg) -> dict:
+    out = {"type": type(msg).__name__}
+    for name, value in zip(msg._fields, msg, strict=True):
+        enum = _FLAG_FIELDS.get((type(msg), name))
+        if enum is not None and issubclass(enum, IntFlag):
+            out[name] = dcp.spell_flags(value, enum)
+        elif enum is not None:
+            try:
+                out[name] = enum(value).name
+            except ValueError:
+                out[name] = f"unknown ({value})"
+        elif name == "version" and isinstance(msg, dcp.DcpSnapshotMarker):
+            out[name] = _MARKER_VERSION_NAMES.get(value, value)
+        elif name == "status":
+            out[name] = Status(value).name if value in Status._value2member_map_ else value
+        elif name == "datatype":
+            out[name] = dcp.spell_flags(value, Datatype) if value else "Raw"
+        elif name == "value" and isinstance(value, bytes) and value[:1] in (b"{", b"["):
+            try:
+                out[name] = json.loads(value)
+            except ValueError:
+                out[name] = _render_bytes(value)
+        else:
+            out[name] = _render_value(value)
+    if isinstance(msg, dcp.DcpSystemEvent):
+        try:
+            out["event_data"] = msg.decode_value()
+        except ProtocolError as e:
+            out["event_data_error"] = e.reason
+    return out
+
+
+def _frame_infos(frame: Frame) -> list[dict]:
+    ids = ResponseFrameId if frame.is_response else RequestFrameId
+    out = []
+    for fid, payload in frame.frame_infos:
+        item = {"id": fid, "name": ids(fid).name if fid in ids._value2member_map_ else "UNKNOWN",
+                "payload": payload.hex()}
+        if not frame.is_response and fid == RequestFrameId.DCP_STREAM_ID and len(payload) == 2:
+            item["stream_id"] = int.from_bytes(payload, "big")
+        out.append(item)
+    return out
+
+
+def describe(chunk: bytes, offset: int = 0, framing_problems: list[str] | None = None) -> dict:
+    """A JSON-ready description of one frame's bytes."""
+    out: dict = {"offset": offset, "length": len(chunk)}
+    problems = [{"status": "EINVAL", "reason": p} for p in (framing_problems or [])]
+    if len(chunk) < HEADER_LEN or chunk[0] not in _MAGICS:
+        out["bytes"] = chunk.hex()
+        out["problems"] = problems
+        return out
+    frame, header = _frame_of(chunk)
+    out["magic"] = f"0x{frame.magic:02x}"
+    out["magic_name"] = Magic(frame.magic).name
+    out["opcode"] = f"0x{frame.opcode:02x}"
+    try:
+        out["opcode_name"] = Opcode(frame.opcode).name
+        out["opcode_meaning"] = OPCODE_DESCRIPTIONS[frame.opcode]
+    except ValueError:
+        out["opcode_name"] = "UNKNOWN"
+    out.update(header)
+    out["datatype"] = dcp.spell_flags(frame.datatype, Datatype) if frame.datatype else "Raw"
+    if frame.is_response:
+        st = frame.status
+        out["status"] = Status(st).name if st in Status._value2member_map_ else f"0x{st:04x}"
+        if st in STATUS_DESCRIPTIONS:
+            out["status_meaning"] = STATUS_DESCRIPTIONS[st]
+    else:
+        out["vbucket"] = frame.vbucket
+    out["opaque"] = f"0x{frame.opaque:08x}"
+    out["cas"] = frame.cas
+    if frame.framing:
+        try:
+            out["framing_extras"] = _frame_infos(frame)
+        except ProtocolError as e:
+            problems.append({"status": e.status.name, "reason": e.reason})
+    out["extras"] = frame.extras.hex()
+    out["key"] = _render_bytes(frame.key)
+    out["value"] = _render_bytes(frame.value)
+    for p in rules.problems(frame):
+        problems.append({"status": p.status.name if isinstance(p.status, Status) else p.status,
+                         "reason": p.reason})
+    if not any(p["status"] == "UNKNOWN_COMMAND" for p in problems):
+        try:
+            out["decoded"] = describe_message(decode_message(frame))
+        except ProtocolError as e:
+            if not problems:
+                problems.append({"status": e.status.name if isinstance(e.status, Status) else e.status,
+                                 "reason": e.reason})
+        except (ValueError, struct.error) as e:  # e.g. a JSON value that is not JSON
+            problems.append({"status": "EINVAL", "reason": f"cannot decode body: {e}"})
+    out["problems"] = problems
+    return out
+
+
+def inspect_bytes(data: bytes) -> list[dict]:
+    return [describe(data[o:o + n], o, p) for o, n, p in split_frames(data)]
