@@ -9,7 +9,11 @@ import sys
 def _cmd_inspect(args: argparse.Namespace) -> int:
     from .inspect import inspect_bytes, parse_hex
 
-    text = sys.stdin.read() if args.file in (None, "-") else open(args.file, encoding="utf-8").read()
+    if args.file in (None, "-"):
+        text = sys.stdin.read()
+    else:
+        with open(args.file, encoding="utf-8") as fh:
+            text = fh.read()
     try:
         data = parse_hex(text)
     except ValueError as e:

@@ -4,8 +4,9 @@ For a person debugging a DCP stream: every header field by name, the typed body 
 as the reference spells them, and a `problems` list naming each rule a frame breaks. Input copied
 from a page or a packet capture is often slightly wrong (the upstream examples are: see the errata
 list), so framing is lenient: when the declared body length does not lead to a plausible next
-frame, the frame is taken to run to the next plausible header (or the end), and the mismatch is
-reported as a problem rather than a crash.
+frame (its parts do not fit in it, or a full-size non-header follows), the frame is taken to run to
+the next plausible header (or the end), and the mismatch is reported as a problem rather than a
+crash. A tail too short for a header is reported on its own.
 """
 
 import json
@@ -14,10 +15,11 @@ import struct
 from collections.abc import Iterator
 from enum import IntEnum, IntFlag
 
-from .protocol import dcp, rules
+from .protocol import dcp, kv, meta, rules
 from .protocol.datatype import Datatype
 from .protocol.errors import ProtocolError
 from .protocol.frame import ALT_HEADER, HEADER, HEADER_LEN, Frame, Magic, RequestFrameId, ResponseFrameId
+from .protocol.hello import Feature
 from .protocol.messages import decode_message
 from .protocol.opcodes import OPCODE_DESCRIPTIONS, Opcode
 from .protocol.status import STATUS_DESCRIPTIONS, Status
@@ -47,12 +49,16 @@ def _plausible_start(data: bytes, pos: int) -> bool:
 
 def split_frames(data: bytes) -> Iterator[tuple[int, int, list[str]]]:
     """(offset, length, framing problems) per frame, leniently (see module docstring)."""
-    pos = 0
+    pos, prev_body_len = 0, None
     while pos < len(data):
         problems = []
         remaining = len(data) - pos
         if remaining < HEADER_LEN:
-            yield pos, remaining, [f"truncated header: {remaining} of 24 bytes"]
+            if prev_body_len is None:
+                yield pos, remaining, [f"truncated header: {remaining} of 24 bytes"]
+            else:
+                yield pos, remaining, [f"{remaining} trailing bytes are too short for a 24-byte header: does the "
+                                       f"previous frame's total body length ({prev_body_len}) undercount its body?"]
             return
         magic = data[pos]
         if magic not in _MAGICS:
@@ -71,14 +77,15 @@ def split_frames(data: bytes) -> Iterator[tuple[int, int, list[str]]]:
             yield pos, remaining, problems
             return
         end = declared_end
-        if not _plausible_start(data, declared_end) or _parts_len(data, pos) > body_len:
+        short_tail = len(data) - declared_end < HEADER_LEN
+        if _parts_len(data, pos) > body_len or not (short_tail or _plausible_start(data, declared_end)):
             # The declared length is wrong; the frame runs to the next plausible header.
             end = next((p for p in range(pos + HEADER_LEN + _parts_len(data, pos), len(data) + 1)
                         if _plausible_start(data, p) and p >= pos + HEADER_LEN), len(data))
             actual = end - pos - HEADER_LEN
             problems.append(f"total body length says {body_len} bytes but the frame has {actual}")
         yield pos, end - pos, problems
-        pos = end
+        pos, prev_body_len = end, body_len
 
 
 def _parts_len(data: bytes, pos: int) -> int:
@@ -129,14 +136,13 @@ _FLAG_FIELDS: dict[tuple[type, str], type] = {
     (dcp.DcpSetVbucketState, "state"): dcp.VBucketState,
     (dcp.DcpSystemEvent, "event"): dcp.SystemEventId,
     (dcp.DcpPrepare, "durability_level"): dcp.DurabilityLevel,
+    (meta.SetWithMeta, "options"): meta.WithMetaOption,
+    (meta.DelWithMeta, "options"): meta.WithMetaOption,
+    (kv.SetVbucket, "state"): dcp.VBucketState,
+    (kv.GetVbucketResponse, "state"): dcp.VBucketState,
 }
 
 _MARKER_VERSION_NAMES = {dcp.MarkerVersion.V1: "V1", dcp.MarkerVersion.V2_0: "V2.0", dcp.MarkerVersion.V2_2: "V2.2"}
-
-
-def register_field_enum(cls: type, field: str, enum: type) -> None:
-    """Let other message modules have their flag/enum fields spelled out by inspect."""
-    _FLAG_FIELDS[(cls, field)] = enum
 
 
 def _render_value(v):
@@ -153,7 +159,9 @@ def describe_message(msg) -> dict:
     out = {"type": type(msg).__name__}
     for name, value in zip(msg._fields, msg, strict=True):
         enum = _FLAG_FIELDS.get((type(msg), name))
-        if enum is not None and issubclass(enum, IntFlag):
+        if value is None:
+            out[name] = None
+        elif enum is not None and issubclass(enum, IntFlag):
             out[name] = dcp.spell_flags(value, enum)
         elif enum is not None:
             try:
@@ -162,6 +170,8 @@ def describe_message(msg) -> dict:
                 out[name] = f"unknown ({value})"
         elif name == "version" and isinstance(msg, dcp.DcpSnapshotMarker):
             out[name] = _MARKER_VERSION_NAMES.get(value, value)
+        elif name == "features":
+            out[name] = [Feature(f).name if f in Feature._value2member_map_ else f"0x{f:04x}" for f in value]
         elif name == "status":
             out[name] = Status(value).name if value in Status._value2member_map_ else value
         elif name == "datatype":

@@ -3,6 +3,7 @@
 Bytes in, typed messages out; no sockets, no clocks, and no imports of the rest of dcpflow.
 """
 
+from . import dcp, kv, meta  # noqa: F401  (importing them registers their rules)
 from .errors import ProtocolError
 from .frame import Frame, FrameDecoder, Magic, decode_all, request, response
 from .opcodes import Opcode

@@ -28,6 +28,7 @@ from .frame import (
     encode_frame,
     stream_id_frame,
 )
+from .kv import RawResponse
 from .opcodes import Opcode
 from .rules import MAY, MUST, MUST_NOT, Shape
 from .status import Status
@@ -132,9 +133,11 @@ def spell_flags(flags: int, enum: type[IntFlag]) -> str:
     return "|".join(names) if names else "0"
 
 
-OPEN_FLAGS_REJECTED = OpenFlag.INVALID_NOTIFIER | OpenFlag.UNUSED | OpenFlag.PITR_REMOVED
-OPEN_FLAGS_KNOWN = sum(OpenFlag) & ~OPEN_FLAGS_REJECTED
-STREAM_FLAGS_KNOWN = sum(StreamFlag) & ~StreamFlag.NO_VALUE_REMOVED
+# Plain ints: `~` of an IntFlag only complements within the enum's own bits, so a mask built from
+# flags would never show an undefined bit.
+OPEN_FLAGS_REJECTED = int(OpenFlag.INVALID_NOTIFIER | OpenFlag.UNUSED | OpenFlag.PITR_REMOVED)
+OPEN_FLAGS_KNOWN = int(sum(OpenFlag)) & ~OPEN_FLAGS_REJECTED
+STREAM_FLAGS_KNOWN = int(sum(StreamFlag)) & ~int(StreamFlag.NO_VALUE_REMOVED)
 
 # ---------------------------------------------------------------------------------------------
 # Encoding helpers
@@ -243,8 +246,9 @@ def _open_rules(frame: Frame):
     if flags & OPEN_FLAGS_REJECTED:
         yield ProtocolError(f"DCP_OPEN flags {spell_flags(flags & OPEN_FLAGS_REJECTED, OpenFlag)} "
                             f"are invalid {page}")
-    if flags & ~(OPEN_FLAGS_KNOWN | OPEN_FLAGS_REJECTED):
-        yield ProtocolError(f"DCP_OPEN has unknown flag bits 0x{flags & ~OPEN_FLAGS_KNOWN:x} {page}")
+    unknown = flags & ~(OPEN_FLAGS_KNOWN | OPEN_FLAGS_REJECTED)
+    if unknown:
+        yield ProtocolError(f"DCP_OPEN has unknown flag bits 0x{unknown:x} {page}")
     if flags & OpenFlag.NO_VALUE and flags & OpenFlag.NO_VALUE_WITH_UNDERLYING_DATATYPE:
         yield ProtocolError(f"DCP_OPEN flags NoValue and NoValueWithUnderlyingDatatype are mutually "
                             f"exclusive {page}")
@@ -257,7 +261,7 @@ def _open_rules(frame: Frame):
             yield ProtocolError(f"DCP_OPEN value must be JSON and flagged with datatype JSON {page}")
         try:
             doc = json.loads(frame.value)
-        except ValueError:
+        except (ValueError, RecursionError):
             yield ProtocolError(f"DCP_OPEN value is not valid JSON {page}")
             return
         if not isinstance(doc, dict) or set(doc) - {"consumer_name"}:
@@ -338,8 +342,9 @@ rules.register(Opcode.DCP_BUFFER_ACKNOWLEDGEMENT, Shape(_PAGES + "buffer-ack.md"
 def _stream_flag_problems(flags: int, what: str, page: str):
     if flags & StreamFlag.NO_VALUE_REMOVED:
         yield ProtocolError(f"{what} flag 0x08 (NoValue) is no longer used; use DCP_OPEN flag NoValue ({page})")
-    if flags & ~(STREAM_FLAGS_KNOWN | StreamFlag.NO_VALUE_REMOVED):
-        yield ProtocolError(f"{what} has unknown flag bits 0x{flags & ~STREAM_FLAGS_KNOWN:x} ({page})")
+    unknown = flags & ~(STREAM_FLAGS_KNOWN | int(StreamFlag.NO_VALUE_REMOVED))
+    if unknown:
+        yield ProtocolError(f"{what} has unknown flag bits 0x{unknown:x} ({page})")
     if flags & StreamFlag.CACHE_TRANSFER and flags & ~(
             StreamFlag.CACHE_TRANSFER | StreamFlag.TAKEOVER | StreamFlag.ACTIVE_VB_ONLY):
         yield ProtocolError(f"{what} flag CacheTransfer may only be combined with TakeOver and ActiveVbOnly "
@@ -453,7 +458,7 @@ def _stream_req_rules(frame: Frame):
     if frame.value:
         try:
             doc = json.loads(frame.value)
-        except ValueError:
+        except (ValueError, RecursionError):
             yield ProtocolError("DCP_STREAM_REQ value is not valid JSON (stream-request-value.md)")
             return
         if not isinstance(doc, dict):
@@ -1142,6 +1147,9 @@ def _cache_records(value: bytes):
             raise ProtocolError(f"cache-transfer record header needs 40 bytes; {end - pos} remain")
         cas, seq, rev, vlen, flags, exp, klen, dt, hint = _CACHE_RECORD.unpack_from(value, pos)
         pos += 40
+        if klen < 2:
+            raise ProtocolError(f"cache-transfer record key_len must be >= 2 (a collection-aware key); got "
+                                f"{klen} (cache-transfer.md)")
         if pos + klen + vlen > end:
             raise ProtocolError(f"cache-transfer record declares key {klen} + value {vlen} bytes but only "
                                 f"{end - pos} remain")
@@ -1205,24 +1213,14 @@ RESPONSE_TYPES: dict[int, type] = {
 }
 
 
-class Response(NamedTuple):
-    """A response with no typed body (status, and whatever value it carried)."""
-
-    opcode: int
-    status: int
-    opaque: int = 0
-    value: bytes = b""
-    cas: int = 0
-
-    @classmethod
-    def from_frame(cls, frame: Frame) -> "Response":
-        return cls(frame.opcode, frame.status, frame.opaque, frame.value, frame.cas)
-
-
 def decode_dcp(frame: Frame):
     """The typed message for a frame seen on a DCP connection (raises ProtocolError if malformed)."""
+    if frame.magic in (Magic.SERVER_REQUEST, Magic.SERVER_RESPONSE):
+        raise ProtocolError(f"magic 0x{frame.magic:02x} is a duplex server command (TABLES.md 3.2), not a DCP "
+                            f"message", Status.UNKNOWN_COMMAND, opcode=frame.opcode, opaque=frame.opaque,
+                            magic=frame.magic)
     if frame.is_response:
-        return RESPONSE_TYPES.get(frame.opcode, Response).from_frame(frame)
+        return RESPONSE_TYPES.get(frame.opcode, RawResponse).from_frame(frame)
     cls = REQUEST_TYPES.get(frame.opcode)
     if cls is None:
         rules.check(frame)
@@ -1269,7 +1267,7 @@ class DcpDecoder(FrameDecoder):
                         self._pos = pos = fend
                         yield _tn(mutation, (vb, seq, rev, flags, exp, lock, buf[k:v], buf[v:fend], cas, dt,
                                              opaque, nru, None))
-                    elif op == 0x58 and ext == 21:
+                    elif op == 0x58 and ext == 21 and end - pos >= 45:
                         klen, dt, vb, blen, opaque, cas, seq, rev, dtime = del2(buf, pos)
                         k = pos + 45
                         v = k + klen

@@ -367,5 +367,14 @@ def decode_all(data: bytes, max_body_len: int = DEFAULT_MAX_BODY_LEN) -> list[Fr
     dec.feed(data)
     frames = list(dec.frames())
     if dec.buffered:
-        raise ProtocolError(f"{dec.buffered} trailing bytes do not make a whole frame")
+        n = dec.buffered
+        if n >= HEADER_LEN:
+            (body_len,) = _U32.unpack_from(data, len(data) - n + 8)
+            why = (f"the header says {body_len} body bytes, only {n - HEADER_LEN} present (total body length "
+                   f"too large, or the frame is cut short)")
+        else:
+            why = f"fewer than a {HEADER_LEN}-byte header"
+            if frames:
+                why += f" (is the total body length {frames[-1].body_len} of the frame before them too small?)"
+        raise ProtocolError(f"{n} trailing bytes do not make a whole frame: {why}")
     return frames

@@ -1,25 +1,21 @@
 """One dispatch table for every typed message of the protocol package (DCP, KV, *WithMeta)."""
 
-from . import dcp
+from . import dcp, kv, meta
 from .errors import ProtocolError
-from .frame import Frame
+from .frame import Frame, Magic
 from .status import Status
 
-REQUEST_TYPES: dict[int, type] = {}
-RESPONSE_TYPES: dict[int, type] = {}
-
-for _module in (dcp,):
-    REQUEST_TYPES.update(_module.REQUEST_TYPES)
-    RESPONSE_TYPES.update(_module.RESPONSE_TYPES)
+REQUEST_TYPES: dict[int, type] = {**kv.REQUEST_TYPES, **meta.REQUEST_TYPES, **dcp.REQUEST_TYPES}
+RESPONSE_TYPES: dict[int, type] = {**kv.RESPONSE_TYPES, **meta.RESPONSE_TYPES, **dcp.RESPONSE_TYPES}
 
 
 def decode_message(frame: Frame):
     """The typed message of any frame this package knows; ProtocolError if it breaks a rule or is
-    unknown (UNKNOWN_COMMAND)."""
-    if frame.is_response:
-        return RESPONSE_TYPES.get(frame.opcode, dcp.Response).from_frame(frame)
-    cls = REQUEST_TYPES.get(frame.opcode)
-    if cls is None:
-        raise ProtocolError(f"no typed decoder for opcode 0x{frame.opcode:02x}", Status.UNKNOWN_COMMAND,
-                            opcode=frame.opcode, opaque=frame.opaque)
-    return cls.from_frame(frame)
+    unknown (UNKNOWN_COMMAND). Error responses keep their body (text, error context, or the cluster
+    map of NOT_MY_VBUCKET) as `kv.RawResponse`."""
+    if frame.magic in (Magic.SERVER_REQUEST, Magic.SERVER_RESPONSE):
+        raise ProtocolError(f"magic 0x{frame.magic:02x} is a duplex server command (TABLES.md 3.2)",
+                            Status.UNKNOWN_COMMAND, opcode=frame.opcode, opaque=frame.opaque, magic=frame.magic)
+    if frame.is_response and frame.opcode in dcp.RESPONSE_TYPES:
+        return dcp.RESPONSE_TYPES[frame.opcode].from_frame(frame)  # these type their error statuses too
+    return kv.decode_kv(frame, (REQUEST_TYPES, RESPONSE_TYPES))

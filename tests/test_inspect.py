@@ -1,0 +1,104 @@
+"""`dcpflow inspect`: the real console script on the reference examples (corrected: decodes with no
+problem; upstream: reports the erratum), plus input tolerance and exit codes."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from dcpflow.inspect import inspect_bytes, parse_hex
+from dcpflow.protocol import dcp
+from tests.protocol.reference_frames import EXAMPLES, UPSTREAM_EXAMPLES
+
+
+def run_inspect(text: str, *args: str) -> tuple[int, list[dict], str]:
+    proc = subprocess.run([sys.executable, "-m", "dcpflow.cli", "inspect", *args], input=text,
+                          capture_output=True, text=True, timeout=60)
+    frames = [json.loads(line) for line in proc.stdout.splitlines() if line.strip()]
+    return proc.returncode, frames, proc.stderr
+
+
+def test_every_corrected_reference_example_decodes_through_the_cli_without_problems():
+    text = "\n".join(hex_ for hex_, _ in EXAMPLES.values())
+    code, frames, err = run_inspect(text, "--strict")
+    assert code == 0, err
+    assert len(frames) == len(EXAMPLES)
+    for (name, (_, expected)), got in zip(EXAMPLES.items(), frames, strict=True):
+        assert got["problems"] == [], name
+        assert got["decoded"]["type"] == type(expected).__name__, name
+
+
+@pytest.mark.parametrize("name", sorted(UPSTREAM_EXAMPLES))
+def test_upstream_examples_are_reported_as_problems(name):
+    hex_, erratum, expected = UPSTREAM_EXAMPLES[name]
+    frames = inspect_bytes(parse_hex(hex_))
+    reasons = [p["reason"] for f in frames for p in f["problems"]]
+    assert reasons, f"erratum {erratum}: upstream bytes of {name} should be reported"
+    assert any(expected in r for r in reasons), (erratum, reasons)
+
+
+def test_flags_are_spelled_as_the_reference_spells_them():
+    m = dcp.DcpSnapshotMarker(5, 1, 10, dcp.SnapshotFlag.MEMORY | dcp.SnapshotFlag.CHECKPOINT)
+    (d,) = inspect_bytes(m.encode())
+    assert d["decoded"]["flags"] == "Memory|Checkpoint"
+    assert d["decoded"]["version"] == "V1"
+    assert d["opcode_name"] == "DCP_SNAPSHOT_MARKER" and d["extras_length"] == 20 and d["total_body_length"] == 20
+    end = dcp.DcpStreamEnd(5, dcp.StreamEndReason.STATE_CHANGED, stream_id=9)
+    (d,) = inspect_bytes(end.encode())
+    assert d["decoded"]["reason"] == "STATE_CHANGED"
+    assert d["framing_extras"] == [{"id": 2, "name": "DCP_STREAM_ID", "payload": "0009", "stream_id": 9}]
+
+
+def test_every_rule_a_frame_breaks_is_listed():
+    # A mutation with a 4-byte extras section and no key: wrong extras length AND missing key.
+    bad = bytes.fromhex("8057000004000000000000040000000000000000000000000000000000")[:28]
+    (d,) = inspect_bytes(bad)
+    reasons = " | ".join(p["reason"] for p in d["problems"])
+    assert "extras must be 31 bytes; got 4" in reasons and "must have a key" in reasons
+
+
+def test_truncated_and_mislength_frames_are_problems_not_crashes():
+    full = dcp.DcpMutation(1, 2, 3, 0, 0, 0, b"key", b"value").encode()
+    (d,) = inspect_bytes(full[:40])
+    assert "truncated" in d["problems"][0]["reason"]
+    (d,) = inspect_bytes(full[:10])
+    assert d["problems"][0]["reason"] == "truncated header: 10 of 24 bytes"
+    # Body length too small, followed by no plausible frame: the frame runs to the end, reported.
+    wrong = full[:8] + (5).to_bytes(4, "big") + full[12:]
+    (d,) = inspect_bytes(wrong)
+    assert d["length"] == len(full)
+    assert any("total body length says 5 bytes but the frame has" in p["reason"] for p in d["problems"])
+
+
+def test_two_frames_and_a_garbage_tail():
+    data = dcp.DcpNoop(1).encode() + dcp.DcpNoop(2).encode() + b"\x47\x45\x54"
+    frames = inspect_bytes(data)
+    assert [f.get("opaque") for f in frames[:2]] == ["0x00000001", "0x00000002"]
+    assert frames[2]["problems"]
+
+
+@pytest.mark.parametrize("text", [
+    "80 5c 00 00 00 00 00 00 00 00 00 00 00 00 00 05 00 00 00 00 00 00 00 00",
+    "0x80 0x5c 0x00 0x00, 0x00 0x00 0x00 0x00\n0x00000000 0x00000005 0x0000000000000000",
+    "# a noop\n805c0000 00000000 | 00000000 00000005 | 0000000000000000  # trailing comment",
+])
+def test_hex_input_tolerates_spacing_prefixes_and_comments(text):
+    assert parse_hex(text) == dcp.DcpNoop(5).encode()
+
+
+def test_bad_hex_exits_2_with_a_message():
+    code, frames, err = run_inspect("80 5c zz")
+    assert code == 2 and frames == [] and "not a hex digit: 'z'" in err
+    code, _, err = run_inspect("80 5")
+    assert code == 2 and "odd number of hex digits" in err
+    code, _, err = run_inspect("   ")
+    assert code == 2 and "no hex bytes" in err
+
+
+def test_strict_exit_code():
+    bad = dcp.DcpNoop(1).encode()[:8] + (3).to_bytes(4, "big") + dcp.DcpNoop(1).encode()[12:] + b"abc"
+    code, frames, _ = run_inspect(bad.hex(), "--strict")
+    assert code == 1 and frames[0]["problems"]
+    code, _, _ = run_inspect(bad.hex())
+    assert code == 0
