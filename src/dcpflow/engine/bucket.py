@@ -1,0 +1,365 @@
+"""Bucket: the vbuckets of one bucket, their store and flusher, warm-up and shutdown.
+
+Threading model - one owner thread. Every Bucket/VBucket/CheckpointManager method is called
+from a single thread (the server's asyncio loop); the engine holds no locks and never blocks on
+another thread, so each KV operation is a few dict operations. Two things may run elsewhere:
+`Flusher.write(batch)` (the SQLite commit; see flusher.py) and `BackfillScan` reads (their own
+connection). Maintenance that rewrites a vbucket (`rollback`, `compact`, `delete_vbucket`,
+`close`) runs on the owner thread between flush batches; it raises RuntimeError if a batch is in
+flight. The simplest correct use is to call `bucket.flush()` every `flush_interval` seconds from
+the loop; it persists at most `flush_batch_items` items per call.
+
+Warm-up: opening a Bucket on an existing data dir restores every vbucket's documents (tombstones
+included), high seqno, failover log, purge seqno and max CAS. A clean shutdown (`close()`)
+flushes everything and then writes a "clean" mark. Without the mark (crash, `kill -9`,
+`close(clean=False)`), writes acknowledged but not yet flushed are lost, and every active vbucket
+starts a new branch of history: a failover entry at the persisted snapshot end if the persisted
+high seqno equals it, else at the persisted snapshot start (reference/README.md, failover
+entries (c)).
+
+Rollback (`rollback(vb, seqno)`): the vbucket is flushed, then the store rolls back to `seqno`
+exactly if its history reaches that far back (since the last compaction trimmed it), else to 0
+(a full reset, as Couchbase does when no older disk snapshot exists); the seqno reached is
+returned, and the vbucket's snapshot (`snapshot_start`/`snapshot_end`, what a consumer puts in
+its next stream request) is (seqno, seqno) at a snapshot end, else the persisted snapshot the
+seqno lies in - de-duplicated versions inside a snapshot were never persisted, so only its end
+is a consistent point. Memory is reloaded from disk, failover entries above the seqno are
+dropped (a reset gets a fresh failover log) and cursors other than the flusher's are dropped.
+"""
+
+import time
+import zlib
+from collections.abc import Callable
+from pathlib import Path
+from random import Random
+
+from dcpflow.protocol.status import Status
+
+from .conflict import ConflictResolutionMode
+from .errors import EngineError
+from .failover import FailoverTable
+from .flusher import Flusher
+from .hlc import HLC
+from .store import PurgeResult, Store
+from .vbucket import VBucket, VBucketState
+
+DEFAULT_NUM_VBUCKETS = 1024
+DEFAULT_PURGE_INTERVAL = 259_200  # persistent_metadata_purge_age, 3 days
+
+SeqnoListener = Callable[[int, int], None]
+
+
+def vbucket_for_key(key: bytes, num_vbuckets: int = DEFAULT_NUM_VBUCKETS) -> int:
+    """The vbucket that owns `key` (given without its collection prefix): CRC32 hashing."""
+    return ((zlib.crc32(key) >> 16) & 0x7FFF) % num_vbuckets
+
+
+class Bucket:
+    """A Couchbase-style bucket; see the module docstring.
+
+    Data lives in `data_dir/<name>/store.sqlite3`. `num_vbuckets` and `conflict_resolution`
+    ("seqno" or "lww") are fixed when the bucket is first created. Checkpoints close at
+    `checkpoint_max_items` items or `checkpoint_max_age` seconds; `checkpoint_memory_quota`
+    (bytes, None = unlimited) triggers cursor dropping. `flush_interval` is how often the owner
+    should call `flush()` (the engine has no timer), `flush_batch_items` bounds one flush.
+    `purge_interval` is the tombstone purge age in seconds (0 purges every persisted tombstone);
+    `rollback_history_seqnos` is how far below the persisted seqno compaction keeps rollback
+    history. `synchronous` is SQLite's: FULL survives power loss, NORMAL survives `kill -9`.
+    `clock` (unix seconds), `hlc_clock` (ns) and `rng` (failover UUIDs) are injectable for tests.
+    """
+
+    def __init__(self, name: str, data_dir: str | Path, num_vbuckets: int = DEFAULT_NUM_VBUCKETS,
+                 conflict_resolution: ConflictResolutionMode | str = ConflictResolutionMode.REV_SEQNO, *,
+                 checkpoint_max_items: int = 10_000, checkpoint_max_age: float | None = 5.0,
+                 checkpoint_memory_quota: int | None = None, flush_interval: float = 0.1,
+                 flush_batch_items: int = 10_000, purge_interval: float = DEFAULT_PURGE_INTERVAL,
+                 rollback_history_seqnos: int | None = 1_000_000, synchronous: str = "FULL",
+                 clock: Callable[[], float] = time.time, hlc_clock: Callable[[], int] = time.time_ns,
+                 rng: Random | None = None):
+        if num_vbuckets < 1:
+            raise ValueError("num_vbuckets must be >= 1")
+        self.name = name
+        self.data_dir = Path(data_dir)
+        self.num_vbuckets = num_vbuckets
+        self.conflict_resolution = ConflictResolutionMode(conflict_resolution)
+        self.checkpoint_max_items = checkpoint_max_items
+        self.checkpoint_max_age = checkpoint_max_age
+        self.checkpoint_memory_quota = checkpoint_memory_quota
+        self.flush_interval = flush_interval
+        self.flush_batch_items = flush_batch_items
+        self.purge_interval = purge_interval
+        self.rollback_history_seqnos = rollback_history_seqnos
+        self._clock = clock
+        self._hlc_clock = hlc_clock
+        self._rng = rng
+        self._seqno_listeners: list[SeqnoListener] = []
+        self._persistence_listeners: list[SeqnoListener] = []
+        self._vbuckets: dict[int, VBucket] = {}
+        self.store = Store(self.data_dir / name / "store.sqlite3", synchronous=synchronous)
+        self.flusher = Flusher(self.store, self._vbuckets, on_persisted=self._notify_persisted)
+        self.closed = False
+        self.clean_shutdown = True  # how the previous run ended (True for a new bucket)
+        self._warmup()
+
+    # -- warm-up ------------------------------------------------------------------------------
+    def _check_meta(self, name: str, value: str) -> None:
+        stored = self.store.get_meta(name)
+        if stored is None:
+            self.store.set_meta(name, value)
+        elif stored != value:
+            self.store.close()
+            raise ValueError(f"bucket {self.name!r} was created with {name}={stored}, not {value}")
+
+    def _warmup(self) -> None:
+        self._check_meta("num_vbuckets", str(self.num_vbuckets))
+        self._check_meta("conflict_resolution", self.conflict_resolution.value)
+        self.clean_shutdown = self.store.get_meta("clean_shutdown") != "0"
+        self.store.set_meta("clean_shutdown", "0")  # a crash from now on is unclean
+        changed = []
+        for vbid, rec in sorted(self.store.load_vbucket_states().items()):
+            failover = FailoverTable.from_json(rec.failover_log, rng=self._rng)
+            state = VBucketState(rec.state)
+            if not self.clean_shutdown and state == VBucketState.ACTIVE:
+                failover.create_entry(rec.snap_end if rec.high_seqno == rec.snap_end else rec.snap_start)
+                changed.append(vbid)
+            self._vbuckets[vbid] = self._make_vbucket(
+                vbid, state, failover=failover, hlc=HLC(rec.max_cas, clock=self._hlc_clock),
+                high_seqno=rec.high_seqno, purge_seqno=rec.purge_seqno,
+                max_deleted_rev_seqno=rec.max_deleted_rev_seqno,
+                persisted_snapshot=(rec.snap_start, rec.snap_end), items=self.store.load_items(vbid))
+        if changed:
+            self.store.save_vbucket_states([self._vbuckets[v].state_record() for v in changed])
+
+    def _make_vbucket(self, vbid: int, state: VBucketState, **kwargs) -> VBucket:
+        return VBucket(vbid, state, conflict_resolution=self.conflict_resolution,
+                       checkpoint_max_items=self.checkpoint_max_items,
+                       checkpoint_max_age=self.checkpoint_max_age,
+                       checkpoint_memory_quota=self.checkpoint_memory_quota, clock=self._clock,
+                       on_seqno=self._notify_seqno, on_dirty=self.flusher.mark_dirty, **kwargs)
+
+    # -- vbuckets -----------------------------------------------------------------------------
+    def vbucket_for_key(self, key: bytes) -> int:
+        return vbucket_for_key(key, self.num_vbuckets)
+
+    def vbucket(self, vbid: int) -> VBucket:
+        """The vbucket, or EngineError(NOT_MY_VBUCKET) if this bucket does not have it."""
+        vb = self._vbuckets.get(vbid)
+        if vb is None:
+            raise EngineError(Status.NOT_MY_VBUCKET, f"vbucket {vbid} does not exist in bucket {self.name!r}")
+        return vb
+
+    def get_vbucket(self, vbid: int) -> VBucket | None:
+        return self._vbuckets.get(vbid)
+
+    @property
+    def vbuckets(self) -> dict[int, VBucket]:
+        """Existing vbuckets by id (a copy)."""
+        return dict(self._vbuckets)
+
+    def set_vbucket_state(self, vbid: int, state: VBucketState | int, *,
+                          by_takeover: bool = False) -> VBucket:
+        """Create the vbucket in `state`, or change its state, obeying the failover-log rules.
+
+        A new vbucket gets a failover log with one entry at seqno 0. An existing one becoming
+        active gets a new entry unless `by_takeover` (a DCP set-vbucket-state during takeover).
+        The state row is persisted before returning.
+        """
+        self._check_open()
+        if not 0 <= vbid < self.num_vbuckets:
+            raise EngineError(Status.EINVAL, f"vbucket {vbid} is out of range 0..{self.num_vbuckets - 1}")
+        state = VBucketState(state)
+        vb = self._vbuckets.get(vbid)
+        if vb is None:
+            vb = self._make_vbucket(vbid, state, failover=FailoverTable(rng=self._rng),
+                                    hlc=HLC(clock=self._hlc_clock))
+            self._vbuckets[vbid] = vb
+        else:
+            vb.set_state(state, by_takeover=by_takeover)
+        self.flusher.persist_state(vb)
+        return vb
+
+    def delete_vbucket(self, vbid: int) -> None:
+        """Drop a vbucket and its data (after it moved away)."""
+        self._check_idle()
+        vb = self._vbuckets.pop(vbid, None)
+        if vb is None:
+            raise EngineError(Status.NOT_MY_VBUCKET, f"vbucket {vbid} does not exist")
+        vb.checkpoint_manager.reset(0)
+        self.store.delete_vbucket(vbid)
+
+    # -- persistence ----------------------------------------------------------------------------
+    def flush(self, max_items: int | None = None) -> int:
+        """Persist one batch (at most ~max_items items); returns how many were persisted."""
+        self._check_open()
+        return self.flusher.flush(max_items or self.flush_batch_items)
+
+    def flush_all(self) -> int:
+        self._check_open()
+        return self.flusher.flush_all(self.flush_batch_items)
+
+    def rollback(self, vbid: int, seqno: int) -> int:
+        """Discard a vbucket's changes after `seqno`; returns the seqno actually reached."""
+        self._check_idle()
+        vb = self.vbucket(vbid)
+        if seqno >= vb.high_seqno:
+            return vb.high_seqno
+        self.flusher.flush_vbucket(vbid, self.flush_batch_items)
+        result = self.store.rollback(vbid, seqno)
+        rec = self.store.load_vbucket_states()[vbid]
+        vb.reset_to(result.seqno, self.store.load_items(vbid), purge_seqno=rec.purge_seqno,
+                    snapshot=(result.snap_start, result.snap_end), rng=self._rng)
+        self.store.save_vbucket_states([vb.state_record()])
+        return result.seqno
+
+    def compact(self, vbid: int | None = None, now: float | None = None) -> dict[int, PurgeResult]:
+        """Purge persisted tombstones older than `purge_interval`, advancing purge seqnos.
+
+        Also trims rollback history older than `rollback_history_seqnos` below the persisted
+        high seqno (None keeps all of it).
+        """
+        self._check_idle()
+        now = self._clock() if now is None else now
+        deleted_before = int(now - self.purge_interval)
+        targets = [self.vbucket(vbid)] if vbid is not None else list(self._vbuckets.values())
+        results = {}
+        for vb in targets:
+            floor = 0
+            if self.rollback_history_seqnos is not None:
+                floor = max(0, vb.persisted_seqno - self.rollback_history_seqnos)
+            result = self.store.purge_tombstones(vb.id, deleted_before, history_floor=floor)
+            vb.on_purged(result)
+            results[vb.id] = result
+        return results
+
+    def run_expiry_pager(self, now: float | None = None, limit: int | None = None) -> int:
+        """Expire due documents in active vbuckets; returns the number of expirations."""
+        self._check_open()
+        now = self._clock() if now is None else now
+        done = 0
+        for vb in list(self._vbuckets.values()):
+            done += vb.expire_due(now, None if limit is None else limit - done)
+            if limit is not None and done >= limit:
+                break
+        return done
+
+    def close(self, clean: bool = True) -> None:
+        """Shut down. Clean: flush everything, write state rows and the clean mark.
+        Unclean (`clean=False`) simulates a crash: unflushed writes are lost."""
+        if self.closed:
+            return
+        if clean:
+            self._check_idle()
+            self.flusher.flush_all(self.flush_batch_items)
+            self.store.save_vbucket_states([vb.state_record() for vb in self._vbuckets.values()])
+            self.store.set_meta("clean_shutdown", "1")
+        self.store.close()
+        self.closed = True
+
+    def __enter__(self) -> "Bucket":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.close(clean=exc_type is None)
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise RuntimeError(f"bucket {self.name!r} is closed")
+
+    def _check_idle(self) -> None:
+        self._check_open()
+        if self.flusher.in_flight is not None:
+            raise RuntimeError("a flush batch is in flight; complete it first")
+
+    # -- notifications --------------------------------------------------------------------------
+    def add_seqno_listener(self, listener: SeqnoListener) -> None:
+        """Call `listener(vbid, seqno)` whenever a vbucket's high seqno advances (on the owner
+        thread, inside the write): DCP streams wake up on it. Keep it cheap and non-raising."""
+        self._seqno_listeners.append(listener)
+
+    def remove_seqno_listener(self, listener: SeqnoListener) -> None:
+        self._seqno_listeners.remove(listener)
+
+    def add_persistence_listener(self, listener: SeqnoListener) -> None:
+        """Call `listener(vbid, persisted_seqno)` after each flush batch completes."""
+        self._persistence_listeners.append(listener)
+
+    def remove_persistence_listener(self, listener: SeqnoListener) -> None:
+        self._persistence_listeners.remove(listener)
+
+    def _notify_seqno(self, vbid: int, seqno: int) -> None:
+        for listener in self._seqno_listeners:
+            listener(vbid, seqno)
+
+    def _notify_persisted(self, vbid: int, seqno: int) -> None:
+        for listener in self._persistence_listeners:
+            listener(vbid, seqno)
+
+    # -- stats ----------------------------------------------------------------------------------
+    def _select(self, vbid: int | None) -> list[VBucket]:
+        if vbid is None:
+            return [self._vbuckets[v] for v in sorted(self._vbuckets)]
+        return [self.vbucket(vbid)]
+
+    def vbucket_seqno_stats(self, vbid: int | None = None) -> dict[str, int]:
+        """`stats vbucket-seqno [vb]`."""
+        out: dict[str, int] = {}
+        for vb in self._select(vbid):
+            p = f"vb_{vb.id}:"
+            snap_start, snap_end = vb.persisted_snapshot
+            out.update({
+                p + "high_seqno": vb.high_seqno,
+                p + "abs_high_seqno": vb.high_seqno,
+                p + "last_persisted_seqno": vb.persisted_seqno,
+                p + "uuid": vb.uuid,
+                p + "purge_seqno": vb.purge_seqno,
+                p + "last_persisted_snap_start": snap_start,
+                p + "last_persisted_snap_end": snap_end,
+                p + "high_prepared_seqno": vb.high_seqno,
+                p + "high_completed_seqno": vb.high_seqno,
+                p + "max_visible_seqno": vb.max_visible_seqno,
+            })
+        return out
+
+    def vbucket_details_stats(self, vbid: int | None = None) -> dict[str, int | str]:
+        """`stats vbucket-details [vb]`: "vb_N" is the state name, then vb_N:<stat>."""
+        out: dict[str, int | str] = {}
+        for vb in self._select(vbid):
+            stats = vb.stats()
+            out[f"vb_{vb.id}"] = stats.pop("state")
+            out.update({f"vb_{vb.id}:{k}": v for k, v in stats.items()})
+            out.update({f"vb_{vb.id}:checkpoint_{k}": v for k, v in vb.checkpoint_manager.stats().items()})
+        return out
+
+    def failovers_stats(self, vbid: int | None = None) -> dict[str, int]:
+        """`stats failovers [vb]`: vb_N:num_entries and vb_N:<i>:id / vb_N:<i>:seq, newest first."""
+        out: dict[str, int] = {}
+        for vb in self._select(vbid):
+            entries = vb.failover.entries
+            out[f"vb_{vb.id}:num_entries"] = len(entries)
+            out[f"vb_{vb.id}:num_erroneous_entries_erased"] = 0
+            for i, entry in enumerate(entries):
+                out[f"vb_{vb.id}:{i}:id"] = entry.uuid
+                out[f"vb_{vb.id}:{i}:seq"] = entry.seqno
+        return out
+
+    def stats(self) -> dict[str, int]:
+        """Bucket-wide counters (`stats` with no group)."""
+        by_state = {s: 0 for s in VBucketState}
+        items = {s: 0 for s in VBucketState}
+        queue = 0
+        for vb in self._vbuckets.values():
+            by_state[vb.state] += 1
+            items[vb.state] += vb.num_items
+            queue += vb.high_seqno - vb.persisted_seqno
+        return {
+            "curr_items": items[VBucketState.ACTIVE],
+            "curr_items_tot": sum(items.values()),
+            "vb_active_num": by_state[VBucketState.ACTIVE],
+            "vb_replica_num": by_state[VBucketState.REPLICA],
+            "vb_pending_num": by_state[VBucketState.PENDING],
+            "vb_dead_num": by_state[VBucketState.DEAD],
+            "vb_replica_curr_items": items[VBucketState.REPLICA],
+            "ep_queue_size": queue,
+            "ep_total_persisted": self.flusher.items_flushed,
+            "ep_num_vbuckets": self.num_vbuckets,
+        }

@@ -1,0 +1,473 @@
+"""CheckpointManager: the in-memory, de-duplicated, seqno-ordered queue of a vbucket's changes.
+
+Reference: docs/dcp/documentation/concepts.md (point-in-time snapshots, de-duplication, cursor
+dropping) and reference/README.md "Memory vs disk".
+
+Every mutation of a vbucket is queued into the *open* checkpoint. Within the open checkpoint a
+newer version of a key replaces the older one (the older slot becomes a hole), so a checkpoint
+holds at most one version per key, in seqno order. The open checkpoint is closed (and a new one
+opened) when it holds `max_items` items, when it is older than `max_age` seconds, or on demand
+(a replica closes one per snapshot marker). Closed checkpoints never change.
+
+Consumers read through named **cursors**: the flusher's persistence cursor and one per DCP
+stream. `register_cursor(name, start_seqno)` places a cursor so that its first read returns
+start+1 onwards, or reports that memory no longer holds start+1 and the caller must backfill
+[start+1, first_seqno-1] from disk first (the cursor is then parked at the oldest checkpoint, so
+memory continues exactly where the backfill ends). `Cursor.next_batch(limit)` returns
+`Snapshot`s - one per checkpoint read - so an ActiveStream can emit one snapshot marker per
+`Snapshot` (type Memory/Disk from the checkpoint, plus the Checkpoint flag when
+`checkpoint_start`), followed by its items:
+
+    for snap in cursor.next_batch(limit):
+        if snap.new_marker:
+            send_marker(snap.start, snap.end, snap.type, snap.checkpoint_start)
+        for item in snap.items: send(item)
+
+A memory snapshot taken from the *open* checkpoint is always returned whole (every item up to
+the newest), because de-duplication keeps rewriting the open checkpoint and only an atomic read
+is a consistent point-in-time snapshot. A closed checkpoint, or a replica checkpoint whose end
+was fixed by a snapshot marker, may be split by `limit`: later batches continue the same snapshot
+with `new_marker=False` (send no marker for those). A replica snapshot whose items have not all
+arrived is returned with `end` beyond the last item; the stream simply keeps sending as the
+items arrive.
+
+Memory stays bounded: a closed checkpoint with no cursor in it or before it (and, for a
+persistent vbucket, fully persisted) is released. When checkpoint memory exceeds
+`memory_quota`, cursors that pin old checkpoints are *dropped* (never the persistence cursor);
+the owner's `on_drop` callback is told so it can fall back to a disk backfill, and the dropped
+cursor raises `CursorDropped` if read again.
+
+Single-threaded: the manager belongs to the engine's owner thread (see bucket.py).
+"""
+
+import time
+from bisect import bisect_right
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import IntEnum
+
+from .item import Item
+
+PERSISTENCE_CURSOR = "persistence"
+
+
+class CheckpointType(IntEnum):
+    """Memory checkpoints hold point-in-time snapshots; Disk ones came from a disk snapshot."""
+
+    MEMORY = 0
+    DISK = 1
+
+
+class CursorDropped(Exception):
+    """Raised when reading a cursor the manager dropped to free memory: backfill instead."""
+
+
+@dataclass(slots=True)
+class Snapshot:
+    """Items a cursor read from one checkpoint, with the snapshot range they belong to."""
+
+    start: int
+    end: int
+    type: CheckpointType
+    checkpoint_start: bool  # the cursor entered a new checkpoint: the marker gets the Checkpoint flag
+    new_marker: bool  # False: continues a snapshot whose marker an earlier batch already produced
+    items: list[Item] = field(default_factory=list)
+
+    @property
+    def max_visible_seqno(self) -> int:
+        """No prepares or system events are queued, so every item is visible."""
+        return self.end
+
+
+class Checkpoint:
+    """One checkpoint: items in seqno order, de-duplicated by key while open."""
+
+    __slots__ = ("id", "type", "first_seqno", "snap_start", "snap_end", "fixed_end", "continuation",
+                 "is_open", "created", "num_items", "mem_usage", "high_seqno", "_items", "_seqnos",
+                 "_index", "_holes")
+
+    def __init__(self, cid: int, ctype: CheckpointType, first_seqno: int, snap_start: int,
+                 snap_end: int, *, fixed_end: bool, continuation: bool = False, created: float = 0.0):
+        self.id = cid
+        self.type = ctype
+        self.first_seqno = first_seqno  # lowest seqno this checkpoint can hold (high seqno + 1 at creation)
+        self.snap_start = snap_start
+        self.snap_end = snap_end
+        self.fixed_end = fixed_end  # end set by a snapshot marker (replica) instead of growing
+        self.continuation = continuation  # same snapshot as the previous checkpoint (split for size)
+        self.is_open = True
+        self.created = created
+        self.num_items = 0
+        self.mem_usage = 0
+        self.high_seqno = first_seqno - 1
+        self._items: list[Item | None] = []
+        self._seqnos: list[int] = []
+        self._index: dict[bytes, int] | None = {}
+        self._holes = 0
+
+    def __repr__(self) -> str:
+        state = "open" if self.is_open else "closed"
+        return (f"<Checkpoint {self.id} {self.type.name} {state} [{self.snap_start},{self.snap_end}] "
+                f"items={self.num_items}>")
+
+    def queue(self, item: Item) -> Item | None:
+        """Append `item`; returns the older version of the key it de-duplicated, if any."""
+        index = self._index
+        if index is None:
+            raise RuntimeError("cannot queue into a closed checkpoint")
+        old = None
+        pos = index.get(item.key)
+        if pos is not None:
+            old = self._items[pos]
+            self._items[pos] = None
+            self._holes += 1
+            self.num_items -= 1
+            self.mem_usage -= old.size
+        index[item.key] = len(self._items)
+        self._items.append(item)
+        self._seqnos.append(item.by_seqno)
+        self.num_items += 1
+        self.mem_usage += item.size
+        self.high_seqno = item.by_seqno
+        if not self.fixed_end:
+            self.snap_end = item.by_seqno
+        if self._holes > 64 and self._holes > self.num_items:
+            self._compact()
+        return old
+
+    def _compact(self) -> None:
+        """Drop holes left by de-duplication (cursors hold seqnos, not indexes, so none move)."""
+        self._items = [it for it in self._items if it is not None]
+        self._seqnos = [it.by_seqno for it in self._items]
+        if self._index is not None:
+            self._index = {it.key: i for i, it in enumerate(self._items)}
+        self._holes = 0
+
+    def close(self) -> None:
+        self.is_open = False
+        self._index = None  # de-duplication only happens in the open checkpoint
+
+    def read(self, after: int, upto: int, limit: int | None) -> list[Item]:
+        """Items with after < seqno <= upto in seqno order, at most `limit` (None = all)."""
+        items, seqnos = self._items, self._seqnos
+        i, n = bisect_right(seqnos, after), len(seqnos)
+        out: list[Item] = []
+        while i < n and seqnos[i] <= upto:
+            item = items[i]
+            if item is not None:
+                out.append(item)
+                if limit is not None and len(out) >= limit:
+                    break
+            i += 1
+        return out
+
+    def has_items_after(self, seqno: int) -> bool:
+        items = self._items
+        return any(items[i] is not None for i in range(bisect_right(self._seqnos, seqno), len(items)))
+
+    def items(self) -> list[Item]:
+        return [it for it in self._items if it is not None]
+
+
+class Cursor:
+    """A named reader position: `seqno` is the last seqno it has read."""
+
+    __slots__ = ("name", "manager", "checkpoint", "seqno", "droppable", "on_drop", "dropped",
+                 "_snap_start", "_snap_end")
+
+    def __init__(self, name: str, manager: "CheckpointManager", checkpoint: Checkpoint, seqno: int, *,
+                 droppable: bool, on_drop: Callable[["Cursor"], None] | None):
+        self.name = name
+        self.manager = manager
+        self.checkpoint = checkpoint
+        self.seqno = seqno
+        self.droppable = droppable
+        self.on_drop = on_drop
+        self.dropped = False
+        self._snap_start = 0
+        self._snap_end: int | None = None  # set while a split snapshot is only partly delivered
+
+    def __repr__(self) -> str:
+        return f"<Cursor {self.name!r} seqno={self.seqno} checkpoint={self.checkpoint.id}>"
+
+    def next_batch(self, limit: int = 1000) -> list[Snapshot]:
+        """Read onwards: up to about `limit` items, one `Snapshot` per checkpoint touched.
+
+        Stops at `limit` except inside the open checkpoint of an active vbucket, which is
+        always read to its newest item (bounded by the checkpoint's max items) so the snapshot
+        is point-in-time consistent. Returns [] when there is nothing new.
+        """
+        return self.manager._read(self, limit)
+
+    def has_items(self) -> bool:
+        if self.dropped:
+            return False
+        return self.seqno < self.manager.high_seqno
+
+    def close(self) -> None:
+        self.manager.remove_cursor(self)
+
+
+@dataclass(frozen=True, slots=True)
+class CursorRegistration:
+    """Result of `register_cursor`: when `backfill_required`, read [backfill_start,
+    backfill_end] from disk first (clamp to the stream's end), then read the cursor."""
+
+    cursor: Cursor
+    backfill_required: bool
+    backfill_start: int = 0
+    backfill_end: int = 0
+
+
+class CheckpointManager:
+    """The checkpoints and cursors of one vbucket."""
+
+    def __init__(self, *, high_seqno: int = 0, max_items: int = 10_000, max_age: float | None = 5.0,
+                 memory_quota: int | None = None, persistent: bool = True,
+                 clock: Callable[[], float] = time.monotonic):
+        if max_items < 1:
+            raise ValueError("max_items must be >= 1")
+        self.max_items = max_items
+        self.max_age = max_age
+        self.memory_quota = memory_quota
+        self.persistent = persistent
+        self._clock = clock
+        self._next_id = 1
+        self.checkpoints: list[Checkpoint] = []
+        self.cursors: dict[str, Cursor] = {}
+        self.high_seqno = high_seqno
+        self.mem_usage = 0
+        self.num_dropped_cursors = 0
+        self.persisted_seqno = high_seqno  # closed checkpoints above this are kept for the flusher
+        self._open(CheckpointType.MEMORY, high_seqno + 1, high_seqno + 1, high_seqno, fixed_end=False)
+        self.persistence_cursor: Cursor | None = None
+        if persistent:
+            self.persistence_cursor = self.register_cursor(PERSISTENCE_CURSOR, high_seqno,
+                                                           droppable=False).cursor
+
+    # -- checkpoints ------------------------------------------------------------------------
+    @property
+    def open_checkpoint(self) -> Checkpoint:
+        return self.checkpoints[-1]
+
+    @property
+    def first_seqno(self) -> int:
+        """Lowest seqno memory can serve; anything below must come from disk."""
+        return self.checkpoints[0].first_seqno
+
+    @property
+    def num_items(self) -> int:
+        return sum(cp.num_items for cp in self.checkpoints)
+
+    def _open(self, ctype: CheckpointType, first_seqno: int, snap_start: int, snap_end: int, *,
+              fixed_end: bool, continuation: bool = False) -> Checkpoint:
+        cp = Checkpoint(self._next_id, ctype, first_seqno, snap_start, snap_end, fixed_end=fixed_end,
+                        continuation=continuation, created=self._clock())
+        self._next_id += 1
+        self.checkpoints.append(cp)
+        return cp
+
+    def create_checkpoint(self, snap_start: int | None = None, snap_end: int | None = None,
+                          ctype: CheckpointType = CheckpointType.MEMORY) -> Checkpoint:
+        """Close the open checkpoint and open a new one.
+
+        With no range (active vbucket, or closing on demand) the new checkpoint is a Memory one
+        whose snapshot end grows with each item. With a range (a replica's snapshot marker) the
+        end is fixed and `ctype` says whether it came from a memory or a disk snapshot.
+        """
+        old = self.open_checkpoint
+        old.close()
+        first = self.high_seqno + 1
+        if snap_start is None:
+            cp = self._open(CheckpointType.MEMORY, first, first, first - 1, fixed_end=False)
+        else:
+            if snap_end is None or snap_start > snap_end:
+                raise ValueError(f"bad snapshot range [{snap_start}, {snap_end}]")
+            cp = self._open(ctype, first, snap_start, snap_end, fixed_end=True)
+        for cursor in self.cursors.values():
+            if cursor.checkpoint is old:
+                self._advance_if_exhausted(cursor)
+        self._remove_unreferenced()
+        return cp
+
+    def queue(self, item: Item) -> None:
+        """Queue a new version (its by_seqno above everything queued so far)."""
+        if item.by_seqno <= self.high_seqno:
+            raise ValueError(f"seqno {item.by_seqno} is not above the high seqno {self.high_seqno}")
+        cp = self.checkpoints[-1]
+        if cp.num_items >= self.max_items or (
+                not cp.fixed_end and self.max_age is not None and cp.num_items
+                and self._clock() - cp.created >= self.max_age):
+            cp = self._roll_over(cp)
+        old = cp.queue(item)
+        self.mem_usage += item.size - (old.size if old is not None else 0)
+        self.high_seqno = item.by_seqno
+        if self.memory_quota is not None and self.mem_usage > self.memory_quota:
+            self._drop_cursors()
+
+    def _roll_over(self, cp: Checkpoint) -> Checkpoint:
+        """Close a full (or old) checkpoint; a replica's continues the same snapshot."""
+        if cp.fixed_end:
+            cp.close()
+            new = self._open(cp.type, self.high_seqno + 1, cp.snap_start, cp.snap_end, fixed_end=True,
+                             continuation=True)
+            for cursor in self.cursors.values():
+                if cursor.checkpoint is cp:
+                    self._advance_if_exhausted(cursor)
+            self._remove_unreferenced()
+            return new
+        return self.create_checkpoint()
+
+    def reset(self, high_seqno: int) -> None:
+        """Forget everything (after a rollback): one empty checkpoint at `high_seqno`.
+
+        The persistence cursor is kept and repositioned; other cursors are dropped and their
+        owners told (their streams must be re-established anyway).
+        """
+        for cursor in list(self.cursors.values()):
+            if cursor is not self.persistence_cursor:
+                self._drop(cursor)
+        self.checkpoints.clear()
+        self.mem_usage = 0
+        self.high_seqno = high_seqno
+        self.persisted_seqno = high_seqno
+        cp = self._open(CheckpointType.MEMORY, high_seqno + 1, high_seqno + 1, high_seqno, fixed_end=False)
+        if self.persistence_cursor is not None:
+            self.persistence_cursor.checkpoint = cp
+            self.persistence_cursor.seqno = high_seqno
+            self.persistence_cursor._snap_end = None
+
+    def set_persisted(self, seqno: int) -> None:
+        """The flusher made everything up to `seqno` durable; release what nobody needs."""
+        self.persisted_seqno = max(self.persisted_seqno, seqno)
+        self._remove_unreferenced()
+
+    def _remove_unreferenced(self) -> None:
+        """Release closed checkpoints that no cursor is in or before (and that are persisted)."""
+        cps = self.checkpoints
+        if len(cps) == 1:
+            return
+        lowest = min((c.checkpoint.id for c in self.cursors.values()), default=None)
+        removed = 0
+        for cp in cps[:-1]:
+            if (lowest is not None and cp.id >= lowest) or (
+                    self.persistent and cp.high_seqno > self.persisted_seqno):
+                break
+            removed += 1
+            self.mem_usage -= cp.mem_usage
+        if removed:
+            del cps[:removed]
+
+    # -- cursors ----------------------------------------------------------------------------
+    def register_cursor(self, name: str, start_seqno: int, *, droppable: bool = True,
+                        on_drop: Callable[[Cursor], None] | None = None) -> CursorRegistration:
+        """Place cursor `name` (replacing any of that name) to read from start_seqno + 1."""
+        if start_seqno > self.high_seqno:
+            raise ValueError(f"start seqno {start_seqno} is above the high seqno {self.high_seqno}")
+        if name in self.cursors:
+            self.remove_cursor(name)
+        first = self.first_seqno
+        if start_seqno + 1 >= first:
+            cp = next(c for c in reversed(self.checkpoints) if c.first_seqno <= start_seqno + 1)
+            cursor = Cursor(name, self, cp, start_seqno, droppable=droppable, on_drop=on_drop)
+            reg = CursorRegistration(cursor, False)
+        else:
+            cursor = Cursor(name, self, self.checkpoints[0], first - 1, droppable=droppable, on_drop=on_drop)
+            reg = CursorRegistration(cursor, True, start_seqno + 1, first - 1)
+        self.cursors[name] = cursor
+        self._advance_if_exhausted(cursor)
+        return reg
+
+    def remove_cursor(self, cursor: "Cursor | str") -> None:
+        name = cursor if isinstance(cursor, str) else cursor.name
+        removed = self.cursors.pop(name, None)
+        if removed is self.persistence_cursor and removed is not None:
+            self.persistence_cursor = None
+        self._remove_unreferenced()
+
+    def reposition_cursor(self, cursor: Cursor, seqno: int) -> None:
+        """Move a cursor back to `seqno` (the flusher after a failed write); must still be in memory."""
+        if seqno + 1 < self.first_seqno:
+            raise ValueError(f"seqno {seqno} is no longer in memory (first seqno {self.first_seqno})")
+        cursor.checkpoint = next(c for c in reversed(self.checkpoints) if c.first_seqno <= seqno + 1)
+        cursor.seqno = seqno
+        cursor._snap_end = None
+
+    def _drop(self, cursor: Cursor) -> None:
+        self.cursors.pop(cursor.name, None)
+        cursor.dropped = True
+        self.num_dropped_cursors += 1
+        if cursor.on_drop is not None:
+            cursor.on_drop(cursor)
+
+    def _drop_cursors(self) -> None:
+        """Over quota: drop droppable cursors pinning the oldest checkpoints, oldest first."""
+        limit = self.persistence_cursor.checkpoint.id if self.persistence_cursor else None
+        open_cp = self.open_checkpoint  # a cursor in the open checkpoint pins nothing releasable
+        candidates = sorted((c for c in self.cursors.values()
+                             if c.droppable and c.checkpoint is not open_cp
+                             and (limit is None or c.checkpoint.id < limit)),
+                            key=lambda c: c.checkpoint.id)
+        for cursor in candidates:
+            if self.mem_usage <= self.memory_quota:
+                break
+            self._drop(cursor)
+            self._remove_unreferenced()
+
+    def _advance_if_exhausted(self, cursor: Cursor) -> bool:
+        """Move a cursor that has read all of a closed checkpoint into the next one."""
+        moved = False
+        cps = self.checkpoints
+        while not cursor.checkpoint.is_open and not cursor.checkpoint.has_items_after(cursor.seqno):
+            idx = cps.index(cursor.checkpoint)
+            nxt = cps[idx + 1]
+            if not nxt.continuation:
+                cursor._snap_end = None
+            cursor.checkpoint = nxt
+            moved = True
+        return moved
+
+    def _read(self, cursor: Cursor, limit: int) -> list[Snapshot]:
+        if cursor.dropped:
+            raise CursorDropped(f"cursor {cursor.name!r} was dropped; backfill from disk")
+        out: list[Snapshot] = []
+        total = 0
+        moved = False
+        while True:
+            cp = cursor.checkpoint
+            if cursor._snap_end is not None:
+                start, end, new_marker, ckpt_start = cursor._snap_start, cursor._snap_end, False, False
+            else:
+                ckpt_start = cursor.seqno < cp.first_seqno
+                start = cp.snap_start if ckpt_start else cursor.seqno + 1
+                end, new_marker = cp.snap_end, True
+            splittable = cp.fixed_end or not cp.is_open
+            items = cp.read(cursor.seqno, end, max(limit - total, 1) if splittable else None)
+            if items:
+                cursor.seqno = items[-1].by_seqno
+                out.append(Snapshot(start, end, cp.type, ckpt_start, new_marker, items))
+                total += len(items)
+                if cursor.seqno >= end:
+                    cursor._snap_end = None
+                else:
+                    cursor._snap_start, cursor._snap_end = start, end
+            if not self._advance_if_exhausted(cursor):
+                break
+            moved = True
+            if total >= limit:
+                break
+        if moved:
+            self._remove_unreferenced()
+        return out
+
+    # -- stats ------------------------------------------------------------------------------
+    def stats(self) -> dict[str, int]:
+        return {
+            "num_checkpoints": len(self.checkpoints),
+            "num_checkpoint_items": self.num_items,
+            "open_checkpoint_id": self.open_checkpoint.id,
+            "num_cursors": len(self.cursors),
+            "num_dropped_cursors": self.num_dropped_cursors,
+            "mem_usage": self.mem_usage,
+            "first_seqno": self.first_seqno,
+        }

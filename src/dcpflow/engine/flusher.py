@@ -1,0 +1,181 @@
+"""The flusher: moves changes from each vbucket's persistence cursor to the store, in batches.
+
+A flush has three steps so the slow one can leave the owner thread:
+
+1. `collect(max_items)` (owner thread): read the persistence cursors of dirty vbuckets
+   round-robin, up to about `max_items` items, and build a FlushBatch (items + the vbucket-state
+   rows to write with them). Only one batch is in flight at a time.
+2. `write(batch)` (any thread): one SQLite transaction. It touches no engine state - items are
+   immutable - so an asyncio server may run it with `loop.run_in_executor`.
+3. `complete(batch)` (owner thread): advance each vbucket's persisted seqno and snapshot, let the
+   checkpoint manager release what is now durable, and tell persistence listeners.
+   If the write failed, `abort(batch)` rewinds the persistence cursors instead; nothing was lost
+   because checkpoints above the persisted seqno are never released.
+
+`flush(max_items)` does all three inline and returns quickly (bounded batch): an asyncio server
+can simply call it from a periodic callback every `flush_interval` seconds.
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from .item import Item
+from .store import Store, VBucketStateRecord
+
+if TYPE_CHECKING:
+    from .vbucket import VBucket
+
+
+@dataclass(slots=True)
+class VBucketFlush:
+    vb: "VBucket"
+    items: list[Item]
+    snap_start: int  # the snapshot the last item belongs to: the persisted snapshot
+    snap_end: int
+    ranges: list[tuple[int, int]] = field(default_factory=list)  # every snapshot the items belong to
+
+    @property
+    def high_seqno(self) -> int:
+        return self.items[-1].by_seqno
+
+
+@dataclass(slots=True)
+class FlushBatch:
+    entries: list[VBucketFlush]
+    states: list[VBucketStateRecord] = field(default_factory=list)
+
+    @property
+    def num_items(self) -> int:
+        return sum(len(e.items) for e in self.entries)
+
+
+class Flusher:
+    """Persists the bucket's vbuckets; see the module docstring."""
+
+    def __init__(self, store: Store, vbuckets: dict[int, "VBucket"], *,
+                 on_persisted: Callable[[int, int], None] | None = None):
+        self.store = store
+        self._vbuckets = vbuckets
+        self._dirty: dict[int, None] = {}  # insertion-ordered set, rotated for fairness
+        self._state_dirty: set[int] = set()
+        self._on_persisted = on_persisted
+        self.in_flight: FlushBatch | None = None
+        self.items_flushed = 0
+        self.batches_flushed = 0
+
+    def mark_dirty(self, vbid: int) -> None:
+        """A vbucket queued something (called on every write; must be cheap)."""
+        if vbid not in self._dirty:
+            self._dirty[vbid] = None
+
+    @property
+    def dirty_vbuckets(self) -> list[int]:
+        return list(self._dirty)
+
+    def persist_state(self, vb: "VBucket") -> None:
+        """Write a vbucket's state row now (state change); deferred while a batch is in flight,
+        so an older row in that batch cannot overwrite it."""
+        if self.in_flight is not None:
+            self._state_dirty.add(vb.id)
+        else:
+            self.store.save_vbucket_states([vb.state_record()])
+
+    def collect(self, max_items: int = 10_000, vbids: list[int] | None = None) -> FlushBatch | None:
+        if self.in_flight is not None:
+            raise RuntimeError("a flush batch is already in flight")
+        entries: list[VBucketFlush] = []
+        states: list[VBucketStateRecord] = []
+        n = 0
+        for vbid in list(self._dirty) if vbids is None else vbids:
+            vb = self._vbuckets.get(vbid)
+            self._dirty.pop(vbid, None)
+            if vb is None or vb.checkpoint_manager.persistence_cursor is None:
+                continue
+            cursor = vb.checkpoint_manager.persistence_cursor
+            snaps = cursor.next_batch(max(max_items - n, 1))
+            if cursor.has_items():
+                self._dirty[vbid] = None  # back of the queue
+            if not snaps:
+                continue
+            items = [it for snap in snaps for it in snap.items]
+            entry = VBucketFlush(vb, items, snaps[-1].start, snaps[-1].end, [(s.start, s.end) for s in snaps])
+            entries.append(entry)
+            record = vb.state_record()
+            record.high_seqno = record.max_visible_seqno = entry.high_seqno
+            record.snap_start, record.snap_end = entry.snap_start, entry.snap_end
+            states.append(record)
+            n += len(items)
+            if n >= max_items:
+                break
+        if not entries:
+            return None
+        self.in_flight = FlushBatch(entries, states)
+        return self.in_flight
+
+    def write(self, batch: FlushBatch) -> None:
+        """The durable part; safe to run on another thread."""
+        self.store.write(((e.vb.id, e.items) for e in batch.entries), batch.states,
+                         [(e.vb.id, start, end) for e in batch.entries for start, end in e.ranges])
+
+    def complete(self, batch: FlushBatch) -> None:
+        self._check(batch)
+        self.in_flight = None
+        for e in batch.entries:
+            vb = e.vb
+            vb.persisted_seqno = e.high_seqno
+            vb.persisted_snapshot = (e.snap_start, e.snap_end)
+            vb.checkpoint_manager.set_persisted(e.high_seqno)
+        self.items_flushed += batch.num_items
+        self.batches_flushed += 1
+        self._write_deferred_states()
+        if self._on_persisted is not None:
+            for e in batch.entries:
+                self._on_persisted(e.vb.id, e.high_seqno)
+
+    def abort(self, batch: FlushBatch) -> None:
+        """The write failed: rewind so the same items are flushed again."""
+        self._check(batch)
+        self.in_flight = None
+        for e in batch.entries:
+            manager = e.vb.checkpoint_manager
+            if manager.persistence_cursor is not None:
+                manager.reposition_cursor(manager.persistence_cursor, e.vb.persisted_seqno)
+            self.mark_dirty(e.vb.id)
+        self._write_deferred_states()
+
+    def _check(self, batch: FlushBatch) -> None:
+        if batch is not self.in_flight:
+            raise RuntimeError("that batch is not the one in flight")
+
+    def _write_deferred_states(self) -> None:
+        if self._state_dirty:
+            vbs = [self._vbuckets[v] for v in sorted(self._state_dirty) if v in self._vbuckets]
+            self._state_dirty.clear()
+            self.store.save_vbucket_states([vb.state_record() for vb in vbs])
+
+    def flush(self, max_items: int = 10_000, vbids: list[int] | None = None) -> int:
+        """Collect, write and complete one batch; returns the number of items persisted."""
+        batch = self.collect(max_items, vbids)
+        if batch is None:
+            return 0
+        try:
+            self.write(batch)
+        except BaseException:
+            self.abort(batch)
+            raise
+        self.complete(batch)
+        return batch.num_items
+
+    def flush_all(self, max_items: int = 10_000) -> int:
+        """Flush until nothing is left (clean shutdown, before a rollback)."""
+        total = 0
+        while n := self.flush(max_items):
+            total += n
+        return total
+
+    def flush_vbucket(self, vbid: int, max_items: int = 10_000) -> int:
+        total = 0
+        while n := self.flush(max_items, [vbid]):
+            total += n
+        return total

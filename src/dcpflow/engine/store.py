@@ -1,0 +1,425 @@
+"""The durable store: one SQLite database per bucket, written only by the flusher in batches.
+
+Why SQLite in WAL mode: it is in the standard library (the engine stays dependency-free), every
+flush batch is one crash-safe transaction (a batch is either wholly on disk or not at all, so
+"persisted seqno" is exact after `kill -9`; with synchronous=FULL also after power loss), and
+B-tree indexes give us the two access paths the engine needs: by key (warm-up, GetMeta of an
+evicted key, rollback) and by seqno (DCP backfill, purge). WAL lets backfill readers see a
+consistent snapshot in their own read transaction while the flusher keeps committing.
+
+Why one database per bucket rather than per vbucket: a flush batch spans many vbuckets and
+should be one transaction with one fsync; 1024 files (x3 with -wal/-shm) would cost file handles
+and make a batch 1024 commits. Every table is keyed by vbucket first, so per-vbucket work (scan,
+purge, rollback, delete) is an index range.
+
+Layout:
+* `items` - the latest version of every key of every vbucket (tombstones included until purged),
+  unique indexes (vb, key) and (vb, seqno). Only the latest version is kept, so a by-seqno scan is
+  naturally de-duplicated, as a Couchbase disk snapshot is.
+* `vbucket_state` - per vbucket: state, failover log (JSON), persisted high seqno, persisted
+  snapshot start/end, purge seqno, max CAS, max visible seqno, max deleted rev seqno, and the
+  rollback floor.
+* `history` - versions the flusher overwrote, with the seqno that superseded them. This is what
+  makes rollback possible with latest-only items (the role couchstore's older file headers play):
+  rolling back to R restores, for each key changed after R, the version current at R. Compaction
+  trims history up to the *rollback floor*; rolling back below the floor is impossible, and then
+  we do what Couchbase does when no older disk snapshot exists: reset the vbucket to seqno 0.
+* `snapshots` - the snapshot ranges items were persisted in, so a rollback can tell whether the
+  seqno it reached ends a snapshot (a consistent point) or lies inside one (de-duplication may
+  have dropped versions a consistent state at that seqno would need).
+* `meta` - bucket-level facts: number of vbuckets, conflict-resolution mode, clean-shutdown mark.
+
+CAS and rev seqno are u64 on the wire but SQLite integers are signed 64-bit, so they are stored
+two's-complement and converted back on read.
+
+Threading: all methods may be called from any thread; one lock serialises the writer
+connection. Scans open their own connection (`BackfillScan`), so a backfill never blocks a flush.
+"""
+
+import sqlite3
+import threading
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from .item import DeleteSource, Item
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS vbucket_state (
+    vb INTEGER PRIMARY KEY,
+    state INTEGER NOT NULL,
+    failover_log TEXT NOT NULL,
+    high_seqno INTEGER NOT NULL,
+    snap_start INTEGER NOT NULL,
+    snap_end INTEGER NOT NULL,
+    purge_seqno INTEGER NOT NULL,
+    max_cas INTEGER NOT NULL,
+    max_visible_seqno INTEGER NOT NULL,
+    max_deleted_rev_seqno INTEGER NOT NULL,
+    history_floor INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS items (
+    vb INTEGER NOT NULL, key BLOB NOT NULL, seqno INTEGER NOT NULL, rev_seqno INTEGER NOT NULL,
+    cas INTEGER NOT NULL, flags INTEGER NOT NULL, expiry INTEGER NOT NULL, datatype INTEGER NOT NULL,
+    deleted INTEGER NOT NULL, delete_time INTEGER NOT NULL, delete_source INTEGER NOT NULL,
+    value BLOB NOT NULL
+);
+CREATE UNIQUE INDEX IF NOT EXISTS items_by_key ON items (vb, key);
+CREATE UNIQUE INDEX IF NOT EXISTS items_by_seqno ON items (vb, seqno);
+CREATE TABLE IF NOT EXISTS history (
+    vb INTEGER NOT NULL, key BLOB NOT NULL, seqno INTEGER NOT NULL, rev_seqno INTEGER NOT NULL,
+    cas INTEGER NOT NULL, flags INTEGER NOT NULL, expiry INTEGER NOT NULL, datatype INTEGER NOT NULL,
+    deleted INTEGER NOT NULL, delete_time INTEGER NOT NULL, delete_source INTEGER NOT NULL,
+    value BLOB NOT NULL, superseded_by INTEGER NOT NULL
+);
+CREATE UNIQUE INDEX IF NOT EXISTS history_by_key ON history (vb, key, seqno);
+CREATE TABLE IF NOT EXISTS snapshots (
+    vb INTEGER NOT NULL, snap_start INTEGER NOT NULL, snap_end INTEGER NOT NULL,
+    PRIMARY KEY (vb, snap_start, snap_end)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS history_by_superseded ON history (vb, superseded_by);
+"""
+
+_COLS = "vb, key, seqno, rev_seqno, cas, flags, expiry, datatype, deleted, delete_time, delete_source, value"
+_ITEM_COLS = "key, seqno, rev_seqno, cas, flags, expiry, datatype, deleted, delete_time, delete_source, value"
+_UPSERT_ITEM = f"INSERT OR REPLACE INTO items ({_COLS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)"
+_MOVE_TO_HISTORY = (f"INSERT OR REPLACE INTO history ({_COLS}, superseded_by) "
+                    f"SELECT {_COLS}, ? FROM items WHERE vb = ? AND key = ?")
+_INSERT_HISTORY = (f"INSERT OR REPLACE INTO history ({_COLS}, superseded_by) "
+                   "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)")
+_STATE_COLS = ("vb, state, failover_log, high_seqno, snap_start, snap_end, purge_seqno, max_cas, "
+               "max_visible_seqno, max_deleted_rev_seqno")
+_UPSERT_STATE = (
+    f"INSERT INTO vbucket_state ({_STATE_COLS}) VALUES (?,?,?,?,?,?,?,?,?,?) "
+    "ON CONFLICT (vb) DO UPDATE SET state = excluded.state, failover_log = excluded.failover_log, "
+    "high_seqno = excluded.high_seqno, snap_start = excluded.snap_start, snap_end = excluded.snap_end, "
+    "purge_seqno = MAX(purge_seqno, excluded.purge_seqno), max_cas = excluded.max_cas, "
+    "max_visible_seqno = excluded.max_visible_seqno, max_deleted_rev_seqno = excluded.max_deleted_rev_seqno")
+
+_SIGN = 1 << 63
+_WRAP = 1 << 64
+_SOURCES = (DeleteSource.EXPLICIT, DeleteSource.TTL)
+
+
+def _s64(v: int) -> int:
+    return v - _WRAP if v >= _SIGN else v
+
+
+def _u64(v: int) -> int:
+    return v + _WRAP if v < 0 else v
+
+
+def _row(vb: int, it: Item) -> tuple:
+    return (vb, it.key, it.by_seqno, _s64(it.rev_seqno), _s64(it.cas), it.flags, it.expiry, it.datatype,
+            int(it.deleted), it.delete_time, int(it.delete_source), it.value)
+
+
+def _item(r: Sequence) -> Item:
+    """Build an Item from a row in `_ITEM_COLS` order."""
+    return Item(r[0], r[10], r[4], r[5], _u64(r[3]), _u64(r[2]), r[1], r[6], bool(r[7]), r[8], _SOURCES[r[9]])
+
+
+@dataclass(slots=True)
+class VBucketStateRecord:
+    """The persisted state of one vbucket.
+
+    `history_floor` is managed by the store alone, and a write never lowers `purge_seqno`
+    (only a rollback to 0 resets it).
+    """
+
+    vb: int
+    state: int
+    failover_log: str  # FailoverTable.to_json()
+    high_seqno: int = 0  # the persisted seqno
+    snap_start: int = 0
+    snap_end: int = 0
+    purge_seqno: int = 0
+    max_cas: int = 0
+    max_visible_seqno: int = 0
+    max_deleted_rev_seqno: int = 0
+    history_floor: int = 0
+
+    def _params(self) -> tuple:
+        return (self.vb, self.state, self.failover_log, self.high_seqno, self.snap_start, self.snap_end,
+                self.purge_seqno, _s64(self.max_cas), self.max_visible_seqno,
+                _s64(self.max_deleted_rev_seqno))
+
+
+@dataclass(frozen=True, slots=True)
+class PurgeResult:
+    purged: list[tuple[bytes, int]]  # (key, seqno) of each purged tombstone
+    purge_seqno: int
+    max_deleted_rev_seqno: int
+    history_floor: int
+
+
+def _connect(path: Path, synchronous: str) -> sqlite3.Connection:
+    db = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30.0)
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute(f"PRAGMA synchronous={synchronous}")
+    return db
+
+
+class Store:
+    """The bucket's database; see the module docstring."""
+
+    def __init__(self, path: str | Path, *, synchronous: str = "FULL", keep_history: bool = True):
+        if synchronous.upper() not in ("FULL", "NORMAL", "EXTRA", "OFF"):
+            raise ValueError(f"unknown synchronous mode {synchronous!r}")
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.synchronous = synchronous.upper()
+        self.keep_history = keep_history
+        self._lock = threading.RLock()
+        self._db = _connect(self.path, self.synchronous)
+        self._db.executescript(_SCHEMA)
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def _txn(self):
+        return _Transaction(self._db, self._lock)
+
+    # -- bucket meta ------------------------------------------------------------------------
+    def get_meta(self, name: str) -> str | None:
+        with self._lock:
+            row = self._db.execute("SELECT value FROM meta WHERE name = ?", (name,)).fetchone()
+        return row[0] if row else None
+
+    def set_meta(self, name: str, value: str) -> None:
+        with self._txn() as db:
+            db.execute("INSERT OR REPLACE INTO meta (name, value) VALUES (?, ?)", (name, value))
+
+    # -- vbucket state ----------------------------------------------------------------------
+    def load_vbucket_states(self) -> dict[int, VBucketStateRecord]:
+        with self._lock:
+            rows = self._db.execute(f"SELECT {_STATE_COLS}, history_floor FROM vbucket_state").fetchall()
+        out = {}
+        for r in rows:
+            out[r[0]] = VBucketStateRecord(r[0], r[1], r[2], r[3], r[4], r[5], r[6], _u64(r[7]), r[8],
+                                           _u64(r[9]), r[10])
+        return out
+
+    def save_vbucket_states(self, records: Iterable[VBucketStateRecord]) -> None:
+        with self._txn() as db:
+            db.executemany(_UPSERT_STATE, [r._params() for r in records])
+
+    def delete_vbucket(self, vb: int) -> None:
+        with self._txn() as db:
+            for table in ("items", "history", "vbucket_state"):
+                db.execute(f"DELETE FROM {table} WHERE vb = ?", (vb,))
+
+    # -- the flusher's write ----------------------------------------------------------------
+    def write(self, batches: Iterable[tuple[int, Sequence[Item]]],
+              states: Iterable[VBucketStateRecord] = (),
+              snapshot_ranges: Iterable[tuple[int, int, int]] = ()) -> None:
+        """Persist items (seqno order per vbucket), state rows and the (vb, snap_start, snap_end)
+        ranges the items belong to, in one transaction."""
+        with self._txn() as db:
+            for vb, items in batches:
+                latest: dict[bytes, Item] = {}
+                first_seqno: dict[bytes, int] = {}
+                superseded: list[tuple] = []
+                for it in items:
+                    prev = latest.get(it.key)
+                    if prev is None:
+                        first_seqno[it.key] = it.by_seqno
+                    elif self.keep_history:
+                        superseded.append((*_row(vb, prev), it.by_seqno))
+                    latest[it.key] = it
+                if self.keep_history:
+                    db.executemany(_MOVE_TO_HISTORY, [(s, vb, k) for k, s in first_seqno.items()])
+                    if superseded:
+                        db.executemany(_INSERT_HISTORY, superseded)
+                db.executemany(_UPSERT_ITEM, [_row(vb, it) for it in latest.values()])
+            db.executemany(_UPSERT_STATE, [r._params() for r in states])
+            db.executemany("INSERT OR IGNORE INTO snapshots (vb, snap_start, snap_end) VALUES (?, ?, ?)",
+                           list(snapshot_ranges))
+
+    # -- reads ------------------------------------------------------------------------------
+    def get(self, vb: int, key: bytes) -> Item | None:
+        with self._lock:
+            row = self._db.execute(f"SELECT {_ITEM_COLS} FROM items WHERE vb = ? AND key = ?",
+                                   (vb, key)).fetchone()
+        return _item(row) if row else None
+
+    def load_items(self, vb: int, page_size: int = 10_000) -> Iterator[Item]:
+        """Every stored version of a vbucket (warm-up), streamed in seqno order."""
+        with self.scan(vb, 0, (1 << 63) - 1, page_size=page_size) as scan:
+            yield from scan
+
+    def scan(self, vb: int, start: int, end: int, *, page_size: int = 1000) -> "BackfillScan":
+        """Items with start < seqno <= end, latest version per key, tombstones included."""
+        return BackfillScan(self.path, vb, start, end, page_size)
+
+    def count(self, vb: int) -> tuple[int, int]:
+        """(live documents, tombstones) on disk for a vbucket."""
+        with self._lock:
+            rows = self._db.execute("SELECT deleted, COUNT(*) FROM items WHERE vb = ? GROUP BY deleted",
+                                    (vb,)).fetchall()
+        counts = dict(rows)
+        return counts.get(0, 0), counts.get(1, 0)
+
+    def history_count(self, vb: int) -> int:
+        with self._lock:
+            return self._db.execute("SELECT COUNT(*) FROM history WHERE vb = ?", (vb,)).fetchone()[0]
+
+    # -- maintenance ------------------------------------------------------------------------
+    def purge_tombstones(self, vb: int, deleted_before: int, *, history_floor: int = 0) -> PurgeResult:
+        """Compaction: purge tombstones deleted at or before `deleted_before` (unix seconds).
+
+        The purge seqno advances to the highest purged seqno. The rollback floor moves up to at
+        least the purge seqno (a purged tombstone's key can no longer be rolled back past it) and
+        to `history_floor`, and history that only served seqnos below the floor is dropped.
+        """
+        with self._txn() as db:
+            state = db.execute("SELECT purge_seqno, max_deleted_rev_seqno, history_floor FROM vbucket_state "
+                               "WHERE vb = ?", (vb,)).fetchone()
+            if state is None:
+                raise KeyError(f"vbucket {vb} has no persisted state")
+            purge_seqno, max_rev, floor = state[0], _u64(state[1]), state[2]
+            rows = db.execute("SELECT key, seqno, rev_seqno FROM items WHERE vb = ? AND deleted = 1 "
+                              "AND delete_time <= ?", (vb, deleted_before)).fetchall()
+            if rows:
+                db.executemany("DELETE FROM items WHERE vb = ? AND key = ?", [(vb, r[0]) for r in rows])
+                purge_seqno = max(purge_seqno, max(r[1] for r in rows))
+                max_rev = max(max_rev, max(_u64(r[2]) for r in rows))
+            floor = max(floor, purge_seqno, history_floor)
+            db.execute("DELETE FROM history WHERE vb = ? AND superseded_by <= ?", (vb, floor))
+            db.execute("DELETE FROM snapshots WHERE vb = ? AND snap_end < ?", (vb, floor))
+            db.execute("UPDATE vbucket_state SET purge_seqno = ?, max_deleted_rev_seqno = ?, "
+                       "history_floor = ? WHERE vb = ?", (purge_seqno, _s64(max_rev), floor, vb))
+        return PurgeResult([(r[0], r[1]) for r in rows], purge_seqno, max_rev, floor)
+
+    def rollback(self, vb: int, seqno: int) -> "RollbackResult":
+        """Discard everything after `seqno`; returns the seqno actually reached and its snapshot.
+
+        Reaches `seqno` exactly when it is at or above the rollback floor (history holds every
+        version needed). Below the floor the disk cannot reconstruct that point, so the vbucket
+        is reset to 0 (all items, history and purge seqno gone), like Couchbase when no older
+        disk snapshot exists. Rolling back to or above the persisted high seqno changes nothing.
+
+        The snapshot reported is (seqno, seqno) when `seqno` ends a persisted snapshot, else the
+        persisted snapshot containing it: inside a snapshot, versions de-duplicated in memory
+        were never persisted, so the state is only consistent at the snapshot's end and the
+        consumer must say so in its next stream request. The caller must have flushed first.
+        """
+        with self._txn() as db:
+            state = db.execute("SELECT high_seqno, history_floor, snap_start, snap_end FROM vbucket_state "
+                               "WHERE vb = ?", (vb,)).fetchone()
+            if state is None:
+                return RollbackResult(0, 0, 0)
+            high, floor, snap_start, snap_end = state
+            if seqno >= high:
+                return RollbackResult(high, snap_start, snap_end)
+            if seqno < floor or seqno <= 0:
+                for table in ("items", "history", "snapshots"):
+                    db.execute(f"DELETE FROM {table} WHERE vb = ?", (vb,))
+                db.execute("UPDATE vbucket_state SET high_seqno = 0, snap_start = 0, snap_end = 0, "
+                           "purge_seqno = 0, max_visible_seqno = 0, history_floor = 0 WHERE vb = ?", (vb,))
+                return RollbackResult(0, 0, 0)
+            keys = [r[0] for r in db.execute("SELECT key FROM items WHERE vb = ? AND seqno > ?", (vb, seqno))]
+            for key in keys:
+                prev = db.execute(f"SELECT {_COLS} FROM history WHERE vb = ? AND key = ? AND seqno <= ? "
+                                  "ORDER BY seqno DESC LIMIT 1", (vb, key, seqno)).fetchone()
+                db.execute("DELETE FROM items WHERE vb = ? AND key = ?", (vb, key))
+                if prev is not None:
+                    db.execute(_UPSERT_ITEM, prev)
+            db.execute("DELETE FROM history WHERE vb = ? AND superseded_by > ?", (vb, seqno))
+            row = db.execute("SELECT snap_start, snap_end FROM snapshots WHERE vb = ? AND snap_start <= ? "
+                             "ORDER BY snap_start DESC, snap_end DESC LIMIT 1", (vb, seqno)).fetchone()
+            snap = row if row is not None and row[1] > seqno else (seqno, seqno)
+            db.execute("DELETE FROM snapshots WHERE vb = ? AND snap_start > ?", (vb, seqno))
+            db.execute("UPDATE vbucket_state SET high_seqno = ?, snap_start = ?, snap_end = ?, "
+                       "max_visible_seqno = ? WHERE vb = ?", (seqno, snap[0], snap[1], seqno, vb))
+            return RollbackResult(seqno, snap[0], snap[1])
+
+
+@dataclass(frozen=True, slots=True)
+class RollbackResult:
+    seqno: int  # the seqno reached (0 = the vbucket was reset)
+    snap_start: int
+    snap_end: int
+
+
+class _Transaction:
+    """`with store._txn() as db:` - BEGIN IMMEDIATE ... COMMIT (ROLLBACK on error), under the lock."""
+
+    def __init__(self, db: sqlite3.Connection, lock: threading.RLock):
+        self._db, self._lock = db, lock
+
+    def __enter__(self) -> sqlite3.Connection:
+        self._lock.acquire()
+        try:
+            self._db.execute("BEGIN IMMEDIATE")
+        except BaseException:
+            self._lock.release()
+            raise
+        return self._db
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        try:
+            self._db.execute("ROLLBACK" if exc_type else "COMMIT")
+        finally:
+            self._lock.release()
+
+
+class BackfillScan:
+    """A paged, point-in-time read of one vbucket's items with start < seqno <= end.
+
+    Opens its own connection and read transaction, so every page comes from the same disk
+    snapshot even while the flusher commits, and memory stays at one page (keyset pagination on
+    the by-seqno index), however many items the range holds. `disk_high_seqno`,
+    `purge_seqno` and `max_visible_seqno` describe that snapshot (for the Disk snapshot marker).
+    Close it (or use `with`) promptly: an open read transaction holds back WAL checkpointing.
+    """
+
+    def __init__(self, path: Path, vb: int, start: int, end: int, page_size: int):
+        if page_size < 1:
+            raise ValueError("page_size must be >= 1")
+        self.vb, self.start, self.end, self.page_size = vb, start, end, page_size
+        self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30.0)
+        self._db.execute("BEGIN")
+        row = self._db.execute("SELECT high_seqno, purge_seqno, max_visible_seqno FROM vbucket_state "
+                               "WHERE vb = ?", (vb,)).fetchone()
+        self.disk_high_seqno, self.purge_seqno, self.max_visible_seqno = row if row else (0, 0, 0)
+        self._pos = start
+        self.closed = False
+
+    def next_page(self) -> list[Item]:
+        """The next page (at most page_size items); [] when the range is exhausted."""
+        if self.closed:
+            return []
+        rows = self._db.execute(
+            f"SELECT {_ITEM_COLS} FROM items WHERE vb = ? AND seqno > ? AND seqno <= ? "
+            "ORDER BY seqno LIMIT ?", (self.vb, self._pos, self.end, self.page_size)).fetchall()
+        if not rows:
+            self.close()
+            return []
+        page = [_item(r) for r in rows]
+        self._pos = page[-1].by_seqno
+        return page
+
+    def pages(self) -> Iterator[list[Item]]:
+        while page := self.next_page():
+            yield page
+
+    def __iter__(self) -> Iterator[Item]:
+        for page in self.pages():
+            yield from page
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            try:
+                self._db.execute("COMMIT")
+            finally:
+                self._db.close()
+
+    def __enter__(self) -> "BackfillScan":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

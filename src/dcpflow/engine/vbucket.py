@@ -1,0 +1,496 @@
+"""VBucket: one partition of a bucket - hash table, seqnos, HLC, checkpoints, failover log.
+
+Memory-first: every document version lives in `ht` (a dict, the HashTable); a write assigns the
+next by-seqno and a CAS from the vbucket's HLC, replaces the key's entry in the hash table and
+queues the version into the CheckpointManager. Nothing touches disk on the write path: the
+flusher persists from the checkpoints later, in batches.
+
+Client operations (get/set/add/replace/delete/touch/get_and_touch/get_meta and the *WithMeta
+family) are served only by active vbuckets: a pending vbucket answers ETMPFAIL (it is about to
+become active, retry), replica and dead ones NOT_MY_VBUCKET. Replica and pending vbuckets take
+changes only through the replica application path (`snapshot_marker` + `apply_*`), which stores
+the metadata it is given unchanged - that is what a DCP consumer (PassiveStream) calls.
+
+Expiry times passed to client operations are what the client sent (<= 30 days is relative, see
+expiry.py); WithMeta and replica operations carry absolute times.
+"""
+
+import heapq
+import time
+from collections.abc import Callable, Iterable
+from enum import IntEnum, IntFlag
+
+from dcpflow.protocol.status import Status
+
+from .checkpoint import CheckpointManager, CheckpointType
+from .conflict import ConflictResolutionMode, DocMeta, incoming_wins
+from .errors import EngineError
+from .expiry import to_absolute
+from .failover import FailoverEntry, FailoverTable
+from .hlc import HLC
+from .item import DeleteSource, Item, retain_system_xattrs
+from .store import PurgeResult, VBucketStateRecord
+
+
+class VBucketState(IntEnum):
+    """Values as on the wire (SetVbucket / DcpSetVbucketState extras, TABLES.md 5.8)."""
+
+    ACTIVE = 1
+    REPLICA = 2
+    PENDING = 3
+    DEAD = 4
+
+
+class WithMetaOptions(IntFlag):
+    """*WithMeta option bits (TABLES.md 6.2)."""
+
+    FORCE_WITH_META_OP = 0x01  # now only "skip conflict resolution" (MB-67207)
+    FORCE_ACCEPT_WITH_META_OPS = 0x02  # required on LWW buckets, refused on rev-seqno buckets
+    REGENERATE_CAS = 0x04  # server generates the CAS; needs conflict resolution skipped
+    SKIP_CONFLICT_RESOLUTION = 0x08
+    IS_EXPIRATION = 0x10  # DelWithMeta only: the delete is a TTL expiry
+
+
+_ALL_OPTIONS = 0x1F
+_SKIP_CR = WithMetaOptions.FORCE_WITH_META_OP | WithMetaOptions.SKIP_CONFLICT_RESOLUTION
+
+
+class VBucket:
+    """See the module docstring. Owned by one thread (the bucket's owner)."""
+
+    def __init__(self, vbid: int, state: VBucketState = VBucketState.ACTIVE, *,
+                 conflict_resolution: ConflictResolutionMode | str = ConflictResolutionMode.REV_SEQNO,
+                 failover: FailoverTable | None = None, hlc: HLC | None = None, high_seqno: int = 0,
+                 purge_seqno: int = 0, max_deleted_rev_seqno: int = 0,
+                 persisted_snapshot: tuple[int, int] | None = None, items: Iterable[Item] = (),
+                 checkpoint_max_items: int = 10_000, checkpoint_max_age: float | None = 5.0,
+                 checkpoint_memory_quota: int | None = None, persistent: bool = True,
+                 clock: Callable[[], float] = time.time,
+                 on_seqno: Callable[[int, int], None] | None = None,
+                 on_dirty: Callable[[int], None] | None = None):
+        self.id = vbid
+        self.state = VBucketState(state)
+        self.conflict_resolution = ConflictResolutionMode(conflict_resolution)
+        self.failover = failover if failover is not None else FailoverTable()
+        self.hlc = hlc if hlc is not None else HLC()
+        self.high_seqno = high_seqno
+        self.purge_seqno = purge_seqno
+        self.max_deleted_rev_seqno = max_deleted_rev_seqno
+        self.persisted_seqno = high_seqno
+        self.persisted_snapshot = persisted_snapshot or (high_seqno, high_seqno)
+        # The snapshot the vbucket is in: a replica's last marker; an active is always complete.
+        if self.state == VBucketState.ACTIVE or persisted_snapshot is None:
+            self.snapshot_start = self.snapshot_end = high_seqno
+        else:
+            self.snapshot_start, self.snapshot_end = persisted_snapshot
+        self._clock = clock
+        self._on_seqno = on_seqno
+        self._on_dirty = on_dirty
+        self.checkpoint_manager = CheckpointManager(
+            high_seqno=high_seqno, max_items=checkpoint_max_items, max_age=checkpoint_max_age,
+            memory_quota=checkpoint_memory_quota, persistent=persistent)
+        self.ht: dict[bytes, Item] = {}
+        self.num_items = 0  # live documents
+        self.num_deleted = 0  # tombstones held in memory
+        self.ops_create = self.ops_update = self.ops_delete = 0
+        self._expiry_heap: list[tuple[int, int, bytes]] = []
+        self._load(items)
+
+    def __repr__(self) -> str:
+        return f"<VBucket {self.id} {self.state.name.lower()} high_seqno={self.high_seqno}>"
+
+    def _load(self, items: Iterable[Item]) -> None:
+        ht, heap = self.ht, self._expiry_heap
+        live = deleted = 0
+        for item in items:
+            ht[item.key] = item
+            if item.deleted:
+                deleted += 1
+            else:
+                live += 1
+                if item.expiry:
+                    heap.append((item.expiry, item.by_seqno, item.key))
+        heapq.heapify(heap)
+        self.num_items, self.num_deleted = live, deleted
+
+    @property
+    def uuid(self) -> int:
+        return self.failover.latest_uuid
+
+    @property
+    def max_visible_seqno(self) -> int:
+        return self.high_seqno  # no prepares or system events are stored
+
+    # -- state --------------------------------------------------------------------------------
+    def set_state(self, state: VBucketState, *, by_takeover: bool = False) -> FailoverEntry | None:
+        """Change state; returns the failover entry created, if any.
+
+        Becoming active other than through a DCP takeover starts a new branch of history at the
+        last complete snapshot's high seqno (mid-snapshot on a replica: the snapshot start). A
+        takeover keeps the log the new active received from the old one.
+        """
+        state = VBucketState(state)
+        if state == self.state:
+            return None
+        entry = None
+        if state == VBucketState.ACTIVE:
+            if not by_takeover:
+                complete = self.high_seqno >= self.snapshot_end
+                entry = self.failover.create_entry(self.high_seqno if complete else self.snapshot_start)
+            self.checkpoint_manager.create_checkpoint()
+        if VBucketState.ACTIVE in (state, self.state):
+            self.snapshot_start = self.snapshot_end = self.high_seqno  # an active's snapshot is complete
+        self.state = state
+        return entry
+
+    def _check_active(self) -> None:
+        if self.state == VBucketState.ACTIVE:
+            return
+        if self.state == VBucketState.PENDING:
+            raise EngineError(Status.ETMPFAIL, f"vbucket {self.id} is pending; retry shortly")
+        raise EngineError(Status.NOT_MY_VBUCKET,
+                          f"vbucket {self.id} is {self.state.name.lower()}, not active")
+
+    def _check_replica(self) -> None:
+        if self.state not in (VBucketState.REPLICA, VBucketState.PENDING):
+            raise EngineError(Status.NOT_MY_VBUCKET,
+                              f"vbucket {self.id} is {self.state.name.lower()}; replication writes need "
+                              "a replica or pending vbucket")
+
+    # -- the write path -----------------------------------------------------------------------
+    def _queue(self, item: Item) -> Item:
+        self.checkpoint_manager.queue(item)  # first: it validates the seqno before anything changes
+        old = self.ht.get(item.key)
+        if old is None:
+            if not item.deleted:
+                self.ops_create += 1
+        elif old.deleted:
+            self.num_deleted -= 1
+            if not item.deleted:
+                self.ops_create += 1
+        else:
+            self.num_items -= 1
+            self.ops_delete += item.deleted
+            self.ops_update += not item.deleted
+        if item.deleted:
+            self.num_deleted += 1
+        else:
+            self.num_items += 1
+            if item.expiry:
+                heapq.heappush(self._expiry_heap, (item.expiry, item.by_seqno, item.key))
+        self.ht[item.key] = item
+        self.high_seqno = item.by_seqno
+        if self._on_dirty is not None:
+            self._on_dirty(self.id)
+        if self._on_seqno is not None:
+            self._on_seqno(self.id, item.by_seqno)
+        return item
+
+    def _next_rev(self, prev: Item | None) -> int:
+        # A brand-new key continues above any purged tombstone's rev, so purging never lets an
+        # old deletion win conflict resolution against a re-created document.
+        return prev.rev_seqno + 1 if prev is not None else self.max_deleted_rev_seqno + 1
+
+    def _mutate(self, key: bytes, value: bytes, flags: int, expiry: int, datatype: int) -> Item:
+        prev = self.ht.get(key)
+        return self._queue(Item(key, value, flags, expiry, self.hlc.next(), self._next_rev(prev),
+                                self.high_seqno + 1, datatype))
+
+    def _tombstone(self, item: Item, now: float, source: DeleteSource) -> Item:
+        value, datatype = retain_system_xattrs(item.value, item.datatype)
+        return self._queue(Item(item.key, value, item.flags, 0, self.hlc.next(), item.rev_seqno + 1,
+                                self.high_seqno + 1, datatype, True, int(now), source))
+
+    def _live(self, key: bytes, now: float) -> Item | None:
+        """The live document for `key`; an expired one is turned into an expiration first."""
+        item = self.ht.get(key)
+        if item is None or item.deleted:
+            return None
+        if item.expiry and item.expiry <= now:
+            self._tombstone(item, now, DeleteSource.TTL)
+            return None
+        return item
+
+    def _enoent(self, key: bytes) -> EngineError:
+        return EngineError(Status.KEY_ENOENT, f"key {key!r} not found in vbucket {self.id}")
+
+    # -- client operations (active only) ------------------------------------------------------
+    def get(self, key: bytes) -> Item:
+        self._check_active()
+        item = self._live(key, self._clock())
+        if item is None:
+            raise self._enoent(key)
+        return item
+
+    def get_meta(self, key: bytes) -> Item:
+        """Metadata of the current version, tombstones included (GetMeta reports deleted=1)."""
+        self._check_active()
+        self._live(key, self._clock())
+        item = self.ht.get(key)
+        if item is None:
+            raise self._enoent(key)
+        return item
+
+    def set(self, key: bytes, value: bytes, *, flags: int = 0, expiry: int = 0, datatype: int = 0,
+            cas: int = 0) -> Item:
+        """Store unconditionally, or only over the version with `cas` when cas != 0."""
+        self._check_active()
+        now = self._clock()
+        live = self._live(key, now)
+        if cas:
+            self._check_cas(key, live, cas)
+        return self._mutate(key, value, flags, to_absolute(expiry, now), datatype)
+
+    def add(self, key: bytes, value: bytes, *, flags: int = 0, expiry: int = 0, datatype: int = 0,
+            cas: int = 0) -> Item:
+        """Store only if there is no live document (a tombstone does not count)."""
+        self._check_active()
+        if cas:
+            raise EngineError(Status.EINVAL, "add does not take a CAS")
+        now = self._clock()
+        if self._live(key, now) is not None:
+            raise EngineError(Status.KEY_EEXISTS, f"key {key!r} already exists")
+        return self._mutate(key, value, flags, to_absolute(expiry, now), datatype)
+
+    def replace(self, key: bytes, value: bytes, *, flags: int = 0, expiry: int = 0, datatype: int = 0,
+                cas: int = 0) -> Item:
+        """Store only over a live document (and its `cas`, when given)."""
+        self._check_active()
+        now = self._clock()
+        live = self._live(key, now)
+        if live is None:
+            raise self._enoent(key)
+        if cas:
+            self._check_cas(key, live, cas)
+        return self._mutate(key, value, flags, to_absolute(expiry, now), datatype)
+
+    def delete(self, key: bytes, *, cas: int = 0) -> Item:
+        """Delete the live document, leaving a tombstone; returns the tombstone (its CAS is new)."""
+        self._check_active()
+        now = self._clock()
+        live = self._live(key, now)
+        if live is None:
+            raise self._enoent(key)
+        if cas:
+            self._check_cas(key, live, cas)
+        return self._tombstone(live, now, DeleteSource.EXPLICIT)
+
+    def touch(self, key: bytes, expiry: int) -> Item:
+        """Change a live document's expiry (a new version: new seqno, CAS and rev seqno)."""
+        self._check_active()
+        now = self._clock()
+        live = self._live(key, now)
+        if live is None:
+            raise self._enoent(key)
+        return self._mutate(key, live.value, live.flags, to_absolute(expiry, now), live.datatype)
+
+    def get_and_touch(self, key: bytes, expiry: int) -> Item:
+        """Touch and return the document with its value."""
+        return self.touch(key, expiry)
+
+    def _check_cas(self, key: bytes, live: Item | None, cas: int) -> None:
+        if live is None:
+            raise self._enoent(key)
+        if live.cas != cas:
+            raise EngineError(Status.KEY_EEXISTS, f"CAS mismatch for key {key!r}")
+
+    # -- *WithMeta (active only) --------------------------------------------------------------
+    def set_with_meta(self, key: bytes, value: bytes, *, cas: int, rev_seqno: int, flags: int = 0,
+                      expiry: int = 0, datatype: int = 0, options: int = 0, check_cas: int = 0) -> Item:
+        """SetWithMeta (set_with_meta.md): store with the given metadata if it wins conflict
+        resolution against the existing version (tombstones included).
+
+        `expiry` is absolute. `check_cas` is the request header's CAS: when non-zero, the
+        existing live document must have that CAS (KEY_ENOENT / KEY_EEXISTS otherwise).
+        """
+        return self._set_with_meta(key, value, cas, rev_seqno, flags, expiry, datatype, options,
+                                   check_cas, add=False)
+
+    def add_with_meta(self, key: bytes, value: bytes, *, cas: int, rev_seqno: int, flags: int = 0,
+                      expiry: int = 0, datatype: int = 0, options: int = 0, check_cas: int = 0) -> Item:
+        """AddWithMeta: as SetWithMeta, but KEY_EEXISTS if a live document exists."""
+        return self._set_with_meta(key, value, cas, rev_seqno, flags, expiry, datatype, options,
+                                   check_cas, add=True)
+
+    def del_with_meta(self, key: bytes, *, cas: int, rev_seqno: int, flags: int = 0, delete_time: int = 0,
+                      options: int = 0, value: bytes = b"", datatype: int = 0, check_cas: int = 0) -> Item:
+        """DelWithMeta (del_with_meta.md): store a tombstone with the given metadata.
+
+        A tombstone is stored even if the key is unknown here (so the deletion replicates on);
+        conflict resolution compares (rev, cas) or (cas, rev) only. IS_EXPIRATION marks the
+        tombstone as a TTL expiry. `delete_time` 0 means now. `value` may carry xattrs.
+        """
+        regenerate = self._resolve_with_meta(key, DocMeta(cas, rev_seqno, 0, flags, datatype), options,
+                                             check_cas, deletion=True)
+        source = DeleteSource.TTL if options & WithMetaOptions.IS_EXPIRATION else DeleteSource.EXPLICIT
+        delete_time = delete_time or int(self._clock())
+        return self._queue(Item(key, value, flags, 0, self._meta_cas(cas, regenerate), rev_seqno,
+                                self.high_seqno + 1, datatype, True, delete_time, source))
+
+    def _set_with_meta(self, key: bytes, value: bytes, cas: int, rev_seqno: int, flags: int, expiry: int,
+                       datatype: int, options: int, check_cas: int, *, add: bool) -> Item:
+        regenerate = self._resolve_with_meta(key, DocMeta(cas, rev_seqno, expiry, flags, datatype), options,
+                                             check_cas, deletion=False, add=add)
+        return self._queue(Item(key, value, flags, expiry, self._meta_cas(cas, regenerate), rev_seqno,
+                                self.high_seqno + 1, datatype))
+
+    def _resolve_with_meta(self, key: bytes, incoming: DocMeta, options: int, check_cas: int, *,
+                           deletion: bool, add: bool = False) -> bool:
+        """All checks of a WithMeta write, in order; returns whether to regenerate the CAS."""
+        self._check_active()
+        skip, regenerate = self._check_options(options, incoming.cas, deletion=deletion)
+        existing = self.ht.get(key)
+        live = existing if existing is not None and not existing.deleted else None
+        if check_cas:
+            self._check_cas(key, live, check_cas)
+        if add and live is not None:
+            raise EngineError(Status.KEY_EEXISTS, f"key {key!r} already exists")
+        if existing is not None and not skip and not incoming_wins(
+                self.conflict_resolution, incoming, DocMeta.of(existing), deletion=deletion):
+            raise EngineError(Status.KEY_EEXISTS,
+                              f"conflict resolution: the existing version of {key!r} wins")
+        return regenerate
+
+    def _meta_cas(self, cas: int, regenerate: bool) -> int:
+        if regenerate:
+            return self.hlc.next()
+        self.hlc.observe(cas)  # keep local CAS above anything accepted from elsewhere
+        return cas
+
+    def _check_options(self, options: int, cas: int, *, deletion: bool) -> tuple[bool, bool]:
+        """Validate WithMeta options (TABLES.md 6.2); returns (skip conflict resolution, regenerate CAS)."""
+        if options & ~_ALL_OPTIONS:
+            raise EngineError(Status.EINVAL, f"unknown WithMeta option bits 0x{options & ~_ALL_OPTIONS:x}")
+        if options & WithMetaOptions.IS_EXPIRATION and not deletion:
+            raise EngineError(Status.EINVAL, "IS_EXPIRATION is only valid on DelWithMeta")
+        skip = bool(options & _SKIP_CR)
+        regenerate = bool(options & WithMetaOptions.REGENERATE_CAS)
+        if regenerate and not skip:
+            raise EngineError(Status.EINVAL, "REGENERATE_CAS requires conflict resolution to be skipped "
+                              "(FORCE_WITH_META_OP or SKIP_CONFLICT_RESOLUTION)")
+        force_accept = bool(options & WithMetaOptions.FORCE_ACCEPT_WITH_META_OPS)
+        if self.conflict_resolution == ConflictResolutionMode.LWW:
+            if not force_accept and not regenerate:
+                raise EngineError(Status.EINVAL, "LWW buckets require FORCE_ACCEPT_WITH_META_OPS")
+        elif force_accept:
+            raise EngineError(Status.EINVAL, "FORCE_ACCEPT_WITH_META_OPS is refused on rev-seqno buckets")
+        if cas == 0 and not regenerate:
+            raise EngineError(Status.EINVAL, "a WithMeta write must carry the source's CAS (got 0)")
+        return skip, regenerate
+
+    # -- replica application path (DCP consumer) ----------------------------------------------
+    def snapshot_marker(self, start: int, end: int, *, disk: bool = False) -> None:
+        """Begin a snapshot received over DCP: a new checkpoint with this range and type."""
+        self._check_replica()
+        if start > end:
+            raise EngineError(Status.EINVAL, f"snapshot start {start} is above its end {end}")
+        if end < self.high_seqno:
+            raise EngineError(Status.ERANGE, f"snapshot end {end} is below the high seqno {self.high_seqno}")
+        ctype = CheckpointType.DISK if disk else CheckpointType.MEMORY
+        self.checkpoint_manager.create_checkpoint(start, end, ctype)
+        self.snapshot_start, self.snapshot_end = start, end
+
+    def apply_mutation(self, key: bytes, value: bytes, *, by_seqno: int, cas: int, rev_seqno: int,
+                       flags: int = 0, expiry: int = 0, datatype: int = 0) -> Item:
+        """Store a replicated mutation exactly as given (no conflict resolution, no new CAS)."""
+        return self._apply(Item(key, value, flags, expiry, cas, rev_seqno, by_seqno, datatype))
+
+    def apply_deletion(self, key: bytes, *, by_seqno: int, cas: int, rev_seqno: int, delete_time: int = 0,
+                       value: bytes = b"", datatype: int = 0, flags: int = 0,
+                       expiration: bool = False) -> Item:
+        """Store a replicated deletion (or, with expiration=True, an expiration)."""
+        source = DeleteSource.TTL if expiration else DeleteSource.EXPLICIT
+        return self._apply(Item(key, value, flags, 0, cas, rev_seqno, by_seqno, datatype, True,
+                                delete_time or int(self._clock()), source))
+
+    def apply_expiration(self, key: bytes, *, by_seqno: int, cas: int, rev_seqno: int,
+                         delete_time: int = 0, value: bytes = b"", datatype: int = 0) -> Item:
+        return self.apply_deletion(key, by_seqno=by_seqno, cas=cas, rev_seqno=rev_seqno,
+                                   delete_time=delete_time, value=value, datatype=datatype, expiration=True)
+
+    def _apply(self, item: Item) -> Item:
+        self._check_replica()
+        seqno = item.by_seqno
+        if seqno <= self.high_seqno:
+            raise EngineError(Status.ERANGE, f"seqno {seqno} is not above the high seqno {self.high_seqno}")
+        if not self.snapshot_start <= seqno <= self.snapshot_end:
+            raise EngineError(Status.ERANGE, f"seqno {seqno} is outside the current snapshot "
+                              f"[{self.snapshot_start}, {self.snapshot_end}]")
+        self.hlc.observe(item.cas)
+        return self._queue(item)
+
+    # -- expiry pager ---------------------------------------------------------------------------
+    def expire_due(self, now: float | None = None, limit: int | None = None) -> int:
+        """Turn due documents into expirations (active only); returns how many."""
+        if self.state != VBucketState.ACTIVE:
+            return 0
+        now = self._clock() if now is None else now
+        heap, ht = self._expiry_heap, self.ht
+        done = 0
+        while heap and heap[0][0] <= now and (limit is None or done < limit):
+            _, seqno, key = heapq.heappop(heap)
+            item = ht.get(key)
+            if item is None or item.deleted or item.by_seqno != seqno:
+                continue  # superseded since it was scheduled
+            self._tombstone(item, now, DeleteSource.TTL)
+            done += 1
+        if len(heap) > 2 * self.num_items + 1024:  # drop entries of superseded versions
+            self._expiry_heap = [e for e in heap if (i := ht.get(e[2])) is not None and i.by_seqno == e[1]]
+            heapq.heapify(self._expiry_heap)
+        return done
+
+    # -- persistence hooks (used by the flusher and the bucket) ---------------------------------
+    def state_record(self) -> VBucketStateRecord:
+        """The vbucket-state row as of the last flush (never ahead of what is on disk)."""
+        snap_start, snap_end = self.persisted_snapshot
+        return VBucketStateRecord(self.id, int(self.state), self.failover.to_json(), self.persisted_seqno,
+                                  snap_start, snap_end, self.purge_seqno, self.hlc.max_cas,
+                                  self.persisted_seqno, self.max_deleted_rev_seqno)
+
+    def on_purged(self, result: PurgeResult) -> None:
+        """Compaction purged tombstones on disk: drop the same versions from memory."""
+        self.purge_seqno = result.purge_seqno
+        self.max_deleted_rev_seqno = max(self.max_deleted_rev_seqno, result.max_deleted_rev_seqno)
+        ht = self.ht
+        for key, seqno in result.purged:
+            item = ht.get(key)
+            if item is not None and item.deleted and item.by_seqno == seqno:
+                del ht[key]
+                self.num_deleted -= 1
+
+    def reset_to(self, seqno: int, items: Iterable[Item], *, purge_seqno: int,
+                 snapshot: tuple[int, int] | None = None, rng=None) -> None:
+        """Reload after the store rolled back to `seqno` (0 = the vbucket was reset); `snapshot`
+        is the persisted snapshot that seqno lies in (its end if it is a consistent point)."""
+        self.ht = {}
+        self._expiry_heap = []
+        self._load(items)
+        self.high_seqno = self.persisted_seqno = seqno
+        self.persisted_snapshot = snapshot or (seqno, seqno)
+        self.snapshot_start, self.snapshot_end = self.persisted_snapshot
+        self.purge_seqno = purge_seqno
+        self.checkpoint_manager.reset(seqno)
+        if seqno == 0:
+            self.failover = FailoverTable(rng=rng)
+        else:
+            self.failover.prune(seqno)
+
+    def stats(self) -> dict[str, int | str]:
+        return {
+            "state": self.state.name.lower(),
+            "num_items": self.num_items,
+            "num_tombstones": self.num_deleted,
+            "high_seqno": self.high_seqno,
+            "persisted_seqno": self.persisted_seqno,
+            "uuid": self.uuid,
+            "purge_seqno": self.purge_seqno,
+            "max_cas": self.hlc.max_cas,
+            "max_deleted_revid": self.max_deleted_rev_seqno,
+            "ops_create": self.ops_create,
+            "ops_update": self.ops_update,
+            "ops_delete": self.ops_delete,
+            "queue_size": max(0, self.high_seqno - self.persisted_seqno),
+            "logical_clock_ticks": self.hlc.logical_ticks,
+            "drift_ahead_threshold_exceeded": self.hlc.drift_ahead_exceeded,
+            "drift_behind_threshold_exceeded": self.hlc.drift_behind_exceeded,
+        }

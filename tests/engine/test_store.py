@@ -1,0 +1,234 @@
+"""Store: batched writes, by-seqno scans (paged, de-duplicated, point-in-time), purge, rollback."""
+
+import sqlite3
+
+import pytest
+
+from dcpflow.engine import DeleteSource, FailoverTable, Item, Store, VBucketStateRecord
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = Store(tmp_path / "b" / "store.sqlite3", synchronous="NORMAL")
+    s.save_vbucket_states([VBucketStateRecord(0, 1, FailoverTable([(1, 0)]).to_json()),
+                           VBucketStateRecord(1, 1, FailoverTable([(2, 0)]).to_json())])
+    yield s
+    s.close()
+
+
+class Writer:
+    """Writes versions to a store the way the flusher does, tracking seqnos per vbucket."""
+
+    def __init__(self, store):
+        self.store = store
+        self.high = {0: 0, 1: 0}
+
+    def put(self, key, value=b"v", vb=0, deleted=False, delete_time=0, rev=1, cas=None):
+        self.high[vb] += 1
+        seqno = self.high[vb]
+        return Item(key, value, cas=seqno * 10 if cas is None else cas, rev_seqno=rev, by_seqno=seqno,
+                    deleted=deleted, delete_time=delete_time)
+
+    def write(self, vb, *items, snap=None):
+        """One flush batch; by default the items form one complete snapshot."""
+        start, end = snap or (items[0].by_seqno, items[-1].by_seqno)
+        rec = VBucketStateRecord(vb, 1, FailoverTable([(1, 0)]).to_json(), self.high[vb], start, end)
+        self.store.write([(vb, list(items))], [rec], [(vb, start, end)])
+
+
+def scan_keys(store, vb, start, end, page_size=1000):
+    with store.scan(vb, start, end, page_size=page_size) as scan:
+        return [(it.key, it.by_seqno, it.deleted) for it in scan]
+
+
+def test_write_and_get_round_trip_every_field(store):
+    item = Item(b"k", b"\x00value", flags=0xDEADBEEF, expiry=1_900_000_000, cas=(1 << 64) - 2,
+                rev_seqno=(1 << 63) + 5, by_seqno=1, datatype=0x05)
+    tomb = Item(b"t", b"", cas=3, rev_seqno=2, by_seqno=2, deleted=True, delete_time=123,
+                delete_source=DeleteSource.TTL)
+    store.write([(0, [item, tomb])])
+    assert store.get(0, b"k") == item  # u64 CAS / rev above 2^63 survive the signed column
+    assert store.get(0, b"t") == tomb
+    assert store.get(1, b"k") is None
+    assert store.count(0) == (1, 1)
+
+
+def test_scan_returns_latest_version_per_key_in_seqno_order_including_tombstones(store):
+    w = Writer(store)
+    w.write(0, w.put(b"a"), w.put(b"b"), w.put(b"c"))
+    w.write(0, w.put(b"a", b"v2"), w.put(b"b", deleted=True))
+    w.write(1, w.put(b"other", vb=1))
+    assert scan_keys(store, 0, 0, 100) == [(b"c", 3, False), (b"a", 4, False), (b"b", 5, True)]
+    assert scan_keys(store, 0, 3, 4) == [(b"a", 4, False)]  # start is exclusive, end inclusive
+    assert scan_keys(store, 1, 0, 100) == [(b"other", 1, False)]
+
+
+def test_same_key_twice_in_one_batch_keeps_the_last(store):
+    w = Writer(store)
+    w.write(0, w.put(b"a", b"1"), w.put(b"a", b"2"))
+    assert store.get(0, b"a").value == b"2"
+    assert scan_keys(store, 0, 0, 10) == [(b"a", 2, False)]
+
+
+def test_scan_is_paged_and_bounded(store):
+    w = Writer(store)
+    w.write(0, *[w.put(b"k%05d" % i) for i in range(5000)])
+    with store.scan(0, 100, 4900, page_size=128) as scan:
+        sizes = [len(p) for p in scan.pages()]
+        assert scan.closed  # exhausted scans release their read transaction
+    assert max(sizes) == 128 and sum(sizes) == 4800
+    assert len(sizes) == 38
+
+
+def test_scan_is_a_point_in_time_snapshot_across_pages(store):
+    w = Writer(store)
+    w.write(0, *[w.put(b"k%d" % i) for i in range(10)])
+    scan = store.scan(0, 0, 1000, page_size=4)
+    first = scan.next_page()
+    assert scan.disk_high_seqno == 10
+    # the flusher commits while the backfill is between pages: move k8 and add k99
+    w.write(0, w.put(b"k8", b"moved"), w.put(b"k99"))
+    rest = [it for page in scan.pages() for it in page]
+    got = [(it.key, it.by_seqno) for it in first + rest]
+    assert got == [(b"k%d" % i, i + 1) for i in range(10)]
+    assert scan_keys(store, 0, 0, 1000)[-2:] == [(b"k8", 11, False), (b"k99", 12, False)]
+
+
+def test_load_items_streams_everything(store):
+    w = Writer(store)
+    w.write(0, *[w.put(b"k%d" % i) for i in range(2500)])
+    assert sum(1 for _ in store.load_items(0, page_size=1000)) == 2500
+
+
+def test_vbucket_state_round_trip(store):
+    rec = VBucketStateRecord(3, 2, FailoverTable([(9, 7), (8, 0)]).to_json(), high_seqno=7, snap_start=5,
+                             snap_end=9, purge_seqno=2, max_cas=(1 << 64) - 1, max_visible_seqno=7,
+                             max_deleted_rev_seqno=4)
+    store.save_vbucket_states([rec])
+    assert store.load_vbucket_states()[3] == rec
+
+
+def test_purge_removes_old_tombstones_and_advances_purge_seqno(store):
+    w = Writer(store)
+    w.write(0, w.put(b"live"), w.put(b"old1", deleted=True, delete_time=100, rev=7),
+            w.put(b"old2", deleted=True, delete_time=200, rev=3),
+            w.put(b"young", deleted=True, delete_time=900))
+    result = store.purge_tombstones(0, deleted_before=500)
+    assert sorted(result.purged) == [(b"old1", 2), (b"old2", 3)]
+    assert result.purge_seqno == 3 and result.max_deleted_rev_seqno == 7
+    assert scan_keys(store, 0, 0, 100) == [(b"live", 1, False), (b"young", 4, True)]
+    rec = store.load_vbucket_states()[0]
+    assert (rec.purge_seqno, rec.max_deleted_rev_seqno) == (3, 7)
+
+
+def test_purge_seqno_never_goes_back(store):
+    w = Writer(store)
+    w.write(0, w.put(b"a", deleted=True, delete_time=1))
+    assert store.purge_tombstones(0, 10).purge_seqno == 1
+    w.write(0, w.put(b"b"))
+    assert store.purge_tombstones(0, 10).purge_seqno == 1
+
+
+def test_purge_with_interval_zero_purges_everything_deleted_up_to_now(store):
+    w = Writer(store)
+    w.write(0, w.put(b"a", deleted=True, delete_time=1000))
+    assert store.purge_tombstones(0, 1000).purged == [(b"a", 1)]
+
+
+def test_rollback_restores_versions_current_at_the_seqno(store):
+    w = Writer(store)
+    w.write(0, w.put(b"a", b"a1"), w.put(b"b", b"b1"), w.put(b"c", b"c1"))  # 1..3
+    w.write(0, w.put(b"a", b"a2"), w.put(b"b", deleted=True), w.put(b"d", b"d1"), w.put(b"a", b"a3"))  # 4..7
+    assert store.rollback(0, 3).seqno == 3
+    assert scan_keys(store, 0, 0, 100) == [(b"a", 1, False), (b"b", 2, False), (b"c", 3, False)]
+    assert store.get(0, b"a").value == b"a1"
+    assert store.get(0, b"d") is None
+    rec = store.load_vbucket_states()[0]
+    assert (rec.high_seqno, rec.snap_start, rec.snap_end) == (3, 3, 3)
+    assert store.history_count(0) == 0
+
+
+def test_rollback_to_a_seqno_between_two_versions(store):
+    w = Writer(store)
+    w.write(0, w.put(b"a", b"a1"), w.put(b"x"), w.put(b"a", b"a2"), w.put(b"y"), w.put(b"a", b"a3"))
+    assert store.rollback(0, 4).seqno == 4
+    assert store.get(0, b"a").value == b"a2"
+    assert [k for k, _, _ in scan_keys(store, 0, 0, 100)] == [b"x", b"a", b"y"]
+
+
+def test_rollback_reports_a_consistent_point_only_at_a_snapshot_end(store):
+    w = Writer(store)
+    w.write(0, w.put(b"a"), w.put(b"b"), w.put(b"c"))  # snapshot [1, 3]
+    w.write(0, w.put(b"d"), w.put(b"e"), snap=(4, 9))  # first part of snapshot [4, 9]
+    w.write(0, w.put(b"f"), w.put(b"g"), snap=(4, 9))
+    result = store.rollback(0, 5)
+    assert (result.seqno, result.snap_start, result.snap_end) == (5, 4, 9)
+    result = store.rollback(0, 3)
+    assert (result.seqno, result.snap_start, result.snap_end) == (3, 3, 3)
+    rec = store.load_vbucket_states()[0]
+    assert (rec.high_seqno, rec.snap_start, rec.snap_end) == (3, 3, 3)
+
+
+def test_rollback_at_or_above_persisted_high_seqno_changes_nothing(store):
+    w = Writer(store)
+    w.write(0, w.put(b"a"), w.put(b"b"))
+    assert store.rollback(0, 2).seqno == 2
+    assert store.rollback(0, 5).seqno == 2
+    assert store.count(0) == (2, 0)
+
+
+def test_rollback_below_the_history_floor_resets_to_zero(store):
+    w = Writer(store)
+    w.write(0, w.put(b"a"), w.put(b"t", deleted=True, delete_time=1))
+    w.write(0, w.put(b"a", b"again"), w.put(b"b"))
+    result = store.purge_tombstones(0, 10)
+    assert result.history_floor == 2  # the purged tombstone's seqno
+    assert store.rollback(0, 3).seqno == 3  # at/above the floor: exact
+    assert store.rollback(0, 1).seqno == 0  # below it: reset
+    assert store.count(0) == (0, 0)
+    rec = store.load_vbucket_states()[0]
+    assert (rec.high_seqno, rec.purge_seqno) == (0, 0)
+
+
+def test_compaction_history_floor_trims_history(store):
+    w = Writer(store)
+    for i in range(5):
+        w.write(0, w.put(b"hot", b"%d" % i))
+    assert store.history_count(0) == 4
+    store.purge_tombstones(0, 0, history_floor=3)  # keep what rolling back to >= 3 needs
+    assert store.history_count(0) == 2  # versions superseded at 4 and 5
+    assert store.rollback(0, 3).seqno == 3 and store.get(0, b"hot").value == b"2"
+
+
+def test_without_history_every_rollback_below_persisted_resets(tmp_path):
+    s = Store(tmp_path / "nohist.sqlite3", synchronous="NORMAL", keep_history=False)
+    s.save_vbucket_states([VBucketStateRecord(0, 1, "[]")])
+    w = Writer(s)
+    w.write(0, w.put(b"a"), w.put(b"a"))
+    assert s.history_count(0) == 0
+    s.close()
+
+
+def test_delete_vbucket_removes_only_that_vbucket(store):
+    w = Writer(store)
+    w.write(0, w.put(b"a"))
+    w.write(1, w.put(b"b", vb=1))
+    store.delete_vbucket(0)
+    assert store.get(0, b"a") is None and 0 not in store.load_vbucket_states()
+    assert store.get(1, b"b") is not None
+
+
+def test_failed_write_leaves_nothing_behind(store):
+    w = Writer(store)
+    good = w.put(b"a")
+    with pytest.raises(sqlite3.IntegrityError):
+        store.write([(0, [good, Item(b"bad", None, by_seqno=99)])])  # type: ignore[arg-type]
+    assert store.get(0, b"a") is None  # the whole batch rolled back
+    store.write([(0, [good])])
+    assert store.get(0, b"a") == good
+
+
+def test_meta_values(store):
+    assert store.get_meta("x") is None
+    store.set_meta("x", "1")
+    assert store.get_meta("x") == "1"
