@@ -4,7 +4,7 @@ del_with_meta.md, TABLES.md section 6, erratum 50 / MB-67207)."""
 import pytest
 
 from dcpflow.engine import DeleteSource, EngineError, VBucketState
-from dcpflow.engine import WithMetaOptions as Opt
+from dcpflow.engine import WithMetaOption as Opt
 from dcpflow.protocol.status import Status
 
 FORCE, ACCEPT, REGEN = Opt.FORCE_WITH_META_OP, Opt.FORCE_ACCEPT_WITH_META_OPS, Opt.REGENERATE_CAS

@@ -24,14 +24,14 @@ from .flusher import FlushBatch, Flusher
 from .hlc import HLC
 from .item import DeleteSource, Item
 from .store import BackfillScan, PurgeResult, RollbackResult, Store, VBucketStateRecord
-from .vbucket import VBucket, VBucketState, WithMetaOptions
+from .vbucket import VBucket, VBucketState, WithMetaOption
 
 __all__ = [
     "HLC", "MAX_FAILOVER_ENTRIES", "PERSISTENCE_CURSOR", "RELATIVE_EXPIRY_LIMIT", "BackfillScan", "Bucket",
     "Checkpoint", "CheckpointManager", "CheckpointType", "ConflictResolutionMode", "Cursor",
     "CursorDropped", "CursorRegistration", "DeleteSource", "DocMeta", "EngineError", "FailoverEntry",
     "FailoverTable", "FlushBatch", "Flusher", "Item", "PurgeResult", "RollbackDecision", "RollbackResult",
-    "Snapshot", "Store", "VBucket", "VBucketState", "VBucketStateRecord", "WithMetaOptions",
+    "Snapshot", "Store", "VBucket", "VBucketState", "VBucketStateRecord", "WithMetaOption",
     "incoming_wins", "is_expired", "rollback_decision", "run_expiry_pager", "to_absolute",
     "vbucket_for_key",
 ]

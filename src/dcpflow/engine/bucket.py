@@ -28,11 +28,11 @@ dropped (a reset gets a fresh failover log) and cursors other than the flusher's
 """
 
 import time
-import zlib
 from collections.abc import Callable
 from pathlib import Path
 from random import Random
 
+from dcpflow.protocol import keys
 from dcpflow.protocol.status import Status
 
 from .conflict import ConflictResolutionMode
@@ -50,8 +50,8 @@ SeqnoListener = Callable[[int, int], None]
 
 
 def vbucket_for_key(key: bytes, num_vbuckets: int = DEFAULT_NUM_VBUCKETS) -> int:
-    """The vbucket that owns `key` (given without its collection prefix): CRC32 hashing."""
-    return ((zlib.crc32(key) >> 16) & 0x7FFF) % num_vbuckets
+    """The vbucket that owns `key` (given without its collection prefix), as clients compute it."""
+    return keys.vbucket_for_key(key, num_vbuckets)
 
 
 class Bucket:

@@ -18,8 +18,9 @@ expiry.py); WithMeta and replica operations carry absolute times.
 import heapq
 import time
 from collections.abc import Callable, Iterable
-from enum import IntEnum, IntFlag
 
+from dcpflow.protocol.dcp import VBucketState
+from dcpflow.protocol.meta import WITH_META_OPTIONS_KNOWN, WithMetaOption
 from dcpflow.protocol.status import Status
 
 from .checkpoint import CheckpointManager, CheckpointType
@@ -31,28 +32,8 @@ from .hlc import HLC
 from .item import DeleteSource, Item, retain_system_xattrs
 from .store import PurgeResult, VBucketStateRecord
 
-
-class VBucketState(IntEnum):
-    """Values as on the wire (SetVbucket / DcpSetVbucketState extras, TABLES.md 5.8)."""
-
-    ACTIVE = 1
-    REPLICA = 2
-    PENDING = 3
-    DEAD = 4
-
-
-class WithMetaOptions(IntFlag):
-    """*WithMeta option bits (TABLES.md 6.2)."""
-
-    FORCE_WITH_META_OP = 0x01  # now only "skip conflict resolution" (MB-67207)
-    FORCE_ACCEPT_WITH_META_OPS = 0x02  # required on LWW buckets, refused on rev-seqno buckets
-    REGENERATE_CAS = 0x04  # server generates the CAS; needs conflict resolution skipped
-    SKIP_CONFLICT_RESOLUTION = 0x08
-    IS_EXPIRATION = 0x10  # DelWithMeta only: the delete is a TTL expiry
-
-
-_ALL_OPTIONS = 0x1F
-_SKIP_CR = WithMetaOptions.FORCE_WITH_META_OP | WithMetaOptions.SKIP_CONFLICT_RESOLUTION
+_ALL_OPTIONS = WITH_META_OPTIONS_KNOWN
+_SKIP_CR = WithMetaOption.FORCE_WITH_META_OP | WithMetaOption.SKIP_CONFLICT_RESOLUTION
 
 
 class VBucket:
@@ -322,7 +303,7 @@ class VBucket:
         """
         regenerate = self._resolve_with_meta(key, DocMeta(cas, rev_seqno, 0, flags, datatype), options,
                                              check_cas, deletion=True)
-        source = DeleteSource.TTL if options & WithMetaOptions.IS_EXPIRATION else DeleteSource.EXPLICIT
+        source = DeleteSource.TTL if options & WithMetaOption.IS_EXPIRATION else DeleteSource.EXPLICIT
         delete_time = delete_time or int(self._clock())
         return self._queue(Item(key, value, flags, 0, self._meta_cas(cas, regenerate), rev_seqno,
                                 self.high_seqno + 1, datatype, True, delete_time, source))
@@ -361,14 +342,14 @@ class VBucket:
         """Validate WithMeta options (TABLES.md 6.2); returns (skip conflict resolution, regenerate CAS)."""
         if options & ~_ALL_OPTIONS:
             raise EngineError(Status.EINVAL, f"unknown WithMeta option bits 0x{options & ~_ALL_OPTIONS:x}")
-        if options & WithMetaOptions.IS_EXPIRATION and not deletion:
+        if options & WithMetaOption.IS_EXPIRATION and not deletion:
             raise EngineError(Status.EINVAL, "IS_EXPIRATION is only valid on DelWithMeta")
         skip = bool(options & _SKIP_CR)
-        regenerate = bool(options & WithMetaOptions.REGENERATE_CAS)
+        regenerate = bool(options & WithMetaOption.REGENERATE_CAS)
         if regenerate and not skip:
             raise EngineError(Status.EINVAL, "REGENERATE_CAS requires conflict resolution to be skipped "
                               "(FORCE_WITH_META_OP or SKIP_CONFLICT_RESOLUTION)")
-        force_accept = bool(options & WithMetaOptions.FORCE_ACCEPT_WITH_META_OPS)
+        force_accept = bool(options & WithMetaOption.FORCE_ACCEPT_WITH_META_OPS)
         if self.conflict_resolution == ConflictResolutionMode.LWW:
             if not force_accept and not regenerate:
                 raise EngineError(Status.EINVAL, "LWW buckets require FORCE_ACCEPT_WITH_META_OPS")
