@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from dcpflow.protocol import dcp
 from dcpflow.protocol.dcp import (
     CacheTransferRecord,
     DcpAbort,
@@ -28,6 +29,7 @@ from dcpflow.protocol.dcp import (
 )
 
 from .reference_frames import REFERENCE_FRAMES
+from .test_dcp_roundtrip import any_request
 
 SID = 3  # stream-id framing extras: 1 byte id/length + u16 sid
 
@@ -146,3 +148,13 @@ def test_prepare_ack_accounting_differs_from_bytes_received():
     """prepare.md: the consumer must acknowledge the 2 bytes it never received."""
     hexstr, msg = REFERENCE_FRAMES["prepare"]
     assert len(bytes.fromhex(hexstr)) == 65 and charged_size(msg) == 67
+
+
+@settings(max_examples=300, deadline=None)
+@given(any_request)
+def test_charge_is_the_wire_size_for_every_message(msg):
+    """charged_size computes from lengths (no encode on the producer's hot path); it must still be
+    the wire size, with Prepare's extra 2 bytes and free noops (TABLES.md 5.9)."""
+    wire = len(msg.encode())
+    expected = 0 if isinstance(msg, dcp.DcpNoop) else wire + (2 if isinstance(msg, dcp.DcpPrepare) else 0)
+    assert charged_size(msg) == expected

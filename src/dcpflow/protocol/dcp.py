@@ -17,8 +17,6 @@ from typing import NamedTuple
 from . import rules
 from .errors import ProtocolError
 from .frame import (
-    ALT_HEADER,
-    HEADER,
     HEADER_LEN,
     Frame,
     FrameDecoder,
@@ -1303,28 +1301,31 @@ class DcpDecoder(FrameDecoder):
             yield decode_dcp(frame)
 
 
+#: Fixed part of each stream message's flow-control charge: header + extras (TABLES.md 5.9).
+_CHARGE_BASE = {
+    DcpMutation: 55, DcpExpiration: 44, DcpPrepare: 57, DcpCommit: 40, DcpAbort: 40, DcpStreamEnd: 28,
+    DcpSetVbucketState: 25, DcpOsoSnapshot: 28, DcpSeqnoAdvanced: 32, DcpSystemEvent: 37,
+    DcpCacheTransferEnd: 24,
+}
+_MARKER_CHARGE = {MarkerVersion.V1: 44, MarkerVersion.V2_0: 61, MarkerVersion.V2_2: 77}
+
+
 def charged_size(message) -> int:
     """Bytes a producer charges against the flow-control buffer for a message (TABLES.md 5.9).
 
-    This is the wire size, except that a Prepare costs 2 bytes more (MB-46634) and noops are free.
+    The wire size (header, stream-id frame, extras, key, value), computed without encoding, except
+    that a Prepare costs 2 bytes more (MB-46634) and noops are free.
     """
-    if isinstance(message, DcpNoop):
+    cls = type(message)
+    base = _CHARGE_BASE.get(cls)
+    if base is not None:
+        size = base + len(getattr(message, "key", b"")) + len(getattr(message, "value", b""))
+    elif cls is DcpSnapshotMarker:
+        size = _MARKER_CHARGE[message.version]
+    elif cls is DcpDeletion:
+        size = (42 if message.delete_time is None else 45) + len(message.key) + len(message.value)
+    elif cls is DcpNoop:
         return 0
-    size = len(message.encode())
-    if isinstance(message, DcpPrepare):
-        size += 2
-    return size
-
-
-def frame_from_message(message) -> Frame:
-    """Frame view of a message (for inspection and tests): decode its own encoding."""
-    data = message.encode()
-    magic, opcode = data[0], data[1]
-    if magic == Magic.ALT_REQUEST or magic == Magic.ALT_RESPONSE:
-        _, _, fl, kl, el, dt, vbs, bl, opq, cas = ALT_HEADER.unpack_from(data)
     else:
-        _, _, kl, el, dt, vbs, bl, opq, cas = HEADER.unpack_from(data)
-        fl = 0
-    p = HEADER_LEN
-    return Frame(magic, opcode, dt, vbs, opq, cas, data[p:p + fl], data[p + fl:p + fl + el],
-                 data[p + fl + el:p + fl + el + kl], data[p + fl + el + kl:])
+        return len(message.encode())
+    return size + 3 if getattr(message, "stream_id", None) is not None else size
