@@ -100,12 +100,9 @@ def problems(frame: Frame) -> list[ProtocolError]:
             out.append(ProtocolError(f"unknown opcode 0x{frame.opcode:02x}", Status.UNKNOWN_COMMAND))
             return out
     shape = (_response_shapes if is_response else _request_shapes).get(frame.opcode)
-    if shape is not None:
-        if is_response and frame.status != Status.SUCCESS:
-            # Error responses carry whatever the error needs (a rollback seqno, a cluster map, text).
-            pass
-        else:
-            out.extend(_shape_problems(frame, shape))
+    # Error responses carry whatever the error needs (a rollback seqno, a cluster map, text): no shape.
+    if shape is not None and not (is_response and frame.status != Status.SUCCESS):
+        out.extend(_shape_problems(frame, shape))
     for check in (_response_checks if is_response else _request_checks).get(frame.opcode, ()):
         out.extend(check(frame))
     return out
