@@ -28,6 +28,41 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     return 1 if args.strict and any(f["problems"] for f in frames) else 0
 
 
+def _cmd_server(args: argparse.Namespace) -> int:
+    import asyncio
+    import logging
+    import signal
+
+    from .server import Server, ServerConfig
+
+    logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    config = ServerConfig(data_dir=args.data_dir, host=args.host, port=args.port,
+                          buckets=tuple(args.bucket or ("default",)), num_vbuckets=args.vbuckets,
+                          conflict_resolution=args.conflict_resolution, flush_interval=args.flush_interval,
+                          purge_interval=args.purge_interval, compaction_interval=args.compaction_interval,
+                          expiry_interval=args.expiry_interval, users=args.users, debug=args.debug)
+
+    async def serve() -> int:
+        server = Server(config)
+        try:
+            await server.start()
+        except (OSError, ValueError) as e:
+            print(f"dcpflow server: cannot start: {e}", file=sys.stderr)
+            return 1
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        print(f"dcpflow server ready: host={config.host} port={server.port} buckets={','.join(server.buckets)} "
+              f"data_dir={config.data_dir}", flush=True)
+        await stop.wait()
+        await server.close()
+        return 0
+
+    return asyncio.run(serve())
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dcpflow", description="Couchbase DCP end to end: protocol tools, "
                                      "server, client and the Spark CDC pipeline.")
@@ -40,6 +75,30 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pretty", action="store_true", help="indent the JSON")
     p.add_argument("--strict", action="store_true", help="exit 1 if any frame has a problem")
     p.set_defaults(func=_cmd_inspect)
+
+    p = sub.add_parser("server", help="run a KV server (Couchbase binary protocol) in the foreground",
+                       description="Serve buckets over the memcached binary protocol with Couchbase's extensions "
+                       "(HELLO, SASL SCRAM/PLAIN, cluster map, KV, *WithMeta, stats). Prints one line when ready "
+                       "(with the port; use --port 0 for a free one) and shuts down cleanly on SIGTERM/SIGINT.")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=11210, help="KV port (default 11210; 0 picks a free port)")
+    p.add_argument("--data-dir", default="./data", help="where buckets are stored (default ./data)")
+    p.add_argument("--bucket", action="append", metavar="NAME",
+                   help="a bucket to serve (repeatable; default: default)")
+    p.add_argument("--vbuckets", type=int, default=1024, help="vbuckets per new bucket (default 1024)")
+    p.add_argument("--conflict-resolution", choices=("seqno", "lww"), default="seqno",
+                   help="conflict resolution of new buckets for *WithMeta (default seqno)")
+    p.add_argument("--flush-interval", type=float, default=0.1, metavar="SECONDS",
+                   help="how often writes are persisted (default 0.1)")
+    p.add_argument("--purge-interval", type=float, default=259_200.0, metavar="SECONDS",
+                   help="age after which compaction purges tombstones (default 3 days)")
+    p.add_argument("--compaction-interval", type=float, default=3600.0, metavar="SECONDS",
+                   help="how often compaction runs (default 3600)")
+    p.add_argument("--expiry-interval", type=float, default=10.0, metavar="SECONDS",
+                   help="how often the expiry pager runs (default 10)")
+    p.add_argument("--users", metavar="FILE", help="users file (JSON; default: Administrator/password, admin)")
+    p.add_argument("--debug", action="store_true", help="log to stderr, including unknown opcodes")
+    p.set_defaults(func=_cmd_server)
     return parser
 
 

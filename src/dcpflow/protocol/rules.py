@@ -67,8 +67,10 @@ def opcode_name(opcode: int) -> str:
 
 
 def _shape_problems(frame: Frame, shape: Shape) -> Iterable[ProtocolError]:
-    name = opcode_name(frame.opcode)
     n = len(frame.extras)
+    if (shape.extras is None or n in shape.extras) and _parts_ok(frame, shape):
+        return  # the common case: no name lookup, no strings (every typed decode passes through here)
+    name = opcode_name(frame.opcode)
     if shape.extras is not None and n not in shape.extras:
         want = " or ".join(str(x) for x in shape.extras)
         if shape.extras == (0,):
@@ -85,6 +87,13 @@ def _shape_problems(frame: Frame, shape: Shape) -> Iterable[ProtocolError]:
         yield ProtocolError(f"{name} must carry a non-zero CAS ({shape.page})")
     elif shape.cas == MUST_NOT and frame.cas:
         yield ProtocolError(f"{name} must carry CAS 0; got 0x{frame.cas:x} ({shape.page})")
+
+
+def _parts_ok(frame: Frame, shape: Shape) -> bool:
+    for part, rule in ((frame.key, shape.key), (frame.value, shape.value)):
+        if (rule == MUST and not part) or (rule == MUST_NOT and part):
+            return False
+    return not ((shape.cas == MUST and not frame.cas) or (shape.cas == MUST_NOT and frame.cas))
 
 
 def problems(frame: Frame) -> list[ProtocolError]:

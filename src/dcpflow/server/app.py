@@ -1,0 +1,301 @@
+"""The server: the listener, the buckets it serves, and the periodic work the engine needs.
+
+The engine has no timers and is owned by one thread (engine/bucket.py): this event loop. So the
+server runs three background tasks on it:
+
+* the flusher - every `flush_interval`, persist each bucket in batches: the batch is collected on
+  the loop, written to SQLite on a worker thread (`Flusher.write` touches no engine state), and
+  completed on the loop, so clients keep being served while the disk works;
+* the expiry pager - every `expiry_interval`, turn due documents into expirations;
+* compaction - every `compaction_interval`, purge tombstones older than `purge_interval`.
+
+A lock serialises a flush batch and compaction (compaction requires no batch in flight).
+
+Shutdown (`close()`, SIGTERM/SIGINT in the CLI): stop listening, close client connections, let the
+background tasks finish what they are doing, then close every bucket cleanly - flush everything and
+write the clean-shutdown mark, so the next start creates no failover entry. A `kill -9` skips all
+that: the next start finds no mark, loses only what was never flushed, and every active vbucket
+gets a new failover entry (engine warm-up).
+
+In-process use (tests, the DCP work): `async with Server(ServerConfig(data_dir=...)) as srv: srv.port`.
+"""
+
+import asyncio
+import concurrent.futures
+import contextlib
+import logging
+import time
+import uuid as uuidlib
+from dataclasses import dataclass
+from pathlib import Path
+
+from dcpflow.engine import Bucket, VBucketState
+from dcpflow.protocol import error_map
+from dcpflow.protocol.config import Node
+
+from . import kv as _kv  # noqa: F401  (importing the handler modules registers their commands)
+from . import session as _session  # noqa: F401
+from . import stats as _stats  # noqa: F401
+from .auth import UserDB
+from .connection import Connection
+from .session import SERVER_VERSION
+from .topology import Topology
+
+log = logging.getLogger("dcpflow.server")
+
+
+@dataclass
+class ServerConfig:
+    """Everything `dcpflow server` can be told. `users` None means one admin, Administrator/password."""
+
+    data_dir: str | Path
+    host: str = "127.0.0.1"
+    port: int = 11210
+    buckets: tuple[str, ...] = ("default",)
+    num_vbuckets: int = 1024
+    conflict_resolution: str = "seqno"
+    flush_interval: float = 0.1
+    purge_interval: float = 259_200.0  # tombstone purge age (seconds), ep-engine's 3 days
+    compaction_interval: float = 3600.0
+    expiry_interval: float = 10.0
+    users: UserDB | str | Path | None = None
+    synchronous: str = "FULL"  # SQLite: FULL survives power loss, NORMAL survives kill -9
+    debug: bool = False
+    nodes: list[Node] | None = None  # the cluster (None: just this node); see topology.py
+    this_node: int = 0
+
+
+class Counters:
+    """Per-bucket operation counters for `stats` (memcached's names)."""
+
+    __slots__ = ("cmd_get", "get_hits", "get_misses", "cmd_set", "cmd_delete")
+
+    def __init__(self):
+        self.cmd_get = self.get_hits = self.get_misses = self.cmd_set = self.cmd_delete = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return {name: getattr(self, name) for name in self.__slots__}
+
+
+class ServerBucket:
+    """A bucket as the server serves it: the engine Bucket plus its cluster-map identity, counters,
+    the persistence switch and the waiters of SEQNO_PERSISTENCE."""
+
+    def __init__(self, server: "Server", engine: Bucket):
+        self.server = server
+        self.engine = engine
+        self.name = engine.name
+        self.uuid = engine.store.get_meta("bucket_uuid")
+        if self.uuid is None:
+            self.uuid = uuidlib.uuid4().hex
+            engine.store.set_meta("bucket_uuid", self.uuid)
+        self.counters = Counters()
+        self.persistence_paused = False
+        self._waiters: dict[int, list[tuple[int, asyncio.Future]]] = {}
+        engine.add_persistence_listener(self._on_persisted)
+
+    def config(self) -> bytes:
+        return self.server.topology.bucket_config(self.name, self.uuid, self._local_map)
+
+    def _local_map(self) -> list[list[int]]:
+        """Single-node map from local states: active vbuckets here, every other one without an active."""
+        me = self.server.topology.this_node
+        vbs = self.engine.vbuckets
+        return [[me] if (vb := vbs.get(i)) is not None and vb.state == VBucketState.ACTIVE else [-1]
+                for i in range(self.engine.num_vbuckets)]
+
+    def wait_persisted(self, vbid: int, seqno: int) -> asyncio.Future:
+        fut = asyncio.get_running_loop().create_future()
+        self._waiters.setdefault(vbid, []).append((seqno, fut))
+        return fut
+
+    def _on_persisted(self, vbid: int, persisted: int) -> None:
+        waiters = self._waiters.get(vbid)
+        if not waiters:
+            return
+        keep = []
+        for seqno, fut in waiters:
+            if fut.done():
+                continue
+            if seqno <= persisted:
+                fut.set_result(persisted)
+            else:
+                keep.append((seqno, fut))
+        self._waiters[vbid] = keep
+
+
+class Server:
+    """See the module docstring."""
+
+    def __init__(self, config: ServerConfig):
+        self.config = config
+        self.version = SERVER_VERSION
+        users = config.users
+        if users is None:
+            self.users = UserDB.default()
+        elif isinstance(users, UserDB):
+            self.users = users
+        else:
+            self.users = UserDB.load(users)
+        self.buckets: dict[str, ServerBucket] = {}
+        self.connections: set[Connection] = set()
+        self.total_connections = 0
+        self.started = time.time()
+        self.topology: Topology | None = None
+        self.port: int | None = None
+        self._listener: asyncio.AbstractServer | None = None
+        self._tasks: list[asyncio.Task] = []
+        self._stopping: asyncio.Event | None = None
+        self._wake: asyncio.Event | None = None
+        self._maintenance: asyncio.Lock | None = None
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._error_maps: dict[int, bytes] = {}
+        self.closed = False
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    async def start(self) -> "Server":
+        cfg = self.config
+        loop = asyncio.get_running_loop()
+        self._stopping, self._wake, self._maintenance = asyncio.Event(), asyncio.Event(), asyncio.Lock()
+        self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="dcpflow-flusher")
+        try:
+            for name in dict.fromkeys(cfg.buckets):
+                self.buckets[name] = ServerBucket(self, self._open_bucket(name))
+            self._listener = await loop.create_server(lambda: Connection(self), cfg.host, cfg.port,
+                                                      reuse_address=True)
+        except BaseException:
+            self._close_buckets(clean=True)
+            self._executor.shutdown(wait=True)
+            raise
+        self.port = self._listener.sockets[0].getsockname()[1]
+        nodes = cfg.nodes or [Node(self.port)]
+        self.topology = Topology(nodes, cfg.this_node)
+        self._tasks = [
+            asyncio.create_task(self._flusher_task(), name="dcpflow-flusher"),
+            asyncio.create_task(self._periodic(cfg.expiry_interval, self._run_expiry), name="dcpflow-expiry"),
+            asyncio.create_task(self._periodic(cfg.compaction_interval, self._run_compaction),
+                                name="dcpflow-compaction"),
+        ]
+        return self
+
+    def _open_bucket(self, name: str) -> Bucket:
+        cfg = self.config
+        engine = Bucket(name, cfg.data_dir, cfg.num_vbuckets, cfg.conflict_resolution,
+                        flush_interval=cfg.flush_interval, purge_interval=cfg.purge_interval,
+                        synchronous=cfg.synchronous)
+        if not engine.vbuckets and (cfg.nodes is None or len(cfg.nodes) == 1):
+            for vb in range(engine.num_vbuckets):  # a new single-node bucket owns every vbucket
+                engine.set_vbucket_state(vb, VBucketState.ACTIVE)
+        return engine
+
+    async def close(self) -> None:
+        """Stop serving and shut every bucket down cleanly (flushed, marked clean)."""
+        if self.closed:
+            return
+        self.closed = True
+        if self._listener is not None:
+            self._listener.close()
+        for conn in list(self.connections):
+            conn.close()
+        self._stopping.set()
+        self._wake.set()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        async with self._maintenance:
+            self._close_buckets(clean=True)
+        self._executor.shutdown(wait=True)
+        if self._listener is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._listener.wait_closed(), 1.0)
+
+    def _close_buckets(self, clean: bool) -> None:
+        for bucket in self.buckets.values():
+            try:
+                bucket.engine.close(clean=clean)
+            except Exception:
+                log.exception("closing bucket %s failed", bucket.name)
+
+    async def __aenter__(self) -> "Server":
+        return await self.start()
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    async def serve_until(self, stop: asyncio.Event) -> None:
+        await stop.wait()
+        await self.close()
+
+    # -- connections ---------------------------------------------------------------------------
+    def connection_made(self, conn: Connection) -> None:
+        if self.closed:
+            conn.transport.close()
+            return
+        self.connections.add(conn)
+        self.total_connections += 1
+
+    def connection_lost(self, conn: Connection) -> None:
+        self.connections.discard(conn)
+
+    def error_map(self, version: int) -> bytes:
+        data = self._error_maps.get(version)
+        if data is None:
+            data = self._error_maps[version] = error_map.encode_error_map(version)
+        return data
+
+    # -- background work -------------------------------------------------------------------------
+    def wake_flusher(self) -> None:
+        if self._wake is not None:
+            self._wake.set()
+
+    async def _sleep(self, seconds: float, event: asyncio.Event) -> bool:
+        """Sleep up to `seconds` or until `event`; False once the server is stopping."""
+        if self._stopping.is_set():
+            return False
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(event.wait(), seconds)
+        return not self._stopping.is_set()
+
+    async def _flusher_task(self) -> None:
+        while await self._sleep(self.config.flush_interval, self._wake):
+            self._wake.clear()
+            for bucket in list(self.buckets.values()):
+                if bucket.persistence_paused:
+                    continue
+                try:
+                    while await self.flush_batch(bucket) and not self._stopping.is_set():
+                        pass
+                except Exception:
+                    log.exception("flushing bucket %s failed; will retry", bucket.name)
+
+    async def flush_batch(self, bucket: ServerBucket) -> int:
+        """Persist one batch of `bucket`: collect here, write on the flusher thread, complete here."""
+        engine = bucket.engine
+        async with self._maintenance:
+            if engine.closed:
+                return 0
+            batch = engine.flusher.collect(engine.flush_batch_items)
+            if batch is None:
+                return 0
+            try:
+                await asyncio.get_running_loop().run_in_executor(self._executor, engine.flusher.write, batch)
+            except BaseException:
+                engine.flusher.abort(batch)
+                raise
+            engine.flusher.complete(batch)
+            return batch.num_items
+
+    async def _periodic(self, interval: float, fn) -> None:
+        while await self._sleep(interval, self._stopping):
+            try:
+                await fn()
+            except Exception:
+                log.exception("%s failed", fn.__name__)
+
+    async def _run_expiry(self) -> None:
+        for bucket in list(self.buckets.values()):
+            bucket.engine.run_expiry_pager()
+
+    async def _run_compaction(self) -> None:
+        for bucket in list(self.buckets.values()):
+            async with self._maintenance:
+                bucket.engine.compact()

@@ -1,0 +1,365 @@
+"""One client connection: framing, in-order pipelined replies, dispatch, and the session state.
+
+Clients pipeline: they write many requests before reading a reply (SDK-BOOTSTRAP.md), and the
+protocol promises replies in request order (BinaryProtocol.md, "Client Commands"). Each
+`data_received` feeds a FrameDecoder and runs every complete request through the dispatch table
+(dispatch.py) in order; replies go into the Writer, which sends everything produced in one
+event-loop pass with a single `writelines`. A handler that must wait (returns an awaitable) stops
+processing until it is done, so nothing overtakes it.
+
+Malformed input: a non-fatal ProtocolError concerns one frame the decoder already consumed, so
+the reply is its status (EINVAL, UNKNOWN_FRAME_INFO...) with that frame's opaque and the
+connection goes on; a fatal one (bad magic, oversize body) means the stream cannot be
+resynchronised: the connection is closed. Other connections never notice.
+
+Backpressure: when the transport's write buffer passes its high-water mark the connection stops
+reading (a client that does not read its replies cannot make the server buffer without bound);
+the Writer tells `on_resume` listeners when it drains, which is where a DCP producer will resume
+sending.
+
+For the DCP work: DCP_OPEN registers in dispatch.py like any command and can set `self.dcp`
+(producer/consumer state), route responses from the peer via `response_handler`, and send
+messages with `self.writer.send()`, which batches them per event-loop pass as well.
+"""
+
+import asyncio
+import logging
+import socket
+import sys
+import traceback
+from typing import TYPE_CHECKING
+
+from dcpflow.engine.errors import EngineError
+from dcpflow.protocol import kv as kvproto
+from dcpflow.protocol.datatype import Datatype
+from dcpflow.protocol.errors import ProtocolError
+from dcpflow.protocol.frame import (
+    Frame,
+    FrameDecoder,
+    Magic,
+    RequestFrameId,
+    check_request_frame_infos,
+    decode_frame_infos,
+    response,
+)
+from dcpflow.protocol.hello import Feature
+from dcpflow.protocol.rules import opcode_name
+from dcpflow.protocol.status import Status
+
+from .auth import Privilege
+from .dispatch import COMMANDS
+
+if TYPE_CHECKING:
+    from .app import Server, ServerBucket
+    from .auth import User
+
+log = logging.getLogger("dcpflow.server")
+
+#: Stop reading from a client whose unprocessed input passes this while a handler waits.
+MAX_PENDING_INPUT = 4 * 1024 * 1024
+_ALT_REQUEST = Magic.ALT_REQUEST
+_REQUEST = Magic.REQUEST
+
+
+class Writer:
+    """Batches a connection's output: one `writelines` per event-loop pass.
+
+    `write` queues bytes that the current pass will flush (request processing flushes at the end
+    of `data_received`); `send` queues and makes sure a flush is scheduled (for output produced
+    outside request processing, such as DCP messages).
+    """
+
+    __slots__ = ("_transport", "_loop", "_buf", "_scheduled", "paused", "on_resume", "bytes_sent")
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop):
+        self._transport = transport
+        self._loop = loop
+        self._buf: list[bytes] = []
+        self._scheduled = False
+        self.paused = False
+        self.on_resume: list = []
+        self.bytes_sent = 0
+
+    def write(self, data: bytes) -> None:
+        self._buf.append(data)
+
+    def send(self, data: bytes) -> None:
+        self._buf.append(data)
+        if not self._scheduled:
+            self._scheduled = True
+            self._loop.call_soon(self.flush)
+
+    def flush(self) -> None:
+        self._scheduled = False
+        buf = self._buf
+        if not buf:
+            return
+        self._buf = []
+        data = buf[0] if len(buf) == 1 else b"".join(buf)
+        self.bytes_sent += len(data)
+        if not self._transport.is_closing():
+            self._transport.write(data)
+
+    @property
+    def pending(self) -> int:
+        return sum(len(b) for b in self._buf)
+
+
+class Connection(asyncio.Protocol):
+    """See the module docstring. Session state: `user`, `bucket`, `features`, and the per-bucket
+    `privileges` of the user, recomputed whenever either changes."""
+
+    def __init__(self, server: "Server"):
+        self.server = server
+        self.debug = server.config.debug
+        self.transport: asyncio.Transport | None = None
+        self.writer: Writer | None = None
+        self.peer = "?"
+        self._decoder = FrameDecoder()
+        self._waiting: asyncio.Future | None = None
+        self._closing = False
+        self._reading_paused = False
+        # session
+        self.user: User | None = None
+        self.bucket: ServerBucket | None = None
+        self.get_vbucket = None  # the selected bucket's engine.get_vbucket
+        self.privileges = 0  # Privilege bits as a plain int (tested on every request)
+        self.features: frozenset[int] = frozenset()
+        self.collections = False
+        self.mutation_seqno = False
+        self.xerror = False
+        self.json = False
+        self.xattr = False
+        self.dedupe_nmvb = False
+        self.agent = ""
+        self.client_id: str | None = None
+        self.known_config: tuple[int, int] | None = None  # the map version this client last received
+        self.sasl = None  # an exchange in progress (auth.ScramServer)
+        self.response_handler = None  # DCP: callable(frame) for responses from the peer
+        self.dcp = None  # DCP: the producer/consumer of this connection, once DCP_OPEN made one
+
+    # -- asyncio.Protocol ----------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.Transport) -> None:
+        self.transport = transport
+        self.writer = Writer(transport, asyncio.get_running_loop())
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        peer = transport.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        self.server.connection_made(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._closing = True
+        if self._waiting is not None:
+            self._waiting.cancel()
+            self._waiting = None
+        self.server.connection_lost(self)
+
+    def data_received(self, data: bytes) -> None:
+        self._decoder.feed(data)
+        if self._waiting is None:
+            self._process()
+            self.writer.flush()
+        elif self._decoder.buffered > MAX_PENDING_INPUT:
+            self._pause_reading()
+
+    def pause_writing(self) -> None:
+        self.writer.paused = True
+        self._pause_reading()
+
+    def resume_writing(self) -> None:
+        self.writer.paused = False
+        for callback in list(self.writer.on_resume):
+            callback()
+        if self._waiting is None:
+            self._resume_reading()
+
+    def _pause_reading(self) -> None:
+        if not self._reading_paused and not self._closing:
+            self._reading_paused = True
+            self.transport.pause_reading()
+
+    def _resume_reading(self) -> None:
+        if self._reading_paused and not self._closing:
+            self._reading_paused = False
+            self.transport.resume_reading()
+
+    def close(self) -> None:
+        """Send what is queued, then close."""
+        if self._closing:
+            return
+        self._closing = True
+        self.writer.flush()
+        self.transport.close()
+
+    # -- request processing --------------------------------------------------------------------
+    def _process(self) -> None:
+        """Run every buffered request, in order, until one has to wait or the connection closes."""
+        decoder, write = self._decoder, self.writer.write
+        while not self._closing:
+            try:
+                for frame in decoder:
+                    reply = self._handle(frame)
+                    if reply is None:
+                        pass
+                    elif reply.__class__ is bytes:
+                        write(reply)
+                    else:
+                        self._wait_for(frame, reply)
+                        return
+                    if self._closing:
+                        return
+                return
+            except ProtocolError as e:
+                if e.fatal:
+                    self._log_bad_input(e)
+                    self.close()
+                    return
+                write(self.error_reply(e.opcode or 0, e.opaque or 0, e.status, e.reason))
+
+    def _handle(self, frame: Frame):
+        magic = frame.magic
+        if magic != _REQUEST and magic != _ALT_REQUEST:
+            return self._handle_other_magic(frame)
+        cmd = COMMANDS.get(frame.opcode)
+        if cmd is None:
+            return self._unknown_command(frame)
+        handler, needs_auth, needs_bucket, privilege = cmd  # tuple unpacking: cheaper than 4 attribute reads
+        if needs_auth and self.user is None:
+            return self.error_reply(frame.opcode, frame.opaque, Status.EACCESS, "authenticate first (SASL)")
+        if needs_bucket and self.bucket is None:
+            return self.error_reply(frame.opcode, frame.opaque, Status.NO_BUCKET, "select a bucket first")
+        if privilege and (self.privileges & privilege) != privilege:
+            missing = "|".join(p.name for p in Privilege if p & privilege and not p & self.privileges)
+            return self.error_reply(frame.opcode, frame.opaque, Status.EACCESS,
+                                    f"user {self.user.name!r} lacks {missing} on this bucket")
+        if frame.framing:
+            refused = self._framing_refusal(frame)
+            if refused is not None:
+                return refused
+        try:
+            return handler(self, frame)
+        except EngineError as e:
+            return self.engine_error(frame, e)
+        except ProtocolError as e:
+            return self.error_reply(frame.opcode, frame.opaque, e.status, e.reason)
+        except Exception:  # a bug in a handler must not take the server (or this client) down
+            log.error("handler for %s failed:\n%s", opcode_name(frame.opcode), traceback.format_exc())
+            return self.error_reply(frame.opcode, frame.opaque, Status.EINTERNAL, "internal error")
+
+    def _unknown_command(self, frame: Frame) -> bytes:
+        if self.debug:
+            print(f"dcpflow server: unknown opcode 0x{frame.opcode:02x} ({opcode_name(frame.opcode)}) from "
+                  f"{self.peer} ({self.agent})", file=sys.stderr, flush=True)
+        return self.error_reply(frame.opcode, frame.opaque, Status.UNKNOWN_COMMAND,
+                                f"{opcode_name(frame.opcode)} is not implemented")
+
+    def _handle_other_magic(self, frame: Frame):
+        if frame.magic in (Magic.RESPONSE, Magic.ALT_RESPONSE) and self.response_handler is not None:
+            return self.response_handler(frame)
+        self._log_bad_input(ProtocolError(f"unexpected {Magic(frame.magic).name} frame (magic 0x{frame.magic:02x}) "
+                                          f"from a client"))
+        self.close()
+        return None
+
+    def _framing_refusal(self, frame: Frame) -> bytes | None:
+        """Framing extras we cannot honour get an error rather than being silently ignored."""
+        problems = check_request_frame_infos(frame.framing)
+        if problems:
+            return self.error_reply(frame.opcode, frame.opaque, problems[0].status, problems[0].reason)
+        for fid, _ in decode_frame_infos(frame.framing):
+            if fid == RequestFrameId.DURABILITY:
+                return self.error_reply(frame.opcode, frame.opaque, Status.DURABILITY_IMPOSSIBLE,
+                                        "synchronous replication is not supported by this server")
+            if fid in (RequestFrameId.IMPERSONATE, RequestFrameId.IMPERSONATE_EXTRA_PRIVILEGE,
+                       RequestFrameId.IMPERSONATE_TOKEN):
+                return self.error_reply(frame.opcode, frame.opaque, Status.NOT_SUPPORTED,
+                                        "impersonation is not supported")
+        return None
+
+    def _wait_for(self, frame: Frame, awaitable) -> None:
+        self._waiting = asyncio.ensure_future(self._run_async(frame, awaitable))
+        self._waiting.add_done_callback(self._async_done)
+        if self._decoder.buffered > MAX_PENDING_INPUT:
+            self._pause_reading()
+
+    async def _run_async(self, frame: Frame, awaitable) -> bytes | None:
+        try:
+            return await awaitable
+        except EngineError as e:
+            return self.engine_error(frame, e)
+        except ProtocolError as e:
+            return self.error_reply(frame.opcode, frame.opaque, e.status, e.reason)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.error("handler for %s failed:\n%s", opcode_name(frame.opcode), traceback.format_exc())
+            return self.error_reply(frame.opcode, frame.opaque, Status.EINTERNAL, "internal error")
+
+    def _async_done(self, fut: asyncio.Future) -> None:
+        self._waiting = None
+        if self._closing or fut.cancelled():
+            return
+        reply = fut.result()
+        if reply is not None:
+            self.writer.write(reply)
+        self._process()
+        self.writer.flush()
+        if self._waiting is None and not self.writer.paused:
+            self._resume_reading()
+
+    def _log_bad_input(self, e: ProtocolError) -> None:
+        log.warning("closing connection from %s: %s", self.peer, e)
+        if self.debug:
+            print(f"dcpflow server: closing {self.peer}: {e}", file=sys.stderr, flush=True)
+
+    # -- replies -------------------------------------------------------------------------------
+    def error_reply(self, opcode: int, opaque: int, status: int, context: str | None = None) -> bytes:
+        """An error response; clients that negotiated XERROR also get the reason as JSON context."""
+        if self.xerror and context:
+            return kvproto.error_response(opcode, status, opaque, context)
+        return response(opcode, status, opaque=opaque)
+
+    def engine_error(self, frame: Frame, e: EngineError) -> bytes:
+        if e.status == Status.NOT_MY_VBUCKET:
+            return self.not_my_vbucket(frame)
+        return self.error_reply(frame.opcode, frame.opaque, e.status, e.reason)
+
+    def not_my_vbucket(self, frame: Frame) -> bytes:
+        """NOT_MY_VBUCKET carries the current map, unless the client already has it and negotiated
+        DedupeNotMyVbucketClustermap."""
+        bucket = self.bucket
+        if bucket is None:
+            return response(frame.opcode, Status.NOT_MY_VBUCKET, opaque=frame.opaque)
+        config = bucket.config()
+        if self.dedupe_nmvb and self.known_config is not None and \
+                self.known_config >= self.server.topology.version:
+            config = b""
+        else:
+            self.known_config = self.server.topology.version
+        return response(frame.opcode, Status.NOT_MY_VBUCKET, opaque=frame.opaque, value=config,
+                        datatype=Datatype.JSON if config else 0)
+
+    # -- session -------------------------------------------------------------------------------
+    def set_features(self, granted) -> None:
+        self.features = frozenset(int(f) for f in granted)
+        self.collections = Feature.COLLECTIONS in self.features
+        self.mutation_seqno = Feature.MUTATION_SEQNO in self.features
+        self.xerror = Feature.XERROR in self.features
+        self.json = Feature.JSON in self.features
+        self.xattr = Feature.XATTR in self.features
+        self.dedupe_nmvb = Feature.DEDUPE_NOT_MY_VBUCKET_CLUSTERMAP in self.features
+
+    def set_user(self, user: "User | None") -> None:
+        """A (re-)authentication starts a new privilege context with no bucket (rbac.md)."""
+        self.user = user
+        self.select_bucket(None)
+
+    def select_bucket(self, bucket: "ServerBucket | None") -> None:
+        self.bucket = bucket
+        self.get_vbucket = bucket.engine.get_vbucket if bucket is not None else None  # hot-path shortcut
+        if self.user is None:
+            self.privileges = 0
+        else:
+            self.privileges = int(self.user.privileges(bucket.name if bucket is not None else None))

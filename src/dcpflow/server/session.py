@@ -1,0 +1,164 @@
+"""Session commands: HELLO, SASL, SELECT_BUCKET, LIST_BUCKETS, GET_CLUSTER_CONFIG, GET_ERROR_MAP,
+VERSION, NOOP, QUIT - what a client sends before (and beside) KV traffic (SDK-BOOTSTRAP.md).
+
+Pages: BinaryProtocol.md (#0x1f-helo, #0x89-select-bucket, #0xb5-get-cluster-config,
+#0xfe-get-error-map, #0x0b-version, #0x0a-no-op, #0x07-quit), docs/sasl.md, docs/ErrorMap.md.
+"""
+
+from dcpflow.protocol import error_map
+from dcpflow.protocol import kv as kvproto
+from dcpflow.protocol.datatype import Datatype
+from dcpflow.protocol.frame import Frame, response
+from dcpflow.protocol.hello import Feature
+from dcpflow.protocol.opcodes import Opcode
+from dcpflow.protocol.status import Status
+
+from .auth import MECHANISMS, SCRAM_MECHANISMS, AuthFailed, ScramServer, plain_authenticate
+from .connection import Connection, log
+from .dispatch import command
+
+#: What the server version answers; clients enable features by it (SDK-BOOTSTRAP.md).
+SERVER_VERSION = "7.6.0-0000"
+
+#: HELLO features this server implements; `kv.negotiate` grants the requested subset of these.
+SUPPORTED_FEATURES = frozenset({
+    Feature.TCP_NODELAY,  # always on
+    Feature.MUTATION_SEQNO,  # mutation replies carry (vbucket uuid, seqno)
+    Feature.XATTR,  # values may carry xattrs (*WithMeta); GET returns the body without them
+    Feature.XERROR,  # error replies carry a JSON context; new codes are sent as they are
+    Feature.SELECT_BUCKET,
+    Feature.JSON,  # the JSON datatype bit is kept and returned
+    Feature.ALT_REQUEST_SUPPORT,  # magic 0x08 (framing extras) is decoded
+    Feature.COLLECTIONS,  # keys carry the LEB128 collection id; only the default collection exists
+    Feature.PRESERVE_TTL,  # the preserve-TTL frame on SET/REPLACE keeps the document's expiry
+    Feature.GET_CLUSTER_CONFIG_WITH_KNOWN_VERSION,
+    Feature.DEDUPE_NOT_MY_VBUCKET_CLUSTERMAP,
+})
+
+
+@command(Opcode.HELLO, auth=False, bucket=False)
+def hello(conn: Connection, frame: Frame) -> bytes:
+    """HELLO replaces the connection's feature set with the subset of the request we implement."""
+    req = kvproto.Hello.from_frame(frame)
+    conn.agent = req.agent_name
+    conn.client_id = req.connection_id
+    granted = kvproto.negotiate(req.features, SUPPORTED_FEATURES)
+    conn.set_features(granted)
+    return kvproto.HelloResponse(granted, frame.opaque).encode()
+
+
+@command(Opcode.SASL_LIST_MECHS, auth=False, bucket=False)
+def sasl_list_mechs(conn: Connection, frame: Frame) -> bytes:
+    kvproto.SaslListMechs.from_frame(frame)
+    return kvproto.SaslListMechsResponse(MECHANISMS, frame.opaque).encode()
+
+
+def _sasl_failed(conn: Connection, frame: Frame, why: str) -> bytes:
+    log.info("authentication failed from %s: %s", conn.peer, why)
+    conn.sasl = None
+    conn.set_user(None)
+    return conn.error_reply(frame.opcode, frame.opaque, Status.AUTH_ERROR, "Authentication failed")
+
+
+@command(Opcode.SASL_AUTH, auth=False, bucket=False)
+def sasl_auth(conn: Connection, frame: Frame) -> bytes:
+    """Start an exchange: PLAIN completes at once, SCRAM answers AUTH_CONTINUE with server-first."""
+    req = kvproto.SaslAuth.from_frame(frame)
+    mech = req.mechanism.decode("ascii", "replace")
+    conn.sasl = None
+    try:
+        if mech == "PLAIN":
+            user = plain_authenticate(conn.server.users, req.payload)
+            conn.set_user(user)
+            return response(frame.opcode, opaque=frame.opaque)
+        algorithm = SCRAM_MECHANISMS.get(mech)
+        if algorithm is None:
+            return _sasl_failed(conn, frame, f"unknown mechanism {mech!r} (we offer {' '.join(MECHANISMS)})")
+        exchange = ScramServer(conn.server.users, algorithm)
+        server_first = exchange.start(req.payload)
+    except AuthFailed as e:
+        return _sasl_failed(conn, frame, str(e))
+    conn.sasl = (mech, exchange)
+    return kvproto.SaslResponse(server_first, Status.AUTH_CONTINUE, frame.opaque, frame.opcode).encode()
+
+
+@command(Opcode.SASL_STEP, auth=False, bucket=False)
+def sasl_step(conn: Connection, frame: Frame) -> bytes:
+    req = kvproto.SaslAuth.from_frame(frame)
+    mech = req.mechanism.decode("ascii", "replace")
+    if conn.sasl is None or conn.sasl[0] != mech:
+        return _sasl_failed(conn, frame, f"SASL_STEP for {mech!r} without a matching SASL_AUTH")
+    exchange = conn.sasl[1]
+    conn.sasl = None
+    try:
+        server_final = exchange.step(req.payload)
+    except AuthFailed as e:
+        return _sasl_failed(conn, frame, str(e))
+    conn.set_user(exchange.user)
+    return kvproto.SaslResponse(server_final, Status.SUCCESS, frame.opaque, frame.opcode).encode()
+
+
+@command(Opcode.SELECT_BUCKET, bucket=False)
+def select_bucket(conn: Connection, frame: Frame) -> bytes:
+    """Bind the connection to a bucket; "@no bucket@" unbinds it. A bucket the user has no role on
+    answers EACCESS whether or not it exists (so users cannot probe for bucket names)."""
+    req = kvproto.SelectBucket.from_frame(frame)
+    if req.name == kvproto.NO_BUCKET_NAME:
+        conn.select_bucket(None)
+        return response(frame.opcode, opaque=frame.opaque)
+    name = req.name.decode("utf-8", "replace")
+    if not conn.user.may_access(name):
+        return conn.error_reply(frame.opcode, frame.opaque, Status.EACCESS, f"no access to bucket {name!r}")
+    bucket = conn.server.buckets.get(name)
+    if bucket is None:
+        return conn.error_reply(frame.opcode, frame.opaque, Status.KEY_ENOENT, f"no bucket named {name!r}")
+    conn.select_bucket(bucket)
+    return response(frame.opcode, opaque=frame.opaque)
+
+
+@command(Opcode.LIST_BUCKETS, bucket=False)
+def list_buckets(conn: Connection, frame: Frame) -> bytes:
+    kvproto.ListBuckets.from_frame(frame)
+    names = tuple(n for n in conn.server.buckets if conn.user.may_access(n))
+    return kvproto.ListBucketsResponse(names, frame.opaque).encode()
+
+
+@command(Opcode.GET_CLUSTER_CONFIG, bucket=False)
+def get_cluster_config(conn: Connection, frame: Frame) -> bytes:
+    """The selected bucket's map, or the cluster-level map with no bucket selected. With a known
+    version in the extras, the map is sent only if ours is newer (empty success otherwise)."""
+    req = kvproto.GetClusterConfig.from_frame(frame)
+    version = conn.server.topology.version
+    if req.known_version is not None and req.known_version >= version:
+        return response(frame.opcode, opaque=frame.opaque)
+    config = conn.bucket.config() if conn.bucket is not None else conn.server.topology.cluster_config()
+    conn.known_config = version
+    return response(frame.opcode, opaque=frame.opaque, value=config, datatype=Datatype.JSON)
+
+
+@command(Opcode.GET_ERROR_MAP, auth=False, bucket=False)
+def get_error_map(conn: Connection, frame: Frame) -> bytes:
+    req = kvproto.GetErrorMap.from_frame(frame)
+    data = conn.server.error_map(min(req.version, error_map.MAX_VERSION))
+    return kvproto.ErrorMapResponse(data, frame.opaque).encode()
+
+
+@command(Opcode.VERSION, auth=False, bucket=False)
+def version(conn: Connection, frame: Frame) -> bytes:
+    kvproto.Version.from_frame(frame)
+    return kvproto.VersionResponse(SERVER_VERSION, frame.opaque).encode()
+
+
+@command(Opcode.NOOP, auth=False, bucket=False)
+def noop(conn: Connection, frame: Frame) -> bytes:
+    kvproto.Noop.from_frame(frame)
+    return response(frame.opcode, opaque=frame.opaque)
+
+
+@command(Opcode.QUIT, Opcode.QUIT_Q, auth=False, bucket=False)
+def quit_(conn: Connection, frame: Frame) -> None:
+    req = kvproto.Quit.from_frame(frame)
+    if req.opcode == Opcode.QUIT:
+        conn.writer.write(response(frame.opcode, opaque=frame.opaque))
+    conn.close()
+    return None

@@ -1,0 +1,74 @@
+"""The cluster map this node serves (GET_CLUSTER_CONFIG, NOT_MY_VBUCKET), one revision at a time.
+
+Shape: reference/SDK-BOOTSTRAP.md ("Cluster map"), built by dcpflow.protocol.config. Hostnames stay
+the literal `$HOST` so each client substitutes the address it dialled.
+
+Designed for several nodes: `nodes` is the whole cluster and `this_node` the index of this one. A
+bucket's vBucketMap is either set explicitly (`set_vbucket_map`, what a cluster manager pushes)
+or derived from the local vbucket states: with one node, every active vbucket is on node 0 and
+any other vbucket has no active (-1), so a client retrying a replica vbucket waits instead of
+looping on NOT_MY_VBUCKET. Every change bumps `rev`; clients keep the map with the highest
+(revEpoch, rev), so `rev` starts at the wall clock in seconds to stay increasing across restarts.
+"""
+
+import time
+from collections.abc import Callable
+
+from dcpflow.protocol.config import (
+    Node,
+    build_bucket_config,
+    build_cluster_config,
+    encode_config,
+    with_this_node,
+)
+
+
+class Topology:
+    def __init__(self, nodes: list[Node], this_node: int = 0, *, rev_epoch: int = 1, rev: int | None = None):
+        if not 0 <= this_node < len(nodes):
+            raise ValueError(f"this_node {this_node} is not one of the {len(nodes)} nodes")
+        self.nodes = with_this_node(nodes, this_node)
+        self.this_node = this_node
+        self.rev_epoch = rev_epoch
+        self.rev = int(time.time()) if rev is None else rev
+        self._maps: dict[str, list[list[int]]] = {}
+        self._num_replicas: dict[str, int] = {}
+        self._cache: dict[str | None, tuple[int, bytes]] = {}
+
+    @property
+    def version(self) -> tuple[int, int]:
+        return self.rev_epoch, self.rev
+
+    def bump(self) -> None:
+        """Something a client routes by changed (vbucket state, map, nodes)."""
+        self.rev += 1
+
+    def set_vbucket_map(self, bucket: str, vbucket_map: list[list[int]], num_replicas: int = 0) -> None:
+        self._maps[bucket] = [list(chain) for chain in vbucket_map]
+        self._num_replicas[bucket] = num_replicas
+        self.bump()
+
+    def bucket_config(self, name: str, uuid: str, local_states: Callable[[], list[list[int]]]) -> bytes:
+        """The bucket's map as JSON bytes; `local_states()` derives a single-node map when none was set.
+        Cached per revision: clients fetch it every 2.5 s and with every NOT_MY_VBUCKET."""
+        cached = self._cache.get(name)
+        if cached is not None and cached[0] == self.rev:
+            return cached[1]
+        vbucket_map = self._maps.get(name)
+        if vbucket_map is None:
+            vbucket_map = local_states()
+        config = build_bucket_config(name, self.nodes, vbucket_map=vbucket_map,
+                                     num_replicas=self._num_replicas.get(name, 0), rev=self.rev,
+                                     rev_epoch=self.rev_epoch, uuid=uuid)
+        data = encode_config(config)
+        self._cache[name] = (self.rev, data)
+        return data
+
+    def cluster_config(self) -> bytes:
+        """The cluster-level map (no bucket selected): nodes and services, no vBucketMap."""
+        cached = self._cache.get(None)
+        if cached is not None and cached[0] == self.rev:
+            return cached[1]
+        data = encode_config(build_cluster_config(self.nodes, rev=self.rev, rev_epoch=self.rev_epoch))
+        self._cache[None] = (self.rev, data)
+        return data

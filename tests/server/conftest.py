@@ -1,0 +1,173 @@
+"""Fixtures: a real dcpflow server on 127.0.0.1 (in a background thread with its own event loop, or
+as a `python -m dcpflow.cli server` subprocess), storing into tmp_path, always stopped afterwards."""
+
+import asyncio
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+import dcpflow
+from dcpflow.server import Server, ServerConfig, UserDB, make_user
+
+from .client import RawClient
+
+NUM_VBUCKETS = 64
+
+
+def users_db() -> UserDB:
+    return UserDB([
+        make_user("Administrator", password="password", roles=["admin"]),
+        make_user("reader", password="readpw", roles=["data_reader[default]"]),
+        make_user("writer", password="writepw", roles=["data_writer[default]"]),
+        make_user("dcp", password="dcppw", roles=["dcp_reader[*]"]),
+        make_user("xdcr", password="xdcrpw", roles=["replication_target[default]", "data_reader[default]"]),
+        make_user("full", password="fullpw", roles=["bucket_full_access[default]"]),
+    ])
+
+
+class ServerThread:
+    """A Server on its own event loop in a daemon thread; `call(fn)` runs fn on that loop (the
+    engine's owner thread) and returns its result."""
+
+    def __init__(self, config: ServerConfig):
+        self.config = config
+        self.server: Server | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._ready = threading.Event()
+        self._stop: asyncio.Event | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        async def main():
+            self.loop = asyncio.get_running_loop()
+            self._stop = asyncio.Event()
+            try:
+                self.server = await Server(self.config).start()
+            except BaseException as e:
+                self._error = e
+                self._ready.set()
+                return
+            self._ready.set()
+            await self.server.serve_until(self._stop)
+        asyncio.run(main())
+
+    def start(self) -> "ServerThread":
+        self._thread.start()
+        self._ready.wait(30)
+        if self._error is not None:
+            raise self._error
+        return self
+
+    @property
+    def port(self) -> int:
+        return self.server.port
+
+    def call(self, fn, *args):
+        async def run():
+            return fn(*args)
+        return asyncio.run_coroutine_threadsafe(run(), self.loop).result(30)
+
+    def stop(self) -> None:
+        if self.loop is not None and self._thread.is_alive():
+            self.loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(30)
+        assert not self._thread.is_alive(), "server thread did not stop"
+
+    def client(self, **login) -> RawClient:
+        c = RawClient(self.port)
+        c.num_vbuckets = self.config.num_vbuckets
+        return c
+
+    def login(self, **kwargs) -> RawClient:
+        return self.client().login(**kwargs)
+
+
+@pytest.fixture
+def make_server(tmp_path):
+    """make_server(**config) -> a started ServerThread (64 vbuckets, test users); stopped at teardown."""
+    started: list[ServerThread] = []
+
+    def make(**overrides) -> ServerThread:
+        cfg = dict(data_dir=tmp_path / "data", port=0, num_vbuckets=NUM_VBUCKETS, users=users_db(),
+                   synchronous="NORMAL", flush_interval=0.02)
+        cfg.update(overrides)
+        st = ServerThread(ServerConfig(**cfg))
+        started.append(st)
+        return st.start()
+
+    yield make
+    for st in started:
+        st.stop()
+
+
+@pytest.fixture
+def server(make_server) -> ServerThread:
+    return make_server()
+
+
+@pytest.fixture
+def admin(server):
+    """An admin client with XERROR/JSON/MutationSeqno, bucket `default` selected."""
+    with server.login() as c:
+        yield c
+
+
+# ---------------------------------------------------------------------------------------------
+# subprocess servers
+
+READY = re.compile(r"dcpflow server ready: .*port=(\d+)")
+
+
+class ServerProcess:
+    """`python -m dcpflow.cli server` with the given arguments; `port` is read from its ready line."""
+
+    def __init__(self, args: list[str]):
+        env = dict(os.environ)
+        src = str(Path(dcpflow.__file__).resolve().parents[1])
+        env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
+        self.proc = subprocess.Popen([sys.executable, "-m", "dcpflow.cli", "server", "--port", "0", *args],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
+        line = self.proc.stdout.readline()
+        match = READY.search(line)
+        if match is None:
+            self.proc.kill()
+            raise AssertionError(f"no ready line: {line!r} {self.proc.stderr.read()}")
+        self.port = int(match.group(1))
+        self.ready_line = line
+
+    def terminate(self, timeout: float = 30) -> int:
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout)
+
+    def kill9(self) -> int:
+        self.proc.send_signal(signal.SIGKILL)
+        return self.proc.wait(30)
+
+    def cleanup(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(30)
+        self.proc.stdout.close()
+        self.proc.stderr.close()
+
+
+@pytest.fixture
+def spawn_server():
+    """spawn_server(*args) -> ServerProcess; killed at teardown if still running."""
+    procs: list[ServerProcess] = []
+
+    def spawn(*args: str) -> ServerProcess:
+        p = ServerProcess(list(args))
+        procs.append(p)
+        return p
+
+    yield spawn
+    for p in procs:
+        p.cleanup()

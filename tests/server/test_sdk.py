@@ -1,0 +1,115 @@
+"""The official Couchbase Python SDK (4.6.x) against a real `dcpflow server` subprocess: bootstrap
+(HELLO, SCRAM-SHA512, error map, cluster map), KV operations and their exceptions."""
+
+import json
+import time
+from datetime import timedelta
+
+import pytest
+from couchbase.auth import PasswordAuthenticator
+from couchbase.cluster import Cluster
+from couchbase.exceptions import (
+    CasMismatchException,
+    DocumentExistsException,
+    DocumentNotFoundException,
+)
+from couchbase.options import ClusterOptions, ClusterTimeoutOptions, UpsertOptions
+
+from dcpflow.protocol.keys import vbucket_for_key
+from dcpflow.protocol.meta import GetMetaResponse
+from dcpflow.protocol.opcodes import Opcode
+
+from .client import RawClient
+
+
+def connect(port: int, query: str = "", user: str = "Administrator", password: str = "password") -> Cluster:
+    timeouts = ClusterTimeoutOptions(kv_timeout=timedelta(seconds=5), connect_timeout=timedelta(seconds=10),
+                                     bootstrap_timeout=timedelta(seconds=10))
+    return Cluster(f"couchbase://127.0.0.1:{port}{query}",
+                   ClusterOptions(PasswordAuthenticator(user, password), timeout_options=timeouts))
+
+
+@pytest.fixture(scope="module")
+def sdk_server(tmp_path_factory):
+    from .conftest import ServerProcess
+    data = tmp_path_factory.mktemp("sdk")
+    proc = ServerProcess(["--data-dir", str(data), "--vbuckets", "64", "--flush-interval", "0.05"])
+    try:
+        yield proc
+    finally:
+        proc.cleanup()
+
+
+@pytest.fixture(scope="module")
+def collection(sdk_server):
+    cluster = connect(sdk_server.port)
+    try:
+        yield cluster.bucket("default").default_collection()
+    finally:
+        cluster.close()
+
+
+def test_upsert_get_remove(collection):
+    result = collection.upsert("sdk-1", {"name": "dcpflow", "n": 1})
+    assert result.cas
+    token = result.mutation_token()  # HELLO MutationSeqno: (vbucket uuid, seqno) in the reply
+    assert token.partition_id == vbucket_for_key(b"sdk-1", 64) and token.sequence_number >= 1
+    assert token.partition_uuid != 0
+    got = collection.get("sdk-1")
+    assert got.content_as[dict] == {"name": "dcpflow", "n": 1}
+    assert got.cas == result.cas
+    removed = collection.remove("sdk-1")
+    assert removed.cas and removed.cas != result.cas
+    with pytest.raises(DocumentNotFoundException):
+        collection.get("sdk-1")
+    with pytest.raises(DocumentNotFoundException):
+        collection.remove("sdk-1")
+
+
+def test_insert_existing_raises_document_exists(collection):
+    collection.insert("sdk-2", {"v": 1})
+    with pytest.raises(DocumentExistsException):
+        collection.insert("sdk-2", {"v": 2})
+    assert collection.get("sdk-2").content_as[dict] == {"v": 1}
+
+
+def test_replace_with_cas(collection):
+    first = collection.upsert("sdk-3", {"v": 1})
+    second = collection.replace("sdk-3", {"v": 2}, cas=first.cas)
+    with pytest.raises(CasMismatchException):
+        collection.replace("sdk-3", {"v": 3}, cas=first.cas)
+    assert collection.get("sdk-3").content_as[dict] == {"v": 2}
+    collection.replace("sdk-3", {"v": 4}, cas=second.cas)
+    with pytest.raises(DocumentNotFoundException):
+        collection.replace("sdk-missing", {"v": 1})
+
+
+def test_touch_and_expiry(collection, sdk_server):
+    collection.upsert("sdk-4", "text", UpsertOptions(expiry=timedelta(hours=1)))
+    touched = collection.touch("sdk-4", timedelta(hours=2))
+    assert touched.cas
+    assert collection.get("sdk-4").content_as[str] == "text"
+    with RawClient(sdk_server.port) as c:
+        c.login()
+        meta = GetMetaResponse.from_frame(c.call(Opcode.GET_META, key=b"sdk-4", vbucket=c.vbucket_of(b"sdk-4")))
+        assert 7000 < meta.expiry - time.time() <= 7200 and meta.cas == touched.cas
+    with pytest.raises(DocumentNotFoundException):
+        collection.touch("sdk-missing", timedelta(seconds=10))
+
+
+def test_sdk_writes_are_visible_to_a_raw_client(collection, sdk_server):
+    collection.upsert("sdk-5", {"from": "sdk"})
+    with RawClient(sdk_server.port) as c:
+        c.login()
+        reply = c.get(b"sdk-5")
+        assert json.loads(reply.value) == {"from": "sdk"} and reply.datatype == 1
+
+
+def test_plain_forced_by_connection_string(sdk_server):
+    cluster = connect(sdk_server.port, "?sasl_mech_force=PLAIN")
+    try:
+        coll = cluster.bucket("default").default_collection()
+        coll.upsert("sdk-plain", [1, 2, 3])
+        assert coll.get("sdk-plain").content_as[list] == [1, 2, 3]
+    finally:
+        cluster.close()
