@@ -116,8 +116,10 @@ def measure(port: int, args, login: bool) -> dict[str, float]:
     sets = windows(Opcode.SET, keys, value, args.window, args.vbuckets)
     gets = windows(Opcode.GET, keys, value, args.window, args.vbuckets)
     run_phase(client, sets, len(keys), 1)  # warm-up: every key exists
-    result = {"set": run_phase(client, sets, args.ops, args.depth),
-              "get": run_phase(client, gets, args.ops, args.depth)}
+    result = {"set": 0.0, "get": 0.0}
+    for _ in range(args.repeat):  # best of N: this machine's neighbours are noisy
+        result["set"] = max(result["set"], run_phase(client, sets, args.ops, args.depth))
+        result["get"] = max(result["get"], run_phase(client, gets, args.ops, args.depth))
     client.sock.close()
     return result
 
@@ -179,6 +181,7 @@ def main() -> int:
     p.add_argument("--keys", type=int, default=10_000, help="distinct keys (default 10000)")
     p.add_argument("--value-size", type=int, default=100, help="value bytes (default 100)")
     p.add_argument("--window", type=int, default=64, help="requests in flight per round trip (default 64)")
+    p.add_argument("--repeat", type=int, default=3, help="rounds per phase; the best counts (default 3)")
     p.add_argument("--depth", type=int, default=2,
                    help="windows in flight (default 2: send the next window before reading the previous replies)")
     p.add_argument("--vbuckets", type=int, default=1024, help="vbuckets of the dcpflow bucket (default 1024)")
@@ -203,7 +206,7 @@ def main() -> int:
 
     print(f"KV throughput, one pipelined client, window {args.window} x depth {args.depth}, "
           f"{args.value_size}-byte values, "
-          f"{args.keys} keys, {args.ops} ops per phase")
+          f"{args.keys} keys, best of {args.repeat} x {args.ops} ops per phase")
     for name, r in results.items():
         print(f"  {name:10s} SET {r['set']:>10,.0f} ops/s   GET {r['get']:>10,.0f} ops/s")
     if "memcached" in results:

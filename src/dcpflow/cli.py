@@ -32,6 +32,7 @@ def _cmd_server(args: argparse.Namespace) -> int:
     import asyncio
     import logging
     import signal
+    import ssl
 
     from .server import Server, ServerConfig
 
@@ -41,25 +42,39 @@ def _cmd_server(args: argparse.Namespace) -> int:
                           buckets=tuple(args.bucket or ("default",)), num_vbuckets=args.vbuckets,
                           conflict_resolution=args.conflict_resolution, flush_interval=args.flush_interval,
                           purge_interval=args.purge_interval, compaction_interval=args.compaction_interval,
-                          expiry_interval=args.expiry_interval, users=args.users, debug=args.debug)
+                          expiry_interval=args.expiry_interval, users=args.users, debug=args.debug,
+                          tls_cert=args.tls_cert, tls_key=args.tls_key, tls_port=args.tls_port)
+    if (args.tls_cert is None) != (args.tls_key is None):
+        print("dcpflow server: --tls-cert and --tls-key go together", file=sys.stderr)
+        return 2
 
     async def serve() -> int:
         server = Server(config)
         try:
             await server.start()
-        except (OSError, ValueError) as e:
+        except (OSError, ValueError, ssl.SSLError) as e:
             print(f"dcpflow server: cannot start: {e}", file=sys.stderr)
             return 1
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        print(f"dcpflow server ready: host={config.host} port={server.port} buckets={','.join(server.buckets)} "
+        tls = f" tls_port={server.tls_port}" if server.tls_port is not None else ""
+        print(f"dcpflow server ready: host={config.host} port={server.port}{tls} buckets={','.join(server.buckets)} "
               f"data_dir={config.data_dir}", flush=True)
         await stop.wait()
         await server.close()
         return 0
 
+    if args.loop != "asyncio":
+        try:
+            import uvloop
+        except ImportError:
+            if args.loop == "uvloop":
+                print("dcpflow server: --loop uvloop needs `pip install uvloop` (the `fast` extra)", file=sys.stderr)
+                return 2
+        else:
+            return uvloop.run(serve())
     return asyncio.run(serve())
 
 
@@ -97,6 +112,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--expiry-interval", type=float, default=10.0, metavar="SECONDS",
                    help="how often the expiry pager runs (default 10)")
     p.add_argument("--users", metavar="FILE", help="users file (JSON; default: Administrator/password, admin)")
+    p.add_argument("--tls-cert", metavar="PEM", help="certificate chain: also serve TLS (kvSSL) on --tls-port")
+    p.add_argument("--tls-key", metavar="PEM", help="private key of --tls-cert")
+    p.add_argument("--tls-port", type=int, default=11207, help="TLS port (default 11207; 0 picks a free one)")
+    p.add_argument("--loop", choices=("auto", "asyncio", "uvloop"), default="auto",
+                   help="event loop: uvloop if installed (auto, the default: faster socket I/O), or asyncio")
     p.add_argument("--debug", action="store_true", help="log to stderr, including unknown opcodes")
     p.set_defaults(func=_cmd_server)
     return parser

@@ -494,3 +494,13 @@ def test_cache_transfer_record_key_len_below_2_is_refused_by_the_decoder():
     msg = DcpCacheTransfer(1, (CacheTransferRecord(1, 1, 1, 0, 0, 0, 0, b"k", b"v"),))
     with pytest.raises(ProtocolError, match="key_len must be >= 2"):
         decode_dcp(req(Opcode.DCP_CACHE_TRANSFER, value=msg.encode()[24:]))
+
+
+@pytest.mark.parametrize("opcode", [Opcode.DCP_GET_FAILOVER_LOG, Opcode.GET_FAILOVER_LOG])
+def test_failover_log_replies_of_both_opcodes_are_checked(opcode):
+    """0x96 is the MCBP twin of 0x54 (BinaryProtocol.md#0x96): the same N x 16, newest-first value."""
+    ok = Frame(Magic.RESPONSE, opcode, value=(2).to_bytes(8, "big") + (9).to_bytes(8, "big") + bytes(16))
+    assert rules.problems(ok) == []
+    rising = Frame(Magic.RESPONSE, opcode, value=bytes(8) + (5).to_bytes(8, "big") + bytes(8) + (9).to_bytes(8, "big"))
+    assert "newest-first" in rules.problems(rising)[0].reason
+    assert "N x 16" in rules.problems(Frame(Magic.RESPONSE, opcode, value=bytes(17)))[0].reason

@@ -7,6 +7,7 @@ import hashlib
 import hmac
 import os
 import socket
+import ssl
 import time
 
 from dcpflow.protocol import kv
@@ -32,9 +33,14 @@ class Closed(Exception):
 
 
 class RawClient:
-    def __init__(self, port: int, host: str = "127.0.0.1", timeout: float = 10.0):
+    def __init__(self, port: int, host: str = "127.0.0.1", timeout: float = 10.0, tls: bool = False):
         self.sock = socket.create_connection((host, port), timeout=timeout)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if tls:  # the test certificate is self-signed: encryption without verification
+            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+            ctx.check_hostname = False
+            ctx.verify_mode = ssl.CERT_NONE
+            self.sock = ctx.wrap_socket(self.sock, server_hostname=host)
         self.decoder = FrameDecoder()
         self._opaque = 0x1000
         self.collections = False

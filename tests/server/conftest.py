@@ -138,7 +138,11 @@ class ServerProcess:
         match = READY.search(line)
         if match is None:
             self.proc.kill()
-            raise AssertionError(f"no ready line: {line!r} {self.proc.stderr.read()}")
+            self.proc.wait(30)
+            err = self.proc.stderr.read()
+            self.proc.stdout.close()
+            self.proc.stderr.close()
+            raise AssertionError(f"no ready line: {line!r} {err}")
         self.port = int(match.group(1))
         self.ready_line = line
 

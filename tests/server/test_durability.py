@@ -5,6 +5,8 @@ of history (a failover entry) on every active vbucket."""
 import signal
 import struct
 
+import pytest
+
 from dcpflow.protocol import dcp, kv
 from dcpflow.protocol.opcodes import Opcode
 from dcpflow.protocol.status import Status
@@ -25,8 +27,9 @@ def failover_logs(c: RawClient) -> dict[int, tuple]:
             for vb in range(VBUCKETS)}
 
 
-def test_sigterm_flushes_everything_and_restart_keeps_it(tmp_path, spawn_server):
-    args = ["--data-dir", str(tmp_path), "--vbuckets", str(VBUCKETS), "--flush-interval", "3600"]
+@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
+def test_sigterm_flushes_everything_and_restart_keeps_it(tmp_path, spawn_server, loop):
+    args = ["--data-dir", str(tmp_path), "--vbuckets", str(VBUCKETS), "--flush-interval", "3600", "--loop", loop]
     first = spawn_server(*args)
     assert f"port={first.port}" in first.ready_line
     with connect(first) as c:

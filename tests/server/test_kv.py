@@ -5,10 +5,12 @@ import json
 import struct
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from dcpflow.protocol import dcp, kv
+from dcpflow.protocol import dcp, kv, rules
 from dcpflow.protocol.config import parse_cluster_map
-from dcpflow.protocol.frame import encode_frame_info, request
+from dcpflow.protocol.frame import decode_all, encode_frame_info, request
 from dcpflow.protocol.hello import Feature
 from dcpflow.protocol.keys import make_key
 from dcpflow.protocol.opcodes import Opcode
@@ -275,3 +277,72 @@ def test_xattr_values_are_stripped_on_get(server):
         got = c.get(b"xa")
         assert got.value == b'{"body":true}' and got.datatype == 0x01
         assert c.set(b"xb", b"\x00\x00\x00\x09abc", datatype=0x04).status == Status.XATTR_EINVAL
+
+
+def incr(c: RawClient, key: bytes, delta: int = 1, initial: int = 0, expiry: int = 0, opcode=Opcode.INCREMENT,
+         cas: int = 0):
+    return c.call(opcode, key=key, extras=struct.pack(">QQI", delta, initial, expiry), vbucket=c.vbucket_of(key),
+                  cas=cas)
+
+
+def test_increment_and_decrement(admin):
+    assert incr(admin, b"n", expiry=0xFFFFFFFF).status == Status.KEY_ENOENT  # no create
+    first = incr(admin, b"n", delta=5, initial=10)
+    assert first.status == Status.SUCCESS and struct.unpack(">Q", first.value)[0] == 10 and len(first.extras) == 16
+    assert struct.unpack(">Q", incr(admin, b"n", delta=5).value)[0] == 15
+    assert struct.unpack(">Q", incr(admin, b"n", delta=100, opcode=Opcode.DECREMENT).value)[0] == 0  # floors at 0
+    admin.set(b"n", b"18446744073709551615")
+    assert struct.unpack(">Q", incr(admin, b"n", delta=2).value)[0] == 1  # wraps
+    got = admin.get(b"n")
+    assert got.value == b"1" and got.datatype == 1
+    assert incr(admin, b"n", cas=got.cas + 1).status == Status.KEY_EEXISTS
+    admin.set(b"text", b"abc")
+    assert incr(admin, b"text").status == Status.DELTA_BADVAL
+    admin.send(request(Opcode.INCREMENT_Q, key=b"n", extras=struct.pack(">QQI", 1, 0, 0),
+                       vbucket=admin.vbucket_of(b"n"), opaque=1) + request(Opcode.NOOP, opaque=2))
+    assert admin.recv().opaque == 2
+    assert admin.get(b"n").value == b"2"
+
+
+def test_append_and_prepend(admin):
+    def concat(opcode, key, value, cas=0):
+        return admin.call(opcode, key=key, value=value, vbucket=admin.vbucket_of(key), cas=cas)
+    assert concat(Opcode.APPEND, b"missing", b"x").status == Status.NOT_STORED
+    first = admin.set(b"s", b"middle", flags=3)
+    assert concat(Opcode.APPEND, b"s", b"-end").status == Status.SUCCESS
+    assert concat(Opcode.PREPEND, b"s", b"start-").status == Status.SUCCESS
+    got = admin.get(b"s")
+    assert got.value == b"start-middle-end" and got.extras == struct.pack(">I", 3)
+    assert concat(Opcode.APPEND, b"s", b"!", cas=first.cas).status == Status.KEY_EEXISTS
+
+
+def test_collection_lookups(admin):
+    manifest = json.loads(admin.call(Opcode.COLLECTIONS_GET_MANIFEST).value)
+    assert manifest["scopes"][0]["collections"] == [{"name": "_default", "uid": "0"}]
+    for path in (b"_default._default", b".", b"._default", b"_default."):
+        reply = admin.call(Opcode.COLLECTIONS_GET_ID, value=path)
+        assert reply.status == Status.SUCCESS and reply.extras == struct.pack(">QI", 0, 0), path
+    unknown = admin.call(Opcode.COLLECTIONS_GET_ID, value=b"_default.beers")
+    assert unknown.status == Status.UNKNOWN_COLLECTION and json.loads(unknown.value)["manifest_uid"] == "0"
+    assert admin.call(Opcode.COLLECTIONS_GET_ID, value=b"app.beers").status == Status.UNKNOWN_SCOPE
+    assert admin.call(Opcode.COLLECTIONS_GET_ID, value=b"no-dot").status == Status.EINVAL
+    assert admin.call(Opcode.COLLECTIONS_GET_SCOPE_ID, value=b"_default").extras == struct.pack(">QI", 0, 0)
+    assert admin.call(Opcode.COLLECTIONS_GET_SCOPE_ID, value=b"app").status == Status.UNKNOWN_SCOPE
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(opcode=st.sampled_from([Opcode.GET, Opcode.GET_K, Opcode.SET, Opcode.ADD, Opcode.REPLACE_Q]),
+       extras=st.binary(max_size=10), key=st.binary(max_size=4), value=st.binary(max_size=4),
+       datatype=st.sampled_from([0, 1]))
+def test_fast_paths_accept_exactly_what_the_rules_accept(admin, opcode, extras, key, value, datatype):
+    """GET and SET skip the typed decoder for the common shape: the server must still answer EINVAL
+    for exactly the frames the protocol's rules reject."""
+    frame_bytes = request(opcode, key=key, extras=extras, value=value, datatype=datatype, opaque=5)
+    frame = decode_all(frame_bytes)[0]
+    admin.send(frame_bytes + request(Opcode.NOOP, opaque=6))
+    reply = admin.recv()
+    if reply.opaque == 6:  # a quiet success: nothing but the NOOP came back
+        assert not rules.problems(frame)
+        return
+    admin.recv()
+    assert (reply.status == Status.EINVAL) == bool(rules.problems(frame)), (frame, reply)

@@ -12,8 +12,19 @@ from couchbase.exceptions import (
     CasMismatchException,
     DocumentExistsException,
     DocumentNotFoundException,
+    UnAmbiguousTimeoutException,
 )
-from couchbase.options import ClusterOptions, ClusterTimeoutOptions, UpsertOptions
+from couchbase.options import (
+    ClusterOptions,
+    ClusterTimeoutOptions,
+    DecrementOptions,
+    DeltaValue,
+    GetOptions,
+    IncrementOptions,
+    SignedInt64,
+    UpsertOptions,
+)
+from couchbase.transcoder import RawBinaryTranscoder
 
 from dcpflow.protocol.keys import vbucket_for_key
 from dcpflow.protocol.meta import GetMetaResponse
@@ -22,10 +33,11 @@ from dcpflow.protocol.opcodes import Opcode
 from .client import RawClient
 
 
-def connect(port: int, query: str = "", user: str = "Administrator", password: str = "password") -> Cluster:
+def connect(port: int, query: str = "", user: str = "Administrator", password: str = "password",
+            scheme: str = "couchbase") -> Cluster:
     timeouts = ClusterTimeoutOptions(kv_timeout=timedelta(seconds=5), connect_timeout=timedelta(seconds=10),
                                      bootstrap_timeout=timedelta(seconds=10))
-    return Cluster(f"couchbase://127.0.0.1:{port}{query}",
+    return Cluster(f"{scheme}://127.0.0.1:{port}{query}",
                    ClusterOptions(PasswordAuthenticator(user, password), timeout_options=timeouts))
 
 
@@ -111,5 +123,30 @@ def test_plain_forced_by_connection_string(sdk_server):
         coll = cluster.bucket("default").default_collection()
         coll.upsert("sdk-plain", [1, 2, 3])
         assert coll.get("sdk-plain").content_as[list] == [1, 2, 3]
+    finally:
+        cluster.close()
+
+
+def test_counters_and_binary_append(collection):
+    binary = collection.binary()
+    assert binary.increment("sdk-counter", IncrementOptions(initial=SignedInt64(10))).content == 10
+    assert binary.increment("sdk-counter", IncrementOptions(delta=DeltaValue(5))).content == 15
+    assert binary.decrement("sdk-counter", DecrementOptions(delta=DeltaValue(20))).content == 0
+    collection.upsert("sdk-bytes", b"middle", UpsertOptions(transcoder=RawBinaryTranscoder()))
+    binary.append("sdk-bytes", b"-end")
+    binary.prepend("sdk-bytes", b"start-")
+    got = collection.get("sdk-bytes", GetOptions(transcoder=RawBinaryTranscoder()))
+    assert got.value == b"start-middle-end"
+
+
+def test_named_collection_is_unknown(collection, sdk_server):
+    """GET_COLLECTION_ID answers UNKNOWN_COLLECTION; the SDK retries (the manifest might be catching up)
+    until the timeout, as it does against Couchbase Server."""
+    cluster = connect(sdk_server.port)
+    try:
+        other = cluster.bucket("default").scope("_default").collection("nope")
+        with pytest.raises(UnAmbiguousTimeoutException) as e:
+            other.get("k", GetOptions(timeout=timedelta(seconds=1)))
+        assert "collection_outdated" in str(e.value)
     finally:
         cluster.close()

@@ -514,7 +514,7 @@ class DcpStreamRequestResponse(NamedTuple):
         return cls(frame.status, (), None, frame.opaque, frame.value)
 
 
-@rules.response_check(Opcode.DCP_STREAM_REQ, Opcode.DCP_GET_FAILOVER_LOG)
+@rules.response_check(Opcode.DCP_STREAM_REQ, Opcode.DCP_GET_FAILOVER_LOG, Opcode.GET_FAILOVER_LOG)
 def _failover_log_response_rules(frame: Frame):
     if frame.status == Status.SUCCESS and len(frame.value) % 16:
         yield ProtocolError(f"failover log value must be N x 16 bytes; got {len(frame.value)} "

@@ -24,6 +24,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import logging
+import ssl
 import time
 import uuid as uuidlib
 from dataclasses import dataclass
@@ -63,6 +64,9 @@ class ServerConfig:
     debug: bool = False
     nodes: list[Node] | None = None  # the cluster (None: just this node); see topology.py
     this_node: int = 0
+    tls_cert: str | Path | None = None  # with tls_key: also serve TLS on tls_port (kvSSL in the map)
+    tls_key: str | Path | None = None
+    tls_port: int = 11207
 
 
 class Counters:
@@ -143,7 +147,9 @@ class Server:
         self.started = time.time()
         self.topology: Topology | None = None
         self.port: int | None = None
+        self.tls_port: int | None = None
         self._listener: asyncio.AbstractServer | None = None
+        self._tls_listener: asyncio.AbstractServer | None = None
         self._tasks: list[asyncio.Task] = []
         self._stopping: asyncio.Event | None = None
         self._wake: asyncio.Event | None = None
@@ -161,15 +167,27 @@ class Server:
         try:
             for name in dict.fromkeys(cfg.buckets):
                 self.buckets[name] = ServerBucket(self, self._open_bucket(name))
+            # Bound now, serving only once the map (which needs the bound ports) exists.
             self._listener = await loop.create_server(lambda: Connection(self), cfg.host, cfg.port,
-                                                      reuse_address=True)
+                                                      reuse_address=True, start_serving=False)
+            if cfg.tls_cert is not None:
+                self._tls_listener = await loop.create_server(lambda: Connection(self), cfg.host, cfg.tls_port,
+                                                              reuse_address=True, ssl=self._tls_context(),
+                                                              start_serving=False)
         except BaseException:
+            if self._listener is not None:
+                self._listener.close()
             self._close_buckets(clean=True)
             self._executor.shutdown(wait=True)
             raise
         self.port = self._listener.sockets[0].getsockname()[1]
-        nodes = cfg.nodes or [Node(self.port)]
+        if self._tls_listener is not None:
+            self.tls_port = self._tls_listener.sockets[0].getsockname()[1]
+        nodes = cfg.nodes or [Node(self.port, kv_ssl_port=self.tls_port)]
         self.topology = Topology(nodes, cfg.this_node)
+        for listener in (self._listener, self._tls_listener):
+            if listener is not None:
+                await listener.start_serving()
         self._tasks = [
             asyncio.create_task(self._flusher_task(), name="dcpflow-flusher"),
             asyncio.create_task(self._periodic(cfg.expiry_interval, self._run_expiry), name="dcpflow-expiry"),
@@ -177,6 +195,12 @@ class Server:
                                 name="dcpflow-compaction"),
         ]
         return self
+
+    def _tls_context(self) -> ssl.SSLContext:
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+        ctx.load_cert_chain(self.config.tls_cert, self.config.tls_key)
+        return ctx
 
     def _open_bucket(self, name: str) -> Bucket:
         cfg = self.config
@@ -193,8 +217,9 @@ class Server:
         if self.closed:
             return
         self.closed = True
-        if self._listener is not None:
-            self._listener.close()
+        for listener in (self._listener, self._tls_listener):
+            if listener is not None:
+                listener.close()
         for conn in list(self.connections):
             conn.close()
         self._stopping.set()
@@ -262,7 +287,8 @@ class Server:
                 if bucket.persistence_paused:
                     continue
                 try:
-                    while await self.flush_batch(bucket) and not self._stopping.is_set():
+                    while not bucket.persistence_paused and await self.flush_batch(bucket) \
+                            and not self._stopping.is_set():
                         pass
                 except Exception:
                     log.exception("flushing bucket %s failed; will retry", bucket.name)

@@ -23,6 +23,7 @@ messages with `self.writer.send()`, which batches them per event-loop pass as we
 """
 
 import asyncio
+import json
 import logging
 import socket
 import sys
@@ -57,6 +58,9 @@ log = logging.getLogger("dcpflow.server")
 
 #: Stop reading from a client whose unprocessed input passes this while a handler waits.
 MAX_PENDING_INPUT = 4 * 1024 * 1024
+#: Hand replies to the transport mid-batch once this many bytes are queued, so that a pipeline of
+#: large GETs meets the transport's backpressure instead of building one huge buffer.
+MAX_BATCH_OUTPUT = 1024 * 1024
 _ALT_REQUEST = Magic.ALT_REQUEST
 _REQUEST = Magic.REQUEST
 
@@ -69,12 +73,13 @@ class Writer:
     outside request processing, such as DCP messages).
     """
 
-    __slots__ = ("_transport", "_loop", "_buf", "_scheduled", "paused", "on_resume", "bytes_sent")
+    __slots__ = ("_transport", "_loop", "_buf", "_size", "_scheduled", "paused", "on_resume", "bytes_sent")
 
     def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop):
         self._transport = transport
         self._loop = loop
         self._buf: list[bytes] = []
+        self._size = 0  # bytes in _buf
         self._scheduled = False
         self.paused = False
         self.on_resume: list = []
@@ -82,9 +87,11 @@ class Writer:
 
     def write(self, data: bytes) -> None:
         self._buf.append(data)
+        self._size += len(data)
 
     def send(self, data: bytes) -> None:
         self._buf.append(data)
+        self._size += len(data)
         if not self._scheduled:
             self._scheduled = True
             self._loop.call_soon(self.flush)
@@ -95,6 +102,7 @@ class Writer:
         if not buf:
             return
         self._buf = []
+        self._size = 0
         data = buf[0] if len(buf) == 1 else b"".join(buf)
         self.bytes_sent += len(data)
         if not self._transport.is_closing():
@@ -102,7 +110,8 @@ class Writer:
 
     @property
     def pending(self) -> int:
-        return sum(len(b) for b in self._buf)
+        """Bytes queued and not yet handed to the transport."""
+        return self._size
 
 
 class Connection(asyncio.Protocol):
@@ -137,6 +146,7 @@ class Connection(asyncio.Protocol):
         self.sasl = None  # an exchange in progress (auth.ScramServer)
         self.response_handler = None  # DCP: callable(frame) for responses from the peer
         self.dcp = None  # DCP: the producer/consumer of this connection, once DCP_OPEN made one
+        self.on_close: list = []  # callables run once the connection is gone (close streams, drop cursors)
 
     # -- asyncio.Protocol ----------------------------------------------------------------------
     def connection_made(self, transport: asyncio.Transport) -> None:
@@ -154,6 +164,12 @@ class Connection(asyncio.Protocol):
         if self._waiting is not None:
             self._waiting.cancel()
             self._waiting = None
+        for callback in self.on_close:
+            try:
+                callback()
+            except Exception:
+                log.exception("on_close callback of %s failed", self.peer)
+        self.on_close.clear()
         self.server.connection_lost(self)
 
     def data_received(self, data: bytes) -> None:
@@ -172,8 +188,11 @@ class Connection(asyncio.Protocol):
         self.writer.paused = False
         for callback in list(self.writer.on_resume):
             callback()
-        if self._waiting is None:
-            self._resume_reading()
+        if self._waiting is None and not self._closing:
+            self._process()  # requests left unprocessed while the client was not reading
+            self.writer.flush()
+            if self._waiting is None and not self.writer.paused:
+                self._resume_reading()
 
     def _pause_reading(self) -> None:
         if not self._reading_paused and not self._closing:
@@ -196,7 +215,10 @@ class Connection(asyncio.Protocol):
     # -- request processing --------------------------------------------------------------------
     def _process(self) -> None:
         """Run every buffered request, in order, until one has to wait or the connection closes."""
-        decoder, write = self._decoder, self.writer.write
+        writer = self.writer
+        if writer.paused:
+            return  # resume_writing() picks up from here
+        decoder, write = self._decoder, writer.write
         while not self._closing:
             try:
                 for frame in decoder:
@@ -205,6 +227,10 @@ class Connection(asyncio.Protocol):
                         pass
                     elif reply.__class__ is bytes:
                         write(reply)
+                        if writer._size > MAX_BATCH_OUTPUT:
+                            writer.flush()
+                            if writer.paused:
+                                return
                     else:
                         self._wait_for(frame, reply)
                         return
@@ -324,6 +350,13 @@ class Connection(asyncio.Protocol):
     def engine_error(self, frame: Frame, e: EngineError) -> bytes:
         if e.status == Status.NOT_MY_VBUCKET:
             return self.not_my_vbucket(frame)
+        if e.status in (Status.UNKNOWN_COLLECTION, Status.UNKNOWN_SCOPE):
+            # Collections.md: these carry the uid of the manifest the lookup used (only 0 exists here)
+            doc = {"manifest_uid": "0"}
+            if self.xerror:
+                doc["error"] = {"context": e.reason}
+            return response(frame.opcode, e.status, opaque=frame.opaque, datatype=Datatype.JSON,
+                            value=json.dumps(doc, separators=(",", ":")).encode())
         return self.error_reply(frame.opcode, frame.opaque, e.status, e.reason)
 
     def not_my_vbucket(self, frame: Frame) -> bytes:

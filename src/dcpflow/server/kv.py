@@ -5,9 +5,11 @@ Pages: BinaryProtocol.md (#0x00-get, #0x01-set, #0x04-delete, #0x1c-touch, #0x3d
 dcp/documentation/commands/get_seqno.md and persist_seqno.md, docs/Collections.md.
 
 Every handler decodes its request with the protocol's typed decoder (which runs the page's rules,
-so a malformed request answers EINVAL with a reason) and lets EngineError carry the status of a
-refusal (KEY_ENOENT, KEY_EEXISTS for a CAS mismatch or an existing key, NOT_MY_VBUCKET, ETMPFAIL
-for a pending vbucket...). The engine decides the bucket-mode rules of *WithMeta. Quiet variants
+so a malformed request answers EINVAL with a reason); GET and SET skip the decoder only when the
+frame has the common valid shape (a strict subset of what the rules accept), which is most of
+their cost per request. Handlers let EngineError carry the status of a refusal (KEY_ENOENT,
+KEY_EEXISTS for a CAS mismatch or an existing key, NOT_MY_VBUCKET, ETMPFAIL for a pending
+vbucket...). The engine decides the bucket-mode rules of *WithMeta. Quiet variants
 send nothing on success (mutations) or on a miss (gets).
 
 Keys: with HELLO Collections a key starts with its LEB128 collection id; only the default
@@ -49,6 +51,7 @@ _MUTATION_EXTRAS = struct.Struct(">QQ")
 MAX_KEY_LEN = 250  # memcached's key limit, without the collection prefix
 _JSON, _SNAPPY, _XATTR = int(Datatype.JSON), int(Datatype.SNAPPY), int(Datatype.XATTR)  # ints: IntFlag ops are slow
 _NUMBER_CHARS = b"0123456789.eE+-"
+_JSON_FIRST_BYTES = frozenset(b'{["tfn' + _NUMBER_CHARS)
 #: How long SEQNO_PERSISTENCE waits before ETMPFAIL (ep-engine's seqno persistence timeout).
 SEQNO_PERSISTENCE_TIMEOUT = 30.0
 
@@ -206,9 +209,16 @@ def store(conn: Connection, frame: Frame) -> bytes | None:
     flags, expiry = _FLAGS_EXPIRY.unpack(frame.extras)
     if len(value) > MAX_VALUE_LEN:
         raise EngineError(Status.E2BIG, f"value is {len(value)} bytes; the limit is {MAX_VALUE_LEN}")
-    key = doc_key(conn, key)
-    datatype = incoming_datatype(conn, frame.datatype, value)
-    vb = active_vbucket(conn, frame.vbucket)
+    if conn.collections or len(key) > MAX_KEY_LEN:
+        key = doc_key(conn, key)
+    datatype = frame.datatype
+    if datatype:
+        datatype = incoming_datatype(conn, datatype, value)
+    elif value and value[0] in _JSON_FIRST_BYTES and _looks_like_json(value):
+        datatype = _JSON
+    vb = conn.get_vbucket(frame.vbucket)
+    if vb is None:
+        raise EngineError(Status.NOT_MY_VBUCKET, f"vbucket {frame.vbucket} is not on this node")
     conn.bucket.counters.cmd_set += 1
     if op in _SET_OPS:
         if frame.framing and has_preserve_ttl(frame):
@@ -439,3 +449,135 @@ def seqno_persistence(conn: Connection, frame: Frame):
         return response(frame.opcode, opaque=frame.opaque)
 
     return wait()
+
+
+# ---------------------------------------------------------------------------------------------
+# counters and concatenation (the SDK's binary collection), built from get + compare-and-set: the
+# engine is owned by this thread, so nothing can slip in between the two.
+
+_ARITH_QUIET = (Opcode.INCREMENT_Q, Opcode.DECREMENT_Q)
+_DECREMENTS = (Opcode.DECREMENT, Opcode.DECREMENT_Q)
+_U64_MASK = (1 << 64) - 1
+
+
+@command(*kvproto.Arithmetic.OPCODES, privilege=_P.READ | _P.WRITE)
+def arithmetic(conn: Connection, frame: Frame) -> bytes | None:
+    """INCREMENT / DECREMENT (BinaryProtocol.md#0x05-increment): the value is the counter in ASCII
+    decimal; a missing counter is created with `initial` unless expiry is 0xffffffff (KEY_ENOENT).
+    Increments wrap at 2^64, decrements stop at 0. The reply value is the new counter as a u64."""
+    req = kvproto.Arithmetic.from_frame(frame)
+    key = doc_key(conn, req.key)
+    vb = active_vbucket(conn, frame.vbucket)
+    try:
+        current = vb.get(key)
+    except EngineError as e:
+        if e.status != Status.KEY_ENOENT or req.expiry == kvproto.Arithmetic.NO_CREATE:
+            raise
+        if req.cas:
+            raise
+        counter = req.initial
+        item = vb.add(key, str(counter).encode(), expiry=req.expiry, datatype=_JSON)
+    else:
+        if req.cas and req.cas != current.cas:
+            raise EngineError(Status.KEY_EEXISTS, f"CAS mismatch for key {key!r}") from None
+        text = current.value if not current.datatype & _XATTR else split_xattrs(current.value)[1]
+        if not text.isdigit() or len(text) > 20 or int(text) > _U64_MASK:
+            raise EngineError(Status.DELTA_BADVAL, f"the value of {key!r} is not an unsigned 64-bit counter")
+        value = int(text)
+        counter = max(0, value - req.delta) if req.opcode in _DECREMENTS else (value + req.delta) & _U64_MASK
+        item = vb.set(key, str(counter).encode(), flags=current.flags, expiry=current.expiry, datatype=_JSON,
+                      cas=current.cas)
+    conn.bucket.counters.cmd_set += 1
+    if req.opcode in _ARITH_QUIET:
+        return None
+    uuid, seqno = (vb.uuid, item.by_seqno) if conn.mutation_seqno else (None, None)
+    return kvproto.ArithmeticResponse(counter, item.cas, uuid, seqno, frame.opaque, opcode=frame.opcode).encode()
+
+
+_PREPENDS = (Opcode.PREPEND, Opcode.PREPEND_Q)
+
+
+@command(*kvproto.Concat.OPCODES, privilege=_P.WRITE)
+def concat(conn: Connection, frame: Frame) -> bytes | None:
+    """APPEND / PREPEND (BinaryProtocol.md#0x0e-append): add bytes to an existing document's value
+    (NOT_STORED if there is none); flags and expiry stay, the result is JSON only if it parses."""
+    req = kvproto.Concat.from_frame(frame)
+    key = doc_key(conn, req.key)
+    incoming_datatype(conn, req.datatype & ~_JSON, req.value)
+    vb = active_vbucket(conn, frame.vbucket)
+    try:
+        current = vb.get(key)
+    except EngineError as e:
+        if e.status == Status.KEY_ENOENT:
+            raise EngineError(Status.NOT_STORED, f"{Opcode(req.opcode).name} needs an existing document") from None
+        raise
+    if req.cas and req.cas != current.cas:
+        raise EngineError(Status.KEY_EEXISTS, f"CAS mismatch for key {key!r}")
+    if current.datatype & _XATTR:
+        raise EngineError(Status.NOT_SUPPORTED, "APPEND/PREPEND on a document with xattrs is not supported")
+    value = req.value + current.value if req.opcode in _PREPENDS else current.value + req.value
+    if len(value) > MAX_VALUE_LEN:
+        raise EngineError(Status.E2BIG, f"the result would be {len(value)} bytes; the limit is {MAX_VALUE_LEN}")
+    datatype = _JSON if _looks_like_json(value) else 0
+    item = vb.set(key, value, flags=current.flags, expiry=current.expiry, datatype=datatype, cas=current.cas)
+    conn.bucket.counters.cmd_set += 1
+    if req.quiet:
+        return None
+    return mutation_reply(conn, frame, vb, item.cas, item.by_seqno)
+
+
+# ---------------------------------------------------------------------------------------------
+# collections (docs/Collections.md): only the default scope and collection exist, manifest uid 0
+
+DEFAULT_MANIFEST = {"uid": "0", "scopes": [{"name": "_default", "uid": "0",
+                                            "collections": [{"name": "_default", "uid": "0"}]}]}
+_MANIFEST_ID_CID = struct.Struct(">QI")
+
+
+def _collection_header_check(frame: Frame, path_required: bool) -> bytes:
+    """The path of a collections lookup (in the value; older clients put it in the key)."""
+    if frame.extras or frame.cas:
+        raise ProtocolError(f"{Opcode(frame.opcode).name} must not have extras or a CAS (Collections.md)")
+    if frame.key and frame.value:
+        raise ProtocolError(f"{Opcode(frame.opcode).name} takes the path in the value only (Collections.md)")
+    path = frame.value or frame.key
+    if path_required and not path:
+        raise ProtocolError(f"{Opcode(frame.opcode).name} needs a path such as '_default._default' (Collections.md)")
+    return path
+
+
+def _unknown(status: Status, what: str) -> EngineError:
+    return EngineError(status, f"{what} (manifest uid 0: only _default._default exists)")
+
+
+@command(Opcode.COLLECTIONS_GET_MANIFEST)
+def get_collections_manifest(conn: Connection, frame: Frame) -> bytes:
+    if frame.extras or frame.key or frame.value or frame.cas:
+        raise ProtocolError("COLLECTIONS_GET_MANIFEST has no extras, key, value or CAS (Collections.md)")
+    return response(frame.opcode, opaque=frame.opaque, datatype=_JSON,
+                    value=json.dumps(DEFAULT_MANIFEST, separators=(",", ":")).encode())
+
+
+@command(Opcode.COLLECTIONS_GET_ID)
+def get_collection_id(conn: Connection, frame: Frame) -> bytes:
+    """`scope.collection`; an empty part means _default (`.` is _default._default)."""
+    path = _collection_header_check(frame, True).decode("utf-8", "replace")
+    if path.count(".") != 1:
+        raise ProtocolError(f"collection path {path!r} must be scope.collection (Collections.md)")
+    scope, collection = (part or "_default" for part in path.split("."))
+    if scope != "_default":
+        raise _unknown(Status.UNKNOWN_SCOPE, f"unknown scope {scope!r}")
+    if collection != "_default":
+        raise _unknown(Status.UNKNOWN_COLLECTION, f"unknown collection {scope}.{collection}")
+    return response(frame.opcode, opaque=frame.opaque, extras=_MANIFEST_ID_CID.pack(0, 0))
+
+
+@command(Opcode.COLLECTIONS_GET_SCOPE_ID)
+def get_scope_id(conn: Connection, frame: Frame) -> bytes:
+    path = _collection_header_check(frame, False).decode("utf-8", "replace")
+    if path.count(".") > 1:
+        raise ProtocolError(f"scope path {path!r} has more than one '.' (Collections.md)")
+    scope = path.split(".")[0] or "_default"
+    if scope != "_default":
+        raise _unknown(Status.UNKNOWN_SCOPE, f"unknown scope {scope!r}")
+    return response(frame.opcode, opaque=frame.opaque, extras=_MANIFEST_ID_CID.pack(0, 0))
