@@ -21,8 +21,6 @@ from .frame import (
     Frame,
     FrameDecoder,
     Magic,
-    RequestFrameId,
-    decode_frame_infos,
     encode_frame,
     stream_id_frame,
 )
@@ -177,15 +175,6 @@ def _encode(opcode: int, vbucket: int = 0, opaque: int = 0, *, extras: bytes = b
     return encode_frame(Magic.ALT_REQUEST, opcode, key=key, extras=extras, value=value,
                         vbucket_or_status=vbucket, opaque=opaque, cas=cas, datatype=datatype,
                         framing=stream_id_frame(stream_id))
-
-
-def _stream_id(frame: Frame) -> int | None:
-    if not frame.framing:
-        return None
-    for fid, payload in decode_frame_infos(frame.framing):
-        if fid == RequestFrameId.DCP_STREAM_ID and len(payload) == 2:
-            return int.from_bytes(payload, "big")
-    return None
 
 
 def _ok_response(opcode: int, opaque: int, status: int = Status.SUCCESS) -> bytes:
@@ -586,7 +575,7 @@ class DcpCloseStream(NamedTuple):
     @classmethod
     def from_frame(cls, frame: Frame) -> "DcpCloseStream":
         rules.check(frame)
-        return cls(frame.vbucket, frame.opaque, _stream_id(frame))
+        return cls(frame.vbucket, frame.opaque, frame.stream_id)
 
 
 rules.register(Opcode.DCP_CLOSE_STREAM, Shape(_PAGES + "close-stream.md"), Shape(_PAGES + "close-stream.md"))
@@ -613,7 +602,7 @@ class DcpStreamEnd(NamedTuple):
     @classmethod
     def from_frame(cls, frame: Frame) -> "DcpStreamEnd":
         rules.check(frame)
-        return cls(frame.vbucket, _U32.unpack(frame.extras)[0], frame.opaque, _stream_id(frame))
+        return cls(frame.vbucket, _U32.unpack(frame.extras)[0], frame.opaque, frame.stream_id)
 
 
 rules.register(Opcode.DCP_STREAM_END, Shape(_PAGES + "stream-end.md", extras=(4,)))
@@ -664,7 +653,7 @@ class DcpSnapshotMarker(NamedTuple):
     @classmethod
     def from_frame(cls, frame: Frame) -> "DcpSnapshotMarker":
         rules.check(frame)
-        sid = _stream_id(frame)
+        sid = frame.stream_id
         if len(frame.extras) == 20:
             start, end, flags = _MARKER_V1.unpack(frame.extras)
             return cls(frame.vbucket, start, end, flags, MarkerVersion.V1, opaque=frame.opaque, stream_id=sid)
@@ -749,7 +738,7 @@ class DcpMutation(NamedTuple):
         rules.check(frame)
         by_seqno, rev_seqno, flags, expiration, lock_time, _nmeta, nru = _MUTATION_EXTRAS.unpack(frame.extras)
         return cls(frame.vbucket, by_seqno, rev_seqno, flags, expiration, lock_time, frame.key, frame.value,
-                   frame.cas, frame.datatype, frame.opaque, nru, _stream_id(frame))
+                   frame.cas, frame.datatype, frame.opaque, nru, frame.stream_id)
 
 
 rules.register(Opcode.DCP_MUTATION, Shape(_PAGES + "mutation.md", extras=(31,), key=MUST, value=MAY))
@@ -795,7 +784,7 @@ class DcpDeletion(NamedTuple):
         else:
             by_seqno, rev_seqno, delete_time, _ = _DELETION_V2_EXTRAS.unpack(frame.extras)
         return cls(frame.vbucket, by_seqno, rev_seqno, frame.key, frame.value, frame.cas, frame.datatype,
-                   frame.opaque, delete_time, _stream_id(frame))
+                   frame.opaque, delete_time, frame.stream_id)
 
 
 rules.register(Opcode.DCP_DELETION, Shape(_PAGES + "deletion.md", extras=(18, 21), key=MUST, value=MAY))
@@ -833,7 +822,7 @@ class DcpExpiration(NamedTuple):
         rules.check(frame)
         by_seqno, rev_seqno, delete_time = _EXPIRATION_EXTRAS.unpack(frame.extras)
         return cls(frame.vbucket, by_seqno, rev_seqno, frame.key, delete_time, frame.value, frame.cas,
-                   frame.datatype, frame.opaque, _stream_id(frame))
+                   frame.datatype, frame.opaque, frame.stream_id)
 
 
 rules.register(Opcode.DCP_EXPIRATION, Shape(_PAGES + "expiration.md", extras=(20,), key=MUST, value=MAY))
@@ -896,7 +885,7 @@ class DcpSystemEvent(NamedTuple):
         rules.check(frame)
         by_seqno, event, version = _SYSTEM_EVENT_EXTRAS.unpack(frame.extras)
         return cls(frame.vbucket, by_seqno, event, version, frame.key, frame.value, frame.opaque,
-                   _stream_id(frame))
+                   frame.stream_id)
 
     def decode_value(self) -> dict:
         """The legacy (version 0/1) value structs of system_event.md (erratum 31: scope before
@@ -956,7 +945,7 @@ class DcpPrepare(NamedTuple):
         rules.check(frame)
         by_seqno, rev, flags, exp, lock, nru, deleted, level = _PREPARE_EXTRAS.unpack(frame.extras)
         return cls(frame.vbucket, by_seqno, rev, flags, exp, lock, frame.key, frame.value, frame.cas, level,
-                   bool(deleted), frame.datatype, frame.opaque, nru, _stream_id(frame))
+                   bool(deleted), frame.datatype, frame.opaque, nru, frame.stream_id)
 
 
 rules.register(Opcode.DCP_PREPARE,
@@ -1013,7 +1002,7 @@ class DcpCommit(NamedTuple):
     def from_frame(cls, frame: Frame) -> "DcpCommit":
         rules.check(frame)
         prepared, commit = _TWO_SEQNOS.unpack(frame.extras)
-        return cls(frame.vbucket, prepared, commit, frame.key, frame.opaque, _stream_id(frame))
+        return cls(frame.vbucket, prepared, commit, frame.key, frame.opaque, frame.stream_id)
 
 
 class DcpAbort(NamedTuple):
@@ -1037,7 +1026,7 @@ class DcpAbort(NamedTuple):
     def from_frame(cls, frame: Frame) -> "DcpAbort":
         rules.check(frame)
         prepared, abort = _TWO_SEQNOS.unpack(frame.extras)
-        return cls(frame.vbucket, prepared, abort, frame.key, frame.opaque, _stream_id(frame))
+        return cls(frame.vbucket, prepared, abort, frame.key, frame.opaque, frame.stream_id)
 
 
 rules.register(Opcode.DCP_COMMIT, Shape(_PAGES + "commit.md", extras=(16,), key=MUST, cas=MUST_NOT))
@@ -1061,7 +1050,7 @@ class DcpSeqnoAdvanced(NamedTuple):
     @classmethod
     def from_frame(cls, frame: Frame) -> "DcpSeqnoAdvanced":
         rules.check(frame)
-        return cls(frame.vbucket, _U64.unpack(frame.extras)[0], frame.opaque, _stream_id(frame))
+        return cls(frame.vbucket, _U64.unpack(frame.extras)[0], frame.opaque, frame.stream_id)
 
 
 rules.register(Opcode.DCP_SEQNO_ADVANCED, Shape(_PAGES + "seqno-advanced.md", extras=(8,)))
@@ -1084,7 +1073,7 @@ class DcpOsoSnapshot(NamedTuple):
     @classmethod
     def from_frame(cls, frame: Frame) -> "DcpOsoSnapshot":
         rules.check(frame)
-        return cls(frame.vbucket, _U32.unpack(frame.extras)[0], frame.opaque, _stream_id(frame))
+        return cls(frame.vbucket, _U32.unpack(frame.extras)[0], frame.opaque, frame.stream_id)
 
 
 rules.register(Opcode.DCP_OSO_SNAPSHOT, Shape(_PAGES + "oso_snapshot.md", extras=(4,)))
@@ -1135,7 +1124,7 @@ class DcpCacheTransfer(NamedTuple):
     @classmethod
     def from_frame(cls, frame: Frame) -> "DcpCacheTransfer":
         rules.check(frame)
-        return cls(frame.vbucket, tuple(_cache_records(frame.value)), frame.opaque, _stream_id(frame))
+        return cls(frame.vbucket, tuple(_cache_records(frame.value)), frame.opaque, frame.stream_id)
 
 
 def _cache_records(value: bytes):
@@ -1171,7 +1160,7 @@ class DcpCacheTransferEnd(NamedTuple):
     @classmethod
     def from_frame(cls, frame: Frame) -> "DcpCacheTransferEnd":
         rules.check(frame)
-        return cls(frame.vbucket, frame.opaque, _stream_id(frame))
+        return cls(frame.vbucket, frame.opaque, frame.stream_id)
 
 
 rules.register(Opcode.DCP_CACHE_TRANSFER,

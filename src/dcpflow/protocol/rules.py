@@ -59,41 +59,37 @@ def response_check(*opcodes: int):
     return deco
 
 
+_OPCODE_NAMES = {int(op): op.name for op in Opcode}
+
+
 def opcode_name(opcode: int) -> str:
-    try:
-        return Opcode(opcode).name
-    except ValueError:
-        return f"0x{opcode:02x}"
+    """A dict lookup, not Opcode(op).name: every typed decode passes through the rules."""
+    return _OPCODE_NAMES.get(opcode) or f"0x{opcode:02x}"
 
 
-def _shape_problems(frame: Frame, shape: Shape) -> Iterable[ProtocolError]:
+def _shape_problems(frame: Frame, shape: Shape) -> list[ProtocolError]:
+    """A plain function over a list, not a generator: every typed decode passes through here."""
+    out: list[ProtocolError] = []
     n = len(frame.extras)
-    if (shape.extras is None or n in shape.extras) and _parts_ok(frame, shape):
-        return  # the common case: no name lookup, no strings (every typed decode passes through here)
-    name = opcode_name(frame.opcode)
     if shape.extras is not None and n not in shape.extras:
-        want = " or ".join(str(x) for x in shape.extras)
+        name = opcode_name(frame.opcode)
         if shape.extras == (0,):
-            yield ProtocolError(f"{name} must not have extras; got {n} bytes ({shape.page})")
+            out.append(ProtocolError(f"{name} must not have extras; got {n} bytes ({shape.page})"))
         else:
-            yield ProtocolError(f"{name} extras must be {want} bytes; got {n} ({shape.page})")
-    for part, rule in (("key", shape.key), ("value", shape.value)):
-        size = len(getattr(frame, part))
-        if rule == MUST and not size:
-            yield ProtocolError(f"{name} must have a {part} ({shape.page})")
-        elif rule == MUST_NOT and size:
-            yield ProtocolError(f"{name} must not have a {part}; got {size} bytes ({shape.page})")
+            want = " or ".join(str(x) for x in shape.extras)
+            out.append(ProtocolError(f"{name} extras must be {want} bytes; got {n} ({shape.page})"))
+    for part, data, rule in (("key", frame.key, shape.key), ("value", frame.value, shape.value)):
+        if rule == MUST and not data:
+            out.append(ProtocolError(f"{opcode_name(frame.opcode)} must have a {part} ({shape.page})"))
+        elif rule == MUST_NOT and data:
+            out.append(ProtocolError(f"{opcode_name(frame.opcode)} must not have a {part}; got {len(data)} bytes "
+                                     f"({shape.page})"))
     if shape.cas == MUST and not frame.cas:
-        yield ProtocolError(f"{name} must carry a non-zero CAS ({shape.page})")
+        out.append(ProtocolError(f"{opcode_name(frame.opcode)} must carry a non-zero CAS ({shape.page})"))
     elif shape.cas == MUST_NOT and frame.cas:
-        yield ProtocolError(f"{name} must carry CAS 0; got 0x{frame.cas:x} ({shape.page})")
-
-
-def _parts_ok(frame: Frame, shape: Shape) -> bool:
-    for part, rule in ((frame.key, shape.key), (frame.value, shape.value)):
-        if (rule == MUST and not part) or (rule == MUST_NOT and part):
-            return False
-    return not ((shape.cas == MUST and not frame.cas) or (shape.cas == MUST_NOT and frame.cas))
+        out.append(ProtocolError(f"{opcode_name(frame.opcode)} must carry CAS 0; got 0x{frame.cas:x} "
+                                 f"({shape.page})"))
+    return out
 
 
 def problems(frame: Frame) -> list[ProtocolError]:
