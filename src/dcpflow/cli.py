@@ -43,7 +43,8 @@ def _cmd_server(args: argparse.Namespace) -> int:
                           conflict_resolution=args.conflict_resolution, flush_interval=args.flush_interval,
                           purge_interval=args.purge_interval, compaction_interval=args.compaction_interval,
                           expiry_interval=args.expiry_interval, users=args.users, debug=args.debug,
-                          tls_cert=args.tls_cert, tls_key=args.tls_key, tls_port=args.tls_port)
+                          tls_cert=args.tls_cert, tls_key=args.tls_key, tls_port=args.tls_port,
+                          plain_over_tcp=args.allow_plain_over_tcp)
     if (args.tls_cert is None) != (args.tls_key is None):
         print("dcpflow server: --tls-cert and --tls-key go together", file=sys.stderr)
         return 2
@@ -115,6 +116,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tls-cert", metavar="PEM", help="certificate chain: also serve TLS (kvSSL) on --tls-port")
     p.add_argument("--tls-key", metavar="PEM", help="private key of --tls-cert")
     p.add_argument("--tls-port", type=int, default=11207, help="TLS port (default 11207; 0 picks a free one)")
+    p.add_argument("--allow-plain-over-tcp", action="store_true",
+                   help="also offer SASL PLAIN on the plain-TCP port (by default only over TLS: it sends the "
+                   "password in clear)")
     p.add_argument("--loop", choices=("auto", "asyncio", "uvloop"), default="auto",
                    help="event loop: uvloop if installed (auto, the default: faster socket I/O), or asyncio")
     p.add_argument("--debug", action="store_true", help="log to stderr, including unknown opcodes")

@@ -40,6 +40,7 @@ def test_users_file_with_plain_and_hashed_passwords(tmp_path, make_server):
             assert c.set(b"k", b"v").status == Status.SUCCESS
         with server.client() as c:
             assert c.auth_scram("hashed", "nope", mech).status == Status.AUTH_ERROR
+    server = make_server(users=str(path), plain_over_tcp=True)
     with server.client() as c:
         assert c.auth_plain("hashed", "s3cret").status == Status.SUCCESS  # PLAIN checks the SCRAM keys
     with server.client() as c:

@@ -9,6 +9,7 @@ import pytest
 from couchbase.auth import PasswordAuthenticator
 from couchbase.cluster import Cluster
 from couchbase.exceptions import (
+    AuthenticationException,
     CasMismatchException,
     DocumentExistsException,
     DocumentNotFoundException,
@@ -117,8 +118,15 @@ def test_sdk_writes_are_visible_to_a_raw_client(collection, sdk_server):
         assert json.loads(reply.value) == {"from": "sdk"} and reply.datatype == 1
 
 
-def test_plain_forced_by_connection_string(sdk_server):
-    cluster = connect(sdk_server.port, "?sasl_mech_force=PLAIN")
+def test_plain_forced_over_tcp_is_refused_unless_allowed(sdk_server, spawn_server, tmp_path):
+    with pytest.raises(AuthenticationException):
+        cluster = connect(sdk_server.port, "?sasl_mech_force=PLAIN")
+        try:
+            cluster.bucket("default").default_collection().upsert("refused", 1, timeout=timedelta(seconds=3))
+        finally:
+            cluster.close()
+    proc = spawn_server("--data-dir", str(tmp_path), "--vbuckets", "64", "--allow-plain-over-tcp")
+    cluster = connect(proc.port, "?sasl_mech_force=PLAIN")
     try:
         coll = cluster.bucket("default").default_collection()
         coll.upsert("sdk-plain", [1, 2, 3])

@@ -40,7 +40,7 @@ def test_hello_odd_value_is_einval_and_connection_survives(server):
 def test_scram_success_and_wrong_password(server, mech):
     with server.client() as c:
         mechs = c.call(Opcode.SASL_LIST_MECHS)
-        assert mechs.value.split() == [b"SCRAM-SHA512", b"SCRAM-SHA256", b"SCRAM-SHA1", b"PLAIN"]
+        assert mechs.value.split() == [b"SCRAM-SHA512", b"SCRAM-SHA256", b"SCRAM-SHA1"]
         reply = c.auth_scram("Administrator", "password", mech)
         assert reply.status == Status.SUCCESS and reply.value.startswith(b"v=")
         assert c.select("default").status == Status.SUCCESS
@@ -70,8 +70,24 @@ def test_scram_tampered_messages_fail(server):
         assert c.call(Opcode.SASL_AUTH, key=b"CRAM-MD5", value=b"x").status == Status.AUTH_ERROR
 
 
-def test_plain_success_and_failure(server):
+def test_plain_is_offered_only_over_tls_by_default(server):
     with server.client() as c:
+        mechs = c.call(Opcode.SASL_LIST_MECHS)
+        assert mechs.value.split() == [b"SCRAM-SHA512", b"SCRAM-SHA256", b"SCRAM-SHA1"]
+        c.hello(Feature.XERROR)
+        refused = c.auth_plain("Administrator", "password")  # right password, wrong channel
+        assert refused.status == Status.AUTH_ERROR
+        assert b"only over TLS" in refused.value and b"--allow-plain-over-tcp" in refused.value
+        assert c.select("default").status == Status.EACCESS
+        wrong = c.auth_scram("Administrator", "nope", "SCRAM-SHA512")
+        assert b"Authentication failed" in wrong.value  # credentials errors stay generic
+        assert c.auth_scram("Administrator", "password", "SCRAM-SHA512").status == Status.SUCCESS
+
+
+def test_plain_success_and_failure(make_server):
+    server = make_server(plain_over_tcp=True)
+    with server.client() as c:
+        assert c.call(Opcode.SASL_LIST_MECHS).value.split()[-1] == b"PLAIN"
         assert c.auth_plain("Administrator", "wrong").status == Status.AUTH_ERROR
         assert c.auth_plain("Administrator", "password").status == Status.SUCCESS
         assert c.select("default").status == Status.SUCCESS

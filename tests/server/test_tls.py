@@ -31,10 +31,14 @@ def test_tls_port_serves_the_same_protocol(make_server, cert):
         c.num_vbuckets = 64
         c.login()
         assert isinstance(c.sock, ssl.SSLSocket)
+        assert c.call(Opcode.SASL_LIST_MECHS).value.split()[-1] == b"PLAIN"  # inside TLS, PLAIN is offered
         assert c.set(b"secret", b"v").status == Status.SUCCESS
         config = json.loads(c.call(Opcode.GET_CLUSTER_CONFIG).value)
         assert config["nodesExt"][0]["services"] == {"kv": server.port, "mgmt": 8091,
                                                      "kvSSL": server.server.tls_port}
+    with RawClient(server.server.tls_port, tls=True) as c:
+        assert c.auth_plain("Administrator", "password").status == Status.SUCCESS
+        assert c.select("default").status == Status.SUCCESS
     with server.login() as plain:
         assert plain.get(b"secret").value == b"v"
     with RawClient(server.server.tls_port) as c:  # plain bytes on the TLS port: the handshake fails

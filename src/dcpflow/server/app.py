@@ -67,6 +67,8 @@ class ServerConfig:
     tls_cert: str | Path | None = None  # with tls_key: also serve TLS on tls_port (kvSSL in the map)
     tls_key: str | Path | None = None
     tls_port: int = 11207
+    # PLAIN sends the password in clear: like Couchbase Server, offer it only inside TLS unless allowed here.
+    plain_over_tcp: bool = False
 
 
 class Counters:

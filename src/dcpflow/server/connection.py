@@ -124,6 +124,7 @@ class Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.writer: Writer | None = None
         self.peer = "?"
+        self.tls = False
         self._decoder = FrameDecoder()
         self._waiting: asyncio.Future | None = None
         self._closing = False
@@ -152,6 +153,7 @@ class Connection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.Transport) -> None:
         self.transport = transport
         self.writer = Writer(transport, asyncio.get_running_loop())
+        self.tls = transport.get_extra_info("sslcontext") is not None
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

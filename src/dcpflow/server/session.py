@@ -47,17 +47,27 @@ def hello(conn: Connection, frame: Frame) -> bytes:
     return kvproto.HelloResponse(granted, frame.opaque).encode()
 
 
+def mechanisms(conn: Connection) -> tuple[str, ...]:
+    """What this connection may use: PLAIN puts the password on the wire, so only inside TLS (or
+    when the server was told `plain_over_tcp`), as Couchbase Server does."""
+    if conn.tls or conn.server.config.plain_over_tcp:
+        return MECHANISMS
+    return tuple(SCRAM_MECHANISMS)
+
+
 @command(Opcode.SASL_LIST_MECHS, auth=False, bucket=False)
 def sasl_list_mechs(conn: Connection, frame: Frame) -> bytes:
     kvproto.SaslListMechs.from_frame(frame)
-    return kvproto.SaslListMechsResponse(MECHANISMS, frame.opaque).encode()
+    return kvproto.SaslListMechsResponse(mechanisms(conn), frame.opaque).encode()
 
 
-def _sasl_failed(conn: Connection, frame: Frame, why: str) -> bytes:
+def _sasl_failed(conn: Connection, frame: Frame, why: str, public: bool = False) -> bytes:
+    """Credentials problems get the generic context (no user enumeration); `public` reasons (a
+    mechanism this connection may not use) are told to the client so it can fix them."""
     log.info("authentication failed from %s: %s", conn.peer, why)
     conn.sasl = None
     conn.set_user(None)
-    return conn.error_reply(frame.opcode, frame.opaque, Status.AUTH_ERROR, "Authentication failed")
+    return conn.error_reply(frame.opcode, frame.opaque, Status.AUTH_ERROR, why if public else "Authentication failed")
 
 
 @command(Opcode.SASL_AUTH, auth=False, bucket=False)
@@ -68,12 +78,16 @@ def sasl_auth(conn: Connection, frame: Frame) -> bytes:
     conn.sasl = None
     try:
         if mech == "PLAIN":
+            if "PLAIN" not in mechanisms(conn):
+                return _sasl_failed(conn, frame, "PLAIN is offered only over TLS: use SCRAM-SHA512, the TLS "
+                                    "port, or start the server with --allow-plain-over-tcp", public=True)
             user = plain_authenticate(conn.server.users, req.payload)
             conn.set_user(user)
             return response(frame.opcode, opaque=frame.opaque)
         algorithm = SCRAM_MECHANISMS.get(mech)
         if algorithm is None:
-            return _sasl_failed(conn, frame, f"unknown mechanism {mech!r} (we offer {' '.join(MECHANISMS)})")
+            return _sasl_failed(conn, frame, f"unknown mechanism {mech!r} (we offer {' '.join(mechanisms(conn))})",
+                                public=True)
         exchange = ScramServer(conn.server.users, algorithm)
         server_first = exchange.start(req.payload)
     except AuthFailed as e:
