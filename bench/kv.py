@@ -134,7 +134,8 @@ def start_dcpflow(data_dir: str, args) -> tuple[subprocess.Popen, int]:
     env = dict(os.environ)
     env["PYTHONPATH"] = str(ROOT / "src") + os.pathsep + env.get("PYTHONPATH", "")
     proc = subprocess.Popen([sys.executable, "-m", "dcpflow.cli", "server", "--port", "0", "--data-dir", data_dir,
-                             "--vbuckets", str(args.vbuckets), *args.server_arg], stdout=subprocess.PIPE, text=True,
+                             "--vbuckets", str(args.vbuckets), "--allow-plain-over-tcp",
+                             *args.server_arg], stdout=subprocess.PIPE, text=True,
                             env=env)
     line = proc.stdout.readline()
     match = re.search(r"port=(\d+)", line)
