@@ -139,9 +139,12 @@ class VBucket:
                               "a replica or pending vbucket")
 
     # -- the write path -----------------------------------------------------------------------
-    def _queue(self, item: Item) -> Item:
+    def _queue(self, item: Item, old: Item | None | bool = False) -> Item:
+        """Queue a new version; `old` is the key's current hash-table entry when the caller has
+        it already (False: look it up)."""
         self.checkpoint_manager.queue(item)  # first: it validates the seqno before anything changes
-        old = self.ht.get(item.key)
+        if old is False:
+            old = self.ht.get(item.key)
         if old is None:
             if not item.deleted:
                 self.ops_create += 1
@@ -214,13 +217,20 @@ class VBucket:
 
     def set(self, key: bytes, value: bytes, *, flags: int = 0, expiry: int = 0, datatype: int = 0,
             cas: int = 0) -> Item:
-        """Store unconditionally, or only over the version with `cas` when cas != 0."""
-        self._check_active()
+        """Store unconditionally, or only over the version with `cas` when cas != 0.
+
+        The hottest write path: `_live` and `_mutate` inlined so the key is looked up once."""
+        if self.state != VBucketState.ACTIVE:
+            self._check_active()
         now = self._clock()
-        live = self._live(key, now)
+        prev = self.ht.get(key)
+        if prev is not None and not prev.deleted and prev.expiry and prev.expiry <= now:
+            prev = self._tombstone(prev, now, DeleteSource.TTL)
         if cas:
-            self._check_cas(key, live, cas)
-        return self._mutate(key, value, flags, to_absolute(expiry, now), datatype)
+            self._check_cas(key, None if prev is None or prev.deleted else prev, cas)
+        rev = prev.rev_seqno + 1 if prev is not None else self.max_deleted_rev_seqno + 1
+        return self._queue(Item(key, value, flags, to_absolute(expiry, now), self.hlc.next(), rev,
+                                self.high_seqno + 1, datatype), prev)
 
     def add(self, key: bytes, value: bytes, *, flags: int = 0, expiry: int = 0, datatype: int = 0,
             cas: int = 0) -> Item:
