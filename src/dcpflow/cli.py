@@ -123,6 +123,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="event loop: uvloop if installed (auto, the default: faster socket I/O), or asyncio")
     p.add_argument("--debug", action="store_true", help="log to stderr, including unknown opcodes")
     p.set_defaults(func=_cmd_server)
+
+    from .load import add_command as add_load_command
+    from .spark.commands import add_commands as add_spark_commands
+    add_load_command(sub)
+    add_spark_commands(sub)
+
+    from .client.tail import add_command as add_tail_command
+    add_tail_command(sub)
+
+    from .replication.commands import add_command as add_cluster_command
+    add_cluster_command(sub)
     return parser
 
 

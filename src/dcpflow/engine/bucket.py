@@ -47,6 +47,8 @@ DEFAULT_NUM_VBUCKETS = 1024
 DEFAULT_PURGE_INTERVAL = 259_200  # persistent_metadata_purge_age, 3 days
 
 SeqnoListener = Callable[[int, int], None]
+#: listener(vbid, event): event is "state" (state changed), "rollback" or "deleted".
+VBucketListener = Callable[[int, str], None]
 
 
 def vbucket_for_key(key: bytes, num_vbuckets: int = DEFAULT_NUM_VBUCKETS) -> int:
@@ -94,6 +96,7 @@ class Bucket:
         self._rng = rng
         self._seqno_listeners: list[SeqnoListener] = []
         self._persistence_listeners: list[SeqnoListener] = []
+        self._vbucket_listeners: list[VBucketListener] = []
         self._vbuckets: dict[int, VBucket] = {}
         self.store = Store(self.data_dir / name / "store.sqlite3", synchronous=synchronous)
         self.flusher = Flusher(self.store, self._vbuckets, on_persisted=self._notify_persisted)
@@ -173,9 +176,13 @@ class Bucket:
             vb = self._make_vbucket(vbid, state, failover=FailoverTable(rng=self._rng),
                                     hlc=HLC(clock=self._hlc_clock))
             self._vbuckets[vbid] = vb
-        else:
-            vb.set_state(state, by_takeover=by_takeover)
+            self.flusher.persist_state(vb)
+            return vb
+        old = vb.state
+        vb.set_state(state, by_takeover=by_takeover)
         self.flusher.persist_state(vb)
+        if vb.state != old:
+            self._notify_vbucket(vbid, "state")
         return vb
 
     def delete_vbucket(self, vbid: int) -> None:
@@ -186,6 +193,7 @@ class Bucket:
             raise EngineError(Status.NOT_MY_VBUCKET, f"vbucket {vbid} does not exist")
         vb.checkpoint_manager.reset(0)
         self.store.delete_vbucket(vbid)
+        self._notify_vbucket(vbid, "deleted")
 
     # -- persistence ----------------------------------------------------------------------------
     def flush(self, max_items: int | None = None) -> int:
@@ -209,6 +217,7 @@ class Bucket:
         vb.reset_to(result.seqno, self.store.load_items(vbid), purge_seqno=rec.purge_seqno,
                     snapshot=(result.snap_start, result.snap_end), rng=self._rng)
         self.store.save_vbucket_states([vb.state_record()])
+        self._notify_vbucket(vbid, "rollback")
         return result.seqno
 
     def compact(self, vbid: int | None = None, now: float | None = None) -> dict[int, PurgeResult]:
@@ -285,6 +294,18 @@ class Bucket:
 
     def remove_persistence_listener(self, listener: SeqnoListener) -> None:
         self._persistence_listeners.remove(listener)
+
+    def add_vbucket_listener(self, listener: VBucketListener) -> None:
+        """Call `listener(vbid, event)` after a vbucket changed state ("state"), was rolled back
+        ("rollback") or deleted ("deleted"): DCP streams of that vbucket end on it."""
+        self._vbucket_listeners.append(listener)
+
+    def remove_vbucket_listener(self, listener: VBucketListener) -> None:
+        self._vbucket_listeners.remove(listener)
+
+    def _notify_vbucket(self, vbid: int, event: str) -> None:
+        for listener in list(self._vbucket_listeners):
+            listener(vbid, event)
 
     def _notify_seqno(self, vbid: int, seqno: int) -> None:
         for listener in self._seqno_listeners:

@@ -46,7 +46,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import IntEnum
 
-from .item import Item
+from .item import ITEM_OVERHEAD, Item
 
 PERSISTENCE_CURSOR = "persistence"
 
@@ -72,6 +72,7 @@ class Snapshot:
     checkpoint_start: bool  # the cursor entered a new checkpoint: the marker gets the Checkpoint flag
     new_marker: bool  # False: continues a snapshot whose marker an earlier batch already produced
     items: list[Item] = field(default_factory=list)
+    checkpoint_snap_start: int = 0  # the checkpoint's own snapshot start (Disk markers start there)
 
     @property
     def max_visible_seqno(self) -> int:
@@ -110,30 +111,34 @@ class Checkpoint:
         return (f"<Checkpoint {self.id} {self.type.name} {state} [{self.snap_start},{self.snap_end}] "
                 f"items={self.num_items}>")
 
-    def queue(self, item: Item) -> Item | None:
-        """Append `item`; returns the older version of the key it de-duplicated, if any."""
+    def queue(self, item: Item, size: int) -> int:
+        """Append `item` (accounted as `size` bytes); returns the bytes of the older version of
+        the key it de-duplicated (0 if none). Called for every write: keep it lean."""
         index = self._index
         if index is None:
             raise RuntimeError("cannot queue into a closed checkpoint")
-        old = None
-        pos = index.get(item.key)
+        freed = 0
+        key = item.key
+        seqno = item.by_seqno
+        items = self._items
+        pos = index.get(key)
         if pos is not None:
-            old = self._items[pos]
-            self._items[pos] = None
+            old = items[pos]
+            items[pos] = None
             self._holes += 1
             self.num_items -= 1
-            self.mem_usage -= old.size
-        index[item.key] = len(self._items)
-        self._items.append(item)
-        self._seqnos.append(item.by_seqno)
+            freed = len(old.key) + len(old.value) + ITEM_OVERHEAD
+        index[key] = len(items)
+        items.append(item)
+        self._seqnos.append(seqno)
         self.num_items += 1
-        self.mem_usage += item.size
-        self.high_seqno = item.by_seqno
+        self.mem_usage += size - freed
+        self.high_seqno = seqno
         if not self.fixed_end:
-            self.snap_end = item.by_seqno
+            self.snap_end = seqno
         if self._holes > 64 and self._holes > self.num_items:
             self._compact()
-        return old
+        return freed
 
     def _compact(self) -> None:
         """Drop holes left by de-duplication (cursors hold seqnos, not indexes, so none move)."""
@@ -299,8 +304,8 @@ class CheckpointManager:
                 not cp.fixed_end and self.max_age is not None and cp.num_items
                 and self._clock() - cp.created >= self.max_age):
             cp = self._roll_over(cp)
-        old = cp.queue(item)
-        self.mem_usage += item.size - (old.size if old is not None else 0)
+        size = len(item.key) + len(item.value) + ITEM_OVERHEAD  # Item.size, inlined: every write passes here
+        self.mem_usage += size - cp.queue(item, size)
         self.high_seqno = item.by_seqno
         if self.memory_quota is not None and self.mem_usage > self.memory_quota:
             self._drop_cursors()
@@ -445,7 +450,7 @@ class CheckpointManager:
             items = cp.read(cursor.seqno, end, max(limit - total, 1) if splittable else None)
             if items:
                 cursor.seqno = items[-1].by_seqno
-                out.append(Snapshot(start, end, cp.type, ckpt_start, new_marker, items))
+                out.append(Snapshot(start, end, cp.type, ckpt_start, new_marker, items, cp.snap_start))
                 total += len(items)
                 if cursor.seqno >= end:
                     cursor._snap_end = None

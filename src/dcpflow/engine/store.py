@@ -120,6 +120,11 @@ def _item(r: Sequence) -> Item:
     return Item(r[0], r[10], r[4], r[5], _u64(r[3]), _u64(r[2]), r[1], r[6], bool(r[7]), r[8], _SOURCES[r[9]])
 
 
+#: Column order of `BackfillScan.next_rows`.
+ITEM_COLUMNS = tuple(c.strip() for c in _ITEM_COLS.split(","))
+item_from_row = _item
+
+
 @dataclass(slots=True)
 class VBucketStateRecord:
     """The persisted state of one vbucket.
@@ -390,6 +395,12 @@ class BackfillScan:
 
     def next_page(self) -> list[Item]:
         """The next page (at most page_size items); [] when the range is exhausted."""
+        return [_item(r) for r in self.next_rows()]
+
+    def next_rows(self) -> list[tuple]:
+        """The next page as raw rows, for a reader that encodes straight from them (a DCP
+        backfill): columns in ITEM_COLUMNS order, CAS and rev seqno as stored (signed 64-bit,
+        two's complement; `item_from_row` converts). [] when the range is exhausted."""
         if self.closed:
             return []
         rows = self._db.execute(
@@ -398,9 +409,8 @@ class BackfillScan:
         if not rows:
             self.close()
             return []
-        page = [_item(r) for r in rows]
-        self._pos = page[-1].by_seqno
-        return page
+        self._pos = rows[-1][1]
+        return rows
 
     def pages(self) -> Iterator[list[Item]]:
         while page := self.next_page():

@@ -34,7 +34,9 @@ from dcpflow.engine import Bucket, VBucketState
 from dcpflow.protocol import error_map
 from dcpflow.protocol.config import Node
 
-from . import kv as _kv  # noqa: F401  (importing the handler modules registers their commands)
+from . import consumer as _consumer  # noqa: F401  (importing the handler modules registers their commands)
+from . import kv as _kv  # noqa: F401
+from . import producer as _producer  # noqa: F401
 from . import session as _session  # noqa: F401
 from . import stats as _stats  # noqa: F401
 from .auth import UserDB
@@ -67,6 +69,9 @@ class ServerConfig:
     tls_cert: str | Path | None = None  # with tls_key: also serve TLS on tls_port (kvSSL in the map)
     tls_key: str | Path | None = None
     tls_port: int = 11207
+    checkpoint_max_items: int = 10_000
+    checkpoint_memory_quota: int | None = None  # bytes of checkpoint memory per vbucket; over it, cursors drop
+    dcp_idle_timeout: float = 360.0  # a DCP producer with noops disconnects after this long without input
     # PLAIN sends the password in clear: like Couchbase Server, offer it only inside TLS unless allowed here.
     plain_over_tcp: bool = False
 
@@ -158,6 +163,8 @@ class Server:
         self._maintenance: asyncio.Lock | None = None
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._error_maps: dict[int, bytes] = {}
+        self.dcp_names: dict = {}  # (bucket, DCP connection name) -> Connection (a reused name closes the older)
+        self.backfill_executor: concurrent.futures.ThreadPoolExecutor | None = None  # DCP backfill scans
         self.closed = False
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -208,7 +215,8 @@ class Server:
         cfg = self.config
         engine = Bucket(name, cfg.data_dir, cfg.num_vbuckets, cfg.conflict_resolution,
                         flush_interval=cfg.flush_interval, purge_interval=cfg.purge_interval,
-                        synchronous=cfg.synchronous)
+                        synchronous=cfg.synchronous, checkpoint_max_items=cfg.checkpoint_max_items,
+                        checkpoint_memory_quota=cfg.checkpoint_memory_quota)
         if not engine.vbuckets and (cfg.nodes is None or len(cfg.nodes) == 1):
             for vb in range(engine.num_vbuckets):  # a new single-node bucket owns every vbucket
                 engine.set_vbucket_state(vb, VBucketState.ACTIVE)
@@ -223,11 +231,15 @@ class Server:
             if listener is not None:
                 listener.close()
         for conn in list(self.connections):
+            if conn.dcp is not None and hasattr(conn.dcp, "shutdown"):
+                conn.dcp.shutdown()  # STREAM_END(Disconnected) for every stream, written before the close
             conn.close()
         self._stopping.set()
         self._wake.set()
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.backfill_executor is not None:
+            self.backfill_executor.shutdown(wait=True)
         async with self._maintenance:
             self._close_buckets(clean=True)
         self._executor.shutdown(wait=True)

@@ -398,3 +398,5 @@ class Connection(asyncio.Protocol):
             self.privileges = 0
         else:
             self.privileges = int(self.user.privileges(bucket.name if bucket is not None else None))
+        if self.dcp is not None and hasattr(self.dcp, "privileges_changed"):
+            self.dcp.privileges_changed()

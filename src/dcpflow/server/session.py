@@ -5,15 +5,19 @@ Pages: BinaryProtocol.md (#0x1f-helo, #0x89-select-bucket, #0xb5-get-cluster-con
 #0xfe-get-error-map, #0x0b-version, #0x0a-no-op, #0x07-quit), docs/sasl.md, docs/ErrorMap.md.
 """
 
+import struct
+
 from dcpflow.protocol import error_map
 from dcpflow.protocol import kv as kvproto
+from dcpflow.protocol.config import parse_cluster_map
 from dcpflow.protocol.datatype import Datatype
+from dcpflow.protocol.errors import ProtocolError
 from dcpflow.protocol.frame import Frame, response
 from dcpflow.protocol.hello import Feature
 from dcpflow.protocol.opcodes import Opcode
 from dcpflow.protocol.status import Status
 
-from .auth import MECHANISMS, SCRAM_MECHANISMS, AuthFailed, ScramServer, plain_authenticate
+from .auth import MECHANISMS, SCRAM_MECHANISMS, AuthFailed, Privilege, ScramServer, plain_authenticate
 from .connection import Connection, log
 from .dispatch import command
 
@@ -148,6 +152,43 @@ def get_cluster_config(conn: Connection, frame: Frame) -> bytes:
     config = conn.bucket.config() if conn.bucket is not None else conn.server.topology.cluster_config()
     conn.known_config = version
     return response(frame.opcode, opaque=frame.opaque, value=config, datatype=Datatype.JSON)
+
+
+_CONFIG_VERSION = struct.Struct(">qq")
+
+
+@command(Opcode.SET_CLUSTER_CONFIG, bucket=False)
+def set_cluster_config(conn: Connection, frame: Frame) -> bytes:
+    """SET_CLUSTER_CONFIG 0xb4: the cluster manager pushes a bucket's map (key = bucket name, value =
+    the map JSON, extras = its epoch and revision as two i64s). Every node then serves that map, with
+    its own entry marked thisNode, to GET_CLUSTER_CONFIG and in NOT_MY_VBUCKET replies; a version not
+    newer than the current one is ignored. Needs the cluster manager's privilege on the bucket."""
+    if len(frame.extras) != 16 or not frame.key or not frame.value or frame.cas:
+        return conn.error_reply(frame.opcode, frame.opaque, Status.EINVAL, "SET_CLUSTER_CONFIG needs 16 bytes of "
+                                "extras (epoch, revision), the bucket name as key and the map as value")
+    name = frame.key.decode("utf-8", "replace")
+    if not conn.user.privileges(name) & Privilege.NODE_MANAGEMENT:
+        return conn.error_reply(frame.opcode, frame.opaque, Status.EACCESS,
+                                f"user {conn.user.name!r} may not set the cluster map of {name!r}")
+    bucket = conn.server.buckets.get(name)
+    if bucket is None:
+        return conn.error_reply(frame.opcode, frame.opaque, Status.KEY_ENOENT, f"no bucket named {name!r}")
+    epoch, rev = _CONFIG_VERSION.unpack(frame.extras)
+    try:
+        cmap = parse_cluster_map(frame.value)
+    except ProtocolError as e:
+        return conn.error_reply(frame.opcode, frame.opaque, Status.EINVAL, f"unusable map: {e.reason}")
+    if cmap.version != (epoch, rev) or not cmap.vbucket_map or cmap.name not in (None, name):
+        return conn.error_reply(frame.opcode, frame.opaque, Status.EINVAL, f"the map's (revEpoch, rev) "
+                                f"{cmap.version} and name {cmap.name!r} must match the extras {(epoch, rev)} "
+                                f"and the key {name!r}, and it needs a vBucketMap")
+    if cmap.num_vbuckets != bucket.engine.num_vbuckets:
+        return conn.error_reply(frame.opcode, frame.opaque, Status.EINVAL, f"the map has {cmap.num_vbuckets} "
+                                f"vbuckets; bucket {name!r} has {bucket.engine.num_vbuckets}")
+    if conn.server.topology.adopt(name, list(cmap.nodes), conn.server.port, cmap.vbucket_map, cmap.num_replicas,
+                                  cmap.version) and cmap.uuid:
+        bucket.uuid = cmap.uuid  # one bucket, one uuid, whichever node a client asks
+    return response(frame.opcode, opaque=frame.opaque)
 
 
 @command(Opcode.GET_ERROR_MAP, auth=False, bucket=False)

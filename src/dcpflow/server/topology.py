@@ -34,14 +34,33 @@ class Topology:
         self._maps: dict[str, list[list[int]]] = {}
         self._num_replicas: dict[str, int] = {}
         self._cache: dict[str | None, tuple[int, bytes]] = {}
+        self.managed = False  # a cluster manager pushed the map: only a newer push changes it
 
     @property
     def version(self) -> tuple[int, int]:
         return self.rev_epoch, self.rev
 
     def bump(self) -> None:
-        """Something a client routes by changed (vbucket state, map, nodes)."""
-        self.rev += 1
+        """Something a client routes by changed (vbucket state, map, nodes). Once a cluster manager
+        pushes maps (`adopt`), the revision is its own: every node serves the same (epoch, rev)."""
+        if not self.managed:
+            self.rev += 1
+
+    def adopt(self, bucket: str, nodes: list[Node], this_port: int, vbucket_map: list[list[int]],
+              num_replicas: int, version: tuple[int, int]) -> bool:
+        """A map pushed by the cluster manager (SET_CLUSTER_CONFIG): serve it with this node's entry
+        (found by its KV port) marked thisNode. An older or equal version is ignored (False)."""
+        if self.managed and version <= self.version:
+            return False
+        index = next((i for i, n in enumerate(nodes) if n.kv_port == this_port), -1)
+        self.nodes = with_this_node(nodes, index)
+        self.this_node = index
+        self._maps[bucket] = [list(chain) for chain in vbucket_map]
+        self._num_replicas[bucket] = num_replicas
+        self.rev_epoch, self.rev = version
+        self.managed = True
+        self._cache.clear()
+        return True
 
     def set_vbucket_map(self, bucket: str, vbucket_map: list[list[int]], num_replicas: int = 0) -> None:
         self._maps[bucket] = [list(chain) for chain in vbucket_map]

@@ -1,0 +1,335 @@
+"""DCP client throughput: the batch API and the event API against the loopback limit, one run.
+
+A data dir with N small documents is built with the engine (and flushed), then `dcpflow server`
+(a subprocess) serves it, and everything is read from seqno 0 to the high seqnos (a disk backfill)
+four ways:
+
+* batches  - `DcpClient.batches()`: Arrow record batches (max_rows 65536), rows counted;
+* events   - `DcpClient.events()`: one Mutation object per document;
+* raw      - a plain socket with the same DCP_OPEN / controls / stream requests that reads the same
+             number of stream bytes without decoding anything (it acks what it reads): the limit
+             of server + loopback for this workload;
+* decode   - the client's own work alone: the bytes the raw reader received, fed to the client's
+             connection walker and Arrow decoder in-process (no socket, no server).
+
+Then, unless --rss-docs 0, peak RSS of a separate process that streams --rss-docs documents with
+the batch API and with the event API (VmRSS sampled every 0.25 s; the target is flat and under
+200 MB whatever the backlog, because flow control bounds what the client holds).
+
+    .venv/bin/python bench/client.py                          # 1M docs, 60-byte values, 64 vbuckets, best of 3
+    .venv/bin/python bench/client.py --docs 200000 --rss-docs 0
+    .venv/bin/python bench/client.py --docs 1000000 --rss-docs 10000000
+"""
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import types
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from dcpflow.client import DcpClient, Mutation, Offset  # noqa: E402
+from dcpflow.protocol import dcp  # noqa: E402
+from dcpflow.protocol.dcp import OpenFlag, StreamFlag  # noqa: E402
+from dcpflow.protocol.frame import FrameDecoder, request  # noqa: E402
+from dcpflow.protocol.hello import Feature  # noqa: E402
+from dcpflow.protocol.keys import vbucket_for_key  # noqa: E402
+from dcpflow.protocol.opcodes import Opcode  # noqa: E402
+from dcpflow.protocol.status import Status  # noqa: E402
+
+USER, PASSWORD = "Administrator", "password"
+
+
+def build_data(data_dir: str, docs: int, value_size: int, vbuckets: int) -> dict[int, int]:
+    """Build in a child process: millions of engine objects in this one would make the garbage
+    collector (and so the event API) slower here for the rest of the run."""
+    out = subprocess.run([sys.executable, __file__, "--build", data_dir, "--docs", str(docs), "--value-size",
+                          str(value_size), "--vbuckets", str(vbuckets)], capture_output=True, text=True, check=True)
+    return {int(vb): s for vb, s in json.loads(out.stdout.strip().splitlines()[-1]).items()}
+
+
+def _build_data(data_dir: str, docs: int, value_size: int, vbuckets: int) -> dict[int, int]:
+    from dcpflow.engine import Bucket, VBucketState
+    value = b'{"v":"' + b"x" * max(0, value_size - 8) + b'"}'
+    with Bucket("default", data_dir, vbuckets, synchronous="OFF", flush_batch_items=50_000) as bucket:
+        for vb in range(vbuckets):
+            bucket.set_vbucket_state(vb, VBucketState.ACTIVE)
+        vbs = [bucket.vbucket(vb) for vb in range(vbuckets)]
+        for i in range(docs):
+            key = b"doc-%09d" % i
+            vbs[vbucket_for_key(key, vbuckets)].set(key, value, datatype=1)
+            if i % 100_000 == 99_999:
+                bucket.flush_all()
+        bucket.flush_all()
+        return {vb.id: vb.high_seqno for vb in vbs}
+
+
+def start_server(data_dir: str, vbuckets: int) -> tuple[subprocess.Popen, int]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT / "src") + os.pathsep + env.get("PYTHONPATH", "")
+    proc = subprocess.Popen([sys.executable, "-m", "dcpflow.cli", "server", "--port", "0", "--data-dir", data_dir,
+                             "--vbuckets", str(vbuckets)], stdout=subprocess.PIPE, text=True, env=env)
+    match = re.search(r"port=(\d+)", proc.stdout.readline())
+    if not match:
+        proc.kill()
+        raise RuntimeError("dcpflow server did not start")
+    return proc, int(match.group(1))
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def connstr(port: int, buffer: int) -> str:
+    return f"couchbase://127.0.0.1:{port}/default?buffer_size={buffer}"
+
+
+async def read_batches(port: int, highs: dict[int, int], buffer: int) -> tuple[float, int, int]:
+    from dcpflow.client import batches  # noqa: F401  (pyarrow's import is not part of the rate)
+    async with await DcpClient.connect(connstr(port, buffer), USER, PASSWORD) as c:
+        t0 = time.perf_counter()
+        reader = c.batches({vb: Offset() for vb in highs}, highs, max_rows=65536)
+        rows = 0
+        async for batch in reader:
+            rows += batch.num_rows
+        secs = time.perf_counter() - t0
+        return secs, rows, reader.stats["stream_bytes"]
+
+
+async def read_events(port: int, highs: dict[int, int], buffer: int) -> tuple[float, int]:
+    async with await DcpClient.connect(connstr(port, buffer), USER, PASSWORD) as c:
+        t0 = time.perf_counter()
+        n = 0
+        async for ev in c.events(end=highs):
+            if type(ev) is Mutation:
+                n += 1
+        return time.perf_counter() - t0, n
+
+
+def _call(sock, decoder, data):
+    sock.sendall(data)
+    while True:
+        frame = decoder.next_frame()
+        if frame is not None:
+            return frame
+        decoder.feed(sock.recv(65536))
+
+
+def read_raw(port: int, highs: dict[int, int], buffer: int, expect: int) -> tuple[float, int, list[bytes]]:
+    """The same DCP session as the client's, then read `expect` bytes without looking at them."""
+    from dcpflow.client.sasl import ScramClient  # SCRAM: PLAIN is only offered inside TLS
+    sock = socket.create_connection(("127.0.0.1", port), timeout=60)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    d = FrameDecoder()
+    features = b"".join(int(f).to_bytes(2, "big") for f in (Feature.TCP_NODELAY, Feature.XERROR, Feature.COLLECTIONS))
+    _call(sock, d, request(Opcode.HELLO, key=b"bench/raw", value=features))
+    scram = ScramClient("SCRAM-SHA512", USER, PASSWORD)
+    reply = _call(sock, d, request(Opcode.SASL_AUTH, key=b"SCRAM-SHA512", value=scram.first()))
+    reply = _call(sock, d, request(Opcode.SASL_STEP, key=b"SCRAM-SHA512", value=scram.final(reply.value)))
+    assert reply.status == Status.SUCCESS
+    assert _call(sock, d, request(Opcode.SELECT_BUCKET, key=b"default")).status == Status.SUCCESS
+    flags = OpenFlag.PRODUCER | OpenFlag.INCLUDE_DELETE_TIMES
+    assert _call(sock, d, dcp.DcpOpen(b"bench-raw", flags).encode()).status == Status.SUCCESS
+    for k, v in ((b"connection_buffer_size", str(buffer).encode()), (b"enable_noop", b"true"),
+                 (b"set_noop_interval", b"20"), (b"enable_expiry_opcode", b"true")):
+        assert _call(sock, d, dcp.DcpControl(k, v).encode()).status == Status.SUCCESS
+    ack_every = max(1, buffer // 5)
+    reqs = b"".join(dcp.DcpStreamRequest(vb, 0, high, 0, 0, 0, int(StreamFlag.ACTIVE_VB_ONLY), opaque=vb + 1).encode()
+                    for vb, high in highs.items())
+    record: list[bytes] = []
+    total = unacked = 0
+    t0 = time.perf_counter()
+    sock.sendall(reqs)
+    recv = sock.recv
+    while total < expect:
+        chunk = recv(4 << 20)
+        if not chunk:
+            raise ConnectionError("server closed the connection")
+        record.append(chunk)
+        total += len(chunk)
+        unacked += len(chunk)
+        if unacked >= ack_every:
+            sock.sendall(dcp.DcpBufferAck(unacked).encode())
+            unacked = 0
+    secs = time.perf_counter() - t0
+    sock.close()
+    return secs, total, record
+
+
+def decode_only(record: list[bytes], highs: dict[int, int]) -> tuple[float, int]:
+    """The client's connection walker + Arrow decoder over recorded bytes, in-process."""
+    from dcpflow.client.batches import BatchBuilder
+    from dcpflow.client.connection import Connection
+    from dcpflow.client.streams import Feed, FeedOptions
+
+    async def run():
+        feed = Feed(types.SimpleNamespace(agent="bench"), {vb: Offset() for vb in highs}, {}, FeedOptions())
+        builder = BatchBuilder(feed)
+        conn = Connection(("bench", 0))
+        conn.collections = True
+        segs: list = []
+        conn.sink = segs.append
+        rows = 0
+        t0 = time.perf_counter()
+        pending, frames = [], 0
+        for chunk in record:
+            conn.data_received(chunk)
+            for seg in segs:
+                pending.append(seg)
+                frames += len(seg.starts)
+            segs.clear()
+            if frames >= 65536:
+                batch = builder.decode(pending, [], [])
+                rows += batch.num_rows if batch is not None else 0
+                pending, frames = [], 0
+        if pending:
+            batch = builder.decode(pending, [], [])
+            rows += batch.num_rows if batch is not None else 0
+        return time.perf_counter() - t0, rows
+    return asyncio.run(run())
+
+
+# -- RSS child -------------------------------------------------------------------------------------
+
+def rss_mb(field: str = "VmRSS") -> float:
+    """RSS (or its peak, VmHWM) of this process in MB. VmHWM rather than ru_maxrss: the latter
+    keeps the parent's peak across fork + exec."""
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def rss_child(port: int, mode: str, buffer: int) -> None:
+    if mode == "batches":
+        from dcpflow.client import batches  # noqa: F401  (pyarrow + numpy: most of the baseline)
+    baseline = rss_mb()
+    samples: list[tuple[float, float]] = []
+    stop_flag = threading.Event()
+    t0 = time.perf_counter()
+
+    def sample():
+        while not stop_flag.wait(0.25):
+            samples.append((time.perf_counter() - t0, rss_mb()))
+    threading.Thread(target=sample, daemon=True).start()
+
+    async def go():
+        async with await DcpClient.connect(connstr(port, buffer), USER, PASSWORD) as c:
+            highs = await c.high_seqnos()
+            n = 0
+            if mode == "batches":
+                async for batch in c.batches({vb: Offset() for vb in highs}, highs):
+                    n += batch.num_rows
+            else:
+                async for ev in c.events(end=highs):
+                    n += type(ev) is Mutation
+            return n
+    n = asyncio.run(go())
+    secs = time.perf_counter() - t0
+    stop_flag.set()
+    peak = rss_mb("VmHWM")
+    tail = [r for t, r in samples if t > secs / 2]
+    print(json.dumps({"mode": mode, "items": n, "secs": secs, "peak_mb": peak, "baseline_mb": baseline,
+                      "rss_first_half_max": max((r for t, r in samples if t <= secs / 2), default=0),
+                      "rss_second_half_max": max(tail, default=0), "samples": len(samples)}))
+
+
+def rss_phase(port: int, mode: str, buffer: int) -> dict:
+    out = subprocess.run([sys.executable, __file__, "--rss-child", str(port), "--mode", mode, "--buffer",
+                          str(buffer)], capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--docs", type=int, default=1_000_000)
+    p.add_argument("--value-size", type=int, default=60)
+    p.add_argument("--vbuckets", type=int, default=64)
+    p.add_argument("--repeat", type=int, default=3, help="rounds of the three reads; the best of each counts")
+    p.add_argument("--buffer", type=int, default=20 * 1024 * 1024, help="flow-control buffer (bytes)")
+    p.add_argument("--rss-docs", type=int, default=2_000_000, help="documents for the RSS phase (0 = skip)")
+    p.add_argument("--rss-child", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--build", help=argparse.SUPPRESS)
+    p.add_argument("--mode", default="batches", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.rss_child:
+        rss_child(args.rss_child, args.mode, args.buffer)
+        return 0
+    if args.build:
+        print(json.dumps(_build_data(args.build, args.docs, args.value_size, args.vbuckets)))
+        return 0
+
+    with tempfile.TemporaryDirectory(prefix="bench-client-") as tmp:
+        t = time.perf_counter()
+        highs = build_data(os.path.join(tmp, "data"), args.docs, args.value_size, args.vbuckets)
+        print(f"built {args.docs:,} docs ({args.value_size}-byte values, {args.vbuckets} vbuckets) in "
+              f"{time.perf_counter() - t:.1f}s", flush=True)
+        proc, port = start_server(os.path.join(tmp, "data"), args.vbuckets)
+        b_secs = e_secs = r_secs = float("inf")
+        cpu = {"batch": float("inf"), "event": float("inf"), "raw": float("inf")}
+        try:
+            for _ in range(args.repeat):  # interleaved, best of each: the server's caches warm up alike
+                c0 = time.process_time()
+                secs, rows, stream_bytes = asyncio.run(read_batches(port, highs, args.buffer))
+                c1 = time.process_time()
+                b_secs, cpu["batch"] = min(b_secs, secs), min(cpu["batch"], c1 - c0)
+                secs, events = asyncio.run(read_events(port, highs, args.buffer))
+                c2 = time.process_time()
+                e_secs, cpu["event"] = min(e_secs, secs), min(cpu["event"], c2 - c1)
+                secs, r_bytes, record = read_raw(port, highs, args.buffer, stream_bytes)
+                r_secs, cpu["raw"] = min(r_secs, secs), min(cpu["raw"], time.process_time() - c2)
+        finally:
+            stop(proc)
+        d_secs, d_rows = decode_only(record, highs)
+        assert rows == events == args.docs == d_rows, (rows, events, d_rows)
+        limit = args.docs / r_secs
+        print(f"stream bytes {stream_bytes / 1e6:.1f} MB, {args.docs:,} mutations, buffer {args.buffer:,} bytes, "
+              f"best of {args.repeat}")
+        us = {k: v / args.docs * 1e6 for k, v in cpu.items()}
+        print(f"{'raw socket (limit)':<22} {limit:>12,.0f} items/s  {r_bytes / r_secs / 1e6:8.1f} MB/s   1.00x"
+              f"          client CPU {us['raw']:.2f} us/item")
+        for name, secs, key in (("batch API (Arrow)", b_secs, "batch"), ("event API", e_secs, "event")):
+            rate = args.docs / secs
+            print(f"{name:<22} {rate:>12,.0f} items/s  {stream_bytes / secs / 1e6:8.1f} MB/s   "
+                  f"{rate / limit:.2f}x of limit  client CPU {us[key]:.2f} us/item")
+        print(f"{'decode only (no I/O)':<22} {args.docs / d_secs:>12,.0f} items/s  "
+              f"{r_bytes / d_secs / 1e6:8.1f} MB/s   client CPU alone; {args.docs / d_secs / limit:.2f}x of limit")
+        print(f"batch API / event API: {e_secs / b_secs:.2f}x in items/s, {us['event'] / us['batch']:.2f}x in client "
+              f"CPU per item")
+
+    if args.rss_docs:
+        with tempfile.TemporaryDirectory(prefix="bench-client-rss-") as tmp:
+            t = time.perf_counter()
+            build_data(os.path.join(tmp, "data"), args.rss_docs, args.value_size, args.vbuckets)
+            print(f"built {args.rss_docs:,} docs for the RSS phase in {time.perf_counter() - t:.1f}s", flush=True)
+            proc, port = start_server(os.path.join(tmp, "data"), args.vbuckets)
+            try:
+                for mode in ("batches", "events"):
+                    r = rss_phase(port, mode, args.buffer)
+                    print(f"RSS {mode:<8} {r['items']:,} docs in {r['secs']:.1f}s ({r['items'] / r['secs']:,.0f}/s): "
+                          f"peak {r['peak_mb']:.0f} MB (after imports {r['baseline_mb']:.0f} MB); max in 1st half "
+                          f"{r['rss_first_half_max']:.0f} MB, 2nd half {r['rss_second_half_max']:.0f} MB")
+            finally:
+                stop(proc)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,332 @@
+"""DCP producer throughput of `dcpflow server` against the loopback limit, measured in the same run.
+
+A data dir with N documents spread over the bucket's vbuckets is built with the engine (and
+flushed), then `dcpflow server` (a subprocess) serves it:
+
+* backfill - one DCP connection streams every vbucket from seqno 0 to its high seqno: everything
+  comes from the on-disk store (Disk snapshots);
+* in-memory - a second connection opens streams at the high seqnos (FromLatest), flow control holds
+  them while N new documents are written over KV, then they drain from the checkpoints (Memory
+  snapshots) up to the end seqnos;
+* limit - the exact bytes each phase received are sent again by a plain socket server (another
+  subprocess, `sendall` of 1 MiB slices) to the same consumer code.
+
+The consumer drains with minimal work: it walks the 24-byte headers to count items and STREAM_ENDs
+and sends a BUFFER_ACK whenever a fifth of the flow-control buffer has arrived. Prints items/s,
+MB/s and the ratio producer/limit for each phase (target >= 0.5x).
+
+    .venv/bin/python bench/producer.py                      # 1M docs, 100-byte values, 64 vbuckets
+    .venv/bin/python bench/producer.py --docs 200000 --value-size 1000
+"""
+
+import argparse
+import os
+import re
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from dcpflow.engine import Bucket, VBucketState
+from dcpflow.protocol import dcp
+from dcpflow.protocol.dcp import OpenFlag, StreamFlag
+from dcpflow.protocol.frame import FrameDecoder, request
+from dcpflow.protocol.hello import Feature
+from dcpflow.protocol.keys import vbucket_for_key
+from dcpflow.protocol.opcodes import Opcode
+from dcpflow.protocol.status import Status
+
+ROOT = Path(__file__).resolve().parents[1]
+_BLEN = struct.Struct(">I").unpack_from
+MAX = 0xFFFFFFFFFFFFFFFF
+
+
+SERVER_PID: list[int] = []
+CPU: dict[str, float] = {}  # phase -> server CPU microseconds per item (best round)
+
+
+def server_cpu() -> float:
+    """CPU seconds the server process has used (Linux /proc; 0 elsewhere): with the wall time it
+    tells whether a phase was CPU-bound on the server or starved by a busy machine."""
+    if not SERVER_PID:
+        return 0.0
+    try:
+        with open(f"/proc/{SERVER_PID[0]}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+def connect(port: int) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", port), timeout=60)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
+
+
+def call(sock: socket.socket, decoder: FrameDecoder, data: bytes):
+    sock.sendall(data)
+    while True:
+        frame = decoder.next_frame()
+        if frame is not None:
+            return frame
+        decoder.feed(sock.recv(65536))
+
+
+def login(sock: socket.socket) -> FrameDecoder:
+    d = FrameDecoder()
+    call(sock, d, request(Opcode.HELLO, key=b"bench/producer", value=int(Feature.TCP_NODELAY).to_bytes(2, "big")))
+    reply = call(sock, d, request(Opcode.SASL_AUTH, key=b"PLAIN", value=b"\0Administrator\0password"))
+    assert reply.status == Status.SUCCESS, reply
+    assert call(sock, d, request(Opcode.SELECT_BUCKET, key=b"default")).status == Status.SUCCESS
+    return d
+
+
+def open_producer(port: int, name: str, buffer_size: int) -> socket.socket:
+    sock = connect(port)
+    d = login(sock)
+    assert call(sock, d, dcp.DcpOpen(name.encode(), OpenFlag.PRODUCER).encode()).status == Status.SUCCESS
+    reply = call(sock, d, dcp.DcpControl(b"connection_buffer_size", str(buffer_size).encode()).encode())
+    assert reply.status == Status.SUCCESS
+    assert not d.buffered
+    return sock
+
+
+def drain(sock: socket.socket, *, streams: int, buffer_size: int, record: list | None = None) -> tuple[int, int]:
+    """Read until `streams` STREAM_ENDs; ack a fifth of the buffer at a time. Returns (items, bytes)."""
+    buf = bytearray()
+    pos = items = ends = total = unacked = 0
+    ack_every = max(1, buffer_size // 5)
+    recv, blen = sock.recv, _BLEN
+    while ends < streams:
+        chunk = recv(4 << 20)
+        if not chunk:
+            raise ConnectionError("producer closed the connection")
+        if record is not None:
+            record.append(chunk)
+        total += len(chunk)
+        buf += chunk
+        n = len(buf)
+        start = pos
+        while n - pos >= 24:
+            end = pos + 24 + blen(buf, pos + 8)[0]
+            if end > n:
+                break
+            op = buf[pos + 1]
+            if op == 0x57 or op == 0x58 or op == 0x59:
+                items += 1
+            elif op == 0x55:
+                ends += 1
+            pos = end
+        if buffer_size:
+            unacked += pos - start
+            if unacked >= ack_every:
+                sock.sendall(dcp.DcpBufferAck(unacked).encode())
+                unacked = 0
+        if pos:
+            del buf[:pos]
+            pos = 0
+    return items, total
+
+
+def build_data(data_dir: str, docs: int, value: bytes, vbuckets: int) -> dict[int, int]:
+    """N documents through the engine, flushed; returns each vbucket's high seqno."""
+    with Bucket("default", data_dir, vbuckets, synchronous="OFF", flush_batch_items=50_000) as bucket:
+        for vb in range(vbuckets):
+            bucket.set_vbucket_state(vb, VBucketState.ACTIVE)
+        vbs = [bucket.vbucket(vb) for vb in range(vbuckets)]
+        for i in range(docs):
+            key = b"doc-%09d" % i
+            vbs[vbucket_for_key(key, vbuckets)].set(key, value)
+            if i % 100_000 == 99_999:
+                bucket.flush_all()
+        bucket.flush_all()
+        return {vb.id: vb.high_seqno for vb in vbs}
+
+
+def start_server(data_dir: str, vbuckets: int, extra: list[str]) -> tuple[subprocess.Popen, int]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT / "src") + os.pathsep + env.get("PYTHONPATH", "")
+    # BENCH_PROFILE=file: run the server under cProfile (written when it stops)
+    prof = ["-m", "cProfile", "-o", os.environ["BENCH_PROFILE"]] if os.environ.get("BENCH_PROFILE") else []
+    proc = subprocess.Popen([sys.executable, *prof, "-m", "dcpflow.cli", "server", "--port", "0",
+                             "--data-dir", data_dir, "--vbuckets", str(vbuckets), *extra],
+                            stdout=subprocess.PIPE, text=True, env=env)
+    SERVER_PID[:] = [proc.pid]
+    line = proc.stdout.readline()
+    match = re.search(r"port=(\d+)", line)
+    if not match:
+        proc.kill()
+        raise RuntimeError(f"dcpflow server did not start: {line!r}")
+    return proc, int(match.group(1))
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def backfill_phase(port: int, highs: dict[int, int], buffer_size: int,
+                   round_no: int = 0) -> tuple[float, int, int, list[bytes]]:
+    sock = open_producer(port, f"bench-backfill-{round_no}", buffer_size)
+    record: list[bytes] = []
+    cpu0 = server_cpu()
+    t0 = time.perf_counter()
+    sock.sendall(b"".join(dcp.DcpStreamRequest(vb, 0, high, opaque=vb + 1).encode() for vb, high in highs.items()))
+    items, nbytes = drain(sock, streams=len(highs), buffer_size=buffer_size, record=record)
+    elapsed = time.perf_counter() - t0
+    CPU["backfill"] = min(CPU.get("backfill", 1e9), (server_cpu() - cpu0) / items * 1e6)
+    sock.close()
+    return elapsed, items, nbytes, record
+
+
+def memory_phase(port: int, highs: dict[int, int], docs: int, value: bytes, vbuckets: int,
+                 buffer_size: int, round_no: int = 0) -> tuple[float, int, int, list[bytes], int]:
+    keys = [b"new%d-%09d" % (round_no, i) for i in range(docs)]
+    per_vb: dict[int, int] = dict.fromkeys(highs, 0)
+    for k in keys:
+        per_vb[vbucket_for_key(k, vbuckets)] += 1
+    sock = open_producer(port, f"bench-memory-{round_no}", buffer_size)
+    reqs = [dcp.DcpStreamRequest(vb, highs[vb], highs[vb] + n, 0, highs[vb], highs[vb], StreamFlag.FROM_LATEST,
+                                 opaque=vb + 1).encode() for vb, n in per_vb.items() if n]
+    for vb, n in per_vb.items():
+        highs[vb] += n  # the next round starts after these
+    sock.sendall(b"".join(reqs))
+    # write the documents while the streams are held by flow control (nothing is acked yet)
+    w = connect(port)
+    d = login(w)
+    window = 256
+    for i in range(0, docs, window):
+        batch = keys[i:i + window]
+        w.sendall(b"".join(request(Opcode.SET_Q, key=k, extras=bytes(8), value=value,
+                                   vbucket=vbucket_for_key(k, vbuckets), opaque=j) for j, k in enumerate(batch)))
+    assert call(w, d, request(Opcode.NOOP)).status == Status.SUCCESS  # every quiet SET is done
+    w.close()
+    record: list[bytes] = []
+    cpu0 = server_cpu()
+    t0 = time.perf_counter()
+    items, nbytes = drain(sock, streams=len(reqs), buffer_size=buffer_size, record=record)
+    elapsed = time.perf_counter() - t0
+    CPU["in-memory"] = min(CPU.get("in-memory", 1e9), (server_cpu() - cpu0) / items * 1e6)
+    sock.close()
+    return elapsed, items, nbytes, record, len(reqs)
+
+
+SENDER = r"""
+import socket, sys
+data = open(sys.argv[1], "rb").read()
+srv = socket.socket(); srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+srv.bind(("127.0.0.1", 0)); srv.listen(1)
+print(srv.getsockname()[1], flush=True)
+conn, _ = srv.accept()
+conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+view = memoryview(data)
+for i in range(0, len(data), 1 << 20):
+    conn.sendall(view[i:i + (1 << 20)])
+conn.shutdown(socket.SHUT_WR)
+while conn.recv(1 << 20):
+    pass
+"""
+
+
+PINGER = r"""
+import socket, struct, sys, time
+port, seconds = int(sys.argv[1]), float(sys.argv[2])
+s = socket.create_connection(("127.0.0.1", port)); s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+noop = struct.pack(">BBHBBHIIQ", 0x80, 0x0a, 0, 0, 0, 0, 0, 0, 0)
+lat = []
+end = time.perf_counter() + seconds
+while time.perf_counter() < end:
+    t = time.perf_counter(); s.sendall(noop); got = b""
+    while len(got) < 24:
+        got += s.recv(24 - len(got))
+    lat.append(time.perf_counter() - t); time.sleep(0.002)
+lat.sort()
+print(f"{len(lat)} {lat[len(lat) // 2] * 1e3:.2f} {lat[int(len(lat) * 0.99)] * 1e3:.2f} {lat[-1] * 1e3:.2f}")
+"""
+
+
+def start_pinger(port: int, seconds: float) -> subprocess.Popen:
+    """Another client's NOOP round trips while a phase runs: how long the event loop is blocked."""
+    return subprocess.Popen([sys.executable, "-c", PINGER, str(port), str(seconds)], stdout=subprocess.PIPE, text=True)
+
+
+def limit_phase(record: list[bytes], streams: int, buffer_size: int, tmp: str) -> tuple[float, int, int]:
+    path = os.path.join(tmp, "stream.bin")
+    with open(path, "wb") as f:
+        f.writelines(record)
+    proc = subprocess.Popen([sys.executable, "-c", SENDER, path], stdout=subprocess.PIPE, text=True)
+    port = int(proc.stdout.readline())
+    sock = connect(port)
+    t0 = time.perf_counter()
+    items, nbytes = drain(sock, streams=streams, buffer_size=buffer_size)
+    elapsed = time.perf_counter() - t0
+    sock.close()
+    proc.wait(60)
+    return elapsed, items, nbytes
+
+
+def report(name: str, measured: tuple[float, int, int], limit: tuple[float, int, int]) -> None:
+    t, items, nbytes = measured
+    lt, litems, lbytes = limit
+    assert (items, nbytes) == (litems, lbytes), (items, nbytes, litems, lbytes)
+    print(f"  {name:9s} producer {items / t:>11,.0f} items/s {nbytes / t / 1e6:8.1f} MB/s   "
+          f"loopback limit {litems / lt:>11,.0f} items/s {lbytes / lt / 1e6:8.1f} MB/s   ratio {lt / t:.2f}x   "
+          f"server CPU {CPU.get(name, 0):.2f} us/item")
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--docs", type=int, default=1_000_000, help="documents per phase (default 1000000)")
+    p.add_argument("--value-size", type=int, default=100, help="value bytes (default 100)")
+    p.add_argument("--vbuckets", type=int, default=64, help="vbuckets (default 64)")
+    p.add_argument("--buffer", type=int, default=10 * 1024 * 1024,
+                   help="connection_buffer_size (default 10 MiB; 0 disables flow control)")
+    p.add_argument("--repeat", type=int, default=3, help="rounds of each phase and limit; the best counts (default 3)")
+    p.add_argument("--server-arg", action="append", default=[], metavar="ARG",
+                   help="extra argument for `dcpflow server` (repeatable)")
+    args = p.parse_args()
+    value = (b"x" * args.value_size)
+    with tempfile.TemporaryDirectory(prefix="dcpflow-bench-") as tmp:
+        t = time.perf_counter()
+        highs = build_data(tmp, args.docs, value, args.vbuckets)
+        print(f"built {args.docs:,} documents in {time.perf_counter() - t:.1f} s", file=sys.stderr)
+        proc, port = start_server(tmp, args.vbuckets,
+                                  ["--flush-interval", "0.1", "--allow-plain-over-tcp", *args.server_arg])
+        try:
+            pinger = start_pinger(port, 3.0)
+            time.sleep(0.2)
+            backfills = [backfill_phase(port, dict(highs), args.buffer, r) for r in range(args.repeat)]
+            ping = pinger.communicate(timeout=120)[0].split()
+            memories = [memory_phase(port, highs, args.docs, value, args.vbuckets, args.buffer, r)
+                        for r in range(args.repeat)]
+        finally:
+            stop(proc)
+        backfill = min(backfills, key=lambda m: m[0])
+        memory = min(memories, key=lambda m: m[0])
+        back_limit = min((limit_phase(backfill[3], len(highs), args.buffer, tmp) for _ in range(args.repeat)),
+                         key=lambda m: m[0])
+        mem_limit = min((limit_phase(memory[3], memory[4], args.buffer, tmp) for _ in range(args.repeat)),
+                        key=lambda m: m[0])
+    print(f"DCP producer, {args.docs:,} mutations per phase, {args.value_size}-byte values, {args.vbuckets} vbuckets, "
+          f"connection_buffer_size {args.buffer:,}, best of {args.repeat}")
+    report("backfill", backfill[:3], back_limit)
+    report("in-memory", memory[:3], mem_limit)
+    if len(ping) == 4:
+        print(f"  another client's NOOP round trip during the backfill (first 3 s): median {ping[1]} ms, "
+              f"p99 {ping[2]} ms, max {ping[3]} ms over {ping[0]} requests")
+    print("  (ratio = loopback time / producer time for the same bytes; target >= 0.5x. server CPU: CPU time the "
+          "server process used per item in that phase - below the wall time per item when the machine is busy)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

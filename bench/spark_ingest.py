@@ -1,0 +1,154 @@
+"""Spark ingest: documents from a `dcpflow server` into the Parquet change log, against two baselines
+measured in the same run, on the same Spark session:
+
+* native    - `spark.range` rows of the same shape (keys, ~0.5 KB JSON values from the same
+              generator via a broadcast join to a pool, the same 15 columns) written to Parquet;
+* synthetic - the `dcp_synthetic` Python data source: the same Arrow batches the `dcp` source
+              yields, built in memory (no socket, no server), written to Parquet;
+* dcp       - the real thing: `readStream.format("dcp")` with Trigger.AvailableNow into the file
+              sink (the pipeline's change log), from a server loaded by `dcpflow load`'s generator.
+              The batch read (`spark.read.format("dcp")` → Parquet) is printed too.
+
+Each case runs once to warm up, then `--runs` timed times; the median counts (SPARK-NOTES.md §3:
+the first run after JVM start is 20-50% slower). Targets (issue 6): dcp ≥ 0.9 × synthetic and
+≥ 0.33 × native.
+
+    .venv/bin/python bench/spark_ingest.py                 # 1,000,000 docs, 1024 vbuckets
+    .venv/bin/python bench/spark_ingest.py --docs 200000 --runs 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from dcpflow.load import Loader, key_for, make_doc
+from dcpflow.spark.demo import EmbeddedServer
+
+
+def load(connection: str, docs: int, seed: int, threads: int = 4) -> float:
+    started = time.monotonic()
+    loader = Loader(connection, "Administrator", "password")
+    step = 20_000
+
+    def part(lo: int) -> None:
+        keys = [key_for(i, seed) for i in range(lo, min(lo + step, docs))]
+        loader.upsert({k: make_doc(k, 0, seed) for k in keys})
+
+    with ThreadPoolExecutor(threads) as pool:
+        for i, _ in enumerate(pool.map(part, range(0, docs, step)), 1):
+            if i % 10 == 0:
+                print(f"  loaded {min(i * step, docs):,}/{docs:,}", flush=True)
+    loader.close()
+    return time.monotonic() - started
+
+
+def native_df(spark, rows: int, vbuckets: int, seed: int):
+    """spark.range rows shaped like the dcp source's (values from the same generator, via a pool)."""
+    from pyspark.sql import functions as F
+
+    pool_keys = [key_for(i, seed) for i in range(4096)]
+    pool = spark.createDataFrame([(i, k.partition("::")[0] + "::", make_doc(k, 0, seed).decode())
+                                  for i, k in enumerate(pool_keys)], "pool_id INT, kind STRING, value STRING")
+    ids = spark.range(rows).withColumn("pool_id", (F.col("id") % 4096).cast("int"))
+    return (ids.join(F.broadcast(pool), "pool_id")
+            .select((F.col("id") % vbuckets).cast("int").alias("vbucket"),
+                    (F.col("id") / vbuckets + 1).cast("long").alias("seqno"),
+                    F.lit(0xABCDEF).cast("long").alias("vbuuid"),
+                    F.concat(F.col("kind"), F.lpad(F.col("id").cast("string"), 8, "0")).alias("key"),
+                    F.col("value"), F.lit("mutation").alias("event"), (F.col("id") * 65536).alias("cas"),
+                    F.lit(1).cast("long").alias("rev_seqno"), F.lit(0).cast("long").alias("flags"),
+                    F.lit(0).cast("long").alias("expiry"), F.lit(1).alias("datatype"),
+                    (F.col("id") / vbuckets + 1).cast("long").alias("snapshot_start"),
+                    (F.col("id") / vbuckets + 1).cast("long").alias("snapshot_end"),
+                    F.lit("upsert").alias("_change_type"), F.lit(0).cast("long").alias("_commit_version")))
+
+
+def timed(fn) -> float:
+    started = time.perf_counter()
+    fn()
+    return time.perf_counter() - started
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--docs", type=int, default=1_000_000)
+    ap.add_argument("--vbuckets", type=int, default=1024)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--partitions", type=int, default=2, help="Spark tasks per read (default 2 = cores here)")
+    ap.add_argument("--dir", help="work directory (default: a temporary one, removed at the end)")
+    args = ap.parse_args()
+    base = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="dcpflow-bench-"))
+    seed = 42
+    server = EmbeddedServer(base / "server", args.vbuckets)
+    spark = None
+    try:
+        connection = f"couchbase://127.0.0.1:{server.port}/default"
+        print(f"loading {args.docs:,} documents into dcpflow server ({args.vbuckets} vbuckets)...", flush=True)
+        took = load(connection, args.docs, seed)
+        print(f"  {took:.1f}s ({args.docs / took:,.0f} docs/s through the SDK)", flush=True)
+
+        from dcpflow.spark.session import local_session
+        spark = local_session("bench-spark-ingest", driver_memory="4g")
+        opts = {"connection": connection, "username": "Administrator", "password": "password",
+                "valueFormat": "string", "partitions": str(args.partitions)}
+        out = base / "out"
+
+        def native(rows):
+            return lambda: native_df(spark, rows, args.vbuckets, seed).write.mode("overwrite").parquet(str(out / "n"))
+
+        def synthetic(rows):
+            return lambda: (spark.read.format("dcp_synthetic").option("rows", rows).option("vbuckets", args.vbuckets)
+                            .option("valueFormat", "string").option("partitions", args.partitions).load()
+                            .write.mode("overwrite").parquet(str(out / "s")))
+
+        def dcp_batch():
+            spark.read.format("dcp").options(**opts).load().write.mode("overwrite").parquet(str(out / "b"))
+
+        def dcp_changelog():
+            shutil.rmtree(out / "c", ignore_errors=True)
+            q = (spark.readStream.format("dcp").options(**opts).load().writeStream.format("parquet")
+                 .option("path", str(out / "c" / "changelog")).option("checkpointLocation", str(out / "c" / "ckpt"))
+                 .trigger(availableNow=True).start())
+            q.awaitTermination()
+            rows = sum(p["numInputRows"] for p in q.recentProgress)
+            assert rows == args.docs, f"change log got {rows:,} rows, expected {args.docs:,}"
+
+        cases = {"native": native(args.docs), "synthetic": synthetic(args.docs), "dcp changelog": dcp_changelog,
+                 "dcp batch": dcp_batch}
+        print("warming up...", flush=True)
+        timed(native(50_000))
+        timed(synthetic(50_000))
+        timed(dcp_changelog)
+        results: dict[str, list[float]] = {name: [] for name in cases}
+        for run in range(args.runs):
+            for name, fn in cases.items():  # interleaved, so drift hits every case alike
+                results[name].append(timed(fn))
+                print(f"  run {run + 1} {name:14s} {results[name][-1]:6.2f}s", flush=True)
+
+        rate = {name: args.docs / statistics.median(t) for name, t in results.items()}
+        print(f"\n{args.docs:,} rows, {args.vbuckets} vbuckets, {args.partitions} partitions, median of {args.runs}:")
+        for name, times in results.items():
+            print(f"  {name:14s} {rate[name]:>12,.0f} rows/s   (runs: {', '.join(f'{t:.2f}' for t in times)} s)")
+        print(f"\n  dcp changelog / synthetic = {rate['dcp changelog'] / rate['synthetic']:.2f}   (target >= 0.9)")
+        print(f"  dcp changelog / native    = {rate['dcp changelog'] / rate['native']:.2f}   (target >= 0.33)")
+        print(f"  dcp batch / synthetic     = {rate['dcp batch'] / rate['synthetic']:.2f}")
+        print(f"  dcp batch / native        = {rate['dcp batch'] / rate['native']:.2f}")
+        print(f"  synthetic / native        = {rate['synthetic'] / rate['native']:.2f}")
+        return 0
+    finally:
+        if spark is not None:
+            spark.stop()
+        server.stop()
+        if not args.dir:
+            shutil.rmtree(base, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

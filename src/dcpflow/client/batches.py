@@ -1,0 +1,303 @@
+"""Stream bytes -> Arrow RecordBatches, without a Python object per row or per field.
+
+The connection already found the frame boundaries (connection.py); here the frames of several
+segments are decoded together with numpy:
+
+* one gather (a strided window view indexed by frame offsets) copies the first 48 bytes of every
+  document frame (header + the fixed extras:
+  by_seqno, rev_seqno, then flags/expiry of a mutation or the delete time of a deletion V2 /
+  expiration; mutation.md, deletion.md, expiration.md, TABLES.md 5.6) into an (n, 48) matrix, and
+  each numeric column is a big-endian view of a slice of it;
+* keys and values become an Arrow binary_view array pointing into the received bytes (the 16-byte
+  views are built with numpy), which Arrow casts to plain `binary` in C++;
+* the few other frames (snapshot markers, stream ends, seqno-advanced, system events) are walked
+  in Python in order; each row's snapshot is the last marker of its vbucket before it, found with
+  `searchsorted`, and the trackers see, between two such frames, only the last seqno of each
+  vbucket (seqnos rise within a vbucket, so the rest cannot change an offset).
+
+`uint64` fields (cas, vbuuid) are stored as the int64 with the same bits: `value & (2**64 - 1)`
+(or numpy `.view(np.uint64)`) gives the unsigned number back.
+"""
+
+import numpy as np
+import pyarrow as pa
+
+from dcpflow.protocol.dcp import DcpSeqnoAdvanced, DcpSnapshotMarker, DcpStreamEnd, DcpSystemEvent, decode_dcp
+from dcpflow.protocol.errors import ProtocolError
+from dcpflow.protocol.frame import decode_all
+from dcpflow.protocol.keys import decode_leb128
+
+from .streams import ADVANCED, ITEM, SNAPSHOT, Feed
+
+SCHEMA = pa.schema([
+    pa.field("vbucket", pa.int32(), nullable=False),
+    pa.field("seqno", pa.int64(), nullable=False),
+    pa.field("vbuuid", pa.int64(), nullable=False),
+    pa.field("key", pa.binary(), nullable=False),
+    pa.field("value", pa.binary()),  # null for deletions and expirations
+    pa.field("event", pa.string(), nullable=False),  # mutation | deletion | expiration
+    pa.field("cas", pa.int64(), nullable=False),
+    pa.field("rev_seqno", pa.int64(), nullable=False),
+    pa.field("flags", pa.int64(), nullable=False),  # u32 as stored by the writer; 0 unless mutation
+    pa.field("expiry", pa.int64(), nullable=False),  # u32 epoch seconds; 0 = none; 0 unless mutation
+    pa.field("datatype", pa.int32(), nullable=False),
+    pa.field("snapshot_start", pa.int64(), nullable=False),
+    pa.field("snapshot_end", pa.int64(), nullable=False),
+    pa.field("collection_id", pa.int64(), nullable=False),  # 0 = default collection
+    pa.field("delete_time", pa.int64(), nullable=False),  # deletions V2 / expirations; else 0
+])
+
+_EVENTS = pa.array(["mutation", "deletion", "expiration"], pa.string())
+_AR12 = np.arange(12, dtype=np.int64)
+_PAD = bytes(64)
+
+
+def _windows(u8: np.ndarray, width: int) -> np.ndarray:
+    """A (len - width + 1, width) view of the bytes: row i is bytes i..i+width. Fancy-indexing it
+    by frame offsets copies each frame's first `width` bytes in one pass."""
+    return np.lib.stride_tricks.sliding_window_view(u8, width)
+
+
+def _be(mat: np.ndarray, lo: int, hi: int, dtype: str) -> np.ndarray:
+    """Big-endian field [lo, hi) of every row of the header matrix, as a native array."""
+    return mat[:, lo:hi].view(dtype).ravel()
+
+
+def _u64_as_i64(mat: np.ndarray, lo: int) -> np.ndarray:
+    return _be(mat, lo, lo + 8, ">u8").astype(np.uint64).view(np.int64)
+
+
+def binary_column(data_buf: pa.Buffer, u8: np.ndarray, starts: np.ndarray, lengths: np.ndarray,
+                  valid: np.ndarray | None = None) -> pa.Array:
+    """A `binary` array of the byte ranges [starts, starts + lengths) of one buffer.
+
+    Built as binary_view (Arrow's "German string" layout: 16-byte views, data of up to 12 bytes
+    inline, longer data as prefix + buffer index + offset) and cast to binary by Arrow."""
+    n = len(starts)
+    views = np.zeros((n, 16), dtype=np.uint8)
+    ints = views.view(np.int32)
+    lens32 = lengths.astype(np.int32)
+    ints[:, 0] = lens32
+    head = _windows(u8, 12)[np.minimum(starts, len(u8) - 12)]  # first 12 bytes of each (copied)
+    head[_AR12[None, :] >= lengths[:, None]] = 0
+    views[:, 4:16] = head
+    long = lengths > 12
+    if long.any():
+        ints[long, 2] = 0  # buffer index: the one data buffer
+        ints[long, 3] = starts[long].astype(np.int32)
+    validity = None
+    if valid is not None and not valid.all():
+        validity = pa.py_buffer(np.packbits(valid, bitorder="little"))
+        ints[~valid] = 0
+    arr = pa.Array.from_buffers(pa.binary_view(), n, [validity, pa.py_buffer(views), data_buf])
+    return arr.cast(pa.binary())
+
+
+class BatchBuilder:
+    """Decodes groups of segments of one Feed into RecordBatches of SCHEMA."""
+
+    def __init__(self, feed: Feed, end_filter: dict[int, int] | None = None):
+        self.feed = feed
+        size = max(feed.streams, default=0) + 1
+        self.size = max(size, 1024)
+        self.end = None
+        if end_filter is not None:
+            self.end = np.full(self.size, np.iinfo(np.uint64).max, dtype=np.uint64)
+            for vb, e in end_filter.items():
+                self.end[vb] = e
+
+    def decode(self, segments, steps: list, events: list) -> pa.RecordBatch | None:
+        """Decode `segments` (in order) into one batch; append tracker steps and application events
+        (StreamEnd...) to the lists. Updates the feed's decoded trackers and handles stream ends."""
+        feed = self.feed
+        streams = feed.streams
+        parts, starts_parts, coll_parts = [], [], []
+        base = 0
+        for seg in segments:
+            s = np.frombuffer(seg.starts, dtype=np.int64)
+            lo = int(s[0])
+            parts.append(seg.data[lo:seg.end] if (lo or seg.end != len(seg.data)) else seg.data)
+            starts_parts.append(s - (lo - base))
+            coll_parts.append(np.full(len(s), seg.conn.collections, dtype=bool))
+            base += seg.end - lo
+        parts.append(_PAD)
+        data = b"".join(parts)
+        starts = np.concatenate(starts_parts) if len(starts_parts) > 1 else starts_parts[0]
+        coll = np.concatenate(coll_parts) if len(coll_parts) > 1 else coll_parts[0]
+        u8 = np.frombuffer(data, dtype=np.uint8)
+        ops = u8[starts + 1]
+        is_row = (ops >= 0x57) & (ops <= 0x59)
+        ridx = np.flatnonzero(is_row)
+        cidx = np.flatnonzero(~is_row)
+        rs = starts[ridx]
+        n = len(rs)
+
+        mat = _windows(u8, 48)[rs]  # rows copied straight from a strided view: no index matrix
+        klen = _be(mat, 2, 4, ">u2").astype(np.int64)
+        ext = mat[:, 4].astype(np.int64)
+        blen = _be(mat, 8, 12, ">u4").astype(np.int64)
+        rops = ops[ridx]
+        vb = _be(mat, 6, 8, ">u2").astype(np.int64)
+        seq_u = _be(mat, 24, 32, ">u8").astype(np.uint64)
+        is_mut = rops == 0x57
+        ok = np.where(is_mut, ext == 31, np.where(rops == 0x58, (ext == 21) | (ext == 18), ext == 20))
+        ok &= (klen > 0) & (ext + klen <= blen)
+        if n and not ok.all():
+            bad = int(np.flatnonzero(~ok)[0])
+            raise ProtocolError(f"malformed DCP opcode 0x{int(rops[bad]):02x} for vbucket {int(vb[bad])}: extras "
+                                f"{int(ext[bad])}, key {int(klen[bad])}, body {int(blen[bad])} bytes "
+                                f"(mutation.md / deletion.md / expiration.md)")
+        if n and int(vb.max()) >= self.size:
+            raise ProtocolError(f"DCP message for vbucket {int(vb.max())}, which this read did not request")
+
+        # -- the other frames, in order, with the trackers in step ---------------------------------
+        c_starts = starts[cidx]
+        c_vb = (u8[c_starts + 6].astype(np.int64) << 8) | u8[c_starts + 7]
+        c_op = ops[cidx]
+        nc = len(cidx)
+        rkey = (vb << 32) | ridx
+        ckey = (c_vb << 32) | cidx
+        corder = np.argsort(ckey, kind="stable")
+        ckey_sorted = ckey[corder]
+        # Group = the next other-frame of the row's vbucket (its position in frame order), or a tail
+        # group per vbucket; the trackers need the last seqno of each group.
+        nxt = np.searchsorted(ckey_sorted, rkey)
+        has_next = nxt < nc
+        nxt_c = np.minimum(nxt, max(nc - 1, 0))
+        same = has_next & (c_vb[corder[nxt_c]] == vb) if nc else np.zeros(n, dtype=bool)
+        group = np.where(same, corder[nxt_c] if nc else 0, nc + vb)
+        last = np.zeros(nc + self.size, dtype=np.uint64)
+        if n:
+            np.maximum.at(last, group, seq_u)
+
+        mk_vb, mk_idx, mk_s, mk_e = [], [], [], []
+        carry_s = np.full(self.size, -1, dtype=np.int64)
+        carry_e = np.full(self.size, -1, dtype=np.int64)
+        uuid = np.zeros(self.size, dtype=np.uint64)
+        for v, vs in streams.items():
+            m = vs.decoded.marker
+            if m is not None:
+                carry_s[v], carry_e[v] = m
+            uuid[v] = vs.decoded.vbuuid
+        for j in range(nc):
+            v = int(c_vb[j])
+            vs = streams.get(v)
+            if vs is None:
+                continue
+            tr = vs.decoded
+            s = int(last[j])
+            if s:
+                tr.item(s)
+                steps.append((ITEM, v, s))
+            p = int(c_starts[j])
+            op = int(c_op[j])
+            if op == 0x56 and u8[p + 4] == 20:  # V1 marker: fixed layout, no decode needed
+                start = int.from_bytes(data[p + 24:p + 32], "big")
+                end = int.from_bytes(data[p + 32:p + 40], "big")
+                msg = None
+            else:
+                blen_c = int.from_bytes(data[p + 8:p + 12], "big")
+                msg = decode_dcp(decode_all(data[p:p + 24 + blen_c])[0])
+                if type(msg) is DcpSnapshotMarker:
+                    start, end = msg.start_seqno, msg.end_seqno
+                    if msg.purge_seqno:
+                        tr.purge_seqno = msg.purge_seqno
+            if op == 0x56:
+                tr.snapshot(start, end)
+                steps.append((SNAPSHOT, v, (start, end)))
+                mk_vb.append(v)
+                mk_idx.append(int(cidx[j]))
+                mk_s.append(start)
+                mk_e.append(end)
+            elif type(msg) is DcpStreamEnd:
+                ev = feed.stream_end(v, msg.reason, steps)
+                if ev is not None:
+                    events.append(ev)
+            elif type(msg) is DcpSeqnoAdvanced:
+                tr.seqno_advanced(msg.by_seqno)
+                steps.append((ADVANCED, v, msg.by_seqno))
+            elif type(msg) is DcpSystemEvent:
+                tr.item(msg.by_seqno)
+                steps.append((ITEM, v, msg.by_seqno))
+        for v in np.flatnonzero(last[nc:]):
+            v = int(v)
+            vs = streams.get(v)
+            if vs is not None:
+                s = int(last[nc + v])
+                vs.decoded.item(s)
+                steps.append((ITEM, v, s))
+        if not n:
+            return None
+
+        # -- keys (collection prefix stripped), values ----------------------------------------------
+        kstart = rs + 24 + ext
+        vstart = kstart + klen
+        vlen = blen - ext - klen
+        cid = np.zeros(n, dtype=np.int64)
+        rcoll = coll[ridx]
+        if rcoll.any():
+            b0 = u8[kstart].astype(np.int64)
+            multi = rcoll & (b0 >= 0x80)
+            cid = np.where(rcoll, b0, 0)
+            used = rcoll.astype(np.int64)
+            for i in np.flatnonzero(multi):
+                cid[i], used[i] = decode_leb128(data, int(kstart[i]))
+            kstart = kstart + used
+            klen = klen - used
+            if (klen <= 0).any():
+                raise ProtocolError("a DCP key holds only its collection-id prefix (Collections.md)")
+
+        # -- which rows to keep ---------------------------------------------------------------------
+        if self.end is not None:
+            keep = seq_u <= self.end[vb]
+            if not keep.all():
+                sel = np.flatnonzero(keep)
+                if not len(sel):
+                    return None
+                mat, vb, seq_u, rops, is_mut = mat[sel], vb[sel], seq_u[sel], rops[sel], is_mut[sel]
+                kstart, klen, vstart, vlen, cid, ridx = (kstart[sel], klen[sel], vstart[sel], vlen[sel], cid[sel],
+                                                         ridx[sel])
+                n = len(sel)
+
+        # -- snapshot of each row: the last marker of its vbucket before it, else the carried one ---
+        seq_i = seq_u.view(np.int64)
+        snap_s = carry_s[vb]
+        snap_e = carry_e[vb]
+        if mk_vb:
+            mvb = np.asarray(mk_vb, dtype=np.int64)
+            mkey = (mvb << 32) | np.asarray(mk_idx, dtype=np.int64)
+            morder = np.argsort(mkey, kind="stable")
+            mkey_sorted = mkey[morder]
+            pos = np.searchsorted(mkey_sorted, (vb << 32) | ridx, side="right") - 1
+            posc = np.maximum(pos, 0)
+            hit = (pos >= 0) & (mvb[morder][posc] == vb)
+            snap_s = np.where(hit, np.asarray(mk_s, dtype=np.uint64).view(np.int64)[morder][posc], snap_s)
+            snap_e = np.where(hit, np.asarray(mk_e, dtype=np.uint64).view(np.int64)[morder][posc], snap_e)
+        nosnap = snap_s < 0
+        if nosnap.any():
+            snap_s = np.where(nosnap, seq_i, snap_s)
+            snap_e = np.where(nosnap, seq_i, snap_e)
+
+        buf = pa.py_buffer(data)
+        u32a = _be(mat, 40, 44, ">u4").astype(np.int64)
+        u32b = _be(mat, 44, 48, ">u4").astype(np.int64)
+        ext_r = mat[:, 4]
+        zero = np.zeros(n, dtype=np.int64)
+        columns = [
+            pa.array(vb.astype(np.int32)),
+            pa.array(seq_i),
+            pa.array(uuid[vb].view(np.int64)),
+            binary_column(buf, u8, kstart, klen),
+            binary_column(buf, u8, vstart, np.where(is_mut, vlen, 0), is_mut),
+            _EVENTS.take(pa.array((rops - 0x57).astype(np.int8))),
+            pa.array(_u64_as_i64(mat, 16)),
+            pa.array(_u64_as_i64(mat, 32)),
+            pa.array(np.where(is_mut, u32a, zero)),
+            pa.array(np.where(is_mut, u32b, zero)),
+            pa.array(mat[:, 5].astype(np.int32)),
+            pa.array(snap_s),
+            pa.array(snap_e),
+            pa.array(cid),
+            pa.array(np.where(~is_mut & (ext_r != 18), u32a, zero)),
+        ]
+        return pa.RecordBatch.from_arrays(columns, schema=SCHEMA)

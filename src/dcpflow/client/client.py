@@ -1,0 +1,401 @@
+"""`DcpClient`: connect with a connection string, ask for seqnos and failover logs, and read
+changes as events (`events()`) or as Arrow record batches (`batches()`).
+
+Bootstrap follows SDK-BOOTSTRAP.md: the first seed that answers gets HELLO (collections, XERROR,
+JSON...), SASL (SCRAM-SHA512 unless forced), SELECT_BUCKET and GET_CLUSTER_CONFIG; the map then
+says which node holds each vbucket. Metadata requests go to the node that owns the vbucket, on a
+KV connection kept per node; each read opens its own DCP connection per node (streams.py).
+"""
+
+import asyncio
+import contextlib
+import logging
+import time
+
+from dcpflow.protocol import kv as kvproto
+from dcpflow.protocol.config import ClusterMap, parse_cluster_map
+from dcpflow.protocol.dcp import FailoverLogResponse
+from dcpflow.protocol.errors import ProtocolError
+from dcpflow.protocol.opcodes import Opcode
+from dcpflow.protocol.status import Status
+
+from .connection import Connection, RawRequest, _error_context, bootstrap, open_connection, tls_context
+from .connstr import ConnSpec, parse_connection_string
+from .errors import (
+    AuthenticationError,
+    ConnectError,
+    ConnectionLostError,
+    ConnectionStringError,
+    ServerError,
+    status_name,
+)
+from .offsets import Offset
+from .reader import BatchReader, EventStream
+from .state import ClientState, StateStore
+from .streams import FeedOptions
+
+log = logging.getLogger("dcpflow.client")
+
+DEFAULTS = {"buffer_size": 20 * 1024 * 1024, "noop_interval": 20.0, "connect_timeout": 10.0,
+            "reconnect_timeout": 120.0, "dead_timeout": None, "sasl_mech_force": "SCRAM-SHA512", "tls_verify": "peer",
+            "ca_file": None}
+
+
+def _split_address(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+class DcpClient:
+    """A client of one bucket. Use `await DcpClient.connect(...)`, or `async with` it."""
+
+    def __init__(self, spec: ConnSpec, username: str, password: str, bucket: str, options: dict,
+                 agent: str = "dcpflow"):
+        self.spec = spec
+        self.username = username
+        self.password = password
+        self.bucket = bucket
+        self.options = {**DEFAULTS, **options}
+        self.agent = agent
+        self.cluster_map: ClusterMap | None = None
+        self._tls = tls_context(self.options["ca_file"], self.options["tls_verify"]) if spec.tls else None
+        self._kv: dict[tuple[str, int], Connection] = {}
+        self._kv_pending: dict[tuple[str, int], asyncio.Task] = {}
+        self._map_lock = asyncio.Lock()
+        self._map_time = 0.0
+        self._readers: set = set()
+        self._closed = False
+
+    # -- connecting --------------------------------------------------------------------------
+    @classmethod
+    async def connect(cls, connstr: str, username: str | None = None, password: str | None = None, *,
+                      bucket: str | None = None, agent: str = "dcpflow", **options) -> "DcpClient":
+        """Connect and bootstrap. Keyword `options` override the connection string's (buffer_size,
+        noop_interval, connect_timeout, reconnect_timeout, sasl_mech_force, ca_file, tls_verify)."""
+        spec = parse_connection_string(connstr)
+        bucket = bucket or spec.bucket
+        if not bucket:
+            raise ConnectionStringError(f"no bucket in {connstr!r}: add it as the path, e.g. "
+                                        f"{spec.scheme}://{spec.hosts[0][0]}/default")
+        if not username or password is None:
+            raise AuthenticationError("username and password are required (the server allows no anonymous access)")
+        unknown = set(options) - set(DEFAULTS)
+        if unknown:
+            raise TypeError(f"unknown option(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(DEFAULTS))}")
+        merged = {**spec.options, **{k: v for k, v in options.items() if v is not None}}
+        client = cls(spec, username, password, bucket, merged, agent)
+        try:
+            await client._bootstrap()
+        except BaseException:
+            await client.close()
+            raise
+        return client
+
+    async def __aenter__(self) -> "DcpClient":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    async def _connect(self, address: tuple[str, int], fetch_map: bool = False):
+        """A new connection to `address`, authenticated, with the bucket selected."""
+        timeout = self.options["connect_timeout"]
+        conn = await open_connection(address[0], address[1], tls=self._tls, timeout=timeout)
+        try:
+            result = await bootstrap(conn, username=self.username, password=self.password, bucket=self.bucket,
+                                     mechanism=self.options["sasl_mech_force"], agent=self.agent, timeout=timeout,
+                                     fetch_map=fetch_map)
+        except BaseException:
+            conn.close()
+            raise
+        if fetch_map:
+            return conn, result.cluster_map
+        return conn
+
+    async def _bootstrap(self) -> None:
+        errors = []
+        for host, port in self.spec.hosts:
+            try:
+                conn, cmap = await self._connect((host, port), fetch_map=True)
+            except (ConnectError, ConnectionLostError, ServerError) as e:
+                errors.append(str(e))
+                continue
+            if cmap is None or not cmap.vbucket_map:
+                conn.close()
+                errors.append(f"{host}:{port}: no vbucket map for bucket {self.bucket!r}")
+                continue
+            self._kv[(host, port)] = conn
+            self.cluster_map = cmap
+            self._map_time = time.monotonic()
+            return
+        raise ConnectError(f"could not bootstrap from {self.spec}: " + "; ".join(errors))
+
+    # -- the cluster map ---------------------------------------------------------------------
+    @property
+    def num_vbuckets(self) -> int:
+        return len(self.cluster_map.vbucket_map)
+
+    @property
+    def bucket_uuid(self) -> str | None:
+        return self.cluster_map.uuid if self.cluster_map else None
+
+    def node_for_vbucket(self, vbucket: int) -> tuple[str, int] | None:
+        """(host, port) of the node with the vbucket's active copy, on the port we connect to."""
+        cmap = self.cluster_map
+        if not 0 <= vbucket < len(cmap.vbucket_map):
+            raise ValueError(f"vbucket {vbucket} out of range: bucket {self.bucket!r} has {len(cmap.vbucket_map)}")
+        index = cmap.vbucket_map[vbucket][0]
+        return None if index < 0 else self._node_address(index)
+
+    async def refresh_map(self) -> ClusterMap:
+        """Fetch the cluster map again (from any reachable node, else the seeds). Callers that
+        ask while a refresh is running share its result."""
+        requested = time.monotonic()
+        async with self._map_lock:
+            if self._map_time >= requested:
+                return self.cluster_map
+            errors = []
+            candidates = [a for a, c in self._kv.items() if c.lost is None]
+            if self.cluster_map is not None:
+                for i in range(len(self.cluster_map.server_list)):
+                    with contextlib.suppress(ValueError, ConnectError):
+                        addr = self._node_address(i)
+                        if addr not in candidates:
+                            candidates.append(addr)
+            candidates += [h for h in self.spec.hosts if h not in candidates]
+            for address in candidates:
+                try:
+                    conn = await self._kv_conn(address)
+                    reply = await conn.call(kvproto.GetClusterConfig(), self.options["connect_timeout"])
+                    if reply.status != Status.SUCCESS or not reply.value:
+                        errors.append(f"{conn.label}: GET_CLUSTER_CONFIG {status_name(reply.status)}")
+                        continue
+                    cmap = parse_cluster_map(reply.value, host=address[0])
+                except (ConnectError, ConnectionLostError, ServerError, ProtocolError, TimeoutError) as e:
+                    errors.append(str(e))
+                    continue
+                if cmap.vbucket_map:
+                    self.cluster_map = cmap
+                    self._map_time = time.monotonic()
+                    return cmap
+            raise ConnectError("no node answered with a cluster map: " + "; ".join(errors[-4:]))
+
+    def _node_address(self, index: int) -> tuple[str, int]:
+        """Where to reach serverList[index]: its KV address, or with TLS the kvSSL port of the same
+        node in nodesExt (matched by host and KV port: the two lists need not be in the same order
+        on a real cluster; index order is the fallback)."""
+        cmap = self.cluster_map
+        host, port = _split_address(cmap.server_list[index])
+        if not self.spec.tls:
+            return host, port
+        node = next((n for n in cmap.nodes if n.kv_port == port and n.hostname.strip("[]") == host), None)
+        if node is None and index < len(cmap.nodes):
+            node = cmap.nodes[index]
+        if node is None or node.kv_ssl_port is None:
+            raise ConnectError(f"node {cmap.server_list[index]} has no TLS KV port (kvSSL) in the cluster map")
+        return host, node.kv_ssl_port
+
+    async def _kv_conn(self, address: tuple[str, int]) -> Connection:
+        conn = self._kv.get(address)
+        if conn is not None and conn.lost is None:
+            return conn
+        task = self._kv_pending.get(address)
+        if task is None:
+            task = asyncio.create_task(self._connect(address))
+            self._kv_pending[address] = task
+            task.add_done_callback(lambda _t, a=address: self._kv_pending.pop(a, None))
+        conn = await asyncio.shield(task)
+        self._kv[address] = conn
+        return conn
+
+    # -- metadata ----------------------------------------------------------------------------
+    def _vbucket_list(self, vbuckets) -> list[int]:
+        n = self.num_vbuckets
+        vbs = list(range(n)) if vbuckets is None else sorted(set(int(v) for v in vbuckets))
+        bad = [v for v in vbs if not 0 <= v < n]
+        if bad:
+            raise ValueError(f"vbuckets {bad[:5]} out of range: bucket {self.bucket!r} has vbuckets 0..{n - 1}")
+        return vbs
+
+    async def _by_node(self, vbs: list[int]) -> dict[tuple[str, int], list[int]]:
+        for attempt in range(2):
+            groups: dict[tuple[str, int], list[int]] = {}
+            missing = []
+            for vb in vbs:
+                address = self.node_for_vbucket(vb)
+                if address is None:
+                    missing.append(vb)
+                else:
+                    groups.setdefault(address, []).append(vb)
+            if not missing:
+                return groups
+            if attempt == 0:
+                await self.refresh_map()
+        raise ServerError(f"vbuckets {missing[:8]} have no active copy in the cluster map (failover in progress?)")
+
+    async def high_seqnos(self, vbuckets=None) -> dict[int, int]:
+        """{vbucket: high seqno} of the active copies (GET_ALL_VB_SEQNOS, get_seqno.md)."""
+        vbs = self._vbucket_list(vbuckets)
+        for attempt in range(2):
+            groups = await self._by_node(vbs)
+
+            async def ask(address, group):
+                conn = await self._kv_conn(address)
+                reply = await conn.call(kvproto.GetAllVbSeqnos(state=kvproto.VbucketStateFilter.ACTIVE))
+                if reply.status != Status.SUCCESS:
+                    raise ServerError(f"{conn.label}: GET_ALL_VB_SEQNOS failed with {status_name(reply.status)}",
+                                      reply.status)
+                found = kvproto.GetAllVbSeqnosResponse.from_frame(reply).as_dict()
+                return {vb: found[vb] for vb in group if vb in found}
+
+            parts = await asyncio.gather(*(ask(a, g) for a, g in groups.items()))
+            result = {vb: s for part in parts for vb, s in part.items()}
+            missing = [vb for vb in vbs if vb not in result]
+            if not missing:
+                return dict(sorted(result.items()))
+            if attempt == 0:
+                await self.refresh_map()
+        raise ServerError(f"vbuckets {missing[:8]} are not active where the cluster map says (rebalance?)")
+
+    async def failover_logs(self, vbuckets) -> dict[int, list[tuple[int, int]]]:
+        """{vbucket: [(vbuuid, seqno), ...]} newest entry first (GET_FAILOVER_LOG 0x96)."""
+        vbs = self._vbucket_list(vbuckets)
+        result: dict[int, list[tuple[int, int]]] = {}
+        retry: list[int] = []
+        for attempt in range(2):
+            groups = await self._by_node([vb for vb in vbs if vb not in result])
+            retry.clear()
+
+            async def ask(address, group):
+                conn = await self._kv_conn(address)
+                futures = [(vb, conn.request(RawRequest(Opcode.GET_FAILOVER_LOG, vbucket=vb))) for vb in group]
+                for vb, fut in futures:
+                    reply = await asyncio.wait_for(fut, self.options["connect_timeout"] * 3)
+                    if reply.status == Status.SUCCESS:
+                        result[vb] = list(FailoverLogResponse.from_frame(reply).entries)
+                    elif reply.status == Status.NOT_MY_VBUCKET:
+                        retry.append(vb)
+                    else:
+                        ctx = _error_context(reply)
+                        raise ServerError(f"{conn.label}: GET_FAILOVER_LOG of vbucket {vb} failed with "
+                                          f"{status_name(reply.status)}" + (f": {ctx}" if ctx else ""), reply.status)
+
+            await asyncio.gather(*(ask(a, g) for a, g in groups.items()))
+            if not retry:
+                return {vb: result[vb] for vb in vbs}
+            if attempt == 0:
+                await self.refresh_map()
+        raise ServerError(f"vbuckets {retry[:8]} answered NOT_MY_VBUCKET after a map refresh")
+
+    async def offsets_now(self, vbuckets=None) -> dict[int, Offset]:
+        """An offset at the current high seqno of each vbucket (a snapshot boundary on the
+        newest branch): reading from it yields only changes made from now on."""
+        vbs = self._vbucket_list(vbuckets)
+        logs, highs = await asyncio.gather(self.failover_logs(vbs), self.high_seqnos(vbs))
+        return {vb: Offset.at(logs[vb][0][0] if logs[vb] else 0, highs[vb]) for vb in vbs}
+
+    # -- reading -----------------------------------------------------------------------------
+    def _feed_options(self, rollback: str, ignore_purged_tombstones: bool, **extra) -> FeedOptions:
+        return FeedOptions(rollback=rollback, ignore_purged_tombstones=ignore_purged_tombstones,
+                           buffer_size=int(self.options["buffer_size"]),
+                           noop_interval=float(self.options["noop_interval"]),
+                           reconnect_timeout=float(self.options["reconnect_timeout"]),
+                           dead_timeout=self.options["dead_timeout"], **extra)
+
+    async def _resolve(self, vbuckets, start, end, state: StateStore | None):
+        """(starts, ends, purge seqnos, loaded state) for a read."""
+        vbs = self._vbucket_list(vbuckets if vbuckets is not None or not isinstance(start, dict) else start.keys())
+        loaded = None
+        purge: dict[int, int] = {}
+        if state is not None:
+            loaded = await asyncio.to_thread(state.load)
+            if loaded is not None:
+                loaded.check_bucket(self.bucket, self.bucket_uuid, getattr(state, "path", "state"))
+                purge = dict(loaded.purge_seqnos)
+        if isinstance(start, str):
+            if start == "beginning":
+                starts = {vb: Offset() for vb in vbs}
+            elif start == "now":
+                starts = await self.offsets_now(vbs)
+            elif start == "saved":
+                if state is None:
+                    raise ValueError("start='saved' needs a state store (state=...)")
+                saved = loaded.offsets if loaded is not None else {}
+                starts = {vb: saved.get(vb, Offset()) for vb in vbs}
+            else:
+                raise ValueError(f"start must be 'beginning', 'now', 'saved' or a dict of Offsets, not {start!r}")
+        elif isinstance(start, dict):
+            starts = {vb: Offset.from_json(start[vb]) if vb in start else Offset() for vb in vbs}
+        else:
+            raise ValueError(f"start must be 'beginning', 'now', 'saved' or a dict of Offsets, not {start!r}")
+        for vb, o in starts.items():
+            try:
+                o.check()
+            except ValueError as e:
+                raise ValueError(f"vbucket {vb}: {e}") from None
+        if end is None:
+            ends = {}
+        elif end == "now":
+            ends = await self.high_seqnos(vbs)
+        elif isinstance(end, dict):
+            ends = {int(vb): int(s) for vb, s in end.items() if int(vb) in starts}
+            missing = [vb for vb in vbs if vb not in ends]
+            if missing:
+                raise ValueError(f"end has no seqno for vbuckets {missing[:8]}")
+        else:
+            raise ValueError(f"end must be None (unbounded), 'now' or a dict of seqnos, not {end!r}")
+        return starts, ends, purge, loaded
+
+    def events(self, vbuckets=None, *, start="beginning", end=None, state: StateStore | None = None,
+               rollback: str = "resume", markers: bool = False, save_interval: float | None = None,
+               ignore_purged_tombstones: bool = False) -> EventStream:
+        """Changes one by one (events.py): `async for event in client.events(...)`.
+
+        start: "beginning", "now", "saved" (from `state`), or {vbucket: Offset}; end: None
+        (unbounded), "now" (the high seqnos at start) or {vbucket: seqno}. A bounded stream ends
+        after the snapshot containing its end seqno, so seqnos up to that snapshot's end arrive.
+        rollback: "resume" (yield a Rollback event, then continue from the rollback point) or
+        "raise" (RollbackError). With `state`, offsets are saved every `save_interval` seconds
+        (if given) and when the stream ends; `await stream.save()` saves on demand."""
+        return EventStream(self, vbuckets, start, end, state, rollback, markers, save_interval,
+                           ignore_purged_tombstones)
+
+    def batches(self, ranges: dict | None = None, end=None, max_rows: int = 65536, *, vbuckets=None,
+                start=None, rollback: str = "raise", flush_interval: float | None = None,
+                ignore_purged_tombstones: bool = False, max_bytes: int = 64 * 1024 * 1024) -> BatchReader:
+        """Changes as Arrow RecordBatches of batches.SCHEMA: `async for batch in client.batches(...)`.
+
+        `ranges` {vbucket: Offset} are the exclusive starts and `end` {vbucket: seqno} the inclusive
+        ends: only rows with start < seqno <= end are returned, so a range reads the same rows each
+        time (as far as de-duplication allows: a version replaced by a later one in the same
+        snapshot is gone). `end` may also be "now", or None to stream without end (batches are then
+        flushed after `flush_interval`, default 0.5 s). `reader.offsets` gives where each vbucket
+        stands; after a complete bounded read, the offset at its end seqno. A batch also stops
+        growing at about `max_bytes` of DCP messages (64 MiB)."""
+        if ranges is None and start is None:
+            raise ValueError("batches() needs ranges={vbucket: Offset} (or start=...)")
+        return BatchReader(self, ranges if ranges is not None else start, end, max_rows, vbuckets, rollback,
+                           flush_interval, ignore_purged_tombstones, max_bytes)
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for reader in list(self._readers):
+            with contextlib.suppress(Exception):
+                await reader.aclose()
+        for task in list(self._kv_pending.values()):
+            task.cancel()
+        for conn in self._kv.values():
+            conn.close()
+        self._kv.clear()
+
+    def state_for(self, offsets: dict[int, Offset], purge_seqnos: dict[int, int] | None = None,
+                  base: ClientState | None = None) -> ClientState:
+        """The ClientState to save for these offsets (merged over `base`, e.g. what was loaded)."""
+        merged = dict(base.offsets) if base is not None else {}
+        merged.update(offsets)
+        purge = dict(base.purge_seqnos) if base is not None else {}
+        purge.update(purge_seqnos or {})
+        return ClientState(self.bucket, self.bucket_uuid, self.num_vbuckets, merged, purge)
+

@@ -1,0 +1,473 @@
+"""One TCP (or TLS) connection to a node: requests matched to replies by opaque, the bootstrap of
+SDK-BOOTSTRAP.md, and - once DCP_OPEN made it a DCP connection - the byte path of the stream.
+
+Reading (`data_received`) only walks frame headers. Replies complete their request at once, a
+DCP_NOOP is answered at once (so a busy application never looks dead to the producer), and stream
+messages are left in the received bytes: the connection hands the consumer a `Segment` - the
+bytes plus the offsets of its stream frames - and decodes nothing. The consumer decodes later,
+as events or straight into Arrow columns (batches.py), and tells the connection how many bytes
+it has consumed; the connection turns that into DCP_BUFFER_ACKNOWLEDGEMENTs (flow-control.md),
+which is what makes the application's pace the producer's pace.
+
+A frame larger than what is buffered is collected in a list of chunks and joined once, so a
+20 MB value does not cost quadratic copying.
+"""
+
+import array
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import socket
+import ssl
+import struct
+import time
+from collections.abc import Callable
+from typing import NamedTuple
+
+from dcpflow.protocol import kv as kvproto
+from dcpflow.protocol.config import ClusterMap, parse_cluster_map
+from dcpflow.protocol.dcp import DcpBufferAck, DcpControl, DcpNoop, DcpOpen, OpenFlag
+from dcpflow.protocol.errors import ProtocolError
+from dcpflow.protocol.frame import HEADER_LEN, Frame, Magic, decode_all, request
+from dcpflow.protocol.hello import Feature
+from dcpflow.protocol.opcodes import Opcode
+from dcpflow.protocol.status import Status
+
+from .errors import (
+    AuthenticationError,
+    BucketError,
+    ConnectError,
+    ConnectionLostError,
+    ServerError,
+    status_name,
+)
+from .sasl import ScramClient, plain_payload
+
+log = logging.getLogger("dcpflow.client")
+
+#: Opcodes of the messages a producer sends on a stream (stream-end .. cache-transfer-end, minus
+#: noop/buffer-ack/control/seqno-ack, which are connection-level).
+STREAM_OPCODES = frozenset({0x55, 0x56, 0x57, 0x58, 0x59, 0x5a, 0x5f, 0x60, 0x62, 0x63, 0x64, 0x65, 0x66, 0x67})
+_IS_STREAM = bytes(1 if op in STREAM_OPCODES else 0 for op in range(256))
+_VALID_MAGIC = bytes(1 if m in {int(x) for x in Magic} else 0 for m in range(256))
+_HEAD = struct.Struct(">BB6xI").unpack_from
+MAX_BODY = 64 * 1024 * 1024  # a 20 MB document plus xattrs and headroom
+
+#: HELLO features we ask for: what a 7.x SDK DCP client negotiates that we understand.
+FEATURES = (Feature.TCP_NODELAY, Feature.XERROR, Feature.SELECT_BUCKET, Feature.JSON, Feature.COLLECTIONS,
+            Feature.XATTR, Feature.ALT_REQUEST_SUPPORT)
+
+_now = time.monotonic
+
+
+class Segment(NamedTuple):
+    """Stream frames received together: `starts` are their offsets in `data`; `charged` is what
+    the producer counted against the flow-control window for them (their wire size)."""
+
+    conn: "Connection"
+    data: bytes
+    starts: array.array
+    end: int  # offset just past the last stream frame
+    charged: int
+
+
+class RawRequest(NamedTuple):
+    """A request with no typed class in dcpflow.protocol (e.g. GET_FAILOVER_LOG 0x96)."""
+
+    opcode: int
+    vbucket: int = 0
+    extras: bytes = b""
+    key: bytes = b""
+    value: bytes = b""
+    opaque: int = 0
+
+    def encode(self) -> bytes:
+        return request(self.opcode, key=self.key, extras=self.extras, value=self.value, vbucket=self.vbucket,
+                       opaque=self.opaque)
+
+
+class Connection(asyncio.Protocol):
+    """A connection to one node. Create with `open_connection`."""
+
+    def __init__(self, address: tuple[str, int], label: str = ""):
+        self.address = address
+        self.label = label or f"{address[0]}:{address[1]}"
+        self.transport: asyncio.Transport | None = None
+        self._pending: dict[int, asyncio.Future | Callable[[Frame], None]] = {}
+        self._opaque = 0x10000
+        self._tail = b""
+        self._parts: list[bytes] | None = None
+        self._parts_len = 0
+        self._need = 0
+        self.sink: Callable[[Segment], None] | None = None
+        self.on_lost: Callable[[Connection, BaseException | None], None] | None = None
+        self.lost: BaseException | None = None
+        self.closed_by_us = False
+        self.connected = asyncio.get_running_loop().create_future()
+        self.last_rx = _now()
+        self.rx_bytes = 0
+        self.noops = 0
+        self.features: tuple[int, ...] = ()
+        self.collections = False
+        # flow control
+        self.buffer_size = 0
+        self.ack_threshold = 0
+        self._unacked = 0
+        self.acked_total = 0
+        self.charged_total = 0  # stream-message bytes received (what the producer counts)
+        self.max_outstanding = 0  # the most ever received and not yet acknowledged
+        self.paused = False
+        self.retired = False  # its counters were folded into a Feed's stats
+
+    # -- asyncio.Protocol ------------------------------------------------------------------
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if not self.connected.done():
+            self.connected.set_result(None)
+
+    def connection_lost(self, exc) -> None:
+        if self.lost is None:
+            self.lost = exc or ConnectionLostError(f"{self.label}: connection closed by the server")
+        err = self.lost if isinstance(self.lost, ConnectionLostError) else ConnectionLostError(
+            f"{self.label}: connection lost ({self.lost})")
+        pending, self._pending = self._pending, {}
+        for waiter in pending.values():
+            if isinstance(waiter, asyncio.Future):
+                if not waiter.done():
+                    waiter.set_exception(err)
+            else:
+                try:
+                    waiter(None)
+                except Exception:  # a callback must not stop us from failing the others
+                    log.exception("%s: reply callback failed on connection loss", self.label)
+        if not self.connected.done():
+            self.connected.set_exception(err)
+        if self.on_lost is not None:
+            self.on_lost(self, None if self.closed_by_us else err)
+
+    def pause_reading(self) -> None:
+        if not self.paused and self.transport is not None:
+            self.paused = True
+            self.transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        if self.paused and self.transport is not None:
+            self.paused = False
+            self.last_rx = _now()
+            self.transport.resume_reading()
+
+    def data_received(self, data: bytes) -> None:
+        self.last_rx = _now()
+        self.rx_bytes += len(data)
+        if self._parts is not None:
+            self._parts.append(data)
+            self._parts_len += len(data)
+            if self._parts_len < self._need:
+                return
+            buf = b"".join(self._parts)
+            self._parts = None
+        elif self._tail:
+            buf = self._tail + data
+        else:
+            buf = data
+        end = len(buf)
+        pos = ctrl = 0
+        starts = array.array("q")
+        append = starts.append
+        is_stream, head, valid = _IS_STREAM, _HEAD, _VALID_MAGIC
+        limit = end - HEADER_LEN
+        try:
+            while pos <= limit:
+                magic, op, blen = head(buf, pos)
+                fend = pos + HEADER_LEN + blen
+                if fend > end:
+                    if blen > MAX_BODY or not valid[magic]:
+                        self._fatal(buf, pos)
+                        return
+                    break
+                if magic == 0x80 and is_stream[op]:
+                    append(pos)
+                else:
+                    if not valid[magic]:
+                        self._fatal(buf, pos)
+                        return
+                    if not self._control(buf, pos, fend):
+                        return
+                    ctrl += fend - pos
+                pos = fend
+        finally:
+            if starts and self.lost is None:
+                charged = pos - ctrl  # the walked bytes that were not replies or noops
+                last = starts[-1]
+                self.charged_total += charged
+                outstanding = self.charged_total - self.acked_total
+                if outstanding > self.max_outstanding:
+                    self.max_outstanding = outstanding
+                if self.sink is None:
+                    self.abort(ConnectionLostError(f"{self.label}: DCP message before DCP_OPEN"))
+                else:
+                    self.sink(Segment(self, buf, starts, last + HEADER_LEN + head(buf, last)[2], charged))
+        rest = end - pos
+        if not rest:
+            self._tail = b""
+            return
+        need = HEADER_LEN + head(buf, pos)[2] if rest >= HEADER_LEN else HEADER_LEN
+        if need > rest + 65536:
+            self._parts, self._parts_len, self._need, self._tail = [buf[pos:]], rest, need, b""
+        else:
+            self._tail = buf[pos:]
+
+    def _fatal(self, buf: bytes, pos: int) -> None:
+        magic, op, blen = _HEAD(buf, pos)
+        why = (f"invalid magic 0x{magic:02x}" if not _VALID_MAGIC[magic]
+               else f"frame body of {blen} bytes exceeds {MAX_BODY}")
+        self.abort(ConnectionLostError(f"{self.label}: {why}: the byte stream cannot be trusted"))
+
+    def _control(self, buf: bytes, pos: int, fend: int) -> bool:
+        """Handle a reply or a connection-level request; False if it broke the connection."""
+        try:
+            frame = decode_all(buf[pos:fend])[0]
+        except ProtocolError as e:
+            self.abort(ConnectionLostError(f"{self.label}: malformed frame from the server: {e}"))
+            return False
+        if frame.is_response:
+            waiter = self._pending.pop(frame.opaque, None)
+            if waiter is None:
+                log.debug("%s: reply to unknown opaque 0x%x (opcode 0x%02x)", self.label, frame.opaque, frame.opcode)
+            elif isinstance(waiter, asyncio.Future):
+                if not waiter.done():
+                    waiter.set_result(frame)
+            else:
+                waiter(frame)
+            return True
+        if frame.magic == Magic.REQUEST and frame.opcode == Opcode.DCP_NOOP:
+            self.noops += 1
+            self.send(DcpNoop(frame.opaque).response())
+        elif frame.magic == Magic.REQUEST and frame.opcode == Opcode.DCP_SET_VBUCKET_STATE:
+            self.send(kvproto.error_response(frame.opcode, Status.SUCCESS, frame.opaque))
+        else:
+            log.debug("%s: ignoring server request magic 0x%02x opcode 0x%02x", self.label, frame.magic,
+                      frame.opcode)
+        return True
+
+    # -- sending -----------------------------------------------------------------------------
+    def next_opaque(self) -> int:
+        self._opaque = (self._opaque + 1) & 0xFFFFFFFF or 0x10000
+        return self._opaque
+
+    def send(self, data: bytes) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(data)
+
+    def request(self, message, callback: Callable[[Frame | None], None] | None = None) -> asyncio.Future | None:
+        """Send a typed request (its opaque is replaced) and return a future of the reply Frame;
+        with `callback`, call it with the reply inside the read path instead (None if the
+        connection is lost first), so it runs before any later stream message is queued."""
+        if self.lost is not None:
+            raise self.lost if isinstance(self.lost, ConnectionLostError) else ConnectionLostError(
+                f"{self.label}: connection lost ({self.lost})")
+        opaque = self.next_opaque()
+        data = message._replace(opaque=opaque).encode()
+        if callback is None:
+            waiter = asyncio.get_running_loop().create_future()
+            self._pending[opaque] = waiter
+            self.send(data)
+            return waiter
+        self._pending[opaque] = callback
+        self.send(data)
+        return None
+
+    async def call(self, message, timeout: float | None = 30.0) -> Frame:
+        return await asyncio.wait_for(self.request(message), timeout)
+
+    # -- flow control ------------------------------------------------------------------------
+    def consumed(self, nbytes: int) -> None:
+        """The application is done with `nbytes` of stream messages: ack them once enough add up."""
+        if not self.buffer_size:
+            return
+        self._unacked += nbytes
+        if self._unacked >= self.ack_threshold:
+            self.flush_acks()
+
+    def flush_acks(self) -> None:
+        if self._unacked and self.lost is None:
+            n, self._unacked = self._unacked, 0
+            while n:
+                part = min(n, 0xFFFFFFFF)
+                self.send(DcpBufferAck(part).encode())
+                self.acked_total += part
+                n -= part
+
+    # -- closing -----------------------------------------------------------------------------
+    def close(self) -> None:
+        self.closed_by_us = True
+        if self.lost is None:
+            self.lost = ConnectionLostError(f"{self.label}: closed")
+        if self.transport is not None:
+            self.transport.close()
+
+    def abort(self, exc: BaseException) -> None:
+        if self.lost is None:
+            self.lost = exc
+        if self.transport is not None:
+            self.transport.abort()
+
+
+def tls_context(ca_file: str | None, verify: str = "peer") -> ssl.SSLContext:
+    try:
+        ctx = ssl.create_default_context(cafile=ca_file)
+    except (OSError, ssl.SSLError) as e:
+        raise ConnectError(f"cannot load CA file {ca_file!r}: {e}") from None
+    if verify == "none":
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+    return ctx
+
+
+async def open_connection(host: str, port: int, *, tls: ssl.SSLContext | None = None,
+                          timeout: float = 10.0, label: str = "") -> Connection:
+    loop = asyncio.get_running_loop()
+    where = f"{host}:{port}"
+    try:
+        _, conn = await asyncio.wait_for(
+            loop.create_connection(lambda: Connection((host, port), label or where), host, port, ssl=tls,
+                                   server_hostname=host if tls else None), timeout)
+    except TimeoutError:
+        raise ConnectError(f"{where}: no connection within {timeout:g}s") from None
+    except ssl.SSLCertVerificationError as e:
+        raise ConnectError(f"{where}: TLS certificate not trusted ({e.verify_message}); pass the cluster's CA with "
+                           f"?ca_file=PATH") from None
+    except ssl.SSLError as e:
+        raise ConnectError(f"{where}: TLS handshake failed ({e.reason or e}); is this the TLS port?") from None
+    except ConnectionRefusedError:
+        raise ConnectError(f"{where}: connection refused (is a server listening on that port?)") from None
+    except OSError as e:
+        reason = e.strerror or (os.strerror(e.errno) if e.errno else str(e))
+        raise ConnectError(f"{where}: {reason}") from None
+    return conn
+
+
+def _error_context(frame: Frame) -> str:
+    """The server's reason: the XERROR JSON context, or the plain text value."""
+    if not frame.value:
+        return ""
+    try:
+        doc = json.loads(frame.value)
+        if isinstance(doc, dict) and isinstance(doc.get("error"), dict):
+            return str(doc["error"].get("context", ""))
+    except ValueError:
+        pass
+    return frame.value[:200].decode("utf-8", "replace")
+
+
+def _fail(what: str, conn: Connection, frame: Frame) -> ServerError:
+    ctx = _error_context(frame)
+    return ServerError(f"{conn.label}: {what} failed with {status_name(frame.status)}" + (f": {ctx}" if ctx else ""),
+                       frame.status)
+
+
+class BootstrapResult(NamedTuple):
+    features: tuple[int, ...]
+    cluster_map: ClusterMap | None
+    raw_map: bytes
+
+
+async def bootstrap(conn: Connection, *, username: str, password: str, bucket: str | None,
+                    mechanism: str = "SCRAM-SHA512", agent: str = "dcpflow", timeout: float = 10.0,
+                    fetch_map: bool = True) -> BootstrapResult:
+    """HELLO, SASL, SELECT_BUCKET and GET_CLUSTER_CONFIG, pipelined as the SDKs do (SDK-BOOTSTRAP.md)."""
+    agent_json = json.dumps({"a": f"{agent}/dcpflow-client", "i": os.urandom(8).hex()}).encode()
+    hello = conn.request(kvproto.Hello(agent_json, FEATURES))
+    if mechanism == "PLAIN":
+        auth = conn.request(kvproto.SaslAuth(b"PLAIN", plain_payload(username, password)))
+        scram = None
+    else:
+        scram = ScramClient(mechanism, username, password)
+        auth = conn.request(kvproto.SaslAuth(mechanism.encode(), scram.first()))
+    try:
+        reply = await asyncio.wait_for(hello, timeout)
+        if reply.status != Status.SUCCESS:
+            raise _fail("HELLO", conn, reply)
+        conn.features = kvproto.HelloResponse.from_frame(reply).features
+        conn.collections = Feature.COLLECTIONS in conn.features
+        reply = await asyncio.wait_for(auth, timeout)
+        if scram is not None and reply.status == Status.AUTH_CONTINUE:
+            reply = await conn.call(kvproto.sasl_step(mechanism.encode(), scram.final(reply.value)), timeout)
+            if reply.status == Status.SUCCESS:
+                scram.verify(reply.value)
+        if reply.status != Status.SUCCESS:
+            ctx = _error_context(reply)
+            if reply.status == Status.AUTH_ERROR:
+                hint = ctx if ctx and ctx != "Authentication failed" else "wrong username or password"
+                raise AuthenticationError(f"{conn.label}: authentication as {username!r} with {mechanism} failed: "
+                                          f"{hint}")
+            raise AuthenticationError(f"{conn.label}: SASL {mechanism} failed with {status_name(reply.status)}"
+                                      + (f": {ctx}" if ctx else ""))
+        selected = config = None
+        if bucket is not None:
+            selected = conn.request(kvproto.SelectBucket(bucket.encode()))
+        if fetch_map:
+            config = conn.request(kvproto.GetClusterConfig())
+        if selected is not None:
+            reply = await asyncio.wait_for(selected, timeout)
+            if reply.status in (Status.KEY_ENOENT, Status.NO_BUCKET):
+                raise BucketError(f"{conn.label}: bucket {bucket!r} does not exist")
+            if reply.status == Status.EACCESS:
+                raise BucketError(f"{conn.label}: user {username!r} may not access bucket {bucket!r} (or it does "
+                                  f"not exist)")
+            if reply.status != Status.SUCCESS:
+                raise _fail(f"SELECT_BUCKET {bucket!r}", conn, reply)
+        cmap, raw = None, b""
+        if config is not None:
+            reply = await asyncio.wait_for(config, timeout)
+            if reply.status == Status.SUCCESS and reply.value:
+                raw = reply.value
+                try:
+                    cmap = parse_cluster_map(raw, host=conn.address[0])
+                except ProtocolError as e:
+                    raise ServerError(f"{conn.label}: unusable cluster map: {e}") from None
+            elif bucket is not None and reply.status not in (Status.SUCCESS, Status.NO_BUCKET):
+                raise _fail("GET_CLUSTER_CONFIG", conn, reply)
+        return BootstrapResult(conn.features, cmap, raw)
+    except TimeoutError:
+        raise ConnectError(f"{conn.label}: bootstrap did not finish within {timeout:g}s") from None
+
+
+#: DCP_OPEN flags: a producer for us, with delete times so that expirations arrive as their own
+#: opcode (`enable_expiry_opcode` needs IncludeDeleteTimes, erratum 13).
+OPEN_FLAGS = OpenFlag.PRODUCER | OpenFlag.INCLUDE_DELETE_TIMES
+
+
+async def open_dcp(conn: Connection, name: str, *, buffer_size: int, noop_interval: float,
+                   flags: int = OPEN_FLAGS, timeout: float = 10.0) -> dict[str, int]:
+    """DCP_OPEN and the controls a production client sends (recommended-apis.md, TABLES.md 5.3).
+    Required controls failing is fatal; optional ones are reported in the returned dict."""
+    reply = await conn.call(DcpOpen(name.encode(), flags), timeout)
+    if reply.status != Status.SUCCESS:
+        if reply.status == Status.EACCESS:
+            raise BucketError(f"{conn.label}: this user may not open a DCP stream (needs the DcpStream / "
+                              f"dcp_reader role)")
+        raise _fail("DCP_OPEN", conn, reply)
+    required = [(b"connection_buffer_size", str(buffer_size).encode()), (b"enable_noop", b"true"),
+                (b"set_noop_interval", f"{noop_interval:g}".encode()),
+                (b"send_stream_end_on_client_close_stream", b"true"),
+                (b"enable_expiry_opcode", b"true")]
+    optional = [(b"set_priority", b"medium")]
+    if conn.collections:
+        optional.append((b"max_marker_version", b"2.2"))
+    futures = [(k, v, conn.request(DcpControl(k, v))) for k, v in required + optional]
+    results = {}
+    for key, value, fut in futures:
+        reply = await asyncio.wait_for(fut, timeout)
+        results[key.decode()] = reply.status
+        if reply.status != Status.SUCCESS and (key, value) in required:
+            raise _fail(f"DCP_CONTROL {key.decode()}={value.decode()}", conn, reply)
+    conn.buffer_size = buffer_size
+    conn.ack_threshold = max(1, int(buffer_size * 0.2))  # kv_engine's consumers ack at 20% (TABLES.md 7)
+    return results

@@ -1,0 +1,352 @@
+"""The two ways to read a Feed: `EventStream` (one object per change) and `BatchReader` (Arrow
+record batches). Both count data as consumed only when the application asks for the next item,
+so the offsets they report never include something the application has not finished with.
+
+Flow control: an EventStream acknowledges a segment's bytes once all its events were taken, so
+at most the connection buffer (plus one message) is ever held. A BatchReader acknowledges bytes
+as it decodes them into the batch it is building, because one batch (`max_rows`) may need more
+bytes than the window: it holds at most the buffer plus one batch.
+"""
+
+import asyncio
+import contextlib
+import time
+
+from dcpflow.protocol.dcp import (
+    DcpDecoder,
+    DcpDeletion,
+    DcpExpiration,
+    DcpMutation,
+    DcpSeqnoAdvanced,
+    DcpSnapshotMarker,
+    DcpStreamEnd,
+    DcpSystemEvent,
+)
+from dcpflow.protocol.keys import decode_leb128
+
+from .connection import Segment
+from .events import Deletion, Expiration, Mutation, SnapshotMarker, SystemEvent
+from .offsets import Offset
+from .streams import TIMEOUT, ConnLost, Feed, replay
+
+_tn = tuple.__new__
+#: A batch reader decodes what it holds once nothing has arrived for this long (seconds).
+IDLE_DECODE = 0.02
+
+
+def _split_key(key: bytes) -> tuple[int, bytes]:
+    b = key[0]
+    if b < 0x80:
+        return b, key[1:]
+    cid, used = decode_leb128(key)
+    return cid, key[used:]
+
+
+class _Reader:
+    def __init__(self, client):
+        self.client = client
+        self.feed: Feed | None = None
+        self.starts: dict[int, Offset] = {}
+        self.ends: dict[int, int] = {}
+        self._agen = self._run()
+        client._readers.add(self)
+
+    def __aiter__(self):
+        return self._agen  # `async for` drives the generator directly: one frame less per item
+
+    async def __anext__(self):
+        return await self._agen.__anext__()
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the read's connections (also from another task while it waits for data)."""
+        if self.feed is not None:
+            await self.feed.close()
+        with contextlib.suppress(RuntimeError):  # "already running": it ends by itself, the feed is closed
+            await self._agen.aclose()
+        self.client._readers.discard(self)
+
+    @property
+    def positions(self) -> dict[int, Offset]:
+        """Exactly what has been consumed per vbucket (may be inside a snapshot)."""
+        if self.feed is None:
+            return dict(self.starts)
+        return {vb: vs.consumed.position for vb, vs in self.feed.streams.items()}
+
+    @property
+    def stats(self) -> dict:
+        return dict(self.feed.stats) if self.feed is not None else {}
+
+    async def _open(self, vbuckets, start, end, state, rollback, ignore_purged, **feed_extra):
+        starts, ends, purge, loaded = await self.client._resolve(vbuckets, start, end, state)
+        self.starts, self.ends = starts, ends
+        options = self.client._feed_options(rollback, ignore_purged, **feed_extra)
+        self.feed = Feed(self.client, starts, ends, options, purge)
+        await self.feed.start()
+        return loaded
+
+
+class EventStream(_Reader):
+    """`async for event in client.events(...)`; see DcpClient.events."""
+
+    def __init__(self, client, vbuckets, start, end, state, rollback, markers, save_interval, ignore_purged):
+        self._args = (vbuckets, start, end, state, rollback, ignore_purged)
+        self.state = state
+        self.markers = markers
+        self.save_interval = save_interval
+        self.targets: dict[int, int] = {}
+        self._loaded = None
+        self._last_save = time.monotonic()
+        super().__init__(client)
+
+    @property
+    def offsets(self) -> dict[int, Offset]:
+        """The committed offset of each vbucket: a safe point at or before what was consumed."""
+        if self.feed is None:
+            return dict(self.starts)
+        return {vb: vs.consumed.committed for vb, vs in self.feed.streams.items()}
+
+    def progress(self) -> tuple[int, int]:
+        """(seqnos consumed, seqnos to reach) toward the high seqnos seen at the start."""
+        done = total = 0
+        positions = self.positions
+        for vb, target in self.targets.items():
+            start = self.starts.get(vb, Offset()).seqno
+            if target > start:
+                total += target - start
+                done += max(0, min(positions.get(vb, Offset()).seqno, target) - start)
+        return done, total
+
+    async def save(self) -> None:
+        """Save the committed offsets to the state store (atomically)."""
+        if self.state is None:
+            raise ValueError("this stream has no state store (events(state=...))")
+        purge = {vb: vs.consumed.purge_seqno for vb, vs in self.feed.streams.items()} if self.feed else {}
+        snapshot = self.client.state_for(self.offsets, purge, self._loaded)
+        await asyncio.to_thread(self.state.save, snapshot)
+        self._last_save = time.monotonic()
+
+    async def _run(self):
+        vbuckets, start, end, state, rollback, ignore_purged = self._args
+        self._loaded = await self._open(vbuckets, start, end, state, rollback, ignore_purged)
+        self.targets = dict(self.ends) if self.ends else await self.client.high_seqnos(list(self.starts))
+        feed = self.feed
+        streams = feed.streams
+        markers = self.markers
+        interval = self.save_interval
+        try:
+            while True:
+                item = await feed.next()
+                if item is None:
+                    break
+                if type(item) is not Segment:
+                    steps: list = []
+                    event = feed.handle_notice(item, steps)
+                    if event is not None:
+                        yield event
+                    replay(streams, steps)
+                    continue
+                coll = item.conn.collections
+                dec = DcpDecoder()
+                dec.feed(item.data[item.starts[0]:item.end])
+                for msg in dec.messages():
+                    t = type(msg)
+                    if t is DcpMutation:
+                        vb, seq = msg.vbucket, msg.by_seqno
+                        vs = streams[vb]
+                        tr = vs.decoded
+                        m = tr.marker
+                        cid, key = _split_key(msg.key) if coll else (0, msg.key)
+                        event = _tn(Mutation, (vb, seq, key, msg.value, msg.cas, msg.rev_seqno, msg.flags,
+                                               msg.expiration, msg.datatype, tr.vbuuid, m[0] if m else seq,
+                                               m[1] if m else seq, cid))
+                        tr.item(seq)
+                        yield event
+                        vs.consumed.item(seq)
+                    elif t is DcpDeletion or t is DcpExpiration:
+                        vb, seq = msg.vbucket, msg.by_seqno
+                        vs = streams[vb]
+                        tr = vs.decoded
+                        m = tr.marker
+                        cid, key = _split_key(msg.key) if coll else (0, msg.key)
+                        cls = Deletion if t is DcpDeletion else Expiration
+                        event = _tn(cls, (vb, seq, key, msg.cas, msg.rev_seqno, msg.datatype, tr.vbuuid,
+                                          m[0] if m else seq, m[1] if m else seq, cid, msg.delete_time or 0,
+                                          msg.value))
+                        tr.item(seq)
+                        yield event
+                        vs.consumed.item(seq)
+                    elif t is DcpSnapshotMarker:
+                        vs = streams[msg.vbucket]
+                        vs.decoded.snapshot(msg.start_seqno, msg.end_seqno)
+                        if msg.purge_seqno:
+                            vs.decoded.purge_seqno = vs.consumed.purge_seqno = msg.purge_seqno
+                        if markers:
+                            yield SnapshotMarker(msg.vbucket, msg.start_seqno, msg.end_seqno, msg.flags)
+                        vs.consumed.snapshot(msg.start_seqno, msg.end_seqno)
+                    elif t is DcpStreamEnd:
+                        steps = []
+                        event = feed.stream_end(msg.vbucket, msg.reason, steps)
+                        if event is not None:
+                            yield event
+                        replay(streams, steps)
+                    elif t is DcpSeqnoAdvanced:
+                        vs = streams[msg.vbucket]
+                        vs.decoded.seqno_advanced(msg.by_seqno)
+                        vs.consumed.seqno_advanced(msg.by_seqno)
+                    elif t is DcpSystemEvent:
+                        vs = streams[msg.vbucket]
+                        vs.decoded.item(msg.by_seqno)
+                        yield SystemEvent(msg.vbucket, msg.by_seqno, msg.event, msg.version, msg.key, msg.value,
+                                          vs.decoded.vbuuid)
+                        vs.consumed.item(msg.by_seqno)
+                    # anything else in the bytes (noops, replies) was handled by the connection
+                feed.done_with(item)
+                if interval is not None and self.state is not None and time.monotonic() - self._last_save >= interval:
+                    await self.save()
+            if self.state is not None:
+                await self.save()
+        finally:
+            await feed.close()
+
+
+def _sizes(seg: Segment):
+    """Wire size of each stream frame of a segment (numpy)."""
+    import numpy as np
+    starts = np.frombuffer(seg.starts, dtype=np.int64)
+    u8 = np.frombuffer(seg.data, dtype=np.uint8)
+    return u8[starts[:, None] + np.arange(8, 12)].view(">u4").ravel().astype(np.int64) + 24
+
+
+def _split(seg: Segment, max_frames: int, max_bytes: int) -> tuple[Segment, Segment | None]:
+    """The first frames of a segment within both limits (at least one frame), and the rest."""
+    import numpy as np
+    sizes = _sizes(seg)
+    k = min(len(sizes), max_frames, max(1, int(np.searchsorted(np.cumsum(sizes), max_bytes, side="right"))))
+    if k == len(sizes):
+        return seg, None
+    charged = int(sizes[:k].sum())
+    head = Segment(seg.conn, seg.data, seg.starts[:k], seg.starts[k - 1] + int(sizes[k - 1]), charged)
+    return head, Segment(seg.conn, seg.data, seg.starts[k:], seg.end, seg.charged - charged)
+
+
+class BatchReader(_Reader):
+    """`async for batch in client.batches(...)`; see DcpClient.batches."""
+
+    def __init__(self, client, ranges, end, max_rows, vbuckets, rollback, flush_interval, ignore_purged,
+                 max_bytes: int = 64 * 1024 * 1024):
+        if not isinstance(max_rows, int) or max_rows < 1:
+            raise ValueError(f"max_rows must be a positive integer, not {max_rows!r}")
+        if not isinstance(max_bytes, int) or not 0 < max_bytes < 1 << 31:
+            raise ValueError(f"max_bytes must be a positive integer below 2 GiB, not {max_bytes!r}")
+        self.max_rows = max_rows
+        self.max_bytes = max_bytes
+        self._args = (vbuckets, ranges, end, rollback, ignore_purged)
+        self.bounded = end is not None
+        self.flush_interval = flush_interval
+        self.rollbacks: list = []  # Rollback events, with rollback="resume"
+        super().__init__(client)
+
+    @property
+    def schema(self):
+        from .batches import SCHEMA
+        return SCHEMA
+
+    @property
+    def offsets(self) -> dict[int, Offset]:
+        """Per vbucket: with an end, the offset at the end seqno once it was reached (a snapshot
+        boundary if the end closed a snapshot, else inside it, with the snapshot range the server
+        needs to decide a rollback); before that, and without an end, the committed offset."""
+        if self.feed is None:
+            return dict(self.starts)
+        out = {}
+        for vb, vs in self.feed.streams.items():
+            end = self.ends.get(vb)
+            if end is None:
+                out[vb] = vs.consumed.committed
+            elif vs.start.seqno >= end:
+                out[vb] = vs.start
+            else:
+                out[vb] = vs.consumed.range_end(end)
+        return out
+
+    async def _run(self):
+        import pyarrow as pa
+
+        from .batches import BatchBuilder
+        vbuckets, ranges, end, rollback, ignore_purged = self._args
+        await self._open(vbuckets, ranges, end, None, rollback, ignore_purged)
+        feed = self.feed
+        builder = BatchBuilder(feed, self.ends if self.bounded else None)
+        flush = self.flush_interval if self.flush_interval is not None else (None if self.bounded else 0.5)
+        max_rows, max_bytes = self.max_rows, self.max_bytes
+        pool = pa.default_memory_pool()
+        carry = None
+        try:
+            done = False
+            while not done:
+                parts: list = []  # batches decoded while waiting for more data; joined when yielded
+                rows = 0
+                segs: list[Segment] = []
+                steps: list = []
+                events: list = []
+                frames = size = 0
+                deadline = None
+                while rows + frames < max_rows and size < max_bytes:
+                    if carry is not None:
+                        item, carry = carry, None
+                    else:
+                        timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+                        idle = bool(segs) and not feed.peek_ready()
+                        if idle:
+                            timeout = IDLE_DECODE if timeout is None else min(timeout, IDLE_DECODE)
+                        item = await feed.next(timeout)
+                        if item is TIMEOUT:
+                            if deadline is not None and time.monotonic() >= deadline:
+                                break
+                            # Nothing arrived for a moment: decode what we have, so stream ends are
+                            # seen (a bounded read finishes only then).
+                            part = builder.decode(segs, steps, events)
+                            segs, frames = [], 0
+                            if part is not None and part.num_rows:
+                                parts.append(part)
+                                rows += part.num_rows
+                            continue
+                    if item is None:
+                        done = True
+                        break
+                    if type(item) is Segment:
+                        room = max_rows - rows - frames
+                        if len(item.starts) > room or size + item.charged > max_bytes:
+                            item, carry = _split(item, room, max_bytes - size)
+                        segs.append(item)
+                        frames += len(item.starts)
+                        size += item.charged
+                        feed.done_with(item)
+                        if deadline is None and flush is not None:
+                            deadline = time.monotonic() + flush
+                    elif type(item) is ConnLost and segs:
+                        carry = item  # decode what came before it first: streams reopen from there
+                        break
+                    else:
+                        event = feed.handle_notice(item, steps)
+                        if event is not None and event.event == "rollback":
+                            self.rollbacks.append(event)
+                if segs:
+                    part = builder.decode(segs, steps, events)
+                    if part is not None and part.num_rows:
+                        parts.append(part)
+                if parts:
+                    batch = parts[0] if len(parts) == 1 else pa.concat_batches(parts)
+                    del parts
+                    yield batch
+                    del batch
+                    pool.release_unused()  # hand the decoding scratch back: RSS stays flat
+                replay(feed.streams, steps)
+        finally:
+            await feed.close()

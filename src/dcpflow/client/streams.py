@@ -1,0 +1,535 @@
+"""A Feed: the streams of one read (`events()` or `batches()`), over one DCP connection per node.
+
+What it does (stream-request.md, stream-end.md, rollback.md, protocol-flow.md):
+
+* Routes each vbucket to the node holding its active copy (cluster map), opens one DCP connection
+  per node (DCP_OPEN + controls, connection.py), and pipelines STREAM_REQs from each vbucket's
+  position with ActiveVbOnly, so a moved vbucket answers NOT_MY_VBUCKET instead of streaming
+  from a replica.
+* Stream-request replies: OK -> the stream runs on the newest branch of the returned failover log;
+  ROLLBACK(R) -> fetch the failover log, take the newest consistent point at or below R
+  (VbTracker.rollback_point) and the failover entry covering it (offsets.rollback_offset), then
+  raise or surface it and reopen from there, per the rollback policy; NOT_MY_VBUCKET -> refresh
+  the map and reopen on the right node; TMPFAIL/BUSY -> reopen after a backoff; anything else is
+  an error naming the vbucket and the status.
+* STREAM_END: OK finishes the vbucket; Closed finishes it when we closed it; every other reason
+  reopens from where the stream stood (STATE_CHANGED after a map refresh, SLOW and BACKFILL_FAIL
+  after a short backoff). A lost connection reopens all its streams on a new one, with
+  exponential backoff, for up to `reconnect_timeout`.
+* Dead-connection detection (dead-connections.md): the producer sends a noop every interval
+  whatever else it sends (erratum 37), so a connection that delivers nothing for
+  `dead_timeout` (default 2 x the noop interval + 5 s) is closed and treated as lost.
+
+Everything the consumer must see in order - the stream bytes (connection.Segment) and notices
+(a stream opened, rolled back, a connection lost) - goes through one queue. Each vbucket has two
+VbTrackers: `decoded` moves as messages are decoded (it supplies the snapshot and UUID columns and
+the position a stream reopens from), `consumed` replays the same steps once the application has
+taken the data (it supplies the offsets the application saves). Both only move in queue order.
+"""
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import time
+from collections import defaultdict, deque
+from typing import NamedTuple
+
+from dcpflow.protocol.dcp import (
+    DcpGetFailoverLog,
+    DcpStreamRequest,
+    DcpStreamRequestResponse,
+    FailoverLogResponse,
+    StreamEndReason,
+    StreamFlag,
+)
+from dcpflow.protocol.status import Status
+
+from .connection import Connection, Segment, _error_context, open_dcp
+from .errors import (
+    ClientError,
+    ConnectError,
+    ConnectionLostError,
+    DeadConnectionError,
+    RollbackError,
+    ServerError,
+    StreamError,
+    status_name,
+)
+from .events import Rollback, StreamEnd
+from .offsets import U64_MAX, Offset, VbTracker, rollback_offset
+
+log = logging.getLogger("dcpflow.client")
+
+OPENING, OPEN, WAITING, DONE = range(4)
+TIMEOUT = object()  # what Feed.next returns when its timeout passes
+_RETRY_LATER = frozenset({Status.ETMPFAIL, Status.EBUSY, Status.ENOMEM, Status.NOT_INITIALIZED})
+
+# Steps replayed on the `consumed` trackers: (kind, vbucket, argument).
+ITEM, SNAPSHOT, ADVANCED, END_OK, OPENED, ROLLED_BACK = range(6)
+
+
+FINISH, REOPEN = "finish", "reopen"
+
+
+def end_action(reason: int, closed_by_us: bool) -> tuple[str, bool, float]:
+    """What a STREAM_END means for the client (stream-end.md, TABLES.md 5.5): (FINISH or REOPEN,
+    refresh the cluster map first?, seconds to wait before reopening).
+
+    OK finishes (the end seqno was reached); Closed finishes only if we closed the stream. Every
+    other reason reopens from where the stream stood: StateChanged and Disconnected after a map
+    refresh (the vbucket may have moved), Slow and BackfillFail after a short pause, Rollback at
+    once (the stream request then answers ROLLBACK), FilterEmpty and LostPrivileges at once (the
+    request then fails with an error naming the cause), and so does a reason we do not know."""
+    if reason == StreamEndReason.OK or (reason == StreamEndReason.CLOSED and closed_by_us):
+        return FINISH, False, 0.0
+    remap = reason in (StreamEndReason.STATE_CHANGED, StreamEndReason.DISCONNECTED)
+    delay = 0.1 if reason in (StreamEndReason.SLOW, StreamEndReason.BACKFILL_FAIL) else 0.0
+    return REOPEN, remap, delay
+
+
+class Opened(NamedTuple):
+    vbucket: int
+    failover_log: tuple
+
+
+class RolledBack(NamedTuple):
+    vbucket: int
+    seqno: int
+    offset: Offset
+
+
+class ConnLost(NamedTuple):
+    conn: Connection
+    error: BaseException
+
+
+class Finished(NamedTuple):
+    """A vbucket with nothing to read (start >= end): it ends without a stream."""
+
+    vbucket: int
+
+
+class NoActiveCopy(ServerError):
+    """The map has no active node for a vbucket (failover in progress): retried."""
+
+
+class VbStream:
+    __slots__ = ("vbucket", "decoded", "consumed", "start", "end", "state", "conn", "closing", "failover_log",
+                 "retry_since", "opens")
+
+    def __init__(self, vbucket: int, start: Offset, end: int):
+        self.vbucket = vbucket
+        self.start = start
+        self.decoded = VbTracker(vbucket, start)
+        self.consumed = VbTracker(vbucket, start)
+        self.end = end
+        self.state = WAITING
+        self.conn: Connection | None = None
+        self.closing = False
+        self.failover_log: tuple = ()
+        self.retry_since: float | None = None
+        self.opens = 0
+
+
+def replay(streams: dict[int, VbStream], steps) -> None:
+    """Apply decoded steps to the `consumed` trackers: the application has taken that data."""
+    for kind, vb, arg in steps:
+        tr = streams[vb].consumed
+        if kind == ITEM:
+            tr.item(arg)
+        elif kind == SNAPSHOT:
+            tr.snapshot(*arg)
+        elif kind == ADVANCED:
+            tr.seqno_advanced(arg)
+        elif kind == END_OK:
+            tr.stream_end_ok()
+        elif kind == OPENED:
+            tr.opened(arg)
+        else:
+            tr.rolled_back(arg)
+
+
+class FeedOptions(NamedTuple):
+    rollback: str = "resume"  # or "raise"
+    ignore_purged_tombstones: bool = False
+    send_purge_seqno: bool = True
+    buffer_size: int = 20 * 1024 * 1024
+    noop_interval: float = 20.0
+    dead_timeout: float | None = None
+    reconnect_timeout: float = 120.0  # 0 = forever
+    max_queued_bytes: int = 0  # pause reading above this (0: 2 x buffer, at least 8 MiB)
+
+
+class Feed:
+    def __init__(self, client, starts: dict[int, Offset], ends: dict[int, int], options: FeedOptions,
+                 purge_seqnos: dict[int, int] | None = None):
+        if options.rollback not in ("resume", "raise"):
+            raise ValueError(f"rollback policy must be 'resume' or 'raise', not {options.rollback!r}")
+        self.client = client
+        self.options = options
+        self.streams: dict[int, VbStream] = {}
+        for vb in sorted(starts):
+            vs = VbStream(vb, starts[vb], ends.get(vb, U64_MAX))
+            vs.decoded.purge_seqno = vs.consumed.purge_seqno = (purge_seqnos or {}).get(vb, 0)
+            self.streams[vb] = vs
+        self.name = f"dcpflow:{client.agent}:{os.urandom(6).hex()}"
+        self._queue: deque = deque()
+        self._queued_bytes = 0
+        self._wake = asyncio.Event()
+        self._conns: dict[tuple[str, int], Connection] = {}
+        self._connecting: dict[tuple[str, int], asyncio.Task] = {}
+        self._tasks: set[asyncio.Task] = set()
+        self._error: BaseException | None = None
+        self._closed = False
+        self._done = 0
+        self.stats = defaultdict(int)  # stream_end_<reason>, reconnects, rollbacks, max_queued_bytes...
+        buffer = options.buffer_size
+        self._high_water = options.max_queued_bytes or max(2 * buffer, 8 * 1024 * 1024)
+        self._dead_timeout = options.dead_timeout or 2 * options.noop_interval + 5.0
+        self._watchdog: asyncio.Task | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    async def start(self) -> None:
+        self._watchdog = asyncio.create_task(self._watch())
+        todo = []
+        for vs in self.streams.values():
+            if vs.start.seqno >= vs.end:
+                vs.state = DONE
+                self._done += 1
+                self._push(Finished(vs.vbucket))
+            else:
+                todo.append(vs)
+        if todo:
+            await self._open(todo)
+
+    @property
+    def finished(self) -> bool:
+        return self._done == len(self.streams)
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for task in list(self._tasks) + list(self._connecting.values()) + ([self._watchdog] if self._watchdog else []):
+            task.cancel()
+        for conn in list(self._conns.values()):
+            self._retire_conn(conn)
+            conn.close()
+        self._conns.clear()
+        self._queue.clear()
+        self._wake.set()
+
+    def _fail(self, error: BaseException) -> None:
+        if self._error is None:
+            self._error = error
+        self._wake.set()
+
+    def _spawn(self, coro) -> None:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None and not self._closed:
+            exc = task.exception()
+            self._fail(exc if isinstance(exc, ClientError) else ClientError(f"internal error: {exc!r}"))
+
+    # -- the queue ---------------------------------------------------------------------------
+    def _push(self, item) -> None:
+        self._queue.append(item)
+        self._wake.set()
+
+    def _on_segment(self, seg: Segment) -> None:
+        if self._closed:
+            return
+        self._queue.append(seg)
+        self._queued_bytes += seg.charged
+        if self._queued_bytes > self.stats["max_queued_bytes"]:
+            self.stats["max_queued_bytes"] = self._queued_bytes
+        if self._queued_bytes > self._high_water:
+            for conn in self._conns.values():
+                conn.pause_reading()
+        self._wake.set()
+
+    async def next(self, timeout: float | None = None):
+        """The next Segment or notice, None once every stream is done, or TIMEOUT if `timeout`
+        seconds pass first. Raises the feed's error."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            if self._error is not None:
+                raise self._error
+            if self._queue:
+                item = self._queue.popleft()
+                if type(item) is Segment:
+                    self._queued_bytes -= item.charged
+                    if self._queued_bytes < self._high_water // 2:
+                        for conn in self._conns.values():
+                            conn.resume_reading()
+                return item
+            if self.finished or self._closed:
+                return None
+            for conn in self._conns.values():  # idle: let the producer fill the window again
+                conn.flush_acks()
+            self._wake.clear()
+            if deadline is None:
+                await self._wake.wait()
+            else:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return TIMEOUT
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), left)
+
+    def outstanding(self) -> int:
+        """The most stream bytes any connection ever held unacknowledged (the flow-control bound
+        says: at most the buffer size plus one message)."""
+        live = max((c.max_outstanding for c in self._conns.values()), default=0)
+        return max(live, self.stats["max_outstanding_bytes"])
+
+    def peek_ready(self) -> bool:
+        return bool(self._queue) or self._error is not None
+
+    def done_with(self, seg: Segment) -> None:
+        """The consumer has finished with a segment: count it toward the flow-control acks."""
+        seg.conn.consumed(seg.charged)
+
+    # -- notices (consumer side, in queue order) -----------------------------------------------
+    def handle_notice(self, notice, steps: list):
+        """Apply a notice to the decoded trackers; record its replay step; return the application
+        event it causes, if any."""
+        t = type(notice)
+        if t is Opened:
+            vs = self.streams[notice.vbucket]
+            vs.decoded.opened(notice.failover_log)
+            steps.append((OPENED, notice.vbucket, notice.failover_log))
+            return None
+        if t is RolledBack:
+            vs = self.streams[notice.vbucket]
+            vs.decoded.rolled_back(notice.offset)
+            steps.append((ROLLED_BACK, notice.vbucket, notice.offset))
+            return Rollback(notice.vbucket, notice.seqno, notice.offset)
+        if t is ConnLost:
+            self._connection_lost(notice.conn, notice.error)
+            return None
+        if t is Finished:
+            vs = self.streams[notice.vbucket]
+            return StreamEnd(notice.vbucket, StreamEndReason.OK, vs.decoded.committed)
+        raise TypeError(f"unknown notice {notice!r}")
+
+    def stream_end(self, vbucket: int, reason: int, steps: list):
+        """STREAM_END for a vbucket (stream-end.md): finish, or reopen from where it stood."""
+        vs = self.streams.get(vbucket)
+        with contextlib.suppress(ValueError):
+            reason = StreamEndReason(reason)
+        name = reason.name if isinstance(reason, StreamEndReason) else str(reason)
+        self.stats[f"stream_end_{name.lower()}"] += 1
+        if vs is None or vs.state == DONE:
+            return None
+        action, remap, delay = end_action(reason, vs.closing)
+        if action == FINISH:
+            if reason == StreamEndReason.OK:
+                vs.decoded.stream_end_ok()
+                steps.append((END_OK, vbucket, None))
+            vs.state = DONE
+            self._done += 1
+            return StreamEnd(vbucket, reason, vs.decoded.committed)
+        log.info("vbucket %d: stream ended with %s; reopening from seqno %d", vbucket, name,
+                 vs.decoded.position.seqno)
+        self._reopen([vs], remap=remap, delay=delay)
+        return None
+
+    def _connection_lost(self, conn: Connection, error: BaseException) -> None:
+        lost = [vs for vs in self.streams.values() if vs.conn is conn and vs.state != DONE]
+        self.stats["connections_lost"] += 1
+        if lost:
+            log.warning("%s: %s; reopening %d stream(s)", conn.label, error, len(lost))
+            self._reopen(lost, remap=True, delay=0.0)
+
+    # -- opening streams -----------------------------------------------------------------------
+    def _reopen(self, streams: list[VbStream], *, remap: bool, delay: float) -> None:
+        for vs in streams:
+            vs.state = WAITING
+            vs.conn = None
+        self._spawn(self._reopen_task(streams, remap, delay))
+
+    async def _reopen_task(self, streams: list[VbStream], remap: bool, delay: float) -> None:
+        started = time.monotonic()
+        backoff = 0.05
+        if delay:
+            await asyncio.sleep(delay)
+        while not self._closed:
+            todo = [vs for vs in streams if vs.state == WAITING]
+            if not todo:
+                return
+            try:
+                if remap:
+                    await self.client.refresh_map()
+                await self._open(todo)
+                self.stats["reopens"] += 1
+                return
+            except (ConnectError, ConnectionLostError, NoActiveCopy, TimeoutError, OSError) as e:
+                limit = self.options.reconnect_timeout
+                if limit and time.monotonic() - started > limit:
+                    vbs = ", ".join(str(vs.vbucket) for vs in todo[:8]) + ("..." if len(todo) > 8 else "")
+                    raise ConnectionLostError(f"vbuckets {vbs}: could not reopen their streams within {limit:g}s "
+                                              f"(last error: {e})") from None
+                log.info("reopen of %d stream(s) failed (%s); retrying in %.2fs", len(todo), e, backoff)
+                remap = True
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+
+    async def _open(self, streams: list[VbStream]) -> None:
+        by_node: dict[tuple[str, int], list[VbStream]] = defaultdict(list)
+        for vs in streams:
+            address = self.client.node_for_vbucket(vs.vbucket)
+            if address is None:
+                raise NoActiveCopy(f"vbucket {vs.vbucket} has no active copy in the cluster map")
+            by_node[address].append(vs)
+        conns = await asyncio.gather(*(self._dcp_conn(a) for a in by_node))
+        for conn, group in zip(conns, by_node.values(), strict=True):
+            for vs in group:
+                if vs.state == WAITING:
+                    self._request(vs, conn)
+
+    async def _dcp_conn(self, address: tuple[str, int]) -> Connection:
+        conn = self._conns.get(address)
+        if conn is not None and conn.lost is None:
+            return conn
+        task = self._connecting.get(address)
+        if task is None:
+            task = asyncio.create_task(self._new_dcp_conn(address))
+            self._connecting[address] = task
+            task.add_done_callback(lambda _t, a=address: self._connecting.pop(a, None))
+        return await asyncio.shield(task)
+
+    async def _new_dcp_conn(self, address: tuple[str, int]) -> Connection:
+        conn = await self.client._connect(address, fetch_map=False)
+        try:
+            conn.sink = self._on_segment
+            conn.on_lost = self._on_conn_lost
+            await open_dcp(conn, f"{self.name}:{address[0]}:{address[1]}", buffer_size=self.options.buffer_size,
+                           noop_interval=self.options.noop_interval)
+        except BaseException:
+            conn.close()
+            raise
+        if self._closed:
+            conn.close()
+            raise ConnectionLostError("feed closed")
+        self._conns[address] = conn
+        self.stats["connections"] += 1
+        return conn
+
+    def _retire_conn(self, conn: Connection) -> None:
+        """Fold a connection's counters into the feed's stats (once)."""
+        if conn.retired:
+            return
+        conn.retired = True
+        self.stats["max_outstanding_bytes"] = max(self.stats["max_outstanding_bytes"], conn.max_outstanding)
+        self.stats["stream_bytes"] += conn.charged_total
+        self.stats["noops"] += conn.noops
+
+    def _on_conn_lost(self, conn: Connection, error: BaseException | None) -> None:
+        self._retire_conn(conn)
+        if error is None or self._closed:
+            return
+        if self._conns.get(conn.address) is conn:
+            del self._conns[conn.address]
+        self._push(ConnLost(conn, error))
+
+    def _request(self, vs: VbStream, conn: Connection, offset: Offset | None = None) -> None:
+        pos = offset if offset is not None else vs.decoded.position
+        flags = StreamFlag.ACTIVE_VB_ONLY
+        if self.options.ignore_purged_tombstones:
+            flags |= StreamFlag.IGNORE_PURGED_TOMBSTONES
+        value = b""
+        purge = vs.decoded.purge_seqno
+        if self.options.send_purge_seqno and purge and conn.collections:
+            value = json.dumps({"purge_seqno": str(purge)}).encode()
+        req = DcpStreamRequest(vs.vbucket, pos.seqno, vs.end, pos.vbuuid, pos.snapshot_start, pos.snapshot_end,
+                               int(flags), value)
+        vs.state = OPENING
+        vs.conn = conn
+        vs.opens += 1
+        with contextlib.suppress(ConnectionLostError):  # if lost, its ConnLost notice reopens the stream
+            conn.request(req, callback=lambda frame: self._on_reply(vs, conn, pos, frame))
+
+    def _retry(self, vs: VbStream, reason: str, *, remap: bool, delay: float) -> None:
+        now = time.monotonic()
+        if vs.retry_since is None:
+            vs.retry_since = now
+        limit = self.options.reconnect_timeout
+        if limit and now - vs.retry_since > limit:
+            self._fail(StreamError(f"vbucket {vs.vbucket}: {reason} for more than {limit:g}s; giving up",
+                                   vs.vbucket))
+            return
+        self._reopen([vs], remap=remap, delay=delay)
+
+    def _on_reply(self, vs: VbStream, conn: Connection, pos: Offset, frame) -> None:
+        if frame is None or self._closed or vs.conn is not conn:
+            return  # connection lost: its ConnLost notice reopens the stream
+        status = frame.status
+        vb = vs.vbucket
+        if status == Status.SUCCESS:
+            resp = DcpStreamRequestResponse.from_frame(frame)
+            vs.state = OPEN
+            vs.failover_log = resp.failover_log
+            vs.retry_since = None
+            self._push(Opened(vb, resp.failover_log))
+            return
+        if status == Status.ROLLBACK:
+            seqno = DcpStreamRequestResponse.from_frame(frame).rollback_seqno
+            vs.state = WAITING
+            self.stats["rollbacks"] += 1
+            self._spawn(self._rollback(vs, conn, seqno))
+            return
+        if status == Status.NOT_MY_VBUCKET:
+            self._retry(vs, "NOT_MY_VBUCKET", remap=True, delay=0.05)
+            return
+        if status in _RETRY_LATER:
+            self._retry(vs, status_name(status), remap=False, delay=0.2)
+            return
+        ctx = _error_context(frame)
+        what = {
+            Status.ERANGE: (f"the server refused start seqno {pos.seqno} (snapshot {pos.snapshot_start}.."
+                            f"{pos.snapshot_end}, end {vs.end}): the offset is beyond the server's data or its "
+                            f"snapshot range is invalid"),
+            Status.KEY_EEXISTS: "a stream for this vbucket is already open on the connection",
+            Status.EACCESS: "this user may not stream the vbucket (needs the DCP reader role)",
+            Status.NOT_SUPPORTED: "the server does not support this stream request",
+        }.get(status, "stream request failed")
+        self._fail(StreamError(f"vbucket {vb}: {what} ({status_name(status)}{': ' + ctx if ctx else ''})", vb,
+                               status))
+
+    async def _rollback(self, vs: VbStream, conn: Connection, seqno: int) -> None:
+        try:
+            reply = await conn.call(DcpGetFailoverLog(vs.vbucket), timeout=30)
+        except (ConnectionLostError, TimeoutError):
+            return  # ConnLost reopens the stream; the server will tell us to roll back again
+        if reply.status != Status.SUCCESS:
+            self._retry(vs, f"DCP_GET_FAILOVER_LOG {status_name(reply.status)}", remap=True, delay=0.1)
+            return
+        point = vs.decoded.rollback_point(seqno)
+        offset = rollback_offset(FailoverLogResponse.from_frame(reply).entries, point)
+        if self.options.rollback == "raise":
+            self._fail(RollbackError(vs.vbucket, offset.seqno, offset))
+            return
+        log.warning("vbucket %d: server asked to roll back to seqno %d; resuming from %s", vs.vbucket, seqno,
+                    tuple(offset))
+        self._push(RolledBack(vs.vbucket, offset.seqno, offset))
+        if conn.lost is None and vs.state == WAITING:
+            self._request(vs, conn, offset)
+
+    # -- dead connections --------------------------------------------------------------------
+    async def _watch(self) -> None:
+        period = max(0.05, min(1.0, self._dead_timeout / 4))
+        while not self._closed:
+            await asyncio.sleep(period)
+            now = time.monotonic()
+            for conn in list(self._conns.values()):
+                if not conn.paused and conn.lost is None and now - conn.last_rx > self._dead_timeout:
+                    self.stats["dead_connections"] += 1
+                    conn.abort(DeadConnectionError(f"{conn.label}: nothing received for "
+                                                   f"{now - conn.last_rx:.1f}s (noops stopped): connection dead"))

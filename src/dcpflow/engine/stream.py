@@ -1,0 +1,602 @@
+"""ActiveStream: what one DCP stream sends, as bytes in a ready queue - no sockets, no timers.
+
+Reference: docs/dcp/documentation/commands/stream-request.md, snapshot-marker.md ("Implementation
+notes"), stream-end.md, rebalance.md (takeover) and reference/README.md ("Memory vs disk",
+"Marker version", "Other behaviours"), TABLES.md 5.4/5.5.
+
+A stream starts by registering a checkpoint cursor at its start seqno. If memory still holds
+start+1 it streams in-memory checkpoints right away; otherwise (or with DiskOnly) it first needs a
+*backfill* of [start+1, min(end, first seqno in memory - 1)] from the on-disk store, sent as one
+Disk|Checkpoint snapshot. The owner (the server's DcpProducer) runs the SQLite scan wherever it
+likes - a worker thread - and hands pages to `backfill_page`; the stream only turns items into
+messages. After the backfill the cursor continues exactly where the disk snapshot ended.
+
+Snapshot-marker start seqnos follow the implementation notes of snapshot-marker.md as the code
+behaves (reference/README.md): the first marker of a stream starts at min(requested snapshot
+start, natural start); a backfill marker otherwise starts at the backfill's first seqno; a memory
+marker with the Checkpoint flag at the checkpoint's snapshot start; a memory marker without it at
+the seqno of the first item that follows it; a marker of a Disk checkpoint at the checkpoint's
+snapshot start. Marker ends are clamped to the stream's end seqno.
+
+Messages are encoded as they are queued (the producer only concatenates bytes), and the ready
+queue is bounded by the caller: `fill(max_bytes)` reads the cursor only while fewer than
+`max_bytes` are queued, and the producer asks for the next backfill page only then, so a stream
+over a million-item vbucket holds one page plus the queue in memory.
+
+The stream ends itself with STREAM_END(OK) at its end seqno (or once a DiskOnly backfill is
+done). Other ends come from outside through `set_dead(reason)`: the queued messages are dropped
+(kv_engine clears the ready queue for any reason but OK) and STREAM_END(reason) is queued, except
+for a client CLOSE_STREAM without `send_stream_end_on_client_close_stream`, which sends nothing.
+
+Takeover (rebalance.md, reference/README.md): once caught up the stream enters TAKEOVER_SEND, in
+which markers carry the Ack flag; when everything is sent and acknowledged it sends
+SET_VBUCKET_STATE(pending) and waits for the reply; then marks its own vbucket dead, drains what
+was written meanwhile, sends SET_VBUCKET_STATE(active), waits for that reply and ends with
+STREAM_END(OK).
+"""
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
+
+from dcpflow.protocol.dcp import _DELETION_V1_HEAD as DELETION_V1_HEAD
+from dcpflow.protocol.dcp import _DELETION_V2_HEAD as DELETION_V2_HEAD
+from dcpflow.protocol.dcp import _MUTATION_HEAD as MUTATION_HEAD
+from dcpflow.protocol.dcp import (
+    DcpDeletion,
+    DcpExpiration,
+    DcpMutation,
+    DcpSeqnoAdvanced,
+    DcpSetVbucketState,
+    DcpSnapshotMarker,
+    DcpStreamEnd,
+    MarkerVersion,
+    SnapshotFlag,
+    StreamEndReason,
+    StreamFlag,
+    VBucketState,
+)
+
+from .checkpoint import CheckpointType, Cursor, CursorDropped, Snapshot
+from .item import DATATYPE_SNAPPY, DATATYPE_XATTR, Item
+from .store import ITEM_COLUMNS, item_from_row
+
+assert ITEM_COLUMNS[:7] == ("key", "seqno", "rev_seqno", "cas", "flags", "expiry", "datatype")
+assert ITEM_COLUMNS[7] == "deleted" and ITEM_COLUMNS[10] == "value"
+_U64 = 0xFFFFFFFFFFFFFFFF
+
+MAX_SEQNO = 0xFFFFFFFFFFFFFFFF
+#: Values at least this big are queued as a separate `memoryview` entry after their header (a
+#: *continuation*: the owner writes it with the entry before it, never splitting a message), so
+#: they reach the socket without being copied into a message first.
+LARGE_VALUE = 2048
+_MEMORY, _DISK, _CHK, _ACK = (int(SnapshotFlag.MEMORY), int(SnapshotFlag.DISK), int(SnapshotFlag.CHECKPOINT),
+                              int(SnapshotFlag.ACK))
+_pack_mutation = MUTATION_HEAD.pack  # the protocol's fused header+extras structs: the hot path
+_pack_deletion_v1 = DELETION_V1_HEAD.pack
+_pack_deletion_v2 = DELETION_V2_HEAD.pack
+
+
+class StreamState(Enum):
+    BACKFILLING = "backfilling"
+    IN_MEMORY = "in-memory"
+    TAKEOVER_SEND = "takeover-send"
+    TAKEOVER_WAIT = "takeover-wait"
+    DEAD = "dead"
+
+
+@dataclass(slots=True)
+class StreamOptions:
+    """The connection's settings that shape a stream's messages (DCP_OPEN flags, DCP_CONTROL keys,
+    HELLO Collections)."""
+
+    include_xattrs: bool = False
+    no_value: bool = False
+    no_value_underlying_datatype: bool = False
+    delete_times: bool = False
+    expiry_opcode: bool = False  # effective only with delete_times (erratum 13): the producer checks
+    collections: bool = False  # keys carry the LEB128 collection id; SEQNO_ADVANCED may be sent
+    sync_replication: bool = False  # enable_sync_writes + consumer_name: markers at least V2.0
+    marker_v22: bool = False  # max_marker_version=2.2: Disk markers carry the purge seqno
+    skip_deletes_in_initial_backfill: bool = False
+    supports_cursor_dropping: bool = False
+    send_stream_end_on_close: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class BackfillRange:
+    """Read items with start <= seqno <= end from disk (`Store.scan(vb, start - 1, end)`)."""
+
+    start: int
+    end: int
+
+
+class ActiveStream:
+    """One vbucket stream of a producer; see the module docstring.
+
+    `vb` is the engine VBucket; `set_vbucket_state(vbid, state)` is the bucket's (used by takeover
+    to mark the vbucket dead); `wake()` tells the owner the stream has something new to do (it may
+    be called from inside another connection's write, so the owner must only schedule work).
+    """
+
+    def __init__(self, vb, *, name: str, opaque: int, start_seqno: int, end_seqno: int, snap_start_seqno: int,
+                 flags: int = 0, stream_id: int | None = None, options: StreamOptions | None = None,
+                 set_vbucket_state: Callable[[int, VBucketState], object] | None = None,
+                 wake: Callable[[], None] = lambda: None):
+        self.vb = vb
+        self.vbid = vb.id
+        self.name = name
+        self.opaque = opaque
+        self.flags = flags
+        self.stream_id = stream_id
+        self.opts = options or StreamOptions()
+        self.start_seqno = start_seqno
+        self.end_seqno = end_seqno
+        self.snap_start_seqno = snap_start_seqno
+        self.takeover = bool(flags & StreamFlag.TAKEOVER)
+        self.disk_only = bool(flags & StreamFlag.DISK_ONLY)
+        self._set_vbucket_state = set_vbucket_state
+        self._wake = wake
+        self.state = StreamState.IN_MEMORY
+        self.ready: deque[bytes] = deque()
+        self.ready_bytes = 0
+        self.cursor: Cursor | None = None
+        self.cursor_dropped = False
+        self.backfill: BackfillRange | None = None  # wanted or running
+        self.backfill_running = False
+        self.last_read_seqno = start_seqno  # highest seqno whose fate (sent or skipped) is decided
+        self.last_sent_seqno = start_seqno  # highest item seqno queued
+        self._first_marker = True
+        self._marker_end = start_seqno  # end of the snapshot being sent
+        self._backfills = 0
+        self._initial_backfill = start_seqno == 0
+        self.end_reason: StreamEndReason | None = None
+        self.acks_outstanding = 0
+        self.takeover_waiting_for: VBucketState | None = None
+        self.items_sent = 0
+        self.backfill_items = 0
+        self.memory_items = 0
+        self.cursor_drops = 0
+        self.peak_ready_bytes = 0  # the most a backfill ever had queued (bounded memory, tested)
+
+    def __repr__(self) -> str:
+        sid = f" sid={self.stream_id}" if self.stream_id is not None else ""
+        return f"<ActiveStream vb={self.vbid}{sid} {self.state.value} last={self.last_sent_seqno} end={self.end_seqno}>"
+
+    # -- life cycle ----------------------------------------------------------------------------
+    @property
+    def dead(self) -> bool:
+        return self.state is StreamState.DEAD
+
+    def start(self) -> None:
+        """Place the cursor (or plan the backfill); a stream with start == end ends at once."""
+        if self.start_seqno >= self.end_seqno:
+            self._end(StreamEndReason.OK)
+            return
+        if self.disk_only:
+            self._plan_backfill(self.start_seqno + 1, self.end_seqno)
+            return
+        self._register_cursor(self.start_seqno)
+
+    def _register_cursor(self, seqno: int) -> None:
+        cm = self.vb.checkpoint_manager
+        reg = cm.register_cursor(self.name, seqno, on_drop=self._on_cursor_dropped)
+        self.cursor, self.cursor_dropped = reg.cursor, False
+        if reg.backfill_required:
+            self._plan_backfill(reg.backfill_start, min(reg.backfill_end, self.end_seqno))
+        else:
+            self.state = StreamState.IN_MEMORY
+
+    def _plan_backfill(self, start: int, end: int) -> None:
+        self.state = StreamState.BACKFILLING
+        self.backfill = BackfillRange(start, end)
+        self.backfill_running = False
+
+    def _release_cursor(self) -> None:
+        if self.cursor is not None:
+            if not self.cursor.dropped:
+                self.cursor.close()
+            self.cursor = None
+
+    def _on_cursor_dropped(self, cursor: Cursor) -> None:
+        """CheckpointManager callback (memory quota): note it; the owner wakes us to act on it."""
+        if cursor is self.cursor:
+            self.cursor_dropped = True
+            self.cursor_drops += 1
+            self._wake()
+
+    def release(self) -> None:
+        """The connection is gone: drop the cursor and the queue, send nothing."""
+        self._release_cursor()
+        self.backfill = None
+        self.ready.clear()
+        self.ready_bytes = 0
+        self.state = StreamState.DEAD
+
+    def set_dead(self, reason: StreamEndReason) -> None:
+        """End the stream from outside (close, state change, rollback, disconnect...)."""
+        if self.dead:
+            return
+        self._end(reason)
+
+    def _end(self, reason: StreamEndReason) -> None:
+        self._release_cursor()
+        self.backfill = None
+        if reason != StreamEndReason.OK:
+            self.ready.clear()
+            self.ready_bytes = 0
+        self.state = StreamState.DEAD
+        self.end_reason = reason
+        if reason == StreamEndReason.CLOSED and not self.opts.send_stream_end_on_close:
+            return
+        self._push(DcpStreamEnd(self.vbid, reason, self.opaque, self.stream_id).encode())
+
+    # -- output --------------------------------------------------------------------------------
+    def _push(self, data: bytes) -> None:
+        self.ready.append(data)
+        self.ready_bytes += len(data)
+
+    def pop(self) -> bytes | memoryview | None:
+        """The next entry to send (a message, or a message's header followed by a `memoryview`
+        continuation holding its value), or None."""
+        if not self.ready:
+            return None
+        data = self.ready.popleft()
+        self.ready_bytes -= len(data)
+        return data
+
+    def _marker(self, start: int, end: int, flags: int, purge_seqno: int) -> None:
+        if self._first_marker:
+            start = min(self.snap_start_seqno, start)
+            self._first_marker = False
+        if end > self.end_seqno:
+            end = self.end_seqno
+        if self.state is StreamState.TAKEOVER_SEND:
+            flags |= _ACK
+            self.acks_outstanding += 1
+        self._marker_end = end
+        opts = self.opts
+        if opts.marker_v22 and flags & _DISK:
+            msg = DcpSnapshotMarker(self.vbid, start, end, flags, MarkerVersion.V2_2, end, 0, purge_seqno, 0,
+                                    self.opaque, self.stream_id)
+        elif opts.sync_replication:
+            msg = DcpSnapshotMarker(self.vbid, start, end, flags, MarkerVersion.V2_0, end, 0, 0, 0,
+                                    self.opaque, self.stream_id)
+        else:
+            msg = DcpSnapshotMarker(self.vbid, start, end, flags, MarkerVersion.V1, opaque=self.opaque,
+                                    stream_id=self.stream_id)
+        self._push(msg.encode())
+
+    def _shape_value(self, item: Item) -> tuple[bytes, int]:
+        """The value and datatype to ship, per IncludeXattrs / NoValue / NoValueWithUnderlyingDatatype."""
+        value, datatype = item.value, item.datatype
+        opts = self.opts
+        if datatype & DATATYPE_XATTR and not datatype & DATATYPE_SNAPPY:
+            xlen = 4 + int.from_bytes(value[:4], "big")
+            if not opts.include_xattrs:
+                value, datatype = value[xlen:], datatype & ~DATATYPE_XATTR
+                xattrs = b""
+            else:
+                xattrs = value[:xlen]
+        else:
+            xattrs = b""
+        if opts.no_value or opts.no_value_underlying_datatype or item.deleted:
+            sent_type = DATATYPE_XATTR if xattrs else 0
+            if opts.no_value_underlying_datatype and not item.deleted:
+                sent_type = item.datatype & ~DATATYPE_SNAPPY
+                if not opts.include_xattrs:
+                    sent_type &= ~DATATYPE_XATTR
+            return xattrs, sent_type
+        return value, datatype
+
+    def _queue_item(self, item: Item) -> None:
+        """Encode one item. The common shapes (no stream-id) are packed with the protocol's fused
+        header structs - the same bytes as `DcpMutation(...).encode()` (tested), a third of the
+        cost; everything else goes through the message classes."""
+        opts = self.opts
+        key = b"\x00" + item.key if opts.collections else item.key
+        if item.datatype & DATATYPE_XATTR or opts.no_value or opts.no_value_underlying_datatype or item.deleted:
+            value, datatype = self._shape_value(item)
+        else:
+            value, datatype = item.value, item.datatype
+        seqno = item.by_seqno
+        sid = self.stream_id
+        if not item.deleted:
+            if sid is None:
+                data = _pack_mutation(0x80, 0x57, len(key), 31, datatype, self.vbid, 31 + len(key) + len(value),
+                                      self.opaque, item.cas, seqno, item.rev_seqno, item.flags, item.expiry, 0, 0,
+                                      0) + key
+                if len(value) >= LARGE_VALUE:
+                    # the value goes out as it is stored (no copy into the message): a continuation
+                    self.ready.append(data)
+                    self.ready.append(memoryview(value))
+                    self.ready_bytes += len(data) + len(value)
+                    self.last_sent_seqno = seqno
+                    self.items_sent += 1
+                    return
+                data += value
+            else:
+                data = DcpMutation(self.vbid, seqno, item.rev_seqno, item.flags, item.expiry, 0, key, value,
+                                   item.cas, datatype, self.opaque, 0, sid).encode()
+        elif item.is_expiration and opts.expiry_opcode and opts.delete_times:
+            data = DcpExpiration(self.vbid, seqno, item.rev_seqno, key, item.delete_time, value, item.cas,
+                                 datatype, self.opaque, sid).encode()
+        elif sid is not None:
+            data = DcpDeletion(self.vbid, seqno, item.rev_seqno, key, value, item.cas, datatype, self.opaque,
+                               item.delete_time if opts.delete_times else None, sid).encode()
+        elif opts.delete_times:
+            data = _pack_deletion_v2(0x80, 0x58, len(key), 21, datatype, self.vbid, 21 + len(key) + len(value),
+                                     self.opaque, item.cas, seqno, item.rev_seqno, item.delete_time, 0) + key + value
+        else:
+            data = _pack_deletion_v1(0x80, 0x58, len(key), 18, datatype, self.vbid, 18 + len(key) + len(value),
+                                     self.opaque, item.cas, seqno, item.rev_seqno, 0) + key + value
+        self.ready.append(data)
+        self.ready_bytes += len(data)
+        self.last_sent_seqno = seqno
+        self.items_sent += 1
+
+    def _queue_items(self, items: list[Item]) -> None:
+        """`_queue_item` for each, with plain mutations packed inline (the in-memory hot loop)."""
+        opts = self.opts
+        if self.stream_id is not None or opts.no_value or opts.no_value_underlying_datatype:
+            for item in items:
+                self._queue_item(item)
+            return
+        vbid, opaque, prefix, ready, pack = self.vbid, self.opaque, opts.collections, self.ready, _pack_mutation
+        nbytes = count = 0
+        for item in items:
+            datatype = item.datatype
+            if item.deleted or datatype & DATATYPE_XATTR:
+                self._queue_item(item)
+                continue
+            key, value = item.key, item.value
+            if prefix:
+                key = b"\x00" + key
+            data = pack(0x80, 0x57, len(key), 31, datatype, vbid, 31 + len(key) + len(value), opaque, item.cas,
+                        item.by_seqno, item.rev_seqno, item.flags, item.expiry, 0, 0, 0) + key
+            if len(value) >= LARGE_VALUE:
+                ready.append(data)
+                ready.append(memoryview(value))
+                nbytes += len(data) + len(value)
+            else:
+                data += value
+                ready.append(data)
+                nbytes += len(data)
+            count += 1
+        self.ready_bytes += nbytes
+        self.items_sent += count
+        if items:
+            self.last_sent_seqno = items[-1].by_seqno
+
+    def _seqno_advanced_if_needed(self) -> None:
+        """A collection-aware consumer learns the snapshot end it did not see an item for."""
+        if self.opts.collections and self.last_sent_seqno < self._marker_end:
+            self._push(DcpSeqnoAdvanced(self.vbid, self._marker_end, self.opaque, self.stream_id).encode())
+            self.last_sent_seqno = self._marker_end
+
+    # -- backfill (pages handed in by the owner) -------------------------------------------------
+    def backfill_begin(self, purge_seqno: int) -> None:
+        """The scan is open: queue the Disk|Checkpoint marker for the whole backfill range."""
+        rng = self.backfill
+        self.backfill_running = True
+        self._backfills += 1
+        self._marker(rng.start, rng.end, _DISK | _CHK, purge_seqno)
+
+    def backfill_page(self, items: list[Item]) -> None:
+        end = self.end_seqno
+        skip_deletes = self.opts.skip_deletes_in_initial_backfill and self._initial_backfill
+        for item in items:
+            if item.by_seqno > end:
+                break
+            if skip_deletes and item.deleted:
+                continue
+            self._queue_item(item)
+            self.backfill_items += 1
+        if items:
+            self.last_read_seqno = min(items[-1].by_seqno, end)
+        if self.ready_bytes > self.peak_ready_bytes:
+            self.peak_ready_bytes = self.ready_bytes
+
+    def backfill_rows(self, rows: list[tuple]) -> None:
+        """A page of raw store rows (`BackfillScan.next_rows`): plain mutations are encoded
+        straight from the row - no Item is built - everything else via `backfill_page`."""
+        opts = self.opts
+        if self.stream_id is not None or opts.no_value or opts.no_value_underlying_datatype:
+            self.backfill_page([item_from_row(r) for r in rows])
+            return
+        end, vbid, opaque = self.end_seqno, self.vbid, self.opaque
+        prefix = opts.collections
+        ready = self.ready
+        pack = _pack_mutation
+        nbytes = count = 0
+        last = self.last_sent_seqno
+        for r in rows:
+            seqno = r[1]
+            if seqno > end:
+                break
+            datatype = r[6]
+            if r[7] or datatype & DATATYPE_XATTR:
+                if nbytes:
+                    self.ready_bytes += nbytes
+                    self.items_sent += count
+                    self.backfill_items += count
+                    nbytes = count = 0
+                self.last_sent_seqno = last
+                self.backfill_page([item_from_row(r)])
+                last = self.last_sent_seqno
+                continue
+            key, value = r[0], r[10]
+            if prefix:
+                key = b"\x00" + key
+            data = pack(0x80, 0x57, len(key), 31, datatype, vbid, 31 + len(key) + len(value), opaque, r[3] & _U64,
+                        seqno, r[2] & _U64, r[4], r[5], 0, 0, 0) + key
+            if len(value) >= LARGE_VALUE:
+                ready.append(data)
+                ready.append(memoryview(value))
+                nbytes += len(data) + len(value)
+            else:
+                data += value
+                ready.append(data)
+                nbytes += len(data)
+            count += 1
+            last = seqno
+        self.ready_bytes += nbytes
+        self.items_sent += count
+        self.backfill_items += count
+        self.last_sent_seqno = last
+        if rows:
+            self.last_read_seqno = min(rows[-1][1], end)
+        if self.ready_bytes > self.peak_ready_bytes:
+            self.peak_ready_bytes = self.ready_bytes
+
+    def backfill_complete(self) -> None:
+        """The scan reached the end of the range: continue from memory, or end the stream."""
+        rng = self.backfill
+        self.backfill = None
+        self.backfill_running = False
+        self._initial_backfill = False
+        if rng is None:
+            return
+        self.last_read_seqno = rng.end
+        self._seqno_advanced_if_needed()
+        if self.disk_only or rng.end >= self.end_seqno:
+            self._end(StreamEndReason.OK)
+        elif self.cursor is None or self.cursor.dropped:
+            self._recover_from_drop()
+        else:
+            self.state = StreamState.IN_MEMORY
+        self._wake()
+
+    def backfill_failed(self) -> None:
+        self.set_dead(StreamEndReason.BACKFILL_FAIL)
+
+    # -- memory --------------------------------------------------------------------------------
+    def _recover_from_drop(self) -> None:
+        """The cursor was dropped (memory quota): backfill from where we are, or end as too slow."""
+        self.cursor = None
+        self.cursor_dropped = False
+        if not self.opts.supports_cursor_dropping:
+            self._end(StreamEndReason.SLOW)
+            return
+        self._register_cursor(self.last_read_seqno)
+
+    def fill(self, max_bytes: int, max_items: int = 512) -> bool:
+        """Queue messages from the checkpoints while fewer than `max_bytes` are queued; True if
+        anything was queued or the state changed."""
+        state = self.state
+        if state is StreamState.BACKFILLING or state is StreamState.DEAD or state is StreamState.TAKEOVER_WAIT:
+            return False
+        if self.cursor_dropped or self.cursor is None or self.cursor.dropped:
+            if self.backfill is None:
+                self._recover_from_drop()
+                return True
+            return False
+        progressed = False
+        while self.ready_bytes < max_bytes and not self.dead:
+            try:
+                snaps = self.cursor.next_batch(max_items)
+            except CursorDropped:
+                self._recover_from_drop()
+                return True
+            if not snaps:
+                return self._caught_up() or progressed
+            progressed = True
+            for snap in snaps:
+                if self._queue_snapshot(snap):
+                    return True
+        return progressed
+
+    def _queue_snapshot(self, snap: Snapshot) -> bool:
+        """Queue one cursor Snapshot; True if the stream reached its end seqno."""
+        items = snap.items
+        end = self.end_seqno
+        past_end = items[-1].by_seqno > end
+        if past_end:
+            items = [it for it in items if it.by_seqno <= end]
+        if items:
+            if snap.new_marker:
+                if snap.type == CheckpointType.DISK:
+                    flags, start = _DISK, snap.checkpoint_snap_start
+                else:
+                    flags = _MEMORY
+                    start = snap.start if snap.checkpoint_start else items[0].by_seqno
+                if snap.checkpoint_start:
+                    flags |= _CHK
+                self._marker(start, snap.end, flags, self.vb.purge_seqno)
+            self._queue_items(items)
+            self.memory_items += len(items)
+        read_upto = snap.items[-1].by_seqno  # not cursor.seqno: a batch may hold several snapshots
+        self.last_read_seqno = min(read_upto, end)
+        if past_end or read_upto >= end:
+            self._seqno_advanced_if_needed()
+            self._end(StreamEndReason.OK)
+            return True
+        return False
+
+    def _caught_up(self) -> bool:
+        """Nothing more in memory right now: a takeover stream moves towards the vbucket switch."""
+        if not self.takeover:
+            return False
+        if self.state is StreamState.IN_MEMORY:
+            # Caught up: takeover-send. With no Ack outstanding, go on at once (a consumer that was
+            # already caught up gets SET_VBUCKET_STATE(pending) now, not at the next write).
+            self.state = StreamState.TAKEOVER_SEND
+        if self.state is StreamState.TAKEOVER_SEND and self.acks_outstanding == 0:
+            if self.vb.state != VBucketState.DEAD:
+                self._send_vbucket_state(VBucketState.PENDING)
+            else:
+                self._send_vbucket_state(VBucketState.ACTIVE)
+            return True
+        return False
+
+    # -- takeover ------------------------------------------------------------------------------
+    def _send_vbucket_state(self, state: VBucketState) -> None:
+        self.state = StreamState.TAKEOVER_WAIT
+        self.takeover_waiting_for = state
+        self._push(DcpSetVbucketState(self.vbid, int(state), self.opaque).encode())
+
+    def snapshot_acked(self) -> None:
+        """The consumer answered a marker with the Ack flag."""
+        if self.acks_outstanding:
+            self.acks_outstanding -= 1
+            self._wake()
+
+    def vbucket_state_acked(self) -> None:
+        """The consumer answered our SET_VBUCKET_STATE."""
+        waiting = self.takeover_waiting_for
+        if self.state is not StreamState.TAKEOVER_WAIT or waiting is None:
+            return
+        self.takeover_waiting_for = None
+        if waiting == VBucketState.PENDING:
+            self.state = StreamState.TAKEOVER_SEND
+            if self._set_vbucket_state is not None:
+                self._set_vbucket_state(self.vbid, VBucketState.DEAD)
+        else:
+            self._end(StreamEndReason.OK)
+        self._wake()
+
+    @property
+    def takeover_active(self) -> bool:
+        """In the takeover handshake: the vbucket state changes it causes must not end it."""
+        return self.takeover and self.state in (StreamState.TAKEOVER_SEND, StreamState.TAKEOVER_WAIT)
+
+    # -- stats ---------------------------------------------------------------------------------
+    def stats(self) -> dict[str, int | str]:
+        return {
+            "opaque": self.opaque,
+            "flags": self.flags,
+            "state": self.state.value,
+            "start_seqno": self.start_seqno,
+            "end_seqno": self.end_seqno,
+            "snap_start_seqno": self.snap_start_seqno,
+            "last_sent_seqno": self.last_sent_seqno,
+            "last_read_seqno": self.last_read_seqno,
+            "items_sent": self.items_sent,
+            "backfill_items": self.backfill_items,
+            "memory_items": self.memory_items,
+            "ready_queue_bytes": self.ready_bytes,
+            "ready_queue_peak_bytes": self.peak_ready_bytes,
+            "cursor_drops": self.cursor_drops,
+            "backfills": self._backfills,
+        }

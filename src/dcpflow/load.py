@@ -1,0 +1,253 @@
+"""`dcpflow load`: a realistic, reproducible workload written through the official Couchbase SDK.
+
+Four kinds of JSON documents (users, products, orders, sessions), each key `kind::id`; then
+churn: updates of existing documents, deletions, and short-lived sessions written with an expiry
+so the server turns them into expirations. Everything follows from `seed`, so a run can be
+repeated and checked. Writes go through the official SDK (`couchbase` package) on purpose: the
+pipeline is then fed exactly as a production application would feed it.
+
+Values are serialised here (compact JSON, bytes) and written with the SDK's raw-JSON transcoder,
+so what the server stores - and what `verify` compares with - is byte for byte what we made.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+KINDS = ("user", "product", "order", "session")
+_WEIGHTS = (0.35, 0.15, 0.40, 0.10)
+_FIRST = ("Ada", "Grace", "Linus", "Margaret", "Ken", "Barbara", "Dennis", "Frances", "Alan", "Radia", "Edsger",
+          "Sophie", "Tim", "Anita", "Guido", "Hedy", "John", "Katherine", "Niklaus", "Shafi")
+_LAST = ("Lovelace", "Hopper", "Torvalds", "Hamilton", "Thompson", "Liskov", "Ritchie", "Allen", "Turing",
+         "Perlman", "Dijkstra", "Wilson", "Berners-Lee", "Borg", "van Rossum", "Lamarr", "Backus", "Johnson")
+_CITIES = (("Berlin", "DE"), ("Lyon", "FR"), ("Austin", "US"), ("Osaka", "JP"), ("Porto", "PT"), ("Leeds", "GB"),
+           ("Pune", "IN"), ("Recife", "BR"), ("Tartu", "EE"), ("Bergen", "NO"))
+_WORDS = ("quantum", "cedar", "amber", "linen", "granite", "harbor", "velvet", "copper", "meadow", "nimbus",
+          "orbit", "prairie", "quartz", "saffron", "tundra", "willow", "zephyr", "basalt", "coral", "delta")
+_STATUSES = ("pending", "paid", "packed", "shipped", "delivered", "returned")
+
+
+def kind_of(index: int, seed: int) -> str:
+    return random.Random(seed * 1_000_003 + index).choices(KINDS, _WEIGHTS)[0]
+
+
+def key_for(index: int, seed: int) -> str:
+    return f"{kind_of(index, seed)}::{index:08d}"
+
+
+def make_doc(key: str, version: int, seed: int) -> bytes:
+    """The JSON document for `key` at `version` (0 = as first loaded), compact UTF-8."""
+    kind, _, ident = key.partition("::")
+    n = int(ident)
+    rng = random.Random(hash((seed, n, version)) & 0xFFFFFFFF)
+    ts = 1_767_225_600 + n * 7 + version * 3600  # 2026-01-01 onwards
+    if kind == "user":
+        first, last = rng.choice(_FIRST), rng.choice(_LAST)
+        city, country = rng.choice(_CITIES)
+        doc = {"type": "user", "id": n, "name": f"{first} {last}",
+               "email": f"{first.lower()}.{last.lower().replace(' ', '')}{n}@example.com",
+               "address": {"street": f"{rng.randint(1, 250)} {rng.choice(_WORDS).title()} Street", "city": city,
+                           "country": country, "zip": f"{rng.randint(10000, 99999)}"},
+               "created_at": ts, "version": version, "loyalty_points": rng.randint(0, 50_000),
+               "tags": rng.sample(_WORDS, rng.randint(1, 4)),
+               "prefs": {"newsletter": rng.random() < 0.4, "language": rng.choice(("en", "de", "fr", "ja", "pt"))}}
+    elif kind == "product":
+        doc = {"type": "product", "sku": f"SKU-{n:08d}", "title": " ".join(rng.sample(_WORDS, 3)).title(),
+               "description": " ".join(rng.choices(_WORDS, k=rng.randint(20, 60))),
+               "price": round(rng.uniform(1, 500), 2), "currency": "EUR", "stock": rng.randint(0, 1000),
+               "categories": rng.sample(_WORDS, rng.randint(1, 3)), "version": version, "updated_at": ts}
+    elif kind == "order":
+        items = [{"sku": f"SKU-{rng.randint(0, 99_999):08d}", "qty": rng.randint(1, 5),
+                  "price": round(rng.uniform(1, 200), 2)} for _ in range(rng.randint(1, 6))]
+        doc = {"type": "order", "id": n, "user_id": rng.randint(0, 99_999), "items": items,
+               "total": round(sum(i["qty"] * i["price"] for i in items), 2), "status": _STATUSES[min(version, 5)],
+               "created_at": ts, "version": version}
+    else:
+        doc = {"type": "session", "id": n, "user_id": rng.randint(0, 99_999), "started_at": ts,
+               "ip": f"10.{rng.randint(0, 255)}.{rng.randint(0, 255)}.{rng.randint(1, 254)}",
+               "user_agent": rng.choice(("Mozilla/5.0 (X11; Linux x86_64)", "Mozilla/5.0 (Macintosh)", "curl/8.5")),
+               "pages": rng.randint(1, 40), "version": version}
+    return json.dumps(doc, separators=(",", ":")).encode()
+
+
+@dataclass
+class Workload:
+    """What to write: `docs` initial documents, then `updates`, `deletes` and `expiring`
+    (new session documents with `ttl` seconds to live) in `rounds` rounds."""
+
+    docs: int = 100_000
+    updates: int = 10_000
+    deletes: int = 2_000
+    expiring: int = 1_000
+    ttl: int = 2
+    rounds: int = 5
+    seed: int = 42
+    versions: dict = field(default_factory=dict)  # key -> current version, for updates
+
+    def initial_keys(self) -> list[str]:
+        return [key_for(i, self.seed) for i in range(self.docs)]
+
+
+class Loader:
+    """An SDK connection to one bucket that writes and reads raw JSON bytes in bulk."""
+
+    def __init__(self, connection: str, username: str, password: str, bucket: str = "default",
+                 timeout: float = 30.0):
+        try:
+            from couchbase.auth import PasswordAuthenticator
+            from couchbase.cluster import Cluster
+            from couchbase.options import ClusterOptions, ClusterTimeoutOptions
+        except ImportError as e:
+            raise RuntimeError("the data generator writes through the official Couchbase SDK: "
+                               "pip install 'couchbase>=4.6,<5' (bash scripts/setup.sh installs it)") from e
+        timeouts = ClusterTimeoutOptions(kv_timeout=timedelta(seconds=timeout),
+                                         connect_timeout=timedelta(seconds=timeout),
+                                         bootstrap_timeout=timedelta(seconds=timeout))
+        # The dcp source's connection strings carry the bucket as a path; the SDK takes it apart.
+        base = connection.split("?", 1)[0]
+        scheme, _, rest = base.partition("://")
+        hosts = rest.split("/", 1)[0]
+        self.cluster = Cluster(f"{scheme}://{hosts}",
+                               ClusterOptions(PasswordAuthenticator(username, password), timeout_options=timeouts))
+        self.collection = self.cluster.bucket(bucket).default_collection()
+
+    def close(self) -> None:
+        self.cluster.close()
+
+    def __enter__(self) -> Loader:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def upsert(self, docs: dict[str, bytes], ttl: int | None = None, chunk: int = 5000) -> None:
+        from couchbase.options import UpsertMultiOptions
+        from couchbase.transcoder import RawJSONTranscoder
+
+        items = list(docs.items())
+        for i in range(0, len(items), chunk):
+            kwargs = {"transcoder": RawJSONTranscoder()}
+            if ttl:
+                kwargs["expiry"] = timedelta(seconds=ttl)
+            result = self.collection.upsert_multi(dict(items[i:i + chunk]), UpsertMultiOptions(**kwargs))
+            if not result.all_ok:
+                key, exc = next(iter(result.exceptions.items()))
+                raise RuntimeError(f"upsert of {key!r} failed: {exc}")
+
+    def remove(self, keys: Iterable[str], chunk: int = 5000) -> None:
+        from couchbase.exceptions import DocumentNotFoundException
+
+        keys = list(keys)
+        for i in range(0, len(keys), chunk):
+            result = self.collection.remove_multi(keys[i:i + chunk])
+            for key, exc in (result.exceptions or {}).items():
+                if not isinstance(exc, DocumentNotFoundException):
+                    raise RuntimeError(f"remove of {key!r} failed: {exc}")
+
+    def get_all(self, keys: Iterable[str], chunk: int = 5000) -> dict[str, bytes]:
+        """The current value of every key that exists (missing and expired keys are left out)."""
+        from couchbase.exceptions import DocumentNotFoundException
+        from couchbase.options import GetMultiOptions
+        from couchbase.transcoder import RawJSONTranscoder
+
+        keys = list(keys)
+        out: dict[str, bytes] = {}
+        for i in range(0, len(keys), chunk):
+            result = self.collection.get_multi(keys[i:i + chunk], GetMultiOptions(transcoder=RawJSONTranscoder()))
+            for key, exc in (result.exceptions or {}).items():
+                if not isinstance(exc, DocumentNotFoundException):
+                    raise RuntimeError(f"get of {key!r} failed: {exc}")
+            for key, res in result.results.items():
+                value = res.value
+                out[key] = value if isinstance(value, bytes) else str(value).encode()
+        return out
+
+
+def load_initial(loader: Loader, work: Workload, progress: Callable[[int, int], None] | None = None) -> list[str]:
+    keys = work.initial_keys()
+    step = 10_000
+    for i in range(0, len(keys), step):
+        part = keys[i:i + step]
+        loader.upsert({k: make_doc(k, 0, work.seed) for k in part})
+        for k in part:
+            work.versions[k] = 0
+        if progress:
+            progress(min(i + step, len(keys)), len(keys))
+    return keys
+
+
+def churn_round(loader: Loader, work: Workload, round_no: int) -> dict[str, int]:
+    """One round of updates, deletions and expiring sessions; returns what it did."""
+    rng = random.Random(work.seed * 7919 + round_no)
+    live = [k for k, v in work.versions.items() if v >= 0]
+    n_upd = min(len(live), work.updates // work.rounds)
+    n_del = min(len(live) - n_upd, work.deletes // work.rounds)
+    picked = rng.sample(live, n_upd + n_del) if live else []
+    updates, deletes = picked[:n_upd], picked[n_upd:]
+    docs = {}
+    for k in updates:
+        work.versions[k] += 1
+        docs[k] = make_doc(k, work.versions[k], work.seed)
+    loader.upsert(docs)
+    loader.remove(deletes)
+    for k in deletes:
+        work.versions[k] = -1
+    base = work.docs + round_no * (work.expiring // work.rounds)
+    expiring = {f"session::{base + i:08d}": make_doc(f"session::{base + i:08d}", 0, work.seed)
+                for i in range(work.expiring // work.rounds)}
+    loader.upsert(expiring, ttl=work.ttl)
+    for k in expiring:
+        work.versions[k] = 0
+    return {"updates": len(updates), "deletes": len(deletes), "expiring": len(expiring)}
+
+
+def add_command(sub) -> None:
+    """`dcpflow load` (argument parsing; wired in cli.py)."""
+    p = sub.add_parser("load", help="write a realistic JSON workload (and optional churn) through the Couchbase SDK",
+                       description="Load users, products, orders and sessions as JSON documents, then optionally "
+                       "run rounds of updates, deletions and expiring sessions. Reproducible with --seed.")
+    p.add_argument("--connection", required=True, help="couchbase://host:port[/bucket]")
+    p.add_argument("--username", default="Administrator")
+    p.add_argument("--password", default="password")
+    p.add_argument("--bucket", default=None, help="bucket (default: from the connection string, else default)")
+    p.add_argument("--docs", type=int, default=100_000, help="documents to load (default 100000)")
+    p.add_argument("--rounds", type=int, default=0, help="rounds of churn after the load (default 0)")
+    p.add_argument("--updates", type=int, default=10_000, help="updates over all rounds")
+    p.add_argument("--deletes", type=int, default=2_000, help="deletions over all rounds")
+    p.add_argument("--expiring", type=int, default=1_000, help="expiring session documents over all rounds")
+    p.add_argument("--ttl", type=int, default=10, help="seconds to live of expiring documents")
+    p.add_argument("--seed", type=int, default=42)
+    p.set_defaults(func=_cmd_load)
+
+
+def _cmd_load(args) -> int:
+    import sys
+    import time
+
+    if args.docs < 0 or args.rounds < 0:
+        print("dcpflow load: --docs and --rounds must not be negative", file=sys.stderr)
+        return 2
+    bucket = args.bucket
+    if bucket is None:
+        path = args.connection.split("://", 1)[-1].split("?", 1)[0].partition("/")[2].strip("/")
+        bucket = path or "default"
+    work = Workload(docs=args.docs, updates=args.updates, deletes=args.deletes, expiring=args.expiring,
+                    ttl=args.ttl, rounds=max(args.rounds, 1), seed=args.seed)
+    started = time.monotonic()
+    try:
+        loader = Loader(args.connection, args.username, args.password, bucket)
+    except Exception as e:  # the SDK raises many types; each says what failed
+        print(f"dcpflow load: cannot connect: {e}", file=sys.stderr)
+        return 1
+    with loader:
+        load_initial(loader, work, lambda n, total: print(f"loaded {n:,}/{total:,}", flush=True))
+        for i in range(args.rounds):
+            did = churn_round(loader, work, i)
+            print(f"round {i + 1}/{args.rounds}: {did}", flush=True)
+    took = time.monotonic() - started
+    print(f"done in {took:.1f}s ({args.docs / max(took, 1e-9):,.0f} docs/s)", flush=True)
+    return 0

@@ -1,0 +1,291 @@
+"""Link: the cluster manager's connection to one node - its own requests, and the relay.
+
+ns_server talks to every node over memcached connections of its own: management commands
+(SET_VBUCKET, SET_CLUSTER_CONFIG, GET_ALL_VB_SEQNOS, STAT) and, for replication, a pair of DCP
+connections per (source, destination) node pair that it proxies (rebalance.md, "Initial Stream
+Handshake": the consumer's stream requests "will be sent directly back to the EBucketMigrator
+process which will forward them to the Producer").
+
+A Link is an asyncio protocol that only walks frame headers. A response to one of the manager's
+own requests (matched by opcode and opaque) completes that request; everything else is relayed,
+as the original bytes, to the linked peer Link - whole runs of frames at a time, so a busy stream
+costs one write per read. Frames that arrive before the peer is linked are kept and sent once it
+is. Backpressure crosses the relay: when the peer's socket stops draining, this side stops
+reading. `watch(opcodes, fn)` lets the manager see relayed requests of some opcodes (STREAM_END,
+to know when a stream is gone) without taking them out of the stream.
+"""
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import socket
+import struct
+from collections.abc import Callable
+
+from dcpflow.client.sasl import ScramClient
+from dcpflow.protocol import kv as kvproto
+from dcpflow.protocol.frame import HEADER_LEN, Frame, decode_all
+from dcpflow.protocol.hello import Feature
+from dcpflow.protocol.opcodes import Opcode
+from dcpflow.protocol.status import Status
+
+log = logging.getLogger("dcpflow.replication")
+
+_HEAD = struct.Struct(">BB6xII").unpack_from  # magic, opcode, body length, opaque
+_RESPONSE_MAGICS = (0x81, 0x18)
+MAX_BODY = 64 * 1024 * 1024
+#: Features the manager's connections ask for: no collections, so keys travel without a prefix.
+FEATURES = (Feature.TCP_NODELAY, Feature.XERROR, Feature.SELECT_BUCKET, Feature.JSON, Feature.XATTR,
+            Feature.ALT_REQUEST_SUPPORT)
+
+
+class LinkError(Exception):
+    """A node refused a request or the connection failed; the message says which and why."""
+
+    def __init__(self, message: str, status: int | None = None):
+        super().__init__(message)
+        self.status = status
+
+
+def error_context(frame: Frame) -> str:
+    if not frame.value:
+        return ""
+    try:
+        doc = json.loads(frame.value)
+        if isinstance(doc, dict) and isinstance(doc.get("error"), dict):
+            return str(doc["error"].get("context", ""))
+    except ValueError:
+        pass
+    return frame.value[:200].decode("utf-8", "replace")
+
+
+def status_text(status: int) -> str:
+    try:
+        return f"{Status(status).name} (0x{status:02x})"
+    except ValueError:
+        return f"0x{status:02x}"
+
+
+class Link(asyncio.Protocol):
+    """See the module docstring. Create with `Link.open(host, port, ...)`."""
+
+    def __init__(self, label: str):
+        self.label = label
+        self.transport: asyncio.Transport | None = None
+        self.peer: Link | None = None
+        self.lost: BaseException | None = None
+        self.closed = asyncio.get_running_loop().create_future()
+        self._pending: dict[tuple[int, int], tuple[asyncio.Future, kvproto.StatsCollector | None]] = {}
+        self._opaque = 0xC0000000  # far from the opaques nodes pick for their own requests
+        self._tail = b""
+        self._parts: list[bytes] | None = None
+        self._parts_len = self._need = 0
+        self._held: list[bytes] = []  # relayed bytes waiting for the peer
+        self._watch: dict[int, Callable[[Frame], None]] = {}
+        self.on_lost: list[Callable[[Link], None]] = []
+        self.bytes_relayed = 0
+        self.features: tuple[int, ...] = ()
+        self._trace = log.isEnabledFor(logging.DEBUG)
+
+    def __repr__(self) -> str:
+        return f"<Link {self.label}>"
+
+    @classmethod
+    async def open(cls, host: str, port: int, *, label: str = "", timeout: float = 10.0) -> "Link":
+        loop = asyncio.get_running_loop()
+        where = f"{host}:{port}"
+        try:
+            _, link = await asyncio.wait_for(loop.create_connection(lambda: cls(label or where), host, port), timeout)
+        except TimeoutError:
+            raise LinkError(f"{where}: no connection within {timeout:g} s") from None
+        except OSError as e:
+            raise LinkError(f"{where}: cannot connect ({e.strerror or e})") from None
+        return link
+
+    # -- asyncio.Protocol ----------------------------------------------------------------------
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        transport.set_write_buffer_limits(high=4 * 1024 * 1024)
+
+    def connection_lost(self, exc) -> None:
+        if self.lost is None:
+            self.lost = exc or LinkError(f"{self.label}: connection closed by the node")
+        err = LinkError(f"{self.label}: connection lost ({self.lost})")
+        pending, self._pending = self._pending, {}
+        for fut, _ in pending.values():
+            if not fut.done():
+                fut.set_exception(err)
+        if not self.closed.done():
+            self.closed.set_result(None)
+        for callback in list(self.on_lost):
+            try:
+                callback(self)
+            except Exception:
+                log.exception("%s: on_lost callback failed", self.label)
+        peer = self.peer
+        if peer is not None:
+            peer.close()  # a relay with one side gone is useless: the other side goes too
+
+    def pause_writing(self) -> None:
+        if self.peer is not None and self.peer.transport is not None:
+            self.peer.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.peer is not None and self.peer.transport is not None and not self.peer.transport.is_closing():
+            self.peer.transport.resume_reading()
+
+    def data_received(self, data: bytes) -> None:
+        if self._parts is not None:  # inside a large frame: collect, join once (no quadratic copying)
+            self._parts.append(data)
+            self._parts_len += len(data)
+            if self._parts_len < self._need:
+                return
+            buf = b"".join(self._parts)
+            self._parts = None
+        else:
+            buf = self._tail + data if self._tail else data
+        end = len(buf)
+        pos = run = 0  # [run, pos) is a run of frames to relay
+        pending, watch = self._pending, self._watch
+        head = _HEAD
+        while end - pos >= HEADER_LEN:
+            magic, opcode, blen, opaque = head(buf, pos)
+            if blen > MAX_BODY:
+                self.abort(LinkError(f"{self.label}: frame body of {blen} bytes: the stream cannot be trusted"))
+                return
+            fend = pos + HEADER_LEN + blen
+            if fend > end:
+                break
+            if self._trace:
+                log.debug("%s: got magic 0x%02x opcode 0x%02x opaque %#x status/vb %d", self.label, magic, opcode,
+                          opaque, int.from_bytes(buf[pos + 6:pos + 8], "big"))
+            if magic in _RESPONSE_MAGICS and pending and (opcode, opaque) in pending:
+                if run < pos:
+                    self._relay(buf[run:pos])
+                self._reply(buf[pos:fend], opcode, opaque)
+                run = fend
+            elif watch and opcode in watch and magic not in _RESPONSE_MAGICS:
+                try:
+                    watch[opcode](decode_all(buf[pos:fend])[0])
+                except Exception:
+                    log.exception("%s: watcher of opcode 0x%02x failed", self.label, opcode)
+            pos = fend
+        if run < pos:
+            self._relay(buf if run == 0 and pos == end else buf[run:pos])
+        rest = end - pos
+        self._tail = b""
+        if rest:
+            need = HEADER_LEN + head(buf, pos)[2] if rest >= HEADER_LEN else HEADER_LEN
+            if need > rest + 65536:
+                self._parts, self._parts_len, self._need = [buf[pos:]], rest, need
+            else:
+                self._tail = buf[pos:]
+
+    def _reply(self, raw: bytes, opcode: int, opaque: int) -> None:
+        fut, collector = self._pending[(opcode, opaque)]
+        frame = decode_all(raw)[0]
+        if collector is not None:
+            if not collector.feed(frame):
+                return  # more STAT frames to come
+            frame = collector
+        del self._pending[(opcode, opaque)]
+        if not fut.done():
+            fut.set_result(frame)
+
+    def _relay(self, data: bytes) -> None:
+        peer = self.peer
+        if peer is None:
+            self._held.append(data)
+            return
+        self.bytes_relayed += len(data)
+        peer.send(data)
+
+    # -- relaying --------------------------------------------------------------------------------
+    def link(self, peer: "Link") -> None:
+        """Relay what this side receives (and has held) to `peer`."""
+        self.peer = peer
+        held, self._held = self._held, []
+        for data in held:
+            self._relay(data)
+
+    def watch(self, opcode: int, fn: Callable[[Frame], None]) -> None:
+        self._watch[opcode] = fn
+
+    # -- own requests ------------------------------------------------------------------------------
+    def send(self, data: bytes) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(data)
+
+    def request(self, message) -> asyncio.Future:
+        """Send a typed request (its opaque replaced); the future gets the reply Frame."""
+        if self.lost is not None:
+            raise LinkError(f"{self.label}: connection lost ({self.lost})")
+        self._opaque = (self._opaque + 1) & 0xFFFFFFFF or 0xC0000000
+        opaque = self._opaque
+        fut = asyncio.get_running_loop().create_future()
+        collector = kvproto.StatsCollector(opaque) if message.opcode == Opcode.STAT else None
+        self._pending[(int(message.opcode), opaque)] = (fut, collector)
+        self.send(message._replace(opaque=opaque).encode())
+        return fut
+
+    async def call(self, message, timeout: float = 30.0, *, check: bool = False, what: str = ""):
+        """The reply Frame (a StatsCollector for STAT); with `check`, a non-success status raises."""
+        try:
+            reply = await asyncio.wait_for(self.request(message), timeout)
+        except TimeoutError:
+            raise LinkError(f"{self.label}: no reply to {what or Opcode(message.opcode).name} within "
+                            f"{timeout:g} s") from None
+        if check and reply.status != Status.SUCCESS:
+            ctx = error_context(reply) if isinstance(reply, Frame) else ""
+            raise LinkError(f"{self.label}: {what or Opcode(message.opcode).name} failed with "
+                            f"{status_text(reply.status)}" + (f": {ctx}" if ctx else ""), reply.status)
+        return reply
+
+    async def login(self, user: str, password: str, bucket: str | None, *, agent: str = "dcpflow-cluster",
+                    timeout: float = 10.0) -> None:
+        """HELLO, SASL SCRAM-SHA512 and SELECT_BUCKET (SDK-BOOTSTRAP.md), pipelined."""
+        agent_json = json.dumps({"a": agent, "i": os.urandom(8).hex()}).encode()
+        hello = self.request(kvproto.Hello(agent_json, FEATURES))
+        scram = ScramClient("SCRAM-SHA512", user, password)
+        auth = self.request(kvproto.SaslAuth(b"SCRAM-SHA512", scram.first()))
+        try:
+            reply = await asyncio.wait_for(hello, timeout)
+            if reply.status != Status.SUCCESS:
+                raise LinkError(f"{self.label}: HELLO failed with {status_text(reply.status)}", reply.status)
+            self.features = kvproto.HelloResponse.from_frame(reply).features
+            reply = await asyncio.wait_for(auth, timeout)
+            if reply.status == Status.AUTH_CONTINUE:
+                reply = await self.call(kvproto.sasl_step(b"SCRAM-SHA512", scram.final(reply.value)), timeout)
+                if reply.status == Status.SUCCESS:
+                    scram.verify(reply.value)
+            if reply.status != Status.SUCCESS:
+                raise LinkError(f"{self.label}: authentication as {user!r} failed with {status_text(reply.status)}",
+                                reply.status)
+            if bucket is not None:
+                await self.call(kvproto.SelectBucket(bucket.encode()), timeout, check=True,
+                                what=f"SELECT_BUCKET {bucket!r}")
+        except TimeoutError:
+            raise LinkError(f"{self.label}: login did not finish within {timeout:g} s") from None
+
+    # -- closing ----------------------------------------------------------------------------------
+    def close(self) -> None:
+        if self.lost is None:
+            self.lost = LinkError(f"{self.label}: closed")
+        if self.transport is not None:
+            self.transport.close()
+
+    def abort(self, exc: BaseException) -> None:
+        if self.lost is None:
+            self.lost = exc
+        if self.transport is not None:
+            self.transport.abort()
+
+    @property
+    def alive(self) -> bool:
+        return self.lost is None and self.transport is not None and not self.transport.is_closing()

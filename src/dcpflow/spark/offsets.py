@@ -1,0 +1,297 @@
+"""Offsets of the `dcp` source and the planning done on the driver: plain JSON, pure functions.
+
+An offset is what Spark writes to the checkpoint's offset log before a micro-batch runs and hands
+back to `partitions(start, end)` when it (re)runs it, so everything a read needs is in it:
+
+    {"batch": 7,                          # the micro-batch's number: rows get _commit_version = 7
+     "resets": [12],                      # vbuckets this batch re-reads from seqno 0 (rollback)
+     "vbuckets": {"0": {"vbuuid": 1234, "seqno": 88, "snapshot_start": 88, "snapshot_end": 88}, ...}}
+
+Per vbucket the range of a batch is (start seqno, end seqno] on the history named by the vbuuid.
+`batch` only grows, so ordering rows by (_commit_version, seqno) orders them per key even across a
+re-read that starts the vbucket's seqnos again from 0. `resets` of an end offset is about that
+batch only; as the next start offset it means nothing.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+
+class OffsetError(ValueError):
+    """Offsets JSON that does not follow the format above; the message says where."""
+
+
+class HistoryDiverged(RuntimeError):
+    """rollback=fail and a vbucket's history changed since the committed offset."""
+
+
+@dataclass(frozen=True, slots=True)
+class VbOffset:
+    """Where a vbucket's stream stands: the last seqno read on the history `vbuuid`, and the
+    snapshot it was in (both equal to seqno when the read ended on a snapshot boundary)."""
+
+    vbuuid: int
+    seqno: int
+    snapshot_start: int
+    snapshot_end: int
+
+    @classmethod
+    def at(cls, vbuuid: int, seqno: int) -> VbOffset:
+        return cls(vbuuid, seqno, seqno, seqno)
+
+    def to_json(self) -> dict:
+        return {"vbuuid": self.vbuuid, "seqno": self.seqno, "snapshot_start": self.snapshot_start,
+                "snapshot_end": self.snapshot_end}
+
+    @classmethod
+    def from_json(cls, doc, where: str) -> VbOffset:
+        if isinstance(doc, list) and len(doc) == 4:  # compact form [vbuuid, seqno, snap_start, snap_end]
+            doc = dict(zip(("vbuuid", "seqno", "snapshot_start", "snapshot_end"), doc, strict=True))
+        if not isinstance(doc, dict):
+            raise OffsetError(f"{where}: expected an object with vbuuid and seqno, got {doc!r}")
+        unknown = set(doc) - {"vbuuid", "seqno", "snapshot_start", "snapshot_end"}
+        if unknown:
+            raise OffsetError(f"{where}: unknown field(s) {sorted(unknown)}")
+        for name in ("vbuuid", "seqno"):
+            if name not in doc:
+                raise OffsetError(f"{where}: missing {name!r}")
+        values = {}
+        for name in ("vbuuid", "seqno", "snapshot_start", "snapshot_end"):
+            v = doc.get(name, doc["seqno"])
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0 or v >= 1 << 64:
+                raise OffsetError(f"{where}: {name} must be an unsigned 64-bit integer, got {v!r}")
+            values[name] = v
+        off = cls(**values)
+        if not off.snapshot_start <= off.seqno <= off.snapshot_end:
+            raise OffsetError(f"{where}: snapshot_start <= seqno <= snapshot_end does not hold "
+                              f"({off.snapshot_start}, {off.seqno}, {off.snapshot_end})")
+        return off
+
+
+EARLIEST = VbOffset(0, 0, 0, 0)
+
+
+@dataclass(frozen=True)
+class OffsetSpec:
+    """A user's startingOffsets/endingOffsets JSON: per vbucket an offset or 'earliest'/'latest'."""
+
+    vbuckets: dict[int, VbOffset | str]
+    batch: int = 0
+
+
+@dataclass
+class SourceOffset:
+    """A whole offset of the source (see the module docstring)."""
+
+    vbuckets: dict[int, VbOffset]
+    batch: int = 0
+    resets: frozenset[int] = field(default_factory=frozenset)
+
+    def to_json(self) -> dict:
+        doc: dict = {"batch": self.batch}
+        if self.resets:
+            doc["resets"] = sorted(self.resets)
+        doc["vbuckets"] = {str(vb): off.to_json() for vb, off in sorted(self.vbuckets.items())}
+        return doc
+
+    @classmethod
+    def from_json(cls, doc) -> SourceOffset:
+        if isinstance(doc, str):
+            doc = json.loads(doc)
+        if not isinstance(doc, dict) or "vbuckets" not in doc:
+            raise OffsetError(f"not a dcp source offset (no 'vbuckets'): {str(doc)[:200]}")
+        vbs = {_vb_id(k): VbOffset.from_json(v, f"vbucket {k}") for k, v in doc["vbuckets"].items()}
+        return cls(vbs, int(doc.get("batch", 0)), frozenset(int(v) for v in doc.get("resets", ())))
+
+
+def _vb_id(key) -> int:
+    try:
+        vb = int(key)
+    except (TypeError, ValueError):
+        raise OffsetError(f"vbucket id {key!r} is not a number") from None
+    if not 0 <= vb <= 0xFFFF:
+        raise OffsetError(f"vbucket id {vb} is out of range")
+    return vb
+
+
+def parse_vbucket_offsets(doc) -> OffsetSpec:
+    """startingOffsets/endingOffsets JSON: either a whole source offset (as found in a checkpoint's
+    offset log or a query's progress) or just {"<vb>": offset | "earliest" | "latest"}."""
+    if not isinstance(doc, dict):
+        raise OffsetError(f"expected a JSON object keyed by vbucket id, got {type(doc).__name__}")
+    batch = 0
+    if "vbuckets" in doc:
+        batch = doc.get("batch", 0)
+        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 0:
+            raise OffsetError(f"'batch' must be a non-negative integer, got {batch!r}")
+        doc = doc["vbuckets"]
+        if not isinstance(doc, dict):
+            raise OffsetError("'vbuckets' must be an object keyed by vbucket id")
+    out: dict[int, VbOffset | str] = {}
+    for key, value in doc.items():
+        vb = _vb_id(key)
+        if isinstance(value, str) and value.lower() in ("earliest", "latest"):
+            out[vb] = value.lower()
+        else:
+            out[vb] = VbOffset.from_json(value, f"vbucket {key}")
+    if not out:
+        raise OffsetError("no vbucket given")
+    return OffsetSpec(out, batch)
+
+
+# ---------------------------------------------------------------------------------------------
+# Planning
+
+
+def resolve(spec: str | OffsetSpec, vbuckets: Iterable[int], high: Mapping[int, int],
+            uuids: Mapping[int, int], default: str = "earliest") -> dict[int, VbOffset]:
+    """Turn 'earliest' / 'latest' / a spec into a concrete offset for every vbucket read.
+    `high` are the high seqnos now, `uuids` the newest vbuuid of each vbucket; a vbucket missing
+    from a JSON spec takes `default`."""
+    out = {}
+    for vb in vbuckets:
+        choice = spec if isinstance(spec, str) else spec.vbuckets.get(vb, default)
+        if choice == "earliest":
+            out[vb] = EARLIEST
+        elif choice == "latest":
+            out[vb] = VbOffset.at(uuids[vb], high[vb])
+        else:
+            out[vb] = choice
+    return out
+
+
+def diverged(offset: VbOffset, failover_log: list[tuple[int, int]], high_seqno: int) -> bool:
+    """Has this vbucket's history changed since `offset` was read? (the driver-side check)
+
+    Conservative on purpose: any failover entry newer than the offset's vbuuid counts, not only
+    one that branched below the offset's seqno. The driver plans ranges from high seqnos and cannot
+    know whether the last read stopped inside a snapshot, and DCP de-duplicates inside a snapshot,
+    so a reader that stopped mid-snapshot may lack a version the new branch kept - the reason the
+    server would roll it back to the snapshot start. Re-reading one vbucket costs 1/N of the
+    bucket and is always exact; see docs/spark.md. A high seqno below the offset (history went
+    backwards) counts too.
+    """
+    if offset.seqno == 0:
+        return False
+    if not failover_log:
+        return True
+    return failover_log[0][0] != offset.vbuuid or high_seqno < offset.seqno
+
+
+def fair_share(pending: Mapping[int, int], budget: int | None, rotate: int = 0,
+               first: Iterable[int] = ()) -> dict[int, int]:
+    """Split a budget of seqnos over vbuckets so that each gets min(its pending, a common level):
+    no vbucket starves behind a busy one. Units left over by rounding go one each to the vbuckets
+    in `first` (rollback re-reads), then round-robin starting at `rotate`, so over successive
+    batches every vbucket moves even when the budget is smaller than the number of vbuckets."""
+    if budget is None or sum(pending.values()) <= budget:
+        return dict(pending)
+    vbs = sorted(v for v, p in pending.items() if p > 0)
+    # Largest level L with sum(min(p, L)) <= budget, by bisection over [0, max pending].
+    lo, hi = 0, max(pending[v] for v in vbs)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if sum(min(pending[v], mid) for v in vbs) <= budget:
+            lo = mid
+        else:
+            hi = mid - 1
+    share = {v: min(pending[v], lo) for v in pending}
+    left = budget - sum(share.values())
+    prio = [v for v in first if v in share]
+    order = prio + [vbs[(rotate + i) % len(vbs)] for i in range(len(vbs))] if vbs else prio
+    for v in order:
+        if left <= 0:
+            break
+        if share[v] < pending[v]:
+            share[v] += 1
+            left -= 1
+    return share
+
+
+def plan(start: SourceOffset, high: Mapping[int, int], failover: Mapping[int, list[tuple[int, int]]],
+         budget: int | None = None, policy: str = "reread") -> SourceOffset:
+    """The end offset of the next micro-batch (admission control and rollback detection).
+
+    For each vbucket: if its history diverged, plan a re-read from 0 (listed in `resets`), or raise
+    with policy 'fail'; then give it min(pending, fair share of `budget`) seqnos. Returns `start`
+    itself (same batch number) when there is nothing to read, so Spark runs no empty batch.
+    """
+    resets = set()
+    pending: dict[int, int] = {}
+    for vb, off in start.vbuckets.items():
+        if vb not in high:
+            continue
+        log = failover.get(vb, [])
+        if diverged(off, log, high[vb]):
+            if policy == "fail":
+                raise HistoryDiverged(
+                    f"vbucket {vb}: the committed offset (vbuuid {off.vbuuid}, seqno {off.seqno}) is not on the "
+                    f"server's current history (newest failover entry {log[0] if log else None}, high seqno "
+                    f"{high[vb]}); rollback=fail stops here. Use rollback=reread to re-read the vbucket.")
+            resets.add(vb)
+            pending[vb] = high[vb]
+        else:
+            pending[vb] = max(0, high[vb] - off.seqno)
+    share = fair_share(pending, budget, rotate=start.batch, first=sorted(resets))
+    ends: dict[int, VbOffset] = {}
+    real_resets = set()
+    for vb, off in start.vbuckets.items():
+        n = share.get(vb, 0)
+        newest = failover[vb][0][0] if failover.get(vb) else off.vbuuid
+        if vb in resets and (n > 0 or high.get(vb, 0) == 0):
+            real_resets.add(vb)
+            ends[vb] = VbOffset.at(newest, n)
+        elif n > 0:
+            ends[vb] = VbOffset.at(newest if off.seqno == 0 else off.vbuuid, off.seqno + n)
+        else:
+            ends[vb] = off
+    if not real_resets and all(ends[vb] == start.vbuckets[vb] for vb in ends):
+        return start
+    return SourceOffset(ends, start.batch + 1, frozenset(real_resets))
+
+
+@dataclass(frozen=True, slots=True)
+class VbRange:
+    """What one vbucket contributes to a micro-batch: stream (start, end] on `start.vbuuid`'s
+    history, or (reset) a rollback marker then everything from 0 to `end_seqno`."""
+
+    vbucket: int
+    start: VbOffset
+    end_seqno: int
+    end_vbuuid: int
+    reset: bool = False
+
+    @property
+    def weight(self) -> int:
+        return self.end_seqno - (0 if self.reset else self.start.seqno)
+
+
+def ranges(start: SourceOffset, end: SourceOffset) -> list[VbRange]:
+    """The per-vbucket work between two offsets (what `partitions(start, end)` splits)."""
+    out = []
+    for vb, e in sorted(end.vbuckets.items()):
+        s = start.vbuckets.get(vb, EARLIEST)
+        if vb in end.resets:
+            out.append(VbRange(vb, EARLIEST, e.seqno, e.vbuuid, reset=True))
+        elif e.seqno > s.seqno:
+            out.append(VbRange(vb, s, e.seqno, e.vbuuid))
+    return out
+
+
+def group(work: list[VbRange], n: int) -> list[list[VbRange]]:
+    """Put vbucket ranges into at most `n` groups of about equal weight (largest first onto the
+    lightest group). One Spark task costs ~40 ms, so a micro-batch wants about one task per core,
+    not one per vbucket (SPARK-NOTES.md §2). Deterministic for the same input."""
+    if not work:
+        return []
+    n = max(1, min(n, len(work)))
+    groups: list[list[VbRange]] = [[] for _ in range(n)]
+    loads = [0] * n
+    for r in sorted(work, key=lambda r: (-max(r.weight, 1), r.vbucket)):
+        i = min(range(n), key=lambda j: (loads[j], j))
+        groups[i].append(r)
+        loads[i] += max(r.weight, 1)
+    return [sorted(g, key=lambda r: r.vbucket) for g in groups if g]

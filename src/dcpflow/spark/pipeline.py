@@ -1,0 +1,160 @@
+"""The CDC pipeline: DCP → change log (Parquet, exactly-once) → latest-state table per key.
+
+Two streaming queries, each with its own checkpoint under `<lake>/_checkpoints/`:
+
+1. `changelog`: `readStream.format("dcp")` into Spark's Parquet file sink at `<lake>/changelog`.
+   The file sink is exactly-once (its `_spark_metadata` log names the committed files), so this
+   is the append-only source of truth; read it with `spark.read.parquet(path)`, never by globbing.
+2. `state`: the change log read back as a file stream (through that same log, so only committed
+   batches) into `foreachBatch(StateWriter.apply)`, idempotent per batch id (state.py).
+
+Splitting them keeps the change log exactly-once whatever the state writer does, and lets the
+state run on another trigger (a snapshot compaction every few minutes, say) or be rebuilt from
+the change log alone (delete its checkpoint and table).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .state import StateWriter, make_writer
+
+
+@dataclass
+class PipelineConfig:
+    connection: str
+    username: str
+    password: str
+    lake: Path
+    bucket: str | None = None
+    state_format: str = "delta"  # delta | snapshot
+    value_format: str = "string"
+    max_seqnos_per_trigger: int | None = None
+    partitions: int | None = None
+    options: dict = field(default_factory=dict)  # any other `dcp` source option
+
+    def source_options(self) -> dict[str, str]:
+        opts = {"connection": self.connection, "username": self.username, "password": self.password,
+                "valueFormat": self.value_format}
+        if self.bucket:
+            opts["bucket"] = self.bucket
+        if self.max_seqnos_per_trigger:
+            opts["maxSeqnosPerTrigger"] = str(self.max_seqnos_per_trigger)
+        if self.partitions:
+            opts["partitions"] = str(self.partitions)
+        opts.update({k: str(v) for k, v in self.options.items()})
+        return opts
+
+
+@dataclass
+class BatchReport:
+    query: str
+    batch_id: int
+    rows: int
+    seconds: float
+    lag: int | None
+
+
+def _offset_doc(value):
+    if value is None:
+        return None
+    return json.loads(value) if isinstance(value, str) else value
+
+
+def lag_of(progress: dict) -> int | None:
+    """Seqnos the change log is behind the server after this batch (sum over vbuckets)."""
+    try:
+        source = progress["sources"][0]
+        end, latest = _offset_doc(source.get("endOffset")), _offset_doc(source.get("latestOffset"))
+    except (KeyError, IndexError, TypeError, ValueError):
+        return None
+    if not end or not latest or "vbuckets" not in end or "vbuckets" not in latest:
+        return None
+    return sum(max(0, v["seqno"] - end["vbuckets"].get(vb, {"seqno": 0})["seqno"])
+               for vb, v in latest["vbuckets"].items())
+
+
+class Pipeline:
+    def __init__(self, spark, config: PipelineConfig):
+        self.spark = spark
+        self.config = config
+        lake = Path(config.lake).resolve()
+        self.changelog_path = lake / "changelog"
+        self.state_path = lake / "state"
+        self.checkpoints = lake / "_checkpoints"
+        self.writer: StateWriter = make_writer(config.state_format, self.state_path)
+        self._schema = None
+
+    # -- queries ----------------------------------------------------------------------------
+    def source(self):
+        df = self.spark.readStream.format("dcp").options(**self.config.source_options()).load()
+        self._schema = df.schema
+        return df
+
+    def start_changelog(self, **trigger):
+        return (self.source().writeStream.queryName("dcpflow_changelog").format("parquet")
+                .option("path", str(self.changelog_path))
+                .option("checkpointLocation", str(self.checkpoints / "changelog"))
+                .trigger(**trigger).start())
+
+    def start_state(self, **trigger):
+        if self._schema is None:
+            if (self.changelog_path / "_spark_metadata").exists():  # what the change log really holds
+                self._schema = self.spark.read.parquet(str(self.changelog_path)).schema
+            else:
+                self._schema = self.spark.read.format("dcp").options(**self.config.source_options()).load().schema
+        changes = self.spark.readStream.schema(self._schema).parquet(str(self.changelog_path))
+        return (changes.writeStream.queryName("dcpflow_state").foreachBatch(self.writer.apply)
+                .option("checkpointLocation", str(self.checkpoints / "state"))
+                .trigger(**trigger).start())
+
+    # -- running ----------------------------------------------------------------------------
+    def run_available_now(self, on_batch: Callable[[BatchReport], None] | None = None) -> list[BatchReport]:
+        """Everything the server has now: the change log first, then the state from it."""
+        self.changelog_path.mkdir(parents=True, exist_ok=True)
+        reports = follow(self.start_changelog(availableNow=True), "changelog", on_batch)
+        reports += follow(self.start_state(availableNow=True), "state", on_batch)
+        return reports
+
+    def start_live(self, interval: str = "1 second"):
+        self.changelog_path.mkdir(parents=True, exist_ok=True)
+        return self.start_changelog(processingTime=interval), self.start_state(processingTime=interval)
+
+    def changelog(self):
+        """The change log as a batch DataFrame (through the sink's log: committed batches only)."""
+        return self.spark.read.schema(self._schema).parquet(str(self.changelog_path)) if self._schema \
+            else self.spark.read.parquet(str(self.changelog_path))
+
+    def state(self):
+        return self.writer.read(self.spark)
+
+
+def follow(query, name: str, on_batch: Callable[[BatchReport], None] | None = None,
+           poll: float = 0.2) -> list[BatchReport]:
+    """Wait for a query to finish (AvailableNow), reporting each batch as it completes."""
+    seen: set[int] = set()
+    reports: list[BatchReport] = []
+
+    def drain():
+        for p in query.recentProgress:
+            if p["batchId"] in seen or p.get("numInputRows") is None:
+                continue
+            seen.add(p["batchId"])
+            if p["numInputRows"] == 0:
+                continue
+            report = BatchReport(name, p["batchId"], p["numInputRows"],
+                                 p.get("durationMs", {}).get("triggerExecution", 0) / 1000, lag_of(p))
+            reports.append(report)
+            if on_batch:
+                on_batch(report)
+
+    while query.isActive:
+        drain()
+        time.sleep(poll)
+    query.awaitTermination()  # raises the query's error, if it failed
+    drain()
+    return reports

@@ -1,0 +1,91 @@
+"""A quiet, fast local SparkSession for dcpflow (SPARK-NOTES.md §1, §5).
+
+Why each setting: the UI and the console progress bar cost start-up time and print over our own
+progress; log4j at ERROR removes the INFO/WARN flood; Python workers must run *this* interpreter
+(`PYSPARK_PYTHON`), else they start the system `python3` without pyarrow; and workers import the
+data source by module name, so the directory that holds the `dcpflow` package goes on their
+`PYTHONPATH` (changing `sys.path` in the driver does not reach them).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+LOG4J2 = """\
+rootLogger.level = error
+rootLogger.appenderRef.stderr.ref = console
+appender.console.type = Console
+appender.console.name = console
+appender.console.target = SYSTEM_ERR
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = %d{HH:mm:ss} %p %c{1}: %m%n%ex
+"""
+
+
+def log4j2_file() -> Path:
+    """Write the quiet log4j2 configuration once per user and return its absolute path."""
+    path = Path(tempfile.gettempdir()) / f"dcpflow-log4j2-{os.getuid() if hasattr(os, 'getuid') else 0}.properties"
+    if not path.exists() or path.read_text() != LOG4J2:
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(LOG4J2)
+        os.replace(tmp, path)
+    return path
+
+
+def prepare_environment() -> None:
+    """Make Python workers use this interpreter and find the `dcpflow` package."""
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    package_root = str(Path(__file__).resolve().parents[2])  # the directory containing dcpflow/
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if package_root not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join([package_root, *paths])
+
+
+def local_session(app_name: str = "dcpflow", *, cores: int | None = None, driver_memory: str = "2g",
+                  warehouse: str | Path | None = None, fast_start: bool = False, conf: dict | None = None):
+    """Return (or create) a local SparkSession with dcpflow's data sources registered.
+
+    `cores` defaults to every core (`local[*]`); shuffle partitions follow it, since the default
+    200 would mean 200 tiny tasks at ~40 ms each per micro-batch. `fast_start` adds the JVM flag
+    that trims ~1 s of start-up at the price of peak JIT speed: for tests, not for benchmarks.
+    """
+    prepare_environment()
+    from pyspark.sql import SparkSession
+
+    n = cores or os.cpu_count() or 2
+    java_opts = f"-Dlog4j2.configurationFile=file:{log4j2_file()}"
+    if fast_start:
+        java_opts += " -XX:TieredStopAtLevel=1"
+    # local[n,3]: a failed task is retried (local mode retries none by default), e.g. a read that
+    # met a rollback halfway re-runs and then repairs the vbucket up front.
+    builder = (SparkSession.builder.master(f"local[{n},3]").appName(app_name)
+               .config("spark.ui.enabled", "false")
+               .config("spark.ui.showConsoleProgress", "false")
+               .config("spark.sql.shuffle.partitions", str(n))
+               .config("spark.default.parallelism", str(n))
+               .config("spark.sql.session.timeZone", "UTC")
+               .config("spark.driver.memory", driver_memory)
+               .config("spark.driver.extraJavaOptions", java_opts)
+               .config("spark.executor.extraJavaOptions", java_opts)
+               .config("spark.sql.streaming.stopActiveRunOnRestart", "true"))
+    if warehouse is not None:
+        builder = builder.config("spark.sql.warehouse.dir", str(warehouse))
+    for key, value in (conf or {}).items():
+        builder = builder.config(key, str(value))
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    register(spark)
+    return spark
+
+
+def register(spark) -> None:
+    """Register the `dcp` data source (and the synthetic one used by tests and the benchmark)."""
+    from .source import DcpDataSource
+    from .synthetic import SyntheticDcpDataSource
+
+    spark.dataSource.register(DcpDataSource)
+    spark.dataSource.register(SyntheticDcpDataSource)

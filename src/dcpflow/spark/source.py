@@ -1,0 +1,442 @@
+"""The `dcp` PySpark data source: `spark.read.format("dcp")` and `spark.readStream.format("dcp")`.
+
+A thin layer over the asyncio DCP client (dcpflow.client): planning (which vbuckets, which seqno
+ranges, how many Spark tasks) happens on the driver in offsets.py; each Spark task opens one
+client connection and streams its group of vbucket ranges as Arrow record batches (schema.py).
+
+Where things run (SPARK-NOTES.md §2): `schema()`, `partitions()`, `initialOffset()`,
+`latestOffset()` and `commit()` run in a long-lived Python process on the driver, so the stream
+reader keeps one client connection open across micro-batches; `read()` runs in executor workers,
+which get the pickled reader and import this module by name.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Iterator
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadMaxBytes,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+
+from . import offsets as off
+from .options import DcpOptionError, DcpOptions, parse_options
+from .schema import BatchConverter, arrow_schema, delivered, infer_json_schema, schema_ddl, value_ddl
+
+
+def new_loop() -> asyncio.AbstractEventLoop:
+    """uvloop when installed (faster socket reads), else the default loop."""
+    try:
+        import uvloop
+        return uvloop.new_event_loop()
+    except ImportError:
+        return asyncio.new_event_loop()
+
+
+class ClientSession:
+    """One DcpClient driven from synchronous Spark callbacks on a private event loop; reconnects
+    if the connection was lost between two calls."""
+
+    def __init__(self, opts: DcpOptions):
+        self.opts = opts
+        self.loop = new_loop()
+        self.client = None
+
+    def run(self, coro_fn):
+        """Run `await coro_fn(client)` to completion on this session's loop."""
+        async def call():
+            if self.client is None:
+                self.client = await connect(self.opts)
+            return await coro_fn(self.client)
+        try:
+            return self.loop.run_until_complete(call())
+        except ConnectionError:
+            self._drop()
+            return self.loop.run_until_complete(call())
+
+    def _drop(self) -> None:
+        client, self.client = self.client, None
+        if client is not None:
+            with contextlib.suppress(Exception):  # the connection is already gone
+                self.loop.run_until_complete(client.close())
+
+    def close(self) -> None:
+        self._drop()
+        self.loop.close()
+
+
+async def connect(opts: DcpOptions):
+    from dcpflow.client import DcpClient
+
+    return await asyncio.wait_for(DcpClient.connect(opts.connection_string, username=opts.username,
+                                                    password=opts.password, buffer_size=opts.buffer_size),
+                                  opts.timeout)
+
+
+async def server_state(client, vbuckets) -> tuple[dict[int, int], dict[int, list[tuple[int, int]]]]:
+    """High seqnos and failover logs of these vbuckets, now."""
+    vbs = list(vbuckets)
+    high = await client.high_seqnos(vbs)
+    logs = await client.failover_logs(vbs)
+    return {vb: int(high.get(vb, 0)) for vb in vbs}, {vb: [(int(u), int(s)) for u, s in logs.get(vb, [])] for vb in vbs}
+
+
+def chosen_vbuckets(opts: DcpOptions, num_vbuckets: int) -> list[int]:
+    if opts.vbuckets is None:
+        return list(range(num_vbuckets))
+    bad = [vb for vb in opts.vbuckets if vb >= num_vbuckets]
+    if bad:
+        raise DcpOptionError(f"option 'vbuckets': bucket {opts.bucket!r} has {num_vbuckets} vbuckets "
+                             f"(0..{num_vbuckets - 1}); {bad[:5]} do not exist")
+    return list(opts.vbuckets)
+
+
+# ---------------------------------------------------------------------------------------------
+# The data source
+
+
+class DcpDataSource(DataSource):
+    """format("dcp"): a bucket's changes as rows (see docs/spark.md for options and columns)."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "dcp"
+
+    def __init__(self, options):
+        super().__init__(options)
+        self.opts = parse_options(options)  # bad options fail at load(), naming the option
+
+    def schema(self) -> str:
+        opts = self.opts
+        if opts.value_format == "json" and opts.value_schema is None:
+            return schema_ddl(opts.key_format, value_ddl("json", inferred=sample_json_schema(opts)))
+        return schema_ddl(opts.key_format, value_ddl(opts.value_format, opts.value_schema))
+
+    def reader(self, schema) -> DcpBatchReader:
+        return DcpBatchReader(self.opts, schema)
+
+    def streamReader(self, schema) -> DcpStreamReader:
+        return DcpStreamReader(self.opts, schema)
+
+
+def sample_json_schema(opts: DcpOptions):
+    """Infer the JSON value schema from up to `inferSchemaSamples` current documents, taken from
+    the fullest vbuckets first (one short stream each)."""
+    session = ClientSession(opts)
+    try:
+        async def sample(client):
+            vbs = chosen_vbuckets(opts, client.num_vbuckets)
+            high, logs = await server_state(client, vbs)
+            found: list[bytes] = []
+            for vb in sorted(vbs, key=lambda v: -high[v])[:64]:
+                if high[vb] == 0 or len(found) >= opts.infer_schema_samples:
+                    break
+                from dcpflow.client import Offset
+                batches = client.batches({vb: Offset(0, 0, 0, 0)}, {vb: high[vb]},
+                                         max_rows=min(opts.max_rows_per_batch, 4096))
+                try:
+                    async for batch in batches:
+                        found.extend(v for v in batch.column("value").to_pylist() if v is not None)
+                        if len(found) >= opts.infer_schema_samples:
+                            break
+                finally:
+                    await batches.aclose()
+            return found[:opts.infer_schema_samples]
+        docs = session.run(sample)
+    finally:
+        session.close()
+    return infer_json_schema(docs)
+
+
+class DcpPartition(InputPartition):
+    """A group of vbucket ranges read by one Spark task, stamped with the micro-batch number."""
+
+    def __init__(self, ranges: list[off.VbRange], commit_version: int):
+        super().__init__(None)
+        self.ranges = ranges
+        self.commit_version = commit_version
+
+    def __repr__(self) -> str:
+        return f"DcpPartition(vbuckets={[r.vbucket for r in self.ranges]}, version={self.commit_version})"
+
+
+def make_partitions(opts: DcpOptions, start: off.SourceOffset, end: off.SourceOffset) -> list[DcpPartition]:
+    return [DcpPartition(g, end.batch) for g in off.group(off.ranges(start, end), opts.partitions)]
+
+
+class DcpBatchReader(DataSourceReader):
+    """A snapshot of the bucket up to the high seqnos at planning time (or endingOffsets)."""
+
+    def __init__(self, opts: DcpOptions, schema):
+        self.opts = opts
+        self.schema = schema
+
+    def partitions(self) -> list[DcpPartition]:
+        opts = self.opts
+        session = ClientSession(opts)
+        try:
+            async def state(client):
+                vbs = chosen_vbuckets(opts, client.num_vbuckets)
+                return vbs, *(await server_state(client, vbs))
+            vbs, high, logs = session.run(state)
+        finally:
+            session.close()
+        uuids = {vb: (logs[vb][0][0] if logs[vb] else 0) for vb in vbs}
+        if opts.starting_offsets == "latest":
+            raise DcpOptionError("startingOffsets=latest makes an empty batch read; use earliest or JSON offsets")
+        start = off.SourceOffset(off.resolve(opts.starting_offsets, vbs, high, uuids), 0)
+        limit = dict(high)
+        if opts.ending_offsets != "latest":
+            if opts.ending_offsets == "earliest":
+                raise DcpOptionError("endingOffsets=earliest makes an empty batch read; use latest or JSON offsets")
+            ends = off.resolve(opts.ending_offsets, vbs, high, uuids, default="latest")
+            limit = {vb: min(high[vb], ends[vb].seqno) for vb in vbs}
+        end = off.plan(start, limit, logs, None, opts.rollback)
+        return make_partitions(opts, start, end)
+
+    def read(self, partition: DcpPartition) -> Iterator[pa.RecordBatch]:
+        yield from read_partition(self.opts, self.schema, partition)
+
+
+class DcpStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Micro-batches of (start seqno, end seqno] per vbucket, with admission control
+    (maxSeqnosPerTrigger / maxBytesPerTrigger), Trigger.AvailableNow and rollback repair."""
+
+    def __init__(self, opts: DcpOptions, schema):
+        self.opts = opts
+        self.schema = schema
+        self._session: ClientSession | None = None
+        self._vbuckets: list[int] | None = None
+        self._target: dict[int, int] | None = None  # AvailableNow: high seqnos when the query started
+        self._latest: off.SourceOffset | None = None
+        self._item_bytes: float | None = None
+
+    # The session is driver-only state; workers get a pickled reader without it.
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["_session"] = None
+        return state
+
+    def _state(self):
+        if self._session is None:
+            self._session = ClientSession(self.opts)
+
+        async def state(client):
+            if self._vbuckets is None:
+                self._vbuckets = chosen_vbuckets(self.opts, client.num_vbuckets)
+            return await server_state(client, self._vbuckets)
+        high, logs = self._session.run(state)
+        uuids = {vb: (logs[vb][0][0] if logs[vb] else 0) for vb in high}
+        self._latest = off.SourceOffset({vb: off.VbOffset.at(uuids[vb], high[vb]) for vb in high})
+        return high, logs, uuids
+
+    def initialOffset(self) -> dict:
+        high, logs, uuids = self._state()
+        spec = self.opts.starting_offsets
+        batch = spec.batch if isinstance(spec, off.OffsetSpec) else 0
+        return off.SourceOffset(off.resolve(spec, self._vbuckets, high, uuids), batch).to_json()
+
+    def getDefaultReadLimit(self):
+        if self.opts.max_seqnos_per_trigger is not None:
+            return ReadMaxRows(self.opts.max_seqnos_per_trigger)
+        if self.opts.max_bytes_per_trigger is not None:
+            return ReadMaxBytes(self.opts.max_bytes_per_trigger)
+        return ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        high, _, _ = self._state()
+        self._target = dict(high)
+
+    def latestOffset(self, start: dict, limit) -> dict:
+        start_off = off.SourceOffset.from_json(start)
+        high, logs, _ = self._state()
+        if self._target is not None:
+            high = {vb: min(h, self._target.get(vb, h)) for vb, h in high.items()}
+        end = off.plan(start_off, high, logs, self._budget(limit), self.opts.rollback)
+        return end.to_json()
+
+    def _budget(self, limit) -> int | None:
+        """Seqnos this batch may cover. A byte limit becomes seqnos through the average item size,
+        sampled once from the server (DCP reveals sizes only by reading)."""
+        if isinstance(limit, ReadAllAvailable):
+            return None
+        budgets = []
+        if isinstance(limit, ReadMaxRows):
+            budgets.append(limit.max_rows)
+        if self.opts.max_seqnos_per_trigger is not None:
+            budgets.append(self.opts.max_seqnos_per_trigger)
+        max_bytes = limit.max_bytes if isinstance(limit, ReadMaxBytes) else self.opts.max_bytes_per_trigger
+        if max_bytes is not None:
+            budgets.append(max(1, int(max_bytes // self._average_item_bytes())))
+        return min(budgets) if budgets else None
+
+    def _average_item_bytes(self) -> float:
+        if self._item_bytes is None:
+            async def sample(client):
+                from dcpflow.client import Offset
+                high = await client.high_seqnos(self._vbuckets)
+                sizes: list[int] = []
+                for vb in sorted(high, key=lambda v: -high[v])[:8]:
+                    if high[vb] == 0:
+                        break
+                    batches = client.batches({vb: Offset(0, 0, 0, 0)}, {vb: min(high[vb], 256)}, max_rows=256)
+                    try:
+                        async for batch in batches:
+                            keys, values = batch.column("key"), batch.column("value")
+                            sizes.extend((len(k or b"") + len(v or b"") + 64)
+                                         for k, v in zip(keys.to_pylist(), values.to_pylist(), strict=True))
+                    finally:
+                        await batches.aclose()
+                return sum(sizes) / len(sizes) if sizes else 1024.0
+            self._item_bytes = self._session.run(sample)
+        return self._item_bytes
+
+    def reportLatestOffset(self) -> dict | None:
+        return None if self._latest is None else self._latest.to_json()
+
+    def partitions(self, start: dict, end: dict) -> list[DcpPartition]:
+        return make_partitions(self.opts, off.SourceOffset.from_json(start), off.SourceOffset.from_json(end))
+
+    def read(self, partition: DcpPartition) -> Iterator[pa.RecordBatch]:
+        yield from read_partition(self.opts, self.schema, partition)
+
+    def commit(self, end: dict) -> None:
+        """Nothing to release: each batch's streams end with the batch (bounded DCP streams)."""
+
+    def stop(self) -> None:
+        if self._session is not None:
+            self._session.close()
+            self._session = None
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading (executor side)
+
+
+def read_partition(opts: DcpOptions, schema, partition: DcpPartition) -> Iterator[pa.RecordBatch]:
+    """Stream the partition's vbucket ranges and yield batches of the source's Arrow schema.
+
+    Runs the async client on a private loop, one `__anext__` at a time, so flow control holds the
+    server back while Spark consumes a batch. Rollback repair (docs/spark.md): a range planned as
+    a reset yields a rollback marker and everything from seqno 0; a vbucket whose history changed
+    after planning (newest vbuuid differs, or the server answers ROLLBACK) is repaired the same way
+    up to its current high seqno, and the next batch's planning sees the change and repeats it.
+    """
+    converter = BatchConverter(arrow_schema(schema), opts.key_format, opts.value_format)
+    loop = new_loop()
+    reader = _RangeReader(opts, converter, partition)
+    agen = reader.run()
+    try:
+        while True:
+            try:
+                batch = loop.run_until_complete(agen.__anext__())
+            except StopAsyncIteration:
+                break
+            yield batch
+    finally:
+        loop.run_until_complete(agen.aclose())
+        loop.close()
+
+
+class _RangeReader:
+    def __init__(self, opts: DcpOptions, converter: BatchConverter, partition: DcpPartition):
+        self.opts = opts
+        self.converter = converter
+        self.partition = partition
+        self.version = partition.commit_version
+
+    async def run(self):
+        from dcpflow.client import Offset, RollbackError
+
+        opts = self.opts
+        client = await connect(opts)
+        try:
+            vbs = [r.vbucket for r in self.partition.ranges]
+            high, logs = await server_state(client, vbs)
+            normal: dict[int, tuple[Offset, int]] = {}
+            repairs: list[int] = []
+            for r in self.partition.ranges:
+                newest = logs[r.vbucket][0][0] if logs[r.vbucket] else 0
+                if r.reset:
+                    yield self.converter.rollback_marker(r.vbucket, r.end_vbuuid, self.version)
+                    if r.end_seqno > 0:
+                        normal[r.vbucket] = (Offset(0, 0, 0, 0), min(r.end_seqno, high[r.vbucket]))
+                elif r.start.seqno > 0 and (newest != r.start.vbuuid or high[r.vbucket] < r.start.seqno):
+                    repairs.append(r.vbucket)
+                else:
+                    s = r.start
+                    normal[r.vbucket] = (Offset(s.vbuuid, s.seqno, s.snapshot_start, s.snapshot_end),
+                                         min(r.end_seqno, high[r.vbucket]))
+            yielded: dict[int, int] = {}  # vbucket -> highest seqno delivered (a resume repeats nothing)
+            resumed = False
+            while normal or repairs:
+                for vb in repairs:
+                    async for batch in self._repair(client, vb):
+                        yield batch
+                    normal.pop(vb, None)
+                repairs = []
+                normal = {vb: (o, e) for vb, (o, e) in normal.items() if o.seqno < e}
+                if not normal:
+                    break
+                ends = {vb: e for vb, (_, e) in normal.items()}
+                batches = client.batches({vb: o for vb, (o, _) in normal.items()}, ends,
+                                         max_rows=opts.max_rows_per_batch)
+                try:
+                    async for batch in batches:
+                        if batch.num_rows == 0:
+                            continue
+                        out = self.converter.convert(batch, self.version, ends, yielded if resumed else None)
+                        delivered(out, yielded)
+                        yield out
+                    normal = {}
+                except RollbackError as e:
+                    if opts.rollback == "fail":
+                        raise RuntimeError(f"dcp source: {e} (rollback=fail)") from e
+                    if e.vbucket in yielded:
+                        # Rows of this vbucket already left in this attempt; a marker now could not
+                        # void them (same _commit_version). Fail the task: its retry checks the
+                        # failover log first and re-reads the vbucket from 0 before yielding any.
+                        raise RuntimeError(f"dcp source: vbucket {e.vbucket} rolled back in the middle of the read "
+                                           "(the server's history changed); the task must be retried") from e
+                    repairs = [e.vbucket]
+                    resumed = True
+                    # Resume the others where they stood (the client's positions carry the
+                    # snapshot they are in); the rolled-back one is re-read from 0.
+                    stood = getattr(batches, "offsets", None) or {}
+                    normal = {vb: (stood.get(vb, o), e_) for vb, (o, e_) in normal.items()
+                              if vb != e.vbucket and stood.get(vb, o).seqno < e_}
+                finally:
+                    await batches.aclose()
+        finally:
+            await client.close()
+
+    async def _repair(self, client, vb: int):
+        """Marker, then the vbucket from seqno 0 to its current high seqno."""
+        from dcpflow.client import Offset, RollbackError
+
+        if self.opts.rollback == "fail":
+            raise RuntimeError(f"dcp source: vbucket {vb}'s history changed after the batch was planned "
+                               "(rollback=fail)")
+        for _attempt in range(5):
+            high, logs = await server_state(client, [vb])
+            newest = logs[vb][0][0] if logs[vb] else 0
+            yield self.converter.rollback_marker(vb, newest, self.version)
+            if high[vb] == 0:
+                return
+            batches = client.batches({vb: Offset(0, 0, 0, 0)}, {vb: high[vb]}, max_rows=self.opts.max_rows_per_batch)
+            try:
+                async for batch in batches:
+                    if batch.num_rows:
+                        yield self.converter.convert(batch, self.version, high)
+                return
+            except RollbackError:  # the history moved again while we re-read: start over
+                continue
+            finally:
+                await batches.aclose()
+        raise RuntimeError(f"dcp source: vbucket {vb} kept changing history while being re-read")

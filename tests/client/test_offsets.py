@@ -1,0 +1,183 @@
+"""Offsets and the safe-point rules (offsets.py), sans-I/O: the committed offset only moves at a
+complete snapshot, the position is always a valid stream-request offset, and the rollback point
+follows building-a-simple-client.md."""
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from dcpflow.client import BEGINNING, Offset
+from dcpflow.client.offsets import VbTracker, rollback_offset
+
+U = 0xAAAA
+
+
+def test_offset_validation_and_json():
+    assert Offset.at(7, 10) == Offset(7, 10, 10, 10)
+    assert Offset.from_json({"vbuuid": 1, "seqno": 5, "snapshot_start": 3, "snapshot_end": 9}) == Offset(1, 5, 3, 9)
+    assert Offset.from_json([1, 5, 3, 9]) == Offset(1, 5, 3, 9)
+    assert Offset.from_json(Offset(1, 5, 3, 9).to_json()) == Offset(1, 5, 3, 9)
+    with pytest.raises(ValueError, match="snapshot_start <= seqno <= snapshot_end"):
+        Offset(1, 2, 3, 4).check()
+    with pytest.raises(ValueError, match="lacks seqno"):
+        Offset.from_json({"vbuuid": 1})
+    with pytest.raises(ValueError, match="unsigned 64-bit"):
+        Offset(-1, 0, 0, 0).check()
+    with pytest.raises(ValueError, match="unsigned 64-bit"):
+        Offset(1 << 64, 0, 0, 0).check()
+
+
+def test_discussion_md_example_keeps_the_snapshot_range():
+    """discussion.md: snapshot 1..4, items 2 and 3 received. Resuming must send snapshot {1,4} with
+    start 3 (so the server can roll us back to 1), and nothing is committed yet."""
+    tr = VbTracker(0)
+    tr.opened([(U, 0)])
+    tr.snapshot(1, 4)
+    tr.item(2)
+    tr.item(3)
+    assert tr.position == Offset(U, 3, 1, 4)
+    assert tr.committed == BEGINNING
+
+
+def test_commit_points():
+    tr = VbTracker(0)
+    tr.opened([(U, 0)])
+    tr.snapshot(0, 3)
+    tr.item(1)
+    tr.item(3)  # the item that ends the snapshot
+    assert tr.committed == Offset(U, 3, 0, 3) and tr.position == tr.committed
+    tr.snapshot(4, 8)
+    tr.item(5)
+    assert tr.committed == Offset(U, 3, 0, 3)
+    tr.seqno_advanced(8)  # the rest of the snapshot was not for us
+    assert tr.committed == Offset(U, 8, 4, 8)
+    tr.snapshot(9, 12)
+    tr.item(10)  # 11 and 12 never come (e.g. prepares): the next marker completes the snapshot
+    tr.snapshot(13, 13)
+    assert tr.committed == Offset(U, 12, 9, 12)
+    tr.item(13)
+    tr.snapshot(14, 20)
+    tr.item(15)
+    tr.stream_end_ok()  # STREAM_END OK follows the complete snapshot
+    assert tr.committed == Offset(U, 20, 14, 20)
+
+
+def test_a_new_marker_does_not_move_the_position_before_an_item_arrives():
+    """Memory snapshot start = first item's seqno (snapshot-marker.md case 3): until an item of it
+    arrives, resuming with that snapshot range would break snap_start <= start (ERANGE)."""
+    tr = VbTracker(0, Offset.at(U, 100))
+    tr.opened([(U, 0)])
+    tr.snapshot(105, 110)
+    assert tr.position == Offset.at(U, 100)
+    tr.item(105)
+    assert tr.position == Offset(U, 105, 105, 110)
+
+
+def test_open_switches_to_the_newest_branch_and_rollback_resets():
+    tr = VbTracker(3, Offset.at(0xA, 50))
+    tr.opened([(0xB, 40), (0xA, 0)])
+    assert tr.committed == Offset.at(0xA, 50)  # nothing new yet: the old offset stays as it was
+    tr.snapshot(51, 52)
+    tr.item(52)
+    assert tr.committed == Offset(0xB, 52, 51, 52)
+    tr.rolled_back(Offset.at(0xB, 45))
+    assert tr.committed == tr.position == Offset.at(0xB, 45) and tr.marker is None
+
+
+def test_rollback_point_is_a_consistent_boundary():
+    """A de-duplicated snapshot 1..10 holds no consistent point below 10: a rollback to 6 must go
+    back to the previous boundary (0 here), where the versions replaced inside it come back."""
+    tr = VbTracker(0)
+    tr.opened([(U, 0)])
+    tr.snapshot(1, 10)
+    tr.item(4)
+    tr.item(10)
+    assert tr.rollback_point(6) == 0 and tr.rollback_point(10) == 10
+    for s in (11, 12, 13):  # one-item memory snapshots: every seqno is a boundary
+        tr.snapshot(s, s)
+        tr.item(s)
+    assert tr.rollback_point(12) == 12 and tr.rollback_point(100) == 13
+    tr.rolled_back(Offset.at(U, 11))
+    assert list(tr.boundaries) == [0, 10, 11] and tr.rollback_point(12) == 11
+    resumed = VbTracker(0, Offset.at(U, 50))  # a saved offset is where the application was consistent
+    assert resumed.rollback_point(49) == 0 and resumed.rollback_point(50) == 50
+
+
+@pytest.mark.parametrize("log, seqno, expect", [
+    ([(0xB, 95), (0xA, 0)], 95, Offset.at(0xB, 95)),
+    ([(0xB, 95), (0xA, 0)], 90, Offset.at(0xA, 90)),
+    ([(0xB, 95), (0xA, 0)], 0, BEGINNING),
+    ([(0xB, 95)], 10, BEGINNING),  # no entry covers the rollback point: no common history
+    ([], 10, BEGINNING),
+])
+def test_rollback_offset(log, seqno, expect):
+    assert rollback_offset(log, seqno) == expect
+
+
+def test_range_end():
+    tr = VbTracker(0)
+    tr.opened([(U, 0)])
+    tr.snapshot(0, 10)
+    tr.item(10)
+    assert tr.range_end(10) == Offset(U, 10, 0, 10)  # the end closed the snapshot
+    assert tr.range_end(7) == Offset(U, 7, 0, 10)  # inside it: keep the range for the rollback check
+    tr.snapshot(20, 30)  # 11..19 were not ours
+    tr.item(30)
+    assert tr.range_end(15) == Offset.at(U, 15)
+    assert tr.range_end(40) == Offset(U, 30, 20, 30)  # not reached: where we are
+
+
+@st.composite
+def streams(draw):
+    """A valid single-vbucket DCP sequence: snapshots with rising seqnos, items a rising subset of
+    each snapshot (de-duplication and filtering can hide any of them), sometimes a SEQNO_ADVANCED
+    to the snapshot end, and an optional STREAM_END OK."""
+    seqno = draw(st.integers(0, 5))
+    start = Offset.at(U, seqno)
+    ops = []
+    for _ in range(draw(st.integers(1, 8))):
+        first = seqno + draw(st.integers(1, 3))
+        end = first + draw(st.integers(0, 6))
+        marker_start = seqno if draw(st.booleans()) else first  # disk: requested start; memory: first item
+        ops.append(("snapshot", marker_start, end))
+        items = sorted(draw(st.sets(st.integers(first, end), max_size=end - first + 1)))
+        ops.extend(("item", s) for s in items)
+        if draw(st.booleans()) and (not items or items[-1] < end):
+            ops.append(("advanced", end))
+        seqno = end
+    if draw(st.booleans()):
+        ops.append(("end",))
+    return start, ops
+
+
+@given(streams(), st.data())
+def test_tracker_invariants(stream, data):
+    start, ops = stream
+    tr = VbTracker(0, start)
+    tr.opened([(U, 0)])
+    completed = start.seqno  # the end of the last snapshot known to be complete
+    snap = None
+    for op in ops:
+        before = tr.committed
+        if op[0] == "snapshot":
+            if snap is not None:
+                completed = snap[1]
+            snap = op[1:]
+            tr.snapshot(*snap)
+        elif op[0] == "item":
+            tr.item(op[1])
+            if op[1] == snap[1]:
+                completed, snap = snap[1], None
+        elif op[0] == "advanced":
+            tr.seqno_advanced(op[1])
+            completed, snap = snap[1], None
+        else:
+            tr.stream_end_ok()
+            if snap is not None:
+                completed, snap = snap[1], None
+        c, p = tr.committed, tr.position
+        assert c.snapshot_start <= c.seqno <= c.snapshot_end and p.snapshot_start <= p.seqno <= p.snapshot_end
+        assert c.seqno >= before.seqno, "the committed offset never moves back"
+        assert c.seqno == completed, "committed exactly at the last complete snapshot"
+        assert c == start or c.seqno == c.snapshot_end, "a committed offset is a snapshot boundary"
+        assert p.seqno >= c.seqno

@@ -1,0 +1,81 @@
+"""Fixtures for the DCP producer tests: the real server of tests/server (in-process thread on its
+own loop, or a subprocess) plus `clients` (DCP producer connections) and a writer."""
+
+# ruff: noqa: F811  (the fixtures imported below are pytest fixtures, re-used by name as parameters)
+
+import pytest
+
+from tests.server.conftest import ServerThread, make_server, server, spawn_server, users_db  # noqa: F401
+
+from .client import DcpClient
+
+
+@pytest.fixture
+def clients(server):
+    """clients(**connect_kw) -> a DcpClient connected as a producer to `server`; closed afterwards."""
+    made: list[DcpClient] = []
+
+    def make(srv=None, **kw) -> DcpClient:
+        srv = srv or server
+        c = DcpClient(srv.port)
+        c.num_vbuckets = srv.config.num_vbuckets
+        made.append(c)
+        return c.connect(**kw)
+
+    yield make
+    for c in made:
+        c.close()
+
+
+@pytest.fixture
+def writer(server):
+    with server.login() as c:
+        yield c
+
+
+def keys_in(vb: int, n: int, num_vbuckets: int = 64, prefix: str = "k") -> list[bytes]:
+    """n distinct keys that hash to vbucket `vb`."""
+    from dcpflow.protocol.keys import vbucket_for_key
+    out, i = [], 0
+    while len(out) < n:
+        key = f"{prefix}{i}".encode()
+        if vbucket_for_key(key, num_vbuckets) == vb:
+            out.append(key)
+        i += 1
+    return out
+
+
+def engine_of(server):
+    return server.server.buckets["default"].engine
+
+
+def vbucket(server, vb: int):
+    return server.call(lambda: engine_of(server).vbucket(vb))
+
+
+def wait_persisted(server, vb: int, seqno: int | None = None, timeout: float = 10.0) -> None:
+    """Until the flusher persisted `seqno` (default: the high seqno) of vbucket `vb`."""
+    import time
+    deadline = time.monotonic() + timeout
+    while True:
+        high, persisted = server.call(lambda: (engine_of(server).vbucket(vb).high_seqno,
+                                               engine_of(server).vbucket(vb).persisted_seqno))
+        if persisted >= (high if seqno is None else seqno):
+            return
+        assert time.monotonic() < deadline, "the flusher did not persist in time"
+        time.sleep(0.01)
+
+
+def to_disk_only(server, vb: int) -> None:
+    """Persist everything and close the open checkpoint, so memory no longer holds the history:
+    a stream from an earlier seqno then needs a backfill."""
+    wait_persisted(server, vb)
+    server.call(lambda: engine_of(server).vbucket(vb).checkpoint_manager.create_checkpoint())
+    wait_persisted(server, vb)
+
+
+def fill(writer, vb: int, n: int, prefix: str = "k", value: bytes = b'{"v":1}') -> list[bytes]:
+    keys = keys_in(vb, n, prefix=prefix)
+    for k in keys:
+        assert writer.set(k, value, vbucket=vb, datatype=0).status == 0
+    return keys

@@ -1,0 +1,108 @@
+"""Flow control (flow-control.md, buffer-ack.md, TABLES.md 5.9, erratum 38): every message but a
+noop is charged its wire size; the producer never has more than the buffer plus one message
+unacknowledged; BUFFER_ACK gets no reply and any opaque works; size 0 disables it."""
+
+import time
+
+import pytest
+
+from dcpflow.protocol import dcp
+from dcpflow.protocol.status import Status
+
+from .client import items
+from .conftest import fill, to_disk_only
+
+MAX = 0xFFFFFFFFFFFFFFFF
+
+
+def read_available(c, seconds: float) -> int:
+    """Read whatever arrives within `seconds`; returns the wire bytes of stream messages."""
+    before = c.received_bytes
+    c.backlog.extend(c.quiet(seconds))
+    return c.received_bytes - before
+
+
+@pytest.mark.parametrize("backfill", [False, True])
+@pytest.mark.parametrize("size", [300, 5000])  # 5000: values sent without copying (LARGE_VALUE)
+def test_never_more_than_buffer_plus_one_message(server, clients, writer, backfill, size):
+    value = b"x" * size
+    n = 100 if size < 1000 else 20
+    fill(writer, 0, n, value=value)
+    if backfill:
+        to_disk_only(server, 0)
+    buffer = 2000
+    c = clients()
+    c.controls(connection_buffer_size=buffer)
+    assert c.stream_request(0, 0, n).status == Status.SUCCESS
+    biggest = 24 + 31 + 8 + len(value)  # a mutation of this test
+    acked = 0
+    got = []
+    while not any(isinstance(m, dcp.DcpStreamEnd) for m in got):
+        read_available(c, 0.05)
+        outstanding = c.received_bytes - acked
+        assert outstanding <= buffer + biggest, outstanding
+        assert outstanding >= buffer or any(isinstance(m, dcp.DcpStreamEnd) for m in c.backlog)
+        got += c.backlog
+        c.backlog.clear()
+        # acknowledge a part of it, with an arbitrary opaque (erratum 38)
+        part = outstanding // 2 or outstanding
+        c.send(dcp.DcpBufferAck(part, opaque=0xABCD).encode())
+        acked += part
+    assert [m.by_seqno for m in items(got)] == list(range(1, n + 1))
+    assert all(m.value == value for m in items(got))
+
+
+def test_stalls_without_ack_and_resumes_with_one(server, clients, writer):
+    fill(writer, 0, 50, value=b"y" * 100)
+    c = clients()
+    c.controls(connection_buffer_size=500)
+    c.stream_request(0, 0, 50)
+    read_available(c, 0.5)
+    first = c.received_bytes
+    assert 500 <= first < 500 + 200
+    assert read_available(c, 0.5) == 0  # nothing more until acknowledged
+    c.buffer_ack(first)
+    assert read_available(c, 0.5) >= 500
+
+
+def test_buffer_ack_has_no_reply(server, clients):
+    c = clients()
+    c.controls(connection_buffer_size=100)
+    c.send(dcp.DcpBufferAck(10, opaque=77).encode())
+    reply = c.call_dcp(dcp.DcpControl(b"enable_noop", b"false"))
+    assert reply.status == Status.SUCCESS and not c.backlog  # the only reply is the control's
+
+
+def test_buffer_ack_shape_is_checked(server, clients):
+    c = clients()
+    assert c.call(0x5d, extras=b"\0\0\1").status == Status.EINVAL
+
+
+def test_zero_disables_flow_control(server, clients, writer):
+    fill(writer, 0, 100, value=b"z" * 200)
+    c = clients()
+    c.controls(connection_buffer_size=300)
+    c.controls(connection_buffer_size=0)
+    c.stream_request(0, 0, 100)
+    assert len(items(c.until_stream_end(0))) == 100  # never acked
+
+
+def test_noops_are_not_charged(server, clients):
+    c = clients()
+    c.controls(connection_buffer_size=1, enable_noop="true", set_noop_interval="0.1")
+    c.stream_request(0)  # an idle stream: nothing but noops
+    deadline = time.monotonic() + 1.0
+    while time.monotonic() < deadline:
+        c.quiet(0.1)
+    assert c.noops >= 3 and c.received_bytes == 0
+
+
+def test_buffer_size_is_enforced_across_streams(server, clients, writer):
+    for vb in range(4):
+        fill(writer, vb, 30, value=b"w" * 100)
+    c = clients()
+    c.controls(connection_buffer_size=1000)
+    for vb in range(4):
+        c.stream_request(vb, 0, 30)
+    read_available(c, 0.5)
+    assert 1000 <= c.received_bytes <= 1000 + 24 + 31 + 100 + 8

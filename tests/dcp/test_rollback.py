@@ -1,0 +1,158 @@
+"""The rollback decision of STREAM_REQ, branch by branch, against failover logs the server built
+itself: an unclean restart (`kill -9` with unpersisted writes), vbucket state changes, and
+tombstone purges (reference/README.md "Rollback seqno", rollback.md, erratum 36)."""
+
+import json
+import time
+
+from dcpflow.protocol import dcp
+from dcpflow.protocol.dcp import StreamFlag
+from dcpflow.protocol.hello import Feature
+from dcpflow.protocol.opcodes import Opcode
+from dcpflow.protocol.status import Status
+
+from .client import DcpClient, items, markers
+from .conftest import engine_of, fill, to_disk_only, vbucket
+
+MAX = 0xFFFFFFFFFFFFFFFF
+
+
+def seqno_stats(c, vb: int) -> dict[str, int]:
+    stats = c.stats(f"vbucket-seqno {vb}")
+    return {k.split(":", 1)[1]: int(v) for k, v in stats.items()}
+
+
+def failover_log(c: DcpClient, vb: int) -> list[tuple[int, int]]:
+    return list(dcp.FailoverLogResponse.from_frame(c.call_dcp(dcp.DcpGetFailoverLog(vb))).entries)
+
+
+def connect(port: int) -> DcpClient:
+    c = DcpClient(port)
+    c.num_vbuckets = 8
+    return c.connect("Administrator", "password")
+
+
+def test_unclean_restart_branches(spawn_server, tmp_path):
+    """kill -9 with unpersisted writes: the restarted vbucket starts a new branch at the persisted
+    seqno, and consumers of the lost writes are rolled back exactly."""
+    data = str(tmp_path / "data")
+    srv = spawn_server("--data-dir", data, "--vbuckets", "8", "--flush-interval", "0.02")
+    w = DcpClient(srv.port)
+    w.num_vbuckets = 8
+    w.login("Administrator", "password")
+    fill(w, 0, 5, prefix="p")
+    assert w.call(Opcode.SEQNO_PERSISTENCE, vbucket=0, extras=(5).to_bytes(8, "big")).status == Status.SUCCESS
+    uuid1 = seqno_stats(w, 0)["uuid"]
+    assert w.call(Opcode.STOP_PERSISTENCE).status == Status.SUCCESS
+    fill(w, 0, 3, prefix="lost")  # seqnos 6..8, never persisted
+    # a consumer receives all 8 items (the last memory snapshot ends at 8)
+    c = connect(srv.port)
+    assert c.stream_request(0, 0, 8, 0).status == Status.SUCCESS
+    got = c.until_stream_end(0)
+    assert [m.by_seqno for m in items(got)] == list(range(1, 9))
+    last = markers(got)[-1]
+    c.close()
+    w.close()
+    srv.kill9()
+
+    srv = spawn_server("--data-dir", data, "--vbuckets", "8", "--flush-interval", "0.02")
+    c = connect(srv.port)
+    log = failover_log(c, 0)
+    assert log[1:] == [(uuid1, 0)] and log[0][1] == 5  # new branch at the persisted seqno, newest first
+    uuid2 = log[0][0]
+
+    # 4b: the consumer holds a whole snapshot past the branch point: roll back to upper (5)
+    resp = c.stream_request(0, 8, MAX, uuid1, last.start_seqno, 8)
+    assert (resp.status, resp.rollback_seqno) == (Status.ROLLBACK, 5)
+    # 4c: mid-snapshot [3, 8] at 7: roll back to the snapshot start
+    resp = c.stream_request(0, 7, MAX, uuid1, 3, 8)
+    assert (resp.status, resp.rollback_seqno) == (Status.ROLLBACK, 3)
+    # 4a: nothing beyond the branch point: no rollback; start == snap_start counts as snap_end = start
+    resp = c.stream_request(0, 5, MAX, uuid1, 5, 9)
+    assert resp.status == Status.SUCCESS and list(resp.failover_log) == log
+    assert c.close_stream(0) == Status.SUCCESS
+    # 3: a uuid the log never had: roll back to 0
+    resp = c.stream_request(0, 4, MAX, 0xBAD, 4, 4)
+    assert (resp.status, resp.rollback_seqno) == (Status.ROLLBACK, 0)
+    # the newest branch itself: fine up to the high seqno
+    assert c.stream_request(0, 5, MAX, uuid2, 5, 5).status == Status.SUCCESS
+    c.close()
+
+
+def test_state_change_creates_a_branch(server, clients, writer):
+    fill(writer, 1, 4)
+    old = vbucket(server, 1).uuid
+    assert writer.call(Opcode.SET_VBUCKET, vbucket=1, extras=bytes([2])).status == Status.SUCCESS  # replica
+    assert writer.call(Opcode.SET_VBUCKET, vbucket=1, extras=bytes([1])).status == Status.SUCCESS  # active again
+    fill(writer, 1, 2, prefix="new")
+    c = clients()
+    log = failover_log(c, 1)
+    assert log[0][1] == 4 and log[1][0] == old
+    # a consumer of the old branch that stopped at 4 continues without rollback
+    resp = c.stream_request(1, 4, 6, old, 4, 4)
+    assert resp.status == Status.SUCCESS
+    assert [m.by_seqno for m in items(c.until_stream_end(1))] == [5, 6]
+    # 4c on the old branch: a snapshot [3, 5] that straddles the branch point at 4
+    resp = c.stream_request(1, 4, MAX, old, 3, 5)
+    assert (resp.status, resp.rollback_seqno) == (Status.ROLLBACK, 3)
+
+
+def test_start_zero_branches(server, clients, writer):
+    fill(writer, 2, 3)
+    uuid = vbucket(server, 2).uuid
+    c = clients()
+    # 1: start 0 needs no history check, whatever the uuid ...
+    assert c.stream_request(2, 0, 3, 0xBAD).status == Status.SUCCESS
+    c.until_stream_end(2)
+    # ... unless StrictVbUuid, which checks a non-zero uuid even at 0 (erratum 36, case 1.b)
+    resp = c.stream_request(2, 0, 3, 0xBAD, flags=StreamFlag.STRICT_VBUUID)
+    assert (resp.status, resp.rollback_seqno) == (Status.ROLLBACK, 0)
+    assert c.stream_request(2, 0, 3, 0, flags=StreamFlag.STRICT_VBUUID).status == Status.SUCCESS
+    c.until_stream_end(2)
+    assert c.stream_request(2, 0, 3, uuid, flags=StreamFlag.STRICT_VBUUID).status == Status.SUCCESS
+    c.until_stream_end(2)
+    # a non-zero start with uuid 0 is an unknown branch
+    resp = c.stream_request(2, 1, 3, 0, 1, 1)
+    assert (resp.status, resp.rollback_seqno) == (Status.ROLLBACK, 0)
+    # FromLatest replaces a zero uuid with the current one
+    assert c.stream_request(2, 0, MAX, 0, flags=StreamFlag.FROM_LATEST).status == Status.SUCCESS
+
+
+def test_purge_seqno_branches(make_server):
+    """Tombstones purged below the consumer's start: roll back to 0 unless IgnorePurgedTombstones
+    or the consumer already saw that purge seqno (stream-request value `purge_seqno`)."""
+    srv = make_server(purge_interval=0.0)
+    w = srv.login()
+    keys = fill(w, 0, 6)
+    for k in keys[:3]:
+        assert w.delete(k, vbucket=0).status == Status.SUCCESS  # seqnos 7..9
+    fill(w, 0, 1, prefix="after")  # 10
+    to_disk_only(srv, 0)
+    srv.call(lambda: engine_of(srv).compact(0, now=time.time() + 10))
+    purge = vbucket(srv, 0).purge_seqno
+    uuid = vbucket(srv, 0).uuid
+    assert purge == 9
+    c = DcpClient(srv.port)
+    c.connect(features=(Feature.XERROR, Feature.COLLECTIONS))
+    c.controls(enable_noop="true")
+    resp = c.stream_request(0, 5, MAX, uuid, 5, 5)
+    assert (resp.status, resp.rollback_seqno) == (Status.ROLLBACK, 0)
+    resp = c.stream_request(0, 5, MAX, uuid, 5, 5, value=json.dumps({"purge_seqno": "3"}).encode())
+    assert (resp.status, resp.rollback_seqno) == (Status.ROLLBACK, 0)
+    resp = c.stream_request(0, 5, MAX, uuid, 5, 5, value=json.dumps({"purge_seqno": str(purge)}).encode())
+    assert resp.status == Status.SUCCESS
+    assert c.close_stream(0) == Status.SUCCESS
+    assert c.stream_request(0, 5, MAX, uuid, 5, 5, flags=StreamFlag.IGNORE_PURGED_TOMBSTONES).status == \
+        Status.SUCCESS
+    assert c.close_stream(0) == Status.SUCCESS
+    assert c.stream_request(0, 9, MAX, uuid, 9, 9).status == Status.SUCCESS  # start == purge seqno: fine
+    assert c.close_stream(0) == Status.SUCCESS
+    c.close()
+    # from 0 the purged tombstones are simply absent from the disk snapshot
+    c = DcpClient(srv.port)
+    c.connect()
+    assert c.stream_request(0, 0, 10, uuid).status == Status.SUCCESS
+    got = items(c.until_stream_end(0))
+    assert [m.by_seqno for m in got] == [4, 5, 6, 10]
+    c.close()
+    w.close()

@@ -1,0 +1,163 @@
+"""Every STREAM_END reason the producer can send (stream-end.md, TABLES.md 5.5), each caused by
+the real event: end seqno, CLOSE_STREAM, vbucket state change, server shutdown, a cursor dropped
+for memory (too slow) or recovered by backfill, a failed disk scan, a vbucket rollback, and lost
+privileges. FilterEmpty cannot happen here: only the default collection exists and it cannot be
+dropped."""
+
+import os
+import time
+
+from dcpflow.protocol import dcp
+from dcpflow.protocol.dcp import SnapshotFlag, StreamEndReason
+from dcpflow.protocol.opcodes import Opcode
+from dcpflow.protocol.status import Status
+
+from .client import DcpClient, items, markers
+from .conftest import engine_of, fill, keys_in, to_disk_only, vbucket, wait_persisted
+
+MAX = 0xFFFFFFFFFFFFFFFF
+
+
+def ends(msgs) -> list[tuple[int, int]]:
+    return [(m.vbucket, m.reason) for m in msgs if isinstance(m, dcp.DcpStreamEnd)]
+
+
+def test_close_stream_sends_stream_end_when_asked(server, clients):
+    c = clients()
+    c.controls(send_stream_end_on_client_close_stream="true")
+    c.stream_request(0)
+    assert c.close_stream(0) == Status.SUCCESS
+    msgs = c.until_stream_end(0)
+    assert ends(msgs) == [(0, StreamEndReason.CLOSED)]
+
+
+def test_close_stream_is_silent_by_default(server, clients, writer):
+    c = clients()
+    c.stream_request(0)
+    assert c.close_stream(0) == Status.SUCCESS
+    fill(writer, 0, 3)
+    assert c.quiet(0.5) == []
+
+
+def test_state_change_ends_the_stream(server, clients, writer):
+    c = clients()
+    c.stream_request(5)
+    c.stream_request(6)
+    assert writer.call(Opcode.SET_VBUCKET, vbucket=5, extras=bytes([2])).status == Status.SUCCESS
+    assert ends(c.until_stream_end(5)) == [(5, StreamEndReason.STATE_CHANGED)]
+    assert c.close_stream(6) == Status.SUCCESS  # the other stream is untouched
+
+
+def test_server_shutdown_ends_streams_as_disconnected(make_server):
+    srv = make_server()
+    c = DcpClient(srv.port).connect()
+    c.stream_request(0)
+    c.stream_request(1)
+    srv.stop()
+    msgs = c.quiet(2.0)
+    assert sorted(ends(msgs)) == [(0, StreamEndReason.DISCONNECTED), (1, StreamEndReason.DISCONNECTED)]
+    assert c.closed_by_server or c.is_closed(2)
+    c.close()
+
+
+def stalled_stream(srv, c, vb: int):
+    """A stream held by flow control (nothing acked) while the vbucket keeps changing."""
+    c.controls(connection_buffer_size=200)
+    assert c.stream_request(vb).status == Status.SUCCESS
+    w = srv.login()
+    keys = keys_in(vb, 420, prefix="slow")
+    for i, key in enumerate(keys[:400]):
+        w.set(key, b"x" * 500, vbucket=vb)
+        if i % 100 == 99:  # close checkpoints so that old ones can be dropped
+            srv.call(lambda: engine_of(srv).vbucket(vb).checkpoint_manager.create_checkpoint())
+    wait_persisted(srv, vb)  # only checkpoints the flusher is done with may be released
+    for key in keys[400:]:  # over quota again: now the stalled cursor is the one to drop
+        w.set(key, b"x" * 500, vbucket=vb)
+    w.close()
+
+
+def test_dropped_cursor_without_support_ends_as_too_slow(make_server):
+    srv = make_server(checkpoint_memory_quota=20_000, checkpoint_max_items=50)
+    c = DcpClient(srv.port).connect()
+    stalled_stream(srv, c, 0)
+    assert server_dropped(srv, 0)
+    c.buffer_ack(1 << 20)
+    msgs = c.until_stream_end(0, ack=True)
+    assert ends(msgs) == [(0, StreamEndReason.SLOW)]
+    c.close()
+
+
+def server_dropped(srv, vb: int, timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if srv.call(lambda: engine_of(srv).vbucket(vb).checkpoint_manager.num_dropped_cursors):
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_dropped_cursor_with_support_switches_to_backfill(make_server):
+    srv = make_server(checkpoint_memory_quota=20_000, checkpoint_max_items=50)
+    c = DcpClient(srv.port).connect()
+    c.controls(supports_cursor_dropping="true")
+    stalled_stream(srv, c, 0)
+    assert server_dropped(srv, 0)
+    high = srv.call(lambda: engine_of(srv).vbucket(0).high_seqno)
+    msgs = c.messages_until(lambda m: isinstance(m, dcp.DcpMutation) and m.by_seqno == high, ack=True)
+    assert [m.by_seqno for m in items(msgs)] == list(range(1, high + 1))  # no gap, no repeat
+    ms = markers(msgs)
+    assert ms[0].flags & SnapshotFlag.MEMORY
+    later_disk = [m for m in ms[1:] if m.flags & SnapshotFlag.DISK]
+    assert later_disk and later_disk[0].flags & SnapshotFlag.CHECKPOINT
+    # a backfill other than the first starts at its own first seqno (disk rule 2)
+    before = [m for m in items(msgs) if m.by_seqno < later_disk[0].start_seqno]
+    assert before and later_disk[0].start_seqno == before[-1].by_seqno + 1
+    c.close()
+
+
+def test_failed_backfill_ends_as_backfill_failed(make_server):
+    srv = make_server()
+    w = srv.login()
+    fill(w, 0, 5)
+    to_disk_only(srv, 0)
+    path = engine_of(srv).store.path
+    os.rename(path, str(path) + ".away")  # the data file vanishes under the server
+    try:
+        c = DcpClient(srv.port).connect()
+        assert c.stream_request(0, 0, 5).status == Status.SUCCESS
+        msgs = c.until_stream_end(0)
+        assert ends(msgs) == [(0, StreamEndReason.BACKFILL_FAIL)]
+        c.close()
+    finally:
+        if os.path.exists(path):  # the empty database SQLite created in its place
+            os.remove(path)
+        os.rename(str(path) + ".away", path)
+    w.close()
+
+
+def test_rollback_ends_the_stream(server, clients, writer):
+    assert writer.call(Opcode.SET_VBUCKET, vbucket=10, extras=bytes([2])).status == Status.SUCCESS
+
+    def replicate():
+        vb = engine_of(server).vbucket(10)
+        vb.snapshot_marker(1, 6)
+        for s in range(1, 7):
+            vb.apply_mutation(b"r%d" % s, b"v", by_seqno=s, cas=s, rev_seqno=1)
+    server.call(replicate)
+    c = clients()
+    assert c.stream_request(10).status == Status.SUCCESS
+    c.messages_until(lambda m: isinstance(m, dcp.DcpMutation) and m.by_seqno == 6)
+    assert writer.call(Opcode.STOP_PERSISTENCE).status == Status.SUCCESS  # no flush batch in flight
+    reached = server.call(lambda: engine_of(server).rollback(10, 3))
+    assert reached <= 3
+    assert ends(c.until_stream_end(10)) == [(10, StreamEndReason.ROLLBACK)]
+    assert vbucket(server, 10).high_seqno == reached
+
+
+def test_lost_privileges_end_the_streams(server, clients):
+    c = clients()
+    c.stream_request(0)
+    c.stream_request(1)
+    assert c.auth_scram("reader", "readpw").status == Status.SUCCESS  # no DcpProducer for this user
+    msgs = c.quiet(1.0)
+    assert sorted(ends(msgs)) == [(0, StreamEndReason.LOST_PRIVILEGES), (1, StreamEndReason.LOST_PRIVILEGES)]

@@ -1,0 +1,209 @@
+"""`dcpflow cluster up | status | failover | rebalance | down` as a user runs them: subprocesses."""
+
+import contextlib
+import json
+import os
+import random
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import dcpflow
+
+from .helpers import sdk_connect
+
+READY = re.compile(r"^dcpflow cluster ready: nodes=(\S+) replicas=(\d+) vbuckets=(\d+) data_dir=(\S+) "
+                   r"connstr=(\S+)$")
+
+
+def env() -> dict:
+    e = dict(os.environ)
+    src = str(Path(dcpflow.__file__).resolve().parents[1])
+    e["PYTHONPATH"] = src + os.pathsep + e.get("PYTHONPATH", "")
+    return e
+
+
+def cli(*args, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
+    p = subprocess.run([sys.executable, "-m", "dcpflow.cli", "cluster", *args], capture_output=True, text=True,
+                       env=env(), timeout=timeout)
+    if check:
+        assert p.returncode == 0, (p.stdout, p.stderr)
+    return p
+
+
+def free_range(n: int) -> int:
+    """A base port with n free ports above it (probed now; nothing fixed)."""
+    for _ in range(200):
+        base = random.randint(20000, 60000)
+        socks = []
+        try:
+            for i in range(n):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", base + i))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError("no free port range")
+
+
+class Up:
+    def __init__(self, data_dir: Path, *args: str):
+        self.proc = subprocess.Popen([sys.executable, "-m", "dcpflow.cli", "cluster", "up", "--data-dir",
+                                      str(data_dir), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     text=True, env=env())
+        self.line = self.proc.stdout.readline().strip()
+
+    def cleanup(self, data_dir: Path) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(30)
+        self.proc.stdout.close()
+        self.proc.stderr.close()
+        # nodes follow their manager (--exit-with); make sure of it
+        state = data_dir / "cluster.json"
+        if state.exists():
+            for pid in json.loads(state.read_text()).get("node_pids", []):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+
+
+@pytest.fixture
+def up(tmp_path):
+    started = []
+
+    def start(*args: str, data_dir: Path | None = None) -> Up:
+        d = data_dir or tmp_path / "cluster"
+        u = Up(d, *args)
+        started.append((u, d))
+        return u
+
+    yield start
+    for u, d in started:
+        u.cleanup(d)
+
+
+def test_cluster_lifecycle(up, tmp_path):
+    data = tmp_path / "cluster"
+    base = free_range(3)
+    u = up("--nodes", "3", "--replicas", "1", "--vbuckets", "16", "--base-port", str(base))
+    m = READY.match(u.line)
+    assert m, (u.line, u.proc.stderr.read() if u.proc.poll() is not None else "")
+    nodes = m.group(1).split(",")
+    assert nodes == [f"127.0.0.1:{base + i}" for i in range(3)]
+    assert (m.group(2), m.group(3), m.group(4)) == ("1", "16", str(data))
+    assert oct((data / "cluster.json").stat().st_mode & 0o777) == "0o600"
+
+    st = json.loads(cli("status", "--json", "--data-dir", str(data)).stdout)
+    assert [n["node"] for n in st["nodes"]] == nodes and st["streams"] == 16
+    assert sum(n["active_vbuckets"] for n in st["nodes"]) == 16
+    table = cli("status", "--data-dir", str(data)).stdout
+    assert "replica seqnos" in table and nodes[0] in table
+
+    sdk = sdk_connect(m.group(5))
+    try:
+        col = sdk.bucket("default").default_collection()
+        for i in range(100):
+            col.upsert(f"cli{i}", {"i": i})
+    finally:
+        sdk.close()
+    deadline = time.monotonic() + 20
+    while True:
+        st = json.loads(cli("status", "--json", "--data-dir", str(data)).stdout)
+        if sum(n["replication_lag_items"] for n in st["nodes"]) == 0 and \
+                sum(n["replica_high_seqno_total"] for n in st["nodes"]) == 100:
+            break
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+
+    os.kill(st["nodes"][1]["pid"], signal.SIGKILL)
+    out = cli("failover", nodes[1], "--data-dir", str(data)).stdout
+    assert f"failed over {nodes[1]}" in out
+    st = json.loads(cli("status", "--json", "--data-dir", str(data)).stdout)
+    assert st["nodes"][1]["status"] == "failed over" and st["vbuckets_without_active"] == 0
+    bad = cli("failover", "127.0.0.1:1", "--data-dir", str(data), check=False)
+    assert bad.returncode == 1 and "not a node of this cluster" in bad.stderr
+
+    out = cli("rebalance", "--data-dir", str(data)).stdout
+    assert out.startswith("rebalanced over 3 node(s)")
+    assert oct((data / "cluster.json").stat().st_mode & 0o777) == "0o600"  # it holds the control token
+    st = json.loads(cli("status", "--json", "--data-dir", str(data)).stdout)
+    assert [n["status"] for n in st["nodes"]] == ["up", "up", "up"]
+    assert sorted(n["active_vbuckets"] for n in st["nodes"]) == [5, 5, 6]
+
+    sdk = sdk_connect(m.group(5))
+    try:
+        col = sdk.bucket("default").default_collection()
+        assert [col.get(f"cli{i}").content_as[dict]["i"] for i in range(100)] == list(range(100))
+    finally:
+        sdk.close()
+
+    again = Up(data, "--base-port", "0")  # a second manager on the same data dir refuses
+    assert again.proc.wait(30) == 1 and "already up" in again.proc.stderr.read()
+    again.cleanup(tmp_path / "nowhere")
+
+    assert cli("down", "--data-dir", str(data)).stdout.strip() == "cluster stopped"
+    assert u.proc.wait(30) == 0
+    for n in st["nodes"]:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                os.kill(n["pid"], 0)
+            except ProcessLookupError:
+                break
+            assert time.monotonic() < deadline, f"node {n['node']} still running"
+            time.sleep(0.05)
+    gone = cli("status", "--data-dir", str(data), check=False)
+    assert gone.returncode == 1 and "not running" in gone.stderr
+
+
+def test_up_restarts_a_stopped_cluster_with_its_data(up, tmp_path):
+    data = tmp_path / "cluster"
+    u = up("--nodes", "2", "--replicas", "1", "--vbuckets", "8", "--base-port", "0")
+    m = READY.match(u.line)
+    assert m, u.line
+    sdk = sdk_connect(m.group(5))
+    try:
+        sdk.bucket("default").default_collection().upsert("kept", {"v": 1})
+    finally:
+        sdk.close()
+    rev = json.loads((data / "cluster.json").read_text())["rev"]
+    cli("down", "--data-dir", str(data))
+    assert u.proc.wait(30) == 0
+    u2 = up("--nodes", "5", data_dir=data)  # the stored cluster wins over new sizing flags
+    m2 = READY.match(u2.line)
+    assert m2 and m2.group(1) == m.group(1)
+    assert "starting it as it was" in u2.proc.stderr.readline()
+    st = json.loads(cli("status", "--json", "--data-dir", str(data)).stdout)
+    assert st["rev"] > rev and len(st["nodes"]) == 2
+    sdk = sdk_connect(m2.group(5))
+    try:
+        assert sdk.bucket("default").default_collection().get("kept").content_as[dict] == {"v": 1}
+    finally:
+        sdk.close()
+
+
+def test_commands_without_a_cluster(tmp_path):
+    for cmd in (["status"], ["rebalance"], ["failover", "127.0.0.1:1"], ["down"]):
+        p = cli(*cmd, "--data-dir", str(tmp_path / "none"), check=False)
+        assert p.returncode == 1 and "no cluster in" in p.stderr, (cmd, p.stderr)
+
+
+def test_up_refuses_bad_sizes(tmp_path):
+    p = cli("up", "--nodes", "1", "--data-dir", str(tmp_path / "one"), "--base-port", "0", check=False)
+    assert p.returncode == 2 and "at least 2 nodes" in p.stderr
+    p = cli("up", "--replicas", "4", "--data-dir", str(tmp_path / "four"), "--base-port", "0", check=False)
+    assert p.returncode == 2 and "0..3" in p.stderr

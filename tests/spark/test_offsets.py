@@ -1,0 +1,134 @@
+"""Offsets JSON and the driver's planning: admission control, rollback detection, grouping (no Spark)."""
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dcpflow.spark import offsets as off
+from dcpflow.spark.offsets import EARLIEST, SourceOffset, VbOffset
+
+pending_maps = st.dictionaries(st.integers(0, 63), st.integers(0, 500), min_size=1, max_size=40)
+
+
+@settings(deadline=None)
+@given(pending_maps, st.one_of(st.none(), st.integers(1, 3000)), st.integers(0, 100))
+def test_fair_share_is_bounded_and_max_min_fair(pending, budget, rotate):
+    share = off.fair_share(pending, budget, rotate=rotate)
+    assert set(share) == set(pending)
+    assert all(0 <= share[v] <= pending[v] for v in pending)
+    total = sum(pending.values())
+    assert sum(share.values()) == (total if budget is None else min(budget, total))
+    # Nobody cut short holds less than anyone else minus one: the budget is spread, not queued.
+    for a in pending:
+        if share[a] < pending[a]:
+            assert all(share[b] <= share[a] + 1 for b in pending)
+
+
+def test_fair_share_rotates_so_nobody_starves():
+    pending = dict.fromkeys(range(10), 5)
+    moved = set()
+    for batch in range(10):
+        share = off.fair_share(pending, 3, rotate=batch)
+        assert sum(share.values()) == 3
+        moved |= {v for v, n in share.items() if n}
+    assert moved == set(range(10))
+
+
+def test_fair_share_serves_rollback_rereads_first():
+    share = off.fair_share(dict.fromkeys(range(8), 10), 3, first=[6, 7])
+    assert share[6] == 1 and share[7] == 1
+
+
+def state(seqnos, uuid=100):
+    return SourceOffset({vb: VbOffset.at(uuid if s else 0, s) for vb, s in seqnos.items()}, batch=4)
+
+
+def logs(vbs, uuid=100):
+    return {vb: [(uuid, 0)] for vb in vbs}
+
+
+def test_plan_reads_everything_without_a_limit_and_numbers_the_batch():
+    start = state({0: 0, 1: 5, 2: 9})
+    end = off.plan(start, {0: 3, 1: 8, 2: 9}, logs(range(3)))
+    assert end.batch == 5 and not end.resets
+    assert {vb: o.seqno for vb, o in end.vbuckets.items()} == {0: 3, 1: 8, 2: 9}
+    assert end.vbuckets[0].vbuuid == 100  # a first read takes the current history's uuid
+    assert [(r.vbucket, r.start.seqno, r.end_seqno) for r in off.ranges(start, end)] == [(0, 0, 3), (1, 5, 8)]
+
+
+def test_plan_returns_start_when_nothing_is_new():
+    start = state({0: 3, 1: 0})
+    assert off.plan(start, {0: 3, 1: 0}, logs(range(2))) is start
+
+
+@settings(deadline=None)
+@given(st.dictionaries(st.integers(0, 15), st.tuples(st.integers(0, 100), st.integers(0, 100)), min_size=1),
+       st.integers(1, 200))
+def test_plan_respects_the_budget(vbs, budget):
+    start = state({vb: min(a, b) for vb, (a, b) in vbs.items()})
+    high = {vb: max(a, b) for vb, (a, b) in vbs.items()}
+    end = off.plan(start, high, logs(vbs), budget)
+    advance = sum(end.vbuckets[vb].seqno - start.vbuckets[vb].seqno for vb in vbs)
+    assert advance == min(budget, sum(high[vb] - start.vbuckets[vb].seqno for vb in vbs))
+    assert all(start.vbuckets[vb].seqno <= end.vbuckets[vb].seqno <= high[vb] for vb in vbs)
+
+
+def test_plan_rereads_a_vbucket_whose_history_changed():
+    start = state({0: 10, 1: 10, 2: 10})
+    failover = {0: [(100, 0)], 1: [(555, 8), (100, 0)], 2: [(100, 0)]}
+    end = off.plan(start, {0: 12, 1: 9, 2: 7}, failover)
+    # vb 1: a new failover entry; vb 2: the high seqno went below what we read (history lost).
+    assert end.resets == {1, 2}
+    assert end.vbuckets[1] == VbOffset.at(555, 9) and end.vbuckets[2] == VbOffset.at(100, 7)
+    work = {r.vbucket: r for r in off.ranges(start, end)}
+    assert work[1].reset and work[1].start == EARLIEST and work[1].end_seqno == 9
+    assert not work[0].reset and work[0].start.seqno == 10
+    # As the next batch's start, resets mean nothing: vb 1 continues normally from 9.
+    nxt = off.plan(end, {0: 12, 1: 11, 2: 7}, failover)
+    assert not nxt.resets and [(r.vbucket, r.start.seqno) for r in off.ranges(end, nxt)] == [(1, 9)]
+
+
+def test_plan_rollback_of_an_emptied_vbucket_still_sends_the_marker():
+    start = state({0: 4})
+    end = off.plan(start, {0: 0}, {0: [(7, 0)]})
+    assert end.resets == {0} and end.vbuckets[0] == VbOffset.at(7, 0)
+    assert [r.reset for r in off.ranges(start, end)] == [True]
+
+
+def test_plan_fail_policy_raises_naming_the_vbucket():
+    with pytest.raises(off.HistoryDiverged, match="vbucket 3"):
+        off.plan(state({3: 5}), {3: 5}, {3: [(9, 2), (100, 0)]}, policy="fail")
+
+
+def test_offsets_json_round_trip_and_errors():
+    o = SourceOffset({0: VbOffset(1, 5, 4, 9), 7: VbOffset.at(2, 0)}, batch=12, resets=frozenset({7}))
+    doc = json.loads(json.dumps(o.to_json()))
+    assert doc["vbuckets"]["0"] == {"vbuuid": 1, "seqno": 5, "snapshot_start": 4, "snapshot_end": 9}
+    assert SourceOffset.from_json(doc) == o
+    with pytest.raises(off.OffsetError, match="no 'vbuckets'"):
+        SourceOffset.from_json({"0": 1})
+    with pytest.raises(off.OffsetError, match="unknown field"):
+        VbOffset.from_json({"vbuuid": 1, "seqno": 2, "extra": 3}, "vbucket 0")
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.integers(0, 1000), min_size=0, max_size=80), st.integers(1, 8))
+def test_group_partitions_all_work_into_balanced_groups(weights, n):
+    work = [off.VbRange(vb, VbOffset.at(1, 0), w, 1) for vb, w in enumerate(weights)]
+    groups = off.group(work, n)
+    assert len(groups) == min(n, len(work))
+    assert sorted(r.vbucket for g in groups for r in g) == list(range(len(work)))
+    assert groups == off.group(list(reversed(work)), n)  # deterministic: replays plan the same tasks
+    if groups:
+        loads = [sum(max(r.weight, 1) for r in g) for g in groups]
+        assert max(loads) - min(loads) <= max(max(w, 1) for w in weights)
+
+
+def test_resolve_words_and_json():
+    high, uuids = {0: 5, 1: 6}, {0: 10, 1: 11}
+    assert off.resolve("earliest", [0, 1], high, uuids) == {0: EARLIEST, 1: EARLIEST}
+    assert off.resolve("latest", [0, 1], high, uuids) == {0: VbOffset.at(10, 5), 1: VbOffset.at(11, 6)}
+    spec = off.OffsetSpec({1: VbOffset.at(11, 2)})
+    assert off.resolve(spec, [0, 1], high, uuids) == {0: EARLIEST, 1: VbOffset.at(11, 2)}
