@@ -17,6 +17,8 @@ def test_demo_end_to_end_with_the_spark_native_state(tmp_path):
     assert "OK: state table == server contents" in out
     assert "documents loaded      3,000" in out and "live batch" in out and "expiration" in out
     assert (tmp_path / "demo" / "lake" / "state" / "current").is_symlink()
+    # queries stopped between batches: no Java thread died (Spark's StackOverflowError on an interrupted batch)
+    assert "Exception in thread" not in proc.stderr and "Error" not in proc.stderr, proc.stderr[-3000:]
 
 
 def test_pipeline_rejects_bad_options_before_starting_spark(capsys):

@@ -146,8 +146,7 @@ def run_demo(docs: int = 100_000, workdir: str | Path | None = None, vbuckets: i
                 time.sleep(1.0)
                 _report_live(changelog_q, result, say)
         finally:
-            changelog_q.stop()
-            state_q.stop()
+            pipeline.stop_live(changelog_q, state_q)
         result.changes = totals
         say("draining what is left (AvailableNow)")
         pipeline.run_available_now(on_batch)

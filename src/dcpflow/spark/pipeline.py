@@ -124,6 +124,19 @@ class Pipeline:
         self.changelog_path.mkdir(parents=True, exist_ok=True)
         return self.start_changelog(processingTime=interval), self.start_state(processingTime=interval)
 
+    @staticmethod
+    def stop_live(changelog_query, state_query) -> None:
+        """Stop the live queries between batches, upstream first. Stopping a query in the middle of
+        a `foreachBatch` interrupts the Python writer, and Spark 4.3 then overflows its stack while
+        classifying the (huge) error message: a thousand lines of regex frames on stderr. The
+        writers are idempotent, so nothing would be lost, but a clean stop is what users expect."""
+        for query in (changelog_query, state_query):
+            try:
+                if query.isActive and query.exception() is None:
+                    query.processAllAvailable()
+            finally:
+                query.stop()
+
     def changelog(self):
         """The change log as a batch DataFrame (through the sink's log: committed batches only)."""
         return self.spark.read.schema(self._schema).parquet(str(self.changelog_path)) if self._schema \
