@@ -23,6 +23,7 @@ In-process use (tests, the DCP work): `async with Server(ServerConfig(data_dir=.
 import asyncio
 import concurrent.futures
 import contextlib
+import gc
 import logging
 import ssl
 import time
@@ -189,6 +190,15 @@ class Server:
             self._close_buckets(clean=True)
             self._executor.shutdown(wait=True)
             raise
+        # Warm-up loaded every document as a long-lived object; a full collection walks all of
+        # them (measured with 500k documents while streaming DCP: 60-230 ms loop stalls). Freeze
+        # them out of the collector's generations: only objects created from now on are walked.
+        # Freezing also makes the collector think the old generation is small, so consider a full
+        # collection only every 100 young collections (not 10), or a stream of new documents would
+        # trigger one every ~70k allocations.
+        gc.freeze()
+        gen0, gen1, _ = gc.get_threshold()
+        gc.set_threshold(gen0, gen1, 100)
         self.port = self._listener.sockets[0].getsockname()[1]
         if self._tls_listener is not None:
             self.tls_port = self._tls_listener.sockets[0].getsockname()[1]
@@ -240,6 +250,7 @@ class Server:
             await asyncio.gather(*self._tasks, return_exceptions=True)
         if self.backfill_executor is not None:
             self.backfill_executor.shutdown(wait=True)
+        gc.unfreeze()  # what start() froze may be garbage now (in-process servers come and go)
         async with self._maintenance:
             self._close_buckets(clean=True)
         self._executor.shutdown(wait=True)
