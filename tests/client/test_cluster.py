@@ -110,3 +110,24 @@ def test_one_connection_per_node_and_a_moved_vbucket_is_followed(tmp_path):
     finally:
         for st in servers:
             st.stop()
+
+
+def test_refresh_never_trades_the_map_for_an_older_one(tmp_path):
+    servers, _ = cluster(tmp_path)
+    try:
+        for _ in range(5):  # node 0 knows a newer map than node 1
+            servers[0].call(servers[0].server.topology.bump)
+
+        async def go():
+            async with await DcpClient.connect(url(servers[0].port, connect_timeout=2), USER, PASSWORD) as c:
+                newest = c.cluster_map.version
+                assert newest > servers[1].call(lambda: servers[1].server.topology.version)
+                await asyncio.get_running_loop().run_in_executor(None, servers[0].stop)
+                assert (await c.refresh_map()).version == newest  # node 1's older map is refused
+                for _ in range(10):
+                    servers[1].call(servers[1].server.topology.bump)
+                assert (await c.refresh_map()).version > newest  # a newer one is taken
+        run(go())
+    finally:
+        for st in servers:
+            st.stop()

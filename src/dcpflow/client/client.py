@@ -174,10 +174,18 @@ class DcpClient:
                 except (ConnectError, ConnectionLostError, ServerError, ProtocolError, TimeoutError) as e:
                     errors.append(str(e))
                     continue
-                if cmap.vbucket_map:
-                    self.cluster_map = cmap
-                    self._map_time = time.monotonic()
-                    return cmap
+                if not cmap.vbucket_map:
+                    continue
+                if self.cluster_map is not None and cmap.version < self.cluster_map.version:
+                    # like the SDKs: never trade a map for an older one (a node restarting during a
+                    # failover serves its own stale map until the cluster manager pushes the current)
+                    errors.append(f"{conn.label}: map {cmap.version} is older than {self.cluster_map.version}")
+                    continue
+                self.cluster_map = cmap
+                self._map_time = time.monotonic()
+                return cmap
+            if any("is older than" in e for e in errors):
+                return self.cluster_map  # reachable nodes only had older maps: ours is still the newest
             raise ConnectError("no node answered with a cluster map: " + "; ".join(errors[-4:]))
 
     def _node_address(self, index: int) -> tuple[str, int]:
