@@ -25,7 +25,7 @@ from dcpflow.protocol.frame import (
 from dcpflow.protocol.hello import Feature
 from dcpflow.protocol.keys import make_key, split_key
 from dcpflow.protocol.opcodes import Opcode
-from dcpflow.protocol.status import Status
+from dcpflow.protocol.status import Status, status_name
 
 
 def h(*parts: str) -> bytes:
@@ -681,3 +681,13 @@ def test_garbage_bodies_only_ever_raise_protocol_errors(opcode, magic, extras, k
     else:
         assert rules.problems(frame) == []
         assert msg.opcode == opcode
+
+
+def test_error_context_reads_xerror_json_or_plain_text():
+    def frame(data: bytes) -> Frame:
+        return decode_all(data)[0]
+    xerror = kv.error_response(Opcode.GET, Status.KEY_ENOENT, 7, context="no such key")
+    assert kv.error_context(frame(xerror)) == "no such key"
+    assert kv.error_context(frame(response(Opcode.GET, Status.EINVAL, value=b"bad extras"))) == "bad extras"
+    assert kv.error_context(frame(response(Opcode.GET, Status.EINVAL))) == ""
+    assert status_name(Status.KEY_ENOENT) == "KEY_ENOENT" and status_name(0x7777) == "0x7777"

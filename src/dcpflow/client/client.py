@@ -19,7 +19,7 @@ from dcpflow.protocol.errors import ProtocolError
 from dcpflow.protocol.opcodes import Opcode
 from dcpflow.protocol.status import Status
 
-from .connection import Connection, RawRequest, _error_context, bootstrap, open_connection, tls_context
+from .connection import Connection, RawRequest, bootstrap, open_connection, tls_context
 from .connstr import ConnSpec, parse_connection_string
 from .errors import (
     AuthenticationError,
@@ -284,7 +284,7 @@ class DcpClient:
                     elif reply.status == Status.NOT_MY_VBUCKET:
                         retry.append(vb)
                     else:
-                        ctx = _error_context(reply)
+                        ctx = kvproto.error_context(reply)
                         raise ServerError(f"{conn.label}: GET_FAILOVER_LOG of vbucket {vb} failed with "
                                           f"{status_name(reply.status)}" + (f": {ctx}" if ctx else ""), reply.status)
 

@@ -353,21 +353,8 @@ async def open_connection(host: str, port: int, *, tls: ssl.SSLContext | None = 
     return conn
 
 
-def _error_context(frame: Frame) -> str:
-    """The server's reason: the XERROR JSON context, or the plain text value."""
-    if not frame.value:
-        return ""
-    try:
-        doc = json.loads(frame.value)
-        if isinstance(doc, dict) and isinstance(doc.get("error"), dict):
-            return str(doc["error"].get("context", ""))
-    except ValueError:
-        pass
-    return frame.value[:200].decode("utf-8", "replace")
-
-
 def _fail(what: str, conn: Connection, frame: Frame) -> ServerError:
-    ctx = _error_context(frame)
+    ctx = kvproto.error_context(frame)
     return ServerError(f"{conn.label}: {what} failed with {status_name(frame.status)}" + (f": {ctx}" if ctx else ""),
                        frame.status)
 
@@ -402,7 +389,7 @@ async def bootstrap(conn: Connection, *, username: str, password: str, bucket: s
             if reply.status == Status.SUCCESS:
                 scram.verify(reply.value)
         if reply.status != Status.SUCCESS:
-            ctx = _error_context(reply)
+            ctx = kvproto.error_context(reply)
             if reply.status == Status.AUTH_ERROR:
                 hint = ctx if ctx and ctx != "Authentication failed" else "wrong username or password"
                 raise AuthenticationError(f"{conn.label}: authentication as {username!r} with {mechanism} failed: "

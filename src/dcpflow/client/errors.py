@@ -4,11 +4,9 @@ All derive from `ClientError`, so `except ClientError` catches everything the cl
 purpose; anything else is a bug.
 """
 
-from dcpflow.protocol.status import Status
+from dcpflow.protocol.status import status_name
 
-
-def status_name(status: int) -> str:
-    return Status(status).name if status in Status._value2member_map_ else f"0x{status:04x}"
+__all__ = ["status_name"]  # re-exported: the client's modules take it from here
 
 
 class ClientError(Exception):

@@ -44,9 +44,10 @@ from dcpflow.protocol.dcp import (
     StreamEndReason,
     StreamFlag,
 )
+from dcpflow.protocol.kv import error_context
 from dcpflow.protocol.status import Status
 
-from .connection import Connection, Segment, _error_context, open_dcp
+from .connection import Connection, Segment, open_dcp
 from .errors import (
     ClientError,
     ConnectError,
@@ -491,7 +492,7 @@ class Feed:
         if status in _RETRY_LATER:
             self._retry(vs, status_name(status), remap=False, delay=0.2)
             return
-        ctx = _error_context(frame)
+        ctx = error_context(frame)
         what = {
             Status.ERANGE: (f"the server refused start seqno {pos.seqno} (snapshot {pos.snapshot_start}.."
                             f"{pos.snapshot_end}, end {vs.end}): the offset is beyond the server's data or its "

@@ -183,6 +183,19 @@ def error_response(opcode: int, status: int, opaque: int = 0, context: str | Non
                     value=json.dumps({"error": err}, separators=(",", ":")).encode())
 
 
+def error_context(frame: Frame) -> str:
+    """The reason in an error reply: the XERROR JSON `error.context`, else the value as text."""
+    if not frame.value:
+        return ""
+    try:
+        doc = json.loads(frame.value)
+        if isinstance(doc, dict) and isinstance(doc.get("error"), dict):
+            return str(doc["error"].get("context", ""))
+    except ValueError:
+        pass
+    return bytes(frame.value[:200]).decode("utf-8", "replace")
+
+
 def not_my_vbucket(opcode: int, opaque: int = 0, config: bytes = b"") -> bytes:
     """NOT_MY_VBUCKET with the cluster map in the value (empty when the client already has it, as with
     HELLO DedupeNotMyVbucketClustermap)."""

@@ -178,3 +178,8 @@ STATUS_DESCRIPTIONS: dict[int, str] = {
     0x00d7: 'Subdoc: deleted doc cannot have a user value',
     0x00d8: 'Subdoc: field is not a binary value',
 }
+
+
+def status_name(status: int) -> str:
+    """`KEY_ENOENT`, or the hex code for a status this table does not know (messages, logs)."""
+    return Status(status).name if status in Status._value2member_map_ else f"0x{status:04x}"

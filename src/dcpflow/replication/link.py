@@ -29,7 +29,7 @@ from dcpflow.protocol import kv as kvproto
 from dcpflow.protocol.frame import HEADER_LEN, Frame, decode_all
 from dcpflow.protocol.hello import Feature
 from dcpflow.protocol.opcodes import Opcode
-from dcpflow.protocol.status import Status
+from dcpflow.protocol.status import Status, status_name
 
 log = logging.getLogger("dcpflow.replication")
 
@@ -49,23 +49,8 @@ class LinkError(Exception):
         self.status = status
 
 
-def error_context(frame: Frame) -> str:
-    if not frame.value:
-        return ""
-    try:
-        doc = json.loads(frame.value)
-        if isinstance(doc, dict) and isinstance(doc.get("error"), dict):
-            return str(doc["error"].get("context", ""))
-    except ValueError:
-        pass
-    return frame.value[:200].decode("utf-8", "replace")
-
-
 def status_text(status: int) -> str:
-    try:
-        return f"{Status(status).name} (0x{status:02x})"
-    except ValueError:
-        return f"0x{status:02x}"
+    return f"{status_name(status)} (0x{status:02x})"
 
 
 class Link(asyncio.Protocol):
@@ -242,7 +227,7 @@ class Link(asyncio.Protocol):
             raise LinkError(f"{self.label}: no reply to {what or Opcode(message.opcode).name} within "
                             f"{timeout:g} s") from None
         if check and reply.status != Status.SUCCESS:
-            ctx = error_context(reply) if isinstance(reply, Frame) else ""
+            ctx = kvproto.error_context(reply) if isinstance(reply, Frame) else ""
             raise LinkError(f"{self.label}: {what or Opcode(message.opcode).name} failed with "
                             f"{status_text(reply.status)}" + (f": {ctx}" if ctx else ""), reply.status)
         return reply
