@@ -38,10 +38,16 @@ def test_never_more_than_buffer_plus_one_message(server, clients, writer, backfi
     acked = 0
     got = []
     while not any(isinstance(m, dcp.DcpStreamEnd) for m in got):
-        read_available(c, 0.05)
-        outstanding = c.received_bytes - acked
-        assert outstanding <= buffer + biggest, outstanding
-        assert outstanding >= buffer or any(isinstance(m, dcp.DcpStreamEnd) for m in c.backlog)
+        deadline = time.monotonic() + 5
+        while True:  # the producer fills the window, then stops
+            read_available(c, 0.02)
+            outstanding = c.received_bytes - acked
+            assert outstanding <= buffer + biggest, outstanding
+            if outstanding >= buffer or any(isinstance(m, dcp.DcpStreamEnd) for m in c.backlog):
+                break
+            assert time.monotonic() < deadline, "the producer stopped below its window"
+        read_available(c, 0.05)  # and sends nothing more
+        assert c.received_bytes - acked == outstanding
         got += c.backlog
         c.backlog.clear()
         # acknowledge a part of it, with an arbitrary opaque (erratum 38)

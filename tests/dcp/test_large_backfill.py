@@ -59,3 +59,30 @@ def test_million_item_backfill_is_bounded(make_server, tmp_path):
     assert expect == N + 1
     c.close()
     admin.close()
+
+
+@pytest.mark.slow
+def test_backfills_of_a_connection_share_one_byte_limit(make_server, tmp_path):
+    """Many vbuckets backfilling for a consumer that does not read: together they stop at about
+    dcp_backfill_byte_limit (20 MiB), not at 4 MiB per stream."""
+    from dcpflow.server.producer import BACKFILL_BYTE_LIMIT, BACKFILL_PAGE_ITEMS
+    data = tmp_path / "data"
+    value = b"v" * 1000
+    with Bucket("default", data, 64, synchronous="OFF") as bucket:
+        for vb in range(32):
+            bucket.set_vbucket_state(vb, VBucketState.ACTIVE)
+            for i in range(1200):
+                bucket.vbucket(vb).set(b"v%d-%d" % (vb, i), value)
+    srv = make_server(data_dir=data)
+    admin = srv.login()
+    c = DcpClient(srv.port).connect()
+    c.controls(connection_buffer_size=1)
+    for vb in range(32):
+        assert c.stream_request(vb, 0, 1200).status == 0
+    time.sleep(1.5)
+    stats = admin.stats("dcp")
+    queued = sum(int(v) for k, v in stats.items() if k.endswith("_ready_queue_bytes"))
+    assert queued < 32 * 1200 * 1000  # not everything was read
+    assert BACKFILL_BYTE_LIMIT <= queued <= BACKFILL_BYTE_LIMIT + BACKFILL_PAGE_ITEMS * 1100
+    c.close()
+    admin.close()

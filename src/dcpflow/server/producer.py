@@ -80,6 +80,8 @@ WRITE_BUFFER_HIGH = 1024 * 1024
 STREAM_QUEUE_BYTES = 256 * 1024
 #: The next backfill page is read only when the stream's queue is below this (dcp_scan_byte_limit).
 BACKFILL_QUEUE_BYTES = 4 * 1024 * 1024
+#: All backfilling streams of a connection together stop reading beyond this (dcp_backfill_byte_limit).
+BACKFILL_BYTE_LIMIT = 20 * 1024 * 1024
 #: Items in the first backfill page; later pages are sized to about BACKFILL_PAGE_BYTES.
 BACKFILL_PAGE_ITEMS = 512
 BACKFILL_PAGE_BYTES = 512 * 1024
@@ -525,6 +527,10 @@ class DcpProducer:
                 if stream.dead and not stream.ready:
                     self._forget(stream)
                     continue
+                if blocked:  # flow control: send nothing more, but let the backfills read ahead
+                    if stream.backfill is not None and not stream.backfill_running:
+                        self._queue_backfill(stream)
+                    continue
                 if not stream.ready and not stream.fill(STREAM_QUEUE_BYTES) and not stream.ready:
                     del pending[stream]  # idle until woken
                     if stream.backfill is not None and not stream.backfill_running:
@@ -532,7 +538,7 @@ class DcpProducer:
                     continue
                 if fc and self.unacked >= fc:
                     blocked = True
-                    break
+                    continue
                 ready = stream.ready
                 turn = 0
                 while ready:
@@ -557,7 +563,7 @@ class DcpProducer:
                 if stream.dead and not stream.ready:
                     self._forget(stream)
                 if blocked:
-                    break
+                    continue
                 if msgs >= budget_msgs or sent >= budget_bytes:
                     more = True
                     break
@@ -608,6 +614,11 @@ class DcpProducer:
             stream.backfill_running = True
             self._backfills[stream] = self.loop.create_task(self._backfill(stream))
 
+    def _backfill_buffered(self) -> int:
+        """Bytes queued and not yet sent by this connection's streams (dcp_backfill_byte_limit):
+        a finished backfill's messages count until they are written."""
+        return sum(s.ready_bytes for s in self.streams.values()) + sum(s.ready_bytes for s in self._draining)
+
     async def _wait_for_space(self) -> None:
         fut = self.loop.create_future()
         self._space_waiters.append(fut)
@@ -633,12 +644,15 @@ class DcpProducer:
             stream.backfill_begin(scan.purge_seqno)
             self.wake(stream)
             while True:
-                while stream.ready_bytes >= BACKFILL_QUEUE_BYTES and not stream.dead and not self.closed:
+                rows = None
+                async with self._read_lock:  # checked under the lock: one page at most beyond the limits
+                    if stream.dead or self.closed or stream.backfill is not rng:
+                        return
+                    if stream.ready_bytes < BACKFILL_QUEUE_BYTES and self._backfill_buffered() < BACKFILL_BYTE_LIMIT:
+                        rows = await run(scan.next_rows)
+                if rows is None:
                     await self._wait_for_space()
-                if stream.dead or self.closed or stream.backfill is not rng:
-                    return
-                async with self._read_lock:
-                    rows = await run(scan.next_rows)
+                    continue
                 if stream.dead or self.closed or stream.backfill is not rng:
                     return
                 if not rows:
@@ -883,10 +897,14 @@ def dcp_stream_req(conn: "Connection", frame: Frame) -> bytes:
     return p.stream_request(req, frame)
 
 
-@command(Opcode.DCP_CLOSE_STREAM, privilege=Privilege.DCP_PRODUCER)
+@command(Opcode.DCP_CLOSE_STREAM)
 def dcp_close_stream(conn: "Connection", frame: Frame) -> bytes:
-    """DCP_CLOSE_STREAM 0x52 (close-stream.md)."""
+    """DCP_CLOSE_STREAM 0x52 (close-stream.md). Registered without a privilege because a consumer
+    connection receives it too (the consumer module routes those); a producer needs DcpProducer."""
     p = _producer(conn, frame)
+    if not conn.privileges & Privilege.DCP_PRODUCER:
+        return conn.error_reply(frame.opcode, frame.opaque, Status.EACCESS,
+                                f"user {conn.user.name!r} lacks DcpProducer on this bucket")
     p.last_received = time.monotonic()
     return p.close_stream(frame)
 
