@@ -40,10 +40,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 
-from dcpflow.protocol.dcp import _DELETION_V1_HEAD as DELETION_V1_HEAD
-from dcpflow.protocol.dcp import _DELETION_V2_HEAD as DELETION_V2_HEAD
-from dcpflow.protocol.dcp import _MUTATION_HEAD as MUTATION_HEAD
 from dcpflow.protocol.dcp import (
+    DELETION_V1_HEAD,
+    DELETION_V2_HEAD,
+    MUTATION_HEAD,
     DcpDeletion,
     DcpExpiration,
     DcpMutation,

@@ -155,11 +155,12 @@ _SYSTEM_EVENT_EXTRAS = struct.Struct(">QIB")
 _FAILOVER_ENTRY = struct.Struct(">QQ")
 _CACHE_RECORD = struct.Struct(">QQQIIIHBB")
 
-# Header + extras in one struct: the producer's and the decoder's hot path.
-_MUTATION_HEAD = struct.Struct(">BBHBBHIIQQQIIIHB")
+# Header + extras in one struct each: the hot path of the decoder here and of the producer
+# (engine/stream.py packs plain mutations straight into bytes with them).
+MUTATION_HEAD = struct.Struct(">BBHBBHIIQQQIIIHB")
 _MUTATION_HEAD_SID = struct.Struct(">BBBBBBHIIQ3sQQIIIHB")
-_DELETION_V2_HEAD = struct.Struct(">BBHBBHIIQQQIB")
-_DELETION_V1_HEAD = struct.Struct(">BBHBBHIIQQQH")
+DELETION_V2_HEAD = struct.Struct(">BBHBBHIIQQQIB")
+DELETION_V1_HEAD = struct.Struct(">BBHBBHIIQQQH")
 _MARKER_V1_HEAD = struct.Struct(">BBHBBHIIQQQI")
 _MUT_FAST = struct.Struct(">xxHxBHIIQQQIIIxxB").unpack_from
 _DEL2_FAST = struct.Struct(">xxHxBHIIQQQIx").unpack_from
@@ -722,7 +723,7 @@ class DcpMutation(NamedTuple):
 
     def encode(self) -> bytes:
         if self.stream_id is None:
-            head = _MUTATION_HEAD.pack(0x80, 0x57, len(self.key), 31, self.datatype, self.vbucket,
+            head = MUTATION_HEAD.pack(0x80, 0x57, len(self.key), 31, self.datatype, self.vbucket,
                                        31 + len(self.key) + len(self.value), self.opaque, self.cas,
                                        self.by_seqno, self.rev_seqno, self.flags, self.expiration,
                                        self.lock_time, 0, self.nru)
