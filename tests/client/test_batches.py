@@ -273,3 +273,26 @@ def test_unbounded_batches_flush(server, writer):
     # Each write is its own snapshot; a batch counts as consumed once the next one is asked for,
     # so the offsets cover every batch but the last.
     assert sum(sizes) == 20 and sum(o.seqno for o in offsets.values()) == 20 - sizes[-1]
+
+
+def test_batch_reading_does_not_import_pandas(server, writer):
+    # pa.array(ndarray) imports pandas (~50 MB RSS) to ask whether the object is a pandas one; the
+    # client's columns are built from buffers so a streaming process stays small (bench/client.py RSS).
+    import subprocess
+    import sys
+    write(writer, 50, size=10)
+    script = f"""
+import asyncio, sys
+from dcpflow.client import DcpClient, Offset
+async def go():
+    async with await DcpClient.connect({url(server.port)!r}, {USER!r}, {PASSWORD!r}) as c:
+        highs = await c.high_seqnos()
+        rows = 0
+        async for b in c.batches({{vb: Offset() for vb in highs}}, highs):
+            rows += b.num_rows
+        return rows
+rows = asyncio.run(go())
+print(rows, "pandas" in sys.modules)
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert out.stdout.split() == ["50", "False"], out.stdout + out.stderr
