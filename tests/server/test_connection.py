@@ -4,10 +4,17 @@
 import asyncio
 import time
 
-from dcpflow.protocol.frame import request, response
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from dcpflow.protocol.frame import Magic, encode_frame, request, response
+from dcpflow.protocol.hello import Feature
 from dcpflow.protocol.opcodes import Opcode
 from dcpflow.protocol.status import Status
 from dcpflow.server.connection import Writer
+
+from .client import RawClient
 
 
 class RecordingTransport:
@@ -54,3 +61,53 @@ def test_responses_from_the_peer_go_to_the_response_handler(server):
             break
         time.sleep(0.01)
     assert seen == [Opcode.DCP_NOOP, "closed"]
+
+
+# ---------------------------------------------------------------------------------------------
+# the dispatch fast path: classic requests whose command the session may run skip `_handle`
+
+_SESSIONS = (None, ("Administrator", "password", None), ("reader", "readpw", "default"),
+             ("writer", "writepw", "default"), ("Administrator", "password", "default"))
+_NO_SIDE_EFFECT_OPS = (Opcode.GET, Opcode.GET_K, Opcode.SET, Opcode.REPLACE, Opcode.ADD, Opcode.DELETE,
+                       Opcode.NOOP, Opcode.GET_META, Opcode.GET_ALL_VB_SEQNOS, Opcode.VERSION,
+                       0xEE)  # 0xee: no such command
+
+
+@pytest.fixture
+def sessions(make_server):
+    """One client per session state: not authenticated, no bucket, reader, writer, admin."""
+    server = make_server(plain_over_tcp=True)
+    clients = []
+    for session in _SESSIONS:
+        client = RawClient(server.port)
+        client.hello(Feature.XERROR, Feature.JSON)
+        if session is not None:
+            user, password, bucket = session
+            assert client.auth_plain(user, password).status == Status.SUCCESS
+            if bucket is not None:
+                assert client.select(bucket).status == Status.SUCCESS
+        clients.append(client)
+    assert clients[-1].set(b"present", b'{"a":1}').status == Status.SUCCESS
+    yield clients
+    for client in clients:
+        client.close()
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(opcode=st.sampled_from(_NO_SIDE_EFFECT_OPS), key=st.sampled_from([b"", b"present", b"missing"]),
+       extras=st.sampled_from([b"", bytes(4), bytes(8), bytes(12)]), value=st.binary(max_size=3),
+       vbucket=st.sampled_from([None, 999]))
+def test_dispatch_fast_path_answers_exactly_what_the_checked_path_answers(sessions, opcode, key, extras, value,
+                                                                          vbucket):
+    """A classic (0x80) request goes straight to its handler when the session may run it; an
+    alternative-magic (0x08) request without framing extras takes the fully checked path. Both
+    must answer byte for byte the same, in every session state (refusals included). Mutations
+    carry CAS 1 against keys whose CAS is never 1, so no request changes anything."""
+    vb = (sessions[-1].vbucket_of(key) if key else 0) if vbucket is None else vbucket
+    cas = 1 if opcode in (Opcode.SET, Opcode.REPLACE, Opcode.DELETE, Opcode.ADD) else 0
+    for client in sessions:
+        fields = dict(key=key, extras=extras, value=value, vbucket_or_status=vb, cas=cas, opaque=7)
+        client.send(encode_frame(Magic.REQUEST, opcode, **fields) + encode_frame(Magic.ALT_REQUEST, opcode, **fields))
+        fast, checked = client.recv(), client.recv()
+        assert fast.encode() == checked.encode(), (client, fast, checked)
+    assert sessions[-1].get(b"present").value == b'{"a":1}'

@@ -138,7 +138,8 @@ class Bucket:
                        checkpoint_max_items=self.checkpoint_max_items,
                        checkpoint_max_age=self.checkpoint_max_age,
                        checkpoint_memory_quota=self.checkpoint_memory_quota, clock=self._clock,
-                       on_seqno=self._notify_seqno, on_dirty=self.flusher.mark_dirty, **kwargs)
+                       on_seqno=self._notify_seqno if self._seqno_listeners else None,
+                       on_dirty=self.flusher.mark_dirty, **kwargs)
 
     # -- vbuckets -----------------------------------------------------------------------------
     def vbucket_for_key(self, key: bytes) -> int:
@@ -282,11 +283,21 @@ class Bucket:
     # -- notifications --------------------------------------------------------------------------
     def add_seqno_listener(self, listener: SeqnoListener) -> None:
         """Call `listener(vbid, seqno)` whenever a vbucket's high seqno advances (on the owner
-        thread, inside the write): DCP streams wake up on it. Keep it cheap and non-raising."""
+        thread, inside the write): DCP streams wake up on it. Keep it cheap and non-raising.
+
+        Vbuckets only call back while someone listens: with no listener every write skips the call."""
         self._seqno_listeners.append(listener)
+        if len(self._seqno_listeners) == 1:
+            self._set_seqno_hook(self._notify_seqno)
 
     def remove_seqno_listener(self, listener: SeqnoListener) -> None:
         self._seqno_listeners.remove(listener)
+        if not self._seqno_listeners:
+            self._set_seqno_hook(None)
+
+    def _set_seqno_hook(self, hook: SeqnoListener | None) -> None:
+        for vb in self._vbuckets.values():
+            vb._on_seqno = hook
 
     def add_persistence_listener(self, listener: SeqnoListener) -> None:
         """Call `listener(vbid, persisted_seqno)` after each flush batch completes."""

@@ -111,35 +111,6 @@ class Checkpoint:
         return (f"<Checkpoint {self.id} {self.type.name} {state} [{self.snap_start},{self.snap_end}] "
                 f"items={self.num_items}>")
 
-    def queue(self, item: Item, size: int) -> int:
-        """Append `item` (accounted as `size` bytes); returns the bytes of the older version of
-        the key it de-duplicated (0 if none). Called for every write: keep it lean."""
-        index = self._index
-        if index is None:
-            raise RuntimeError("cannot queue into a closed checkpoint")
-        freed = 0
-        key = item.key
-        seqno = item.by_seqno
-        items = self._items
-        pos = index.get(key)
-        if pos is not None:
-            old = items[pos]
-            items[pos] = None
-            self._holes += 1
-            self.num_items -= 1
-            freed = len(old.key) + len(old.value) + ITEM_OVERHEAD
-        index[key] = len(items)
-        items.append(item)
-        self._seqnos.append(seqno)
-        self.num_items += 1
-        self.mem_usage += size - freed
-        self.high_seqno = seqno
-        if not self.fixed_end:
-            self.snap_end = seqno
-        if self._holes > 64 and self._holes > self.num_items:
-            self._compact()
-        return freed
-
     def _compact(self) -> None:
         """Drop holes left by de-duplication (cursors hold seqnos, not indexes, so none move)."""
         self._items = [it for it in self._items if it is not None]
@@ -296,17 +267,42 @@ class CheckpointManager:
         return cp
 
     def queue(self, item: Item) -> None:
-        """Queue a new version (its by_seqno above everything queued so far)."""
-        if item.by_seqno <= self.high_seqno:
-            raise ValueError(f"seqno {item.by_seqno} is not above the high seqno {self.high_seqno}")
+        """Queue a new version (its by_seqno above everything queued so far) into the open
+        checkpoint, replacing the key's older version there (it becomes a hole).
+
+        Every write passes here, so the checkpoint's side is done inline rather than by a method
+        of Checkpoint, and memory is accounted as Item.size (key + value + ITEM_OVERHEAD)."""
+        seqno = item.by_seqno
+        if seqno <= self.high_seqno:
+            raise ValueError(f"seqno {seqno} is not above the high seqno {self.high_seqno}")
         cp = self.checkpoints[-1]
-        if cp.num_items >= self.max_items or (
-                not cp.fixed_end and self.max_age is not None and cp.num_items
-                and self._clock() - cp.created >= self.max_age):
+        n = cp.num_items
+        if n and (n >= self.max_items or (not cp.fixed_end and self.max_age is not None
+                                          and self._clock() - cp.created >= self.max_age)):
             cp = self._roll_over(cp)
-        size = len(item.key) + len(item.value) + ITEM_OVERHEAD  # Item.size, inlined: every write passes here
-        self.mem_usage += size - cp.queue(item, size)
-        self.high_seqno = item.by_seqno
+            n = cp.num_items
+        key = item.key
+        size = len(key) + len(item.value) + ITEM_OVERHEAD
+        index, items = cp._index, cp._items
+        pos = index.get(key)
+        if pos is not None:  # de-duplicate: the older version's slot becomes a hole
+            old = items[pos]
+            items[pos] = None
+            cp._holes += 1
+            n -= 1
+            size -= len(old.key) + len(old.value) + ITEM_OVERHEAD
+        index[key] = len(items)
+        items.append(item)
+        cp._seqnos.append(seqno)
+        cp.num_items = n + 1
+        cp.mem_usage += size
+        cp.high_seqno = seqno
+        if not cp.fixed_end:
+            cp.snap_end = seqno
+        if pos is not None and cp._holes > 64 and cp._holes > n + 1:
+            cp._compact()
+        self.mem_usage += size
+        self.high_seqno = seqno
         if self.memory_quota is not None and self.mem_usage > self.memory_quota:
             self._drop_cursors()
 

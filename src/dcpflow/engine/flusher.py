@@ -65,9 +65,9 @@ class Flusher:
         self.batches_flushed = 0
 
     def mark_dirty(self, vbid: int) -> None:
-        """A vbucket queued something (called on every write; must be cheap)."""
-        if vbid not in self._dirty:
-            self._dirty[vbid] = None
+        """A vbucket queued something (called on every write; must be cheap). Assigning an existing
+        key keeps its place in the dict, so no membership test is needed."""
+        self._dirty[vbid] = None
 
     @property
     def dirty_vbuckets(self) -> list[int]:

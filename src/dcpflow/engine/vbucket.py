@@ -34,6 +34,7 @@ from .store import PurgeResult, VBucketStateRecord
 
 _ALL_OPTIONS = WITH_META_OPTIONS_KNOWN
 _SKIP_CR = WithMetaOption.FORCE_WITH_META_OP | WithMetaOption.SKIP_CONFLICT_RESOLUTION
+_ACTIVE = VBucketState.ACTIVE
 
 
 class VBucket:
@@ -219,18 +220,42 @@ class VBucket:
             cas: int = 0) -> Item:
         """Store unconditionally, or only over the version with `cas` when cas != 0.
 
-        The hottest write path: `_live` and `_mutate` inlined so the key is looked up once."""
-        if self.state != VBucketState.ACTIVE:
+        The hottest write path: `_live`, `_mutate` and `_queue` (for a live version) are inlined
+        so the key is looked up once and no call is made that the common case does not need."""
+        if self.state != _ACTIVE:
             self._check_active()
         now = self._clock()
-        prev = self.ht.get(key)
+        ht = self.ht
+        prev = ht.get(key)
         if prev is not None and not prev.deleted and prev.expiry and prev.expiry <= now:
             prev = self._tombstone(prev, now, DeleteSource.TTL)
         if cas:
             self._check_cas(key, None if prev is None or prev.deleted else prev, cas)
-        rev = prev.rev_seqno + 1 if prev is not None else self.max_deleted_rev_seqno + 1
-        return self._queue(Item(key, value, flags, to_absolute(expiry, now), self.hlc.next(), rev,
-                                self.high_seqno + 1, datatype), prev)
+        if expiry:
+            expiry = to_absolute(expiry, now)
+        seqno = self.high_seqno + 1
+        item = Item(key, value, flags, expiry, self.hlc.next(),
+                    prev.rev_seqno + 1 if prev is not None else self.max_deleted_rev_seqno + 1, seqno, datatype)
+        self.checkpoint_manager.queue(item)  # first: it validates the seqno before anything changes
+        # _queue's accounting for a live version over `prev`
+        if prev is None:
+            self.ops_create += 1
+            self.num_items += 1
+        elif prev.deleted:
+            self.num_deleted -= 1
+            self.ops_create += 1
+            self.num_items += 1
+        else:
+            self.ops_update += 1
+        if expiry:
+            heapq.heappush(self._expiry_heap, (expiry, seqno, key))
+        ht[key] = item
+        self.high_seqno = seqno
+        if self._on_dirty is not None:
+            self._on_dirty(self.id)
+        if self._on_seqno is not None:
+            self._on_seqno(self.id, seqno)
+        return item
 
     def add(self, key: bytes, value: bytes, *, flags: int = 0, expiry: int = 0, datatype: int = 0,
             cas: int = 0) -> Item:

@@ -148,6 +148,9 @@ class Connection(asyncio.Protocol):
         self.response_handler = None  # DCP: callable(frame) for responses from the peer
         self.dcp = None  # DCP: the producer/consumer of this connection, once DCP_OPEN made one
         self.on_close: list = []  # callables run once the connection is gone (close streams, drop cursors)
+        # opcode -> handler of every command this session may run as it stands (see _refresh_ready)
+        self._ready: dict[int, object] = {}
+        self._refresh_ready()
 
     # -- asyncio.Protocol ----------------------------------------------------------------------
     def connection_made(self, transport: asyncio.Transport) -> None:
@@ -221,10 +224,21 @@ class Connection(asyncio.Protocol):
         if writer.paused:
             return  # resume_writing() picks up from here
         decoder, write = self._decoder, writer.write
+        ready = self._ready  # updated in place when the session changes, so this stays current
         while not self._closing:
             try:
                 for frame in decoder:
-                    reply = self._handle(frame)
+                    # A classic request (no framing extras) whose command this session may run
+                    # goes straight to its handler: the checks of _handle were done when the
+                    # session last changed (tests/server/test_connection.py pins the equivalence).
+                    handler = ready.get(frame.opcode) if frame.magic == _REQUEST else None
+                    if handler is not None:
+                        try:
+                            reply = handler(self, frame)
+                        except Exception as e:
+                            reply = self._handler_failed(frame, e)
+                    else:
+                        reply = self._handle(frame)
                     if reply is None:
                         pass
                     elif reply.__class__ is bytes:
@@ -246,14 +260,8 @@ class Connection(asyncio.Protocol):
                     return
                 write(self.error_reply(e.opcode or 0, e.opaque or 0, e.status, e.reason))
 
-    def _handle(self, frame: Frame):
-        magic = frame.magic
-        if magic != _REQUEST and magic != _ALT_REQUEST:
-            return self._handle_other_magic(frame)
-        cmd = COMMANDS.get(frame.opcode)
-        if cmd is None:
-            return self._unknown_command(frame)
-        handler, needs_auth, needs_bucket, privilege = cmd  # tuple unpacking: cheaper than 4 attribute reads
+    def _refusal(self, frame: Frame, needs_auth: bool, needs_bucket: bool, privilege: int) -> bytes | None:
+        """The session checks of a command: the error reply if this session may not run it."""
         if needs_auth and self.user is None:
             return self.error_reply(frame.opcode, frame.opaque, Status.EACCESS, "authenticate first (SASL)")
         if needs_bucket and self.bucket is None:
@@ -262,19 +270,47 @@ class Connection(asyncio.Protocol):
             missing = "|".join(p.name for p in Privilege if p & privilege and not p & self.privileges)
             return self.error_reply(frame.opcode, frame.opaque, Status.EACCESS,
                                     f"user {self.user.name!r} lacks {missing} on this bucket")
+        return None
+
+    def _refresh_ready(self) -> None:
+        """Recompute the commands that pass `_refusal` in the current session (user, bucket and
+        privileges only change through set_user/select_bucket, which call this)."""
+        ready = {op: cmd[0] for op, cmd in COMMANDS.items()
+                 if (not cmd[1] or self.user is not None) and (not cmd[2] or self.bucket is not None)
+                 and (self.privileges & cmd[3]) == cmd[3]}
+        self._ready.clear()
+        self._ready.update(ready)
+
+    def _handle(self, frame: Frame):
+        magic = frame.magic
+        if magic != _REQUEST and magic != _ALT_REQUEST:
+            return self._handle_other_magic(frame)
+        cmd = COMMANDS.get(frame.opcode)
+        if cmd is None:
+            return self._unknown_command(frame)
+        handler, needs_auth, needs_bucket, privilege = cmd  # tuple unpacking: cheaper than 4 attribute reads
+        refused = self._refusal(frame, needs_auth, needs_bucket, privilege)
+        if refused is not None:
+            return refused
         if frame.framing:
             refused = self._framing_refusal(frame)
             if refused is not None:
                 return refused
         try:
             return handler(self, frame)
-        except EngineError as e:
+        except Exception as e:
+            return self._handler_failed(frame, e)
+
+    def _handler_failed(self, frame: Frame, e: Exception) -> bytes:
+        """The reply to a handler that raised: its status, or EINTERNAL for a bug (which must not
+        take the server, or this client, down)."""
+        if isinstance(e, EngineError):
             return self.engine_error(frame, e)
-        except ProtocolError as e:
+        if isinstance(e, ProtocolError):
             return self.error_reply(frame.opcode, frame.opaque, e.status, e.reason)
-        except Exception:  # a bug in a handler must not take the server (or this client) down
-            log.error("handler for %s failed:\n%s", opcode_name(frame.opcode), traceback.format_exc())
-            return self.error_reply(frame.opcode, frame.opaque, Status.EINTERNAL, "internal error")
+        log.error("handler for %s failed:\n%s", opcode_name(frame.opcode),
+                  traceback.format_exc())
+        return self.error_reply(frame.opcode, frame.opaque, Status.EINTERNAL, "internal error")
 
     def _unknown_command(self, frame: Frame) -> bytes:
         if self.debug:
@@ -398,5 +434,6 @@ class Connection(asyncio.Protocol):
             self.privileges = 0
         else:
             self.privileges = int(self.user.privileges(bucket.name if bucket is not None else None))
+        self._refresh_ready()
         if self.dcp is not None and hasattr(self.dcp, "privileges_changed"):
             self.dcp.privileges_changed()

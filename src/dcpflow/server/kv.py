@@ -194,47 +194,52 @@ def get(conn: Connection, frame: Frame) -> bytes | None:
                                   frame.opaque, item.cas), _U32.pack(item.flags), key, value))
 
 
-_SET_OPS = (Opcode.SET, Opcode.SET_Q)
-_ADD_OPS = (Opcode.ADD, Opcode.ADD_Q)
-_QUIET_STORE_OPS = (Opcode.SET_Q, Opcode.ADD_Q, Opcode.REPLACE_Q)
+_SET, _SET_Q = int(Opcode.SET), int(Opcode.SET_Q)  # plain ints: IntEnum lookups cost on every request
+_ADD_OPS = frozenset((int(Opcode.ADD), int(Opcode.ADD_Q)))
+_QUIET_STORE_OPS = frozenset((_SET_Q, int(Opcode.ADD_Q), int(Opcode.REPLACE_Q)))
 _FLAGS_EXPIRY = struct.Struct(">II")
 
 
 @command(*kvproto.Store.OPCODES, privilege=_P.WRITE)
 def store(conn: Connection, frame: Frame) -> bytes | None:
-    """SET / ADD / REPLACE and their quiet twins (silent on success)."""
-    key, value, op = frame.key, frame.value, frame.opcode
-    if len(frame.extras) != 8 or not key or frame.datatype > 7:  # the common, valid shape skips the decoder
+    """SET / ADD / REPLACE and their quiet twins (silent on success).
+
+    The hottest write path: the frame is unpacked in one step, the common valid shape skips the
+    typed decoder, and the success reply is packed here (mutation_reply's bytes)."""
+    _, op, datatype, vbid, opaque, cas, framing, extras, key, value = frame
+    if len(extras) != 8 or not key or datatype > 7:  # the common, valid shape skips the decoder
         kvproto.Store.from_frame(frame)
-    flags, expiry = _FLAGS_EXPIRY.unpack(frame.extras)
+    flags, expiry = _FLAGS_EXPIRY.unpack(extras)
     if len(value) > MAX_VALUE_LEN:
         raise EngineError(Status.E2BIG, f"value is {len(value)} bytes; the limit is {MAX_VALUE_LEN}")
     if conn.collections or len(key) > MAX_KEY_LEN:
         key = doc_key(conn, key)
-    datatype = frame.datatype
     if datatype:
         datatype = incoming_datatype(conn, datatype, value)
     elif value and value[0] in _JSON_FIRST_BYTES and _looks_like_json(value):
         datatype = _JSON
-    vb = conn.get_vbucket(frame.vbucket)
+    vb = conn.get_vbucket(vbid)
     if vb is None:
-        raise EngineError(Status.NOT_MY_VBUCKET, f"vbucket {frame.vbucket} is not on this node")
+        raise EngineError(Status.NOT_MY_VBUCKET, f"vbucket {vbid} is not on this node")
     conn.bucket.counters.cmd_set += 1
-    if op in _SET_OPS:
-        if frame.framing and has_preserve_ttl(frame):
+    if op in (_SET, _SET_Q):
+        if framing and has_preserve_ttl(frame):
             expiry = _current_expiry(vb, key, expiry)
-        item = vb.set(key, value, flags=flags, expiry=expiry, datatype=datatype, cas=frame.cas)
+        item = vb.set(key, value, flags=flags, expiry=expiry, datatype=datatype, cas=cas)
     elif op in _ADD_OPS:
-        if frame.cas:
+        if cas:
             raise ProtocolError("ADD must not carry a CAS (BinaryProtocol.md#0x01-set)")
         item = vb.add(key, value, flags=flags, expiry=expiry, datatype=datatype)
     else:
-        if frame.framing and has_preserve_ttl(frame):
+        if framing and has_preserve_ttl(frame):
             expiry = _current_expiry(vb, key, expiry)
-        item = vb.replace(key, value, flags=flags, expiry=expiry, datatype=datatype, cas=frame.cas)
+        item = vb.replace(key, value, flags=flags, expiry=expiry, datatype=datatype, cas=cas)
     if op in _QUIET_STORE_OPS:
         return None
-    return mutation_reply(conn, frame, vb, item.cas, item.by_seqno)
+    if conn.mutation_seqno:
+        return _pack_header(_RESPONSE, op, 0, 16, 0, 0, 16, opaque, item.cas) + \
+            _MUTATION_EXTRAS.pack(vb.uuid, item.by_seqno)
+    return _pack_header(_RESPONSE, op, 0, 0, 0, 0, 0, opaque, item.cas)
 
 
 def _current_expiry(vb: VBucket, key: bytes, default: int) -> int:
