@@ -232,3 +232,30 @@ def test_meta_values(store):
     assert store.get_meta("x") is None
     store.set_meta("x", "1")
     assert store.get_meta("x") == "1"
+
+
+def test_a_short_page_ends_the_scan_without_another_query(store):
+    w = Writer(store)
+    w.write(0, *[w.put(b"k%d" % i) for i in range(10)])
+    scan = store.scan(0, 0, 1000, page_size=64)
+    assert len(scan.next_rows()) == 10
+    assert scan.closed  # the read transaction is released with the last page
+    assert scan.next_rows() == []
+
+
+def test_scans_reuse_read_connections_and_each_keeps_its_own_snapshot(store):
+    w = Writer(store)
+    w.write(0, *[w.put(b"k%d" % i) for i in range(10)])
+    first = store.scan(0, 0, 1000, page_size=4)
+    first.next_rows()
+    conn = first._db
+    first.close()
+    second = store.scan(0, 0, 1000, page_size=4)
+    assert second._db is conn  # taken from the pool, not a new connection
+    w.write(0, w.put(b"k99"))  # committed after the second scan began: not in its snapshot
+    third = store.scan(0, 0, 1000, page_size=100)
+    got2 = [r[0] for page in iter(second.next_rows, []) for r in page]
+    assert b"k99" not in got2 and len(got2) == 10
+    assert b"k99" in [r[0] for r in third.next_rows()]
+    store.close()
+    assert second.closed and third.closed

@@ -619,6 +619,10 @@ class DcpProducer:
         a finished backfill's messages count until they are written."""
         return sum(s.ready_bytes for s in self.streams.values()) + sum(s.ready_bytes for s in self._draining)
 
+    def _backfill_room(self, stream: ActiveStream) -> bool:
+        """May the stream read another page (its queue and the connection's backfill bytes)?"""
+        return stream.ready_bytes < BACKFILL_QUEUE_BYTES and self._backfill_buffered() < BACKFILL_BYTE_LIMIT
+
     async def _wait_for_space(self) -> None:
         fut = self.loop.create_future()
         self._space_waiters.append(fut)
@@ -635,24 +639,35 @@ class DcpProducer:
             inflight[:] = [fut]
             return fut
 
+        def open_scan(first_page: bool):
+            # The first page comes with the scan when the limits allow it: one trip to the worker
+            # thread, not two (and a vbucket of a few hundred items is read in one go: the scan
+            # closes itself after a short page, so no trip is needed to find the end either).
+            opened = self.engine.store.scan(stream.vbid, rng.start - 1, rng.end, page_size=BACKFILL_PAGE_ITEMS)
+            try:
+                return opened, (opened.next_rows() if first_page else None)
+            except BaseException:
+                opened.close()
+                raise
+
         try:
             async with self._read_lock:
-                scan = await run(lambda: self.engine.store.scan(stream.vbid, rng.start - 1, rng.end,
-                                                                page_size=BACKFILL_PAGE_ITEMS))
+                room = self._backfill_room(stream)  # decided here, on the loop, not in the worker
+                scan, rows = await run(lambda: open_scan(room))
             if stream.dead or stream.backfill is not rng:
                 return
             stream.backfill_begin(scan.purge_seqno)
             self.wake(stream)
             while True:
-                rows = None
-                async with self._read_lock:  # checked under the lock: one page at most beyond the limits
-                    if stream.dead or self.closed or stream.backfill is not rng:
-                        return
-                    if stream.ready_bytes < BACKFILL_QUEUE_BYTES and self._backfill_buffered() < BACKFILL_BYTE_LIMIT:
-                        rows = await run(scan.next_rows)
                 if rows is None:
-                    await self._wait_for_space()
-                    continue
+                    async with self._read_lock:  # checked under the lock: one page at most beyond the limits
+                        if stream.dead or self.closed or stream.backfill is not rng:
+                            return
+                        if self._backfill_room(stream):
+                            rows = await run(scan.next_rows)
+                    if rows is None:
+                        await self._wait_for_space()
+                        continue
                 if stream.dead or self.closed or stream.backfill is not rng:
                     return
                 if not rows:
@@ -661,6 +676,9 @@ class DcpProducer:
                 scan.page_size = max(64, min(8192, BACKFILL_PAGE_BYTES * len(rows) // size))
                 stream.backfill_rows(rows)
                 self.wake(stream)
+                if scan.closed:
+                    break  # that was the last page
+                rows = None
             stream.backfill_complete()
             self.wake(stream)
         except asyncio.CancelledError:
@@ -689,7 +707,7 @@ class DcpProducer:
     @staticmethod
     def _close_scan_now(fut, scan) -> None:
         if fut is not None and not fut.cancelled() and fut.exception() is None and scan is None:
-            scan = fut.result()  # the scan was still being opened
+            scan = fut.result()[0]  # the scan was still being opened: (scan, first page)
         if scan is not None and not scan.closed:
             try:
                 scan.close()
