@@ -6,8 +6,15 @@ import time
 
 import pytest
 
-from dcpflow.protocol.keys import vbucket_for_key
-from tests.server.conftest import NUM_VBUCKETS, ServerThread, make_server, server, spawn_server, users_db  # noqa: F401
+from tests.server.conftest import (  # noqa: F401
+    NUM_VBUCKETS,
+    ServerThread,
+    keys_in,
+    make_server,
+    server,
+    spawn_server,
+    users_db,
+)
 
 USER, PASSWORD = "Administrator", "password"
 
@@ -22,16 +29,6 @@ def run(coro, timeout: float = 60):
     async def guarded():
         return await asyncio.wait_for(coro, timeout)
     return asyncio.run(guarded())
-
-
-def keys_in(vb: int, n: int, num_vbuckets: int = NUM_VBUCKETS, prefix: str = "k") -> list[bytes]:
-    out, i = [], 0
-    while len(out) < n:
-        key = f"{prefix}{i}".encode()
-        if vbucket_for_key(key, num_vbuckets) == vb:
-            out.append(key)
-        i += 1
-    return out
 
 
 def write(client, n: int, prefix: str = "doc", start: int = 0, size: int = 0) -> dict[bytes, bytes]:

@@ -5,7 +5,14 @@ own loop, or a subprocess) plus `clients` (DCP producer connections) and a write
 
 import pytest
 
-from tests.server.conftest import ServerThread, make_server, server, spawn_server, users_db  # noqa: F401
+from tests.server.conftest import (  # noqa: F401
+    ServerThread,
+    keys_in,
+    make_server,
+    server,
+    spawn_server,
+    users_db,
+)
 
 from .client import DcpClient
 
@@ -31,18 +38,6 @@ def clients(server):
 def writer(server):
     with server.login() as c:
         yield c
-
-
-def keys_in(vb: int, n: int, num_vbuckets: int = 64, prefix: str = "k") -> list[bytes]:
-    """n distinct keys that hash to vbucket `vb`."""
-    from dcpflow.protocol.keys import vbucket_for_key
-    out, i = [], 0
-    while len(out) < n:
-        key = f"{prefix}{i}".encode()
-        if vbucket_for_key(key, num_vbuckets) == vb:
-            out.append(key)
-        i += 1
-    return out
 
 
 def engine_of(server):

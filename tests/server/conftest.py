@@ -20,6 +20,18 @@ from .client import RawClient
 NUM_VBUCKETS = 64
 
 
+def keys_in(vb: int, n: int, num_vbuckets: int = NUM_VBUCKETS, prefix: str = "k") -> list[bytes]:
+    """n distinct keys that hash to vbucket `vb` (tests that need writes in a chosen vbucket)."""
+    from dcpflow.protocol.keys import vbucket_for_key
+    out, i = [], 0
+    while len(out) < n:
+        key = f"{prefix}{i}".encode()
+        if vbucket_for_key(key, num_vbuckets) == vb:
+            out.append(key)
+        i += 1
+    return out
+
+
 def users_db() -> UserDB:
     return UserDB([
         make_user("Administrator", password="password", roles=["admin"]),
