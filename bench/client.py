@@ -25,7 +25,6 @@ import argparse
 import asyncio
 import json
 import os
-import re
 import socket
 import subprocess
 import sys
@@ -46,6 +45,7 @@ from dcpflow.protocol.hello import Feature  # noqa: E402
 from dcpflow.protocol.keys import vbucket_for_key  # noqa: E402
 from dcpflow.protocol.opcodes import Opcode  # noqa: E402
 from dcpflow.protocol.status import Status  # noqa: E402
+from serverproc import start_server, stop  # noqa: E402
 
 USER, PASSWORD = "Administrator", "password"
 
@@ -72,28 +72,6 @@ def _build_data(data_dir: str, docs: int, value_size: int, vbuckets: int) -> dic
                 bucket.flush_all()
         bucket.flush_all()
         return {vb.id: vb.high_seqno for vb in vbs}
-
-
-def start_server(data_dir: str, vbuckets: int) -> tuple[subprocess.Popen, int]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(ROOT / "src") + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.Popen([sys.executable, "-m", "dcpflow.cli", "server", "--port", "0", "--data-dir", data_dir,
-                             "--vbuckets", str(vbuckets)], stdout=subprocess.PIPE, text=True, env=env)
-    match = re.search(r"port=(\d+)", proc.stdout.readline())
-    if not match:
-        proc.kill()
-        raise RuntimeError("dcpflow server did not start")
-    return proc, int(match.group(1))
-
-
-def stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(120)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def connstr(port: int, buffer: int) -> str:

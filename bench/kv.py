@@ -12,22 +12,19 @@ same request bytes (memcached ignores the vbucket field). Prints ops/s for each 
 
 import argparse
 import os
-import re
 import shutil
 import socket
 import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 
 from dcpflow.protocol.frame import FrameDecoder, request
 from dcpflow.protocol.hello import Feature
 from dcpflow.protocol.keys import vbucket_for_key
 from dcpflow.protocol.opcodes import Opcode
 from dcpflow.protocol.status import Status
-
-ROOT = Path(__file__).resolve().parents[1]
+from serverproc import start_server, stop
 
 
 class Client:
@@ -131,18 +128,7 @@ def free_port() -> int:
 
 
 def start_dcpflow(data_dir: str, args) -> tuple[subprocess.Popen, int]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(ROOT / "src") + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.Popen([sys.executable, "-m", "dcpflow.cli", "server", "--port", "0", "--data-dir", data_dir,
-                             "--vbuckets", str(args.vbuckets), "--allow-plain-over-tcp",
-                             *args.server_arg], stdout=subprocess.PIPE, text=True,
-                            env=env)
-    line = proc.stdout.readline()
-    match = re.search(r"port=(\d+)", line)
-    if not match:
-        proc.kill()
-        raise RuntimeError(f"dcpflow server did not start: {line!r}")
-    return proc, int(match.group(1))
+    return start_server(data_dir, args.vbuckets, "--allow-plain-over-tcp", *args.server_arg)
 
 
 def start_memcached() -> tuple[subprocess.Popen, int]:
@@ -164,16 +150,6 @@ def start_memcached() -> tuple[subprocess.Popen, int]:
             time.sleep(0.05)
     proc.kill()
     raise RuntimeError("memcached did not start listening")
-
-
-def stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def main() -> int:

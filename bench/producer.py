@@ -21,14 +21,12 @@ MB/s and the ratio producer/limit for each phase (target >= 0.5x).
 
 import argparse
 import os
-import re
 import socket
 import struct
 import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 
 from dcpflow.engine import Bucket, VBucketState
 from dcpflow.protocol import dcp
@@ -38,8 +36,8 @@ from dcpflow.protocol.hello import Feature
 from dcpflow.protocol.keys import vbucket_for_key
 from dcpflow.protocol.opcodes import Opcode
 from dcpflow.protocol.status import Status
+from serverproc import start_server, stop
 
-ROOT = Path(__file__).resolve().parents[1]
 _BLEN = struct.Struct(">I").unpack_from
 MAX = 0xFFFFFFFFFFFFFFFF
 
@@ -145,33 +143,6 @@ def build_data(data_dir: str, docs: int, value: bytes, vbuckets: int) -> dict[in
                 bucket.flush_all()
         bucket.flush_all()
         return {vb.id: vb.high_seqno for vb in vbs}
-
-
-def start_server(data_dir: str, vbuckets: int, extra: list[str]) -> tuple[subprocess.Popen, int]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(ROOT / "src") + os.pathsep + env.get("PYTHONPATH", "")
-    # BENCH_PROFILE=file: run the server under cProfile (written when it stops)
-    prof = ["-m", "cProfile", "-o", os.environ["BENCH_PROFILE"]] if os.environ.get("BENCH_PROFILE") else []
-    proc = subprocess.Popen([sys.executable, *prof, "-m", "dcpflow.cli", "server", "--port", "0",
-                             "--data-dir", data_dir, "--vbuckets", str(vbuckets), *extra],
-                            stdout=subprocess.PIPE, text=True, env=env)
-    SERVER_PID[:] = [proc.pid]
-    line = proc.stdout.readline()
-    match = re.search(r"port=(\d+)", line)
-    if not match:
-        proc.kill()
-        raise RuntimeError(f"dcpflow server did not start: {line!r}")
-    return proc, int(match.group(1))
-
-
-def stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def backfill_phase(port: int, highs: dict[int, int], buffer_size: int,
@@ -299,8 +270,9 @@ def main() -> int:
         t = time.perf_counter()
         highs = build_data(tmp, args.docs, value, args.vbuckets)
         print(f"built {args.docs:,} documents in {time.perf_counter() - t:.1f} s", file=sys.stderr)
-        proc, port = start_server(tmp, args.vbuckets,
-                                  ["--flush-interval", "0.1", "--allow-plain-over-tcp", *args.server_arg])
+        proc, port = start_server(tmp, args.vbuckets, "--flush-interval", "0.1", "--allow-plain-over-tcp",
+                                  *args.server_arg)
+        SERVER_PID[:] = [proc.pid]
         try:
             pinger = start_pinger(port, 3.0)
             time.sleep(0.2)

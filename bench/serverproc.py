@@ -1,0 +1,40 @@
+"""Start and stop a `dcpflow server` subprocess for the benchmarks (one copy for every script).
+
+The child gets this checkout's `src` on PYTHONPATH, so a bench measures the code beside it;
+`BENCH_PROFILE=FILE` runs it under cProfile (written when it stops cleanly).
+"""
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def start_server(data_dir: str, vbuckets: int, *extra: str) -> tuple[subprocess.Popen, int]:
+    """Start the server on a free port and wait for its ready line; returns (process, port)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT / "src") + os.pathsep + env.get("PYTHONPATH", "")
+    prof = ["-m", "cProfile", "-o", os.environ["BENCH_PROFILE"]] if os.environ.get("BENCH_PROFILE") else []
+    proc = subprocess.Popen([sys.executable, *prof, "-m", "dcpflow.cli", "server", "--port", "0",
+                             "--data-dir", data_dir, "--vbuckets", str(vbuckets), *extra],
+                            stdout=subprocess.PIPE, text=True, env=env)
+    line = proc.stdout.readline()
+    match = re.search(r"port=(\d+)", line)
+    if not match:
+        proc.kill()
+        raise RuntimeError(f"dcpflow server did not start: {line!r}")
+    return proc, int(match.group(1))
+
+
+def stop(proc: subprocess.Popen, timeout: float = 120) -> None:
+    """SIGTERM (a clean shutdown flushes), then SIGKILL if it does not exit within `timeout`."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
