@@ -536,6 +536,10 @@ class DcpProducer:
                     if stream.backfill is not None and not stream.backfill_running:
                         self._queue_backfill(stream)
                     continue
+                if stream.backfill is not None and not stream.backfill_running:
+                    # fill() just planned a backfill (a dropped cursor): start it now, or the stream
+                    # waits in `pending` with no pass scheduled and stalls
+                    self._queue_backfill(stream)
                 if fc and self.unacked >= fc:
                     blocked = True
                     continue
