@@ -97,7 +97,10 @@ class Bucket:
         self._seqno_listeners: list[SeqnoListener] = []
         self._persistence_listeners: list[SeqnoListener] = []
         self._vbucket_listeners: list[VBucketListener] = []
-        self._vbuckets: dict[int, VBucket] = {}
+        self._vbuckets: dict[int, VBucket] = {}  # mutated in place, never replaced (get_vbucket holds it)
+        # The vbucket, or None if this bucket does not have it. Every KV request calls it, so it is
+        # the dict's own C-level get rather than a method around it.
+        self.get_vbucket: Callable[[int], VBucket | None] = self._vbuckets.get
         self.store = Store(self.data_dir / name / "store.sqlite3", synchronous=synchronous)
         self.flusher = Flusher(self.store, self._vbuckets, on_persisted=self._notify_persisted)
         self.closed = False
@@ -139,7 +142,7 @@ class Bucket:
                        checkpoint_max_age=self.checkpoint_max_age,
                        checkpoint_memory_quota=self.checkpoint_memory_quota, clock=self._clock,
                        on_seqno=self._notify_seqno if self._seqno_listeners else None,
-                       on_dirty=self.flusher.mark_dirty, **kwargs)
+                       on_dirty=self.flusher.dirty_marker, **kwargs)
 
     # -- vbuckets -----------------------------------------------------------------------------
     def vbucket_for_key(self, key: bytes) -> int:
@@ -151,9 +154,6 @@ class Bucket:
         if vb is None:
             raise EngineError(Status.NOT_MY_VBUCKET, f"vbucket {vbid} does not exist in bucket {self.name!r}")
         return vb
-
-    def get_vbucket(self, vbid: int) -> VBucket | None:
-        return self._vbuckets.get(vbid)
 
     @property
     def vbuckets(self) -> dict[int, VBucket]:

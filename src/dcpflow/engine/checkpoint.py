@@ -48,6 +48,8 @@ from enum import IntEnum
 
 from .item import ITEM_OVERHEAD, Item
 
+_NEVER = float("inf")
+
 PERSISTENCE_CURSOR = "persistence"
 
 
@@ -84,8 +86,8 @@ class Checkpoint:
     """One checkpoint: items in seqno order, de-duplicated by key while open."""
 
     __slots__ = ("id", "type", "first_seqno", "snap_start", "snap_end", "fixed_end", "continuation",
-                 "is_open", "created", "num_items", "mem_usage", "high_seqno", "_items", "_seqnos",
-                 "_index", "_holes")
+                 "is_open", "created", "deadline", "num_items", "mem_usage", "high_seqno", "_items",
+                 "_seqnos", "_index", "_holes")
 
     def __init__(self, cid: int, ctype: CheckpointType, first_seqno: int, snap_start: int,
                  snap_end: int, *, fixed_end: bool, continuation: bool = False, created: float = 0.0):
@@ -98,6 +100,7 @@ class Checkpoint:
         self.continuation = continuation  # same snapshot as the previous checkpoint (split for size)
         self.is_open = True
         self.created = created
+        self.deadline = _NEVER  # when a growing checkpoint is old enough to close (set by its manager)
         self.num_items = 0
         self.mem_usage = 0
         self.high_seqno = first_seqno - 1
@@ -239,6 +242,8 @@ class CheckpointManager:
               fixed_end: bool, continuation: bool = False) -> Checkpoint:
         cp = Checkpoint(self._next_id, ctype, first_seqno, snap_start, snap_end, fixed_end=fixed_end,
                         continuation=continuation, created=self._clock())
+        if not fixed_end and self.max_age is not None:
+            cp.deadline = cp.created + self.max_age
         self._next_id += 1
         self.checkpoints.append(cp)
         return cp
@@ -277,32 +282,30 @@ class CheckpointManager:
             raise ValueError(f"seqno {seqno} is not above the high seqno {self.high_seqno}")
         cp = self.checkpoints[-1]
         n = cp.num_items
-        if n and (n >= self.max_items or (not cp.fixed_end and self.max_age is not None
-                                          and self._clock() - cp.created >= self.max_age)):
+        if n and (n >= self.max_items or self._clock() >= cp.deadline):
             cp = self._roll_over(cp)
             n = cp.num_items
         key = item.key
-        size = len(key) + len(item.value) + ITEM_OVERHEAD
-        index, items = cp._index, cp._items
+        items = cp._items
+        index = cp._index
         pos = index.get(key)
-        if pos is not None:  # de-duplicate: the older version's slot becomes a hole
-            old = items[pos]
-            items[pos] = None
-            cp._holes += 1
-            n -= 1
-            size -= len(old.key) + len(old.value) + ITEM_OVERHEAD
         index[key] = len(items)
         items.append(item)
         cp._seqnos.append(seqno)
-        cp.num_items = n + 1
-        cp.mem_usage += size
-        cp.high_seqno = seqno
+        cp.high_seqno = self.high_seqno = seqno
         if not cp.fixed_end:
             cp.snap_end = seqno
-        if pos is not None and cp._holes > 64 and cp._holes > n + 1:
-            cp._compact()
+        if pos is None:
+            cp.num_items = n + 1
+            size = len(key) + len(item.value) + ITEM_OVERHEAD
+        else:  # de-duplicate: the older version's slot becomes a hole (same key, so only values differ)
+            size = len(item.value) - len(items[pos].value)
+            items[pos] = None
+            holes = cp._holes = cp._holes + 1
+            if holes > 64 and holes > n:
+                cp._compact()
+        cp.mem_usage += size
         self.mem_usage += size
-        self.high_seqno = seqno
         if self.memory_quota is not None and self.mem_usage > self.memory_quota:
             self._drop_cursors()
 

@@ -65,9 +65,14 @@ class Flusher:
         self.batches_flushed = 0
 
     def mark_dirty(self, vbid: int) -> None:
-        """A vbucket queued something (called on every write; must be cheap). Assigning an existing
-        key keeps its place in the dict, so no membership test is needed."""
+        """A vbucket queued something. Assigning an existing key keeps its place in the dict, so no
+        membership test is needed."""
         self._dirty[vbid] = None
+
+    @property
+    def dirty_marker(self) -> Callable[[int, None], None]:
+        """`mark_dirty` as a C-level call, `marker(vbid, None)`: vbuckets call it on every write."""
+        return self._dirty.__setitem__
 
     @property
     def dirty_vbuckets(self) -> list[int]:

@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 
 _LOGICAL_BITS = 0xFFFF
+_PHYSICAL_MASK = ~_LOGICAL_BITS  # next() runs on every write: not recomputed there
 _NS_PER_US = 1000
 
 
@@ -36,12 +37,12 @@ class HLC:
 
     def next(self) -> int:
         """A CAS greater than every CAS this vbucket has generated or observed."""
-        now = self._clock() & ~_LOGICAL_BITS
+        now = self._clock() & _PHYSICAL_MASK
         if now > self._max:
             self._max = now
-        else:
-            self._max += 1
-            self.logical_ticks += 1
+            return now
+        self._max += 1
+        self.logical_ticks += 1
         return self._max
 
     def observe(self, cas: int) -> None:

@@ -49,7 +49,7 @@ class VBucket:
                  checkpoint_memory_quota: int | None = None, persistent: bool = True,
                  clock: Callable[[], float] = time.time,
                  on_seqno: Callable[[int, int], None] | None = None,
-                 on_dirty: Callable[[int], None] | None = None):
+                 on_dirty: Callable[[int, None], None] | None = None):
         self.id = vbid
         self.state = VBucketState(state)
         self.conflict_resolution = ConflictResolutionMode(conflict_resolution)
@@ -166,7 +166,7 @@ class VBucket:
         self.ht[item.key] = item
         self.high_seqno = item.by_seqno
         if self._on_dirty is not None:
-            self._on_dirty(self.id)
+            self._on_dirty(self.id, None)
         if self._on_seqno is not None:
             self._on_seqno(self.id, item.by_seqno)
         return item
@@ -252,7 +252,7 @@ class VBucket:
         ht[key] = item
         self.high_seqno = seqno
         if self._on_dirty is not None:
-            self._on_dirty(self.id)
+            self._on_dirty(self.id, None)
         if self._on_seqno is not None:
             self._on_seqno(self.id, seqno)
         return item

@@ -321,7 +321,7 @@ class FrameDecoder:
             return
         buf, pos = self._buf, self._pos
         end = len(buf)
-        unpack, alt = HEADER.unpack_from, _ALT
+        unpack, alt, new = HEADER.unpack_from, _ALT, tuple.__new__  # tuple.__new__: Frame(...) is a Python call
         max_body = self.max_body_len
         while end - pos >= HEADER_LEN:
             magic, opcode, key_len, ext_len, datatype, vbs, body_len, opaque, cas = unpack(buf, pos)
@@ -346,9 +346,9 @@ class FrameDecoder:
                 raise ProtocolError(
                     f"framing extras ({fr_len}) + extras ({ext_len}) + key ({key_len}) = {v - start} bytes "
                     f"exceed the total body length {body_len}", opcode=opcode, opaque=opaque, magic=magic)
-            yield Frame(magic, opcode, datatype, vbs, opaque, cas,
-                        buf[start:start + fr_len] if fr_len else b"", buf[start + fr_len:k],
-                        buf[k:v], buf[v:frame_end])
+            yield new(Frame, (magic, opcode, datatype, vbs, opaque, cas,
+                              buf[start:start + fr_len] if fr_len else b"", buf[start + fr_len:k],
+                              buf[k:v], buf[v:frame_end]))
             if self._buf is not buf:  # fed while suspended: feed() rebased the buffer, stop here
                 return
             pos = frame_end

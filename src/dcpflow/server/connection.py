@@ -101,9 +101,9 @@ class Writer:
         buf = self._buf
         if not buf:
             return
-        self._buf = []
-        self._size = 0
         data = buf[0] if len(buf) == 1 else b"".join(buf)
+        buf.clear()  # in place: the list lives as long as the Writer (Connection._process appends to it)
+        self._size = 0
         self.bytes_sent += len(data)
         if not self._transport.is_closing():
             self._transport.write(data)
@@ -225,6 +225,7 @@ class Connection(asyncio.Protocol):
             return  # resume_writing() picks up from here
         decoder, write = self._decoder, writer.write
         ready = self._ready  # updated in place when the session changes, so this stays current
+        out = writer._buf  # Writer.write inlined below: one call less per request
         while not self._closing:
             try:
                 for frame in decoder:
@@ -242,7 +243,8 @@ class Connection(asyncio.Protocol):
                     if reply is None:
                         pass
                     elif reply.__class__ is bytes:
-                        write(reply)
+                        out.append(reply)
+                        writer._size += len(reply)
                         if writer._size > MAX_BATCH_OUTPUT:
                             writer.flush()
                             if writer.paused:
