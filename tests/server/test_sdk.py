@@ -12,7 +12,9 @@ from couchbase.exceptions import (
     AuthenticationException,
     CasMismatchException,
     DocumentExistsException,
+    DocumentLockedException,
     DocumentNotFoundException,
+    DocumentNotLockedException,
     UnAmbiguousTimeoutException,
 )
 from couchbase.options import (
@@ -158,3 +160,22 @@ def test_named_collection_is_unknown(collection, sdk_server):
         assert "collection_outdated" in str(e.value)
     finally:
         cluster.close()
+
+
+def test_get_and_lock_and_unlock(collection):
+    collection.upsert("sdk-lock", {"v": 1})
+    locked = collection.get_and_lock("sdk-lock", timedelta(seconds=10))
+    assert locked.content_as[dict] == {"v": 1}
+    assert collection.get("sdk-lock").cas == 0xFFFF_FFFF_FFFF_FFFF  # a locked document's CAS is hidden
+    # the SDK retries a Locked reply until its timeout, then reports the lock
+    with pytest.raises(DocumentLockedException):
+        collection.upsert("sdk-lock", {"v": 2}, UpsertOptions(timeout=timedelta(milliseconds=300)))
+    with pytest.raises(CasMismatchException):  # Locked on UNLOCK_KEY: the SDK's name for a wrong CAS
+        collection.unlock("sdk-lock", locked.cas + 1)
+    collection.unlock("sdk-lock", locked.cas)
+    with pytest.raises(DocumentNotLockedException):
+        collection.unlock("sdk-lock", locked.cas)
+    relocked = collection.get_and_lock("sdk-lock", timedelta(seconds=10))
+    collection.replace("sdk-lock", {"v": 3}, cas=relocked.cas)  # the lock's CAS writes and unlocks
+    collection.upsert("sdk-lock", {"v": 4})
+    assert collection.get("sdk-lock").content_as[dict] == {"v": 4}

@@ -76,6 +76,10 @@ class VBucket:
         self.num_deleted = 0  # tombstones held in memory
         self.ops_create = self.ops_update = self.ops_delete = 0
         self._expiry_heap: list[tuple[int, int, bytes]] = []
+        # GET_LOCKED locks: key -> (lock CAS, unlock time). Memory only, like Couchbase's: a restart,
+        # a state change or a rollback forgets them. Empty on nearly every vbucket, so a write pays
+        # one truth test for them.
+        self.locks: dict[bytes, tuple[int, float]] = {}
         self._load(items)
 
     def __repr__(self) -> str:
@@ -123,6 +127,7 @@ class VBucket:
         if VBucketState.ACTIVE in (state, self.state):
             self.snapshot_start = self.snapshot_end = self.high_seqno  # an active's snapshot is complete
         self.state = state
+        self.locks.clear()  # locks belong to an active copy and are not handed over
         return entry
 
     def _check_active(self) -> None:
@@ -165,6 +170,8 @@ class VBucket:
                 heapq.heappush(self._expiry_heap, (item.expiry, item.by_seqno, item.key))
         self.ht[item.key] = item
         self.high_seqno = item.by_seqno
+        if self.locks:
+            self.locks.pop(item.key, None)  # a new version (delete, expiry, replication) ends the lock
         if self._on_dirty is not None:
             self._on_dirty(self.id, None)
         if self._on_seqno is not None:
@@ -229,6 +236,8 @@ class VBucket:
         prev = ht.get(key)
         if prev is not None and not prev.deleted and prev.expiry and prev.expiry <= now:
             prev = self._tombstone(prev, now, DeleteSource.TTL)
+        if self.locks:
+            self.check_lock(key, cas, now)
         if cas:
             self._check_cas(key, None if prev is None or prev.deleted else prev, cas)
         if expiry:
@@ -251,6 +260,8 @@ class VBucket:
             heapq.heappush(self._expiry_heap, (expiry, seqno, key))
         ht[key] = item
         self.high_seqno = seqno
+        if self.locks:
+            self.locks.pop(key, None)
         if self._on_dirty is not None:
             self._on_dirty(self.id, None)
         if self._on_seqno is not None:
@@ -276,6 +287,8 @@ class VBucket:
         live = self._live(key, now)
         if live is None:
             raise self._enoent(key)
+        if self.locks:
+            self.check_lock(key, cas, now)
         if cas:
             self._check_cas(key, live, cas)
         return self._mutate(key, value, flags, to_absolute(expiry, now), datatype)
@@ -287,6 +300,8 @@ class VBucket:
         live = self._live(key, now)
         if live is None:
             raise self._enoent(key)
+        if self.locks:
+            self.check_lock(key, cas, now)
         if cas:
             self._check_cas(key, live, cas)
         return self._tombstone(live, now, DeleteSource.EXPLICIT)
@@ -298,6 +313,8 @@ class VBucket:
         live = self._live(key, now)
         if live is None:
             raise self._enoent(key)
+        if self.locks:
+            self.check_lock(key, 0, now)  # TOUCH and GAT carry no CAS: a locked document refuses them
         return self._mutate(key, live.value, live.flags, to_absolute(expiry, now), live.datatype)
 
     def get_and_touch(self, key: bytes, expiry: int) -> Item:
@@ -309,6 +326,60 @@ class VBucket:
             raise self._enoent(key)
         if live.cas != cas:
             raise EngineError(Status.KEY_EEXISTS, f"CAS mismatch for key {key!r}")
+
+    # -- GET_LOCKED / UNLOCK_KEY (BinaryProtocol.md#0x94-get-locked) ----------------------------
+    def lock_cas(self, key: bytes, now: float | None = None) -> int | None:
+        """The CAS of the key's unexpired lock, or None; an expired lock is released here (lazily,
+        as the page says Couchbase does)."""
+        lock = self.locks.get(key)
+        if lock is None:
+            return None
+        if lock[1] <= (self._clock() if now is None else now):
+            del self.locks[key]
+            return None
+        return lock[0]
+
+    def check_lock(self, key: bytes, cas: int, now: float | None = None) -> None:
+        """A mutation of a locked document needs the lock's CAS (it then releases the lock)."""
+        lock = self.lock_cas(key, now)
+        if lock is not None and cas != lock:
+            raise EngineError(Status.LOCKED, f"key {key!r} is locked (GET_LOCKED): mutate it with the CAS the "
+                              "lock returned, UNLOCK_KEY it, or wait for the lock to expire")
+
+    def get_locked(self, key: bytes, lock_time: float) -> Item:
+        """Lock the live document for `lock_time` seconds and return it with a new CAS, the lock's.
+
+        The new CAS is the document's from now on (Document.md: locking hides the old one), but it
+        is not a new version: no seqno, nothing queued, nothing for DCP. A restart brings back the
+        persisted CAS."""
+        self._check_active()
+        now = self._clock()
+        live = self._live(key, now)
+        if live is None:
+            raise self._enoent(key)
+        if self.lock_cas(key, now) is not None:
+            raise EngineError(Status.LOCKED, f"key {key!r} is already locked (GET_LOCKED): wait for the lock "
+                              "to expire or for its holder to unlock it")
+        cas = self.hlc.next()
+        item = Item(live.key, live.value, live.flags, live.expiry, cas, live.rev_seqno, live.by_seqno,
+                    live.datatype)
+        self.ht[key] = item
+        self.locks[key] = (cas, now + lock_time)
+        return item
+
+    def unlock(self, key: bytes, cas: int) -> None:
+        """UNLOCK_KEY's decision tree: ENOENT, NotLocked, Locked (wrong CAS), or unlocked."""
+        self._check_active()
+        now = self._clock()
+        if self._live(key, now) is None:
+            raise self._enoent(key)
+        lock = self.lock_cas(key, now)
+        if lock is None:
+            raise EngineError(Status.NOT_LOCKED, f"key {key!r} is not locked")
+        if cas != lock:
+            raise EngineError(Status.LOCKED, f"key {key!r} is locked with another CAS: UNLOCK_KEY needs the one "
+                              "GET_LOCKED returned")
+        del self.locks[key]
 
     # -- *WithMeta (active only) --------------------------------------------------------------
     def set_with_meta(self, key: bytes, value: bytes, *, cas: int, rev_seqno: int, flags: int = 0,
@@ -480,6 +551,7 @@ class VBucket:
         is the persisted snapshot that seqno lies in (its end if it is a consistent point)."""
         self.ht = {}
         self._expiry_heap = []
+        self.locks.clear()
         self._load(items)
         self.high_seqno = self.persisted_seqno = seqno
         self.persisted_snapshot = snapshot or (seqno, seqno)

@@ -63,6 +63,7 @@ MAX_PENDING_INPUT = 4 * 1024 * 1024
 MAX_BATCH_OUTPUT = 1024 * 1024
 _ALT_REQUEST = Magic.ALT_REQUEST
 _REQUEST = Magic.REQUEST
+_LOCK_STATUSES = frozenset((Status.LOCKED, Status.NOT_LOCKED))
 
 
 class Writer:
@@ -390,6 +391,9 @@ class Connection(asyncio.Protocol):
     def engine_error(self, frame: Frame, e: EngineError) -> bytes:
         if e.status == Status.NOT_MY_VBUCKET:
             return self.not_my_vbucket(frame)
+        if e.status in _LOCK_STATUSES and not self.xerror:
+            # BinaryProtocol.md#0x95-unlock-key: clients without XError get ETmpfail instead
+            return response(frame.opcode, Status.ETMPFAIL, opaque=frame.opaque)
         if e.status in (Status.UNKNOWN_COLLECTION, Status.UNKNOWN_SCOPE):
             # Collections.md: these carry the uid of the manifest the lookup used (only 0 exists here)
             doc = {"manifest_uid": "0"}

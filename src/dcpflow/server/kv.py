@@ -174,8 +174,10 @@ def get(conn: Connection, frame: Frame) -> bytes | None:
     if vb is None:
         raise EngineError(Status.NOT_MY_VBUCKET, f"vbucket {frame.vbucket} is not on this node")
     key = frame.key
+    if conn.collections or len(key) > MAX_KEY_LEN:
+        key = doc_key(conn, key)
     try:
-        item = vb.get(doc_key(conn, key) if conn.collections or len(key) > MAX_KEY_LEN else key)
+        item = vb.get(key)
     except EngineError as e:
         if e.status == Status.KEY_ENOENT:
             counters.get_misses += 1
@@ -188,10 +190,12 @@ def get(conn: Connection, frame: Frame) -> bytes | None:
         value, datatype = outgoing_value(conn, item.value, datatype)
     else:
         value = item.value
-    if frame.opcode not in _GET_WITH_KEY:
-        key = b""
+    cas = item.cas
+    if vb.locks and vb.lock_cas(key) is not None:
+        cas = LOCKED_CAS  # Document.md: a locked document's CAS is not revealed
+    key = frame.key if frame.opcode in _GET_WITH_KEY else b""
     return b"".join((_pack_header(_RESPONSE, frame.opcode, len(key), 4, datatype, 0, 4 + len(key) + len(value),
-                                  frame.opaque, item.cas), _U32.pack(item.flags), key, value))
+                                  frame.opaque, cas), _U32.pack(item.flags), key, value))
 
 
 _SET, _SET_Q = int(Opcode.SET), int(Opcode.SET_Q)  # plain ints: IntEnum lookups cost on every request
@@ -283,6 +287,33 @@ def get_and_touch(conn: Connection, frame: Frame) -> bytes | None:
     value, datatype = outgoing_value(conn, item.value, item.datatype)
     return response(frame.opcode, extras=_U32.pack(item.flags), value=value, opaque=frame.opaque, cas=item.cas,
                     datatype=datatype)
+
+
+#: The CAS a GET reports for a locked document (Document.md: -1).
+LOCKED_CAS = 0xFFFF_FFFF_FFFF_FFFF
+#: GET_LOCKED's lock time when the request gives none (0) or more than the maximum: Couchbase's
+#: getl_default_timeout and getl_max_timeout.
+GETL_DEFAULT_TIMEOUT = 15
+GETL_MAX_TIMEOUT = 30
+
+
+@command(Opcode.GET_LOCKED, privilege=_P.READ)
+def get_locked(conn: Connection, frame: Frame) -> bytes:
+    """GET_LOCKED (the SDK's get_and_lock): the document, with the lock's CAS."""
+    req = kvproto.GetLocked.from_frame(frame)
+    lock_time = req.lock_time if 0 < req.lock_time <= GETL_MAX_TIMEOUT else GETL_DEFAULT_TIMEOUT
+    item = active_vbucket(conn, frame.vbucket).get_locked(doc_key(conn, req.key), lock_time)
+    conn.bucket.counters.cmd_get += 1
+    value, datatype = outgoing_value(conn, item.value, item.datatype)
+    return response(frame.opcode, extras=_U32.pack(item.flags), value=value, opaque=frame.opaque, cas=item.cas,
+                    datatype=datatype)
+
+
+@command(Opcode.UNLOCK_KEY, privilege=_P.READ)
+def unlock_key(conn: Connection, frame: Frame) -> bytes:
+    req = kvproto.Unlock.from_frame(frame)
+    active_vbucket(conn, frame.vbucket).unlock(doc_key(conn, req.key), req.cas)
+    return response(frame.opcode, opaque=frame.opaque)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -483,6 +514,8 @@ def arithmetic(conn: Connection, frame: Frame) -> bytes | None:
         counter = req.initial
         item = vb.add(key, str(counter).encode(), expiry=req.expiry, datatype=_JSON)
     else:
+        if vb.locks:
+            vb.check_lock(key, req.cas)  # set(cas=current.cas) below would otherwise pass the lock
         if req.cas and req.cas != current.cas:
             raise EngineError(Status.KEY_EEXISTS, f"CAS mismatch for key {key!r}") from None
         text = current.value if not current.datatype & _XATTR else split_xattrs(current.value)[1]
@@ -516,6 +549,8 @@ def concat(conn: Connection, frame: Frame) -> bytes | None:
         if e.status == Status.KEY_ENOENT:
             raise EngineError(Status.NOT_STORED, f"{Opcode(req.opcode).name} needs an existing document") from None
         raise
+    if vb.locks:
+        vb.check_lock(key, req.cas)  # set(cas=current.cas) below would otherwise pass the lock
     if req.cas and req.cas != current.cas:
         raise EngineError(Status.KEY_EEXISTS, f"CAS mismatch for key {key!r}")
     if current.datatype & _XATTR:
