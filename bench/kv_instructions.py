@@ -1,0 +1,120 @@
+"""Instructions per SET and GET on the server's request path, counted by valgrind (callgrind).
+
+Wall-clock figures on a shared 2-core VM move by a third between identical runs; instruction counts
+do not, so this is the way to tell whether a change to the hot path helps. The workload runs in
+process: a `Server` with one `Connection` on a fake transport is fed pre-encoded windows of 64
+requests (as `bench/kv.py` sends them) over 2,000 keys. Each case runs twice under callgrind, with 1
+and with 4 passes over the keys; the difference divided by the extra operations is the per-operation
+count, free of start-up and import costs.
+
+    .venv/bin/python bench/kv_instructions.py                          # this checkout
+    .venv/bin/python bench/kv_instructions.py --baseline /tmp/base/src  # and a baseline, same run
+      (e.g. `git worktree add /tmp/base HEAD~1`; the ratio printed is this checkout / baseline)
+
+Needs valgrind (Debian: apt-get install valgrind). About a minute per case and source tree.
+"""
+
+import argparse
+import asyncio
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+KEYS = 2000
+SHORT, LONG = 1, 4
+
+
+class _Transport:
+    def write(self, data: bytes) -> None:
+        pass
+
+    def is_closing(self) -> bool:
+        return False
+
+    def get_extra_info(self, name: str, default=None):
+        return default
+
+
+def workload(mode: str, passes: int) -> None:
+    """Run `passes` passes of `mode` requests through a Connection, then exit at once (no teardown
+    to count)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import kv
+    from dcpflow.protocol.frame import request
+    from dcpflow.protocol.opcodes import Opcode
+    from dcpflow.server.app import Server, ServerConfig
+    from dcpflow.server.connection import Connection
+
+    async def main() -> None:
+        server = Server(ServerConfig(data_dir=tempfile.mkdtemp(prefix="dcpflow-icount-"), port=0,
+                                     plain_over_tcp=True, flush_interval=1000))
+        await server.start()
+        conn = Connection(server)
+        conn.connection_made(_Transport())
+        conn.data_received(request(Opcode.SASL_AUTH, key=b"PLAIN", value=b"\0Administrator\0password") +
+                           request(Opcode.SELECT_BUCKET, key=b"default"))
+        keys = [b"bench-key-%08d" % i for i in range(KEYS)]
+        sets = kv.windows(Opcode.SET, keys, b"x" * 100, 64, 1024)
+        gets = kv.windows(Opcode.GET, keys, b"", 64, 1024)
+        for data, _ in sets:  # every key exists before counting starts
+            conn.data_received(data)
+        windows = sets if mode == "set" else gets
+        for _ in range(passes):
+            for data, _ in windows:
+                conn.data_received(data)
+        os._exit(0)
+
+    asyncio.run(main())
+
+
+def count(src: str, mode: str, passes: int) -> int:
+    env = dict(os.environ, PYTHONPATH=src + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    out = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable,
+                          __file__, "--child", mode, str(passes)], env=env, capture_output=True, text=True)
+    match = re.search(r"Collected : (\d+)", out.stderr)
+    if not match:
+        raise RuntimeError(f"callgrind gave no count for {mode} x{passes} ({src}):\n{out.stderr[-2000:]}")
+    return int(match.group(1))
+
+
+def per_op(src: str, mode: str) -> float:
+    short, long = count(src, mode, SHORT), count(src, mode, LONG)
+    return (long - short) / ((LONG - SHORT) * KEYS)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--baseline", metavar="SRC", help="another tree's src directory, counted in the same run")
+    p.add_argument("--child", nargs=2, metavar=("MODE", "PASSES"), help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.child:
+        workload(args.child[0], int(args.child[1]))
+        return 0
+    if shutil.which("valgrind") is None:
+        print("valgrind is not installed: apt-get install -y valgrind", file=sys.stderr)
+        return 2
+    trees = {"this checkout": str(ROOT / "src")}
+    if args.baseline:
+        trees["baseline"] = str(Path(args.baseline).resolve())
+    cases = [(name, src, mode) for name, src in trees.items() for mode in ("set", "get")]
+    with ThreadPoolExecutor(2) as pool:  # callgrind is single-threaded: two at a time on two cores
+        results = dict(zip(cases, pool.map(lambda c: per_op(c[1], c[2]), cases), strict=True))
+    print(f"instructions per operation (callgrind; {KEYS:,} keys, 64-request windows, 100-byte values)")
+    for (name, _, mode), n in results.items():
+        print(f"  {name:14s} {mode.upper():4s} {n:>9,.0f}")
+    if args.baseline:
+        for mode in ("set", "get"):
+            mine = results[("this checkout", trees["this checkout"], mode)]
+            base = results[("baseline", trees["baseline"], mode)]
+            print(f"  {mode.upper()} this checkout / baseline = {mine / base:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
