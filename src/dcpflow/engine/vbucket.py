@@ -15,6 +15,7 @@ Expiry times passed to client operations are what the client sent (<= 30 days is
 expiry.py); WithMeta and replica operations carry absolute times.
 """
 
+import dataclasses
 import heapq
 import time
 from collections.abc import Callable, Iterable
@@ -237,7 +238,7 @@ class VBucket:
         if prev is not None and not prev.deleted and prev.expiry and prev.expiry <= now:
             prev = self._tombstone(prev, now, DeleteSource.TTL)
         if self.locks:
-            self.check_lock(key, cas, now)
+            self._check_lock(key, cas, now)
         if cas:
             self._check_cas(key, None if prev is None or prev.deleted else prev, cas)
         if expiry:
@@ -284,37 +285,20 @@ class VBucket:
         """Store only over a live document (and its `cas`, when given)."""
         self._check_active()
         now = self._clock()
-        live = self._live(key, now)
-        if live is None:
-            raise self._enoent(key)
-        if self.locks:
-            self.check_lock(key, cas, now)
-        if cas:
-            self._check_cas(key, live, cas)
+        self._writable(key, cas, now)
         return self._mutate(key, value, flags, to_absolute(expiry, now), datatype)
 
     def delete(self, key: bytes, *, cas: int = 0) -> Item:
         """Delete the live document, leaving a tombstone; returns the tombstone (its CAS is new)."""
         self._check_active()
         now = self._clock()
-        live = self._live(key, now)
-        if live is None:
-            raise self._enoent(key)
-        if self.locks:
-            self.check_lock(key, cas, now)
-        if cas:
-            self._check_cas(key, live, cas)
-        return self._tombstone(live, now, DeleteSource.EXPLICIT)
+        return self._tombstone(self._writable(key, cas, now), now, DeleteSource.EXPLICIT)
 
     def touch(self, key: bytes, expiry: int) -> Item:
         """Change a live document's expiry (a new version: new seqno, CAS and rev seqno)."""
         self._check_active()
         now = self._clock()
-        live = self._live(key, now)
-        if live is None:
-            raise self._enoent(key)
-        if self.locks:
-            self.check_lock(key, 0, now)  # TOUCH and GAT carry no CAS: a locked document refuses them
+        live = self._writable(key, 0, now)  # TOUCH and GAT carry no CAS: a locked document refuses them
         return self._mutate(key, live.value, live.flags, to_absolute(expiry, now), live.datatype)
 
     def get_and_touch(self, key: bytes, expiry: int) -> Item:
@@ -326,6 +310,23 @@ class VBucket:
             raise self._enoent(key)
         if live.cas != cas:
             raise EngineError(Status.KEY_EEXISTS, f"CAS mismatch for key {key!r}")
+
+    def writable(self, key: bytes, cas: int = 0) -> Item:
+        """The live document a write carrying `cas` (0: none) may replace, checked in Couchbase's
+        order: KEY_ENOENT, then Locked (GET_LOCKED), then KEY_EEXISTS for another CAS. For writes
+        built from a read (INCREMENT, APPEND), which then store with the returned item's CAS."""
+        self._check_active()
+        return self._writable(key, cas, self._clock())
+
+    def _writable(self, key: bytes, cas: int, now: float) -> Item:
+        live = self._live(key, now)
+        if live is None:
+            raise self._enoent(key)
+        if self.locks:
+            self._check_lock(key, cas, now)
+        if cas:
+            self._check_cas(key, live, cas)
+        return live
 
     # -- GET_LOCKED / UNLOCK_KEY (BinaryProtocol.md#0x94-get-locked) ----------------------------
     def lock_cas(self, key: bytes, now: float | None = None) -> int | None:
@@ -339,7 +340,7 @@ class VBucket:
             return None
         return lock[0]
 
-    def check_lock(self, key: bytes, cas: int, now: float | None = None) -> None:
+    def _check_lock(self, key: bytes, cas: int, now: float) -> None:
         """A mutation of a locked document needs the lock's CAS (it then releases the lock)."""
         lock = self.lock_cas(key, now)
         if lock is not None and cas != lock:
@@ -361,8 +362,7 @@ class VBucket:
             raise EngineError(Status.LOCKED, f"key {key!r} is already locked (GET_LOCKED): wait for the lock "
                               "to expire or for its holder to unlock it")
         cas = self.hlc.next()
-        item = Item(live.key, live.value, live.flags, live.expiry, cas, live.rev_seqno, live.by_seqno,
-                    live.datatype)
+        item = dataclasses.replace(live, cas=cas)
         self.ht[key] = item
         self.locks[key] = (cas, now + lock_time)
         return item

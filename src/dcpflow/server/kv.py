@@ -505,7 +505,7 @@ def arithmetic(conn: Connection, frame: Frame) -> bytes | None:
     key = doc_key(conn, req.key)
     vb = active_vbucket(conn, frame.vbucket)
     try:
-        current = vb.get(key)
+        current = vb.writable(key, req.cas)
     except EngineError as e:
         if e.status != Status.KEY_ENOENT or req.expiry == kvproto.Arithmetic.NO_CREATE:
             raise
@@ -514,10 +514,6 @@ def arithmetic(conn: Connection, frame: Frame) -> bytes | None:
         counter = req.initial
         item = vb.add(key, str(counter).encode(), expiry=req.expiry, datatype=_JSON)
     else:
-        if vb.locks:
-            vb.check_lock(key, req.cas)  # set(cas=current.cas) below would otherwise pass the lock
-        if req.cas and req.cas != current.cas:
-            raise EngineError(Status.KEY_EEXISTS, f"CAS mismatch for key {key!r}") from None
         text = current.value if not current.datatype & _XATTR else split_xattrs(current.value)[1]
         if not text.isdigit() or len(text) > 20 or int(text) > _U64_MASK:
             raise EngineError(Status.DELTA_BADVAL, f"the value of {key!r} is not an unsigned 64-bit counter")
@@ -544,15 +540,11 @@ def concat(conn: Connection, frame: Frame) -> bytes | None:
     incoming_datatype(conn, req.datatype & ~_JSON, req.value)
     vb = active_vbucket(conn, frame.vbucket)
     try:
-        current = vb.get(key)
+        current = vb.writable(key, req.cas)
     except EngineError as e:
         if e.status == Status.KEY_ENOENT:
             raise EngineError(Status.NOT_STORED, f"{Opcode(req.opcode).name} needs an existing document") from None
         raise
-    if vb.locks:
-        vb.check_lock(key, req.cas)  # set(cas=current.cas) below would otherwise pass the lock
-    if req.cas and req.cas != current.cas:
-        raise EngineError(Status.KEY_EEXISTS, f"CAS mismatch for key {key!r}")
     if current.datatype & _XATTR:
         raise EngineError(Status.NOT_SUPPORTED, "APPEND/PREPEND on a document with xattrs is not supported")
     value = req.value + current.value if req.opcode in _PREPENDS else current.value + req.value
