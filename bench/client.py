@@ -42,9 +42,9 @@ from dcpflow.protocol import dcp  # noqa: E402
 from dcpflow.protocol.dcp import OpenFlag, StreamFlag  # noqa: E402
 from dcpflow.protocol.frame import FrameDecoder, request  # noqa: E402
 from dcpflow.protocol.hello import Feature  # noqa: E402
-from dcpflow.protocol.keys import vbucket_for_key  # noqa: E402
 from dcpflow.protocol.opcodes import Opcode  # noqa: E402
 from dcpflow.protocol.status import Status  # noqa: E402
+from serverproc import build_data as build_data_here  # noqa: E402
 from serverproc import start_server, stop  # noqa: E402
 
 USER, PASSWORD = "Administrator", "password"
@@ -56,22 +56,6 @@ def build_data(data_dir: str, docs: int, value_size: int, vbuckets: int) -> dict
     out = subprocess.run([sys.executable, __file__, "--build", data_dir, "--docs", str(docs), "--value-size",
                           str(value_size), "--vbuckets", str(vbuckets)], capture_output=True, text=True, check=True)
     return {int(vb): s for vb, s in json.loads(out.stdout.strip().splitlines()[-1]).items()}
-
-
-def _build_data(data_dir: str, docs: int, value_size: int, vbuckets: int) -> dict[int, int]:
-    from dcpflow.engine import Bucket, VBucketState
-    value = b'{"v":"' + b"x" * max(0, value_size - 8) + b'"}'
-    with Bucket("default", data_dir, vbuckets, synchronous="OFF", flush_batch_items=50_000) as bucket:
-        for vb in range(vbuckets):
-            bucket.set_vbucket_state(vb, VBucketState.ACTIVE)
-        vbs = [bucket.vbucket(vb) for vb in range(vbuckets)]
-        for i in range(docs):
-            key = b"doc-%09d" % i
-            vbs[vbucket_for_key(key, vbuckets)].set(key, value, datatype=1)
-            if i % 100_000 == 99_999:
-                bucket.flush_all()
-        bucket.flush_all()
-        return {vb.id: vb.high_seqno for vb in vbs}
 
 
 def connstr(port: int, buffer: int) -> str:
@@ -251,7 +235,8 @@ def main() -> int:
         rss_child(args.rss_child, args.mode, args.buffer)
         return 0
     if args.build:
-        print(json.dumps(_build_data(args.build, args.docs, args.value_size, args.vbuckets)))
+        value = b'{"v":"' + b"x" * max(0, args.value_size - 8) + b'"}'
+        print(json.dumps(build_data_here(args.build, args.docs, value, args.vbuckets, datatype=1)))
         return 0
 
     with tempfile.TemporaryDirectory(prefix="bench-client-") as tmp:

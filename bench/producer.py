@@ -28,7 +28,6 @@ import sys
 import tempfile
 import time
 
-from dcpflow.engine import Bucket, VBucketState
 from dcpflow.protocol import dcp
 from dcpflow.protocol.dcp import OpenFlag, StreamFlag
 from dcpflow.protocol.frame import FrameDecoder, request
@@ -36,7 +35,7 @@ from dcpflow.protocol.hello import Feature
 from dcpflow.protocol.keys import vbucket_for_key
 from dcpflow.protocol.opcodes import Opcode
 from dcpflow.protocol.status import Status
-from serverproc import start_server, stop
+from serverproc import build_data, start_server, stop
 
 _BLEN = struct.Struct(">I").unpack_from
 MAX = 0xFFFFFFFFFFFFFFFF
@@ -128,21 +127,6 @@ def drain(sock: socket.socket, *, streams: int, buffer_size: int, record: list |
             del buf[:pos]
             pos = 0
     return items, total
-
-
-def build_data(data_dir: str, docs: int, value: bytes, vbuckets: int) -> dict[int, int]:
-    """N documents through the engine, flushed; returns each vbucket's high seqno."""
-    with Bucket("default", data_dir, vbuckets, synchronous="OFF", flush_batch_items=50_000) as bucket:
-        for vb in range(vbuckets):
-            bucket.set_vbucket_state(vb, VBucketState.ACTIVE)
-        vbs = [bucket.vbucket(vb) for vb in range(vbuckets)]
-        for i in range(docs):
-            key = b"doc-%09d" % i
-            vbs[vbucket_for_key(key, vbuckets)].set(key, value)
-            if i % 100_000 == 99_999:
-                bucket.flush_all()
-        bucket.flush_all()
-        return {vb.id: vb.high_seqno for vb in vbs}
 
 
 def backfill_phase(port: int, highs: dict[int, int], buffer_size: int,

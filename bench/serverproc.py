@@ -1,4 +1,5 @@
-"""Start and stop a `dcpflow server` subprocess for the benchmarks (one copy for every script).
+"""Start and stop a `dcpflow server` subprocess for the benchmarks, and build the data dir it
+serves (one copy for every script).
 
 The child gets this checkout's `src` on PYTHONPATH, so a bench measures the code beside it;
 `BENCH_PROFILE=FILE` runs it under cProfile (written when it stops cleanly).
@@ -38,3 +39,21 @@ def stop(proc: subprocess.Popen, timeout: float = 120) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def build_data(data_dir: str, docs: int, value: bytes, vbuckets: int, datatype: int = 0) -> dict[int, int]:
+    """N documents (`doc-000000000`...) through the engine, flushed; returns each vbucket's high seqno."""
+    from dcpflow.engine import Bucket, VBucketState
+    from dcpflow.protocol.keys import vbucket_for_key
+
+    with Bucket("default", data_dir, vbuckets, synchronous="OFF", flush_batch_items=50_000) as bucket:
+        for vb in range(vbuckets):
+            bucket.set_vbucket_state(vb, VBucketState.ACTIVE)
+        vbs = [bucket.vbucket(vb) for vb in range(vbuckets)]
+        for i in range(docs):
+            key = b"doc-%09d" % i
+            vbs[vbucket_for_key(key, vbuckets)].set(key, value, datatype=datatype)
+            if i % 100_000 == 99_999:
+                bucket.flush_all()
+        bucket.flush_all()
+        return {vb.id: vb.high_seqno for vb in vbs}
