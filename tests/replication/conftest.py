@@ -1,7 +1,6 @@
 """Fixtures for the replication tests: the real server of tests/server plus a consumer peer."""
 
 import asyncio
-import socket
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -12,6 +11,7 @@ from dcpflow.protocol import kv
 from dcpflow.protocol.dcp import VBucketState
 from dcpflow.protocol.status import Status
 from dcpflow.replication.cluster import ClusterManager
+from dcpflow.replication.commands import free_ports
 from dcpflow.replication.node import NodeProcess
 from tests.server import conftest as _server_fixtures
 from tests.server.client import RawClient
@@ -84,7 +84,7 @@ class LoopThread:
 class ClusterHarness:
     def __init__(self, root: Path, nodes: int = 3, replicas: int = 1, vbuckets: int = 16):
         self.root = root
-        self.ports = _free_ports(nodes)
+        self.ports = free_ports(nodes)
         self.procs = [NodeProcess(root / f"node{i}", p, self.ports, vbuckets=vbuckets, flush_interval=0.02)
                       for i, p in enumerate(self.ports)]
         self.vbuckets = vbuckets
@@ -138,17 +138,6 @@ class ClusterHarness:
             for p in self.procs:
                 p.stop(10)
             self.lt.close()
-
-
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 @pytest.fixture

@@ -130,7 +130,8 @@ def control(data_dir: str | Path, cmd: str, timeout: float = 600.0, **args) -> d
 # up
 
 
-def _free_ports(n: int) -> list[int]:
+def free_ports(n: int) -> list[int]:
+    """N ports free on 127.0.0.1 right now (all bound at once, so they differ)."""
     socks = [socket.socket() for _ in range(n)]
     try:
         for s in socks:
@@ -188,7 +189,7 @@ async def run_up(args: argparse.Namespace) -> int:
         if args.nodes < 1 or args.vbuckets < 1:
             print("dcpflow cluster: --nodes and --vbuckets must be at least 1", file=sys.stderr)
             return 2
-        ports = _free_ports(args.nodes) if args.base_port == 0 else [args.base_port + i for i in range(args.nodes)]
+        ports = free_ports(args.nodes) if args.base_port == 0 else [args.base_port + i for i in range(args.nodes)]
         try:
             mgr = ClusterManager([("127.0.0.1", p) for p in ports], num_vbuckets=args.vbuckets,
                                  num_replicas=args.replicas, state_path=state_path)
