@@ -45,7 +45,7 @@ from dcpflow.protocol.hello import Feature  # noqa: E402
 from dcpflow.protocol.opcodes import Opcode  # noqa: E402
 from dcpflow.protocol.status import Status  # noqa: E402
 from serverproc import build_data as build_data_here  # noqa: E402
-from serverproc import start_server, stop  # noqa: E402
+from serverproc import call, start_server, stop  # noqa: E402
 
 USER, PASSWORD = "Administrator", "password"
 
@@ -84,15 +84,6 @@ async def read_events(port: int, highs: dict[int, int], buffer: int) -> tuple[fl
         return time.perf_counter() - t0, n
 
 
-def _call(sock, decoder, data):
-    sock.sendall(data)
-    while True:
-        frame = decoder.next_frame()
-        if frame is not None:
-            return frame
-        decoder.feed(sock.recv(65536))
-
-
 def read_raw(port: int, highs: dict[int, int], buffer: int, expect: int) -> tuple[float, int, list[bytes]]:
     """The same DCP session as the client's, then read `expect` bytes without looking at them."""
     from dcpflow.client.sasl import ScramClient  # SCRAM: PLAIN is only offered inside TLS
@@ -100,17 +91,17 @@ def read_raw(port: int, highs: dict[int, int], buffer: int, expect: int) -> tupl
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     d = FrameDecoder()
     features = b"".join(int(f).to_bytes(2, "big") for f in (Feature.TCP_NODELAY, Feature.XERROR, Feature.COLLECTIONS))
-    _call(sock, d, request(Opcode.HELLO, key=b"bench/raw", value=features))
+    call(sock, d, request(Opcode.HELLO, key=b"bench/raw", value=features))
     scram = ScramClient("SCRAM-SHA512", USER, PASSWORD)
-    reply = _call(sock, d, request(Opcode.SASL_AUTH, key=b"SCRAM-SHA512", value=scram.first()))
-    reply = _call(sock, d, request(Opcode.SASL_STEP, key=b"SCRAM-SHA512", value=scram.final(reply.value)))
+    reply = call(sock, d, request(Opcode.SASL_AUTH, key=b"SCRAM-SHA512", value=scram.first()))
+    reply = call(sock, d, request(Opcode.SASL_STEP, key=b"SCRAM-SHA512", value=scram.final(reply.value)))
     assert reply.status == Status.SUCCESS
-    assert _call(sock, d, request(Opcode.SELECT_BUCKET, key=b"default")).status == Status.SUCCESS
+    assert call(sock, d, request(Opcode.SELECT_BUCKET, key=b"default")).status == Status.SUCCESS
     flags = OpenFlag.PRODUCER | OpenFlag.INCLUDE_DELETE_TIMES
-    assert _call(sock, d, dcp.DcpOpen(b"bench-raw", flags).encode()).status == Status.SUCCESS
+    assert call(sock, d, dcp.DcpOpen(b"bench-raw", flags).encode()).status == Status.SUCCESS
     for k, v in ((b"connection_buffer_size", str(buffer).encode()), (b"enable_noop", b"true"),
                  (b"set_noop_interval", b"20"), (b"enable_expiry_opcode", b"true")):
-        assert _call(sock, d, dcp.DcpControl(k, v).encode()).status == Status.SUCCESS
+        assert call(sock, d, dcp.DcpControl(k, v).encode()).status == Status.SUCCESS
     ack_every = max(1, buffer // 5)
     reqs = b"".join(dcp.DcpStreamRequest(vb, 0, high, 0, 0, 0, int(StreamFlag.ACTIVE_VB_ONLY), opaque=vb + 1).encode()
                     for vb, high in highs.items())

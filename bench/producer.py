@@ -35,7 +35,7 @@ from dcpflow.protocol.hello import Feature
 from dcpflow.protocol.keys import vbucket_for_key
 from dcpflow.protocol.opcodes import Opcode
 from dcpflow.protocol.status import Status
-from serverproc import build_data, start_server, stop
+from serverproc import build_data, call, start_server, stop
 
 _BLEN = struct.Struct(">I").unpack_from
 MAX = 0xFFFFFFFFFFFFFFFF
@@ -62,15 +62,6 @@ def connect(port: int) -> socket.socket:
     sock = socket.create_connection(("127.0.0.1", port), timeout=60)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     return sock
-
-
-def call(sock: socket.socket, decoder: FrameDecoder, data: bytes):
-    sock.sendall(data)
-    while True:
-        frame = decoder.next_frame()
-        if frame is not None:
-            return frame
-        decoder.feed(sock.recv(65536))
 
 
 def login(sock: socket.socket) -> FrameDecoder:

@@ -1,5 +1,5 @@
-"""Start and stop a `dcpflow server` subprocess for the benchmarks, and build the data dir it
-serves (one copy for every script).
+"""Start and stop a `dcpflow server` subprocess for the benchmarks, build the data dir it
+serves, and make a blocking request on a raw socket (one copy for every script).
 
 The child gets this checkout's `src` on PYTHONPATH, so a bench measures the code beside it;
 `BENCH_PROFILE=FILE` runs it under cProfile (written when it stops cleanly).
@@ -57,3 +57,13 @@ def build_data(data_dir: str, docs: int, value: bytes, vbuckets: int, datatype: 
                 bucket.flush_all()
         bucket.flush_all()
         return {vb.id: vb.high_seqno for vb in vbs}
+
+
+def call(sock, decoder, data: bytes):
+    """Send one request on a blocking socket and return the next frame (its reply)."""
+    sock.sendall(data)
+    while True:
+        frame = decoder.next_frame()
+        if frame is not None:
+            return frame
+        decoder.feed(sock.recv(65536))
