@@ -222,7 +222,7 @@ def test_failed_write_leaves_nothing_behind(store):
     w = Writer(store)
     good = w.put(b"a")
     with pytest.raises(sqlite3.IntegrityError):
-        store.write([(0, [good, Item(b"bad", None, by_seqno=99)])])  # type: ignore[arg-type]
+        store.write([(0, [good, Item(b"bad", None, by_seqno=99, deleted=True)])])  # type: ignore[arg-type]
     assert store.get(0, b"a") is None  # the whole batch rolled back
     store.write([(0, [good])])
     assert store.get(0, b"a") == good

@@ -29,6 +29,14 @@ Layout:
   have dropped versions a consistent state at that seqno would need).
 * `meta` - bucket-level facts: number of vbuckets, conflict-resolution mode, clean-shutdown mark.
 
+Each plain mutation row (not deleted, no xattrs) also keeps `dcp_head`: its DCP_MUTATION header
+and extras as the producer sends them (opaque 0), plus the key length and body length of the
+collections layout. A backfill page of such rows is then encoded inside SQLite - one
+`group_concat` query returns the page as the bytes to send, with the stream's opaque spliced in
+(`BackfillScan.next_chunk`) - so the scan runs with the GIL released, on another core, and
+builds no Python object per item. Rows without it (tombstones, xattrs, rows written before the
+column existed or restored by a rollback) are found through a partial index and read as rows.
+
 CAS and rev seqno are u64 on the wire but SQLite integers are signed 64-bit, so they are stored
 two's-complement and converted back on read.
 
@@ -37,12 +45,15 @@ connection. Scans open their own connection (`BackfillScan`), so a backfill neve
 """
 
 import sqlite3
+import struct
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .item import DeleteSource, Item
+from dcpflow.protocol.dcp import MUTATION_HEAD
+
+from .item import DATATYPE_XATTR, DeleteSource, Item
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -63,7 +74,7 @@ CREATE TABLE IF NOT EXISTS items (
     vb INTEGER NOT NULL, key BLOB NOT NULL, seqno INTEGER NOT NULL, rev_seqno INTEGER NOT NULL,
     cas INTEGER NOT NULL, flags INTEGER NOT NULL, expiry INTEGER NOT NULL, datatype INTEGER NOT NULL,
     deleted INTEGER NOT NULL, delete_time INTEGER NOT NULL, delete_source INTEGER NOT NULL,
-    value BLOB NOT NULL
+    value BLOB NOT NULL, dcp_head BLOB
 );
 CREATE UNIQUE INDEX IF NOT EXISTS items_by_key ON items (vb, key);
 CREATE UNIQUE INDEX IF NOT EXISTS items_by_seqno ON items (vb, seqno);
@@ -84,6 +95,29 @@ CREATE INDEX IF NOT EXISTS history_by_superseded ON history (vb, superseded_by);
 _COLS = "vb, key, seqno, rev_seqno, cas, flags, expiry, datatype, deleted, delete_time, delete_source, value"
 _ITEM_COLS = "key, seqno, rev_seqno, cas, flags, expiry, datatype, deleted, delete_time, delete_source, value"
 _UPSERT_ITEM = f"INSERT OR REPLACE INTO items ({_COLS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)"
+_UPSERT_ENCODED = f"INSERT OR REPLACE INTO items ({_COLS}, dcp_head) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)"
+#: Rows a backfill must read as rows: the partial index finds the next one in O(log n).
+_UNENCODED_INDEX = "CREATE INDEX IF NOT EXISTS items_unencoded ON items (vb, seqno) WHERE dcp_head IS NULL"
+_NEXT_UNENCODED = ("SELECT seqno FROM items WHERE vb = ? AND seqno > ? AND seqno <= ? AND dcp_head IS NULL "
+                   "ORDER BY seqno LIMIT 1")
+_NEXT_ENCODED = ("SELECT seqno FROM items WHERE vb = ? AND seqno > ? AND seqno <= ? AND dcp_head IS NOT NULL "
+                 "ORDER BY seqno LIMIT 1")
+#: `dcp_head` = MUTATION_HEAD (55 bytes: header with opaque 0, extras) + collections key length
+#: (2) and body length (4). A page of messages, built by SQLite: bytes 13-16 (the opaque) come
+#: from the stream; with collections the key gets its LEB128 prefix 0x00 (the default
+#: collection) and the two lengths grow by one. group_concat keeps the subquery's seqno order.
+_HEAD = struct.Struct(MUTATION_HEAD.format + "HI")
+_ENCODED_PAGE = {
+    False: "substr(dcp_head, 1, 12) || ?1 || substr(dcp_head, 17, 39) || key || value",
+    True: ("substr(dcp_head, 1, 2) || substr(dcp_head, 56, 2) || substr(dcp_head, 5, 4) || substr(dcp_head, 58, 4) "
+           "|| ?1 || substr(dcp_head, 17, 39) || x'00' || key || value"),
+}
+_ENCODED_PAGE = {
+    coll: (f"SELECT CAST(group_concat({expr}, x'') AS BLOB), count(*), max(seqno) FROM ("
+           "SELECT dcp_head, key, value, seqno FROM items WHERE vb = ?2 AND seqno > ?3 AND seqno <= ?4 "
+           "ORDER BY seqno LIMIT ?5)")
+    for coll, expr in _ENCODED_PAGE.items()
+}
 _MOVE_TO_HISTORY = (f"INSERT OR REPLACE INTO history ({_COLS}, superseded_by) "
                     f"SELECT {_COLS}, ? FROM items WHERE vb = ? AND key = ?")
 _INSERT_HISTORY = (f"INSERT OR REPLACE INTO history ({_COLS}, superseded_by) "
@@ -113,6 +147,17 @@ def _u64(v: int) -> int:
 def _row(vb: int, it: Item) -> tuple:
     return (vb, it.key, it.by_seqno, _s64(it.rev_seqno), _s64(it.cas), it.flags, it.expiry, it.datatype,
             int(it.deleted), it.delete_time, int(it.delete_source), it.value)
+
+
+def _encoded_row(vb: int, it: Item) -> tuple:
+    """`_row` plus `dcp_head` for a plain mutation (NULL for anything a backfill must shape)."""
+    head = None
+    if not it.deleted and not it.datatype & DATATYPE_XATTR:
+        klen, body = len(it.key), 31 + len(it.key) + len(it.value)
+        head = _HEAD.pack(0x80, 0x57, klen, 31, it.datatype, vb, body, 0, it.cas, it.by_seqno, it.rev_seqno,
+                          it.flags, it.expiry, 0, 0, 0, klen + 1, body + 1)
+    return (vb, it.key, it.by_seqno, _s64(it.rev_seqno), _s64(it.cas), it.flags, it.expiry, it.datatype,
+            int(it.deleted), it.delete_time, int(it.delete_source), it.value, head)
 
 
 def _item(r: Sequence) -> Item:
@@ -179,6 +224,10 @@ class Store:
         self._lock = threading.RLock()
         self._db = _connect(self.path, self.synchronous)
         self._db.executescript(_SCHEMA)
+        if "dcp_head" not in {r[1] for r in self._db.execute("PRAGMA table_info(items)")}:
+            # a store from before the column: its rows stay NULL (read as rows) until rewritten
+            self._db.execute("ALTER TABLE items ADD COLUMN dcp_head BLOB")
+        self._db.execute(_UNENCODED_INDEX)
         self._readers = _ReaderPool(self.path)
 
     def close(self) -> None:
@@ -240,7 +289,7 @@ class Store:
                     db.executemany(_MOVE_TO_HISTORY, [(s, vb, k) for k, s in first_seqno.items()])
                     if superseded:
                         db.executemany(_INSERT_HISTORY, superseded)
-                db.executemany(_UPSERT_ITEM, [_row(vb, it) for it in latest.values()])
+                db.executemany(_UPSERT_ENCODED, [_encoded_row(vb, it) for it in latest.values()])
             db.executemany(_UPSERT_STATE, [r._params() for r in states])
             db.executemany("INSERT OR IGNORE INTO snapshots (vb, snap_start, snap_end) VALUES (?, ?, ?)",
                            list(snapshot_ranges))
@@ -407,6 +456,15 @@ class _ReaderPool:
             db.close()
 
 
+@dataclass(frozen=True, slots=True)
+class EncodedPage:
+    """`count` whole DCP_MUTATION messages in seqno order, the last one `last_seqno`."""
+
+    data: bytes
+    count: int
+    last_seqno: int
+
+
 class BackfillScan:
     """A paged, point-in-time read of one vbucket's items with start < seqno <= end.
 
@@ -455,6 +513,40 @@ class BackfillScan:
             return rows
         self._pos = rows[-1][1]
         return rows
+
+    def next_chunk(self, opaque: int, collections: bool) -> "EncodedPage | list[tuple]":
+        """The next part of the range for a DCP stream that sends plain mutations unshaped: a run
+        of rows with `dcp_head` as one EncodedPage (at most page_size messages, encoded by
+        SQLite with this opaque and key layout), or a run of rows without it as raw rows
+        (`next_rows` columns), in seqno order. [] when the range is exhausted."""
+        db, vb, end = self._db, self.vb, self.end
+        while not self.closed:
+            pos = self._pos
+            row = db.execute(_NEXT_UNENCODED, (vb, pos, end)).fetchone()
+            upto = end if row is None else row[0] - 1
+            if upto > pos:
+                data, count, last = db.execute(_ENCODED_PAGE[collections], (
+                    opaque.to_bytes(4, "big"), vb, pos, upto, self.page_size)).fetchone()
+                if count:
+                    self._pos = last
+                    if count < self.page_size and upto == end:
+                        self.close()
+                    return EncodedPage(data, count, last)
+                self._pos = pos = upto
+            if row is None:
+                self.close()
+                return []
+            nxt = db.execute(_NEXT_ENCODED, (vb, pos, end)).fetchone()
+            upto = end if nxt is None else nxt[0] - 1
+            rows = db.execute(f"SELECT {_ITEM_COLS} FROM items WHERE vb = ? AND seqno > ? AND seqno <= ? "
+                              "ORDER BY seqno LIMIT ?", (vb, pos, upto, self.page_size)).fetchall()
+            if rows:
+                self._pos = rows[-1][1]
+                if len(rows) < self.page_size and upto == end:
+                    self.close()
+                return rows
+            self._pos = upto
+        return []
 
     def pages(self) -> Iterator[list[Item]]:
         while page := self.next_page():

@@ -60,7 +60,7 @@ from dcpflow.protocol.dcp import (
 
 from .checkpoint import CheckpointType, Cursor, CursorDropped, Snapshot
 from .item import DATATYPE_SNAPPY, DATATYPE_XATTR, Item
-from .store import ITEM_COLUMNS, item_from_row
+from .store import ITEM_COLUMNS, EncodedPage, item_from_row
 
 assert ITEM_COLUMNS[:7] == ("key", "seqno", "rev_seqno", "cas", "flags", "expiry", "datatype")
 assert ITEM_COLUMNS[7] == "deleted" and ITEM_COLUMNS[10] == "value"
@@ -76,6 +76,31 @@ _MEMORY, _DISK, _CHK, _ACK = (int(SnapshotFlag.MEMORY), int(SnapshotFlag.DISK), 
 _pack_mutation = MUTATION_HEAD.pack  # the protocol's fused header+extras structs: the hot path
 _pack_deletion_v1 = DELETION_V1_HEAD.pack
 _pack_deletion_v2 = DELETION_V2_HEAD.pack
+
+
+class Frames:
+    """A ready-queue entry holding `count` whole messages (a backfill page SQLite encoded). The
+    owner may send a prefix of it (`split`), never part of a message."""
+
+    __slots__ = ("data", "count")
+
+    def __init__(self, data: bytes | memoryview, count: int):
+        self.data, self.count = data, count
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def split(self, nbytes: int) -> tuple["Frames", "Frames | None"]:
+        """The shortest prefix of whole messages holding at least `nbytes` bytes, and the rest."""
+        data = memoryview(self.data)
+        pos = n = 0
+        total = len(data)
+        while pos < total and (pos < nbytes or n == 0):
+            pos += 24 + int.from_bytes(data[pos + 8:pos + 12], "big")
+            n += 1
+        if pos >= total:
+            return self, None
+        return Frames(data[:pos], n), Frames(data[pos:], self.count - n)
 
 
 class StreamState(Enum):
@@ -244,7 +269,7 @@ class ActiveStream:
             return None
         data = self.ready.popleft()
         self.ready_bytes -= len(data)
-        return data
+        return data.data if data.__class__ is Frames else data
 
     def _marker(self, start: int, end: int, flags: int, purge_seqno: int) -> None:
         if self._first_marker:
@@ -447,6 +472,24 @@ class ActiveStream:
         self.last_sent_seqno = last
         if rows:
             self.last_read_seqno = min(rows[-1][1], end)
+        if self.ready_bytes > self.peak_ready_bytes:
+            self.peak_ready_bytes = self.ready_bytes
+
+    @property
+    def takes_encoded_pages(self) -> bool:
+        """Does the stream send stored mutations as they are (`BackfillScan.next_chunk`)?"""
+        opts = self.opts
+        return self.stream_id is None and not opts.no_value and not opts.no_value_underlying_datatype
+
+    def backfill_encoded(self, page: EncodedPage) -> None:
+        """A page SQLite encoded for this stream (opaque, key layout): queued as it is."""
+        if page.last_seqno > self.end_seqno:
+            raise ValueError(f"encoded page ends at {page.last_seqno}, past the stream's end {self.end_seqno}")
+        self.ready.append(Frames(page.data, page.count))
+        self.ready_bytes += len(page.data)
+        self.items_sent += page.count
+        self.backfill_items += page.count
+        self.last_sent_seqno = self.last_read_seqno = page.last_seqno
         if self.ready_bytes > self.peak_ready_bytes:
             self.peak_ready_bytes = self.ready_bytes
 

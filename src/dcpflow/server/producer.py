@@ -47,7 +47,8 @@ import time
 from typing import TYPE_CHECKING
 
 from dcpflow.engine.errors import EngineError
-from dcpflow.engine.stream import MAX_SEQNO, ActiveStream, StreamOptions
+from dcpflow.engine.store import EncodedPage
+from dcpflow.engine.stream import MAX_SEQNO, ActiveStream, Frames, StreamOptions
 from dcpflow.protocol import dcp as dcpproto
 from dcpflow.protocol.dcp import OpenFlag, StreamEndReason, StreamFlag, VBucketState
 from dcpflow.protocol.errors import ProtocolError
@@ -547,6 +548,24 @@ class DcpProducer:
                 turn = 0
                 while ready:
                     data = ready.popleft()
+                    if data.__class__ is Frames:  # a backfill page: whole messages, up to the window
+                        if fc and self.unacked + len(data) > fc:
+                            data, rest = data.split(fc - self.unacked)
+                            if rest is not None:
+                                ready.appendleft(rest)
+                        size = len(data)
+                        stream.ready_bytes -= size
+                        out.append(data.data)
+                        sent += size
+                        self.unacked += size
+                        msgs += data.count
+                        turn += data.count
+                        if fc and self.unacked >= fc:
+                            blocked = True
+                            break
+                        if turn >= 256:
+                            break
+                        continue
                     size = len(data)
                     stream.ready_bytes -= size
                     out.append(data)
@@ -643,13 +662,21 @@ class DcpProducer:
             inflight[:] = [fut]
             return fut
 
+        encoded = stream.takes_encoded_pages
+        opaque, collections = stream.opaque, stream.opts.collections
+
+        def read(scan):
+            # plain mutations come encoded by SQLite (no GIL, no object per item); see store.py
+            return scan.next_chunk(opaque, collections) if encoded else scan.next_rows()
+
         def open_scan(first_page: bool):
             # The first page comes with the scan when the limits allow it: one trip to the worker
             # thread, not two (and a vbucket of a few hundred items is read in one go: the scan
             # closes itself after a short page, so no trip is needed to find the end either).
-            opened = self.engine.store.scan(stream.vbid, rng.start - 1, rng.end, page_size=BACKFILL_PAGE_ITEMS)
+            opened = self.engine.store.scan(stream.vbid, rng.start - 1, min(rng.end, stream.end_seqno),
+                                            page_size=BACKFILL_PAGE_ITEMS)
             try:
-                return opened, (opened.next_rows() if first_page else None)
+                return opened, (read(opened) if first_page else None)
             except BaseException:
                 opened.close()
                 raise
@@ -668,7 +695,7 @@ class DcpProducer:
                         if stream.dead or self.closed or stream.backfill is not rng:
                             return
                         if self._backfill_room(stream):
-                            rows = await run(scan.next_rows)
+                            rows = await run(lambda: read(scan))
                     if rows is None:
                         await self._wait_for_space()
                         continue
@@ -676,9 +703,13 @@ class DcpProducer:
                     return
                 if not rows:
                     break
-                size = sum(len(r[10]) for r in rows) + 64 * len(rows)
-                scan.page_size = max(64, min(8192, BACKFILL_PAGE_BYTES * len(rows) // size))
-                stream.backfill_rows(rows)
+                if rows.__class__ is EncodedPage:
+                    count, size = rows.count, len(rows.data)
+                    stream.backfill_encoded(rows)
+                else:
+                    count, size = len(rows), sum(len(r[10]) for r in rows) + 64 * len(rows)
+                    stream.backfill_rows(rows)
+                scan.page_size = max(64, min(8192, BACKFILL_PAGE_BYTES * count // size))
                 self.wake(stream)
                 if scan.closed:
                     break  # that was the last page

@@ -1,0 +1,193 @@
+"""Backfill pages SQLite encodes (`BackfillScan.next_chunk`, store.py): byte for byte the messages
+the protocol's own encoder builds, in seqno order, with tombstones and xattr documents handed
+over as rows instead; and `Frames.split`, which the producer uses to stop at its flow-control
+window without splitting a message."""
+
+import sqlite3
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from dcpflow.engine import FailoverTable, Item, Store, VBucketStateRecord
+from dcpflow.engine.item import DATATYPE_XATTR
+from dcpflow.engine.store import EncodedPage
+from dcpflow.engine.stream import Frames
+from dcpflow.protocol.dcp import DcpMutation
+from dcpflow.protocol.frame import FrameDecoder
+
+JSON = 0x01
+
+
+def xattr_value(body: bytes) -> bytes:
+    pair = b"_sync\x00{}\x00"
+    blob = len(pair).to_bytes(4, "big") + pair
+    return len(blob).to_bytes(4, "big") + blob + body
+
+
+def expected(row: tuple, vb: int, opaque: int, collections: bool) -> bytes:
+    """The message the protocol's encoder builds for a plain mutation row (ITEM_COLUMNS order)."""
+    key, seqno, rev, cas, flags, expiry, datatype = row[:7]
+    key = b"\x00" + key if collections else key
+    return DcpMutation(vb, seqno, rev & (2**64 - 1), flags, expiry, 0, key, row[10], cas & (2**64 - 1), datatype,
+                       opaque).encode()
+
+
+def read_chunks(store: Store, vb: int, start: int, end: int, page_size: int, opaque: int, collections: bool):
+    with store.scan(vb, start, end, page_size=page_size) as scan:
+        chunks = []
+        while chunk := scan.next_chunk(opaque, collections):
+            chunks.append(chunk)
+            assert len(chunks) < 10_000
+        assert scan.closed
+    return chunks
+
+
+def all_rows(store: Store, vb: int, start: int, end: int) -> list[tuple]:
+    with store.scan(vb, start, end, page_size=100_000) as scan:
+        return scan.next_rows()
+
+
+def check(store: Store, vb: int, start: int, end: int, page_size: int, opaque: int, collections: bool,
+          strict: bool = True) -> int:
+    """Every row of (start, end] comes exactly once, in order: plain mutations encoded as the
+    protocol encodes them, everything else as its row (and, unless `strict`, plain rows
+    written without the column too). Returns how many came encoded."""
+    rows = all_rows(store, vb, start, end)
+    got: list[tuple] = []
+    encoded = 0
+    for chunk in read_chunks(store, vb, start, end, page_size, opaque, collections):
+        if isinstance(chunk, EncodedPage):
+            assert 1 <= chunk.count <= page_size
+            part = rows[len(got):len(got) + chunk.count]
+            assert all(not r[7] and not r[6] & DATATYPE_XATTR for r in part)
+            assert chunk.data == b"".join(expected(r, vb, opaque, collections) for r in part)
+            assert chunk.last_seqno == part[-1][1]
+            got += part
+            encoded += chunk.count
+        else:
+            assert 1 <= len(chunk) <= page_size
+            assert not strict or all(r[7] or r[6] & DATATYPE_XATTR for r in chunk)  # only what must be shaped
+            got += chunk
+    assert got == rows
+    return encoded
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = Store(tmp_path / "b" / "store.sqlite3", synchronous="OFF")
+    yield s
+    s.close()
+
+
+def write(store: Store, vb: int, items: list[Item]) -> None:
+    rec = VBucketStateRecord(vb, 1, FailoverTable([(1, 0)]).to_json(), items[-1].by_seqno, items[0].by_seqno,
+                             items[-1].by_seqno)
+    store.write([(vb, items)], [rec], [(vb, items[0].by_seqno, items[-1].by_seqno)])
+
+
+op = st.tuples(
+    st.sampled_from(["set", "set", "set", "json", "delete", "xattr"]),
+    st.integers(0, 12),  # key number: a small key space, so versions replace each other (seqno gaps)
+    st.binary(max_size=40),
+    st.integers(0, 2**32 - 1),  # flags
+    st.integers(0, 2**32 - 1),  # expiry
+    st.integers(0, 2**64 - 1),  # cas
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(batches=st.lists(st.lists(op, min_size=1, max_size=15), min_size=1, max_size=4),
+       page_size=st.integers(1, 7), opaque=st.integers(0, 2**32 - 1), collections=st.booleans(),
+       start=st.integers(0, 30), span=st.integers(0, 70), vb=st.integers(0, 1023))
+def test_chunks_are_the_protocols_messages_in_seqno_order(tmp_path_factory, batches, page_size, opaque, collections,
+                                                           start, span, vb):
+    store = Store(tmp_path_factory.mktemp("s") / "store.sqlite3", synchronous="OFF")
+    try:
+        seqno = 0
+        for batch in batches:
+            items = []
+            for kind, k, body, flags, expiry, cas in batch:
+                seqno += 1
+                key = b"key-%d" % k
+                if kind == "delete":
+                    items.append(Item(key, b"", cas=cas, rev_seqno=seqno, by_seqno=seqno, deleted=True,
+                                      delete_time=7))
+                elif kind == "xattr":
+                    items.append(Item(key, xattr_value(body), flags, expiry, cas, seqno, seqno,
+                                      DATATYPE_XATTR | JSON))
+                else:
+                    items.append(Item(key, body, flags, expiry, cas, seqno, seqno, JSON if kind == "json" else 0))
+            write(store, vb, items)
+        check(store, vb, start, start + span, page_size, opaque, collections)
+    finally:
+        store.close()
+
+
+def test_plain_vbucket_comes_as_pages_of_page_size(store):
+    write(store, 3, [Item(b"k%04d" % i, b"v" * (i % 50), i, 0, 1000 + i, 1, i + 1) for i in range(1000)])
+    assert check(store, 3, 0, 1000, 128, 0xDEADBEEF, True) == 1000
+    chunks = read_chunks(store, 3, 0, 1000, 128, 1, False)
+    assert [c.count for c in chunks] == [128] * 7 + [104]
+    assert [f.opaque for c in chunks for f in frames(c.data)] == [1] * 1000
+
+
+def test_the_range_end_is_respected(store):
+    write(store, 0, [Item(b"k%d" % i, b"v", by_seqno=i + 1) for i in range(20)])
+    chunks = read_chunks(store, 0, 4, 11, 1000, 9, False)
+    assert [(c.count, c.last_seqno) for c in chunks] == [(7, 11)]
+
+
+def frames(data: bytes) -> list:
+    d = FrameDecoder()
+    d.feed(data)
+    out = []
+    while (f := d.next_frame()) is not None:
+        out.append(f)
+    assert not d.buffered
+    return out
+
+
+def test_a_store_from_before_the_column_is_read_as_rows_until_rewritten(tmp_path):
+    path = tmp_path / "old" / "store.sqlite3"
+    s = Store(path, synchronous="OFF")
+    write(s, 0, [Item(b"k%d" % i, b"v", by_seqno=i + 1) for i in range(10)])
+    s.close()
+    db = sqlite3.connect(path)  # what an older dcpflow wrote: no dcp_head, no partial index
+    db.execute("DROP INDEX items_unencoded")
+    db.execute("ALTER TABLE items DROP COLUMN dcp_head")
+    db.commit()
+    db.close()
+    s = Store(path, synchronous="OFF")
+    try:
+        assert check(s, 0, 0, 10, 4, 5, False, strict=False) == 0  # all rows, none lost
+        write(s, 0, [Item(b"k3", b"new", by_seqno=11)])  # a rewrite gets the column
+        assert check(s, 0, 0, 11, 4, 5, False, strict=False) == 1
+    finally:
+        s.close()
+
+
+def test_rollback_restores_rows_the_backfill_still_reads(store):
+    write(store, 0, [Item(b"a", b"1", by_seqno=1), Item(b"b", b"1", by_seqno=2)])
+    write(store, 0, [Item(b"a", b"2", by_seqno=3)])
+    assert store.rollback(0, 2).seqno == 2
+    assert [r[0] for r in all_rows(store, 0, 0, 10)] == [b"a", b"b"]
+    assert check(store, 0, 0, 10, 10, 1, True, strict=False) == 1  # b; a came back from history
+
+
+def messages(sizes: list[int]) -> bytes:
+    return b"".join(DcpMutation(0, i + 1, 1, 0, 0, 0, b"k", b"x" * n, opaque=1).encode() for i, n in enumerate(sizes))
+
+
+@given(st.lists(st.integers(0, 60), min_size=1, max_size=8), st.data())
+def test_split_takes_the_shortest_prefix_of_whole_messages(sizes, data):
+    blob = messages(sizes)
+    lengths = [24 + 31 + 1 + n for n in sizes]
+    nbytes = data.draw(st.integers(1, len(blob) + 10))
+    head, rest = Frames(blob, len(sizes)).split(nbytes)
+    n = next((i + 1 for i in range(len(sizes)) if sum(lengths[:i + 1]) >= nbytes), len(sizes))
+    assert bytes(head.data) == blob[:sum(lengths[:n])] and head.count == n
+    if n == len(sizes):
+        assert rest is None
+    else:
+        assert bytes(rest.data) == blob[sum(lengths[:n]):] and rest.count == len(sizes) - n
