@@ -68,7 +68,8 @@ def check(store: Store, vb: int, start: int, end: int, page_size: int, opaque: i
         else:
             assert 1 <= len(chunk) <= page_size
             assert not strict or all(r[7] or r[6] & DATATYPE_XATTR for r in chunk)  # only what must be shaped
-            got += chunk
+            assert all(len(r) == 12 and not r[11] for r in chunk)  # 12th: has dcp_head
+            got += [r[:11] for r in chunk]
     assert got == rows
     return encoded
 

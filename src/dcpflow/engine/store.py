@@ -100,8 +100,8 @@ _UPSERT_ENCODED = f"INSERT OR REPLACE INTO items ({_COLS}, dcp_head) VALUES (?,?
 _UNENCODED_INDEX = "CREATE INDEX IF NOT EXISTS items_unencoded ON items (vb, seqno) WHERE dcp_head IS NULL"
 _NEXT_UNENCODED = ("SELECT seqno FROM items WHERE vb = ? AND seqno > ? AND seqno <= ? AND dcp_head IS NULL "
                    "ORDER BY seqno LIMIT 1")
-_NEXT_ENCODED = ("SELECT seqno FROM items WHERE vb = ? AND seqno > ? AND seqno <= ? AND dcp_head IS NOT NULL "
-                 "ORDER BY seqno LIMIT 1")
+_UNENCODED_RUN = (f"SELECT {_ITEM_COLS}, dcp_head IS NOT NULL FROM items WHERE vb = ? AND seqno > ? AND seqno <= ? "
+                  "ORDER BY seqno LIMIT ?")
 #: `dcp_head` = MUTATION_HEAD (55 bytes: header with opaque 0, extras) + collections key length
 #: (2) and body length (4). A page of messages, built by SQLite: bytes 13-16 (the opaque) come
 #: from the stream; with collections the key gets its LEB128 prefix 0x00 (the default
@@ -518,7 +518,7 @@ class BackfillScan:
         """The next part of the range for a DCP stream that sends plain mutations unshaped: a run
         of rows with `dcp_head` as one EncodedPage (at most page_size messages, encoded by
         SQLite with this opaque and key layout), or a run of rows without it as raw rows
-        (`next_rows` columns), in seqno order. [] when the range is exhausted."""
+        (`next_rows` columns and a 12th, false), in seqno order. [] when the range is exhausted."""
         db, vb, end = self._db, self.vb, self.end
         while not self.closed:
             pos = self._pos
@@ -536,16 +536,15 @@ class BackfillScan:
             if row is None:
                 self.close()
                 return []
-            nxt = db.execute(_NEXT_ENCODED, (vb, pos, end)).fetchone()
-            upto = end if nxt is None else nxt[0] - 1
-            rows = db.execute(f"SELECT {_ITEM_COLS} FROM items WHERE vb = ? AND seqno > ? AND seqno <= ? "
-                              "ORDER BY seqno LIMIT ?", (vb, pos, upto, self.page_size)).fetchall()
-            if rows:
-                self._pos = rows[-1][1]
-                if len(rows) < self.page_size and upto == end:
-                    self.close()
-                return rows
-            self._pos = upto
+            # the next row has no dcp_head: read rows up to the next one that has (at most a page,
+            # so a store of old rows costs one page read per page, not a search to its end)
+            rows = db.execute(_UNENCODED_RUN, (vb, pos, end, self.page_size)).fetchall()
+            cut = next((i for i, r in enumerate(rows) if r[11]), len(rows))
+            if cut == len(rows) and len(rows) < self.page_size:
+                self.close()
+            if cut:
+                self._pos = rows[cut - 1][1]
+                return rows[:cut]
         return []
 
     def pages(self) -> Iterator[list[Item]]:
