@@ -129,15 +129,15 @@ class Checkpoint:
     def read(self, after: int, upto: int, limit: int | None) -> list[Item]:
         """Items with after < seqno <= upto in seqno order, at most `limit` (None = all)."""
         items, seqnos = self._items, self._seqnos
-        i, n = bisect_right(seqnos, after), len(seqnos)
+        i = bisect_right(seqnos, after)
+        j = bisect_right(seqnos, upto, i)
+        if limit is None:
+            return [it for it in items[i:j] if it is not None]
         out: list[Item] = []
-        while i < n and seqnos[i] <= upto:
-            item = items[i]
-            if item is not None:
-                out.append(item)
-                if limit is not None and len(out) >= limit:
-                    break
-            i += 1
+        while i < j and len(out) < limit:  # slices, not a step per item: de-dup leaves None holes
+            k = min(j, i + limit - len(out))
+            out += [it for it in items[i:k] if it is not None]
+            i = k
         return out
 
     def has_items_after(self, seqno: int) -> bool:

@@ -318,6 +318,11 @@ class Server:
                 except Exception:
                     log.exception("flushing bucket %s failed; will retry", bucket.name)
 
+    async def flush_settled(self) -> None:
+        """Return once no flush batch is in flight (one already writing completes first)."""
+        async with self._maintenance:
+            pass
+
     async def flush_batch(self, bucket: ServerBucket) -> int:
         """Persist one batch of `bucket`: collect here, write on the flusher thread, complete here."""
         engine = bucket.engine

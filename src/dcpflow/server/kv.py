@@ -444,10 +444,16 @@ def get_vbucket(conn: Connection, frame: Frame) -> bytes:
 @command(Opcode.STOP_PERSISTENCE, privilege=_P.NODE_MANAGEMENT)
 def stop_persistence(conn: Connection, frame: Frame) -> bytes:
     """Pause the flusher of the selected bucket (ep-engine's stop_persistence; tests use it to have
-    acknowledged but unpersisted writes). A clean shutdown still flushes everything."""
+    acknowledged but unpersisted writes). The reply comes once a batch already being written is
+    done, so from then on nothing more reaches the disk. A clean shutdown still flushes everything."""
     _check_empty(frame)
     conn.bucket.persistence_paused = True
-    return response(frame.opcode, opaque=frame.opaque)
+
+    async def settled() -> bytes:
+        await conn.server.flush_settled()
+        return response(frame.opcode, opaque=frame.opaque)
+
+    return settled()
 
 
 @command(Opcode.START_PERSISTENCE, privilege=_P.NODE_MANAGEMENT)
