@@ -68,7 +68,7 @@ def check(store: Store, vb: int, start: int, end: int, page_size: int, opaque: i
         else:
             assert 1 <= len(chunk) <= page_size
             assert not strict or all(r[7] or r[6] & DATATYPE_XATTR for r in chunk)  # only what must be shaped
-            assert all(len(r) == 12 and not r[11] for r in chunk)  # 12th: has dcp_head
+            assert all(len(r) == 12 and not r[11] for r in chunk)  # 12th: has an encoded head
             got += [r[:11] for r in chunk]
     assert got == rows
     return encoded
@@ -154,9 +154,10 @@ def test_a_store_from_before_the_column_is_read_as_rows_until_rewritten(tmp_path
     s = Store(path, synchronous="OFF")
     write(s, 0, [Item(b"k%d" % i, b"v", by_seqno=i + 1) for i in range(10)])
     s.close()
-    db = sqlite3.connect(path)  # what an older dcpflow wrote: no dcp_head, no partial index
+    db = sqlite3.connect(path)  # what an older dcpflow wrote: no encoded heads, no partial index
     db.execute("DROP INDEX items_unencoded")
-    db.execute("ALTER TABLE items DROP COLUMN dcp_head")
+    for column in ("dcp_h1", "dcp_h1c", "dcp_h2c"):
+        db.execute(f"ALTER TABLE items DROP COLUMN {column}")
     db.commit()
     db.close()
     s = Store(path, synchronous="OFF")

@@ -29,9 +29,11 @@ Layout:
   have dropped versions a consistent state at that seqno would need).
 * `meta` - bucket-level facts: number of vbuckets, conflict-resolution mode, clean-shutdown mark.
 
-Each plain mutation row (not deleted, no xattrs) also keeps `dcp_head`: its DCP_MUTATION header
-and extras as the producer sends them (opaque 0), plus the key length and body length of the
-collections layout. A backfill page of such rows is then encoded inside SQLite - one
+Each plain mutation row (not deleted, no xattrs) also keeps its DCP_MUTATION header and extras as
+the producer sends them (`dcp_h1`: bytes 0-11 of the header, `dcp_h1c`: the same with the
+collections layout's key and body lengths, `dcp_h2c`: CAS, extras and the default collection's
+key prefix 0x00 - three columns so that SQLite builds a message with four concatenations and
+no substr for a collection-aware stream). A backfill page of such rows is then encoded inside SQLite - one
 `group_concat` query returns the page as the bytes to send, with the stream's opaque spliced in
 (`BackfillScan.next_chunk`) - so the scan runs with the GIL released, on another core, and
 builds no Python object per item. Rows without it (tombstones, xattrs, rows written before the
@@ -74,7 +76,7 @@ CREATE TABLE IF NOT EXISTS items (
     vb INTEGER NOT NULL, key BLOB NOT NULL, seqno INTEGER NOT NULL, rev_seqno INTEGER NOT NULL,
     cas INTEGER NOT NULL, flags INTEGER NOT NULL, expiry INTEGER NOT NULL, datatype INTEGER NOT NULL,
     deleted INTEGER NOT NULL, delete_time INTEGER NOT NULL, delete_source INTEGER NOT NULL,
-    value BLOB NOT NULL, dcp_head BLOB
+    value BLOB NOT NULL, dcp_h1 BLOB, dcp_h1c BLOB, dcp_h2c BLOB
 );
 CREATE UNIQUE INDEX IF NOT EXISTS items_by_key ON items (vb, key);
 CREATE UNIQUE INDEX IF NOT EXISTS items_by_seqno ON items (vb, seqno);
@@ -95,28 +97,26 @@ CREATE INDEX IF NOT EXISTS history_by_superseded ON history (vb, superseded_by);
 _COLS = "vb, key, seqno, rev_seqno, cas, flags, expiry, datatype, deleted, delete_time, delete_source, value"
 _ITEM_COLS = "key, seqno, rev_seqno, cas, flags, expiry, datatype, deleted, delete_time, delete_source, value"
 _UPSERT_ITEM = f"INSERT OR REPLACE INTO items ({_COLS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)"
-_UPSERT_ENCODED = f"INSERT OR REPLACE INTO items ({_COLS}, dcp_head) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)"
+_UPSERT_ENCODED = (f"INSERT OR REPLACE INTO items ({_COLS}, dcp_h1, dcp_h1c, dcp_h2c) "
+                   "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)")
+_ENCODED_COLUMNS = ("dcp_h1", "dcp_h1c", "dcp_h2c")
 #: Rows a backfill must read as rows: the partial index finds the next one in O(log n).
-_UNENCODED_INDEX = "CREATE INDEX IF NOT EXISTS items_unencoded ON items (vb, seqno) WHERE dcp_head IS NULL"
-_NEXT_UNENCODED = ("SELECT seqno FROM items WHERE vb = ? AND seqno > ? AND seqno <= ? AND dcp_head IS NULL "
+_UNENCODED_INDEX = "CREATE INDEX IF NOT EXISTS items_unencoded ON items (vb, seqno) WHERE dcp_h1 IS NULL"
+_NEXT_UNENCODED = ("SELECT seqno FROM items WHERE vb = ? AND seqno > ? AND seqno <= ? AND dcp_h1 IS NULL "
                    "ORDER BY seqno LIMIT 1")
-_UNENCODED_RUN = (f"SELECT {_ITEM_COLS}, dcp_head IS NOT NULL FROM items WHERE vb = ? AND seqno > ? AND seqno <= ? "
+_UNENCODED_RUN = (f"SELECT {_ITEM_COLS}, dcp_h1 IS NOT NULL FROM items WHERE vb = ? AND seqno > ? AND seqno <= ? "
                   "ORDER BY seqno LIMIT ?")
-#: `dcp_head` = MUTATION_HEAD (55 bytes: header with opaque 0, extras) + collections key length
-#: (2) and body length (4). A page of messages, built by SQLite: bytes 13-16 (the opaque) come
-#: from the stream; with collections the key gets its LEB128 prefix 0x00 (the default
-#: collection) and the two lengths grow by one. group_concat keeps the subquery's seqno order.
+#: MUTATION_HEAD (header with opaque 0, extras) + the collections layout's key length and body
+#: length, packed once; the row keeps three slices of it (see the module docstring). A page of
+#: messages, built by SQLite: the opaque comes from the stream; group_concat keeps the
+#: subquery's seqno order.
 _HEAD = struct.Struct(MUTATION_HEAD.format + "HI")
 _ENCODED_PAGE = {
-    False: "substr(dcp_head, 1, 12) || ?1 || substr(dcp_head, 17, 39) || key || value",
-    True: ("substr(dcp_head, 1, 2) || substr(dcp_head, 56, 2) || substr(dcp_head, 5, 4) || substr(dcp_head, 58, 4) "
-           "|| ?1 || substr(dcp_head, 17, 39) || x'00' || key || value"),
-}
-_ENCODED_PAGE = {
     coll: (f"SELECT CAST(group_concat({expr}, x'') AS BLOB), count(*), max(seqno) FROM ("
-           "SELECT dcp_head, key, value, seqno FROM items WHERE vb = ?2 AND seqno > ?3 AND seqno <= ?4 "
-           "ORDER BY seqno LIMIT ?5)")
-    for coll, expr in _ENCODED_PAGE.items()
+           "SELECT dcp_h1, dcp_h1c, dcp_h2c, key, value, seqno FROM items WHERE vb = ?2 AND seqno > ?3 "
+           "AND seqno <= ?4 ORDER BY seqno LIMIT ?5)")
+    for coll, expr in ((False, "dcp_h1 || ?1 || substr(dcp_h2c, 1, 39) || key || value"),
+                       (True, "dcp_h1c || ?1 || dcp_h2c || key || value"))
 }
 _MOVE_TO_HISTORY = (f"INSERT OR REPLACE INTO history ({_COLS}, superseded_by) "
                     f"SELECT {_COLS}, ? FROM items WHERE vb = ? AND key = ?")
@@ -150,14 +150,16 @@ def _row(vb: int, it: Item) -> tuple:
 
 
 def _encoded_row(vb: int, it: Item) -> tuple:
-    """`_row` plus `dcp_head` for a plain mutation (NULL for anything a backfill must shape)."""
-    head = None
+    """`_row` plus the encoded-head columns for a plain mutation (NULL for anything a backfill
+    must shape)."""
+    h1 = h1c = h2c = None
     if not it.deleted and not it.datatype & DATATYPE_XATTR:
         klen, body = len(it.key), 31 + len(it.key) + len(it.value)
         head = _HEAD.pack(0x80, 0x57, klen, 31, it.datatype, vb, body, 0, it.cas, it.by_seqno, it.rev_seqno,
                           it.flags, it.expiry, 0, 0, 0, klen + 1, body + 1)
+        h1, h1c, h2c = head[:12], head[:2] + head[55:57] + head[4:8] + head[57:61], head[16:55] + b"\x00"
     return (vb, it.key, it.by_seqno, _s64(it.rev_seqno), _s64(it.cas), it.flags, it.expiry, it.datatype,
-            int(it.deleted), it.delete_time, int(it.delete_source), it.value, head)
+            int(it.deleted), it.delete_time, int(it.delete_source), it.value, h1, h1c, h2c)
 
 
 def _item(r: Sequence) -> Item:
@@ -224,9 +226,11 @@ class Store:
         self._lock = threading.RLock()
         self._db = _connect(self.path, self.synchronous)
         self._db.executescript(_SCHEMA)
-        if "dcp_head" not in {r[1] for r in self._db.execute("PRAGMA table_info(items)")}:
-            # a store from before the column: its rows stay NULL (read as rows) until rewritten
-            self._db.execute("ALTER TABLE items ADD COLUMN dcp_head BLOB")
+        have = {r[1] for r in self._db.execute("PRAGMA table_info(items)")}
+        for column in _ENCODED_COLUMNS:
+            if column not in have:
+                # a store from before the columns: its rows stay NULL (read as rows) until rewritten
+                self._db.execute(f"ALTER TABLE items ADD COLUMN {column} BLOB")
         self._db.execute(_UNENCODED_INDEX)
         self._readers = _ReaderPool(self.path)
 
@@ -516,7 +520,7 @@ class BackfillScan:
 
     def next_chunk(self, opaque: int, collections: bool) -> "EncodedPage | list[tuple]":
         """The next part of the range for a DCP stream that sends plain mutations unshaped: a run
-        of rows with `dcp_head` as one EncodedPage (at most page_size messages, encoded by
+        of rows with the encoded-head columns as one EncodedPage (at most page_size messages, encoded by
         SQLite with this opaque and key layout), or a run of rows without it as raw rows
         (`next_rows` columns and a 12th, false), in seqno order. [] when the range is exhausted."""
         db, vb, end = self._db, self.vb, self.end
@@ -536,7 +540,7 @@ class BackfillScan:
             if row is None:
                 self.close()
                 return []
-            # the next row has no dcp_head: read rows up to the next one that has (at most a page,
+            # the next row has no encoded head: read rows up to the next one that has (at most a page,
             # so a store of old rows costs one page read per page, not a search to its end)
             rows = db.execute(_UNENCODED_RUN, (vb, pos, end, self.page_size)).fetchall()
             cut = next((i for i, r in enumerate(rows) if r[11]), len(rows))
