@@ -1,6 +1,6 @@
 """Backfill pages SQLite encodes (`BackfillScan.next_chunk`, store.py): byte for byte the messages
-the protocol's own encoder builds, in seqno order, with tombstones and xattr documents handed
-over as rows instead; and `Frames.split`, which the producer uses to stop at its flow-control
+the protocol's own encoder builds, in seqno order, with tombstones, xattr documents and large
+values handed over as rows instead; and `Frames.split`, which the producer uses to stop at its flow-control
 window without splitting a message."""
 
 import sqlite3
@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from dcpflow.engine import FailoverTable, Item, Store, VBucketStateRecord
 from dcpflow.engine.item import DATATYPE_XATTR
-from dcpflow.engine.store import EncodedPage
+from dcpflow.engine.store import LARGE_VALUE, EncodedPage
 from dcpflow.engine.stream import Frames
 from dcpflow.protocol.dcp import DcpMutation
 from dcpflow.protocol.frame import FrameDecoder
@@ -60,14 +60,15 @@ def check(store: Store, vb: int, start: int, end: int, page_size: int, opaque: i
         if isinstance(chunk, EncodedPage):
             assert 1 <= chunk.count <= page_size
             part = rows[len(got):len(got) + chunk.count]
-            assert all(not r[7] and not r[6] & DATATYPE_XATTR for r in part)
+            assert all(not r[7] and not r[6] & DATATYPE_XATTR and len(r[10]) < LARGE_VALUE for r in part)
             assert chunk.data == b"".join(expected(r, vb, opaque, collections) for r in part)
             assert chunk.last_seqno == part[-1][1]
             got += part
             encoded += chunk.count
         else:
             assert 1 <= len(chunk) <= page_size
-            assert not strict or all(r[7] or r[6] & DATATYPE_XATTR for r in chunk)  # only what must be shaped
+            # only what must be shaped, or sent without a copy
+            assert not strict or all(r[7] or r[6] & DATATYPE_XATTR or len(r[10]) >= LARGE_VALUE for r in chunk)
             assert all(len(r) == 12 and not r[11] for r in chunk)  # 12th: has an encoded head
             got += [r[:11] for r in chunk]
     assert got == rows
@@ -88,7 +89,7 @@ def write(store: Store, vb: int, items: list[Item]) -> None:
 
 
 op = st.tuples(
-    st.sampled_from(["set", "set", "set", "json", "delete", "xattr"]),
+    st.sampled_from(["set", "set", "set", "json", "delete", "xattr", "large"]),
     st.integers(0, 12),  # key number: a small key space, so versions replace each other (seqno gaps)
     st.binary(max_size=40),
     st.integers(0, 2**32 - 1),  # flags
@@ -117,6 +118,8 @@ def test_chunks_are_the_protocols_messages_in_seqno_order(tmp_path_factory, batc
                 elif kind == "xattr":
                     items.append(Item(key, xattr_value(body), flags, expiry, cas, seqno, seqno,
                                       DATATYPE_XATTR | JSON))
+                elif kind == "large":
+                    items.append(Item(key, body.ljust(LARGE_VALUE, b"L"), flags, expiry, cas, seqno, seqno))
                 else:
                     items.append(Item(key, body, flags, expiry, cas, seqno, seqno, JSON if kind == "json" else 0))
             write(store, vb, items)

@@ -29,15 +29,16 @@ Layout:
   have dropped versions a consistent state at that seqno would need).
 * `meta` - bucket-level facts: number of vbuckets, conflict-resolution mode, clean-shutdown mark.
 
-Each plain mutation row (not deleted, no xattrs) also keeps its DCP_MUTATION header and extras as
-the producer sends them (`dcp_h1`: bytes 0-11 of the header, `dcp_h1c`: the same with the
-collections layout's key and body lengths, `dcp_h2c`: CAS, extras and the default collection's
-key prefix 0x00 - three columns so that SQLite builds a message with four concatenations and
-no substr for a collection-aware stream). A backfill page of such rows is then encoded inside SQLite - one
-`group_concat` query returns the page as the bytes to send, with the stream's opaque spliced in
-(`BackfillScan.next_chunk`) - so the scan runs with the GIL released, on another core, and
-builds no Python object per item. Rows without it (tombstones, xattrs, rows written before the
-column existed or restored by a rollback) are found through a partial index and read as rows.
+Each plain mutation row (not deleted, no xattrs, value below LARGE_VALUE) also keeps its
+DCP_MUTATION header and extras as the producer sends them (`dcp_h1`: bytes 0-11 of the header,
+`dcp_h1c`: the same with the collections layout's key and body lengths, `dcp_h2c`: CAS, extras
+and the default collection's key prefix 0x00 - three columns so that SQLite builds a message
+with four concatenations and no substr for a collection-aware stream). A backfill page of such
+rows is then encoded inside SQLite - one `group_concat` query returns the page as the bytes to
+send, with the stream's opaque spliced in (`BackfillScan.next_chunk`) - so the scan runs with
+the GIL released, on another core, and builds no Python object per item. Rows without it
+(tombstones, xattrs, large values, rows written before the columns existed or restored by a
+rollback) are found through a partial index and read as rows.
 
 CAS and rev seqno are u64 on the wire but SQLite integers are signed 64-bit, so they are stored
 two's-complement and converted back on read.
@@ -131,6 +132,12 @@ _UPSERT_STATE = (
     "purge_seqno = MAX(purge_seqno, excluded.purge_seqno), max_cas = excluded.max_cas, "
     "max_visible_seqno = excluded.max_visible_seqno, max_deleted_rev_seqno = excluded.max_deleted_rev_seqno")
 
+#: Values at least this big are queued by a stream as a separate `memoryview` entry after their
+#: header (a *continuation*: the owner writes it with the entry before it, never splitting a
+#: message), so they reach the socket without being copied into a message first; so they get no
+#: encoded head either, which also keeps an encoded page far below SQLite's 1 GB string limit.
+LARGE_VALUE = 2048
+
 _SIGN = 1 << 63
 _WRAP = 1 << 64
 _SOURCES = (DeleteSource.EXPLICIT, DeleteSource.TTL)
@@ -150,10 +157,10 @@ def _row(vb: int, it: Item) -> tuple:
 
 
 def _encoded_row(vb: int, it: Item) -> tuple:
-    """`_row` plus the encoded-head columns for a plain mutation (NULL for anything a backfill
-    must shape)."""
+    """`_row` plus the encoded-head columns for a plain mutation with a value below LARGE_VALUE
+    (NULL for anything a backfill must shape or sends without a copy)."""
     h1 = h1c = h2c = None
-    if not it.deleted and not it.datatype & DATATYPE_XATTR:
+    if not it.deleted and not it.datatype & DATATYPE_XATTR and len(it.value) < LARGE_VALUE:
         klen, body = len(it.key), 31 + len(it.key) + len(it.value)
         head = _HEAD.pack(0x80, 0x57, klen, 31, it.datatype, vb, body, 0, it.cas, it.by_seqno, it.rev_seqno,
                           it.flags, it.expiry, 0, 0, 0, klen + 1, body + 1)

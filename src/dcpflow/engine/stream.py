@@ -60,17 +60,13 @@ from dcpflow.protocol.dcp import (
 
 from .checkpoint import CheckpointType, Cursor, CursorDropped, Snapshot
 from .item import DATATYPE_SNAPPY, DATATYPE_XATTR, Item
-from .store import ITEM_COLUMNS, EncodedPage, item_from_row
+from .store import ITEM_COLUMNS, LARGE_VALUE, EncodedPage, item_from_row
 
 assert ITEM_COLUMNS[:7] == ("key", "seqno", "rev_seqno", "cas", "flags", "expiry", "datatype")
 assert ITEM_COLUMNS[7] == "deleted" and ITEM_COLUMNS[10] == "value"
 _U64 = 0xFFFFFFFFFFFFFFFF
 
 MAX_SEQNO = 0xFFFFFFFFFFFFFFFF
-#: Values at least this big are queued as a separate `memoryview` entry after their header (a
-#: *continuation*: the owner writes it with the entry before it, never splitting a message), so
-#: they reach the socket without being copied into a message first.
-LARGE_VALUE = 2048
 _MEMORY, _DISK, _CHK, _ACK = (int(SnapshotFlag.MEMORY), int(SnapshotFlag.DISK), int(SnapshotFlag.CHECKPOINT),
                               int(SnapshotFlag.ACK))
 _pack_mutation = MUTATION_HEAD.pack  # the protocol's fused header+extras structs: the hot path

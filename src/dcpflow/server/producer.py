@@ -709,7 +709,7 @@ class DcpProducer:
                 else:
                     count, size = len(rows), sum(len(r[10]) for r in rows) + 64 * len(rows)
                     stream.backfill_rows(rows)
-                scan.page_size = max(64, min(8192, BACKFILL_PAGE_BYTES * count // size))
+                scan.page_size = max(1, min(8192, BACKFILL_PAGE_BYTES * count // size))
                 self.wake(stream)
                 if scan.closed:
                     break  # that was the last page
