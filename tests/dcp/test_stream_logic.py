@@ -154,19 +154,28 @@ def as_row(it: Item) -> tuple:
             int(it.deleted), it.delete_time, int(it.delete_source), it.value)
 
 
-@given(page=st.lists(items_st, max_size=12), collections=st.booleans(), delete_times=st.booleans(),
-       big=st.booleans(), end=st.integers(1, 2**63))
-def test_backfill_rows_encode_like_items(page, collections, delete_times, big, end):
-    """The row fast path of a backfill sends exactly what the Item path sends."""
+def seqno_ordered(page: list[Item], big: bool) -> list[Item]:
+    """One item per seqno, in order; with `big`, values a hundred times longer (past LARGE_VALUE)."""
     page = sorted({it.by_seqno: it for it in page}.values(), key=lambda it: it.by_seqno)
     if big:
         page = [Item(it.key, it.value * 100, it.flags, it.expiry, it.cas, it.rev_seqno, it.by_seqno, it.datatype,
                      it.deleted, it.delete_time, it.delete_source) for it in page]
+    return page
+
+
+def plain_stream(end: int, collections: bool, delete_times: bool) -> ActiveStream:
+    return ActiveStream(VBucket(3, persistent=False), name="t", opaque=5, start_seqno=0, end_seqno=end,
+                        snap_start_seqno=0, options=StreamOptions(collections=collections, delete_times=delete_times))
+
+
+@given(page=st.lists(items_st, max_size=12), collections=st.booleans(), delete_times=st.booleans(),
+       big=st.booleans(), end=st.integers(1, 2**63))
+def test_backfill_rows_encode_like_items(page, collections, delete_times, big, end):
+    """The row fast path of a backfill sends exactly what the Item path sends."""
+    page = seqno_ordered(page, big)
     out = []
     for use_rows in (True, False):
-        vb = VBucket(3, persistent=False)
-        s = ActiveStream(vb, name="t", opaque=5, start_seqno=0, end_seqno=end, snap_start_seqno=0,
-                         options=StreamOptions(collections=collections, delete_times=delete_times))
+        s = plain_stream(end, collections, delete_times)
         if use_rows:
             s.backfill_rows([as_row(it) for it in page])
         else:
@@ -180,15 +189,10 @@ def test_backfill_rows_encode_like_items(page, collections, delete_times, big, e
 def test_in_memory_runs_encode_like_single_items(page, collections, delete_times, big):
     """The in-memory hot loop (runs of plain mutations joined into one Frames entry) sends exactly
     what encoding each item on its own sends, and accounts the same bytes and items."""
-    page = sorted({it.by_seqno: it for it in page}.values(), key=lambda it: it.by_seqno)
-    if big:
-        page = [Item(it.key, it.value * 100, it.flags, it.expiry, it.cas, it.rev_seqno, it.by_seqno, it.datatype,
-                     it.deleted, it.delete_time, it.delete_source) for it in page]
+    page = seqno_ordered(page, big)
     out = []
     for batched in (True, False):
-        vb = VBucket(3, persistent=False)
-        s = ActiveStream(vb, name="t", opaque=5, start_seqno=0, end_seqno=2**63, snap_start_seqno=0,
-                         options=StreamOptions(collections=collections, delete_times=delete_times))
+        s = plain_stream(2**63, collections, delete_times)
         if batched:
             s._queue_items(page)
             assert sum(e.count if isinstance(e, Frames) else 1 for e in s.ready
