@@ -85,6 +85,9 @@ BACKFILL_QUEUE_BYTES = 4 * 1024 * 1024
 BACKFILL_BYTE_LIMIT = 20 * 1024 * 1024
 #: Items in the first backfill page; later pages are sized to about BACKFILL_PAGE_BYTES.
 BACKFILL_PAGE_ITEMS = 512
+#: The same for a stream that takes pages SQLite encodes: their values are below LARGE_VALUE, so
+#: a page is at most ~5 MB however the documents are sized (usually well under 1 MB).
+ENCODED_PAGE_ITEMS = 2048
 BACKFILL_PAGE_BYTES = 512 * 1024
 #: Concurrent backfills per connection (dcp_backfill_in_progress_per_connection_limit).
 MAX_BACKFILLS = 64
@@ -674,7 +677,7 @@ class DcpProducer:
             # thread, not two (and a vbucket of a few hundred items is read in one go: the scan
             # closes itself after a short page, so no trip is needed to find the end either).
             opened = self.engine.store.scan(stream.vbid, rng.start - 1, min(rng.end, stream.end_seqno),
-                                            page_size=BACKFILL_PAGE_ITEMS)
+                                            page_size=ENCODED_PAGE_ITEMS if encoded else BACKFILL_PAGE_ITEMS)
             try:
                 return opened, (read(opened) if first_page else None)
             except BaseException:
