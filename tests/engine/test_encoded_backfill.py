@@ -48,11 +48,9 @@ def all_rows(store: Store, vb: int, start: int, end: int) -> list[tuple]:
         return scan.next_rows()
 
 
-def check(store: Store, vb: int, start: int, end: int, page_size: int, opaque: int, collections: bool,
-          strict: bool = True) -> int:
+def check(store: Store, vb: int, start: int, end: int, page_size: int, opaque: int, collections: bool) -> int:
     """Every row of (start, end] comes exactly once, in order: plain mutations encoded as the
-    protocol encodes them, everything else as its row (and, unless `strict`, plain rows
-    written without the column too). Returns how many came encoded."""
+    protocol encodes them, everything else as its row. Returns how many came encoded."""
     rows = all_rows(store, vb, start, end)
     got: list[tuple] = []
     encoded = 0
@@ -68,7 +66,7 @@ def check(store: Store, vb: int, start: int, end: int, page_size: int, opaque: i
         else:
             assert 1 <= len(chunk) <= page_size
             # only what must be shaped, or sent without a copy
-            assert not strict or all(r[7] or r[6] & DATATYPE_XATTR or len(r[10]) >= LARGE_VALUE for r in chunk)
+            assert all(r[7] or r[6] & DATATYPE_XATTR or len(r[10]) >= LARGE_VALUE for r in chunk)
             assert all(len(r) == 12 and not r[11] for r in chunk)  # 12th: has an encoded head
             got += [r[:11] for r in chunk]
     assert got == rows
@@ -152,10 +150,14 @@ def frames(data: bytes) -> list:
     return out
 
 
-def test_a_store_from_before_the_column_is_read_as_rows_until_rewritten(tmp_path):
+def test_a_store_from_before_the_columns_gets_them_at_open(tmp_path):
     path = tmp_path / "old" / "store.sqlite3"
     s = Store(path, synchronous="OFF")
-    write(s, 0, [Item(b"k%d" % i, b"v", by_seqno=i + 1) for i in range(10)])
+    items = [Item(b"k%d" % i, b"v" * i, i, 100 + i, 2**64 - 1 - i, 2**63 + i, i + 1, JSON) for i in range(30)]
+    items[5] = Item(b"k5", b"", cas=9, by_seqno=6, deleted=True, delete_time=3)
+    items[7] = Item(b"k7", xattr_value(b"{}"), by_seqno=8, datatype=DATATYPE_XATTR | JSON)
+    items[9] = Item(b"k9", b"L" * LARGE_VALUE, by_seqno=10)
+    write(s, 0, items)
     s.close()
     db = sqlite3.connect(path)  # what an older dcpflow wrote: no encoded heads, no partial index
     db.execute("DROP INDEX items_unencoded")
@@ -165,19 +167,18 @@ def test_a_store_from_before_the_column_is_read_as_rows_until_rewritten(tmp_path
     db.close()
     s = Store(path, synchronous="OFF")
     try:
-        assert check(s, 0, 0, 10, 4, 5, False, strict=False) == 0  # all rows, none lost
-        write(s, 0, [Item(b"k3", b"new", by_seqno=11)])  # a rewrite gets the column
-        assert check(s, 0, 0, 11, 4, 5, False, strict=False) == 1
+        for collections in (False, True):
+            assert check(s, 0, 0, 30, 4, 5, collections) == 27  # every plain mutation, as the protocol encodes it
     finally:
         s.close()
 
 
-def test_rollback_restores_rows_the_backfill_still_reads(store):
-    write(store, 0, [Item(b"a", b"1", by_seqno=1), Item(b"b", b"1", by_seqno=2)])
+def test_rollback_restores_rows_with_their_encoded_heads(store):
+    write(store, 0, [Item(b"a", b"1", cas=2**64 - 5, by_seqno=1), Item(b"b", b"1", by_seqno=2)])
     write(store, 0, [Item(b"a", b"2", by_seqno=3)])
     assert store.rollback(0, 2).seqno == 2
     assert [r[0] for r in all_rows(store, 0, 0, 10)] == [b"a", b"b"]
-    assert check(store, 0, 0, 10, 10, 1, True, strict=False) == 1  # b; a came back from history
+    assert check(store, 0, 0, 10, 10, 1, True) == 2  # a came back from history, encoded
 
 
 def messages(sizes: list[int]) -> bytes:
