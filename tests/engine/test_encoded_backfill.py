@@ -33,8 +33,10 @@ def expected(row: tuple, vb: int, opaque: int, collections: bool) -> bytes:
                        opaque).encode()
 
 
-def read_chunks(store: Store, vb: int, start: int, end: int, page_size: int, opaque: int, collections: bool):
+def read_chunks(store: Store, vb: int, start: int, end: int, page_size: int, opaque: int, collections: bool,
+                min_run: int = 1, page_bytes: int = 1 << 20):
     with store.scan(vb, start, end, page_size=page_size) as scan:
+        scan.min_run, scan.page_bytes = min_run, page_bytes
         chunks = []
         while chunk := scan.next_chunk(opaque, collections):
             chunks.append(chunk)
@@ -45,30 +47,38 @@ def read_chunks(store: Store, vb: int, start: int, end: int, page_size: int, opa
 
 def all_rows(store: Store, vb: int, start: int, end: int) -> list[tuple]:
     with store.scan(vb, start, end, page_size=100_000) as scan:
+        scan.page_bytes = 1 << 40
         return scan.next_rows()
 
 
-def check(store: Store, vb: int, start: int, end: int, page_size: int, opaque: int, collections: bool) -> int:
+def is_plain(r: tuple) -> bool:
+    return not r[7] and not r[6] & DATATYPE_XATTR and len(r[10]) < LARGE_VALUE
+
+
+def check(store: Store, vb: int, start: int, end: int, page_size: int, opaque: int, collections: bool,
+          min_run: int = 1, page_bytes: int = 1 << 20) -> int:
     """Every row of (start, end] comes exactly once, in order: plain mutations encoded as the
-    protocol encodes them, everything else as its row. Returns how many came encoded."""
+    protocol encodes them, everything else as its row (with min_run 1; a larger min_run lets
+    short runs of plain rows come as rows too). Returns how many came encoded."""
     rows = all_rows(store, vb, start, end)
+    assert all(len(r) == 12 and bool(r[11]) == is_plain(r) for r in rows)  # 12th: has an encoded head
     got: list[tuple] = []
     encoded = 0
-    for chunk in read_chunks(store, vb, start, end, page_size, opaque, collections):
+    for chunk in read_chunks(store, vb, start, end, page_size, opaque, collections, min_run, page_bytes):
         if isinstance(chunk, EncodedPage):
             assert 1 <= chunk.count <= page_size
             part = rows[len(got):len(got) + chunk.count]
-            assert all(not r[7] and not r[6] & DATATYPE_XATTR and len(r[10]) < LARGE_VALUE for r in part)
+            assert all(map(is_plain, part))
             assert chunk.data == b"".join(expected(r, vb, opaque, collections) for r in part)
             assert chunk.last_seqno == part[-1][1]
             got += part
             encoded += chunk.count
         else:
             assert 1 <= len(chunk) <= page_size
-            # only what must be shaped, or sent without a copy
-            assert all(r[7] or r[6] & DATATYPE_XATTR or len(r[10]) >= LARGE_VALUE for r in chunk)
-            assert all(len(r) == 12 and not r[11] for r in chunk)  # 12th: has an encoded head
-            got += [r[:11] for r in chunk]
+            assert len(chunk) == 1 or sum(len(r[10]) for r in chunk[:-1]) < page_bytes
+            if min_run == 1:
+                assert not any(map(is_plain, chunk))  # only what must be shaped, or sent without a copy
+            got += chunk
     assert got == rows
     return encoded
 
@@ -122,6 +132,7 @@ def test_chunks_are_the_protocols_messages_in_seqno_order(tmp_path_factory, batc
                     items.append(Item(key, body, flags, expiry, cas, seqno, seqno, JSON if kind == "json" else 0))
             write(store, vb, items)
         check(store, vb, start, start + span, page_size, opaque, collections)
+        check(store, vb, start, start + span, page_size, opaque, collections, min_run=3, page_bytes=100)
     finally:
         store.close()
 
@@ -179,6 +190,27 @@ def test_rollback_restores_rows_with_their_encoded_heads(store):
     assert store.rollback(0, 2).seqno == 2
     assert [r[0] for r in all_rows(store, 0, 0, 10)] == [b"a", b"b"]
     assert check(store, 0, 0, 10, 10, 1, True) == 2  # a came back from history, encoded
+
+
+@pytest.mark.parametrize("every", [2, 10, 100])
+def test_scattered_tombstones_do_not_cost_a_query_per_item(store, every):
+    """Plain rows between tombstones come as rows while their runs are short: a handful of
+    chunks, not one per item (the review found 100,000 calls for 100,000 items)."""
+    n = 6000
+    write(store, 0, [Item(b"k%d" % i, b"", by_seqno=i + 1, deleted=True) if i % every == 0 else
+                     Item(b"k%d" % i, b"v" * 100, by_seqno=i + 1) for i in range(n)])
+    check(store, 0, 0, n, 2048, 7, True, min_run=32)
+    chunks = read_chunks(store, 0, 0, n, 2048, 7, True, min_run=32)
+    # dense tombstones: pages of rows; sparse ones: a row chunk and an encoded run per tombstone
+    assert len(chunks) <= 2 * n // 2048 + (2 * n // every if every >= 32 else 0) + 2
+
+
+def test_a_page_of_rows_is_bounded_by_bytes(store):
+    big = b"B" * (64 * 1024)
+    write(store, 0, [Item(b"k%d" % i, big, by_seqno=i + 1) for i in range(100)])
+    chunks = read_chunks(store, 0, 0, 100, 2048, 1, False, page_bytes=1 << 20)
+    assert [len(c) for c in chunks] == [16] * 6 + [4]  # 1 MiB of values a page, not 2048 rows
+    check(store, 0, 0, 100, 2048, 1, False, page_bytes=1 << 20)
 
 
 def messages(sizes: list[int]) -> bytes:

@@ -104,8 +104,8 @@ _ENCODED_COLUMNS = ("dcp_h1", "dcp_h1c", "dcp_h2c")
 _UNENCODED_INDEX = "CREATE INDEX IF NOT EXISTS items_unencoded ON items (vb, seqno) WHERE dcp_h1 IS NULL"
 _NEXT_UNENCODED = ("SELECT seqno FROM items WHERE vb = ? AND seqno > ? AND seqno <= ? AND dcp_h1 IS NULL "
                    "ORDER BY seqno LIMIT 1")
-_UNENCODED_RUN = (f"SELECT {_ITEM_COLS}, dcp_h1 IS NOT NULL FROM items WHERE vb = ? AND seqno > ? AND seqno <= ? "
-                  "ORDER BY seqno LIMIT ?")
+_ROW_PAGE = (f"SELECT {_ITEM_COLS}, dcp_h1 IS NOT NULL FROM items WHERE vb = ? AND seqno > ? AND seqno <= ? "
+             "ORDER BY seqno LIMIT ?")
 #: MUTATION_HEAD (header with opaque 0, extras) + the collections layout's key length and body
 #: length, packed once; the row keeps three slices of it (see the module docstring). A page of
 #: messages, built by SQLite: the opaque comes from the stream; group_concat keeps the
@@ -504,6 +504,8 @@ class BackfillScan:
         if page_size < 1:
             raise ValueError("page_size must be >= 1")
         self.vb, self.start, self.end, self.page_size = vb, start, end, page_size
+        self.page_bytes = 1 << 20  # values per page of rows, about (at least one row)
+        self.min_run = 32  # seqnos of plain rows worth an encoded page of their own (next_chunk)
         self._pool = pool
         self._db = pool.get() if pool is not None else sqlite3.connect(path, isolation_level=None,
                                                                        check_same_thread=False, timeout=30.0)
@@ -526,29 +528,24 @@ class BackfillScan:
     def next_rows(self) -> list[tuple]:
         """The next page as raw rows, for a reader that encodes straight from them (a DCP
         backfill): columns in ITEM_COLUMNS order, CAS and rev seqno as stored (signed 64-bit,
-        two's complement; `item_from_row` converts). [] when the range is exhausted."""
-        if self.closed:
-            return []
-        rows = self._db.execute(
-            f"SELECT {_ITEM_COLS} FROM items WHERE vb = ? AND seqno > ? AND seqno <= ? "
-            "ORDER BY seqno LIMIT ?", (self.vb, self._pos, self.end, self.page_size)).fetchall()
-        if len(rows) < self.page_size:
-            self.close()  # a short page is the last: the next call answers [] without a query
-            return rows
-        self._pos = rows[-1][1]
-        return rows
+        two's complement; `item_from_row` converts), and a 12th: whether the row has an encoded
+        head. At most page_size rows and about page_bytes of values (at least one row). []
+        when the range is exhausted."""
+        return self._row_page(None) if not self.closed else []
 
     def next_chunk(self, opaque: int, collections: bool) -> "EncodedPage | list[tuple]":
-        """The next part of the range for a DCP stream that sends plain mutations unshaped: a run
-        of rows with the encoded-head columns as one EncodedPage (at most page_size messages, encoded by
-        SQLite with this opaque and key layout), or a run of rows without it as raw rows
-        (`next_rows` columns and a 12th, false), in seqno order. [] when the range is exhausted."""
+        """The next part of the range for a DCP stream that sends plain mutations unshaped, in
+        seqno order: a run of at least `min_run` seqnos of rows with encoded heads as one
+        EncodedPage (at most page_size messages, built by SQLite with this opaque and key
+        layout), or else a page of raw rows (`next_rows`) that ends where such a run begins:
+        where tombstones or xattr documents are scattered among plain ones, the plain ones in
+        between come as rows rather than as many tiny queries. [] when the range is exhausted."""
         db, vb, end = self._db, self.vb, self.end
         while not self.closed:
             pos = self._pos
             row = db.execute(_NEXT_UNENCODED, (vb, pos, end)).fetchone()
             upto = end if row is None else row[0] - 1
-            if upto > pos:
+            if upto > pos and (row is None or upto - pos >= self.min_run):
                 data, count, last = db.execute(_ENCODED_PAGE[collections], (
                     opaque.to_bytes(4, "big"), vb, pos, upto, self.page_size)).fetchone()
                 if count:
@@ -556,20 +553,41 @@ class BackfillScan:
                     if count < self.page_size and upto == end:
                         self.close()
                     return EncodedPage(data, count, last)
-                self._pos = pos = upto
+                self._pos = upto  # a gap in the seqnos: nothing there
+                continue
             if row is None:
                 self.close()
                 return []
-            # the next row has no encoded head: read rows up to the next one that has (at most a page,
-            # so a store of old rows costs one page read per page, not a search to its end)
-            rows = db.execute(_UNENCODED_RUN, (vb, pos, end, self.page_size)).fetchall()
-            cut = next((i for i, r in enumerate(rows) if r[11]), len(rows))
-            if cut == len(rows) and len(rows) < self.page_size:
-                self.close()
-            if cut:
-                self._pos = rows[cut - 1][1]
-                return rows[:cut]
+            return self._row_page(self.min_run)
         return []
+
+    def _row_page(self, stop_at_run: int | None) -> list[tuple]:
+        """Rows after the position: page_size at most, about page_bytes of values, and (with
+        `stop_at_run`) ending before the first run of that many rows with encoded heads."""
+        cur = self._db.execute(_ROW_PAGE, (self.vb, self._pos, self.end, self.page_size))
+        rows: list[tuple] = []
+        nbytes = streak = 0
+        more = False
+        for r in cur:
+            if stop_at_run is not None and r[11]:
+                streak += 1
+                if streak >= stop_at_run:
+                    del rows[len(rows) - (streak - 1):]  # the run's first rows: they come encoded
+                    more = True
+                    break
+            else:
+                streak = 0
+            rows.append(r)
+            nbytes += len(r[10])
+            if nbytes >= self.page_bytes:
+                more = True
+                break
+        cur.close()
+        if not more and len(rows) < self.page_size:
+            self.close()  # a short page is the last: the next call answers [] without a query
+        if rows:
+            self._pos = rows[-1][1]
+        return rows
 
     def pages(self) -> Iterator[list[Item]]:
         while page := self.next_page():

@@ -678,9 +678,26 @@ class DcpProducer:
         encoded = stream.takes_encoded_pages
         opaque, collections = stream.opaque, stream.opts.collections
 
-        def read(scan):
-            # plain mutations come encoded by SQLite (no GIL, no object per item); see store.py
-            return scan.next_chunk(opaque, collections) if encoded else scan.next_rows()
+        def read(scan) -> list:
+            """A page: [rows] or, for a stream taking encoded pages (plain mutations encoded by
+            SQLite: no GIL, no object per item; see store.py), the chunks of about one page in one
+            trip to this thread, so that tombstones scattered among documents do not cost a trip
+            per short run. [] at the end."""
+            if not encoded:
+                rows = scan.next_rows()
+                return [rows] if rows else []
+            chunks: list = []
+            items = nbytes = 0
+            while items < scan.page_size and nbytes < BACKFILL_PAGE_BYTES:
+                chunk = scan.next_chunk(opaque, collections)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                if chunk.__class__ is EncodedPage:
+                    items, nbytes = items + chunk.count, nbytes + len(chunk.data)
+                else:
+                    items, nbytes = items + len(chunk), nbytes + sum(len(r[10]) + 64 for r in chunk)
+            return chunks
 
         def open_scan(first_page: bool):
             # The first page comes with the scan when the limits allow it: one trip to the worker
@@ -688,6 +705,7 @@ class DcpProducer:
             # closes itself after a short page, so no trip is needed to find the end either).
             opened = self.engine.store.scan(stream.vbid, rng.start - 1, min(rng.end, stream.end_seqno),
                                             page_size=ENCODED_PAGE_ITEMS if encoded else BACKFILL_PAGE_ITEMS)
+            opened.page_bytes = BACKFILL_PAGE_BYTES  # rows of large documents: a page is bytes, not items
             try:
                 return opened, (read(opened) if first_page else None)
             except BaseException:
@@ -697,36 +715,38 @@ class DcpProducer:
         try:
             async with self._read_lock:
                 room = self._backfill_room(stream)  # decided here, on the loop, not in the worker
-                scan, rows = await run(lambda: open_scan(room))
+                scan, page = await run(lambda: open_scan(room))
             if stream.dead or stream.backfill is not rng:
                 return
             stream.backfill_begin(scan.purge_seqno)
             self.wake(stream)
             while True:
-                if rows is None:
+                if page is None:
                     async with self._read_lock:  # checked under the lock: one page at most beyond the limits
                         if stream.dead or self.closed or stream.backfill is not rng:
                             return
                         if self._backfill_room(stream):
-                            rows = await run(lambda: read(scan))
-                    if rows is None:
+                            page = await run(lambda: read(scan))
+                    if page is None:
                         await self._wait_for_space()
                         continue
                 if stream.dead or self.closed or stream.backfill is not rng:
                     return
-                if not rows:
+                if not page:
                     break
-                if rows.__class__ is EncodedPage:
-                    count, size = rows.count, len(rows.data)
-                    stream.backfill_encoded(rows)
-                else:
-                    count, size = len(rows), sum(len(r[10]) for r in rows) + 64 * len(rows)
-                    stream.backfill_rows(rows)
+                count = size = 0
+                for chunk in page:
+                    if chunk.__class__ is EncodedPage:
+                        count, size = count + chunk.count, size + len(chunk.data)
+                        stream.backfill_encoded(chunk)
+                    else:
+                        count, size = count + len(chunk), size + sum(len(r[10]) + 64 for r in chunk)
+                        stream.backfill_rows(chunk)
                 scan.page_size = max(1, min(8192, BACKFILL_PAGE_BYTES * count // size))
                 self.wake(stream)
                 if scan.closed:
                     break  # that was the last page
-                rows = None
+                page = None
             stream.backfill_complete()
             self.wake(stream)
         except asyncio.CancelledError:
