@@ -17,6 +17,7 @@ and sends a BUFFER_ACK whenever a fifth of the flow-control buffer has arrived. 
 MB/s and the ratio producer/limit for each phase (target >= 0.5x).
 
     .venv/bin/python bench/producer.py                      # 1M docs, 100-byte values, 64 vbuckets
+    .venv/bin/python bench/producer.py --vbuckets 1024 --connections 2   # + a backfill shared by 2 connections
     .venv/bin/python bench/producer.py --docs 200000 --value-size 1000
 """
 
@@ -27,6 +28,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 from dcpflow.protocol import dcp
@@ -135,6 +137,25 @@ def backfill_phase(port: int, highs: dict[int, int], buffer_size: int,
     CPU["backfill"] = min(CPU.get("backfill", 1e9), (server_cpu() - cpu0) / items * 1e6)
     sock.close()
     return elapsed, items, nbytes, record
+
+
+def concurrent_backfill(port: int, highs: dict[int, int], buffer_size: int, connections: int) -> str:
+    """The backfill again, its vbuckets shared among `connections` DCP connections drained at once
+    (one thread each: the consumers share this process's GIL, so watch the server CPU per item)."""
+    shares = [dict(list(highs.items())[i::connections]) for i in range(connections)]
+    results: list = []
+    threads = [threading.Thread(target=lambda i=i: results.append(
+        backfill_phase(port, shares[i], buffer_size, 1000 + i)[:3])) for i in range(connections)]
+    cpu0 = server_cpu()
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    elapsed = time.perf_counter() - t0
+    items, nbytes = sum(r[1] for r in results), sum(r[2] for r in results)
+    return (f"  backfill over {connections} connections at once: {items / elapsed:,.0f} items/s "
+            f"{nbytes / elapsed / 1e6:.1f} MB/s   server CPU {(server_cpu() - cpu0) / items * 1e6:.2f} us/item")
 
 
 def memory_phase(port: int, highs: dict[int, int], docs: int, value: bytes, vbuckets: int,
@@ -248,6 +269,8 @@ def main() -> int:
     p.add_argument("--buffer", type=int, default=10 * 1024 * 1024,
                    help="connection_buffer_size (default 10 MiB; 0 disables flow control)")
     p.add_argument("--repeat", type=int, default=3, help="rounds of each phase and limit; the best counts (default 3)")
+    p.add_argument("--connections", type=int, default=1,
+                   help="also backfill over this many connections at once (default 1: no extra phase)")
     p.add_argument("--no-wait-persist", action="store_true",
                    help="drain the in-memory phase while the flusher still persists its writes (the two share the "
                         "server's GIL; by default the drain starts once SEQNO_PERSISTENCE says they are on disk)")
@@ -267,6 +290,8 @@ def main() -> int:
             time.sleep(0.2)
             backfills = [backfill_phase(port, dict(highs), args.buffer, r) for r in range(args.repeat)]
             ping = pinger.communicate(timeout=120)[0].split()
+            shared = (concurrent_backfill(port, dict(highs), args.buffer, args.connections)
+                      if args.connections > 1 else None)
             memories = [memory_phase(port, highs, args.docs, value, args.vbuckets, args.buffer, r,
                                      not args.no_wait_persist) for r in range(args.repeat)]
         finally:
@@ -281,6 +306,8 @@ def main() -> int:
           f"connection_buffer_size {args.buffer:,}, best of {args.repeat}")
     report("backfill", backfill[:3], back_limit)
     report("in-memory", memory[:3], mem_limit)
+    if shared:
+        print(shared)
     if FLUSH_WAIT:
         print(f"  (in-memory: the drain started once the writes were persisted; waited {min(FLUSH_WAIT):.1f}-"
               f"{max(FLUSH_WAIT):.1f} s for the flusher - --no-wait-persist drains while it runs)")
