@@ -202,8 +202,12 @@ def test_cluster_config_bucket_and_cluster_level(server):
         assert json.loads(c.recv().value)["rev"] == doc["rev"]
 
 
-def test_pipelined_requests_are_answered_in_order(admin):
-    """One write with 300 mixed requests; replies come back in exactly that order."""
+@pytest.mark.parametrize("pass_seconds", [None, 0.0])
+def test_pipelined_requests_are_answered_in_order(admin, monkeypatch, pass_seconds):
+    """One write with 300 mixed requests; replies come back in exactly that order - also when the
+    connection yields to the event loop every 64 requests (a pass budget of 0)."""
+    if pass_seconds is not None:
+        monkeypatch.setattr("dcpflow.server.connection.MAX_PASS_SECONDS", pass_seconds)
     reqs, expect = [], []
     for i in range(100):
         key = b"p%d" % i
