@@ -108,8 +108,10 @@ def segments_of(messages, collections: bool, pieces: int):
 
 
 @settings(max_examples=150, deadline=None)
-@given(traffic())
-def test_decoder_matches_the_protocol_decoder(case):
+@given(traffic(), st.booleans())
+def test_decoder_matches_the_protocol_decoder(case, together):
+    """Each segment decoded on its own, or all of them in one batch (frames from several
+    receive buffers in one set of columns)."""
     messages, nvb, collections, pieces = case
     feed = Feed(types.SimpleNamespace(agent="t"), {vb: Offset() for vb in range(nvb)}, {}, FeedOptions())
     for vs in feed.streams.values():
@@ -117,8 +119,9 @@ def test_decoder_matches_the_protocol_decoder(case):
         vs.consumed.opened([(0x1234 + vs.vbucket, 0)])
     builder = BatchBuilder(feed)
     steps, events = [], []
-    batches = [b for b in (builder.decode([s], steps, events) for s in segments_of(messages, collections, pieces))
-               if b is not None]
+    segs = segments_of(messages, collections, pieces)
+    groups = [segs] if together and segs else [[s] for s in segs]
+    batches = [b for b in (builder.decode(g, steps, events) for g in groups) if b is not None]
     got = pa.Table.from_batches(batches, schema=SCHEMA).to_pylist() if batches else []
     expect, snap = [], {}
     for m in messages:
