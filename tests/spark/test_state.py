@@ -138,3 +138,17 @@ def test_marker_alone_empties_its_vbucket(spark, writer):
                                        schema), 0)
     writer.apply(spark.createDataFrame([change(1, 0, "", "rollback", 2, vbuuid=5)], schema), 1)
     assert read_three_ways(spark, writer)[0] == {"a": "x"}
+
+
+def test_first_batch_into_an_empty_state(spark, writer):
+    """The first batch (the Delta writer appends it instead of merging): deletes of keys it also
+    wrote, and a rollback marker voiding its vbucket's earlier rows, leave only what survives."""
+    schema = schema_ddl("string", "STRING")
+    rows = [change(0, 1, "a", "mutation", 1, "x"), change(1, 1, "b", "mutation", 1, "y"),
+            change(0, 2, "a", "deletion", 1), change(0, 3, "d", "mutation", 1, "w"),
+            change(0, 4, "d", "expiration", 1), change(1, 0, "", "rollback", 2, vbuuid=5),
+            change(1, 1, "c", "mutation", 2, "z", vbuuid=5)]
+    writer.apply(spark.createDataFrame(rows, schema), 0)
+    assert read_three_ways(spark, writer) == ({"c": "z"},) * 3
+    writer.apply(spark.createDataFrame([change(1, 2, "c", "deletion", 3, vbuuid=5)], schema), 1)
+    assert read_three_ways(spark, writer)[0] == {}

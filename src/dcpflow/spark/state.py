@@ -88,7 +88,8 @@ class DeltaStateWriter(StateWriter):
         return -1 if version is None else int(version)
 
     def apply(self, batch_df, batch_id: int) -> None:
-        from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+        import pyarrow.compute as pc
+        from deltalake import CommitProperties, Transaction, write_deltalake
         from pyspark.sql import functions as F
 
         if batch_id <= self.last_batch():
@@ -103,10 +104,13 @@ class DeltaStateWriter(StateWriter):
         source = _plain_strings(source)
         commit = CommitProperties(app_transactions=[Transaction(app_id=APP_ID, version=batch_id)])
         table = self._table()
-        if table is None:
-            empty = source.select(list(STATE_COLUMNS)).slice(0, 0)
-            write_deltalake(str(self.path), empty, mode="error")
-            table = DeltaTable(str(self.path))
+        if table is None or not table.file_uris():
+            # Nothing to merge into (the first batch: the initial catch-up): the batch's upserts are
+            # the state. One append, with the batch id in the same commit, instead of a MERGE that
+            # would probe an empty table for every key (100k keys: 5.8 s).
+            upserts = source.filter(pc.equal(source[CHANGE_TYPE], UPSERT)).select(list(STATE_COLUMNS))
+            write_deltalake(str(self.path), upserts, mode="append", commit_properties=commit)
+            return
         if source.num_rows == 0 and not resets:
             # Nothing to change, but record the batch so a replay is recognised.
             write_deltalake(str(self.path), source.select(list(STATE_COLUMNS)).slice(0, 0), mode="append",
