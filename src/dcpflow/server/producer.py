@@ -23,9 +23,12 @@ producer moves them to the socket:
   below `connection_buffer_size`, so at most the buffer plus one message is ever outstanding.
   BUFFER_ACK subtracts (any opaque, erratum 38) and gets no reply. Size 0 disables it.
 * Backfill - a stream that needs disk runs a `Store.scan` page by page on the server's backfill
-  thread pool (SQLite never runs on the loop); the next page is read only once the stream's ready
-  queue is below `BACKFILL_QUEUE_BYTES`, so a million-item backfill holds about one page plus that
-  queue. `backfill_order` sequential runs one backfill at a time, round-robin all of them.
+  thread pool (SQLite never runs on the loop; one page read at a time in the whole server); the
+  next page is read only once the stream's ready queue is below `BACKFILL_QUEUE_BYTES`, so a
+  million-item backfill holds about one page plus that queue. Plain mutations come as pages
+  SQLite encoded (`BackfillScan.next_chunk`), queued as one `Frames` entry each and split at the
+  flow-control window. `backfill_order` sequential runs one backfill at a time, round-robin all
+  of them.
 * Noop (erratum 37) - with `enable_noop`, a DCP_NOOP goes out every noop interval while none is
   outstanding, whatever else is sent; the connection is closed when nothing at all has been
   received from the consumer for `dcp_idle_timeout` (360 s by default).
