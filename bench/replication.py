@@ -22,6 +22,7 @@ each its own process). This process writes; an observer process reads.
 """
 
 import argparse
+import functools
 import json
 import multiprocessing as mp
 import os
@@ -43,6 +44,7 @@ from dcpflow.protocol.hello import Feature
 from dcpflow.protocol.keys import vbucket_for_key
 from dcpflow.protocol.opcodes import Opcode
 from dcpflow.protocol.status import Status
+from serverproc import call as blocking_call
 
 ROOT = Path(__file__).resolve().parents[1]
 READY = re.compile(r"dcpflow cluster ready: nodes=(\S+) ")
@@ -62,14 +64,7 @@ def connect(port: int):
     sock = socket.create_connection(("127.0.0.1", port), timeout=60)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     d = FrameDecoder()
-
-    def call(data: bytes):
-        sock.sendall(data)
-        while True:
-            frame = d.next_frame()
-            if frame is not None:
-                return frame
-            d.feed(sock.recv(65536))
+    call = functools.partial(blocking_call, sock, d)
 
     call(request(Opcode.HELLO, key=b"bench/replication", value=int(Feature.TCP_NODELAY).to_bytes(2, "big")))
     from dcpflow.client.sasl import ScramClient
