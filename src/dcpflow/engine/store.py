@@ -164,8 +164,7 @@ def _encoded_row(vb: int, it: Item) -> tuple:
         head = _HEAD.pack(0x80, 0x57, klen, 31, it.datatype, vb, body, 0, it.cas, it.by_seqno, it.rev_seqno,
                           it.flags, it.expiry, 0, 0, 0, klen + 1, body + 1)
         h1, h1c, h2c = head[:12], head[:2] + head[55:57] + head[4:8] + head[57:61], head[16:55] + b"\x00"
-    return (vb, it.key, it.by_seqno, _s64(it.rev_seqno), _s64(it.cas), it.flags, it.expiry, it.datatype,
-            int(it.deleted), it.delete_time, int(it.delete_source), it.value, h1, h1c, h2c)
+    return (*_row(vb, it), h1, h1c, h2c)
 
 
 def _item(r: Sequence) -> Item:

@@ -564,24 +564,13 @@ class DcpProducer:
                 turn = 0
                 while ready:
                     data = ready.popleft()
+                    n = 1
                     if data.__class__ is Frames:  # a backfill page: whole messages, up to the window
                         if fc and self.unacked + len(data) > fc:
                             data, rest = data.split(fc - self.unacked)
                             if rest is not None:
                                 ready.appendleft(rest)
-                        size = len(data)
-                        stream.ready_bytes -= size
-                        out.append(data.data)
-                        sent += size
-                        self.unacked += size
-                        msgs += data.count
-                        turn += data.count
-                        if fc and self.unacked >= fc:
-                            blocked = True
-                            break
-                        if turn >= 256:
-                            break
-                        continue
+                        n, data = data.count, data.data
                     size = len(data)
                     stream.ready_bytes -= size
                     out.append(data)
@@ -590,8 +579,8 @@ class DcpProducer:
                     if ready and ready[0].__class__ is _memoryview:
                         views = True
                         continue  # the value of this message: never split a message
-                    msgs += 1
-                    turn += 1
+                    msgs += n
+                    turn += n
                     if fc and self.unacked >= fc:
                         blocked = True
                         break
@@ -681,18 +670,15 @@ class DcpProducer:
         encoded = stream.takes_encoded_pages
         opaque, collections = stream.opaque, stream.opts.collections
 
-        def read(scan) -> list:
-            """A page: [rows] or, for a stream taking encoded pages (plain mutations encoded by
-            SQLite: no GIL, no object per item; see store.py), the chunks of about one page in one
-            trip to this thread, so that tombstones scattered among documents do not cost a trip
-            per short run. [] at the end."""
-            if not encoded:
-                rows = scan.next_rows()
-                return [rows] if rows else []
+        def read(scan) -> tuple[list, int, int]:
+            """A page: (chunks, items, bytes). For a stream taking encoded pages (plain mutations
+            encoded by SQLite: no GIL, no object per item; see store.py) the chunks of about one
+            page come in one trip to this thread, so that tombstones scattered among documents do
+            not cost a trip per short run; otherwise one chunk of rows. No chunks at the end."""
             chunks: list = []
             items = nbytes = 0
             while items < scan.page_size and nbytes < BACKFILL_PAGE_BYTES:
-                chunk = scan.next_chunk(opaque, collections)
+                chunk = scan.next_chunk(opaque, collections) if encoded else scan.next_rows()
                 if not chunk:
                     break
                 chunks.append(chunk)
@@ -700,7 +686,9 @@ class DcpProducer:
                     items, nbytes = items + chunk.count, nbytes + len(chunk.data)
                 else:
                     items, nbytes = items + len(chunk), nbytes + sum(len(r[10]) + 64 for r in chunk)
-            return chunks
+                if not encoded:
+                    break
+            return chunks, items, nbytes
 
         def open_scan(first_page: bool):
             # The first page comes with the scan when the limits allow it: one trip to the worker
@@ -735,15 +723,13 @@ class DcpProducer:
                         continue
                 if stream.dead or self.closed or stream.backfill is not rng:
                     return
-                if not page:
+                chunks, count, size = page
+                if not chunks:
                     break
-                count = size = 0
-                for chunk in page:
+                for chunk in chunks:
                     if chunk.__class__ is EncodedPage:
-                        count, size = count + chunk.count, size + len(chunk.data)
                         stream.backfill_encoded(chunk)
                     else:
-                        count, size = count + len(chunk), size + sum(len(r[10]) + 64 for r in chunk)
                         stream.backfill_rows(chunk)
                 scan.page_size = max(1, min(8192, BACKFILL_PAGE_BYTES * count // size))
                 self.wake(stream)
