@@ -1,6 +1,10 @@
 """HLC: CAS values are strictly increasing, close to physical time, and resume above max CAS."""
 
-from dcpflow.engine import HLC, VBucketState
+import pytest
+
+from dcpflow.engine import HLC, EngineError, VBucketState
+from dcpflow.engine.hlc import MAX_CAS
+from dcpflow.protocol.status import Status
 
 T0 = 1_700_000_000 * 10**9
 
@@ -47,6 +51,14 @@ def test_observe_raises_the_max_and_counts_drift():
     hlc.observe(T0 - 10 * 10**9)
     assert hlc.drift_behind_exceeded == 1
     assert hlc.max_cas == remote + 1
+
+
+def test_an_exhausted_clock_refuses_instead_of_passing_64_bits():
+    hlc = HLC(MAX_CAS - 1, clock=NsClock())
+    assert hlc.next() == MAX_CAS
+    with pytest.raises(EngineError) as exc:
+        hlc.next()
+    assert exc.value.status == Status.ERANGE and hlc.max_cas == MAX_CAS
 
 
 def test_initial_max_cas_is_respected():

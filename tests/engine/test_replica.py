@@ -32,6 +32,16 @@ def test_metadata_is_stored_unchanged(replica):
     assert replica.hlc.max_cas == CAS + 2
 
 
+def test_metadata_without_room_for_local_writes_is_refused(replica):
+    """A replica may be promoted and written locally, so its metadata must leave room too."""
+    replica.snapshot_marker(1, 2)
+    assert status_of(replica.apply_mutation, b"a", b"v", by_seqno=1, cas=(1 << 64) - 1, rev_seqno=1) == \
+        Status.EINVAL
+    assert status_of(replica.apply_deletion, b"a", by_seqno=1, cas=CAS, rev_seqno=1 << 48) == Status.EINVAL
+    assert replica.high_seqno == 0 and replica.hlc.max_cas < CAS
+    replica.apply_mutation(b"a", b"v", by_seqno=1, cas=CAS, rev_seqno=(1 << 48) - 1)
+
+
 def test_expired_documents_are_not_expired_on_a_replica(replica, clock):
     replica.snapshot_marker(1, 1)
     replica.apply_mutation(b"a", b"v", by_seqno=1, cas=CAS, rev_seqno=1, expiry=int(clock.now) - 10)

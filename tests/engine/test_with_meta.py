@@ -5,6 +5,7 @@ import pytest
 
 from dcpflow.engine import DeleteSource, EngineError, VBucketState
 from dcpflow.engine import WithMetaOption as Opt
+from dcpflow.engine.vbucket import MAX_META_CAS, MAX_REV_SEQNO
 from dcpflow.protocol.status import Status
 
 FORCE, ACCEPT, REGEN = Opt.FORCE_WITH_META_OP, Opt.FORCE_ACCEPT_WITH_META_OPS, Opt.REGENERATE_CAS
@@ -130,6 +131,25 @@ def test_unknown_option_bits_are_einval(vb):
 def test_cas_zero_is_einval_unless_regenerated(vb):
     assert status_of(vb.set_with_meta, b"k", b"v", cas=0, rev_seqno=1) == Status.EINVAL
     assert vb.set_with_meta(b"k", b"v", cas=0, rev_seqno=1, options=REGEN | SKIP).cas != 0
+
+
+@pytest.mark.parametrize("fn", ["set_with_meta", "add_with_meta", "del_with_meta"])
+def test_metadata_without_room_for_local_writes_is_einval(vb, fn):
+    """A CAS near 2^64 (2^64-1 is a locked document's CAS) or a rev seqno beyond 48 bits would
+    overflow the u64 fields on the key's next local write; it is refused and changes nothing."""
+    op = getattr(vb, fn)
+    value = () if fn == "del_with_meta" else (b"v",)
+    assert status_of(op, b"k", *value, cas=(1 << 64) - 1, rev_seqno=1) == Status.EINVAL
+    assert status_of(op, b"k", *value, cas=MAX_META_CAS + 1, rev_seqno=1) == Status.EINVAL
+    assert status_of(op, b"k", *value, cas=REMOTE_CAS, rev_seqno=MAX_REV_SEQNO + 1) == Status.EINVAL
+    assert vb.high_seqno == 0 and vb.hlc.max_cas < REMOTE_CAS
+    op(b"k", *value, cas=MAX_META_CAS, rev_seqno=MAX_REV_SEQNO)  # the limits themselves are accepted
+    vb.set(b"k", b"local")  # and leave room for local writes of the key
+    assert vb.get(b"k").rev_seqno == MAX_REV_SEQNO + 1 and vb.get(b"k").cas == MAX_META_CAS + 1
+
+
+def test_a_regenerated_cas_ignores_the_given_one(vb):
+    assert vb.set_with_meta(b"k", b"v", cas=(1 << 64) - 1, rev_seqno=1, options=REGEN | SKIP).cas < MAX_META_CAS
 
 
 def test_add_with_meta_on_live_document_is_eexists_even_when_forced(vb):

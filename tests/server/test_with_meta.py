@@ -144,6 +144,21 @@ def test_malformed_with_meta_requests_are_einval(xdcr):
     assert xdcr.call(Opcode.GET_META, key=b"k", extras=b"\x07", vbucket=vb).status == Status.EINVAL
 
 
+def test_metadata_that_would_overflow_is_einval_and_persistence_goes_on(xdcr):
+    """A meta CAS of 2^64-1 (a locked document's CAS) or a rev seqno of 2^64-1 once made the key's
+    next write overflow 64 bits, which stopped the flusher for every vbucket; now it is refused."""
+    vb = xdcr.vbucket_of(b"x")
+    assert swm(xdcr, b"x", rev_seqno=1, meta_cas=(1 << 64) - 1).status == Status.EINVAL
+    assert swm(xdcr, b"x", rev_seqno=(1 << 64) - 1, meta_cas=REMOTE_CAS).status == Status.EINVAL
+    assert dwm(xdcr, b"x", rev_seqno=1, meta_cas=(1 << 64) - 2).status == Status.EINVAL
+    reply = xdcr.set(b"x", b"local")
+    assert reply.status == Status.SUCCESS
+    seqno = struct.unpack(">QQ", reply.extras)[1]
+    assert xdcr.call(Opcode.SEQNO_PERSISTENCE, extras=struct.pack(">Q", seqno), vbucket=vb).status \
+        == Status.SUCCESS
+    assert get_meta(xdcr, b"x").rev_seqno == 1
+
+
 def test_with_meta_privileges(server):
     with server.client() as c:
         c.login(user="writer", password="writepw")

@@ -10,9 +10,16 @@ clusters), and survives restart because the vbucket's max CAS is persisted and f
 import time
 from collections.abc import Callable
 
+from dcpflow.protocol.status import Status
+
+from .errors import EngineError
+
 _LOGICAL_BITS = 0xFFFF
 _PHYSICAL_MASK = ~_LOGICAL_BITS  # next() runs on every write: not recomputed there
 _NS_PER_US = 1000
+#: The largest CAS a vbucket hands out: 2^64 - 1 is the CAS a locked document reports
+#: (Document.md), and nothing above it fits the protocol's u64 or the store.
+MAX_CAS = 0xFFFF_FFFF_FFFF_FFFE
 
 
 class HLC:
@@ -41,6 +48,9 @@ class HLC:
         if now > self._max:
             self._max = now
             return now
+        if self._max >= MAX_CAS:  # only reachable after taking in a CAS at the very top of the range
+            raise EngineError(Status.ERANGE, "this vbucket's CAS clock is exhausted: a CAS of "
+                              f"0x{self._max:x} was taken in from elsewhere and no larger one fits 64 bits")
         self._max += 1
         self.logical_ticks += 1
         return self._max

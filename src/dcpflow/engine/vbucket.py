@@ -34,6 +34,12 @@ from .item import DeleteSource, Item, retain_system_xattrs
 from .store import PurgeResult, VBucketStateRecord
 
 _ALL_OPTIONS = WITH_META_OPTIONS_KNOWN
+#: Metadata taken from elsewhere (*WithMeta, a DCP producer) must leave room for what local writes
+#: add to it: a rev seqno is incremented by every later write of the key, and a CAS taken in
+#: becomes the floor of the vbucket's clock. 48 bits of rev seqno and a CAS at least 2^32 below
+#: 2^64 can never run out; larger values would overflow the u64 fields (and the store) later.
+MAX_REV_SEQNO = (1 << 48) - 1
+MAX_META_CAS = (1 << 64) - (1 << 32)
 _SKIP_CR = WithMetaOption.FORCE_WITH_META_OP | WithMetaOption.SKIP_CONFLICT_RESOLUTION
 _ACTIVE = VBucketState.ACTIVE
 
@@ -426,6 +432,8 @@ class VBucket:
         """All checks of a WithMeta write, in order; returns whether to regenerate the CAS."""
         self._check_active()
         skip, regenerate = self._check_options(options, incoming.cas, deletion=deletion)
+        if incoming.rev_seqno > MAX_REV_SEQNO:
+            raise EngineError(Status.EINVAL, _rev_too_big(incoming.rev_seqno))
         existing = self.ht.get(key)
         live = existing if existing is not None and not existing.deleted else None
         if check_cas:
@@ -463,6 +471,8 @@ class VBucket:
             raise EngineError(Status.EINVAL, "FORCE_ACCEPT_WITH_META_OPS is refused on rev-seqno buckets")
         if cas == 0 and not regenerate:
             raise EngineError(Status.EINVAL, "a WithMeta write must carry the source's CAS (got 0)")
+        if cas > MAX_META_CAS and not regenerate:
+            raise EngineError(Status.EINVAL, _cas_too_big(cas))
         return skip, regenerate
 
     # -- replica application path (DCP consumer) ----------------------------------------------
@@ -497,6 +507,10 @@ class VBucket:
 
     def _apply(self, item: Item) -> Item:
         self._check_replica()
+        if item.cas > MAX_META_CAS:
+            raise EngineError(Status.EINVAL, _cas_too_big(item.cas))
+        if item.rev_seqno > MAX_REV_SEQNO:
+            raise EngineError(Status.EINVAL, _rev_too_big(item.rev_seqno))
         seqno = item.by_seqno
         if seqno <= self.high_seqno:
             raise EngineError(Status.ERANGE, f"seqno {seqno} is not above the high seqno {self.high_seqno}")
@@ -582,3 +596,12 @@ class VBucket:
             "drift_ahead_threshold_exceeded": self.hlc.drift_ahead_exceeded,
             "drift_behind_threshold_exceeded": self.hlc.drift_behind_exceeded,
         }
+
+
+def _cas_too_big(cas: int) -> str:
+    return (f"CAS 0x{cas:x} is above 0x{MAX_META_CAS:x}: 0xffffffffffffffff is a locked document's CAS "
+            "(Document.md), and a CAS this close to 2^64 would leave the vbucket's clock no room")
+
+
+def _rev_too_big(rev_seqno: int) -> str:
+    return f"rev seqno {rev_seqno} is above {MAX_REV_SEQNO} (48 bits): later writes of the key could not increment it"
