@@ -212,8 +212,23 @@ def test_feeding_while_a_frames_iterator_is_suspended_keeps_order():
     it = dec.frames()
     assert next(it).opaque == 1
     dec.feed(c)
-    assert list(it) == []  # the suspended iterator stops; nothing is lost
-    assert [f.opaque for f in dec] == [2, 3]
+    assert [f.opaque for f in it] == [2, 3]  # the suspended iterator takes in what was fed meanwhile
+    assert list(dec) == []
+
+
+def test_a_backlog_is_not_copied_on_every_feed():
+    """Bytes fed behind unread frames wait in a list: a client pipelining faster than the server
+    runs its requests must not make each feed copy the whole backlog (quadratic)."""
+    frame = fr.request(Opcode.NOOP)
+    dec = FrameDecoder()
+    dec.feed(frame * 2)
+    it = dec.frames()
+    next(it)
+    buf = dec._buf
+    for _ in range(1000):
+        dec.feed(frame)
+    assert dec._buf is buf and dec.buffered == len(frame) * 1001
+    assert sum(1 for _ in it) == 1001 and dec.buffered == 0
 
 
 def test_decode_all_rejects_trailing_bytes():

@@ -3,6 +3,8 @@ SELECT_BUCKET / NO_BUCKET, GET_ERROR_MAP, GET_CLUSTER_CONFIG, VERSION, NOOP, QUI
 
 import json
 
+import threading
+
 import pytest
 
 from dcpflow.protocol import error_map, kv
@@ -221,6 +223,32 @@ def test_pipelined_requests_are_answered_in_order(admin, monkeypatch, pass_secon
     assert [(r.opcode, r.opaque) for r in replies] == expect
     assert all(r.status == Status.SUCCESS for r in replies)
     assert [r.value for r in replies[1::3]] == [b"v%d" % i for i in range(100)]
+
+
+def test_a_client_pipelining_faster_than_it_is_served_is_read_no_further(admin, monkeypatch):
+    """Requests left for a later pass stop the reading once MAX_PENDING_INPUT of them wait: the
+    backlog (and the server's memory) stays bounded however fast a client writes, and every
+    request is still answered, in order."""
+    from dcpflow.server import connection
+
+    limit = 64 * 1024
+    monkeypatch.setattr(connection, "MAX_PASS_SECONDS", 0.0)  # every 64 requests wait for the next pass
+    monkeypatch.setattr(connection, "MAX_PENDING_INPUT", limit)
+    seen = []
+    original = connection.Connection.data_received
+
+    def data_received(self, data):
+        original(self, data)
+        seen.append(self._decoder.buffered)
+
+    monkeypatch.setattr(connection.Connection, "data_received", data_received)
+    n = 200_000  # 4.8 MB of NOOPs, written at once
+    sender = threading.Thread(target=admin.send, args=(b"".join(request(Opcode.NOOP, opaque=i) for i in range(n)),))
+    sender.start()
+    replies = admin.recv_n(n)
+    sender.join()
+    assert [r.opaque for r in replies] == list(range(n))
+    assert max(seen) <= limit + 1024 * 1024  # the limit plus at most one read of the transport
 
 
 def test_pipelined_bytes_split_anywhere(admin):

@@ -252,15 +252,21 @@ class FrameDecoder:
     frame was consumed, so the caller can answer EINVAL and keep iterating.
 
     Bytes are accumulated without quadratic copying: while a frame larger than what is buffered is
-    pending, chunks are collected in a list and joined once the frame is complete.
+    pending, chunks are collected in a list and joined once the frame is complete; and bytes fed
+    while unread frames are buffered wait in a list (`_tail`) that `frames()` joins once, rather
+    than each `feed` copying the whole backlog (a client pipelining faster than the server runs
+    its requests made that quadratic).
     """
 
-    __slots__ = ("max_body_len", "_buf", "_pos", "_chunks", "_chunk_len", "_need", "_broken")
+    __slots__ = ("max_body_len", "_buf", "_pos", "_tail", "_tail_len", "_chunks", "_chunk_len", "_need",
+                 "_broken")
 
     def __init__(self, max_body_len: int = DEFAULT_MAX_BODY_LEN):
         self.max_body_len = max_body_len
         self._buf = b""
         self._pos = 0
+        self._tail: list[bytes] = []
+        self._tail_len = 0
         self._chunks: list[bytes] | None = None
         self._chunk_len = 0
         self._need = 0
@@ -269,7 +275,9 @@ class FrameDecoder:
     @property
     def buffered(self) -> int:
         """Bytes received but not yet returned as frames."""
-        return self._chunk_len if self._chunks is not None else len(self._buf) - self._pos
+        if self._chunks is not None:
+            return self._chunk_len
+        return len(self._buf) - self._pos + self._tail_len
 
     def feed(self, data: bytes) -> None:
         if not data:
@@ -282,11 +290,19 @@ class FrameDecoder:
                 self._pos = 0
                 self._chunks = None
             return
-        if self._pos >= len(self._buf):
+        if self._pos >= len(self._buf) and not self._tail:
             self._buf = bytes(data)
+            self._pos = 0
         else:
-            self._buf = self._buf[self._pos:] + data
+            self._tail.append(bytes(data))
+            self._tail_len += len(data)
+
+    def _absorb(self) -> None:
+        """Join the unread rest of the buffer and the bytes fed since into one buffer."""
+        self._buf = b"".join([self._buf[self._pos:], *self._tail])
         self._pos = 0
+        self._tail.clear()
+        self._tail_len = 0
 
     def _wait_for(self, pos: int, need: int) -> None:
         """Park the partial frame at `pos` until `need` bytes of it have arrived."""
@@ -319,18 +335,36 @@ class FrameDecoder:
             raise self._broken
         if self._chunks is not None:
             return
+        if self._tail:
+            self._absorb()
         buf, pos = self._buf, self._pos
         end = len(buf)
         unpack, alt, new = HEADER.unpack_from, _ALT, tuple.__new__  # tuple.__new__: Frame(...) is a Python call
         max_body = self.max_body_len
-        while end - pos >= HEADER_LEN:
+        while True:
+            if end - pos < HEADER_LEN:
+                if not self._tail:
+                    break
+                self._pos = pos  # bytes fed while this generator was suspended: take them in
+                self._absorb()
+                buf, pos = self._buf, 0
+                end = len(buf)
+                continue
             magic, opcode, key_len, ext_len, datatype, vbs, body_len, opaque, cas = unpack(buf, pos)
             if body_len > max_body or magic not in _MAGICS:
                 self._broken = self._header_error(buf, pos)
                 self._buf, self._pos = b"", 0
+                self._tail.clear()
+                self._tail_len = 0
                 raise self._broken
             frame_end = pos + HEADER_LEN + body_len
             if frame_end > end:
+                if self._tail:
+                    self._pos = pos
+                    self._absorb()
+                    buf, pos = self._buf, 0
+                    end = len(buf)
+                    continue
                 self._wait_for(pos, HEADER_LEN + body_len)
                 return
             if magic in alt:

@@ -14,6 +14,8 @@ resynchronised: the connection is closed. Other connections never notice.
 
 Backpressure: when the transport's write buffer passes its high-water mark the connection stops
 reading (a client that does not read its replies cannot make the server buffer without bound);
+likewise when more than MAX_PENDING_INPUT of requests wait for a later pass (a client pipelining
+faster than its requests run), until that backlog has run;
 the Writer tells `on_resume` listeners when it drains, which is where a DCP producer will resume
 sending.
 
@@ -188,10 +190,13 @@ class Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self._decoder.feed(data)
-        if self._waiting is None:
+        if self._waiting is None and not self._pass_scheduled:
             self._process()
             self.writer.flush()
-        elif self._decoder.buffered > MAX_PENDING_INPUT:
+        # Requests left for later (a handler waits, or the pass ran out of time: the next pass is
+        # scheduled and takes these bytes too): a client sending faster than its requests run stops
+        # being read, so its backlog stays bounded and it gets no more than its turn of the loop.
+        if (self._waiting is not None or self._pass_scheduled) and self._decoder.buffered > MAX_PENDING_INPUT:
             self._pause_reading()
 
     def pause_writing(self) -> None:
@@ -292,6 +297,8 @@ class Connection(asyncio.Protocol):
             return  # closed, or a waiting request resumes processing when it completes
         self._process()
         self.writer.flush()
+        if self._waiting is None and not self._pass_scheduled and not self.writer.paused:
+            self._resume_reading()  # the backlog has run: read again (a no-op unless paused above)
 
     def _refusal(self, frame: Frame, needs_auth: bool, needs_bucket: bool, privilege: int) -> bytes | None:
         """The session checks of a command: the error reply if this session may not run it."""
