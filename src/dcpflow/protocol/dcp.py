@@ -453,7 +453,8 @@ def _stream_req_rules(frame: Frame):
             yield ProtocolError("DCP_STREAM_REQ value must be a JSON object (stream-request-value.md)")
             return
         sid = doc.get("sid")
-        if sid is not None and (not isinstance(sid, int) or not 1 <= sid <= 0xFFFF):
+        # type(...) is int: JSON true/false are Python bools (an int subclass), and null is no id either
+        if "sid" in doc and (type(sid) is not int or not 1 <= sid <= 0xFFFF):
             yield ProtocolError(f"stream id 'sid' must be 1..65535, got {sid!r} (erratum 18)",
                                 Status.DCP_STREAM_ID_INVALID)
         if "collections" in doc and "scope" in doc:
