@@ -2,7 +2,6 @@
 SELECT_BUCKET / NO_BUCKET, GET_ERROR_MAP, GET_CLUSTER_CONFIG, VERSION, NOOP, QUIT, pipelining."""
 
 import json
-
 import threading
 
 import pytest
