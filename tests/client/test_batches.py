@@ -244,7 +244,8 @@ def test_max_rows_and_empty_ranges(server, writer):
             highs = await c.high_seqnos()
             _, _, batches = await read_all(c, {vb: Offset() for vb in highs}, highs, max_rows=7)
             _, _, small = await read_all(c, {vb: Offset() for vb in highs}, highs, max_bytes=2000)
-            empty = [b async for b in c.batches({0: Offset.at(1, highs[0])}, {0: highs[0]})]
+            uuid = (await c.failover_logs([0]))[0][0][0]  # a real branch: the server is asked even so
+            empty = [b async for b in c.batches({0: Offset.at(uuid, highs[0])}, {0: highs[0]})]
             with pytest.raises(ValueError, match="max_rows"):
                 c.batches({0: Offset()}, {0: 1}, max_rows=0)
             return batches, empty, small

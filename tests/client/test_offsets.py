@@ -99,8 +99,60 @@ def test_rollback_point_is_a_consistent_boundary():
     assert tr.rollback_point(12) == 12 and tr.rollback_point(100) == 13
     tr.rolled_back(Offset.at(U, 11))
     assert list(tr.boundaries) == [0, 10, 11] and tr.rollback_point(12) == 11
-    resumed = VbTracker(0, Offset.at(U, 50))  # a saved offset is where the application was consistent
-    assert resumed.rollback_point(49) == 0 and resumed.rollback_point(50) == 50
+
+
+def test_a_saved_offset_proves_its_end_and_the_point_before_its_snapshot():
+    """After a restart only the saved offset is known: seqno is a boundary if it ends its snapshot,
+    and snapshot_start - 1 is when the offset carries a real snapshot range (every snapshot before it
+    was complete); nothing else."""
+    at_end = VbTracker(0, Offset(U, 30, 21, 30))
+    assert [at_end.rollback_point(r) for r in (10, 20, 29, 30, 99)] == [0, 20, 20, 30, 30]
+    inside = VbTracker(0, Offset(U, 25, 21, 30))
+    assert [inside.rollback_point(r) for r in (19, 20, 25, 29)] == [0, 20, 20, 20]
+    # (s, s, s) is how a consumer at a boundary writes its offset (rollback.md): it proves s, not s - 1
+    # (in a de-duplicated snapshot 41..50, 49 is not a consistent point)
+    assert VbTracker(0, Offset.at(U, 50)).rollback_point(49) == 0
+    assert list(VbTracker(0, Offset(U, 7, 0, 9)).boundaries) == [0]
+
+
+def test_committed_snapshot_start_minus_one_is_always_consistent():
+    """What a restart infers must hold for the offsets the tracker hands out."""
+    tr = VbTracker(0)
+    tr.opened([(U, 0)])
+    tr.snapshot(0, 20)  # a disk snapshot from 0
+    tr.item(20)
+    tr.snapshot(21, 30)  # contiguous: 20 is the point it followed
+    tr.item(30)
+    assert tr.committed == Offset(U, 30, 21, 30)
+    tr.opened([(U, 0)])
+    tr.snapshot(30, 40)  # overlaps the requested start (dcpflow's first marker): 29 is not proven
+    tr.item(40)
+    assert tr.committed == Offset(U, 40, 31, 40)
+    tr.snapshot(45, 50)  # a gap on the same stream: nothing of ours in 41..44
+    tr.item(47)
+    assert tr.position == Offset(U, 47, 45, 50) and tr.rollback_point(44) == 44
+    tr.opened([(U, 0)])  # reopened from inside 45..50: the new marker may start where we resumed
+    tr.snapshot(47, 55)
+    tr.item(55)
+    assert tr.committed == Offset(U, 55, 45, 55)  # 44, not 46
+    for c in (Offset(U, 30, 21, 30), Offset(U, 40, 31, 40), Offset(U, 55, 45, 55)):
+        restarted = VbTracker(0, c)
+        assert restarted.rollback_point(c.snapshot_start - 1) == tr.rollback_point(c.snapshot_start - 1)
+
+
+def test_rollback_offset_carries_the_snapshot_info_at_the_rollback_point():
+    """rollback.md (consumer): resend with the snapshot info at the rollback point; its start - 1 is
+    the boundary before it, so a restart from this offset still knows that boundary."""
+    tr = VbTracker(0)
+    tr.opened([(U, 0)])
+    for start, end in ((0, 10), (11, 20), (21, 30)):
+        tr.snapshot(start, end)
+        tr.item(end)
+    log = [(0xB, 25), (U, 0)]
+    assert tr.rollback_offset(log, 25) == Offset(U, 20, 11, 20)
+    assert tr.rollback_offset(log, 15) == Offset(U, 10, 0, 10)
+    assert tr.rollback_offset(log, 5) == BEGINNING
+    assert VbTracker(0, Offset(U, 20, 11, 20)).rollback_point(15) == 10
 
 
 @pytest.mark.parametrize("log, seqno, expect", [
@@ -125,6 +177,17 @@ def test_range_end():
     tr.item(30)
     assert tr.range_end(15) == Offset.at(U, 15)
     assert tr.range_end(40) == Offset(U, 30, 20, 30)  # not reached: where we are
+    assert tr.range_end(10) == Offset(U, 10, 0, 10)  # on the boundary 10: 9 is not claimed
+
+
+def test_range_end_of_a_start_at_or_past_the_end_is_the_start():
+    start = Offset(U, 30, 21, 30)
+    tr = VbTracker(0, start)
+    tr.opened([(U, 0)])
+    tr.stream_end_ok()
+    assert tr.range_end(25) == start
+    tr.rolled_back(Offset(U, 28, 21, 28))
+    assert tr.range_end(25) == Offset(U, 28, 21, 28)
 
 
 @st.composite

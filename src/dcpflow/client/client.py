@@ -362,6 +362,11 @@ class DcpClient:
         start: "beginning", "now", "saved" (from `state`), or {vbucket: Offset}; end: None
         (unbounded), "now" (the high seqnos at start) or {vbucket: seqno}. A bounded stream ends
         after the snapshot containing its end seqno, so seqnos up to that snapshot's end arrive.
+        A start at or past the end still asks the server (which may answer ROLLBACK). If the
+        server's history changes under the read, an end from "now" is lowered to the high seqno
+        that then exists (the seqnos it named may never come back), while an explicit end is
+        kept and the read waits until the new history reaches it: it is a position the caller
+        chose (a planned range), and silently ending short would return less than was asked for.
         rollback: "resume" (yield a Rollback event, then continue from the rollback point) or
         "raise" (RollbackError). With `state`, offsets are saved every `save_interval` seconds
         (if given) and when the stream ends; `await stream.save()` saves on demand."""

@@ -27,7 +27,7 @@ from dcpflow.protocol.keys import decode_leb128
 from .connection import Segment
 from .events import Deletion, Expiration, Mutation, SnapshotMarker, SystemEvent
 from .offsets import Offset
-from .streams import TIMEOUT, ConnLost, Feed, replay
+from .streams import TIMEOUT, ConnLost, Feed, NewEnd, replay
 
 _tn = tuple.__new__
 #: A batch reader decodes what it holds once nothing has arrived for this long (seconds).
@@ -86,7 +86,7 @@ class _Reader:
         starts, ends, purge, loaded = await self.client._resolve(vbuckets, start, end, state)
         self.starts, self.ends = starts, ends
         options = self.client._feed_options(rollback, ignore_purged, **feed_extra)
-        self.feed = Feed(self.client, starts, ends, options, purge)
+        self.feed = Feed(self.client, starts, ends, options, purge, end_now=isinstance(end, str) and end == "now")
         await self.feed.start()
         return loaded
 
@@ -134,7 +134,8 @@ class EventStream(_Reader):
     async def _run(self):
         vbuckets, start, end, state, rollback, ignore_purged = self._args
         self._loaded = await self._open(vbuckets, start, end, state, rollback, ignore_purged)
-        self.targets = dict(self.ends) if self.ends else await self.client.high_seqnos(list(self.starts))
+        # the ends themselves when bounded: a read bounded by "now" may lower them (streams.NewEnd)
+        self.targets = self.ends if self.ends else await self.client.high_seqnos(list(self.starts))
         feed = self.feed
         streams = feed.streams
         markers = self.markers
@@ -261,18 +262,14 @@ class BatchReader(_Reader):
     def offsets(self) -> dict[int, Offset]:
         """Per vbucket: with an end, the offset at the end seqno once it was reached (a snapshot
         boundary if the end closed a snapshot, else inside it, with the snapshot range the server
-        needs to decide a rollback); before that, and without an end, the committed offset."""
+        needs to decide a rollback); before that, and without an end, the committed offset. A
+        vbucket that started at or past its end stays at its start, or at its rollback point."""
         if self.feed is None:
             return dict(self.starts)
         out = {}
         for vb, vs in self.feed.streams.items():
             end = self.ends.get(vb)
-            if end is None:
-                out[vb] = vs.consumed.committed
-            elif vs.start.seqno >= end:
-                out[vb] = vs.start
-            else:
-                out[vb] = vs.consumed.range_end(end)
+            out[vb] = vs.consumed.committed if end is None else vs.consumed.range_end(end)
         return out
 
     async def _run(self):
@@ -337,6 +334,8 @@ class BatchReader(_Reader):
                         event = feed.handle_notice(item, steps)
                         if event is not None and event.event == "rollback":
                             self.rollbacks.append(event)
+                        elif type(item) is NewEnd and builder.end is not None:
+                            builder.end[item.vbucket] = item.end
                 if segs:
                     part = builder.decode(segs, steps, events)
                     if part is not None and part.num_rows:

@@ -5,10 +5,15 @@ What it does (stream-request.md, stream-end.md, rollback.md, protocol-flow.md):
 * Routes each vbucket to the node holding its active copy (cluster map), opens one DCP connection
   per node (DCP_OPEN + controls, connection.py), and pipelines STREAM_REQs from each vbucket's
   position with ActiveVbOnly, so a moved vbucket answers NOT_MY_VBUCKET instead of streaming
-  from a replica.
+  from a replica. Every vbucket gets a stream request, even one whose position is at or past its
+  end: only the server can say that the position is on a lost branch (rollback.md), so such a
+  vbucket asks for start == end == its position (valid, and it ends at once unless the server
+  answers ROLLBACK; an end below the start would be ERANGE).
+* A read bounded by "now" (`end_now`) never waits past what exists: whenever its streams are
+  reopened or rolled back, each end becomes min(end, the high seqno now) (`_now_ends`).
 * Stream-request replies: OK -> the stream runs on the newest branch of the returned failover log;
-  ROLLBACK(R) -> fetch the failover log, take the newest consistent point at or below R
-  (VbTracker.rollback_point) and the failover entry covering it (offsets.rollback_offset), then
+  ROLLBACK(R) -> fetch the failover log, take the newest consistent point at or below R and the
+  failover entry covering it (VbTracker.rollback_offset), then
   raise or surface it and reopen from there, per the rollback policy; NOT_MY_VBUCKET -> refresh
   the map and reopen on the right node; TMPFAIL/BUSY -> reopen after a backoff; anything else is
   an error naming the vbucket and the status.
@@ -59,7 +64,7 @@ from .errors import (
     status_name,
 )
 from .events import Rollback, StreamEnd
-from .offsets import U64_MAX, Offset, VbTracker, rollback_offset
+from .offsets import U64_MAX, Offset, VbTracker
 
 log = logging.getLogger("dcpflow.client")
 
@@ -106,14 +111,19 @@ class ConnLost(NamedTuple):
     error: BaseException
 
 
-class Finished(NamedTuple):
-    """A vbucket with nothing to read (start >= end): it ends without a stream."""
+class NewEnd(NamedTuple):
+    """A read bounded by "now" lowered a vbucket's end to what exists after a history change."""
 
     vbucket: int
+    end: int
 
 
 class NoActiveCopy(ServerError):
     """The map has no active node for a vbucket (failover in progress): retried."""
+
+
+class SeqnosUnavailable(ServerError):
+    """The high seqnos could not be read while reopening a read bounded by "now": retried."""
 
 
 class VbStream:
@@ -165,12 +175,14 @@ class FeedOptions(NamedTuple):
 
 class Feed:
     def __init__(self, client, starts: dict[int, Offset], ends: dict[int, int], options: FeedOptions,
-                 purge_seqnos: dict[int, int] | None = None):
+                 purge_seqnos: dict[int, int] | None = None, end_now: bool = False):
         if options.rollback not in ("resume", "raise"):
             raise ValueError(f"rollback policy must be 'resume' or 'raise', not {options.rollback!r}")
         self.client = client
         self.options = options
         self.streams: dict[int, VbStream] = {}
+        self.ends = ends  # the reader's dict: NewEnd notices update it in queue order
+        self.end_now = end_now
         for vb in sorted(starts):
             vs = VbStream(vb, starts[vb], ends.get(vb, U64_MAX))
             vs.decoded.purge_seqno = vs.consumed.purge_seqno = (purge_seqnos or {}).get(vb, 0)
@@ -194,16 +206,8 @@ class Feed:
     # -- lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:
         self._watchdog = asyncio.create_task(self._watch())
-        todo = []
-        for vs in self.streams.values():
-            if vs.start.seqno >= vs.end:
-                vs.state = DONE
-                self._done += 1
-                self._push(Finished(vs.vbucket))
-            else:
-                todo.append(vs)
-        if todo:
-            await self._open(todo)
+        if self.streams:
+            await self._open(list(self.streams.values()))
 
     @property
     def finished(self) -> bool:
@@ -315,9 +319,9 @@ class Feed:
         if t is ConnLost:
             self._connection_lost(notice.conn, notice.error)
             return None
-        if t is Finished:
-            vs = self.streams[notice.vbucket]
-            return StreamEnd(notice.vbucket, StreamEndReason.OK, vs.decoded.committed)
+        if t is NewEnd:
+            self.ends[notice.vbucket] = notice.end
+            return None
         raise TypeError(f"unknown notice {notice!r}")
 
     def stream_end(self, vbucket: int, reason: int, steps: list):
@@ -368,10 +372,11 @@ class Feed:
             try:
                 if remap:
                     await self.client.refresh_map()
+                self._set_ends(await self._now_ends(todo))
                 await self._open(todo)
                 self.stats["reopens"] += 1
                 return
-            except (ConnectError, ConnectionLostError, NoActiveCopy, TimeoutError, OSError) as e:
+            except (ConnectError, ConnectionLostError, NoActiveCopy, SeqnosUnavailable, TimeoutError, OSError) as e:
                 limit = self.options.reconnect_timeout
                 if limit and time.monotonic() - started > limit:
                     vbs = ", ".join(str(vs.vbucket) for vs in todo[:8]) + ("..." if len(todo) > 8 else "")
@@ -394,6 +399,31 @@ class Feed:
             for vs in group:
                 if vs.state == WAITING:
                     self._request(vs, conn)
+
+    async def _now_ends(self, streams: list[VbStream]) -> dict[int, int]:
+        """For a read bounded by "now": the ends to lower to the high seqno that exists now.
+
+        The end was the high seqno when the read started. After a history change (kill -9 with
+        unpersisted writes, failover) seqnos up to it may be gone: waiting for them would hang on
+        an idle bucket, or deliver documents written after the read started. So the end becomes
+        min(end, high seqno now). An explicit end is the caller's and is kept (DcpClient.events)."""
+        if not self.end_now:
+            return {}
+        try:
+            highs = await self.client.high_seqnos([vs.vbucket for vs in streams])
+        except ServerError as e:
+            raise SeqnosUnavailable(str(e), e.status) from None
+        return {vs.vbucket: highs[vs.vbucket] for vs in streams
+                if vs.vbucket in highs and highs[vs.vbucket] < vs.end}
+
+    def _set_ends(self, ends: dict[int, int]) -> None:
+        for vb, end in ends.items():
+            vs = self.streams[vb]
+            if end < vs.end:
+                log.info("vbucket %d: end lowered from %d to the high seqno %d (read bounded by 'now')",
+                         vb, vs.end, end)
+                vs.end = end
+                self._push(NewEnd(vb, end))
 
     async def _dcp_conn(self, address: tuple[str, int]) -> Connection:
         conn = self._conns.get(address)
@@ -449,8 +479,9 @@ class Feed:
         purge = vs.decoded.purge_seqno
         if self.options.send_purge_seqno and purge and conn.collections:
             value = json.dumps({"purge_seqno": str(purge)}).encode()
-        req = DcpStreamRequest(vs.vbucket, pos.seqno, vs.end, pos.vbuuid, pos.snapshot_start, pos.snapshot_end,
-                               int(flags), value)
+        # At or past the end: still ask (start == end), so the server can answer ROLLBACK.
+        req = DcpStreamRequest(vs.vbucket, pos.seqno, max(vs.end, pos.seqno), pos.vbuuid, pos.snapshot_start,
+                               pos.snapshot_end, int(flags), value)
         vs.state = OPENING
         vs.conn = conn
         vs.opens += 1
@@ -512,14 +543,19 @@ class Feed:
         if reply.status != Status.SUCCESS:
             self._retry(vs, f"DCP_GET_FAILOVER_LOG {status_name(reply.status)}", remap=True, delay=0.1)
             return
-        point = vs.decoded.rollback_point(seqno)
-        offset = rollback_offset(FailoverLogResponse.from_frame(reply).entries, point)
+        offset = vs.decoded.rollback_offset(FailoverLogResponse.from_frame(reply).entries, seqno)
         if self.options.rollback == "raise":
             self._fail(RollbackError(vs.vbucket, offset.seqno, offset))
             return
+        try:
+            ends = await self._now_ends([vs])
+        except (SeqnosUnavailable, ConnectError, ConnectionLostError, TimeoutError, OSError) as e:
+            self._retry(vs, f"high seqno after ROLLBACK: {e}", remap=True, delay=0.1)
+            return  # the server will tell us to roll back again
         log.warning("vbucket %d: server asked to roll back to seqno %d; resuming from %s", vs.vbucket, seqno,
                     tuple(offset))
         self._push(RolledBack(vs.vbucket, offset.seqno, offset))
+        self._set_ends(ends)
         if conn.lost is None and vs.state == WAITING:
             self._request(vs, conn, offset)
 
