@@ -26,6 +26,11 @@ log = logging.getLogger("dcpflow.replication")
 #: The producer side: xattrs travel with the documents, deletions carry their delete time and
 #: expirations their own opcode (the consumer asks `enable_expiry_opcode`, which needs it).
 PRODUCER_FLAGS = OpenFlag.PRODUCER | OpenFlag.INCLUDE_XATTRS | OpenFlag.INCLUDE_DELETE_TIMES
+#: Stream ends after which the consumer requests the stream again by itself (server/consumer.py,
+#: as kv_engine's PassiveStream does): the stream stays this replicator's. Counting it as ended
+#: made the cluster's reconcile send ADD_STREAM again, which the consumer refused (KEY_EEXISTS)
+#: every second, and left the vbucket out of `streams`, so a later map change did not close it.
+CONSUMER_RETRIES = frozenset({StreamEndReason.SLOW, StreamEndReason.BACKFILL_FAIL, StreamEndReason.ROLLBACK})
 
 
 class Replicator:
@@ -85,7 +90,8 @@ class Replicator:
 
     def _stream_end(self, frame: Frame) -> None:
         end = dcpproto.DcpStreamEnd.from_frame(frame)
-        self.streams.discard(end.vbucket)
+        if end.reason not in CONSUMER_RETRIES:
+            self.streams.discard(end.vbucket)
         fut = self._ends.pop(end.vbucket, None)
         if fut is not None and not fut.done():
             fut.set_result(end.reason)

@@ -1,0 +1,24 @@
+"""Replicator bookkeeping: which stream ends leave a vbucket's stream to the consumer."""
+
+import pytest
+
+from dcpflow.protocol.dcp import DcpStreamEnd, StreamEndReason
+from dcpflow.protocol.frame import decode_all
+from dcpflow.replication.replicator import CONSUMER_RETRIES, Replicator
+from dcpflow.server.consumer import _STREAM_ENDS_TO_RETRY
+
+
+@pytest.mark.parametrize("reason", list(StreamEndReason))
+def test_a_stream_end_the_consumer_retries_keeps_the_stream(reason):
+    """After SLOW, BACKFILL_FAIL or ROLLBACK the consumer requests the stream again by itself: the
+    stream is still this replicator's (an ADD_STREAM now would be refused with KEY_EEXISTS, and a
+    later map change must still close it). Any other end is the end of the stream."""
+    heard = []
+    rep = Replicator("r", ("127.0.0.1", 1), ("127.0.0.1", 2), bucket="default", user="u", password="p",
+                     on_stream_end=lambda vb, why: heard.append((vb, why)))
+    rep.streams.update({3, 4})
+    (frame,) = decode_all(DcpStreamEnd(3, reason, opaque=7).encode())
+    rep._stream_end(frame)
+    assert heard == [(3, reason)]
+    assert rep.streams == ({3, 4} if reason in CONSUMER_RETRIES else {4})
+    assert CONSUMER_RETRIES == _STREAM_ENDS_TO_RETRY  # what dcpflow's consumer does
