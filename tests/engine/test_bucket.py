@@ -32,6 +32,27 @@ def test_flush_batches_are_bounded_and_round_robin(make_bucket):
     assert b.flush_all() == 20
 
 
+def test_a_flush_batch_never_ends_inside_a_checkpoint(make_bucket):
+    """A@1 is replaced by A@4 in the same checkpoint (de-duplication). A batch cut after B@2 would
+    write B alone yet report seqno 2 persisted, so SEQNO_PERSISTENCE(1) would confirm A@1, which
+    is on disk neither as itself nor as A@4: kill -9 then lost A. The persistence cursor takes
+    whole checkpoints."""
+    b = make_bucket(checkpoint_max_items=4, checkpoint_max_age=None)
+    vb = b.set_vbucket_state(0, VBucketState.ACTIVE)
+    a1 = vb.set(b"A", b"first")
+    for key in (b"B", b"C"):
+        vb.set(key, b"v")
+    vb.set(b"A", b"second")
+    vb.set(b"D", b"v")
+    vb.set(b"E", b"v")  # the checkpoint [1, 5] is full: E opens the next one
+    assert b.flush(max_items=1) == 4  # the whole closed checkpoint: B, C, A@4, D
+    assert vb.persisted_seqno == 5 and b.store.get(0, b"A").value == b"second"
+    assert vb.persisted_seqno >= a1.by_seqno
+    b.close(clean=False)
+    vb = make_bucket().vbucket(0)
+    assert vb.high_seqno == 5 and vb.get(b"A").value == b"second"
+
+
 def test_persisted_checkpoints_are_released(make_bucket):
     b = make_bucket(checkpoint_max_items=10)
     vb = b.set_vbucket_state(0, VBucketState.ACTIVE)
@@ -346,5 +367,7 @@ def test_delete_vbucket(bucket):
     bucket.flush()
     bucket.delete_vbucket(0)
     assert bucket.get_vbucket(0) is None and bucket.store.count(0) == (0, 0)
+    # nothing of it is left to mislead a re-created vbucket's rollback (its persisted snapshots)
+    assert bucket.store._db.execute("SELECT COUNT(*) FROM snapshots WHERE vb = 0").fetchone()[0] == 0
     vb = bucket.set_vbucket_state(0, VBucketState.ACTIVE)
     assert vb.high_seqno == 0 and vb.ht == {}

@@ -135,6 +135,26 @@ def test_becoming_active_mid_snapshot_adds_entry_at_snapshot_start(make_bucket):
     assert vb.set(b"e", b"v").by_seqno == 6
 
 
+def test_becoming_active_with_a_marker_but_none_of_its_items_adds_entry_at_high_seqno(make_bucket):
+    """Marker [11, 20] arrived, none of its items: the last complete snapshot ends at 10. An entry at
+    11 would let a consumer holding the old active's seqno 11 go on without a rollback once this
+    vbucket writes its own seqno 11."""
+    b = make_bucket()
+    vb = b.set_vbucket_state(0, VBucketState.REPLICA)
+    old_uuid = vb.uuid
+    vb.snapshot_marker(1, 10)
+    for s in range(1, 11):
+        vb.apply_mutation(b"k%d" % s, b"v", by_seqno=s, cas=100 + s, rev_seqno=1)
+    vb.snapshot_marker(11, 20)
+    b.set_vbucket_state(0, VBucketState.ACTIVE)
+    assert [e.seqno for e in vb.failover] == [10, 0]
+    vb.set(b"new", b"v")  # the new branch's seqno 11
+    decision = vb.failover.rollback_decision(start_seqno=11, end_seqno=2**64 - 1, vb_uuid=old_uuid,
+                                             snap_start_seqno=11, snap_end_seqno=20, high_seqno=vb.high_seqno,
+                                             purge_seqno=0)
+    assert decision.status == Status.ROLLBACK and decision.rollback_seqno == 10
+
+
 def test_takeover_creates_no_entry(make_bucket):
     b = make_bucket()
     vb = b.set_vbucket_state(0, VBucketState.REPLICA)
@@ -202,18 +222,20 @@ def test_unclean_warmup_of_active_adds_entry_at_snapshot_end_when_complete(make_
 
 
 def test_unclean_warmup_of_active_adds_entry_at_snapshot_start_when_incomplete(make_bucket):
-    b = make_bucket()
-    vb = b.set_vbucket_state(0, VBucketState.ACTIVE)
-    fill(vb, 5)
-    b.flush_all()  # persisted snapshot [1, 5]
-    fill(vb, 5, b"second")  # seqnos 6..10 in one checkpoint...
-    vb.checkpoint_manager.create_checkpoint()  # ...now closed, so the flusher may split it
-    assert b.flush(max_items=3) == 3  # persisted 6..8 of snapshot [6, 10]
-    assert vb.persisted_snapshot == (6, 10) and vb.persisted_seqno == 8
+    """An active vbucket's flushes end its snapshots; one persisted mid-snapshot is a replica that
+    was promoted before its next flush (a disk snapshot spans several checkpoints)."""
+    b = make_bucket(checkpoint_max_items=2)
+    vb = b.set_vbucket_state(0, VBucketState.REPLICA)
+    vb.snapshot_marker(1, 10, disk=True)
+    for seqno in range(1, 6):
+        vb.apply_mutation(b"k%d" % seqno, b"v", by_seqno=seqno, cas=1000 + seqno, rev_seqno=1)
+    b.flush_all()
+    assert vb.persisted_snapshot == (1, 10) and vb.persisted_seqno == 5
+    b.set_vbucket_state(0, VBucketState.ACTIVE)  # failover: an entry at the snapshot start
     b.close(clean=False)
     vb2 = make_bucket().vbucket(0)
-    assert vb2.high_seqno == 8
-    assert [e.seqno for e in vb2.failover] == [6, 0]
+    assert vb2.high_seqno == 5
+    assert [e.seqno for e in vb2.failover] == [1, 1, 0]
 
 
 def test_unclean_warmup_of_replica_adds_no_entry(make_bucket):

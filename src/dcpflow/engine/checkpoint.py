@@ -174,7 +174,8 @@ class Cursor:
 
         Stops at `limit` except inside the open checkpoint of an active vbucket, which is
         always read to its newest item (bounded by the checkpoint's max items) so the snapshot
-        is point-in-time consistent. Returns [] when there is nothing new.
+        is point-in-time consistent, and except for the persistence cursor, which never stops
+        inside a checkpoint (see `_read`). Returns [] when there is nothing new.
         """
         return self.manager._read(self, limit)
 
@@ -445,7 +446,11 @@ class CheckpointManager:
                 ckpt_start = cursor.seqno < cp.first_seqno
                 start = cp.snap_start if ckpt_start else cursor.seqno + 1
                 end, new_marker = cp.snap_end, True
-            splittable = cp.fixed_end or not cp.is_open
+            # The persistence cursor takes whole checkpoints (as kv_engine's flusher does): cut inside
+            # one, a de-duplicated version before the cut (A@1, replaced by A@3 after it) would be
+            # neither on disk nor superseded there, yet the persisted seqno would claim it. Every
+            # checkpoint holds at most max_items, so a batch overshoots its limit by at most that.
+            splittable = (cp.fixed_end or not cp.is_open) and cursor is not self.persistence_cursor
             items = cp.read(cursor.seqno, end, max(limit - total, 1) if splittable else None)
             if items:
                 cursor.seqno = items[-1].by_seqno
