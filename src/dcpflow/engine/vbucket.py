@@ -120,7 +120,10 @@ class VBucket:
 
         Becoming active other than through a DCP takeover starts a new branch of history at the
         last complete snapshot's high seqno (mid-snapshot on a replica: the snapshot start). A
-        takeover keeps the log the new active received from the old one.
+        replica that has the next snapshot's marker but none of its items is not mid-snapshot:
+        the branch starts at its high seqno, which ends the previous snapshot (kv_engine resumes
+        from the last closed snapshot when the open checkpoint has no items). A takeover keeps
+        the log the new active received from the old one.
         """
         state = VBucketState(state)
         if state == self.state:
@@ -128,7 +131,7 @@ class VBucket:
         entry = None
         if state == VBucketState.ACTIVE:
             if not by_takeover:
-                complete = self.high_seqno >= self.snapshot_end
+                complete = self.high_seqno >= self.snapshot_end or self.high_seqno < self.snapshot_start
                 entry = self.failover.create_entry(self.high_seqno if complete else self.snapshot_start)
             self.checkpoint_manager.create_checkpoint()
         if VBucketState.ACTIVE in (state, self.state):
