@@ -287,7 +287,7 @@ class Store:
 
     def delete_vbucket(self, vb: int) -> None:
         with self._txn() as db:
-            for table in ("items", "history", "vbucket_state"):
+            for table in ("items", "history", "snapshots", "vbucket_state"):
                 db.execute(f"DELETE FROM {table} WHERE vb = ?", (vb,))
 
     # -- the flusher's write ----------------------------------------------------------------
