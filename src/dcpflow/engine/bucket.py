@@ -166,7 +166,9 @@ class Bucket:
 
         A new vbucket gets a failover log with one entry at seqno 0. An existing one becoming
         active gets a new entry unless `by_takeover` (a DCP set-vbucket-state during takeover).
-        The state row is persisted before returning.
+        The state row is persisted before returning, unless a flush batch is in flight: the batch
+        carries the older row, so the new one is written when the batch completes. A caller that
+        acknowledges the change as durable waits for the batch first (the server's SET_VBUCKET).
         """
         self._check_open()
         if not 0 <= vbid < self.num_vbuckets:

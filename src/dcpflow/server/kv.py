@@ -425,13 +425,30 @@ def observe_seqno(conn: Connection, frame: Frame) -> bytes:
 
 
 @command(Opcode.SET_VBUCKET, privilege=_P.NODE_MANAGEMENT)
-def set_vbucket(conn: Connection, frame: Frame) -> bytes:
+def set_vbucket(conn: Connection, frame: Frame):
     """SET_VBUCKET 0x3d (the cluster manager's command): create the vbucket or change its state. The
-    optional JSON value (erratum 30) is accepted; its topology is not used yet."""
+    optional JSON value (erratum 30) is accepted; its topology is not used yet.
+
+    The reply promises the new state (and a new failover entry) is on disk. While a flush batch is
+    being written the engine can only queue the state row behind it (the batch carries the older
+    row), so then the change waits until no batch is in flight and is written at once."""
     req = kvproto.SetVbucket.from_frame(frame)
-    conn.bucket.engine.set_vbucket_state(req.vbucket, VBucketState(req.state))
-    conn.server.topology.bump()
-    return response(frame.opcode, opaque=frame.opaque)
+    state = VBucketState(req.state)
+    engine = conn.bucket.engine
+
+    def apply() -> bytes:
+        engine.set_vbucket_state(req.vbucket, state)
+        conn.server.topology.bump()
+        return response(frame.opcode, opaque=frame.opaque)
+
+    if engine.flusher.in_flight is None:
+        return apply()
+
+    async def after_batch() -> bytes:
+        await conn.server.flush_settled()
+        return apply()  # no await in between: no batch can start before the state row is written
+
+    return after_batch()
 
 
 @command(Opcode.GET_VBUCKET, privilege=_P.META_READ)
