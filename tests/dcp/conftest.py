@@ -74,3 +74,40 @@ def fill(writer, vb: int, n: int, prefix: str = "k", value: bytes = b'{"v":1}') 
     for k in keys:
         assert writer.set(k, value, vbucket=vb, datatype=0).status == 0
     return keys
+
+
+def overfill(srv, vb: int, prefix: str = "slow") -> None:
+    """Write 420 documents of 500 bytes to `vb` so that its checkpoints go over a small
+    `checkpoint_memory_quota`, with a lagging stream cursor the only thing pinning them."""
+    w = srv.login()
+    keys = keys_in(vb, 420, prefix=prefix)
+    for i, key in enumerate(keys[:400]):
+        w.set(key, b"x" * 500, vbucket=vb)
+        if i % 100 == 99:  # close checkpoints so that old ones can be dropped
+            srv.call(lambda: engine_of(srv).vbucket(vb).checkpoint_manager.create_checkpoint())
+    wait_persisted(srv, vb)  # only checkpoints the flusher is done with may be released
+    for key in keys[400:]:  # over quota again: now the stalled cursor is the one to drop
+        w.set(key, b"x" * 500, vbucket=vb)
+    w.close()
+
+
+def stalled_stream(srv, c, vb: int) -> None:
+    """A stream held by flow control (nothing acked) while the vbucket keeps changing."""
+    c.controls(connection_buffer_size=200)
+    assert c.stream_request(vb).status == 0
+    overfill(srv, vb)
+
+
+def dropped_cursors(srv, vb: int) -> int:
+    return srv.call(lambda: engine_of(srv).vbucket(vb).checkpoint_manager.num_dropped_cursors)
+
+
+def server_dropped(srv, vb: int, timeout: float = 5.0) -> bool:
+    """Until the checkpoint manager of `vb` dropped a cursor (False after `timeout`)."""
+    import time
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if dropped_cursors(srv, vb):
+            return True
+        time.sleep(0.02)
+    return False

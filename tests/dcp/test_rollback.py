@@ -6,13 +6,13 @@ import json
 import time
 
 from dcpflow.protocol import dcp
-from dcpflow.protocol.dcp import StreamFlag
+from dcpflow.protocol.dcp import StreamEndReason, StreamFlag
 from dcpflow.protocol.hello import Feature
 from dcpflow.protocol.opcodes import Opcode
 from dcpflow.protocol.status import Status
 
 from .client import DcpClient, items, markers
-from .conftest import engine_of, fill, to_disk_only, vbucket
+from .conftest import engine_of, fill, keys_in, overfill, server_dropped, to_disk_only, vbucket
 
 MAX = 0xFFFFFFFFFFFFFFFF
 
@@ -154,5 +154,87 @@ def test_purge_seqno_branches(make_server):
     assert c.stream_request(0, 0, 10, uuid).status == Status.SUCCESS
     got = items(c.until_stream_end(0))
     assert [m.by_seqno for m in got] == [4, 5, 6, 10]
+    c.close()
+    w.close()
+
+
+def test_purge_before_a_queued_backfill_opens_ends_with_rollback(make_server):
+    """The purge rule is applied again when a backfill's scan opens, with the scan's purge seqno:
+    tombstones above the start purged while the backfill waited (here behind another vbucket's,
+    backfill_order sequential, held by flow control) end the stream with STREAM_END(Rollback) and
+    no snapshot (stream-end.md, rollback.md "Wild Card 'Purge'"), unless the request said
+    IgnorePurgedTombstones or its `purge_seqno` is still the server's."""
+    srv = make_server(purge_interval=0.0)
+    w = srv.login()
+    fill(w, 0, 300, prefix="big", value=b"b" * 20_000)  # 6 MB: more than a backfill reads ahead
+    for vb in (1, 2, 3):
+        for k in fill(w, vb, 6)[:3]:
+            assert w.delete(k, vbucket=vb).status == Status.SUCCESS  # tombstones at 7..9
+        fill(w, vb, 1, prefix="after")  # 10
+    for vb in (0, 1, 2, 3):
+        to_disk_only(srv, vb)
+
+    def compact(vb: int) -> None:
+        srv.call(lambda: engine_of(srv).compact(vb, now=time.time() + 10))
+        assert vbucket(srv, vb).purge_seqno == 9
+
+    compact(3)  # before its request, which says it saw that purge
+    c = DcpClient(srv.port)
+    c.connect(features=(Feature.XERROR, Feature.COLLECTIONS))
+    c.controls(enable_noop="true", connection_buffer_size=1000, backfill_order="sequential")
+    assert c.stream_request(0, 0, 300).status == Status.SUCCESS  # never acked: holds the one backfill slot
+    uuid = {vb: vbucket(srv, vb).uuid for vb in (1, 2, 3)}
+    assert c.stream_request(1, 5, 10, uuid[1], 5, 5).status == Status.SUCCESS  # nothing purged yet
+    assert c.stream_request(2, 5, 10, uuid[2], 5, 5, flags=StreamFlag.IGNORE_PURGED_TOMBSTONES).status == \
+        Status.SUCCESS
+    assert c.stream_request(3, 5, 10, uuid[3], 5, 5, value=json.dumps({"purge_seqno": "9"}).encode()).status == \
+        Status.SUCCESS
+    stats = w.stats("dcp")
+    assert int(stats["eq_dcpq:test:num_backfills_running"]) == 1
+    assert [int(stats[f"eq_dcpq:test:stream_{vb}_backfills"]) for vb in (1, 2, 3)] == [0, 0, 0]  # not opened
+    compact(1)
+    compact(2)
+    c.buffer_ack(c.received_bytes)  # what arrived during the requests; the rest is acked as it comes
+    msgs = []
+    for _ in range(4):
+        msgs += c.until_stream_end(ack=True, timeout=60)
+    by_vb = {vb: [m for m in msgs if m.vbucket == vb] for vb in range(4)}
+    assert by_vb[1] == [dcp.DcpStreamEnd(1, StreamEndReason.ROLLBACK, by_vb[1][0].opaque)]
+    for vb in (2, 3):
+        assert [(m.start_seqno, m.end_seqno) for m in markers(by_vb[vb])] == [(5, 10)]
+        assert [m.by_seqno for m in items(by_vb[vb])] == [6, 10]
+        assert by_vb[vb][-1].reason == StreamEndReason.OK
+    assert len(items(by_vb[0])) == 300 and by_vb[0][-1].reason == StreamEndReason.OK
+    c.close()
+    w.close()
+
+
+def test_purge_before_the_backfill_of_a_dropped_cursor_ends_with_rollback(make_server):
+    """After a dropped cursor the stream backfills from what the consumer has (the last seqno it
+    queued): tombstones above that purged before the scan opened end it with STREAM_END(Rollback),
+    not with a disk snapshot that leaves them out."""
+    srv = make_server(purge_interval=0.0, checkpoint_memory_quota=20_000, checkpoint_max_items=50)
+    w = srv.login()
+    fill(w, 5, 20, prefix="other", value=b"o" * 1000)
+    to_disk_only(srv, 5)
+    c = DcpClient(srv.port).connect()
+    c.controls(supports_cursor_dropping="true", connection_buffer_size=200)
+    assert c.stream_request(0).status == Status.SUCCESS
+    fill(w, 0, 5, prefix="first")
+    c.messages_until(lambda m: isinstance(m, dcp.DcpMutation) and m.by_seqno == 5, ack=True)  # it has 1..5
+    # vbucket 5's backfill fills the window and is not acked: vbucket 0's stream can neither send
+    # nor act on its dropped cursor until the consumer acks
+    assert c.stream_request(5, 0, 20).status == Status.SUCCESS
+    c.messages_until(lambda m: isinstance(m, dcp.DcpSnapshotMarker) and m.vbucket == 5)
+    overfill(srv, 0)  # seqnos 6..425
+    assert server_dropped(srv, 0)
+    for k in keys_in(0, 3, prefix="slow"):
+        assert w.delete(k, vbucket=0).status == Status.SUCCESS  # tombstones at 426..428
+    to_disk_only(srv, 0)
+    srv.call(lambda: engine_of(srv).compact(0, now=time.time() + 10))
+    assert vbucket(srv, 0).purge_seqno == 428
+    c.buffer_ack(c.received_bytes)
+    msgs = [m for m in c.until_stream_end(0, ack=True) if m.vbucket == 0]
+    assert msgs == [dcp.DcpStreamEnd(0, StreamEndReason.ROLLBACK, msgs[-1].opaque)]  # no snapshot from 6
     c.close()
     w.close()

@@ -1,11 +1,10 @@
 """Every STREAM_END reason the producer can send (stream-end.md, TABLES.md 5.5), each caused by
-the real event: end seqno, CLOSE_STREAM, vbucket state change, server shutdown, a cursor dropped
-for memory (too slow) or recovered by backfill, a failed disk scan, a vbucket rollback, and lost
-privileges. FilterEmpty cannot happen here: only the default collection exists and it cannot be
-dropped."""
+the real event: end seqno, CLOSE_STREAM, vbucket state change, server shutdown, a failed disk
+scan, a vbucket rollback, and lost privileges. Slow is not sent: only the streams of a connection
+that opted in have droppable cursors, and they recover from disk (tested here too). FilterEmpty
+cannot happen here: only the default collection exists and it cannot be dropped."""
 
 import os
-import time
 
 from dcpflow.protocol import dcp
 from dcpflow.protocol.dcp import SnapshotFlag, StreamEndReason
@@ -13,7 +12,7 @@ from dcpflow.protocol.opcodes import Opcode
 from dcpflow.protocol.status import Status
 
 from .client import DcpClient, items, markers
-from .conftest import engine_of, fill, keys_in, to_disk_only, vbucket, wait_persisted
+from .conftest import dropped_cursors, engine_of, fill, overfill, server_dropped, stalled_stream, to_disk_only, vbucket
 
 MAX = 0xFFFFFFFFFFFFFFFF
 
@@ -60,40 +59,39 @@ def test_server_shutdown_ends_streams_as_disconnected(make_server):
     c.close()
 
 
-def stalled_stream(srv, c, vb: int):
-    """A stream held by flow control (nothing acked) while the vbucket keeps changing."""
-    c.controls(connection_buffer_size=200)
-    assert c.stream_request(vb).status == Status.SUCCESS
-    w = srv.login()
-    keys = keys_in(vb, 420, prefix="slow")
-    for i, key in enumerate(keys[:400]):
-        w.set(key, b"x" * 500, vbucket=vb)
-        if i % 100 == 99:  # close checkpoints so that old ones can be dropped
-            srv.call(lambda: engine_of(srv).vbucket(vb).checkpoint_manager.create_checkpoint())
-    wait_persisted(srv, vb)  # only checkpoints the flusher is done with may be released
-    for key in keys[400:]:  # over quota again: now the stalled cursor is the one to drop
-        w.set(key, b"x" * 500, vbucket=vb)
-    w.close()
-
-
-def test_dropped_cursor_without_support_ends_as_too_slow(make_server):
+def test_cursor_is_droppable_only_after_opt_in(make_server):
+    """recommended-apis.md: `supports_cursor_dropping` is the client saying it tolerates a dropped
+    cursor. A stream of a connection that never sent it, or requested before it was sent, keeps
+    its cursor over the checkpoint quota and gets everything from memory, with no STREAM_END."""
     srv = make_server(checkpoint_memory_quota=20_000, checkpoint_max_items=50)
-    c = DcpClient(srv.port).connect()
-    stalled_stream(srv, c, 0)
-    assert server_dropped(srv, 0)
-    c.buffer_ack(1 << 20)
-    msgs = c.until_stream_end(0, ack=True)
-    assert ends(msgs) == [(0, StreamEndReason.SLOW)]
-    c.close()
-
-
-def server_dropped(srv, vb: int, timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if srv.call(lambda: engine_of(srv).vbucket(vb).checkpoint_manager.num_dropped_cursors):
-            return True
-        time.sleep(0.02)
-    return False
+    plain = DcpClient(srv.port).connect(name="plain")
+    plain.controls(connection_buffer_size=200)
+    assert plain.stream_request(0).status == Status.SUCCESS
+    late = DcpClient(srv.port).connect(name="late")
+    late.controls(connection_buffer_size=200)
+    assert late.stream_request(1).status == Status.SUCCESS  # before the opt-in: keeps its cursor
+    late.controls(supports_cursor_dropping="true")
+    assert late.stream_request(2).status == Status.SUCCESS  # after it: droppable
+    for vb in (0, 1, 2):
+        overfill(srv, vb)
+    assert server_dropped(srv, 2)  # the quota was exceeded and the opted-in cursor went ...
+    assert (dropped_cursors(srv, 0), dropped_cursors(srv, 1)) == (0, 0)  # ... the others stayed
+    stats = srv.login().stats("dcp")
+    assert (stats["eq_dcpq:plain:cursor_dropping"], stats["eq_dcpq:late:cursor_dropping"]) == ("0", "1")
+    assert int(stats["eq_dcpq:late:stream_2_cursor_drops"]) == 1
+    assert int(stats["eq_dcpq:late:stream_1_cursor_drops"]) == 0
+    msgs = plain.messages_until(lambda m: isinstance(m, dcp.DcpMutation) and m.by_seqno == 420, ack=True)
+    assert [m.by_seqno for m in items(msgs)] == list(range(1, 421)) and ends(msgs) == []
+    assert all(m.flags & SnapshotFlag.MEMORY for m in markers(msgs))
+    got = {1: [], 2: []}
+    while len(got[1]) < 420 or len(got[2]) < 420:
+        msg = late.messages_until(lambda m: True, ack=True)[0]
+        assert not isinstance(msg, dcp.DcpStreamEnd), msg
+        if isinstance(msg, dcp.DcpMutation):
+            got[msg.vbucket].append(msg.by_seqno)
+    assert got == {1: list(range(1, 421)), 2: list(range(1, 421))}
+    plain.close()
+    late.close()
 
 
 def test_dropped_cursor_with_support_switches_to_backfill(make_server):

@@ -147,6 +147,28 @@ def test_disk_only_backfills_and_ends(server, clients, writer):
     assert [i.by_seqno for i in items(msgs)] == [1, 2, 3, 4]
 
 
+def test_disk_only_forces_the_end_to_the_persisted_seqno(server, clients, writer):
+    """TABLES.md 5.2: DiskOnly's end seqno is the persisted seqno, whatever end was asked; the
+    range checks apply to that end (as to ToLatest's), so only the forced end decides ERANGE."""
+    fill(writer, 0, 10)
+    wait_persisted(server, 0)
+    assert writer.call(Opcode.STOP_PERSISTENCE).status == Status.SUCCESS
+    try:
+        fill(writer, 0, 2, prefix="unpersisted")  # 11, 12: in memory only
+        uuid = vbucket(server, 0).uuid
+        c = clients()
+        assert c.stream_request(0, 0, 5, flags=StreamFlag.DISK_ONLY).status == Status.SUCCESS  # end 5 -> 10
+        msgs = c.until_stream_end(0)
+        assert [i.by_seqno for i in items(msgs)] == list(range(1, 11))
+        assert (markers(msgs)[0].end_seqno, msgs[-1].reason) == (10, StreamEndReason.OK)
+        assert c.stream_request(0, 7, 6, uuid, 7, 7, flags=StreamFlag.DISK_ONLY).status == Status.SUCCESS  # 7 <= 10
+        assert [i.by_seqno for i in items(c.until_stream_end(0))] == [8, 9, 10]
+        assert c.stream_request(0, 11, MAX, uuid, 11, 11, flags=StreamFlag.DISK_ONLY).status == Status.ERANGE
+        assert c.stream_request(0, 11, MAX, uuid, 11, 11).status == Status.SUCCESS  # without DiskOnly: fine
+    finally:
+        assert writer.call(Opcode.START_PERSISTENCE).status == Status.SUCCESS
+
+
 def test_takeover_end_is_infinite_and_other_flags_combine(server, clients, writer):
     fill(writer, 0, 2)
     c = clients()

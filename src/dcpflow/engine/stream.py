@@ -143,6 +143,7 @@ class ActiveStream:
 
     def __init__(self, vb, *, name: str, opaque: int, start_seqno: int, end_seqno: int, snap_start_seqno: int,
                  flags: int = 0, stream_id: int | None = None, options: StreamOptions | None = None,
+                 client_purge_seqno: int | None = None,
                  set_vbucket_state: Callable[[int, VBucketState], object] | None = None,
                  wake: Callable[[], None] = lambda: None):
         self.vb = vb
@@ -155,6 +156,8 @@ class ActiveStream:
         self.start_seqno = start_seqno
         self.end_seqno = end_seqno
         self.snap_start_seqno = snap_start_seqno
+        # the request's JSON `purge_seqno`: the owner re-checks purges with it when a backfill opens
+        self.client_purge_seqno = client_purge_seqno
         self.takeover = bool(flags & StreamFlag.TAKEOVER)
         self.disk_only = bool(flags & StreamFlag.DISK_ONLY)
         self._set_vbucket_state = set_vbucket_state
@@ -202,7 +205,9 @@ class ActiveStream:
 
     def _register_cursor(self, seqno: int) -> None:
         cm = self.vb.checkpoint_manager
-        reg = cm.register_cursor(self.name, seqno, on_drop=self._on_cursor_dropped)
+        # droppable only if the connection opted in (recommended-apis.md "Cursor Dropping")
+        reg = cm.register_cursor(self.name, seqno, droppable=self.opts.supports_cursor_dropping,
+                                 on_drop=self._on_cursor_dropped)
         self.cursor, self.cursor_dropped = reg.cursor, False
         if reg.backfill_required:
             self._plan_backfill(reg.backfill_start, min(reg.backfill_end, self.end_seqno))
@@ -520,7 +525,8 @@ class ActiveStream:
 
     # -- memory --------------------------------------------------------------------------------
     def _recover_from_drop(self) -> None:
-        """The cursor was dropped (memory quota): backfill from where we are, or end as too slow."""
+        """The cursor was dropped: backfill from where we are. Only an opted-in stream's cursor is
+        droppable for memory, so SLOW is a safety net for a cursor lost some other way."""
         self.cursor = None
         self.cursor_dropped = False
         if not self.opts.supports_cursor_dropping:

@@ -36,10 +36,14 @@ producer moves them to the socket:
   flag and of SET_VBUCKET_STATE (takeover). Error replies NOT_MY_VBUCKET, STREAM_NOT_FOUND and
   OPAQUE_NO_MATCH (and KEY_EEXISTS/KEY_ENOENT unless `v7_dcp_status_codes`) are tolerated; any
   other error status closes the connection (reference/README.md).
+* Cursor dropping - only the streams of a connection that sent `supports_cursor_dropping` before
+  requesting them have droppable checkpoint cursors (recommended-apis.md: the client opts in);
+  a dropped cursor sends the stream back to disk. Other streams hold their checkpoints however
+  slow the consumer is.
 * Stream ends - vbucket state change (STATE_CHANGED, except the takeover stream that causes it),
-  rollback (ROLLBACK), privileges lost by re-authentication (LOST_PRIVILEGES), server shutdown
-  (DISCONNECTED), a dropped cursor without `supports_cursor_dropping` (SLOW), a failed scan
-  (BACKFILL_FAIL).
+  rollback (ROLLBACK), tombstones purged past the stream's position before its backfill scan
+  opened (ROLLBACK, `_purged_under`), privileges lost by re-authentication (LOST_PRIVILEGES),
+  server shutdown (DISCONNECTED), a failed scan (BACKFILL_FAIL).
 """
 
 import asyncio
@@ -246,6 +250,8 @@ class DcpProducer:
         if key == "force_value_compression":
             return Status.EINVAL, "force_value_compression needs HELLO Snappy, which this server does not grant"
         if key in ("supports_cursor_dropping", "supports_cursor_dropping_vulcan"):
+            # Streams requested from now on get droppable cursors; existing ones keep theirs (a
+            # stream's options are fixed at its request, like every other stream-shaping control).
             self.cursor_dropping = true
             return ok
         if key == "supports_hifi_MFU":
@@ -362,15 +368,12 @@ class DcpProducer:
         if flags & StreamFlag.TAKEOVER:
             end = MAX_SEQNO
         if flags & StreamFlag.DISK_ONLY:
-            end = min(end, vb.persisted_seqno)
+            end = vb.persisted_seqno  # forced, whatever was asked (TABLES.md 5.2); ERANGE checks this end
         if vb.state == VBucketState.REPLICA and vb.snapshot_start <= end < vb.snapshot_end:
             end = vb.snapshot_end  # a replica ends at a complete snapshot
         client_purge = int(doc["purge_seqno"]) if "purge_seqno" in doc else None
-        decision = vb.failover.rollback_decision(
-            start_seqno=start, end_seqno=end, vb_uuid=uuid, snap_start_seqno=snap_start,
-            snap_end_seqno=snap_end, high_seqno=vb.high_seqno, purge_seqno=vb.purge_seqno,
-            client_purge_seqno=client_purge, strict_vb_uuid=bool(flags & StreamFlag.STRICT_VBUUID),
-            ignore_purged_tombstones=bool(flags & StreamFlag.IGNORE_PURGED_TOMBSTONES))
+        decision = self._rollback_decision(vb, flags, client_purge, start=start, end=end, uuid=uuid,
+                                           snap_start=snap_start, snap_end=snap_end, purge_seqno=vb.purge_seqno)
         if decision.status == Status.ROLLBACK:
             return dcpproto.DcpStreamRequestResponse(Status.ROLLBACK, rollback_seqno=decision.rollback_seqno,
                                                      opaque=opaque).encode()
@@ -380,7 +383,7 @@ class DcpProducer:
             self._retire(existing)
         stream = ActiveStream(vb, name=f"dcp:{self.name}:{vbid}:{sid}:{next(_cursor_ids)}", opaque=opaque,
                               start_seqno=start, end_seqno=end, snap_start_seqno=snap_start, flags=flags,
-                              stream_id=sid, options=self.stream_options(),
+                              stream_id=sid, options=self.stream_options(), client_purge_seqno=client_purge,
                               set_vbucket_state=self._set_vbucket_state)
         stream._wake = lambda s=stream: self.wake(s)
         self.streams[(vbid, sid)] = stream
@@ -388,6 +391,32 @@ class DcpProducer:
         stream.start()
         self.wake(stream)
         return dcpproto.DcpStreamRequestResponse(Status.SUCCESS, tuple(vb.failover.entries), opaque=opaque).encode()
+
+    @staticmethod
+    def _rollback_decision(vb, flags: int, client_purge: int | None, *, start: int, end: int, uuid: int,
+                           snap_start: int, snap_end: int, purge_seqno: int):
+        """THE rollback decision (engine/failover.py) for a request's flags and JSON `purge_seqno`:
+        taken when the stream is requested, and again when a backfill opens its scan."""
+        return vb.failover.rollback_decision(
+            start_seqno=start, end_seqno=end, vb_uuid=uuid, snap_start_seqno=snap_start,
+            snap_end_seqno=snap_end, high_seqno=vb.high_seqno, purge_seqno=purge_seqno,
+            client_purge_seqno=client_purge, strict_vb_uuid=bool(flags & StreamFlag.STRICT_VBUUID),
+            ignore_purged_tombstones=bool(flags & StreamFlag.IGNORE_PURGED_TOMBSTONES))
+
+    def _purged_under(self, stream: ActiveStream, purge_seqno: int) -> bool:
+        """Must the consumer roll back to 0 because tombstones it has not seen were purged?
+
+        The request checked the purge seqno of that moment, but the scan opens later (queued
+        behind other backfills, or after a dropped cursor): a compaction in between leaves the
+        purged deletions out of the disk snapshot, and the consumer would never learn of them
+        (rollback.md "Wild Card 'Purge'"). So the request's purge rule is applied again with the
+        scan's purge seqno, from where the backfill starts (what the consumer has by then, on the
+        vbucket's current branch, so only the purge rule can ask for a rollback here)."""
+        vb, pos = stream.vb, stream.backfill.start - 1
+        decision = self._rollback_decision(vb, stream.flags, stream.client_purge_seqno, start=pos,
+                                           end=max(pos, stream.end_seqno), uuid=vb.uuid, snap_start=pos,
+                                           snap_end=pos, purge_seqno=purge_seqno)
+        return decision.status == Status.ROLLBACK
 
     def _check_value(self, doc: dict) -> tuple[int, str] | None:
         """stream-request-value.md "Validation"; only the default collection/scope (id 0) exists."""
@@ -709,6 +738,11 @@ class DcpProducer:
                 scan, page = await run(lambda: open_scan(room))
             if stream.dead or stream.backfill is not rng:
                 return
+            if self._purged_under(stream, scan.purge_seqno):
+                log.info("DCP %s: vbucket %d purged tombstones above %d (purge seqno %d) before its backfill "
+                         "opened: STREAM_END(Rollback)", self.name, stream.vbid, rng.start - 1, scan.purge_seqno)
+                self.end_stream(stream, StreamEndReason.ROLLBACK)
+                return
             stream.backfill_begin(scan.purge_seqno)
             self.wake(stream)
             while True:
@@ -883,6 +917,7 @@ class DcpProducer:
             p + "noop_wait": int(self.noop_pending),
             p + "priority": self.priority,
             p + "backfill_order": self.backfill_order,
+            p + "cursor_dropping": int(self.cursor_dropping),
             p + "num_backfills_running": len(self._backfills),
             p + "flow_control_pauses": self.paused_flow_control,
             p + "enable_stream_id": int(self.stream_ids),
