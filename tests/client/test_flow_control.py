@@ -8,7 +8,7 @@ import pytest
 
 from dcpflow.client import DcpClient, Mutation, Offset
 
-from .conftest import PASSWORD, USER, run, url, write
+from .conftest import PASSWORD, USER, keys_in, run, url, write
 
 BUFFER = 16 * 1024
 DOC = 400
@@ -74,3 +74,34 @@ def test_without_flow_control_reading_pauses_instead(server, backlog):
     assert n == len(backlog)
     total = sum(len(k) + len(v) + 56 for k, v in backlog.items())
     assert queued <= limit + 256 * 1024 < total  # at most one socket read (256 KiB) past the mark
+
+
+def test_a_slow_reader_whose_cursor_is_dropped_still_gets_everything(make_server):
+    """The client tolerates cursor dropping (it says so with supports_cursor_dropping_vulcan): over
+    the server's checkpoint quota its stalled cursor is dropped instead of pinning memory, the
+    stream goes back to disk, and the reader still ends up with every document."""
+    from tests.dcp.conftest import dropped_cursors, overfill, server_dropped
+
+    srv = make_server(checkpoint_memory_quota=20_000, checkpoint_max_items=50)
+
+    async def go():
+        async with await DcpClient.connect(url(srv.port, buffer_size=2048), USER, PASSWORD) as c:
+            loop = asyncio.get_running_loop()
+            first_key = keys_in(0, 1, prefix="first")[0]
+            with srv.login() as w:
+                await loop.run_in_executor(None, lambda: w.set(first_key, b"x" * 500, vbucket=0))
+            stream = c.events([0], start={0: Offset()})
+            first = await stream.__anext__()  # the stream is open (a marker, then "first")
+            await loop.run_in_executor(None, overfill, srv, 0)  # nothing is read meanwhile
+            assert await loop.run_in_executor(None, server_dropped, srv, 0)
+            got = {first.key: len(first.value)} if isinstance(first, Mutation) else {}
+            async for ev in stream:
+                if isinstance(ev, Mutation):
+                    got[ev.key] = len(ev.value)
+                    if len(got) == 421:
+                        break
+            await stream.aclose()
+            return got
+    got = run(go())
+    assert len(got) == 421 and set(got.values()) == {500}
+    assert dropped_cursors(srv, 0) >= 1

@@ -445,7 +445,9 @@ async def open_dcp(conn: Connection, name: str, *, buffer_size: int, noop_interv
                 (b"set_noop_interval", f"{noop_interval:g}".encode()),
                 (b"send_stream_end_on_client_close_stream", b"true"),
                 (b"enable_expiry_opcode", b"true")]
-    optional = [(b"set_priority", b"medium")]
+    # A slow reader may have its checkpoint cursor dropped (its stream goes back to disk, which the
+    # client handles like any disk snapshot) rather than pin the server's checkpoint memory.
+    optional = [(b"set_priority", b"medium"), (b"supports_cursor_dropping_vulcan", b"true")]
     if conn.collections:
         optional.append((b"max_marker_version", b"2.2"))
     futures = [(k, v, conn.request(DcpControl(k, v))) for k, v in required + optional]
