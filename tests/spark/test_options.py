@@ -18,7 +18,8 @@ def test_defaults_and_case_insensitive_names():
     assert o.bucket == "b" and o.connection_string == "couchbase://h:1/b"
     assert o.max_seqnos_per_trigger == 1000 and o.value_format == "json" and o.value_schema is None
     d = opts()
-    assert (d.starting_offsets, d.ending_offsets, d.vbuckets, d.rollback) == ("earliest", "latest", None, "reread")
+    assert (d.starting_offsets, d.ending_offsets, d.vbuckets, d.rollback) == ("earliest", None, None, "reread")
+    assert opts(endingOffsets="latest").ending_offsets == "latest"  # given: a stream refuses it
     assert d.key_format == "string" and d.value_format == "binary" and d.partitions >= 1
 
 

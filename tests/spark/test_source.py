@@ -109,6 +109,38 @@ def test_bad_options_fail_at_load_naming_the_option(spark, server):
     with pytest.raises(PySparkException, match="(?i)auth"):
         opts = {**source_options(server.port), "password": "wrong"}
         spark.read.format("dcp").options(**opts).load().collect()
+    # an offset for a vbucket the bucket does not have is not dropped without a word
+    with pytest.raises(PySparkException, match="option 'startingOffsets': bucket 'default' has 64 vbuckets"):
+        spark.read.format("dcp").options(**source_options(
+            server.port, startingOffsets='{"70": {"vbuuid": 1, "seqno": 5}}')).load().collect()
+    # endingOffsets means nothing to a stream: refused when the query starts, not ignored
+    with pytest.raises(PySparkException, match="'endingOffsets' applies to batch reads"):
+        q = (spark.readStream.format("dcp").options(**source_options(server.port, endingOffsets="latest")).load()
+             .writeStream.format("noop").trigger(availableNow=True).start())
+        q.awaitTermination(120)
+
+
+def test_vbuckets_added_on_restart_are_read_from_the_beginning(spark, server, tmp_path):
+    """A query restarted from its checkpoint with a wider `vbuckets` option reads the new vbuckets
+    from seqno 0 (as a Kafka source does with new partitions) instead of never reading them."""
+    work = Workload(docs=600, updates=0, deletes=0, expiring=0, rounds=0, seed=5)
+    truth = write(server.port, work)
+    out, ckpt = str(tmp_path / "changelog"), str(tmp_path / "ckpt")
+
+    def run(**extra):
+        q = (spark.readStream.format("dcp").options(**source_options(server.port, **extra)).load()
+             .writeStream.format("parquet").option("path", out).option("checkpointLocation", ckpt)
+             .trigger(availableNow=True).start())
+        q.awaitTermination()
+
+    run(vbuckets="0-31")
+    first = {r["vbucket"] for r in spark.read.parquet(out).select("vbucket").distinct().collect()}
+    assert first and first <= set(range(32))
+    run()  # every vbucket now
+    rows = spark.read.parquet(out).collect()
+    assert {r["vbucket"] for r in rows} - first  # the added vbuckets were read
+    assert len({(r["vbucket"], r["seqno"]) for r in rows}) == len(rows)  # and nothing twice
+    assert latest_per_key(rows) == truth
 
 
 def test_rollback_after_unclean_restart_repairs_the_state(spark, spawn_server, tmp_path):

@@ -43,7 +43,7 @@ class DcpOptions:
     password: str
     vbuckets: tuple[int, ...] | None = None  # None: every vbucket of the bucket
     starting_offsets: object = "earliest"  # "earliest" | "latest" | offsets.OffsetSpec
-    ending_offsets: object = "latest"  # batch reads only
+    ending_offsets: object = None  # batch reads only: None (not given) reads to the latest seqnos
     max_seqnos_per_trigger: int | None = None
     max_bytes_per_trigger: int | None = None
     partitions: int = field(default_factory=lambda: os.cpu_count() or 2)
@@ -100,7 +100,8 @@ def parse_options(options: Mapping[str, str]) -> DcpOptions:
         connection=raw["connection"].strip(), bucket=bucket, username=raw["username"], password=raw["password"],
         vbuckets=parse_vbuckets(raw["vbuckets"]) if raw.get("vbuckets", "").strip() not in ("", "all") else None,
         starting_offsets=parse_offsets_option(raw.get("startingOffsets", "earliest"), "startingOffsets"),
-        ending_offsets=parse_offsets_option(raw.get("endingOffsets", "latest"), "endingOffsets"),
+        ending_offsets=(parse_offsets_option(raw["endingOffsets"], "endingOffsets") if "endingOffsets" in raw
+                        else None),
         max_seqnos_per_trigger=_int(raw, "maxSeqnosPerTrigger", None, minimum=1),
         max_bytes_per_trigger=_size(raw, "maxBytesPerTrigger"),
         partitions=_int(raw, "partitions", os.cpu_count() or 2, minimum=1),

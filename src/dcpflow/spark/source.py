@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Iterator
 
 import pyarrow as pa
@@ -28,6 +29,8 @@ from pyspark.sql.streaming.datasource import (
 from . import offsets as off
 from .options import DcpOptionError, DcpOptions, parse_options
 from .schema import BatchConverter, arrow_schema, delivered, infer_json_schema, schema_ddl, value_ddl
+
+log = logging.getLogger("dcpflow.spark")
 
 
 def new_loop() -> asyncio.AbstractEventLoop:
@@ -88,12 +91,19 @@ async def server_state(client, vbuckets) -> tuple[dict[int, int], dict[int, list
 
 
 def chosen_vbuckets(opts: DcpOptions, num_vbuckets: int) -> list[int]:
+    """The vbuckets to read; options naming a vbucket the bucket does not have are errors (an
+    offset for one would otherwise be dropped without a word)."""
+    named = [("vbuckets", opts.vbuckets or ())]
+    for name, spec in (("startingOffsets", opts.starting_offsets), ("endingOffsets", opts.ending_offsets)):
+        if isinstance(spec, off.OffsetSpec):
+            named.append((name, sorted(spec.vbuckets)))
+    for name, vbs in named:
+        bad = [vb for vb in vbs if vb >= num_vbuckets]
+        if bad:
+            raise DcpOptionError(f"option {name!r}: bucket {opts.bucket!r} has {num_vbuckets} vbuckets "
+                                 f"(0..{num_vbuckets - 1}); {bad[:5]} do not exist")
     if opts.vbuckets is None:
         return list(range(num_vbuckets))
-    bad = [vb for vb in opts.vbuckets if vb >= num_vbuckets]
-    if bad:
-        raise DcpOptionError(f"option 'vbuckets': bucket {opts.bucket!r} has {num_vbuckets} vbuckets "
-                             f"(0..{num_vbuckets - 1}); {bad[:5]} do not exist")
     return list(opts.vbuckets)
 
 
@@ -122,6 +132,9 @@ class DcpDataSource(DataSource):
         return DcpBatchReader(self.opts, schema)
 
     def streamReader(self, schema) -> DcpStreamReader:
+        if self.opts.ending_offsets is not None:
+            raise DcpOptionError("option 'endingOffsets' applies to batch reads (spark.read) only; a stream "
+                                 "runs until stopped (use Trigger.AvailableNow to stop at the seqnos of its start)")
         return DcpStreamReader(self.opts, schema)
 
 
@@ -192,7 +205,7 @@ class DcpBatchReader(DataSourceReader):
             raise DcpOptionError("startingOffsets=latest makes an empty batch read; use earliest or JSON offsets")
         start = off.SourceOffset(off.resolve(opts.starting_offsets, vbs, high, uuids), 0)
         limit = dict(high)
-        if opts.ending_offsets != "latest":
+        if opts.ending_offsets not in (None, "latest"):
             if opts.ending_offsets == "earliest":
                 raise DcpOptionError("endingOffsets=earliest makes an empty batch read; use latest or JSON offsets")
             ends = off.resolve(opts.ending_offsets, vbs, high, uuids, default="latest")
@@ -258,7 +271,18 @@ class DcpStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         high, logs, _ = self._state()
         if self._target is not None:
             high = {vb: min(h, self._target.get(vb, h)) for vb, h in high.items()}
+        added = [vb for vb in self._vbuckets if vb not in start_off.vbuckets]
+        if added:
+            # The `vbuckets` option grew since the checkpoint was written: the new vbuckets start
+            # from the beginning (as a Kafka source does with new partitions); planning only from
+            # the checkpoint's vbuckets would never read them.
+            log.warning("dcp source: vbuckets %s are not in the checkpoint's offset; reading them from the "
+                        "beginning", added[:16])
+            start_off = off.SourceOffset({**start_off.vbuckets, **dict.fromkeys(added, off.EARLIEST)},
+                                         start_off.batch, start_off.resets)
         end = off.plan(start_off, high, logs, self._budget(limit), self.opts.rollback)
+        if end is start_off:
+            return start  # nothing to read: the offset Spark holds, unchanged
         return end.to_json()
 
     def _budget(self, limit) -> int | None:
