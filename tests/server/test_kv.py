@@ -213,6 +213,47 @@ def test_dedupe_not_my_vbucket_clustermap(server):
         assert c.set(b"x", b"v", vbucket=6).value != b""
 
 
+def test_dedupe_knows_only_the_selected_buckets_map(make_server):
+    """The known configuration is the selected bucket's map (BinaryProtocol.md #0xb5): the
+    cluster-level map (no vbuckets) and another bucket's map do not count, and GET_CLUSTER_CONFIG
+    naming the current version records it."""
+    srv = make_server(buckets=("default", "other"))
+    features = (Feature.XERROR, Feature.DEDUPE_NOT_MY_VBUCKET_CLUSTERMAP)
+    with srv.client() as c:
+        c.login(features=features, bucket=None)
+        assert b"vBucketMap" not in c.call(Opcode.GET_CLUSTER_CONFIG).value  # the cluster-level map
+        assert c.select("default").status == Status.SUCCESS
+        c.call(Opcode.SET_VBUCKET, extras=b"\x02", vbucket=6)
+        assert b"vBucketMap" in c.set(b"x", b"v", vbucket=6).value  # never had this bucket's map
+        assert c.set(b"x", b"v", vbucket=6).value == b""
+        assert c.select("other").status == Status.SUCCESS
+        c.call(Opcode.SET_VBUCKET, extras=b"\x02", vbucket=6)
+        config = c.call(Opcode.GET_CLUSTER_CONFIG).value  # other's map, so the client knows its version
+        rev = json.loads(config)["rev"]
+        epoch = json.loads(config).get("revEpoch", 0)
+        assert c.select("default").status == Status.SUCCESS  # back: the map it holds is other's
+        assert b"vBucketMap" in c.set(b"x", b"v", vbucket=6).value
+        c.select("other")
+        known = c.call(Opcode.GET_CLUSTER_CONFIG, extras=struct.pack(">qq", epoch, rev))
+        assert known.status == Status.SUCCESS and known.value == b""  # current: recorded, nothing sent
+        assert c.set(b"x", b"v", vbucket=6).value == b""
+
+
+def test_get_meta_of_a_locked_document_hides_its_cas(admin):
+    """Document.md: a locked document's CAS is -1 to everyone but the locker, GET_META included (the
+    SDK's exists()); the lock's CAS would let any client replace the document."""
+    admin.set(b"locked", b"v")
+    lock = admin.call(Opcode.GET_LOCKED, key=b"locked", extras=struct.pack(">I", 10),
+                      vbucket=admin.vbucket_of(b"locked"))
+    assert lock.status == Status.SUCCESS
+    meta = admin.call(Opcode.GET_META, key=b"locked", extras=b"\x02", vbucket=admin.vbucket_of(b"locked"))
+    assert meta.status == Status.SUCCESS and meta.cas == 0xFFFF_FFFF_FFFF_FFFF
+    assert admin.call(Opcode.UNLOCK_KEY, key=b"locked", cas=lock.cas, vbucket=admin.vbucket_of(b"locked")).status \
+        == Status.SUCCESS
+    meta = admin.call(Opcode.GET_META, key=b"locked", extras=b"\x02", vbucket=admin.vbucket_of(b"locked"))
+    assert meta.cas == lock.cas  # unlocked: the real CAS again
+
+
 def test_get_all_vb_seqnos_with_filters(admin):
     for i in range(20):
         admin.set(b"s%d" % i, b"v")

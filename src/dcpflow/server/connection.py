@@ -472,6 +472,7 @@ class Connection(asyncio.Protocol):
 
     def select_bucket(self, bucket: "ServerBucket | None") -> None:
         self.bucket = bucket
+        self.known_config = None  # the map the client holds was another bucket's (or none)
         self.get_vbucket = bucket.engine.get_vbucket if bucket is not None else None  # hot-path shortcut
         if self.user is None:
             self.privileges = 0

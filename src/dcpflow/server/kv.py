@@ -324,15 +324,19 @@ def unlock_key(conn: Connection, frame: Frame) -> bytes:
 def get_meta(conn: Connection, frame: Frame) -> bytes | None:
     """GET_META reports tombstones too (deleted=1); GETQ_META is silent on a miss."""
     req = metaproto.GetMeta.from_frame(frame)
+    vb, key = active_vbucket(conn, frame.vbucket), doc_key(conn, req.key)
     try:
-        item = active_vbucket(conn, frame.vbucket).get_meta(doc_key(conn, req.key))
+        item = vb.get_meta(key)
     except EngineError as e:
         if e.status == Status.KEY_ENOENT and req.opcode == Opcode.GETQ_META:
             return None
         raise
+    cas = item.cas
+    if vb.locks and vb.lock_cas(key) is not None:
+        cas = LOCKED_CAS  # as GET does: the lock's CAS would let anyone past the lock (Document.md)
     return metaproto.GetMetaResponse(
         deleted=1 if item.deleted else 0, flags=item.flags, expiry=item.meta_expiry, rev_seqno=item.rev_seqno,
-        cas=item.cas, datatype=item.datatype if req.wants_datatype else None, opaque=frame.opaque,
+        cas=cas, datatype=item.datatype if req.wants_datatype else None, opaque=frame.opaque,
         opcode=frame.opcode).encode()
 
 

@@ -147,11 +147,17 @@ def get_cluster_config(conn: Connection, frame: Frame) -> bytes:
     version in the extras, the map is sent only if ours is newer (empty success otherwise)."""
     req = kvproto.GetClusterConfig.from_frame(frame)
     version = conn.server.topology.version
+    # The known configuration (NOT_MY_VBUCKET dedupe) is the selected bucket's map: recorded when
+    # the client gets it or says it has it, never for the cluster-level map (it has no vbuckets).
     if req.known_version is not None and req.known_version >= version:
+        if conn.bucket is not None:
+            conn.known_config = version
         return response(frame.opcode, opaque=frame.opaque)
-    config = conn.bucket.config() if conn.bucket is not None else conn.server.topology.cluster_config()
+    if conn.bucket is None:
+        return response(frame.opcode, opaque=frame.opaque, value=conn.server.topology.cluster_config(),
+                        datatype=Datatype.JSON)
     conn.known_config = version
-    return response(frame.opcode, opaque=frame.opaque, value=config, datatype=Datatype.JSON)
+    return response(frame.opcode, opaque=frame.opaque, value=conn.bucket.config(), datatype=Datatype.JSON)
 
 
 _CONFIG_VERSION = struct.Struct(">qq")
