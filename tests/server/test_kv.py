@@ -38,6 +38,22 @@ def test_set_get_roundtrip_with_flags_datatype_and_token(admin):
     assert getk.key == b"k" and getk.value == b"raw bytes"
 
 
+@pytest.mark.parametrize(("value", "is_json"), [
+    (b'{"a":1}', True), (b' {"a":1}', True), (b'{"a":1}\n', True), (b"\t[1, 2]\r\n", True), (b" 12 ", True),
+    (b"1" + b"0" * 5000, True), (b"[" + b"9" * 5000 + b"]", True), (b'"x"', True), (b"true", True),
+    (b"1e999", True),
+    (b"[NaN]", False), (b'{"a":Infinity}', False), (b"-Infinity", False), ("{}".encode("utf-16-le"), False),
+    ("[1]".encode("utf-16-le"), False), ('["\u00e9"]'.encode("latin-1"), False), (b'{"a":1', False),
+    (b"   ", False), (b"12ab", False), (b"tru", False),
+])
+def test_json_detection_is_strict_rfc_8259(admin, value, is_json):
+    """A value stored without the JSON bit gets it exactly when it is JSON (RFC 8259, UTF-8):
+    whitespace around it is allowed; NaN/Infinity, UTF-16 text and truncated documents are not
+    JSON; a number of any length is."""
+    assert admin.set(b"j", value).status == Status.SUCCESS
+    assert admin.get(b"j").datatype == (1 if is_json else 0)
+
+
 def test_without_mutation_seqno_there_are_no_extras(server):
     with server.client() as c:
         c.login(features=(Feature.XERROR,))

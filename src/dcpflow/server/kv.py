@@ -51,7 +51,8 @@ _MUTATION_EXTRAS = struct.Struct(">QQ")
 MAX_KEY_LEN = 250  # memcached's key limit, without the collection prefix
 _JSON, _SNAPPY, _XATTR = int(Datatype.JSON), int(Datatype.SNAPPY), int(Datatype.XATTR)  # ints: IntFlag ops are slow
 _NUMBER_CHARS = b"0123456789.eE+-"
-_JSON_FIRST_BYTES = frozenset(b'{["tfn' + _NUMBER_CHARS)
+_JSON_WS = b" \t\r\n"
+_JSON_FIRST_BYTES = frozenset(b'{["tfn' + _NUMBER_CHARS + _JSON_WS)
 #: How long SEQNO_PERSISTENCE waits before ETMPFAIL (ep-engine's seqno persistence timeout).
 SEQNO_PERSISTENCE_TIMEOUT = 30.0
 
@@ -101,25 +102,36 @@ def mutation_reply(conn: Connection, frame: Frame, vb: VBucket, cas: int, seqno:
     return _pack_header(_RESPONSE, frame.opcode, 0, 0, 0, 0, 0, frame.opaque, cas)
 
 
+def _not_json(constant: str):
+    raise ValueError(f"{constant} is not JSON")
+
+
+def _is_json(value: bytes) -> bool:
+    """Strict RFC 8259: UTF-8 only (json.loads would also take UTF-16/32 bytes), no NaN/Infinity,
+    and numbers are not converted (Python's int conversion refuses more than 4300 digits)."""
+    try:
+        json.loads(value.decode("utf-8"), parse_constant=_not_json, parse_int=len, parse_float=len)
+    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+        return False
+    return True
+
+
 def _looks_like_json(value: bytes) -> bool:
     """Cheap rejections first: most binary values fail on their first byte without a parse."""
     if not value:
         return False
     first = value[0]
-    if first in b"{[\"":
-        try:
-            json.loads(value)
-        except (ValueError, RecursionError, UnicodeDecodeError):
+    if first in _JSON_WS or value[-1] in _JSON_WS:  # JSON may have whitespace around (rare: only then a copy)
+        value = value.strip(_JSON_WS)
+        if not value:
             return False
-        return True
+        first = value[0]
+    if first in b"{[\"":
+        return _is_json(value)
     if first in _NUMBER_CHARS:
         if value.strip(_NUMBER_CHARS):
             return False  # not made only of number characters
-        try:
-            json.loads(value)
-        except ValueError:
-            return False
-        return True
+        return _is_json(value)
     return value in (b"true", b"false", b"null")
 
 
