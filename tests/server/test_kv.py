@@ -373,6 +373,35 @@ def test_xattr_values_are_stripped_on_get(server):
         assert c.set(b"xb", b"\x00\x00\x00\x09abc", datatype=0x04).status == Status.XATTR_EINVAL
 
 
+def _raw_xattrs(*pairs: tuple[bytes, bytes]) -> bytes:
+    section = b"".join(struct.pack(">I", len(k) + len(v) + 2) + k + b"\x00" + v + b"\x00" for k, v in pairs)
+    return struct.pack(">I", len(section)) + section + b"{}"
+
+
+@pytest.mark.parametrize(("pairs", "ok"), [
+    (((b"user", b'{"a":1}'), (b"_sync", b'"x"'), (b"x]y", b"1"), (b"k" * 15, b"null")), True),
+    (((b"user", b"not json"),), False),
+    (((b"user", b"NaN"),), False),
+    (((b"#tag", b"1"),), False),
+    (((b"\x01ctl", b"1"),), False),
+    (((b"a.b", b"1"),), False),
+    (((b"a[0", b"1"),), False),
+    (((b"", b"1"),), False),
+    (((b"k" * 16, b"1"),), False),
+    (((b"_", b"1"),), False),
+    (((b"$document", b"{}"),), False),
+    (((b"\xff\xfe", b"1"),), False),
+    (((b"dup", b"1"), (b"dup", b"2")), False),
+])
+def test_stored_xattrs_follow_the_key_and_value_rules(server, pairs, ok):
+    """ExtendedAttributes.md: keys of 1-15 bytes, no reserved first character, not '_' alone, no '$'
+    (virtual, read-only), no '.' or '[', each once; values are JSON. Anything else is XATTR_EINVAL."""
+    with server.client() as c:
+        c.login(features=(Feature.XERROR, Feature.XATTR, Feature.JSON))
+        reply = c.set(b"xv", _raw_xattrs(*pairs), datatype=0x05)
+        assert reply.status == (Status.SUCCESS if ok else Status.XATTR_EINVAL)
+
+
 def incr(c: RawClient, key: bytes, delta: int = 1, initial: int = 0, expiry: int = 0, opcode=Opcode.INCREMENT,
          cas: int = 0):
     return c.call(opcode, key=key, extras=struct.pack(">QQI", delta, initial, expiry), vbucket=c.vbucket_of(key),

@@ -4,6 +4,7 @@ Layout per reference/kv_engine/docs/Document.md: u32 total length of the xattr s
 pairs of (u32 pair length, key NUL, value NUL), then the document body.
 """
 
+import json
 import struct
 from enum import IntFlag
 
@@ -21,14 +22,14 @@ KNOWN_DATATYPE_BITS = 0x07
 _U32 = struct.Struct(">I")
 
 
-def split_xattrs(value: bytes) -> tuple[dict[str, str], bytes]:
-    """Return (xattrs, body) of a value whose datatype has the XATTR bit (uncompressed)."""
+def _xattr_pairs(value: bytes) -> tuple[list[tuple[bytes, bytes]], int]:
+    """The raw (key, value) pairs of the xattr section and where the body starts."""
     if len(value) < 4:
         raise ProtocolError(f"xattr value is {len(value)} bytes; it needs at least the 4-byte length")
     (total,) = _U32.unpack_from(value, 0)
     if total > len(value) - 4:
         raise ProtocolError(f"xattr section claims {total} bytes but only {len(value) - 4} follow")
-    xattrs: dict[str, str] = {}
+    pairs = []
     pos, end = 4, 4 + total
     while pos < end:
         if end - pos < 4:
@@ -39,9 +40,66 @@ def split_xattrs(value: bytes) -> tuple[dict[str, str], bytes]:
         if len(pair) != pair_len or pair.count(b"\x00") != 2 or not pair.endswith(b"\x00"):
             raise ProtocolError("xattr pair must be 'key\\0value\\0' within its declared length")
         k, v, _ = pair.split(b"\x00")
-        xattrs[k.decode("utf-8", "replace")] = v.decode("utf-8", "replace")
+        pairs.append((k, v))
         pos += pair_len
-    return xattrs, value[end:]
+    return pairs, end
+
+
+def split_xattrs(value: bytes) -> tuple[dict[str, str], bytes]:
+    """Return (xattrs, body) of a value whose datatype has the XATTR bit (uncompressed)."""
+    pairs, end = _xattr_pairs(value)
+    return {k.decode("utf-8", "replace"): v.decode("utf-8", "replace") for k, v in pairs}, value[end:]
+
+
+def _not_json(constant: str):
+    raise ValueError(f"{constant} is not JSON")
+
+
+def is_json(value: bytes) -> bool:
+    """Strict RFC 8259 over UTF-8: json.loads alone would also take UTF-16/32 bytes and NaN or
+    Infinity, and would refuse integers of more than 4300 digits (numbers are not converted here)."""
+    try:
+        json.loads(value.decode("utf-8"), parse_constant=_not_json, parse_int=len, parse_float=len)
+    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+        return False
+    return True
+
+
+#: ExtendedAttributes.md: a key may not start with these (ispunct() except '_' and '$').
+_RESERVED_FIRST = frozenset(b"!\"#%&'()*+,-./:;<=>?@[\\]^`{|}~")
+MAX_XATTR_KEY_LEN = 15
+
+
+def check_xattrs(value: bytes) -> None:
+    """The rules of ExtendedAttributes.md for xattrs a client stores, beyond the layout: keys of 1
+    to 15 bytes of UTF-8, not starting with a reserved character (punctuation other than '_' and
+    '$', control characters), '_' not alone, no '$' (virtual xattrs are read-only), no '.' or '['
+    (they begin a path), each key once; values are JSON."""
+    pairs, _ = _xattr_pairs(value)
+    seen = set()
+    for key, val in pairs:
+        where = f"xattr key {key[:32]!r}"
+        if not 0 < len(key) <= MAX_XATTR_KEY_LEN:
+            raise ProtocolError(f"{where}: a key is 1 to {MAX_XATTR_KEY_LEN} bytes (ExtendedAttributes.md)")
+        first = key[0]
+        if first < 0x20 or first == 0x7F or first in _RESERVED_FIRST:
+            raise ProtocolError(f"{where}: a key may not start with punctuation other than '_' and '$', or a "
+                                "control character (ExtendedAttributes.md)")
+        if first == 0x24:
+            raise ProtocolError(f"{where}: '$' keys are virtual xattrs, which are read-only")
+        if key == b"_":
+            raise ProtocolError(f"{where}: a system xattr key needs at least 2 bytes")
+        if b"." in key or b"[" in key:
+            raise ProtocolError(f"{where}: '.' and '[' begin a path and cannot be part of a key")
+        try:
+            key.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ProtocolError(f"{where}: a key is UTF-8") from None
+        if key in seen:
+            raise ProtocolError(f"{where}: appears twice")
+        seen.add(key)
+        if not is_json(val):
+            raise ProtocolError(f"{where}: the value is not JSON (ExtendedAttributes.md)")
 
 
 def join_xattrs(xattrs: dict[str, str], body: bytes) -> bytes:

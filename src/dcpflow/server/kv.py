@@ -26,7 +26,7 @@ from dcpflow.engine.vbucket import VBucket, VBucketState
 from dcpflow.protocol import dcp as dcpproto
 from dcpflow.protocol import kv as kvproto
 from dcpflow.protocol import meta as metaproto
-from dcpflow.protocol.datatype import Datatype, split_xattrs
+from dcpflow.protocol.datatype import Datatype, check_xattrs, is_json, split_xattrs
 from dcpflow.protocol.errors import ProtocolError
 from dcpflow.protocol.frame import (
     HEADER,
@@ -102,20 +102,6 @@ def mutation_reply(conn: Connection, frame: Frame, vb: VBucket, cas: int, seqno:
     return _pack_header(_RESPONSE, frame.opcode, 0, 0, 0, 0, 0, frame.opaque, cas)
 
 
-def _not_json(constant: str):
-    raise ValueError(f"{constant} is not JSON")
-
-
-def _is_json(value: bytes) -> bool:
-    """Strict RFC 8259: UTF-8 only (json.loads would also take UTF-16/32 bytes), no NaN/Infinity,
-    and numbers are not converted (Python's int conversion refuses more than 4300 digits)."""
-    try:
-        json.loads(value.decode("utf-8"), parse_constant=_not_json, parse_int=len, parse_float=len)
-    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
-        return False
-    return True
-
-
 def _looks_like_json(value: bytes) -> bool:
     """Cheap rejections first: most binary values fail on their first byte without a parse."""
     if not value:
@@ -127,11 +113,11 @@ def _looks_like_json(value: bytes) -> bool:
             return False
         first = value[0]
     if first in b"{[\"":
-        return _is_json(value)
+        return is_json(value)
     if first in _NUMBER_CHARS:
         if value.strip(_NUMBER_CHARS):
             return False  # not made only of number characters
-        return _is_json(value)
+        return is_json(value)
     return value in (b"true", b"false", b"null")
 
 
@@ -144,6 +130,7 @@ def incoming_datatype(conn: Connection, datatype: int, value: bytes) -> int:
                             f"(allowed: 0x{allowed:02x})")
     if datatype & _XATTR:
         try:
+            check_xattrs(value)
             _, body = split_xattrs(value)
         except ProtocolError as e:
             raise ProtocolError(f"malformed xattrs: {e.reason}", Status.XATTR_EINVAL) from None
