@@ -54,8 +54,8 @@ def workload(mode: str, passes: int) -> None:
     import kv
     from dcpflow.protocol.frame import request
     from dcpflow.protocol.opcodes import Opcode
-    from dcpflow.server.app import Server, ServerConfig
     from dcpflow.server import connection
+    from dcpflow.server.app import Server, ServerConfig
     from dcpflow.server.connection import Connection
 
     # Valgrind runs the server ~50x slower: with the 4 ms pass budget every window would be cut into
