@@ -429,6 +429,42 @@ def test_takeover_set_vbucket_state_pending_then_active(replica, peers):
         assert c.get(b"c", vbucket=3).value == b'{"v":1}'
 
 
+def test_takeover_active_is_acknowledged_once_on_disk(replica, peers):
+    """The ack of SET_VBUCKET_STATE(active) lets the old active go dead: with a flush batch in
+    flight (it carries the older state row) the consumer answers only after the batch, with the
+    new state written."""
+    import threading
+
+    engine = engine_of(replica)
+    p = peers()
+    s = p.open_stream(3, StreamFlag.TAKEOVER, failover_log=[(0xCAFE, 0)])
+    p.push(dcp.DcpSnapshotMarker(3, 1, 1, SnapshotFlag.MEMORY | SnapshotFlag.ACK, opaque=s),
+           mutation(3, 1, b"a", opaque=s))
+    assert p.reply_to(Opcode.DCP_SNAPSHOT_MARKER, s).status == Status.SUCCESS
+    entered, release = threading.Event(), threading.Event()
+    write = engine.flusher.write
+
+    def slow_write(batch):
+        entered.set()
+        release.wait(30)
+        write(batch)
+
+    engine.flusher.write = slow_write
+    try:
+        with replica.login() as w:
+            w.set(b"x", b"v", vbucket=10)  # an active vbucket: a batch to hold
+        assert entered.wait(10)
+        p.push(dcp.DcpSetVbucketState(3, VBucketState.ACTIVE, s))
+        with pytest.raises(TimeoutError):
+            p.reply_to(Opcode.DCP_SET_VBUCKET_STATE, s, timeout=0.3)
+        release.set()
+        assert p.reply_to(Opcode.DCP_SET_VBUCKET_STATE, s).status == Status.SUCCESS
+        assert replica.call(lambda: engine.store.load_vbucket_states()[3].state) == VBucketState.ACTIVE
+    finally:
+        release.set()
+        engine.flusher.write = write
+
+
 def test_vbucket_made_active_by_the_manager_ends_the_stream(replica, peers):
     p = peers()
     s = p.open_stream(0)

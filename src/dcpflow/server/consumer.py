@@ -471,9 +471,23 @@ class DcpConsumer:
         self._kill(stream, reason)
         return None  # STREAM_END gets no reply
 
-    def _set_vbucket_state(self, stream: PassiveStream, msg: dcpproto.DcpSetVbucketState) -> bytes:
+    def _set_vbucket_state(self, stream: PassiveStream, msg: dcpproto.DcpSetVbucketState):
         """set-vbucket-state.md: takeover moves this vbucket to pending, then to active; becoming
-        active by takeover keeps the failover log received from the old active (no new entry)."""
+        active by takeover keeps the failover log received from the old active (no new entry).
+
+        The reply tells the old active it may go dead, so the new state must be on disk first:
+        with a flush batch in flight (it carries the older state row) the change waits for it,
+        as SET_VBUCKET does (server/kv.py)."""
+        if self.engine.flusher.in_flight is None:
+            return self._change_state(stream, msg)
+
+        async def after_batch() -> bytes:
+            await self.server.flush_settled()
+            return self._change_state(stream, msg)  # no await in between: no batch starts first
+
+        return after_batch()
+
+    def _change_state(self, stream: PassiveStream, msg: dcpproto.DcpSetVbucketState) -> bytes:
         state = VBucketState(msg.state)
         self._changing_state = True
         try:
