@@ -398,6 +398,23 @@ def test_stream_end_slow_requests_again_with_a_new_opaque(replica, peers):
     assert req.opaque != s and req.start_seqno == 1 and req.vbucket_uuid == 0xABCDEF
 
 
+def test_a_failed_request_again_closes_the_connection_so_the_stream_is_added_again(replica, peers):
+    """After STREAM_END(Slow) the consumer asks again by itself; if that request fails there is no
+    ADD_STREAM to answer and the manager still counts the stream as running, so the consumer
+    closes the connection (the manager then reconnects and adds its streams again). A failed
+    request of an ADD_STREAM is answered instead, and the connection stays."""
+    p = peers()
+    add = p.add_stream(2)
+    p.refuse(p.stream_req(2), Status.ETMPFAIL)
+    assert p.add_stream_reply(add).status == Status.ETMPFAIL
+    s = p.open_stream(1)
+    p.push(dcp.DcpSnapshotMarker(1, 1, 1, opaque=s), mutation(1, 1, b"k", opaque=s),
+           dcp.DcpStreamEnd(1, StreamEndReason.SLOW, s))
+    p.refuse(p.stream_req(1), Status.ETMPFAIL)
+    with pytest.raises(Closed):
+        p.wait(lambda f: False, timeout=5)
+
+
 def test_close_stream_on_the_consumer(replica, peers):
     p = peers()
     p.open_stream(0)

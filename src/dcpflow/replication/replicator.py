@@ -30,6 +30,8 @@ PRODUCER_FLAGS = OpenFlag.PRODUCER | OpenFlag.INCLUDE_XATTRS | OpenFlag.INCLUDE_
 #: as kv_engine's PassiveStream does): the stream stays this replicator's. Counting it as ended
 #: made the cluster's reconcile send ADD_STREAM again, which the consumer refused (KEY_EEXISTS)
 #: every second, and left the vbucket out of `streams`, so a later map change did not close it.
+#: If the consumer's own request then fails, it closes its connection (server/consumer.py), and
+#: `on_lost` makes the manager add every stream again.
 CONSUMER_RETRIES = frozenset({StreamEndReason.SLOW, StreamEndReason.BACKFILL_FAIL, StreamEndReason.ROLLBACK})
 
 

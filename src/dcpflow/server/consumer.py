@@ -265,24 +265,24 @@ class DcpConsumer:
             reply = dcpproto.DcpStreamRequestResponse.from_frame(frame)
         except ProtocolError as e:
             log.warning("DCP consumer %s: malformed STREAM_REQ reply for vbucket %d: %s", self.name, stream.vbid, e)
-            self._finish(stream, Status.EINVAL)
+            self._request_failed(stream, Status.EINVAL)
             return
         if reply.status == Status.ROLLBACK:
             stream.rollbacks += 1
             if stream.rollbacks > MAX_ROLLBACKS:
                 log.warning("DCP consumer %s: vbucket %d: %d rollbacks in a row; giving up", self.name,
                             stream.vbid, stream.rollbacks)
-                self._finish(stream, Status.ROLLBACK)
+                self._request_failed(stream, Status.ROLLBACK)
                 return
             stream.state = PassiveState.ROLLING_BACK
             self.loop.create_task(self._rollback(stream, reply.rollback_seqno))
             return
         if reply.status != Status.SUCCESS:
-            self._finish(stream, reply.status)
+            self._request_failed(stream, reply.status)
             return
         vb = self.engine.get_vbucket(stream.vbid)
         if vb is None or vb.state not in (VBucketState.REPLICA, VBucketState.PENDING):
-            self._finish(stream, Status.NOT_MY_VBUCKET)
+            self._request_failed(stream, Status.NOT_MY_VBUCKET)
             return
         if reply.failover_log:
             vb.failover.replace(reply.failover_log)  # the replica's history is the producer's
@@ -307,7 +307,7 @@ class DcpConsumer:
                      reached, seqno)
         except Exception:
             log.exception("DCP consumer %s: rollback of vbucket %d to %d failed", self.name, stream.vbid, seqno)
-            self._finish(stream, Status.EINTERNAL)
+            self._request_failed(stream, Status.EINTERNAL)
             return
         if not self.closed and self.streams.get(stream.vbid) is stream and stream.live:
             self._stream_request(stream)
@@ -322,6 +322,19 @@ class DcpConsumer:
         """The stream could not be established: answer the ADD_STREAM with `status`, forget it."""
         self._answer_add_stream(stream, status)
         self._kill(stream, None)
+
+    def _request_failed(self, stream: PassiveStream, status: int) -> None:
+        """A stream request failed for good. If this consumer had asked again by itself (after a
+        STREAM_END SLOW, BACKFILL_FAIL or ROLLBACK) there is no ADD_STREAM to answer, and whoever
+        added the stream still counts it as running (replication/replicator.py): the connection is
+        closed, so the cluster manager reconnects and adds its streams again, each from where its
+        replica stands, instead of the vbucket silently no longer being replicated."""
+        asked_again = stream.add_opaque is None
+        self._finish(stream, status)
+        if asked_again and not self.closed:
+            log.warning("DCP consumer %s: vbucket %d could not be streamed again (status 0x%x): closing the "
+                        "connection so that its streams are added again", self.name, stream.vbid, status)
+            self.conn.close()
 
     def _kill(self, stream: PassiveStream, reason: int | None) -> None:
         stream.state = PassiveState.DEAD
