@@ -111,6 +111,30 @@ def test_expirations_arrive_as_their_own_event(make_server):
     # de-duplicated away: one snapshot from disk holds the latest version of each key
 
 
+def test_offsets_are_saved_on_time_while_the_stream_is_idle(server, writer, tmp_path):
+    """save_interval holds when nothing new arrives: an idle reader killed after the interval
+    loses nothing it had consumed (docs/client.md)."""
+    store = JsonFileStore(tmp_path / "offsets.json")
+    write(writer, 20)
+
+    async def go():
+        async with await DcpClient.connect(url(server.port), USER, PASSWORD) as c:
+            stream = c.events(start="beginning", state=store, save_interval=0.2)
+            seen = 0
+            it = stream.__aiter__()
+            while seen < 20:
+                if isinstance(await it.__anext__(), Mutation):
+                    seen += 1
+            waiter = asyncio.ensure_future(it.__anext__())  # idle: nothing more will come
+            await asyncio.sleep(1.0)
+            saved = store.load()
+            waiter.cancel()
+            return saved, dict(stream.offsets)
+    saved, offsets = run(go())
+    assert saved is not None and saved.offsets == offsets
+    assert sum(o.seqno for o in offsets.values()) == 20
+
+
 def test_resume_after_restart_no_loss_duplicates_only_within_a_snapshot(server, writer, tmp_path):
     """Consume part of the changes, stop, start a new client from the saved offsets: every change
     arrives, and the only repeats are seqnos after the saved (committed) offset that the first run

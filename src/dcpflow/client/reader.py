@@ -140,9 +140,16 @@ class EventStream(_Reader):
         streams = feed.streams
         markers = self.markers
         interval = self.save_interval
+        timed = interval is not None and self.state is not None
         try:
             while True:
-                item = await feed.next()
+                if timed:  # an idle stream saves on time too: what was consumed must not wait for new data
+                    item = await feed.next(max(0.0, self._last_save + interval - time.monotonic()))
+                    if item is TIMEOUT:
+                        await self.save()
+                        continue
+                else:
+                    item = await feed.next()
                 if item is None:
                     break
                 if type(item) is not Segment:
