@@ -101,9 +101,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data-dir", default="./data", help="where buckets are stored (default ./data)")
     p.add_argument("--bucket", action="append", metavar="NAME",
                    help="a bucket to serve (repeatable; default: default)")
-    p.add_argument("--vbuckets", type=int, default=1024, help="vbuckets per new bucket (default 1024)")
-    p.add_argument("--conflict-resolution", choices=("seqno", "lww"), default="seqno",
-                   help="conflict resolution of new buckets for *WithMeta (default seqno)")
+    p.add_argument("--vbuckets", type=int, default=None,
+                   help="vbuckets of a new bucket (default 1024); an existing bucket keeps its count, and a "
+                        "different number given here is an error")
+    p.add_argument("--conflict-resolution", choices=("seqno", "lww"), default=None,
+                   help="conflict resolution of a new bucket for *WithMeta (default seqno); an existing bucket "
+                        "keeps its mode, and a different one given here is an error")
     p.add_argument("--flush-interval", type=float, default=0.1, metavar="SECONDS",
                    help="how often writes are persisted (default 0.1)")
     p.add_argument("--purge-interval", type=float, default=259_200.0, metavar="SECONDS",

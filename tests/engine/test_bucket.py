@@ -177,6 +177,17 @@ def test_bucket_config_is_fixed_at_creation(make_bucket):
         make_bucket(conflict_resolution="lww")
 
 
+def test_unset_settings_mean_as_created(make_bucket):
+    """None (what `dcpflow server` passes unless told) opens an existing bucket as it was created,
+    and creates a new one with 1024 vbuckets and seqno conflict resolution."""
+    make_bucket("odd", num_vbuckets=16, conflict_resolution="lww").close()
+    again = make_bucket("odd", num_vbuckets=None, conflict_resolution=None)
+    assert again.num_vbuckets == 16 and again.conflict_resolution.value == "lww"
+    again.close()
+    fresh = make_bucket("fresh", num_vbuckets=None, conflict_resolution=None)
+    assert fresh.num_vbuckets == 1024 and fresh.conflict_resolution.value == "seqno"
+
+
 def test_context_manager_closes_cleanly(make_bucket, tmp_path):
     with make_bucket() as b:
         fill(b.set_vbucket_state(0, VBucketState.ACTIVE), 3)

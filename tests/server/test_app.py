@@ -128,6 +128,14 @@ def test_cli_refuses_a_bucket_created_with_other_settings(tmp_path, spawn_server
     assert first.terminate() == 0
     with pytest.raises(AssertionError, match="cannot start"):
         ServerProcess(["--data-dir", str(tmp_path), "--vbuckets", "16"])
+    # without the flags an existing bucket opens as it was created (docs/cli.md)
+    again = spawn_server("--data-dir", str(tmp_path))
+    with RawClient(again.port) as c:
+        c.num_vbuckets = 8
+        c.login()
+        assert c.get(b"k", vbucket=7).status == Status.KEY_ENOENT  # vbucket 7 exists
+        assert c.get(b"k", vbucket=8).status == Status.NOT_MY_VBUCKET
+    assert again.terminate() == 0
 
 
 def test_cli_users_file_and_buckets(tmp_path, spawn_server):

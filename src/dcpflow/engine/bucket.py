@@ -60,7 +60,8 @@ class Bucket:
     """A Couchbase-style bucket; see the module docstring.
 
     Data lives in `data_dir/<name>/store.sqlite3`. `num_vbuckets` and `conflict_resolution`
-    ("seqno" or "lww") are fixed when the bucket is first created. Checkpoints close at
+    ("seqno" or "lww") are fixed when the bucket is first created: None means "as created" (1024
+    and seqno for a new bucket); a value that differs from the stored one is an error. Checkpoints close at
     `checkpoint_max_items` items or `checkpoint_max_age` seconds; `checkpoint_memory_quota`
     (bytes, None = unlimited) triggers cursor dropping. `flush_interval` is how often the owner
     should call `flush()` (the engine has no timer), `flush_batch_items` bounds one flush.
@@ -70,20 +71,20 @@ class Bucket:
     `clock` (unix seconds), `hlc_clock` (ns) and `rng` (failover UUIDs) are injectable for tests.
     """
 
-    def __init__(self, name: str, data_dir: str | Path, num_vbuckets: int = DEFAULT_NUM_VBUCKETS,
-                 conflict_resolution: ConflictResolutionMode | str = ConflictResolutionMode.REV_SEQNO, *,
+    def __init__(self, name: str, data_dir: str | Path, num_vbuckets: int | None = None,
+                 conflict_resolution: ConflictResolutionMode | str | None = None, *,
                  checkpoint_max_items: int = 10_000, checkpoint_max_age: float | None = 5.0,
                  checkpoint_memory_quota: int | None = None, flush_interval: float = 0.1,
                  flush_batch_items: int = 10_000, purge_interval: float = DEFAULT_PURGE_INTERVAL,
                  rollback_history_seqnos: int | None = 1_000_000, synchronous: str = "FULL",
                  clock: Callable[[], float] = time.time, hlc_clock: Callable[[], int] = time.time_ns,
                  rng: Random | None = None):
-        if num_vbuckets < 1:
+        if num_vbuckets is not None and num_vbuckets < 1:
             raise ValueError("num_vbuckets must be >= 1")
         self.name = name
         self.data_dir = Path(data_dir)
-        self.num_vbuckets = num_vbuckets
-        self.conflict_resolution = ConflictResolutionMode(conflict_resolution)
+        self.num_vbuckets = num_vbuckets  # settled against the store in _warmup
+        self.conflict_resolution = None if conflict_resolution is None else ConflictResolutionMode(conflict_resolution)
         self.checkpoint_max_items = checkpoint_max_items
         self.checkpoint_max_age = checkpoint_max_age
         self.checkpoint_memory_quota = checkpoint_memory_quota
@@ -108,17 +109,25 @@ class Bucket:
         self._warmup()
 
     # -- warm-up ------------------------------------------------------------------------------
-    def _check_meta(self, name: str, value: str) -> None:
+    def _settle_meta(self, name: str, value: str | None, default: str) -> str:
+        """A creation-time setting: the given value (stored if new; an error if it differs from
+        the stored one), or with None the stored value (the default for a new bucket)."""
         stored = self.store.get_meta(name)
+        if value is None:
+            value = stored if stored is not None else default
         if stored is None:
             self.store.set_meta(name, value)
         elif stored != value:
             self.store.close()
             raise ValueError(f"bucket {self.name!r} was created with {name}={stored}, not {value}")
+        return value
 
     def _warmup(self) -> None:
-        self._check_meta("num_vbuckets", str(self.num_vbuckets))
-        self._check_meta("conflict_resolution", self.conflict_resolution.value)
+        self.num_vbuckets = int(self._settle_meta(
+            "num_vbuckets", None if self.num_vbuckets is None else str(self.num_vbuckets), str(DEFAULT_NUM_VBUCKETS)))
+        self.conflict_resolution = ConflictResolutionMode(self._settle_meta(
+            "conflict_resolution", None if self.conflict_resolution is None else self.conflict_resolution.value,
+            ConflictResolutionMode.REV_SEQNO.value))
         self.clean_shutdown = self.store.get_meta("clean_shutdown") != "0"
         self.store.set_meta("clean_shutdown", "0")  # a crash from now on is unclean
         changed = []

@@ -56,8 +56,8 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 11210
     buckets: tuple[str, ...] = ("default",)
-    num_vbuckets: int = 1024
-    conflict_resolution: str = "seqno"
+    num_vbuckets: int | None = None  # None: as the bucket was created (1024 for a new one)
+    conflict_resolution: str | None = None  # None: as the bucket was created (seqno for a new one)
     flush_interval: float = 0.1
     purge_interval: float = 259_200.0  # tombstone purge age (seconds), ep-engine's 3 days
     compaction_interval: float = 3600.0
