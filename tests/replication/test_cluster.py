@@ -231,6 +231,37 @@ def test_rebalance_under_load_loses_nothing_and_clients_follow(cluster):
         assert vb_contents(cluster.ports[r], vb, highs[vb]) == vb_contents(cluster.ports[a], vb, highs[vb])
 
 
+def test_a_takeover_whose_destination_dies_gives_the_vbucket_back_to_its_source(cluster, monkeypatch):
+    """docs/cluster.md: a takeover that fails puts both vbuckets back as they were. Here the
+    destination dies right after the takeover stream ended (the source is dead by then): the
+    source must take writes again even though the destination cannot be asked anything."""
+    from dcpflow.replication import cluster as cluster_mod
+
+    mgr = cluster.manager
+    wait_replicated(cluster)
+    cluster.run(mgr.failover(cluster.address(2)))  # node 2's actives move away: the rebalance moves some back
+    killed = []
+    wait_stream_end = cluster_mod.Replicator.wait_stream_end
+
+    async def end_then_kill(self, vb, timeout):
+        reason = await wait_stream_end(self, vb, timeout)
+        if not killed:
+            killed.append(vb)
+            cluster.procs[2].kill()  # the destination, active now, dies before the manager records it
+        return reason
+
+    monkeypatch.setattr(cluster_mod.Replicator, "wait_stream_end", end_then_kill)
+    with pytest.raises((cluster_mod.ClusterError, cluster_mod.LinkError)):  # the takeover could not finish
+        cluster.run(mgr.rebalance(), 180)
+    (vb,) = killed
+    src = mgr.map[vb][0]
+    assert src != 2
+    with cluster.client(src) as c:
+        assert c.stats("vbucket")[f"vb_{vb}"] == "active"  # not left dead
+        key = next(f"after{i}".encode() for i in range(10**5) if c.vbucket_of(f"after{i}".encode()) == vb)
+        assert c.set(key, b"v").status == Status.SUCCESS
+
+
 def test_set_cluster_config_pushes_only_newer_maps(cluster):
     mgr = cluster.manager
     with cluster.client(1) as c:

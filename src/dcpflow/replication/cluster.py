@@ -611,7 +611,11 @@ class ClusterManager:
             for vb, chain in enumerate(self.map):
                 if index not in chain:
                     continue
-                rest = [x for x in chain[1:] if x >= 0 and x != index and self._usable(x)]
+                # Copies a rebalance was building count too (it may have stopped half-way): they
+                # hold the same history, and may be all that is left of the vbucket.
+                extra = self.extra_copies.get(vb, set())
+                rest = [x for x in dict.fromkeys([*chain[1:], *sorted(extra)])
+                        if x >= 0 and x != index and self._usable(x)]
                 if chain[0] == index:
                     if rest:
                         best = max(rest, key=lambda x: (seqnos.get(x, {}).get(vb, -1), -rest.index(x)))
@@ -625,6 +629,7 @@ class ClusterManager:
                 else:
                     new = [chain[0], *rest]
                 self.map[vb] = (new + [-1] * (self.num_replicas + 1))[: self.num_replicas + 1]
+                extra.difference_update(self.map[vb])  # in the chain now: no longer an extra copy
             self._event(f"failed over {address}: {promoted} vbucket(s) promoted" +
                         (f", {lost} without any copy" if lost else ""))
             await self._publish()
@@ -754,17 +759,35 @@ class ClusterManager:
             self.map[vb] = self._chain_with_active(vb, dst)
             self._event(f"vbucket {vb} moved {self.nodes[src].address} -> {dst_node.address}")
         except BaseException:
-            # Put it back as it was: the old active (if it went dead) takes writes again.
-            with contextlib.suppress(Exception):
-                states = await self._node_states(dst_node)
-                if states.get(vb) != VBucketState.ACTIVE:
-                    await self._set_state(self.nodes[src], vb, VBucketState.ACTIVE)
-                    await self._set_state(dst_node, vb, VBucketState.REPLICA)
+            await self._undo_takeover(vb, src, dst)
             raise
         finally:
             self.moving.discard(vb)
         await self._publish()
         await self._reconcile()
+
+    async def _undo_takeover(self, vb: int, src: int, dst: int) -> None:
+        """A takeover that failed: put the vbucket back as it was, one node at a time, so that a
+        node that died on the way (the reason it failed) does not stop the other from being set.
+        If the destination did become active (the source went dead before it), that is recorded
+        instead: the map must name the one active copy there is."""
+        dst_node = self.nodes[dst]
+        try:
+            dst_state = (await self._node_states(dst_node)).get(vb)
+        except (LinkError, OSError):
+            dst_state = None  # gone: whatever it holds is not serving
+        if dst_state == VBucketState.ACTIVE:
+            self.map[vb] = self._chain_with_active(vb, dst)
+            self._event(f"vbucket {vb} moved {self.nodes[src].address} -> {dst_node.address} (takeover ended "
+                        "with an error after the destination became active)")
+            with contextlib.suppress(LinkError, OSError):
+                await self._publish()
+            return
+        with contextlib.suppress(LinkError, OSError):
+            await self._set_state(self.nodes[src], vb, VBucketState.ACTIVE)  # it takes writes again
+        if dst_state is not None:
+            with contextlib.suppress(LinkError, OSError):
+                await self._set_state(dst_node, vb, VBucketState.REPLICA)
 
     def _chain_with_active(self, vb: int, active: int) -> list[int]:
         rest = [x for x in self.map[vb][1:] if x >= 0 and x != active]
