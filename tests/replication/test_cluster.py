@@ -262,6 +262,46 @@ def test_a_takeover_whose_destination_dies_gives_the_vbucket_back_to_its_source(
         assert c.set(key, b"v").status == Status.SUCCESS
 
 
+def test_an_active_moved_by_an_unfinished_rebalance_keeps_its_old_copy_for_failover(cluster, monkeypatch):
+    """A rebalance moves vbucket A to node 2, then node 2 dies during the next takeover. A's old
+    active (dead after the takeover, same history) stays in the chain as a copy until the final
+    map, so failing node 2 over promotes it instead of leaving A without any copy."""
+    from dcpflow.replication import cluster as cluster_mod
+
+    mgr = cluster.manager
+    clients = [cluster.client(n) for n in range(3)]
+    for i in range(200):
+        key = f"keep{i}".encode()
+        active = mgr.map[clients[0].vbucket_of(key)][0]
+        assert clients[active].set(key, b"v").status == Status.SUCCESS
+    for c in clients:
+        c.close()
+    wait_replicated(cluster)
+    cluster.run(mgr.failover(cluster.address(2)))
+    ended = []
+    wait_stream_end = cluster_mod.Replicator.wait_stream_end
+
+    async def second_end_kills(self, vb, timeout):
+        reason = await wait_stream_end(self, vb, timeout)
+        ended.append(vb)
+        if len(ended) == 2:
+            cluster.procs[2].kill()
+        return reason
+
+    monkeypatch.setattr(cluster_mod.Replicator, "wait_stream_end", second_end_kills)
+    with pytest.raises((cluster_mod.ClusterError, cluster_mod.LinkError)):
+        cluster.run(mgr.rebalance(), 180)
+    moved = ended[0]
+    assert mgr.map[moved][0] == 2 and mgr.map[moved][1] >= 0  # the old active is still a copy
+    result = cluster.run(mgr.failover(cluster.address(2)))
+    assert result["without_copy"] == 0
+    active = mgr.map[moved][0]
+    with cluster.client(active) as c:
+        assert c.stats("vbucket")[f"vb_{moved}"] == "active"
+        keys = [f"keep{i}".encode() for i in range(200) if c.vbucket_of(f"keep{i}".encode()) == moved]
+        assert keys and all(c.get(k).status == Status.SUCCESS for k in keys)
+
+
 def test_set_cluster_config_pushes_only_newer_maps(cluster):
     mgr = cluster.manager
     with cluster.client(1) as c:

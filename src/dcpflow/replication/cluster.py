@@ -756,7 +756,15 @@ class ClusterManager:
             if reason != StreamEndReason.OK or states.get(vb) != VBucketState.ACTIVE:
                 raise ClusterError(f"takeover of vbucket {vb} to {dst_node.address} did not complete (stream end "
                                    f"{StreamEndReason(reason).name}, state {states.get(vb)!r})")
-            self.map[vb] = self._chain_with_active(vb, dst)
+            chain = self._chain_with_active(vb, dst)
+            if src not in chain and -1 in chain:
+                # Until the rebalance's final map, the old active (dead now, same history: a takeover
+                # adds no failover entry) stays a copy: if the new active dies before the rebalance
+                # ends, failover has it to promote (the final map keeps it or makes it dead).
+                with contextlib.suppress(LinkError, OSError):
+                    await self._set_state(self.nodes[src], vb, VBucketState.REPLICA)
+                    chain[chain.index(-1)] = src
+            self.map[vb] = chain
             self._event(f"vbucket {vb} moved {self.nodes[src].address} -> {dst_node.address}")
         except BaseException:
             await self._undo_takeover(vb, src, dst)
