@@ -14,6 +14,7 @@ from dcpflow.protocol.status import Status
 from dcpflow.server import consumer as consumer_mod
 from tests.dcp.client import DcpClient, items
 from tests.server.client import Closed
+from tests.server.conftest import held_flush
 
 from .conftest import engine_of, set_state
 from .driver import MAX, ConsumerPeer
@@ -450,24 +451,13 @@ def test_takeover_active_is_acknowledged_once_on_disk(replica, peers):
     """The ack of SET_VBUCKET_STATE(active) lets the old active go dead: with a flush batch in
     flight (it carries the older state row) the consumer answers only after the batch, with the
     new state written."""
-    import threading
-
     engine = engine_of(replica)
     p = peers()
     s = p.open_stream(3, StreamFlag.TAKEOVER, failover_log=[(0xCAFE, 0)])
     p.push(dcp.DcpSnapshotMarker(3, 1, 1, SnapshotFlag.MEMORY | SnapshotFlag.ACK, opaque=s),
            mutation(3, 1, b"a", opaque=s))
     assert p.reply_to(Opcode.DCP_SNAPSHOT_MARKER, s).status == Status.SUCCESS
-    entered, release = threading.Event(), threading.Event()
-    write = engine.flusher.write
-
-    def slow_write(batch):
-        entered.set()
-        release.wait(30)
-        write(batch)
-
-    engine.flusher.write = slow_write
-    try:
+    with held_flush(engine) as (entered, release):
         with replica.login() as w:
             w.set(b"x", b"v", vbucket=10)  # an active vbucket: a batch to hold
         assert entered.wait(10)
@@ -477,9 +467,6 @@ def test_takeover_active_is_acknowledged_once_on_disk(replica, peers):
         release.set()
         assert p.reply_to(Opcode.DCP_SET_VBUCKET_STATE, s).status == Status.SUCCESS
         assert replica.call(lambda: engine.store.load_vbucket_states()[3].state) == VBucketState.ACTIVE
-    finally:
-        release.set()
-        engine.flusher.write = write
 
 
 def test_vbucket_made_active_by_the_manager_ends_the_stream(replica, peers):

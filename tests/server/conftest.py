@@ -2,6 +2,7 @@
 as a `python -m dcpflow.cli server` subprocess), storing into tmp_path, always stopped afterwards."""
 
 import asyncio
+import contextlib
 import os
 import re
 import signal
@@ -187,3 +188,22 @@ def spawn_server():
     yield spawn
     for p in procs:
         p.cleanup()
+
+@contextlib.contextmanager
+def held_flush(engine):
+    """Hold the next flush batch of `engine` in its write step: yields (entered, release) events;
+    `entered` is set once a batch is being written, which then waits for `release` (set on exit)."""
+    entered, release = threading.Event(), threading.Event()
+    write = engine.flusher.write
+
+    def slow_write(batch):
+        entered.set()
+        release.wait(30)
+        write(batch)
+
+    engine.flusher.write = slow_write
+    try:
+        yield entered, release
+    finally:
+        release.set()
+        engine.flusher.write = write

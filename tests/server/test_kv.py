@@ -3,7 +3,6 @@ NOT_MY_VBUCKET with the map, SET_VBUCKET, seqno commands, the failover log and p
 
 import json
 import struct
-import threading
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -18,6 +17,7 @@ from dcpflow.protocol.opcodes import Opcode
 from dcpflow.protocol.status import Status
 
 from .client import RawClient
+from .conftest import held_flush
 
 
 def token(reply) -> tuple[int, int]:
@@ -186,36 +186,23 @@ def test_set_vbucket_replies_once_the_new_state_is_on_disk(server):
     """A flush batch being written carries the vbucket's older state row: SET_VBUCKET answers only
     after that batch, with its own row written (kill -9 right after the reply keeps the change)."""
     engine = server.server.buckets["default"].engine
-    entered, release = threading.Event(), threading.Event()
-    write = engine.flusher.write
-
-    def slow_write(batch):
-        entered.set()
-        release.wait(30)
-        write(batch)
-
-    engine.flusher.write = slow_write
-    try:
-        with server.login() as c:
-            c.set(b"x", b"v", vbucket=5)
-            assert entered.wait(10)  # the batch holding vbucket 5's state row is being written
-            c.send(request(Opcode.SET_VBUCKET, extras=b"\x02", vbucket=5, opaque=77))
-            c.sock.settimeout(0.3)
-            try:
-                early = c.recv()
-            except TimeoutError:
-                early = None
-            finally:
-                c.sock.settimeout(10)
-            stored = server.call(lambda: engine.store.load_vbucket_states()[5].state)
-            assert early is None, f"replied while the state on disk was {stored}"
-            release.set()
-            reply = c.recv()
-            assert reply.status == Status.SUCCESS and reply.opaque == 77
-            assert server.call(lambda: engine.store.load_vbucket_states()[5].state) == dcp.VBucketState.REPLICA
-    finally:
+    with held_flush(engine) as (entered, release), server.login() as c:
+        c.set(b"x", b"v", vbucket=5)
+        assert entered.wait(10)  # the batch holding vbucket 5's state row is being written
+        c.send(request(Opcode.SET_VBUCKET, extras=b"\x02", vbucket=5, opaque=77))
+        c.sock.settimeout(0.3)
+        try:
+            early = c.recv()
+        except TimeoutError:
+            early = None
+        finally:
+            c.sock.settimeout(10)
+        stored = server.call(lambda: engine.store.load_vbucket_states()[5].state)
+        assert early is None, f"replied while the state on disk was {stored}"
         release.set()
-        engine.flusher.write = write
+        reply = c.recv()
+        assert reply.status == Status.SUCCESS and reply.opaque == 77
+        assert server.call(lambda: engine.store.load_vbucket_states()[5].state) == dcp.VBucketState.REPLICA
 
 
 def test_dedupe_not_my_vbucket_clustermap(server):
