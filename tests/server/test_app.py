@@ -138,6 +138,23 @@ def test_cli_refuses_a_bucket_created_with_other_settings(tmp_path, spawn_server
     assert again.terminate() == 0
 
 
+def test_cli_port_in_use_fails_before_creating_buckets(tmp_path):
+    """A start that cannot bind exits 1 without leaving a bucket behind, which would otherwise fix
+    its settings (e.g. 1024 vbuckets) before the start that was meant to create it."""
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        done = subprocess.run([sys.executable, "-m", "dcpflow.cli", "server", "--port", str(port),
+                               "--data-dir", str(tmp_path / "data")], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and "cannot start" in done.stderr
+    assert not (tmp_path / "data" / "default").exists()
+
+
 def test_cli_users_file_and_buckets(tmp_path, spawn_server):
     users = tmp_path / "users.json"
     users.write_text(json.dumps({"users": {"app": {"password": "pw", "roles": ["data_writer[orders]"]}}}))

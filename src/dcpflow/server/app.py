@@ -176,18 +176,20 @@ class Server:
         self._stopping, self._wake, self._maintenance = asyncio.Event(), asyncio.Event(), asyncio.Lock()
         self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="dcpflow-flusher")
         try:
-            for name in dict.fromkeys(cfg.buckets):
-                self.buckets[name] = ServerBucket(self, self._open_bucket(name))
-            # Bound now, serving only once the map (which needs the bound ports) exists.
+            # Bound first (a port in use fails before any bucket is created in the data dir), serving
+            # only once the buckets are open and the map (which needs the bound ports) exists.
             self._listener = await loop.create_server(lambda: Connection(self), cfg.host, cfg.port,
                                                       reuse_address=True, start_serving=False)
             if cfg.tls_cert is not None:
                 self._tls_listener = await loop.create_server(lambda: Connection(self), cfg.host, cfg.tls_port,
                                                               reuse_address=True, ssl=self._tls_context(),
                                                               start_serving=False)
+            for name in dict.fromkeys(cfg.buckets):
+                self.buckets[name] = ServerBucket(self, self._open_bucket(name))
         except BaseException:
-            if self._listener is not None:
-                self._listener.close()
+            for listener in (self._listener, self._tls_listener):
+                if listener is not None:
+                    listener.close()
             self._close_buckets(clean=True)
             self._executor.shutdown(wait=True)
             raise
