@@ -326,6 +326,20 @@ class Server:
         async with self._maintenance:
             pass
 
+    def when_no_flush(self, engine: Bucket, fn):
+        """fn() at once if no flush batch of `engine` is in flight, else an awaitable of fn() run
+        once none is. For changes acknowledged as durable (SET_VBUCKET, a takeover's state): a
+        batch being written carries the older state row, so the engine could only queue the new
+        one behind it. No await between the wait and fn(): no batch can start before its writes."""
+        if engine.flusher.in_flight is None:
+            return fn()
+
+        async def after_batch():
+            await self.flush_settled()
+            return fn()
+
+        return after_batch()
+
     async def flush_batch(self, bucket: ServerBucket) -> int:
         """Persist one batch of `bucket`: collect here, write on the flusher thread, complete here."""
         engine = bucket.engine

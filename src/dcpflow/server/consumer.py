@@ -490,15 +490,8 @@ class DcpConsumer:
 
         The reply tells the old active it may go dead, so the new state must be on disk first:
         with a flush batch in flight (it carries the older state row) the change waits for it,
-        as SET_VBUCKET does (server/kv.py)."""
-        if self.engine.flusher.in_flight is None:
-            return self._change_state(stream, msg)
-
-        async def after_batch() -> bytes:
-            await self.server.flush_settled()
-            return self._change_state(stream, msg)  # no await in between: no batch starts first
-
-        return after_batch()
+        as SET_VBUCKET does (Server.when_no_flush)."""
+        return self.server.when_no_flush(self.engine, lambda: self._change_state(stream, msg))
 
     def _change_state(self, stream: PassiveStream, msg: dcpproto.DcpSetVbucketState) -> bytes:
         state = VBucketState(msg.state)

@@ -444,14 +444,7 @@ def set_vbucket(conn: Connection, frame: Frame):
         conn.server.topology.bump()
         return response(frame.opcode, opaque=frame.opaque)
 
-    if engine.flusher.in_flight is None:
-        return apply()
-
-    async def after_batch() -> bytes:
-        await conn.server.flush_settled()
-        return apply()  # no await in between: no batch can start before the state row is written
-
-    return after_batch()
+    return conn.server.when_no_flush(engine, apply)
 
 
 @command(Opcode.GET_VBUCKET, privilege=_P.META_READ)
