@@ -297,12 +297,13 @@ class FrameDecoder:
             self._tail.append(bytes(data))
             self._tail_len += len(data)
 
-    def _absorb(self) -> None:
-        """Join the unread rest of the buffer and the bytes fed since into one buffer."""
-        self._buf = b"".join([self._buf[self._pos:], *self._tail])
+    def _absorb(self, pos: int) -> bytes:
+        """Join the buffer from `pos` and the bytes fed since into one buffer (returned, at 0)."""
+        self._buf = b"".join([self._buf[pos:], *self._tail])
         self._pos = 0
         self._tail.clear()
         self._tail_len = 0
+        return self._buf
 
     def _wait_for(self, pos: int, need: int) -> None:
         """Park the partial frame at `pos` until `need` bytes of it have arrived."""
@@ -335,9 +336,9 @@ class FrameDecoder:
             raise self._broken
         if self._chunks is not None:
             return
-        if self._tail:
-            self._absorb()
         buf, pos = self._buf, self._pos
+        if self._tail:
+            buf, pos = self._absorb(pos), 0
         end = len(buf)
         unpack, alt, new = HEADER.unpack_from, _ALT, tuple.__new__  # tuple.__new__: Frame(...) is a Python call
         max_body = self.max_body_len
@@ -345,9 +346,7 @@ class FrameDecoder:
             if end - pos < HEADER_LEN:
                 if not self._tail:
                     break
-                self._pos = pos  # bytes fed while this generator was suspended: take them in
-                self._absorb()
-                buf, pos = self._buf, 0
+                buf, pos = self._absorb(pos), 0  # bytes fed while this generator was suspended
                 end = len(buf)
                 continue
             magic, opcode, key_len, ext_len, datatype, vbs, body_len, opaque, cas = unpack(buf, pos)
@@ -360,9 +359,7 @@ class FrameDecoder:
             frame_end = pos + HEADER_LEN + body_len
             if frame_end > end:
                 if self._tail:
-                    self._pos = pos
-                    self._absorb()
-                    buf, pos = self._buf, 0
+                    buf, pos = self._absorb(pos), 0
                     end = len(buf)
                     continue
                 self._wait_for(pos, HEADER_LEN + body_len)
