@@ -30,12 +30,12 @@ What an offset proves (so a restarted client knows the boundaries it cannot reme
 is a boundary when it equals snapshot_end, and `snapshot_start - 1` is one when the offset carries
 a real range (snapshot_start < snapshot_end; `(s, s, s)` is how any consumer at a boundary writes
 its snapshot, rollback.md, and proves nothing before s: in a de-duplicated snapshot ending at s,
-s - 1 is not a consistent point). The tracker
-makes the second true by construction: a committed offset's snapshot_start is one past the
-consistent point the snapshot followed (`base`), which is the marker's start only when nothing lay
-between the two; a snapshot that overlaps the point it was requested from, or the first snapshot
-after a reopen from inside a snapshot, gets `base + 1` instead. For the server a committed offset
-is a boundary (seqno == snapshot_end), so it ignores snapshot_start there (rollback.md).
+s - 1 is not a consistent point). The tracker makes the second true by construction: a committed
+offset's snapshot_start is one past the consistent point the snapshot followed (`base`), which is
+the marker's start only when nothing lay between the two; a snapshot that overlaps the point it
+was requested from, or the first snapshot after a reopen from inside a snapshot, gets `base + 1`
+instead. For the server a committed offset is a boundary (seqno == snapshot_end), so it ignores
+snapshot_start there (rollback.md).
 
 Two traps this avoids (both were bugs in other clients): claiming a snapshot boundary at a seqno
 in the middle of a snapshot (the server then cannot tell the consumer to roll back, and versions
