@@ -19,7 +19,8 @@ Layout:
 * `vbucket_state` - per vbucket: state, failover log (JSON), persisted high seqno, persisted
   snapshot start/end, purge seqno, max CAS, max visible seqno, max deleted rev seqno, and the
   rollback floor.
-* `history` - versions the flusher overwrote, with the seqno that superseded them. This is what
+* `history` - versions the flusher overwrote, with the seqno that superseded them (moved there by
+  a trigger as the flusher's upsert replaces them, see `_HISTORY_TRIGGER`). This is what
   makes rollback possible with latest-only items (the role couchstore's older file headers play):
   rolling back to R restores, for each key changed after R, the version current at R. Compaction
   trims history up to the *rollback floor*; rolling back below the floor is impossible, and then
@@ -97,8 +98,6 @@ CREATE INDEX IF NOT EXISTS history_by_superseded ON history (vb, superseded_by);
 
 _COLS = "vb, key, seqno, rev_seqno, cas, flags, expiry, datatype, deleted, delete_time, delete_source, value"
 _ITEM_COLS = "key, seqno, rev_seqno, cas, flags, expiry, datatype, deleted, delete_time, delete_source, value"
-_UPSERT_ENCODED = (f"INSERT OR REPLACE INTO items ({_COLS}, dcp_h1, dcp_h1c, dcp_h2c) "
-                   "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)")
 _ENCODED_COLUMNS = ("dcp_h1", "dcp_h1c", "dcp_h2c")
 #: Rows a backfill must read as rows: the partial index finds the next one in O(log n).
 _UNENCODED_INDEX = "CREATE INDEX IF NOT EXISTS items_unencoded ON items (vb, seqno) WHERE dcp_h1 IS NULL"
@@ -118,10 +117,19 @@ _ENCODED_PAGE = {
     for coll, expr in ((False, "dcp_h1 || ?1 || substr(dcp_h2c, 1, 39) || key || value"),
                        (True, "dcp_h1c || ?1 || dcp_h2c || key || value"))
 }
-_MOVE_TO_HISTORY = (f"INSERT OR REPLACE INTO history ({_COLS}, superseded_by) "
-                    f"SELECT {_COLS}, ? FROM items WHERE vb = ? AND key = ?")
-_INSERT_HISTORY = (f"INSERT OR REPLACE INTO history ({_COLS}, superseded_by) "
-                   "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)")
+#: The writer's upsert keeps the row (and its by-key index entry) and updates the rest in place;
+#: the history trigger below sees the version it replaces.
+_UPSERT_ITEM = (f"INSERT INTO items ({_COLS}, dcp_h1, dcp_h1c, dcp_h2c) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?) "
+                "ON CONFLICT (vb, key) DO UPDATE SET " +
+                ", ".join(f"{c} = excluded.{c}" for c in (*_COLS.split(", ")[2:], *_ENCODED_COLUMNS)))
+#: History kept by SQLite itself: each version the flusher overwrites moves to `history` inside
+#: the upsert's step, with the GIL released and no statement of its own. TEMP: it lives on the
+#: writer connection only, so a store opened with keep_history=False has none, and the schema on
+#: disk is unchanged. A rollback deletes before it re-inserts, so it never fires there.
+_HISTORY_TRIGGER = (
+    "CREATE TEMP TRIGGER IF NOT EXISTS items_to_history AFTER UPDATE OF seqno ON main.items BEGIN "
+    f"INSERT OR REPLACE INTO history ({_COLS}, superseded_by) VALUES "
+    f"({', '.join('OLD.' + c for c in _COLS.split(', '))}, NEW.seqno); END")
 _STATE_COLS = ("vb, state, failover_log, high_seqno, snap_start, snap_end, purge_seqno, max_cas, "
                "max_visible_seqno, max_deleted_rev_seqno")
 _UPSERT_STATE = (
@@ -150,21 +158,25 @@ def _u64(v: int) -> int:
     return v + _WRAP if v < 0 else v
 
 
-def _row(vb: int, it: Item) -> tuple:
-    return (vb, it.key, it.by_seqno, _s64(it.rev_seqno), _s64(it.cas), it.flags, it.expiry, it.datatype,
-            int(it.deleted), it.delete_time, int(it.delete_source), it.value)
-
-
 def _encoded_row(vb: int, it: Item) -> tuple:
-    """`_row` plus the encoded-head columns for a plain mutation with a value below LARGE_VALUE
-    (NULL for anything a backfill must shape or sends without a copy)."""
+    """The item's row, with the encoded-head columns for a plain mutation with a value below
+    LARGE_VALUE (NULL for anything a backfill must shape or sends without a copy).
+
+    Blobs go to SQLite as bytearrays: Python 3.11's sqlite3 binds bytes only after a failed
+    adapter lookup that raises and clears an AttributeError (about 3,000 instructions per blob,
+    with the GIL held); a bytearray is bound directly. Large values skip the copy - next to
+    their size the lookup does not matter."""
+    key, value = it.key, it.value
     h1 = h1c = h2c = None
-    if not it.deleted and not it.datatype & DATATYPE_XATTR and len(it.value) < LARGE_VALUE:
-        klen, body = len(it.key), 31 + len(it.key) + len(it.value)
-        head = _HEAD.pack(0x80, 0x57, klen, 31, it.datatype, vb, body, 0, it.cas, it.by_seqno, it.rev_seqno,
-                          it.flags, it.expiry, 0, 0, 0, klen + 1, body + 1)
-        h1, h1c, h2c = head[:12], head[:2] + head[55:57] + head[4:8] + head[57:61], head[16:55] + b"\x00"
-    return (*_row(vb, it), h1, h1c, h2c)
+    if len(value) < LARGE_VALUE:
+        if not it.deleted and not it.datatype & DATATYPE_XATTR:
+            klen, body = len(key), 31 + len(key) + len(value)
+            head = bytearray(_HEAD.pack(0x80, 0x57, klen, 31, it.datatype, vb, body, 0, it.cas, it.by_seqno,
+                                        it.rev_seqno, it.flags, it.expiry, 0, 0, 0, klen + 1, body + 1))
+            h1, h1c, h2c = head[:12], head[:2] + head[55:57] + head[4:8] + head[57:61], head[16:55] + b"\x00"
+        value = bytearray(value)
+    return (vb, bytearray(key), it.by_seqno, _s64(it.rev_seqno), _s64(it.cas), it.flags, it.expiry, it.datatype,
+            int(it.deleted), it.delete_time, int(it.delete_source), value, h1, h1c, h2c)
 
 
 def _item(r: Sequence) -> Item:
@@ -235,6 +247,8 @@ class Store:
         if not have.issuperset(_ENCODED_COLUMNS):
             self._add_encoded_heads(have)
         self._db.execute(_UNENCODED_INDEX)
+        if keep_history:
+            self._db.execute(_HISTORY_TRIGGER)
         self._readers = _ReaderPool(self.path)
 
     def _add_encoded_heads(self, have: set[str]) -> None:
@@ -298,21 +312,11 @@ class Store:
         ranges the items belong to, in one transaction."""
         with self._txn() as db:
             for vb, items in batches:
-                latest: dict[bytes, Item] = {}
-                first_seqno: dict[bytes, int] = {}
-                superseded: list[tuple] = []
-                for it in items:
-                    prev = latest.get(it.key)
-                    if prev is None:
-                        first_seqno[it.key] = it.by_seqno
-                    elif self.keep_history:
-                        superseded.append((*_row(vb, prev), it.by_seqno))
-                    latest[it.key] = it
-                if self.keep_history:
-                    db.executemany(_MOVE_TO_HISTORY, [(s, vb, k) for k, s in first_seqno.items()])
-                    if superseded:
-                        db.executemany(_INSERT_HISTORY, superseded)
-                db.executemany(_UPSERT_ENCODED, [_encoded_row(vb, it) for it in latest.values()])
+                if not self.keep_history:  # only the latest version of each key matters
+                    items = {it.key: it for it in items}.values()
+                # With history, every version in seqno order: the trigger files each one the next
+                # replaces, superseded by the seqno that replaced it.
+                db.executemany(_UPSERT_ITEM, [_encoded_row(vb, it) for it in items])
             db.executemany(_UPSERT_STATE, [r._params() for r in states])
             db.executemany("INSERT OR IGNORE INTO snapshots (vb, snap_start, snap_end) VALUES (?, ?, ?)",
                            list(snapshot_ranges))
@@ -405,7 +409,7 @@ class Store:
                                   "ORDER BY seqno DESC LIMIT 1", (vb, key, seqno)).fetchone()
                 db.execute("DELETE FROM items WHERE vb = ? AND key = ?", (vb, key))
                 if prev is not None:  # with its encoded head, so backfills keep the fast path
-                    db.execute(_UPSERT_ENCODED, _encoded_row(vb, _item(prev[1:])))
+                    db.execute(_UPSERT_ITEM, _encoded_row(vb, _item(prev[1:])))
             db.execute("DELETE FROM history WHERE vb = ? AND superseded_by > ?", (vb, seqno))
             row = db.execute("SELECT snap_start, snap_end FROM snapshots WHERE vb = ? AND snap_start <= ? "
                              "ORDER BY snap_start DESC, snap_end DESC LIMIT 1", (vb, seqno)).fetchone()
