@@ -1286,7 +1286,7 @@ class DcpDecoder(FrameDecoder):
                     if self._buf is not buf:  # fed while suspended: feed() rebased the buffer
                         break
             # Slow path: one generic frame (or the wait for more bytes), then the fast path again.
-            frame = next(self.frames(), None)
+            frame = next(self._frames(1), None)  # one frame: the fast loop above takes the rest
             if frame is None:
                 return
             yield decode_dcp(frame)

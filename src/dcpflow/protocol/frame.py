@@ -7,6 +7,7 @@ page's magic table) and 0x18 carry framing extras: byte 2 is their length and by
 length, so keys in such frames are at most 255 bytes.
 """
 
+import os
 import struct
 from enum import IntEnum
 from typing import NamedTuple
@@ -243,6 +244,21 @@ def check_request_frame_infos(framing: bytes) -> list[ProtocolError]:
 # ---------------------------------------------------------------------------------------------
 # Incremental decoder
 
+def _compiled_split():
+    """The compiled splitter (_frames.c), unless it was not built or DCPFLOW_PURE_PYTHON is set."""
+    if os.environ.get("DCPFLOW_PURE_PYTHON"):
+        return None
+    try:
+        from ._frames import split
+    except ImportError:
+        return None
+    return split
+
+
+#: FrameDecoder's compiled fast path, or None (see _frames.c).
+_split = _compiled_split()
+
+
 class FrameDecoder:
     """Feed it bytes as they arrive; iterate it for complete frames.
 
@@ -328,10 +344,15 @@ class FrameDecoder:
         return None
 
     def __iter__(self):
-        return self.frames()
+        return self._frames(64)
 
     def frames(self):
         """Yield every complete Frame now buffered."""
+        return self._frames(64)
+
+    def _frames(self, batch: int):
+        """frames(), taking up to `batch` frames at a time from the compiled splitter (next_frame
+        wants one: a bigger batch would split frames only to drop them)."""
         if self._broken is not None:
             raise self._broken
         if self._chunks is not None:
@@ -342,7 +363,19 @@ class FrameDecoder:
         end = len(buf)
         unpack, alt, new = HEADER.unpack_from, _ALT, tuple.__new__  # tuple.__new__: Frame(...) is a Python call
         max_body = self.max_body_len
+        split = _split
         while True:
+            if split is not None:  # the compiled splitter takes the well-formed frames...
+                frames, ends = split(buf, pos, max_body, Frame, batch)
+                for frame, frame_end in zip(frames, ends, strict=True):
+                    self._pos = frame_end
+                    yield frame
+                    if self._buf is not buf:  # fed while suspended: feed() rebased the buffer
+                        return
+                if frames:
+                    pos = frame_end
+                    continue
+            # ...and this loop the rest: the end of the bytes, an incomplete frame, an error.
             if end - pos < HEADER_LEN:
                 if not self._tail:
                     break
@@ -387,7 +420,7 @@ class FrameDecoder:
 
     def next_frame(self) -> Frame | None:
         """The next complete frame, or None if more bytes are needed."""
-        for frame in self.frames():
+        for frame in self._frames(1):
             return frame
         return None
 

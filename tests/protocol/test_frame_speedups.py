@@ -1,0 +1,182 @@
+"""The compiled frame splitter (_frames.c) against frame.py's Python loop, its specification.
+
+Both paths must give the same frames, the same errors (type, text, fatal or not) and leave the
+same bytes buffered, for any bytes fed in any chunks; and the splitter itself must stop before
+every frame it leaves to the Python loop."""
+
+import os
+import struct
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from dcpflow.protocol import frame as frame_mod
+from dcpflow.protocol.errors import ProtocolError
+from dcpflow.protocol.frame import Frame, FrameDecoder, encode_frame, request
+
+from .test_fuzz import near_valid_frames
+
+split = frame_mod._split
+needs_split = pytest.mark.skipif(split is None, reason="the compiled splitter is not built")
+EQUIV = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def test_the_compiled_splitter_is_built():
+    """CI builds it (scripts/setup.sh installs with a compiler): a missing build must not pass
+    unnoticed as a slower server. DCPFLOW_PURE_PYTHON=1 turns it off on purpose."""
+    if os.environ.get("DCPFLOW_PURE_PYTHON"):
+        assert split is None
+    else:
+        assert split is not None, "dcpflow.protocol._frames did not build: pip install -e . needs gcc and Python.h"
+
+
+def _decode(data: bytes, chunks: list[int], compiled: bool, max_body: int = 4096, stop_every: int = 0):
+    """Everything the decoder does with `data` fed in `chunks` sizes: frames, errors, leftovers.
+    `stop_every` > 0 abandons the iteration after that many frames (as a server does when a
+    request has to wait) and iterates afresh."""
+    saved = frame_mod._split
+    frame_mod._split = split if compiled else None
+    try:
+        dec = FrameDecoder(max_body_len=max_body)
+        out: list = []
+        pos = 0
+        sizes = chunks or [len(data) or 1]
+        i = 0
+        while pos < len(data):
+            n = sizes[i % len(sizes)]
+            i += 1
+            dec.feed(data[pos:pos + n])
+            pos += n
+            for _ in range(len(data) + 2):
+                try:
+                    for taken, f in enumerate(dec.frames(), 1):
+                        out.append(("frame", tuple(f), type(f)))
+                        if stop_every and taken == stop_every:
+                            break
+                    else:
+                        break
+                except ProtocolError as e:
+                    out.append(("error", str(e), e.fatal, e.status, e.opcode, e.opaque))
+                    if e.fatal:
+                        return out, None
+        return out, dec.buffered
+    finally:
+        frame_mod._split = saved
+
+
+@needs_split
+@EQUIV
+@given(near_valid_frames(), st.lists(st.integers(1, 700), min_size=1, max_size=5), st.integers(0, 3))
+def test_same_frames_errors_and_leftovers_as_the_python_loop(data, chunks, stop_every):
+    assert _decode(data, chunks, True, stop_every=stop_every) == _decode(data, chunks, False, stop_every=stop_every)
+
+
+@needs_split
+@EQUIV
+@given(st.binary(max_size=1500), st.lists(st.integers(1, 300), min_size=1, max_size=4))
+def test_same_result_for_arbitrary_bytes(data, chunks):
+    assert _decode(data, chunks, True) == _decode(data, chunks, False)
+
+
+def _well_formed():
+    """Frames as clients and servers send them: classic and flexible-framing magics, any sizes."""
+    return st.builds(
+        lambda alt, op, framing, extras, key, value, vb, opaque, cas, dt: encode_frame(
+            (0x08 if alt else 0x80) if op % 2 else (0x18 if alt else 0x81), op, framing=framing if alt else b"",
+            extras=extras, key=key, value=value, vbucket_or_status=vb, opaque=opaque, cas=cas, datatype=dt),
+        st.booleans(), st.integers(0, 255), st.binary(max_size=20), st.binary(max_size=40), st.binary(max_size=255),
+        st.binary(max_size=3000), st.integers(0, 0xFFFF), st.integers(0, 2**32 - 1), st.integers(0, 2**64 - 1),
+        st.integers(0, 255))
+
+
+@needs_split
+@EQUIV
+@given(st.lists(_well_formed(), min_size=1, max_size=8), st.lists(st.integers(1, 5000), min_size=1, max_size=3))
+def test_well_formed_streams_decode_alike_and_whole(frames, chunks):
+    data = b"".join(frames)
+    compiled = _decode(data, chunks, True, max_body=1 << 20)
+    assert compiled == _decode(data, chunks, False, max_body=1 << 20)
+    assert [f[1] for f in compiled[0]] == [tuple(f) for f in map(_parse_one, frames)]
+    assert compiled[1] == 0
+
+
+def _parse_one(data: bytes) -> Frame:
+    (f,) = list(_feed_all(data))
+    return f
+
+
+def _feed_all(data: bytes):
+    saved, frame_mod._split = frame_mod._split, None
+    try:
+        dec = FrameDecoder(max_body_len=1 << 20)
+        dec.feed(data)
+        return list(dec.frames())
+    finally:
+        frame_mod._split = saved
+
+
+@needs_split
+@pytest.mark.parametrize("magic", [0x80, 0x81, 0x08, 0x18, 0x82, 0x83])
+def test_every_opcode_and_header_field_alike(magic):
+    """Every opcode under every magic, with every header field and body part non-trivial: a
+    splitter that mixed up a field for some frames only would differ here."""
+    framing = b"\x22\x00\x07" if magic in (0x08, 0x18) else b""
+    data = b"".join(encode_frame(magic, op, framing=framing, extras=bytes([op]) * (op % 9), key=b"k%d" % op,
+                                 value=b"v" * op, vbucket_or_status=op * 257, opaque=0xFEDCBA98 - op,
+                                 cas=(1 << 64) - 1 - op, datatype=op % 8) for op in range(256))
+    compiled, python = _decode(data, [997], True, max_body=1 << 20), _decode(data, [997], False, max_body=1 << 20)
+    assert compiled == python and len(compiled[0]) == 256
+
+
+# -- the splitter's own contract ----------------------------------------------------------------
+
+@needs_split
+def test_split_returns_frames_and_the_offset_after_each():
+    a, b = request(0x00, key=b"k", opaque=7), request(0x01, key=b"key", extras=bytes(8), value=b"v" * 5)
+    frames, ends = split(a + b, 0, 4096, Frame, 64)
+    assert ends == [len(a), len(a) + len(b)]
+    assert all(type(f) is Frame for f in frames)
+    assert frames[0] == Frame(0x80, 0x00, 0, 0, 7, 0, b"", b"", b"k", b"")
+    assert frames[1].extras == bytes(8) and frames[1].key == b"key" and frames[1].value == b"vvvvv"
+    assert split(a + b, len(a), 4096, Frame, 64) == ([frames[1]], [len(a) + len(b)])
+
+
+@needs_split
+def test_split_takes_at_most_limit_frames():
+    data = request(0x0A) * 10
+    frames, ends = split(data, 0, 4096, Frame, 3)
+    assert len(frames) == 3 and ends == [24, 48, 72]
+
+
+@needs_split
+@pytest.mark.parametrize("tail, why", [
+    (request(0x00, key=b"abc")[:-1], "incomplete"),
+    (b"\x42" + request(0x00)[1:], "unknown magic"),
+    (struct.pack(">BBHBBHIIQ", 0x80, 0, 0, 0, 0, 0, 5000, 0, 0) + bytes(5000), "body over the limit"),
+    (struct.pack(">BBHBBHIIQ", 0x80, 0, 10, 0, 0, 0, 4, 0, 0) + bytes(4), "key longer than the body"),
+    (struct.pack(">BBBBBBHIIQ", 0x08, 0, 3, 1, 1, 0, 0, 4, 0, 0) + bytes(4), "framing+extras+key over body"),
+    (request(0x00)[:23], "short header"),
+])
+def test_split_stops_before_a_frame_it_leaves_to_python(tail, why):
+    good = request(0x00, key=b"k")
+    frames, ends = split(good + tail, 0, 4096, Frame, 64)
+    assert ends == [len(good)], why
+
+
+@needs_split
+def test_split_frames_have_the_flexible_framing_layout():
+    framing = bytes([0x22, 0x00, 0x07])  # stream id 7
+    data = request(0x57, framing=framing, key=b"k", extras=b"e" * 3, value=b"v")
+    ((f,), _) = split(data, 0, 4096, Frame, 64)
+    assert (f.magic, f.framing, f.extras, f.key, f.value) == (0x08, framing, b"eee", b"k", b"v")
+
+
+@needs_split
+@pytest.mark.parametrize("args", [
+    (bytearray(24), 0, 4096, Frame, 1), (b"", 0, 4096, list, 1), (b"", 1, 4096, Frame, 1),
+    (b"", -1, 4096, Frame, 1), (b"", 0, -1, Frame, 1), (b"",), ("x", 0, 1, Frame, 1),
+])
+def test_split_rejects_bad_arguments(args):
+    with pytest.raises((TypeError, ValueError, OverflowError)):
+        split(*args)
