@@ -56,6 +56,7 @@ from dcpflow.protocol.dcp import (
     StreamEndReason,
     StreamFlag,
     VBucketState,
+    encode_mutations,
 )
 
 from .checkpoint import CheckpointType, Cursor, CursorDropped, Snapshot
@@ -363,45 +364,28 @@ class ActiveStream:
         self.items_sent += 1
 
     def _queue_items(self, items: list[Item]) -> None:
-        """`_queue_item` for each, with runs of plain mutations packed inline into one Frames entry
-        (the in-memory hot loop: one join per run, not a bytes object and a queue entry per item)."""
+        """`_queue_item` for each, with runs of plain mutations encoded by the protocol's
+        `encode_mutations` into one Frames entry (the in-memory hot loop: compiled when built,
+        one bytes object per run, not per item)."""
         opts = self.opts
         if self.stream_id is not None or opts.no_value or opts.no_value_underlying_datatype:
             for item in items:
                 self._queue_item(item)
             return
-        vbid, opaque, prefix, pack = self.vbid, self.opaque, opts.collections, _pack_mutation
-        parts: list[bytes] = []
-        append = parts.append
-        count = 0
-        for item in items:
-            datatype, value = item.datatype, item.value
-            if item.deleted or datatype & DATATYPE_XATTR or len(value) >= LARGE_VALUE:
-                if count:
-                    self._push_frames(parts, count)
-                    parts = []
-                    append = parts.append
-                    count = 0
-                self._queue_item(item)
-                continue
-            key = item.key
-            if prefix:
-                key = b"\x00" + key
-            append(pack(0x80, 0x57, len(key), 31, datatype, vbid, 31 + len(key) + len(value), opaque, item.cas,
-                        item.by_seqno, item.rev_seqno, item.flags, item.expiry, 0, 0, 0))
-            append(key)
-            append(value)
-            count += 1
-        if count:
-            self._push_frames(parts, count)
+        vbid, opaque, collections = self.vbid, self.opaque, opts.collections
+        i, n = 0, len(items)
+        while i < n:
+            data, stop = encode_mutations(items, i, vbid, opaque, collections, LARGE_VALUE)
+            if stop > i:
+                self.ready.append(Frames(data, stop - i))
+                self.ready_bytes += len(data)
+                self.items_sent += stop - i
+            if stop < n:  # a deletion, xattrs, a large value: the general path
+                self._queue_item(items[stop])
+                stop += 1
+            i = stop
         if items:
             self.last_sent_seqno = items[-1].by_seqno
-
-    def _push_frames(self, parts: list[bytes], count: int) -> None:
-        data = b"".join(parts)
-        self.ready.append(Frames(data, count))
-        self.ready_bytes += len(data)
-        self.items_sent += count
 
     def _seqno_advanced_if_needed(self) -> None:
         """A collection-aware consumer learns the snapshot end it did not see an item for."""

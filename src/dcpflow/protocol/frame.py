@@ -244,19 +244,20 @@ def check_request_frame_infos(framing: bytes) -> list[ProtocolError]:
 # ---------------------------------------------------------------------------------------------
 # Incremental decoder
 
-def _compiled_split():
-    """The compiled splitter (_frames.c), unless it was not built or DCPFLOW_PURE_PYTHON is set."""
+def compiled(name: str):
+    """The compiled twin `name` of a hot loop (_speedups.c), or None when the extension was not
+    built or DCPFLOW_PURE_PYTHON is set: the caller then runs its Python twin."""
     if os.environ.get("DCPFLOW_PURE_PYTHON"):
         return None
     try:
-        from ._frames import split
+        from . import _speedups
     except ImportError:
         return None
-    return split
+    return getattr(_speedups, name)
 
 
-#: FrameDecoder's compiled fast path, or None (see _frames.c).
-_split = _compiled_split()
+#: FrameDecoder's compiled fast path, or None (see _speedups.c).
+_split = compiled("split")
 
 
 class FrameDecoder:

@@ -1,16 +1,23 @@
-"""The compiled frame splitter (_frames.c) against frame.py's Python loop, its specification.
+"""The compiled twins (_speedups.c) against their Python specifications.
 
-Both paths must give the same frames, the same errors (type, text, fatal or not) and leave the
-same bytes buffered, for any bytes fed in any chunks; and the splitter itself must stop before
-every frame it leaves to the Python loop."""
+split: both paths must give the same frames, the same errors (type, text, fatal or not) and leave
+the same bytes buffered, for any bytes fed in any chunks; and the splitter itself must stop before
+every frame it leaves to the Python loop.
+
+encode_mutations: the same bytes and the same stop as dcp.encode_mutations_py for any documents;
+an item whose fields do not fit stops the run (the Python twin raises there); items whose reads
+change the list do not crash it."""
 
 import os
 import struct
+from types import SimpleNamespace
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from dcpflow.engine.item import Item
+from dcpflow.protocol import dcp
 from dcpflow.protocol import frame as frame_mod
 from dcpflow.protocol.errors import ProtocolError
 from dcpflow.protocol.frame import Frame, FrameDecoder, encode_frame, request
@@ -22,13 +29,14 @@ needs_split = pytest.mark.skipif(split is None, reason="the compiled splitter is
 EQUIV = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
-def test_the_compiled_splitter_is_built():
-    """CI builds it (scripts/setup.sh installs with a compiler): a missing build must not pass
-    unnoticed as a slower server. DCPFLOW_PURE_PYTHON=1 turns it off on purpose."""
+def test_the_compiled_twins_are_built():
+    """CI builds them (scripts/setup.sh installs with a compiler): a missing build must not pass
+    unnoticed as a slower server. DCPFLOW_PURE_PYTHON=1 turns them off on purpose."""
     if os.environ.get("DCPFLOW_PURE_PYTHON"):
-        assert split is None
+        assert split is None and dcp.encode_mutations is dcp.encode_mutations_py
     else:
-        assert split is not None, "dcpflow.protocol._frames did not build: pip install -e . needs gcc and Python.h"
+        assert split is not None, "dcpflow.protocol._speedups did not build: pip install -e . needs gcc and Python.h"
+        assert dcp.encode_mutations is not dcp.encode_mutations_py
 
 
 def _decode(data: bytes, chunks: list[int], compiled: bool, max_body: int = 4096, stop_every: int = 0):
@@ -180,3 +188,99 @@ def test_split_frames_have_the_flexible_framing_layout():
 def test_split_rejects_bad_arguments(args):
     with pytest.raises((TypeError, ValueError, OverflowError)):
         split(*args)
+
+
+# -- encode_mutations ------------------------------------------------------------------------------
+
+encode = dcp.encode_mutations
+needs_encode = pytest.mark.skipif(encode is dcp.encode_mutations_py, reason="the compiled encoder is not built")
+U64, U32 = st.integers(0, 2**64 - 1), st.integers(0, 2**32 - 1)
+
+
+def _items():
+    """Documents as the engine has them: mostly plain mutations, some deletions, xattrs and large
+    values (what the encoder leaves to the general path)."""
+    return st.builds(Item, st.binary(min_size=1, max_size=40), st.binary(max_size=300), U32, U32, U64, U64, U64,
+                     st.integers(0, 7), st.sampled_from([False] * 6 + [True]))
+
+
+@needs_encode
+@EQUIV
+@given(st.lists(_items(), max_size=12), st.integers(0, 12), st.integers(0, 0xFFFF), U32, st.booleans(),
+       st.sampled_from([1, 50, 2048]))
+def test_encode_mutations_same_bytes_and_stop_as_the_python_twin(items, start, vb, opaque, collections, large):
+    start = min(start, len(items))
+    assert encode(items, start, vb, opaque, collections, large) == \
+        dcp.encode_mutations_py(items, start, vb, opaque, collections, large)
+
+
+@needs_encode
+@pytest.mark.parametrize("collections", [False, True])
+def test_encode_mutations_are_the_messages_dcp_mutation_encodes(collections):
+    items = [Item(b"k%d" % i, b"{}" * i, i, 2 * i, (1 << 64) - 1 - i, i + 1, 100 + i, 1) for i in range(5)]
+    data, stop = encode(items, 1, 9, 0xDEADBEEF, collections, 2048)
+    prefix = b"\x00" if collections else b""
+    assert stop == 5
+    assert data == b"".join(dcp.DcpMutation(9, it.by_seqno, it.rev_seqno, it.flags, it.expiry, 0, prefix + it.key,
+                                            it.value, it.cas, it.datatype, 0xDEADBEEF).encode() for it in items[1:])
+
+
+@needs_encode
+@pytest.mark.parametrize("bad, why", [
+    (Item(b"d", b"", by_seqno=1, deleted=True), "deleted"),
+    (Item(b"x", b"v", datatype=4, by_seqno=1), "xattrs"),
+    (Item(b"l", b"v" * 2048, by_seqno=1), "large value"),
+    (Item(b"f", b"v", flags=2**32, by_seqno=1), "flags over 32 bits"),
+    (Item(b"c", b"v", cas=2**64, by_seqno=1), "cas over 64 bits"),
+    (Item(b"s", b"v", by_seqno=-1), "negative seqno"),
+    (Item(b"k" * 0x10000, b"v", by_seqno=1), "key over 16 bits"),
+    (Item(b"t", "text", by_seqno=1), "a value that is not bytes"),  # type: ignore[arg-type]
+])
+def test_encode_mutations_stops_before_what_it_leaves_to_the_general_path(bad, why):
+    good = Item(b"g", b"v", by_seqno=1)
+    data, stop = encode([good, bad, good], 0, 0, 0, False, 2048)
+    assert stop == 1 and data == dcp.encode_mutations_py([good], 0, 0, 0, False, 2048)[0], why
+
+
+@needs_encode
+def test_encode_mutations_reads_any_object_with_the_fields():
+    fields = dict(key=b"k", value=b"v", cas=5, by_seqno=6, rev_seqno=7, flags=8, expiry=9, datatype=1, deleted=False)
+    ns = SimpleNamespace(**fields)
+    assert encode([ns, Item(**fields)], 0, 1, 2, True, 2048) == dcp.encode_mutations_py([ns, Item(**fields)], 0, 1, 2,
+                                                                                        True, 2048)
+    with pytest.raises(AttributeError):
+        encode([SimpleNamespace(key=b"k")], 0, 1, 2, True, 2048)
+
+
+@needs_encode
+def test_encode_mutations_survives_items_that_change_the_list_while_read():
+    """A field read that runs Python code (a property) and empties the list, dropping the last
+    reference to the item being read: encoded as read, no crash."""
+    items: list = []
+
+    class Shrinking:
+        reads = 0
+        key, cas, by_seqno, rev_seqno, flags, expiry, datatype, deleted = b"k", 0, 1, 1, 0, 0, 0, False
+
+        @property
+        def value(self):
+            Shrinking.reads += 1
+            if Shrinking.reads == 2:
+                items.clear()
+            return b"v" * Shrinking.reads
+
+    items.extend([Shrinking(), Shrinking(), Shrinking()])
+    data, stop = encode(items, 0, 0, 0, False, 2048)
+    assert stop == 2 and data == dcp.encode_mutations_py([SimpleNamespace(**{**vars(Shrinking), "value": b"v"}),
+                                                          SimpleNamespace(**{**vars(Shrinking), "value": b"vv"})],
+                                                         0, 0, 0, False, 2048)[0]
+
+
+@needs_encode
+@pytest.mark.parametrize("args", [
+    ([], 1, 0, 0, False, 2048), ([], -1, 0, 0, False, 2048), ([], 0, 0x10000, 0, False, 2048),
+    ([], 0, 0, 2**32, False, 2048), (5, 0, 0, 0, False, 2048), ([],),
+])
+def test_encode_mutations_rejects_bad_arguments(args):
+    with pytest.raises((TypeError, ValueError, OverflowError)):
+        encode(*args)

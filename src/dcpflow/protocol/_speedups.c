@@ -1,0 +1,352 @@
+/* The protocol's two hot loops, compiled: each has a pure-Python twin that is its specification,
+   and tests/protocol/test_speedups.py checks that both give the same results for the same input.
+   Built as an optional extension: without a compiler, dcpflow runs the Python twins alone.
+
+   split - the frame splitter of FrameDecoder.frames (frame.py). It takes the well-formed frames
+   that are all of a busy connection's traffic and stops before the first frame it does not take -
+   incomplete, an unknown magic, a body over the limit, lengths that exceed the body - leaving that
+   one to the Python loop, so every error, its text and the waiting for more bytes stay in one place.
+
+   encode_mutations - DCP_MUTATION messages for a run of documents (dcp.encode_mutations_py): what a
+   producer's in-memory stream sends. It stops before the first document that is not a plain
+   mutation (deleted, xattrs, a large value) or whose fields do not fit the message, leaving it to
+   the caller's general path. */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+
+#define HEADER_LEN 24
+
+static inline uint16_t be16(const unsigned char *p) { return (uint16_t)((p[0] << 8) | p[1]); }
+
+static inline uint32_t be32(const unsigned char *p) {
+    return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | (uint32_t)p[3];
+}
+
+static inline uint64_t be64(const unsigned char *p) {
+    return ((uint64_t)be32(p) << 32) | (uint64_t)be32(p + 4);
+}
+
+/* The magics of frame.Magic; 0x08 and 0x18 carry framing extras. */
+static inline int known_magic(unsigned char m) {
+    return m == 0x80 || m == 0x81 || m == 0x08 || m == 0x18 || m == 0x82 || m == 0x83;
+}
+
+/* A new instance of the tuple subclass `type` (frame.Frame) owning the ten values, or NULL. */
+static PyObject *make_frame(PyTypeObject *type, PyObject *items[10]) {
+    PyObject *frame = NULL;
+    for (int i = 0; i < 10; i++) {
+        if (items[i] == NULL) goto done;
+    }
+    frame = type->tp_alloc(type, 10);
+    if (frame == NULL) goto done;
+    for (int i = 0; i < 10; i++) {
+        PyTuple_SET_ITEM(frame, i, items[i]);
+        items[i] = NULL;
+    }
+done:
+    for (int i = 0; i < 10; i++) Py_XDECREF(items[i]);
+    return frame;
+}
+
+PyDoc_STRVAR(split_doc,
+"split(buf, pos, max_body, frame_type, limit) -> (frames, ends)\n\n"
+"At most `limit` whole, well-formed frames of the bytes `buf` from `pos`, as `frame_type`\n"
+"tuples, and the offset just past each. Stops before the first frame it does not take.");
+
+static PyObject *split(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "split(buf, pos, max_body, frame_type, limit) takes 5 arguments");
+        return NULL;
+    }
+    PyObject *buf = args[0];
+    if (!PyBytes_Check(buf)) {
+        PyErr_SetString(PyExc_TypeError, "split: buf must be bytes");
+        return NULL;
+    }
+    if (!PyType_Check(args[3]) || !PyType_IsSubtype((PyTypeObject *)args[3], &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError, "split: frame_type must be a tuple subclass");
+        return NULL;
+    }
+    PyTypeObject *type = (PyTypeObject *)args[3];
+    Py_ssize_t pos = PyLong_AsSsize_t(args[1]);
+    if (pos == -1 && PyErr_Occurred()) return NULL;
+    unsigned long long max_body = PyLong_AsUnsignedLongLong(args[2]);
+    if (max_body == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+    Py_ssize_t limit = PyLong_AsSsize_t(args[4]);
+    if (limit == -1 && PyErr_Occurred()) return NULL;
+    Py_ssize_t end = PyBytes_GET_SIZE(buf);
+    if (pos < 0 || pos > end) {
+        PyErr_SetString(PyExc_ValueError, "split: pos outside the buffer");
+        return NULL;
+    }
+    const unsigned char *data = (const unsigned char *)PyBytes_AS_STRING(buf);
+
+    PyObject *frames = PyList_New(0);
+    PyObject *ends = PyList_New(0);
+    if (frames == NULL || ends == NULL) goto fail;
+    Py_ssize_t n = 0;
+    while (n < limit && end - pos >= HEADER_LEN) {
+        const unsigned char *h = data + pos;
+        unsigned char magic = h[0];
+        uint32_t body = be32(h + 8);
+        if (!known_magic(magic) || body > max_body || (Py_ssize_t)body > end - pos - HEADER_LEN) break;
+        uint32_t fr_len, key_len, ext_len = h[4];
+        if (magic == 0x08 || magic == 0x18) {
+            fr_len = h[2];
+            key_len = h[3];
+        } else {
+            fr_len = 0;
+            key_len = be16(h + 2);
+        }
+        if ((uint64_t)fr_len + ext_len + key_len > body) break;
+        const char *b = (const char *)h + HEADER_LEN;
+        PyObject *items[10] = {
+            PyLong_FromLong(magic),
+            PyLong_FromLong(h[1]),
+            PyLong_FromLong(h[5]),
+            PyLong_FromLong(be16(h + 6)),
+            PyLong_FromUnsignedLong(be32(h + 12)),
+            PyLong_FromUnsignedLongLong(be64(h + 16)),
+            PyBytes_FromStringAndSize(b, fr_len),
+            PyBytes_FromStringAndSize(b + fr_len, ext_len),
+            PyBytes_FromStringAndSize(b + fr_len + ext_len, key_len),
+            PyBytes_FromStringAndSize(b + fr_len + ext_len + key_len, body - fr_len - ext_len - key_len),
+        };
+        PyObject *frame = make_frame(type, items);
+        if (frame == NULL) goto fail;
+        int failed = PyList_Append(frames, frame);
+        Py_DECREF(frame);
+        if (failed) goto fail;
+        pos += HEADER_LEN + (Py_ssize_t)body;
+        PyObject *at = PyLong_FromSsize_t(pos);
+        if (at == NULL) goto fail;
+        failed = PyList_Append(ends, at);
+        Py_DECREF(at);
+        if (failed) goto fail;
+        n++;
+    }
+    return Py_BuildValue("(NN)", frames, ends);
+fail:
+    Py_XDECREF(frames);
+    Py_XDECREF(ends);
+    return NULL;
+}
+
+
+/* -- encode_mutations ------------------------------------------------------------------------ */
+
+#include <structmember.h>
+#include <string.h>
+
+enum { F_KEY, F_VALUE, F_CAS, F_BY_SEQNO, F_REV_SEQNO, F_FLAGS, F_EXPIRY, F_DATATYPE, F_DELETED, N_FIELDS };
+static const char *FIELD_NAMES[N_FIELDS] = {
+    "key", "value", "cas", "by_seqno", "rev_seqno", "flags", "expiry", "datatype", "deleted",
+};
+static PyObject *field_names[N_FIELDS];
+
+/* The documents' class and where its slots keep each field (engine.Item is a slotted dataclass),
+   so a field is one load rather than an attribute lookup; any other class goes by getattr. */
+static PyTypeObject *slot_type = NULL;
+static Py_ssize_t slot_offsets[N_FIELDS];
+
+static int learn_slots(PyTypeObject *type) {
+    Py_ssize_t offsets[N_FIELDS];
+    for (int i = 0; i < N_FIELDS; i++) {
+        PyObject *descr = _PyType_Lookup(type, field_names[i]);
+        if (descr == NULL || Py_TYPE(descr) != &PyMemberDescr_Type) return 0;
+        PyMemberDef *member = ((PyMemberDescrObject *)descr)->d_member;
+        if (member->type != T_OBJECT_EX || (member->flags & READONLY)) return 0;
+        offsets[i] = member->offset;
+    }
+    memcpy(slot_offsets, offsets, sizeof offsets);
+    Py_XDECREF(slot_type);
+    Py_INCREF(type);
+    slot_type = type;
+    return 1;
+}
+
+/* The item's fields: borrowed references (returns 0) when its class keeps them in slots - no
+   Python code runs while they are used - else new references from getattr (returns 1, release()
+   them), or -1 with an exception set. */
+static int read_fields(PyObject *item, PyObject *out[N_FIELDS]) {
+    PyTypeObject *type = Py_TYPE(item);
+    if (type == slot_type || learn_slots(type)) {
+        int i = 0;
+        for (; i < N_FIELDS; i++) {
+            out[i] = *(PyObject **)((char *)item + slot_offsets[i]);
+            if (out[i] == NULL) break;  /* an unset slot: let getattr raise its AttributeError */
+        }
+        if (i == N_FIELDS) return 0;
+    }
+    Py_INCREF(item);  /* a property may drop the caller's last reference to it */
+    for (int i = 0; i < N_FIELDS; i++) {
+        out[i] = PyObject_GetAttr(item, field_names[i]);
+        if (out[i] == NULL) {
+            for (int j = 0; j < i; j++) Py_DECREF(out[j]);
+            Py_DECREF(item);
+            return -1;
+        }
+    }
+    Py_DECREF(item);
+    return 1;
+}
+
+/* An int field as an unsigned number of at most `max`; 0 if it is not one (no exception left). */
+static int as_unsigned(PyObject *v, unsigned long long max, unsigned long long *out) {
+    if (!PyLong_Check(v)) return 0;
+    unsigned long long x = PyLong_AsUnsignedLongLong(v);
+    if (x == (unsigned long long)-1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return 0;
+    }
+    if (x > max) return 0;
+    *out = x;
+    return 1;
+}
+
+static inline void put16(unsigned char *p, uint64_t v) { p[0] = (unsigned char)(v >> 8); p[1] = (unsigned char)v; }
+static inline void put32(unsigned char *p, uint64_t v) { put16(p, v >> 16); put16(p + 2, v); }
+static inline void put64(unsigned char *p, uint64_t v) { put32(p, v >> 32); put32(p + 4, v); }
+
+#define MUTATION_FIXED (24 + 31)  /* header + extras (mutation.md) */
+
+typedef struct {
+    unsigned long long datatype, cas, seqno, rev, flags, expiry;
+    Py_ssize_t size;  /* the whole message */
+} Mutation;
+
+/* Whether the fields make a plain mutation that fits the message; if so, fill *m. */
+static int plain_mutation(PyObject *f[N_FIELDS], int collections, Py_ssize_t large_value, Mutation *m) {
+    if (!PyBytes_Check(f[F_KEY]) || !PyBytes_Check(f[F_VALUE]) || f[F_DELETED] != Py_False) return 0;
+    if (!as_unsigned(f[F_DATATYPE], 0xFF, &m->datatype) || (m->datatype & 0x04)) return 0;  /* 0x04: xattrs */
+    Py_ssize_t klen = PyBytes_GET_SIZE(f[F_KEY]) + collections, vlen = PyBytes_GET_SIZE(f[F_VALUE]);
+    if (vlen >= large_value || klen > 0xFFFF || 31 + klen + vlen > 0xFFFFFFFFLL) return 0;
+    m->size = MUTATION_FIXED + klen + vlen;
+    return as_unsigned(f[F_CAS], ~0ULL, &m->cas) && as_unsigned(f[F_BY_SEQNO], ~0ULL, &m->seqno)
+           && as_unsigned(f[F_REV_SEQNO], ~0ULL, &m->rev) && as_unsigned(f[F_FLAGS], 0xFFFFFFFFULL, &m->flags)
+           && as_unsigned(f[F_EXPIRY], 0xFFFFFFFFULL, &m->expiry);
+}
+
+/* A stream's documents were written long before it reads them, so nearly every field is a cache
+   miss: ask for the item 8 ahead, and for the fields of the item 4 ahead (fetched by then). */
+static inline void prefetch_ahead(PyObject *seq, Py_ssize_t i) {
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    if (i + 8 < n) __builtin_prefetch(items[i + 8]);
+    if (i + 4 < n && Py_TYPE(items[i + 4]) == slot_type) {
+        char *item = (char *)items[i + 4];
+        for (int k = 0; k < F_DATATYPE; k++) {  /* key, value, cas, seqnos, flags, expiry */
+            __builtin_prefetch(*(PyObject **)(item + slot_offsets[k]));
+        }
+    }
+}
+
+static void release(PyObject *f[N_FIELDS]) {
+    for (int i = 0; i < N_FIELDS; i++) Py_DECREF(f[i]);
+}
+
+PyDoc_STRVAR(encode_mutations_doc,
+"encode_mutations(items, start, vbucket, opaque, collections, large_value) -> (data, stop)\n\n"
+"The DCP_MUTATION messages of items[start:stop] joined, where stop is the index of the first item\n"
+"that is not a plain mutation (deleted, xattrs, a value of at least large_value bytes) or whose\n"
+"fields do not fit the message (or len(items)). Same bytes as dcp.encode_mutations_py.");
+
+static PyObject *encode_mutations(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError,
+                        "encode_mutations(items, start, vbucket, opaque, collections, large_value) takes 6 arguments");
+        return NULL;
+    }
+    PyObject *seq = PySequence_Fast(args[0], "encode_mutations: items must be a sequence");
+    if (seq == NULL) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    Py_ssize_t start = PyLong_AsSsize_t(args[1]);
+    unsigned long vbucket = PyLong_AsUnsignedLong(args[2]);
+    unsigned long opaque = PyLong_AsUnsignedLong(args[3]);
+    int collections = PyObject_IsTrue(args[4]);
+    Py_ssize_t large_value = PyLong_AsSsize_t(args[5]);
+    PyObject *data = NULL;
+    if (PyErr_Occurred() || collections < 0) goto fail;
+    if (vbucket > 0xFFFF || opaque > 0xFFFFFFFFUL || start < 0 || start > n) {
+        PyErr_SetString(PyExc_ValueError, "encode_mutations: vbucket, opaque or start out of range");
+        goto fail;
+    }
+
+    /* One pass over the run, into a buffer that doubles as needed (fields are read once: most of
+       the time goes to fetching them from memory). */
+    Py_ssize_t size = 4096, used = 0, stop = start;
+    data = PyBytes_FromStringAndSize(NULL, size);
+    if (data == NULL) goto fail;
+    for (; stop < PySequence_Fast_GET_SIZE(seq); stop++) {  /* re-read: a getattr may change the list */
+        PyObject *f[N_FIELDS];
+        Mutation m;
+        prefetch_ahead(seq, stop);
+        int owned = read_fields(PySequence_Fast_ITEMS(seq)[stop], f);
+        if (owned < 0) goto fail;
+        if (!plain_mutation(f, collections, large_value, &m)) {
+            if (owned) release(f);
+            break;
+        }
+        if (used + m.size > size) {
+            while (used + m.size > size) size *= 2;
+            if (_PyBytes_Resize(&data, size) < 0) {
+                if (owned) release(f);
+                goto fail;  /* data is NULL now */
+            }
+        }
+        unsigned char *p = (unsigned char *)PyBytes_AS_STRING(data) + used;
+        Py_ssize_t key_size = PyBytes_GET_SIZE(f[F_KEY]), value_size = PyBytes_GET_SIZE(f[F_VALUE]);
+        Py_ssize_t klen = key_size + collections;
+        p[0] = 0x80;
+        p[1] = 0x57;
+        put16(p + 2, (uint64_t)klen);
+        p[4] = 31;
+        p[5] = (unsigned char)m.datatype;
+        put16(p + 6, vbucket);
+        put32(p + 8, (uint64_t)(31 + klen + value_size));
+        put32(p + 12, opaque);
+        put64(p + 16, m.cas);
+        put64(p + 24, m.seqno);
+        put64(p + 32, m.rev);
+        put32(p + 40, m.flags);
+        put32(p + 44, m.expiry);
+        memset(p + 48, 0, 7);  /* lock time, nmeta, nru */
+        p += MUTATION_FIXED;
+        if (collections) *p++ = 0x00;  /* the default collection's LEB128 prefix */
+        memcpy(p, PyBytes_AS_STRING(f[F_KEY]), (size_t)key_size);
+        memcpy(p + key_size, PyBytes_AS_STRING(f[F_VALUE]), (size_t)value_size);
+        used += m.size;
+        if (owned) release(f);
+    }
+    if (_PyBytes_Resize(&data, used) < 0) goto fail;
+    Py_DECREF(seq);
+    return Py_BuildValue("(Nn)", data, stop);
+fail:
+    Py_XDECREF(data);
+    Py_DECREF(seq);
+    return NULL;
+}
+
+static PyMethodDef methods[] = {
+    {"split", (PyCFunction)(void (*)(void))split, METH_FASTCALL, split_doc},
+    {"encode_mutations", (PyCFunction)(void (*)(void))encode_mutations, METH_FASTCALL, encode_mutations_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "dcpflow.protocol._speedups",
+    "Compiled twins of two hot loops of dcpflow.protocol (see _speedups.c).", -1, methods,
+    NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__speedups(void) {
+    for (int i = 0; i < N_FIELDS; i++) {
+        field_names[i] = PyUnicode_InternFromString(FIELD_NAMES[i]);
+        if (field_names[i] == NULL) return NULL;
+    }
+    return PyModule_Create(&module);
+}
