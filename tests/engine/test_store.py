@@ -156,6 +156,20 @@ def test_rollback_to_a_seqno_between_two_versions(store):
     assert [k for k, _, _ in scan_keys(store, 0, 0, 100)] == [b"x", b"a", b"y"]
 
 
+def test_versions_replaced_within_one_batch_keep_every_rollback_point(store):
+    """A key on disk (a0), then three versions of it in one batch: each rollback below the batch's
+    versions must still find the one current at that seqno - a0 too, after a first rollback into
+    the batch (it was superseded by the batch's first version, not its last)."""
+    w = Writer(store)
+    w.write(0, w.put(b"a", b"a0"), w.put(b"x"))  # 1, 2
+    w.write(0, w.put(b"a", b"a1"), w.put(b"y"), w.put(b"a", b"a2"), w.put(b"z"), w.put(b"a", b"a3"))  # 3..7
+    assert store.history_count(0) == 3
+    assert store.rollback(0, 5).seqno == 5 and store.get(0, b"a").value == b"a2"
+    assert store.rollback(0, 3).seqno == 3 and store.get(0, b"a").value == b"a1"
+    assert store.rollback(0, 2).seqno == 2 and store.get(0, b"a").value == b"a0"
+    assert [k for k, _, _ in scan_keys(store, 0, 0, 100)] == [b"a", b"x"]
+
+
 def test_rollback_reports_a_consistent_point_only_at_a_snapshot_end(store):
     w = Writer(store)
     w.write(0, w.put(b"a"), w.put(b"b"), w.put(b"c"))  # snapshot [1, 3]

@@ -117,6 +117,8 @@ _ENCODED_PAGE = {
     for coll, expr in ((False, "dcp_h1 || ?1 || substr(dcp_h2c, 1, 39) || key || value"),
                        (True, "dcp_h1c || ?1 || dcp_h2c || key || value"))
 }
+_INSERT_HISTORY = (f"INSERT OR REPLACE INTO history ({_COLS}, superseded_by) "
+                   "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)")
 #: The writer's upsert keeps the row (and its by-key index entry) and updates the rest in place;
 #: the history trigger below sees the version it replaces.
 _UPSERT_ITEM = (f"INSERT INTO items ({_COLS}, dcp_h1, dcp_h1c, dcp_h2c) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?) "
@@ -312,14 +314,39 @@ class Store:
         ranges the items belong to, in one transaction."""
         with self._txn() as db:
             for vb, items in batches:
-                if not self.keep_history:  # only the latest version of each key matters
-                    items = {it.key: it for it in items}.values()
-                # With history, every version in seqno order: the trigger files each one the next
-                # replaces, superseded by the seqno that replaced it.
-                db.executemany(_UPSERT_ITEM, [_encoded_row(vb, it) for it in items])
+                latest: dict[bytes, Item] = {}
+                older: list[Item] = []  # versions of this batch that a later one replaces
+                for it in items:
+                    prev = latest.get(it.key)
+                    if prev is not None:
+                        older.append(prev)
+                    latest[it.key] = it
+                # Only the latest version of each key is upserted; the trigger files the version it
+                # replaces on disk, superseded by the latest one's seqno.
+                db.executemany(_UPSERT_ITEM, [_encoded_row(vb, it) for it in latest.values()])
+                if older and self.keep_history:
+                    self._file_older_versions(db, vb, older, latest)
             db.executemany(_UPSERT_STATE, [r._params() for r in states])
             db.executemany("INSERT OR IGNORE INTO snapshots (vb, snap_start, snap_end) VALUES (?, ?, ?)",
                            list(snapshot_ranges))
+
+    @staticmethod
+    def _file_older_versions(db: sqlite3.Connection, vb: int, older: list[Item], latest: dict[bytes, Item]) -> None:
+        """A key with several versions in one batch: each version but the latest goes to history,
+        superseded by the next; and the version on disk before the batch was superseded by the
+        batch's first one, not by the latest one the trigger saw (a later rollback between the two
+        must keep it)."""
+        following: dict[bytes, int] = {}  # key -> seqno of the version after the one being filed
+        first: dict[bytes, int] = {}
+        rows = []
+        for it in reversed(older):
+            nxt = following.get(it.key, latest[it.key].by_seqno)
+            rows.append((vb, bytearray(it.key), it.by_seqno, _s64(it.rev_seqno), _s64(it.cas), it.flags, it.expiry,
+                         it.datatype, int(it.deleted), it.delete_time, int(it.delete_source), bytearray(it.value), nxt))
+            following[it.key] = first[it.key] = it.by_seqno
+        db.executemany(_INSERT_HISTORY, rows)
+        db.executemany("UPDATE history SET superseded_by = ? WHERE vb = ? AND key = ? AND superseded_by = ? "
+                       "AND seqno < ?", [(s, vb, key, latest[key].by_seqno, s) for key, s in first.items()])
 
     # -- reads ------------------------------------------------------------------------------
     def get(self, vb: int, key: bytes) -> Item | None:
