@@ -248,8 +248,7 @@ def test_encode_mutations_reads_any_object_with_the_fields():
     ns = SimpleNamespace(**fields)
     assert encode([ns, Item(**fields)], 0, 1, 2, True, 2048) == dcp.encode_mutations_py([ns, Item(**fields)], 0, 1, 2,
                                                                                         True, 2048)
-    with pytest.raises(AttributeError):
-        encode([SimpleNamespace(key=b"k")], 0, 1, 2, True, 2048)
+    assert encode([SimpleNamespace(key=b"k")], 0, 1, 2, True, 2048) == (b"", 0)  # left to the general path
 
 
 @needs_encode
@@ -274,6 +273,88 @@ def test_encode_mutations_survives_items_that_change_the_list_while_read():
     assert stop == 2 and data == dcp.encode_mutations_py([SimpleNamespace(**{**vars(Shrinking), "value": b"v"}),
                                                           SimpleNamespace(**{**vars(Shrinking), "value": b"vv"})],
                                                          0, 0, 0, False, 2048)[0]
+
+
+FIELDS = ("key", "value", "cas", "by_seqno", "rev_seqno", "flags", "expiry", "datatype", "deleted")
+
+
+def _both(items):
+    """What each twin does with the items: its result, or the exception it raised."""
+    out = []
+    for f in (encode, dcp.encode_mutations_py):
+        try:
+            out.append(f(items, 0, 0, 0, False, 2048))
+        except Exception as e:  # noqa: BLE001 - the exception is the result compared
+            out.append((type(e), str(e)))
+    return out
+
+
+@needs_encode
+def test_encode_mutations_reads_slots_only_where_getattr_would_read_them():
+    """The slot shortcut must never read where Python would not: a class borrowing Item's slot
+    descriptors (their offsets are not its own), one overriding __getattribute__, one changed
+    after the shortcut learned it."""
+    borrower = type("Borrower", (), {"__slots__": (), **{f: Item.__dict__[f] for f in FIELDS}})
+    compiled, python = _both([borrower()])
+    assert compiled[0] is python[0] is TypeError  # (the texts name the first field each read)
+
+    class Redacting(Item):
+        __slots__ = ()
+
+        def __getattribute__(self, name):
+            value = object.__getattribute__(self, name)
+            return b"REDACTED" if name == "value" else value
+
+    compiled, python = _both([Redacting(b"k", b"secret!!", by_seqno=1)])
+    assert compiled == python and compiled[0].endswith(b"REDACTED")
+
+    class Patched(Item):
+        __slots__ = ()
+
+    item = Patched(b"k", b"original", by_seqno=1)
+    assert _both([item])[0][0].endswith(b"original")
+    Patched.value = property(lambda self: b"patched!")
+    compiled, python = _both([item])
+    assert compiled == python and compiled[0].endswith(b"patched!")
+
+
+@needs_encode
+def test_encode_mutations_a_missing_field_stops_the_run_like_the_python_twin():
+    """The Python twin stops at a deletion before reading its cas; the compiled one reads every
+    field first, so a missing one must stop the run too, not raise (the general path reports it)."""
+    good = Item(b"g", b"v", by_seqno=1)
+    tomb = SimpleNamespace(key=b"t", value=b"", deleted=True, datatype=0)
+    assert encode([good, tomb], 0, 0, 0, False, 2048) == dcp.encode_mutations_py([good, tomb], 0, 0, 0, False, 2048)
+    unset = Item.__new__(Item)  # slots never set
+    assert encode([good, unset], 0, 0, 0, False, 2048)[1] == 1
+
+
+@needs_encode
+def test_encode_mutations_argument_errors_raise_before_any_python_code_runs():
+    ran = []
+
+    class Flag:
+        def __bool__(self):
+            ran.append(True)
+            return True
+
+    with pytest.raises(TypeError):
+        encode([], "0", 0, 0, Flag(), 2048)
+    assert not ran
+
+
+@needs_split
+@pytest.mark.parametrize("max_body", [1e6, float("inf"), 2**64, -1, 0])
+def test_split_leaves_unusual_body_limits_to_the_python_loop(max_body):
+    data = request(0x00, key=b"k")
+
+    def run(compiled):
+        try:
+            return _decode(data, [len(data)], compiled, max_body=max_body)
+        except Exception as e:  # noqa: BLE001
+            return type(e), str(e)
+
+    assert run(True) == run(False)
 
 
 @needs_encode

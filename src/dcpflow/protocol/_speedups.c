@@ -148,38 +148,52 @@ static const char *FIELD_NAMES[N_FIELDS] = {
 static PyObject *field_names[N_FIELDS];
 
 /* The documents' class and where its slots keep each field (engine.Item is a slotted dataclass),
-   so a field is one load rather than an attribute lookup; any other class goes by getattr. */
+   so a field is one load rather than an attribute lookup; any other class goes by getattr. Only
+   where that load is what getattr would do: the generic attribute lookup, each field a writable
+   object slot whose descriptor belongs to the class or a base, and the class unchanged since
+   (its version tag; CPython clears it when the class or a base is modified). */
 static PyTypeObject *slot_type = NULL;
+static unsigned int slot_version = 0;
 static Py_ssize_t slot_offsets[N_FIELDS];
 
+static inline int slots_known(PyTypeObject *type) {
+    return type == slot_type && (type->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) && type->tp_version_tag == slot_version;
+}
+
 static int learn_slots(PyTypeObject *type) {
+    if (type->tp_getattro != PyObject_GenericGetAttr) return 0;
     Py_ssize_t offsets[N_FIELDS];
     for (int i = 0; i < N_FIELDS; i++) {
         PyObject *descr = _PyType_Lookup(type, field_names[i]);
         if (descr == NULL || Py_TYPE(descr) != &PyMemberDescr_Type) return 0;
+        if (!PyType_IsSubtype(type, PyDescr_TYPE(descr))) return 0;
         PyMemberDef *member = ((PyMemberDescrObject *)descr)->d_member;
         if (member->type != T_OBJECT_EX || (member->flags & READONLY)) return 0;
         offsets[i] = member->offset;
     }
+    if (!(type->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG)) return 0;  /* (the lookups assign one) */
     memcpy(slot_offsets, offsets, sizeof offsets);
-    Py_XDECREF(slot_type);
+    slot_version = type->tp_version_tag;
     Py_INCREF(type);
-    slot_type = type;
+    Py_XSETREF(slot_type, type);
     return 1;
 }
 
-/* The item's fields: borrowed references (returns 0) when its class keeps them in slots - no
-   Python code runs while they are used - else new references from getattr (returns 1, release()
-   them), or -1 with an exception set. */
+enum { BORROWED, OWNED, MISSING };
+
+/* The item's fields: borrowed references (BORROWED) when its class keeps them in slots - no
+   Python code runs while they are used - else new references from getattr (OWNED, release()
+   them); MISSING when a field is not there (the caller's general path reports it), or -1 with
+   another exception set. */
 static int read_fields(PyObject *item, PyObject *out[N_FIELDS]) {
     PyTypeObject *type = Py_TYPE(item);
-    if (type == slot_type || learn_slots(type)) {
+    if (slots_known(type) || learn_slots(type)) {
         int i = 0;
         for (; i < N_FIELDS; i++) {
             out[i] = *(PyObject **)((char *)item + slot_offsets[i]);
-            if (out[i] == NULL) break;  /* an unset slot: let getattr raise its AttributeError */
+            if (out[i] == NULL) return MISSING;  /* an unset slot */
         }
-        if (i == N_FIELDS) return 0;
+        return BORROWED;
     }
     Py_INCREF(item);  /* a property may drop the caller's last reference to it */
     for (int i = 0; i < N_FIELDS; i++) {
@@ -187,11 +201,15 @@ static int read_fields(PyObject *item, PyObject *out[N_FIELDS]) {
         if (out[i] == NULL) {
             for (int j = 0; j < i; j++) Py_DECREF(out[j]);
             Py_DECREF(item);
+            if (PyErr_ExceptionMatches(PyExc_AttributeError)) {
+                PyErr_Clear();
+                return MISSING;
+            }
             return -1;
         }
     }
     Py_DECREF(item);
-    return 1;
+    return OWNED;
 }
 
 /* An int field as an unsigned number of at most `max`; 0 if it is not one (no exception left). */
@@ -236,7 +254,7 @@ static inline void prefetch_ahead(PyObject *seq, Py_ssize_t i) {
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
     PyObject **items = PySequence_Fast_ITEMS(seq);
     if (i + 8 < n) __builtin_prefetch(items[i + 8]);
-    if (i + 4 < n && Py_TYPE(items[i + 4]) == slot_type) {
+    if (i + 4 < n && slots_known(Py_TYPE(items[i + 4]))) {
         char *item = (char *)items[i + 4];
         for (int k = 0; k < F_DATATYPE; k++) {  /* key, value, cas, seqnos, flags, expiry */
             __builtin_prefetch(*(PyObject **)(item + slot_offsets[k]));
@@ -264,13 +282,17 @@ static PyObject *encode_mutations(PyObject *module, PyObject *const *args, Py_ss
     PyObject *seq = PySequence_Fast(args[0], "encode_mutations: items must be a sequence");
     if (seq == NULL) return NULL;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-    Py_ssize_t start = PyLong_AsSsize_t(args[1]);
-    unsigned long vbucket = PyLong_AsUnsignedLong(args[2]);
-    unsigned long opaque = PyLong_AsUnsignedLong(args[3]);
-    int collections = PyObject_IsTrue(args[4]);
-    Py_ssize_t large_value = PyLong_AsSsize_t(args[5]);
     PyObject *data = NULL;
-    if (PyErr_Occurred() || collections < 0) goto fail;
+    Py_ssize_t start = PyLong_AsSsize_t(args[1]);
+    if (start == -1 && PyErr_Occurred()) goto fail;
+    unsigned long vbucket = PyLong_AsUnsignedLong(args[2]);
+    if (vbucket == (unsigned long)-1 && PyErr_Occurred()) goto fail;
+    unsigned long opaque = PyLong_AsUnsignedLong(args[3]);
+    if (opaque == (unsigned long)-1 && PyErr_Occurred()) goto fail;
+    Py_ssize_t large_value = PyLong_AsSsize_t(args[5]);
+    if (large_value == -1 && PyErr_Occurred()) goto fail;
+    int collections = PyObject_IsTrue(args[4]);
+    if (collections < 0) goto fail;
     if (vbucket > 0xFFFF || opaque > 0xFFFFFFFFUL || start < 0 || start > n) {
         PyErr_SetString(PyExc_ValueError, "encode_mutations: vbucket, opaque or start out of range");
         goto fail;
@@ -285,8 +307,10 @@ static PyObject *encode_mutations(PyObject *module, PyObject *const *args, Py_ss
         PyObject *f[N_FIELDS];
         Mutation m;
         prefetch_ahead(seq, stop);
-        int owned = read_fields(PySequence_Fast_ITEMS(seq)[stop], f);
-        if (owned < 0) goto fail;
+        int got = read_fields(PySequence_Fast_ITEMS(seq)[stop], f);
+        if (got < 0) goto fail;
+        if (got == MISSING) break;
+        int owned = got == OWNED;
         if (!plain_mutation(f, collections, large_value, &m)) {
             if (owned) release(f);
             break;

@@ -364,7 +364,7 @@ class FrameDecoder:
         end = len(buf)
         unpack, alt, new = HEADER.unpack_from, _ALT, tuple.__new__  # tuple.__new__: Frame(...) is a Python call
         max_body = self.max_body_len
-        split = _split
+        split = _split if max_body.__class__ is int and 0 <= max_body < 1 << 64 else None  # (else as Python does)
         while True:
             if split is not None:  # the compiled splitter takes the well-formed frames...
                 frames, ends = split(buf, pos, max_body, Frame, batch)
