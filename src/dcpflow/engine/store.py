@@ -241,7 +241,7 @@ class Store:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.synchronous = synchronous.upper()
-        self.keep_history = keep_history
+        self._keep_history = keep_history
         self._lock = threading.RLock()
         self._db = _connect(self.path, self.synchronous)
         self._db.executescript(_SCHEMA)
@@ -252,6 +252,11 @@ class Store:
         if keep_history:
             self._db.execute(_HISTORY_TRIGGER)
         self._readers = _ReaderPool(self.path)
+
+    @property
+    def keep_history(self) -> bool:
+        """Fixed when the store is opened: the history trigger exists on the writer connection or not."""
+        return self._keep_history
 
     def _add_encoded_heads(self, have: set[str]) -> None:
         """A store written before the encoded-head columns: add them, and fill them for its plain
@@ -324,7 +329,7 @@ class Store:
                 # Only the latest version of each key is upserted; the trigger files the version it
                 # replaces on disk, superseded by the latest one's seqno.
                 db.executemany(_UPSERT_ITEM, [_encoded_row(vb, it) for it in latest.values()])
-                if older and self.keep_history:
+                if older and self._keep_history:
                     self._file_older_versions(db, vb, older, latest)
             db.executemany(_UPSERT_STATE, [r._params() for r in states])
             db.executemany("INSERT OR IGNORE INTO snapshots (vb, snap_start, snap_end) VALUES (?, ?, ?)",
