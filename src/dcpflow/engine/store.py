@@ -160,25 +160,29 @@ def _u64(v: int) -> int:
     return v + _WRAP if v < 0 else v
 
 
-def _encoded_row(vb: int, it: Item) -> tuple:
-    """The item's row, with the encoded-head columns for a plain mutation with a value below
-    LARGE_VALUE (NULL for anything a backfill must shape or sends without a copy).
+def _row(vb: int, it: Item) -> tuple:
+    """The item's columns in `_COLS` order, as bound for the items and history tables.
 
     Blobs go to SQLite as bytearrays: Python 3.11's sqlite3 binds bytes only after a failed
     adapter lookup that raises and clears an AttributeError (about 3,000 instructions per blob,
     with the GIL held); a bytearray is bound directly. Large values skip the copy - next to
     their size the lookup does not matter."""
-    key, value = it.key, it.value
+    value = it.value
+    return (vb, bytearray(it.key), it.by_seqno, _s64(it.rev_seqno), _s64(it.cas), it.flags, it.expiry, it.datatype,
+            int(it.deleted), it.delete_time, int(it.delete_source),
+            bytearray(value) if len(value) < LARGE_VALUE else value)
+
+
+def _encoded_row(vb: int, it: Item) -> tuple:
+    """`_row` plus the encoded-head columns for a plain mutation with a value below LARGE_VALUE
+    (NULL for anything a backfill must shape or sends without a copy)."""
     h1 = h1c = h2c = None
-    if len(value) < LARGE_VALUE:
-        if not it.deleted and not it.datatype & DATATYPE_XATTR:
-            klen, body = len(key), 31 + len(key) + len(value)
-            head = bytearray(_HEAD.pack(0x80, 0x57, klen, 31, it.datatype, vb, body, 0, it.cas, it.by_seqno,
-                                        it.rev_seqno, it.flags, it.expiry, 0, 0, 0, klen + 1, body + 1))
-            h1, h1c, h2c = head[:12], head[:2] + head[55:57] + head[4:8] + head[57:61], head[16:55] + b"\x00"
-        value = bytearray(value)
-    return (vb, bytearray(key), it.by_seqno, _s64(it.rev_seqno), _s64(it.cas), it.flags, it.expiry, it.datatype,
-            int(it.deleted), it.delete_time, int(it.delete_source), value, h1, h1c, h2c)
+    if not it.deleted and not it.datatype & DATATYPE_XATTR and len(it.value) < LARGE_VALUE:
+        klen, body = len(it.key), 31 + len(it.key) + len(it.value)
+        head = bytearray(_HEAD.pack(0x80, 0x57, klen, 31, it.datatype, vb, body, 0, it.cas, it.by_seqno,
+                                    it.rev_seqno, it.flags, it.expiry, 0, 0, 0, klen + 1, body + 1))
+        h1, h1c, h2c = head[:12], head[:2] + head[55:57] + head[4:8] + head[57:61], head[16:55] + b"\x00"
+    return _row(vb, it) + (h1, h1c, h2c)
 
 
 def _item(r: Sequence) -> Item:
@@ -346,8 +350,7 @@ class Store:
         rows = []
         for it in reversed(older):
             nxt = following.get(it.key, latest[it.key].by_seqno)
-            rows.append((vb, bytearray(it.key), it.by_seqno, _s64(it.rev_seqno), _s64(it.cas), it.flags, it.expiry,
-                         it.datatype, int(it.deleted), it.delete_time, int(it.delete_source), bytearray(it.value), nxt))
+            rows.append((*_row(vb, it), nxt))
             following[it.key] = first[it.key] = it.by_seqno
         db.executemany(_INSERT_HISTORY, rows)
         db.executemany("UPDATE history SET superseded_by = ? WHERE vb = ? AND key = ? AND superseded_by = ? "
