@@ -193,9 +193,7 @@ def get(conn: Connection, frame: Frame) -> bytes | None:
         value, datatype = outgoing_value(conn, item.value, datatype)
     else:
         value = item.value
-    cas = item.cas
-    if vb.locks and vb.lock_cas(key) is not None:
-        cas = LOCKED_CAS  # Document.md: a locked document's CAS is not revealed
+    cas = _reported_cas(vb, key, item.cas) if vb.locks else item.cas
     key = wire_key if op in _GET_WITH_KEY else b""
     return b"".join((_pack_get_head(_RESPONSE, op, len(key), 4, datatype, 0, 4 + len(key) + len(value),
                                     opaque, cas, item.flags), key, value))
@@ -294,6 +292,12 @@ def get_and_touch(conn: Connection, frame: Frame) -> bytes | None:
 
 #: The CAS a GET reports for a locked document (Document.md: -1).
 LOCKED_CAS = 0xFFFF_FFFF_FFFF_FFFF
+
+
+def _reported_cas(vb: VBucket, key: bytes, cas: int) -> int:
+    """The CAS a read tells (GET, GET_META): a locked document's is hidden, as the lock's CAS would
+    let anyone past the lock (Document.md)."""
+    return LOCKED_CAS if vb.locks and vb.lock_cas(key) is not None else cas
 #: GET_LOCKED's lock time when the request gives none (0) or more than the maximum: Couchbase's
 #: getl_default_timeout and getl_max_timeout.
 GETL_DEFAULT_TIMEOUT = 15
@@ -334,13 +338,10 @@ def get_meta(conn: Connection, frame: Frame) -> bytes | None:
         if e.status == Status.KEY_ENOENT and req.opcode == Opcode.GETQ_META:
             return None
         raise
-    cas = item.cas
-    if vb.locks and vb.lock_cas(key) is not None:
-        cas = LOCKED_CAS  # as GET does: the lock's CAS would let anyone past the lock (Document.md)
     return metaproto.GetMetaResponse(
         deleted=1 if item.deleted else 0, flags=item.flags, expiry=item.meta_expiry, rev_seqno=item.rev_seqno,
-        cas=cas, datatype=item.datatype if req.wants_datatype else None, opaque=frame.opaque,
-        opcode=frame.opcode).encode()
+        cas=_reported_cas(vb, key, item.cas), datatype=item.datatype if req.wants_datatype else None,
+        opaque=frame.opaque, opcode=frame.opcode).encode()
 
 
 def _with_meta_datatype(conn: Connection, datatype: int) -> int:
