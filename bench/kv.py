@@ -28,7 +28,7 @@ from dcpflow.protocol.hello import Feature
 from dcpflow.protocol.keys import vbucket_for_key
 from dcpflow.protocol.opcodes import Opcode
 from dcpflow.protocol.status import Status
-from serverproc import start_server, stop
+from serverproc import call, next_frame, start_server, stop
 
 
 class Client:
@@ -37,38 +37,17 @@ class Client:
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.decoder = FrameDecoder()
 
-    def roundtrip(self, data: bytes, n: int) -> list:
-        """Send a window of n requests and read its n replies."""
-        self.sock.sendall(data)
-        frames = []
-        decoder = self.decoder
-        while len(frames) < n:
-            chunk = self.sock.recv(1 << 20)
-            if not chunk:
-                raise ConnectionError("server closed the connection")
-            decoder.feed(chunk)
-            frames.extend(decoder.frames())
-        return frames
-
     def call(self, opcode: int, **kw):
-        (frame,) = self.roundtrip(request(opcode, **kw), 1)
-        return frame
+        return call(self.sock, self.decoder, request(opcode, **kw))
 
     def stats(self) -> dict[bytes, bytes]:
         """STAT with no group: one reply per stat, ended by one with no key."""
-        self.sock.sendall(request(Opcode.STAT))
         out = {}
-        while True:
-            frame = self.decoder.next_frame()
-            if frame is None:
-                chunk = self.sock.recv(1 << 20)
-                if not chunk:
-                    raise ConnectionError("server closed the connection")
-                self.decoder.feed(chunk)
-                continue
-            if not frame.key:
-                return out
+        frame = self.call(Opcode.STAT)
+        while frame.key:
             out[frame.key] = frame.value
+            frame = next_frame(self.sock, self.decoder)
+        return out
 
     def settle(self, timeout: float = 120.0) -> float:
         """Wait until the server has persisted every write (ep_queue_size 0; memcached has no such

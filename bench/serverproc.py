@@ -59,11 +59,19 @@ def build_data(data_dir: str, docs: int, value: bytes, vbuckets: int, datatype: 
         return {vb.id: vb.high_seqno for vb in vbs}
 
 
-def call(sock, decoder, data: bytes):
-    """Send one request on a blocking socket and return the next frame (its reply)."""
-    sock.sendall(data)
+def next_frame(sock, decoder):
+    """The next frame from a blocking socket (ConnectionError if the server closes it first)."""
     while True:
         frame = decoder.next_frame()
         if frame is not None:
             return frame
-        decoder.feed(sock.recv(65536))
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise ConnectionError("the server closed the connection")
+        decoder.feed(chunk)
+
+
+def call(sock, decoder, data: bytes):
+    """Send one request on a blocking socket and return the next frame (its reply)."""
+    sock.sendall(data)
+    return next_frame(sock, decoder)
