@@ -107,10 +107,35 @@ def test_offsets_json_round_trip_and_errors():
     doc = json.loads(json.dumps(o.to_json()))
     assert doc["vbuckets"]["0"] == {"vbuuid": 1, "seqno": 5, "snapshot_start": 4, "snapshot_end": 9}
     assert SourceOffset.from_json(doc) == o
+    first = SourceOffset({3: VbOffset.at(1, 2)}, batch=1, origin={3: VbOffset.at(1, 0)})
+    assert SourceOffset.from_json(json.dumps(first.to_json())) == first
+    start = SourceOffset({3: VbOffset.at(1, 0)}, initial=True)
+    assert SourceOffset.from_json(start.to_json()) == start
+    with pytest.raises(off.OffsetError, match="origin vbucket 3: missing 'seqno'"):
+        SourceOffset.from_json({"vbuckets": {}, "origin": {"3": {"vbuuid": 1}}})
     with pytest.raises(off.OffsetError, match="no 'vbuckets'"):
         SourceOffset.from_json({"0": 1})
     with pytest.raises(off.OffsetError, match="unknown field"):
         VbOffset.from_json({"vbuuid": 1, "seqno": 2, "extra": 3}, "vbucket 0")
+
+
+def test_the_first_batch_reads_from_the_start_it_was_planned_from():
+    """Spark re-asks initialOffset() to (re)run the first batch; after a driver restart with
+    startingOffsets=latest that is a newer point. The end offset keeps the planned start."""
+    initial = SourceOffset({0: VbOffset.at(100, 5), 1: VbOffset.at(100, 7)}, initial=True)
+    end = off.plan(initial, {0: 9, 1: 7}, logs(range(2)))
+    assert end.origin == initial.vbuckets and not end.initial
+    planned = [(r.vbucket, r.start.seqno, r.end_seqno) for r in off.ranges(initial, end)]
+    assert planned == [(0, 5, 9)]
+    end = SourceOffset.from_json(json.loads(json.dumps(end.to_json())))  # through the offset log
+    moved = SourceOffset({0: VbOffset.at(100, 12), 1: VbOffset.at(100, 8)}, initial=True)  # a new reader's
+    assert [(r.vbucket, r.start.seqno, r.end_seqno) for r in off.ranges(moved, end)] == planned
+    # Later batches start from a logged end offset: no origin, the start is the start.
+    nxt = off.plan(end, {0: 11, 1: 7}, logs(range(2)))
+    assert nxt.origin is None and "origin" not in nxt.to_json()
+    assert [(r.vbucket, r.start.seqno, r.end_seqno) for r in off.ranges(end, nxt)] == [(0, 9, 11)]
+    # Nothing to read yet: Spark keeps holding the initial offset itself.
+    assert off.plan(initial, {0: 5, 1: 7}, logs(range(2))) is initial
 
 
 @settings(max_examples=50, deadline=None)

@@ -101,6 +101,39 @@ def test_stream_admission_control_and_resume_from_checkpoint(spark, server, tmp_
     assert versions == list(range(1, len(first) + len(second) + 1))
 
 
+def test_latest_start_is_fixed_once_planned_even_across_a_driver_restart(server):
+    """startingOffsets=latest: Spark asks initialOffset() again to run (or, after a driver restart,
+    re-run) the first batch. Neither a second answer nor a new reader's newer one may skip the
+    changes the first batch was planned to read."""
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    from dcpflow.spark.source import DcpDataSource
+
+    def reader():
+        source = DcpDataSource(source_options(server.port, startingOffsets="latest"))
+        r = source.streamReader(source.schema())
+        r.STATE_REUSE_SECONDS = 0  # every call looks at the server again
+        return r
+
+    write(server.port, Workload(docs=100, updates=0, deletes=0, expiring=0, rounds=0, seed=11))
+    first = reader()
+    initial = first.initialOffset()
+    write(server.port, Workload(docs=50, updates=0, deletes=0, expiring=0, rounds=0, seed=12))
+    assert first.initialOffset() == initial  # the same answer, though the server moved on
+    end = first.latestOffset(initial, ReadAllAvailable())
+
+    def planned(r, start):
+        return sum(rng.weight for p in r.partitions(start, end) for rng in p.ranges)
+
+    assert planned(first, initial) == 50
+    write(server.port, Workload(docs=30, updates=0, deletes=0, expiring=0, rounds=0, seed=13))
+    second = reader()  # the restarted driver's reader: "latest" is 30 seqnos further now
+    assert second.initialOffset() != initial
+    assert planned(second, second.initialOffset()) == 50  # the logged batch still reads its 50
+    for r in (first, second):
+        r.stop()
+
+
 def test_bad_options_fail_at_load_naming_the_option(spark, server):
     with pytest.raises(PySparkException, match="Did you mean 'maxSeqnosPerTrigger'"):
         spark.readStream.format("dcp").options(**source_options(server.port, maxSeqnoPerTrigger=5)).load()

@@ -11,6 +11,12 @@ Per vbucket the range of a batch is (start seqno, end seqno] on the history name
 `batch` only grows, so ordering rows by (_commit_version, seqno) orders them per key even across a
 re-read that starts the vbucket's seqnos again from 0. `resets` of an end offset is about that
 batch only; as the next start offset it means nothing.
+
+The first batch is special: Spark logs only end offsets, and gets its start by calling
+`initialOffset()` again when it (re)runs that batch - after a driver restart, on a new reader,
+where startingOffsets=latest names newer seqnos than the ones the batch was planned from (the
+seqnos between would be skipped). So an initial offset says `"initial": true`, and an end offset
+planned from one carries that start as `"origin"`; `ranges` reads from the origin.
 """
 
 from __future__ import annotations
@@ -89,12 +95,18 @@ class SourceOffset:
     vbuckets: dict[int, VbOffset]
     batch: int = 0
     resets: frozenset[int] = field(default_factory=frozenset)
+    initial: bool = False  # the query's starting point (initialOffset), not the end of a batch
+    origin: dict[int, VbOffset] | None = None  # the first batch's start (module docstring)
 
     def to_json(self) -> dict:
         doc: dict = {"batch": self.batch}
+        if self.initial:
+            doc["initial"] = True
         if self.resets:
             doc["resets"] = sorted(self.resets)
-        doc["vbuckets"] = {str(vb): off.to_json() for vb, off in sorted(self.vbuckets.items())}
+        doc["vbuckets"] = _vbuckets_json(self.vbuckets)
+        if self.origin is not None:
+            doc["origin"] = _vbuckets_json(self.origin)
         return doc
 
     @classmethod
@@ -103,8 +115,19 @@ class SourceOffset:
             doc = json.loads(doc)
         if not isinstance(doc, dict) or "vbuckets" not in doc:
             raise OffsetError(f"not a dcp source offset (no 'vbuckets'): {str(doc)[:200]}")
-        vbs = {_vb_id(k): VbOffset.from_json(v, f"vbucket {k}") for k, v in doc["vbuckets"].items()}
-        return cls(vbs, int(doc.get("batch", 0)), frozenset(int(v) for v in doc.get("resets", ())))
+        origin = _vbuckets_from_json(doc["origin"], "origin ") if "origin" in doc else None
+        return cls(_vbuckets_from_json(doc["vbuckets"]), int(doc.get("batch", 0)),
+                   frozenset(int(v) for v in doc.get("resets", ())), bool(doc.get("initial", False)), origin)
+
+
+def _vbuckets_json(vbuckets: Mapping[int, VbOffset]) -> dict:
+    return {str(vb): off.to_json() for vb, off in sorted(vbuckets.items())}
+
+
+def _vbuckets_from_json(doc, where: str = "") -> dict[int, VbOffset]:
+    if not isinstance(doc, dict):
+        raise OffsetError(f"{where or 'vbuckets '}must be an object keyed by vbucket id")
+    return {_vb_id(k): VbOffset.from_json(v, f"{where}vbucket {k}") for k, v in doc.items()}
 
 
 def _vb_id(key) -> int:
@@ -250,7 +273,8 @@ def plan(start: SourceOffset, high: Mapping[int, int], failover: Mapping[int, li
             ends[vb] = off
     if not real_resets and all(ends[vb] == start.vbuckets[vb] for vb in ends):
         return start
-    return SourceOffset(ends, start.batch + 1, frozenset(real_resets))
+    return SourceOffset(ends, start.batch + 1, frozenset(real_resets),
+                        origin=dict(start.vbuckets) if start.initial else None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -270,10 +294,12 @@ class VbRange:
 
 
 def ranges(start: SourceOffset, end: SourceOffset) -> list[VbRange]:
-    """The per-vbucket work between two offsets (what `partitions(start, end)` splits)."""
+    """The per-vbucket work between two offsets (what `partitions(start, end)` splits). An end
+    offset with an origin was planned from that start, whatever `start` says now."""
+    base = end.origin if end.origin is not None else start.vbuckets
     out = []
     for vb, e in sorted(end.vbuckets.items()):
-        s = start.vbuckets.get(vb, EARLIEST)
+        s = base.get(vb, EARLIEST)
         if vb in end.resets:
             out.append(VbRange(vb, EARLIEST, e.seqno, e.vbuuid, reset=True))
         elif e.seqno > s.seqno:
