@@ -6,7 +6,11 @@ every frame it leaves to the Python loop.
 
 encode_mutations: the same bytes and the same stop as dcp.encode_mutations_py for any documents;
 an item whose fields do not fit stops the run (the Python twin raises there); items whose reads
-change the list do not crash it."""
+change the list do not crash it.
+
+walk_stream: the same end and frame offsets as frame.walk_stream_py, stopping at exactly the frames
+the client's Python loop must see. (gather, the client decoder's twin, is tested in
+tests/client/test_gather.py.)"""
 
 import os
 import struct
@@ -365,3 +369,60 @@ def test_split_leaves_unusual_body_limits_to_the_python_loop(max_body):
 def test_encode_mutations_rejects_bad_arguments(args):
     with pytest.raises((TypeError, ValueError, OverflowError)):
         encode(*args)
+
+
+# -- walk_stream ----------------------------------------------------------------------------------
+
+walk_c = frame_mod.compiled("walk_stream")
+needs_walk = pytest.mark.skipif(walk_c is None, reason="the compiled walk is not built")
+STREAM_TABLE = bytes(1 if 0x53 <= op <= 0x5F else 0 for op in range(256))
+
+
+@st.composite
+def frame_runs(draw):
+    """Frames a DCP client receives: mostly stream messages, some replies, noops, other magics, a
+    body length that overruns the buffer, cut anywhere."""
+    out = b""
+    for _ in range(draw(st.integers(0, 12))):
+        magic = draw(st.sampled_from([0x80, 0x80, 0x80, 0x81, 0x08, 0x18, 0x42]))
+        op = draw(st.sampled_from([0x57, 0x58, 0x56, 0x55, 0x5C, 0x5D, 0x01, 0x0A, 0x89]))
+        body = draw(st.binary(max_size=40))
+        claimed = len(body) if draw(st.integers(0, 9)) else draw(st.integers(0, 2**32 - 1))
+        out += struct.pack(">BBHBBHII8x", magic, op, 0, 0, 0, 0, claimed, 0) + body
+    cut = draw(st.integers(0, len(out)))
+    return out[:cut] if draw(st.booleans()) else out
+
+
+@needs_walk
+@EQUIV
+@given(frame_runs(), st.integers(0, 64))
+def test_walk_stream_is_its_python_twin(buf, pos):
+    pos = min(pos, len(buf))
+    got = walk_c(buf, pos, STREAM_TABLE)
+    assert got == frame_mod.walk_stream_py(buf, pos, STREAM_TABLE)
+    end, starts = got
+    offsets = struct.unpack(f"={len(starts) // 8}q", starts)
+    at = pos
+    for o in offsets:  # each taken frame is a complete stream message, back to back
+        assert o == at and buf[o] == 0x80 and STREAM_TABLE[buf[o + 1]]
+        at = o + 24 + struct.unpack_from(">I", buf, o + 8)[0]
+        assert at <= len(buf)
+    assert at == end
+    if len(buf) - end >= 24:  # it stopped at a frame it does not take
+        magic, op, body = buf[end], buf[end + 1], struct.unpack_from(">I", buf, end + 8)[0]
+        assert magic != 0x80 or not STREAM_TABLE[op] or end + 24 + body > len(buf)
+
+
+@needs_walk
+@pytest.mark.parametrize("args", [(b"", -1, STREAM_TABLE), (b"x" * 24, 25, STREAM_TABLE)])
+def test_walk_stream_rejects_a_position_outside_the_buffer(args):
+    for walk in (walk_c, frame_mod.walk_stream_py):
+        with pytest.raises(ValueError, match="pos outside the buffer"):
+            walk(*args)
+
+
+@needs_walk
+@pytest.mark.parametrize("args", [(bytearray(24), 0, STREAM_TABLE), (b"", 0, b"\x01" * 255), (b"", 0)])
+def test_walk_stream_rejects_bad_arguments(args):
+    with pytest.raises(TypeError):
+        walk_c(*args)

@@ -30,7 +30,7 @@ from dcpflow.protocol import kv as kvproto
 from dcpflow.protocol.config import ClusterMap, parse_cluster_map
 from dcpflow.protocol.dcp import DcpBufferAck, DcpControl, DcpNoop, DcpOpen, OpenFlag
 from dcpflow.protocol.errors import ProtocolError
-from dcpflow.protocol.frame import HEADER_LEN, Frame, Magic, decode_all, request
+from dcpflow.protocol.frame import HEADER_LEN, Frame, Magic, decode_all, request, walk_stream
 from dcpflow.protocol.hello import Feature
 from dcpflow.protocol.opcodes import Opcode
 from dcpflow.protocol.status import Status
@@ -180,10 +180,15 @@ class Connection(asyncio.Protocol):
         pos = ctrl = 0
         starts = array.array("q")
         append = starts.append
-        is_stream, head, valid = _IS_STREAM, _HEAD, _VALID_MAGIC
+        is_stream, head, valid, walk = _IS_STREAM, _HEAD, _VALID_MAGIC, walk_stream
         limit = end - HEADER_LEN
         try:
             while pos <= limit:
+                pos, run = walk(buf, pos, is_stream)  # the stream messages up to the next other frame
+                if run:
+                    starts.frombytes(run)
+                    if pos > limit:
+                        break
                 magic, op, blen = head(buf, pos)
                 fend = pos + HEADER_LEN + blen
                 if fend > end:

@@ -1,5 +1,6 @@
-/* The protocol's two hot loops, compiled: each has a pure-Python twin that is its specification,
-   and tests/protocol/test_speedups.py checks that both give the same results for the same input.
+/* Hot loops of the protocol and of the DCP client's decoder, compiled: each has a pure-Python twin
+   that is its specification, and tests/protocol/test_speedups.py checks that both give the same
+   results for the same input.
    Built as an optional extension: without a compiler, dcpflow runs the Python twins alone.
 
    split - the frame splitter of FrameDecoder.frames (frame.py). It takes the well-formed frames
@@ -10,7 +11,15 @@
    encode_mutations - DCP_MUTATION messages for a run of documents (dcp.encode_mutations_py): what a
    producer's in-memory stream sends. It stops before the first document that is not a plain
    mutation (deleted, xattrs, a large value) or whose fields do not fit the message, leaving it to
-   the caller's general path. */
+   the caller's general path.
+
+   walk_stream - the frame walk of the DCP client's data_received (dcpflow.client.connection): the
+   offsets of a run of complete request frames whose opcode is a stream message, stopping at the
+   first other or incomplete frame, which the Python loop then handles (frame.walk_stream_py).
+
+   gather - the first bytes of many frames that sit in several received segments, into one
+   matrix (dcpflow.client.batches._gather_all): the client's columnar decoder reads every header
+   and every key and value prefix this way. */
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -355,15 +364,132 @@ fail:
     return NULL;
 }
 
+
+/* -- walk_stream and gather ---------------------------------------------------------------- */
+
+PyDoc_STRVAR(walk_stream_doc,
+"walk_stream(buf, pos, table) -> (pos, starts)\n\n"
+"From pos, the run of complete frames with magic 0x80 and table[opcode] != 0: returns the offset\n"
+"just past the run and the frames' start offsets as native int64 bytes. Same as\n"
+"frame.walk_stream_py.");
+
+static PyObject *walk_stream(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "walk_stream(buf, pos, table) takes 3 arguments");
+        return NULL;
+    }
+    if (!PyBytes_Check(args[0]) || !PyBytes_Check(args[2]) || PyBytes_GET_SIZE(args[2]) != 256) {
+        PyErr_SetString(PyExc_TypeError, "walk_stream: buf must be bytes and table 256 bytes");
+        return NULL;
+    }
+    Py_ssize_t pos = PyLong_AsSsize_t(args[1]);
+    if (pos == -1 && PyErr_Occurred()) return NULL;
+    Py_ssize_t end = PyBytes_GET_SIZE(args[0]);
+    if (pos < 0 || pos > end) {
+        PyErr_SetString(PyExc_ValueError, "walk_stream: pos outside the buffer");
+        return NULL;
+    }
+    const unsigned char *data = (const unsigned char *)PyBytes_AS_STRING(args[0]);
+    const unsigned char *table = (const unsigned char *)PyBytes_AS_STRING(args[2]);
+    /* A frame is at least HEADER_LEN bytes: the run holds at most (end - pos) / HEADER_LEN. */
+    Py_ssize_t cap = (end - pos) / HEADER_LEN, n = 0;
+    PyObject *starts = PyBytes_FromStringAndSize(NULL, cap * (Py_ssize_t)sizeof(int64_t));
+    if (starts == NULL) return NULL;
+    int64_t *out = (int64_t *)PyBytes_AS_STRING(starts);
+    while (end - pos >= HEADER_LEN) {
+        const unsigned char *h = data + pos;
+        uint32_t body = be32(h + 8);
+        if (h[0] != 0x80 || !table[h[1]] || (Py_ssize_t)body > end - pos - HEADER_LEN) break;
+        out[n++] = pos;
+        pos += HEADER_LEN + (Py_ssize_t)body;
+    }
+    if (_PyBytes_Resize(&starts, n * (Py_ssize_t)sizeof(int64_t)) < 0) return NULL;
+    return Py_BuildValue("(nN)", pos, starts);
+}
+
+PyDoc_STRVAR(gather_doc,
+"gather(out, bufs, sid, pos, width)\n\n"
+"Row i of out (a writable C-contiguous buffer of len(pos) * width bytes) gets the width bytes of\n"
+"bufs[sid[i]] at pos[i], zero-padded past that buffer's end. sid and pos are int64 buffers of the\n"
+"same length. Same as batches._gather_all.");
+
+static PyObject *gather(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "gather(out, bufs, sid, pos, width) takes 5 arguments");
+        return NULL;
+    }
+    Py_ssize_t width = PyLong_AsSsize_t(args[4]);
+    if (width == -1 && PyErr_Occurred()) return NULL;
+    if (width < 0) {
+        PyErr_SetString(PyExc_ValueError, "gather: width must be >= 0");
+        return NULL;
+    }
+    PyObject *seq = PySequence_Fast(args[1], "gather: bufs must be a sequence");
+    if (seq == NULL) return NULL;
+    Py_ssize_t nbufs = PySequence_Fast_GET_SIZE(seq);
+    Py_buffer out = {0}, sid = {0}, pos = {0};
+    Py_buffer *views = PyMem_Calloc((size_t)(nbufs ? nbufs : 1), sizeof(Py_buffer));
+    Py_ssize_t held = 0;
+    PyObject *result = NULL;
+    if (views == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (; held < nbufs; held++)
+        if (PyObject_GetBuffer(PySequence_Fast_ITEMS(seq)[held], &views[held], PyBUF_SIMPLE) < 0) goto done;
+    if (PyObject_GetBuffer(args[0], &out, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) goto done;
+    if (PyObject_GetBuffer(args[2], &sid, PyBUF_C_CONTIGUOUS) < 0) goto done;
+    if (PyObject_GetBuffer(args[3], &pos, PyBUF_C_CONTIGUOUS) < 0) goto done;
+    Py_ssize_t n = pos.len / (Py_ssize_t)sizeof(int64_t);
+    if (pos.len % (Py_ssize_t)sizeof(int64_t) || sid.len != pos.len || (width && n > PY_SSIZE_T_MAX / width) ||
+        out.len != n * width) {
+        PyErr_SetString(PyExc_ValueError, "gather: sid and pos must be int64 buffers of one length, "
+                                          "out len(pos) * width bytes");
+        goto done;
+    }
+    const int64_t *s = (const int64_t *)sid.buf, *p = (const int64_t *)pos.buf;
+    unsigned char *o = (unsigned char *)out.buf;
+    for (Py_ssize_t i = 0; i < n; i++, o += width) {
+        /* The frames of a batch (~16 MB) have left the caches by the time it is decoded: ask for
+           a later row's bytes while this one is copied. */
+        Py_ssize_t ahead = i + 8;
+        if (ahead < n && s[ahead] >= 0 && s[ahead] < nbufs && p[ahead] >= 0 && p[ahead] < views[s[ahead]].len)
+            __builtin_prefetch((const unsigned char *)views[s[ahead]].buf + p[ahead]);
+        if (s[i] < 0 || s[i] >= nbufs || p[i] < 0) {
+            PyErr_Format(PyExc_ValueError, "gather: row %zd names buffer %lld at %lld", i, (long long)s[i],
+                         (long long)p[i]);
+            goto done;
+        }
+        const Py_buffer *b = &views[s[i]];
+        Py_ssize_t have = b->len > p[i] ? b->len - (Py_ssize_t)p[i] : 0;
+        if (have > width) have = width;
+        memcpy(o, (const unsigned char *)b->buf + p[i], (size_t)have);
+        memset(o + have, 0, (size_t)(width - have));
+    }
+    result = Py_NewRef(Py_None);
+done:
+    if (out.obj) PyBuffer_Release(&out);
+    if (sid.obj) PyBuffer_Release(&sid);
+    if (pos.obj) PyBuffer_Release(&pos);
+    for (Py_ssize_t i = 0; i < held; i++) PyBuffer_Release(&views[i]);
+    PyMem_Free(views);
+    Py_DECREF(seq);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"split", (PyCFunction)(void (*)(void))split, METH_FASTCALL, split_doc},
     {"encode_mutations", (PyCFunction)(void (*)(void))encode_mutations, METH_FASTCALL, encode_mutations_doc},
+    {"walk_stream", (PyCFunction)(void (*)(void))walk_stream, METH_FASTCALL, walk_stream_doc},
+    {"gather", (PyCFunction)(void (*)(void))gather, METH_FASTCALL, gather_doc},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "dcpflow.protocol._speedups",
-    "Compiled twins of two hot loops of dcpflow.protocol (see _speedups.c).", -1, methods,
+    "Compiled twins of hot loops of dcpflow.protocol and its DCP client (see _speedups.c).", -1, methods,
     NULL, NULL, NULL, NULL,
 };
 

@@ -7,6 +7,7 @@ page's magic table) and 0x18 carry framing extras: byte 2 is their length and by
 length, so keys in such frames are at most 255 bytes.
 """
 
+import array
 import os
 import struct
 from enum import IntEnum
@@ -253,11 +254,36 @@ def compiled(name: str):
         from . import _speedups
     except ImportError:
         return None
-    return getattr(_speedups, name)
+    return getattr(_speedups, name, None)  # an extension built from older sources lacks it
 
 
 #: FrameDecoder's compiled fast path, or None (see _speedups.c).
 _split = compiled("split")
+
+_MAGIC_OP_BODY = struct.Struct(">BB6xI").unpack_from
+
+
+def walk_stream_py(buf: bytes, pos: int, table: bytes) -> tuple[int, bytes]:
+    """From `pos`, the run of complete request frames (magic 0x80) whose opcode has a non-zero
+    entry in the 256-byte `table`: (the offset just past the run, the frames' start offsets as
+    native int64 bytes). A DCP client's receive loop takes a busy stream's traffic this way and
+    handles the frame the run stops at (a reply, a noop, an incomplete frame) itself. The
+    specification of the compiled `walk_stream` (frame.walk_stream)."""
+    if not 0 <= pos <= len(buf):
+        raise ValueError("walk_stream: pos outside the buffer")
+    end = len(buf)
+    starts = array.array("q")
+    while end - pos >= HEADER_LEN:
+        magic, op, body = _MAGIC_OP_BODY(buf, pos)
+        if magic != 0x80 or not table[op] or body > end - pos - HEADER_LEN:
+            break
+        starts.append(pos)
+        pos += HEADER_LEN + body
+    return pos, starts.tobytes()
+
+
+#: walk_stream_py, compiled when the extension was built.
+walk_stream = compiled("walk_stream") or walk_stream_py
 
 
 class FrameDecoder:
