@@ -4,10 +4,17 @@ measured in the same run, on the same Spark session:
 * native    - `spark.range` rows of the same shape (keys, ~0.5 KB JSON values from the same
               generator via a broadcast join to a pool, the same 15 columns) written to Parquet;
 * synthetic - the `dcp_synthetic` Python data source: the same Arrow batches the `dcp` source
-              yields, built in memory (no socket, no server), written to Parquet;
+              yields, built in memory (no socket, no server), written to Parquet by a batch
+              query ("synthetic batch") and, like the change log, by a streaming query with
+              Trigger.AvailableNow into the file sink ("synthetic changelog");
 * dcp       - the real thing: `readStream.format("dcp")` with Trigger.AvailableNow into the file
               sink (the pipeline's change log), from a server loaded by `dcpflow load`'s generator.
               The batch read (`spark.read.format("dcp")` → Parquet) is printed too.
+
+Like for like, "dcp changelog / synthetic changelog" is the cost of the client and the server:
+both queries pay Spark's streaming costs (a Python reader process per query, offset and commit
+logs, ~1.3 s here). "dcp changelog / synthetic batch" is printed too. The server runs on the same
+cores as Spark, so its CPU per row (printed) counts against every ratio.
 
 Each case runs once to warm up, then `--runs` timed times; the median counts (SPARK-NOTES.md §3:
 the first run after JVM start is 20-50% slower). Targets (issue 6): dcp ≥ 0.9 × synthetic and
@@ -20,6 +27,7 @@ the first run after JVM start is 20-50% slower). Targets (issue 6): dcp ≥ 0.9 
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import statistics
 import sys
@@ -70,6 +78,12 @@ def native_df(spark, rows: int, vbuckets: int, seed: int):
                     F.lit("upsert").alias("_change_type"), F.lit(0).cast("long").alias("_commit_version")))
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of a process so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def timed(fn) -> float:
     started = time.perf_counter()
     fn()
@@ -103,44 +117,64 @@ def main() -> int:
         def native(rows):
             return lambda: native_df(spark, rows, args.vbuckets, seed).write.mode("overwrite").parquet(str(out / "n"))
 
+        def synthetic_options(rows):
+            return {"rows": str(rows), "vbuckets": str(args.vbuckets), "valueFormat": "string",
+                    "partitions": str(args.partitions)}
+
         def synthetic(rows):
-            return lambda: (spark.read.format("dcp_synthetic").option("rows", rows).option("vbuckets", args.vbuckets)
-                            .option("valueFormat", "string").option("partitions", args.partitions).load()
+            return lambda: (spark.read.format("dcp_synthetic").options(**synthetic_options(rows)).load()
                             .write.mode("overwrite").parquet(str(out / "s")))
+
+        def changelog(fmt, options, rows, name):
+            shutil.rmtree(out / name, ignore_errors=True)
+            q = (spark.readStream.format(fmt).options(**options).load().writeStream.format("parquet")
+                 .option("path", str(out / name / "changelog")).option("checkpointLocation", str(out / name / "ckpt"))
+                 .trigger(availableNow=True).start())
+            q.awaitTermination()
+            got = sum(p["numInputRows"] for p in q.recentProgress)
+            assert got == rows, f"{fmt} change log got {got:,} rows, expected {rows:,}"
+
+        def synthetic_changelog(rows):
+            return lambda: changelog("dcp_synthetic", synthetic_options(rows), rows, "sc")
 
         def dcp_batch():
             spark.read.format("dcp").options(**opts).load().write.mode("overwrite").parquet(str(out / "b"))
 
         def dcp_changelog():
-            shutil.rmtree(out / "c", ignore_errors=True)
-            q = (spark.readStream.format("dcp").options(**opts).load().writeStream.format("parquet")
-                 .option("path", str(out / "c" / "changelog")).option("checkpointLocation", str(out / "c" / "ckpt"))
-                 .trigger(availableNow=True).start())
-            q.awaitTermination()
-            rows = sum(p["numInputRows"] for p in q.recentProgress)
-            assert rows == args.docs, f"change log got {rows:,} rows, expected {args.docs:,}"
+            changelog("dcp", opts, args.docs, "c")
 
-        cases = {"native": native(args.docs), "synthetic": synthetic(args.docs), "dcp changelog": dcp_changelog,
+        cases = {"native": native(args.docs), "synthetic batch": synthetic(args.docs),
+                 "synthetic changelog": synthetic_changelog(args.docs), "dcp changelog": dcp_changelog,
                  "dcp batch": dcp_batch}
         print("warming up...", flush=True)
         timed(native(50_000))
         timed(synthetic(50_000))
+        timed(synthetic_changelog(50_000))
         timed(dcp_changelog)
         results: dict[str, list[float]] = {name: [] for name in cases}
+        server_cpu: list[float] = []
         for run in range(args.runs):
             for name, fn in cases.items():  # interleaved, so drift hits every case alike
+                before = cpu_seconds(server.proc.pid)
                 results[name].append(timed(fn))
-                print(f"  run {run + 1} {name:14s} {results[name][-1]:6.2f}s", flush=True)
+                if name == "dcp changelog":
+                    server_cpu.append(cpu_seconds(server.proc.pid) - before)
+                print(f"  run {run + 1} {name:19s} {results[name][-1]:6.2f}s", flush=True)
 
         rate = {name: args.docs / statistics.median(t) for name, t in results.items()}
         print(f"\n{args.docs:,} rows, {args.vbuckets} vbuckets, {args.partitions} partitions, median of {args.runs}:")
         for name, times in results.items():
-            print(f"  {name:14s} {rate[name]:>12,.0f} rows/s   (runs: {', '.join(f'{t:.2f}' for t in times)} s)")
-        print(f"\n  dcp changelog / synthetic = {rate['dcp changelog'] / rate['synthetic']:.2f}   (target >= 0.9)")
-        print(f"  dcp changelog / native    = {rate['dcp changelog'] / rate['native']:.2f}   (target >= 0.33)")
-        print(f"  dcp batch / synthetic     = {rate['dcp batch'] / rate['synthetic']:.2f}")
-        print(f"  dcp batch / native        = {rate['dcp batch'] / rate['native']:.2f}")
-        print(f"  synthetic / native        = {rate['synthetic'] / rate['native']:.2f}")
+            print(f"  {name:19s} {rate[name]:>12,.0f} rows/s   (runs: {', '.join(f'{t:.2f}' for t in times)} s)")
+        per_row = statistics.median(server_cpu) / args.docs * 1e6
+        print(f"  dcpflow server CPU during the change log: {per_row:.2f} us/row")
+        ratio = {(a, b): rate[a] / rate[b] for a in rate for b in rate}
+        print(f"\n  dcp changelog / synthetic changelog = {ratio['dcp changelog', 'synthetic changelog']:.2f}"
+              "   (target >= 0.9, like for like)")
+        print(f"  dcp changelog / synthetic batch     = {ratio['dcp changelog', 'synthetic batch']:.2f}")
+        print(f"  dcp changelog / native              = {ratio['dcp changelog', 'native']:.2f}   (target >= 0.33)")
+        print(f"  dcp batch / synthetic batch         = {ratio['dcp batch', 'synthetic batch']:.2f}")
+        print(f"  dcp batch / native                  = {ratio['dcp batch', 'native']:.2f}")
+        print(f"  synthetic batch / native            = {ratio['synthetic batch', 'native']:.2f}")
         return 0
     finally:
         if spark is not None:

@@ -8,6 +8,11 @@ cost of the client and server per row; synthetic / `spark.range` is the cost of 
 
 Options: rows (default 1,000,000), vbuckets (1024), partitions (cores), maxRowsPerBatch (32768),
 keyFormat, valueFormat (binary|string), seed (42).
+
+As a stream (`readStream`), the `rows` documents are there from the start and arrive in one
+micro-batch: the baseline for the change log, which is written by a streaming query and so pays
+Spark's per-query and per-batch costs (a Python reader process, offset and commit logs) that a
+batch read does not.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from collections.abc import Iterator
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
 
 from .schema import BatchConverter, arrow_schema, schema_ddl, value_ddl
 
@@ -55,6 +60,15 @@ class SyntheticDcpDataSource(DataSource):
     def reader(self, schema) -> SyntheticReader:
         return SyntheticReader(self, schema)
 
+    def streamReader(self, schema) -> SyntheticStreamReader:
+        return SyntheticStreamReader(self, schema)
+
+
+def _slices(lo: int, hi: int, n: int) -> list[_Slice]:
+    n = max(1, n)
+    bounds = [lo + (hi - lo) * i // n for i in range(n + 1)]
+    return [_Slice(bounds[i], bounds[i + 1]) for i in range(n) if bounds[i + 1] > bounds[i]]
+
 
 class SyntheticReader(DataSourceReader):
     def __init__(self, source: SyntheticDcpDataSource, schema):
@@ -62,9 +76,7 @@ class SyntheticReader(DataSourceReader):
         self.schema = schema
 
     def partitions(self):
-        n = max(1, self.s.partitions_n)
-        bounds = [self.s.rows * i // n for i in range(n + 1)]
-        return [_Slice(bounds[i], bounds[i + 1]) for i in range(n) if bounds[i + 1] > bounds[i]]
+        return _slices(0, self.s.rows, self.s.partitions_n)
 
     def read(self, partition: _Slice) -> Iterator[pa.RecordBatch]:
         from dcpflow.load import key_for, make_doc
@@ -92,3 +104,26 @@ class SyntheticReader(DataSourceReader):
                 names=["vbucket", "seqno", "vbuuid", "key", "value", "event", "cas", "rev_seqno", "flags",
                        "expiry", "datatype", "snapshot_start", "snapshot_end"])
             yield converter.convert(batch, 0)
+
+
+class SyntheticStreamReader(DataSourceStreamReader):
+    """Offsets {"rows": n}: the first n documents have been read."""
+
+    def __init__(self, source: SyntheticDcpDataSource, schema):
+        self.s = source
+        self.batch = SyntheticReader(source, schema)
+
+    def initialOffset(self) -> dict:
+        return {"rows": 0}
+
+    def latestOffset(self, start: dict, limit) -> dict:
+        return {"rows": self.s.rows}
+
+    def partitions(self, start: dict, end: dict) -> list[_Slice]:
+        return _slices(start["rows"], end["rows"], self.s.partitions_n)
+
+    def read(self, partition: _Slice) -> Iterator[pa.RecordBatch]:
+        return self.batch.read(partition)
+
+    def commit(self, end: dict) -> None:
+        """Nothing to release."""
