@@ -300,3 +300,22 @@ def test_kill_driver_mid_batch_then_resume_state_exact(spark, server, tmp_path):
     assert _state(pipeline) == truth
     rows = pipeline.changelog().select("vbucket", "seqno").collect()
     assert len(set(rows)) == len(rows)  # the replayed batch did not duplicate rows in the change log
+
+
+def test_synthetic_source_reads_its_rows_once_as_a_batch_and_as_a_stream(spark, tmp_path):
+    """The benchmark's baseline (bench/spark_ingest.py): the dcp schema, every row once."""
+    opts = {"rows": "3000", "vbuckets": "64", "partitions": "2", "valueFormat": "string"}
+    batch = spark.read.format("dcp_synthetic").options(**opts).load()
+    assert batch.count() == 3000
+    assert batch.select("key").distinct().count() == 3000
+
+    def run():
+        q = (spark.readStream.format("dcp_synthetic").options(**opts).load().writeStream.format("parquet")
+             .option("path", str(tmp_path / "log")).option("checkpointLocation", str(tmp_path / "ckpt"))
+             .trigger(availableNow=True).start())
+        q.awaitTermination()
+        return sum(p["numInputRows"] for p in q.recentProgress)
+
+    assert run() == 3000 and run() == 0  # restarted from its checkpoint: nothing new
+    rows = spark.read.parquet(str(tmp_path / "log"))
+    assert rows.count() == 3000 and rows.columns == batch.columns
