@@ -21,7 +21,6 @@ import logging
 import os
 import socket
 import ssl
-import struct
 import time
 from collections.abc import Callable
 from typing import NamedTuple
@@ -30,7 +29,7 @@ from dcpflow.protocol import kv as kvproto
 from dcpflow.protocol.config import ClusterMap, parse_cluster_map
 from dcpflow.protocol.dcp import DcpBufferAck, DcpControl, DcpNoop, DcpOpen, OpenFlag
 from dcpflow.protocol.errors import ProtocolError
-from dcpflow.protocol.frame import HEADER_LEN, Frame, Magic, decode_all, request, walk_stream
+from dcpflow.protocol.frame import HEADER_LEN, MAGIC_OPCODE_BODY, Frame, Magic, decode_all, request, walk_stream
 from dcpflow.protocol.hello import Feature
 from dcpflow.protocol.opcodes import Opcode
 from dcpflow.protocol.status import Status
@@ -52,7 +51,6 @@ log = logging.getLogger("dcpflow.client")
 STREAM_OPCODES = frozenset({0x55, 0x56, 0x57, 0x58, 0x59, 0x5a, 0x5f, 0x60, 0x62, 0x63, 0x64, 0x65, 0x66, 0x67})
 _IS_STREAM = bytes(1 if op in STREAM_OPCODES else 0 for op in range(256))
 _VALID_MAGIC = bytes(1 if m in {int(x) for x in Magic} else 0 for m in range(256))
-_HEAD = struct.Struct(">BB6xI").unpack_from
 MAX_BODY = 64 * 1024 * 1024  # a 20 MB document plus xattrs and headroom
 
 #: HELLO features we ask for: what a 7.x SDK DCP client negotiates that we understand.
@@ -179,32 +177,29 @@ class Connection(asyncio.Protocol):
         end = len(buf)
         pos = ctrl = 0
         starts = array.array("q")
-        append = starts.append
-        is_stream, head, valid, walk = _IS_STREAM, _HEAD, _VALID_MAGIC, walk_stream
+        is_stream, head, valid, walk = _IS_STREAM, MAGIC_OPCODE_BODY, _VALID_MAGIC, walk_stream
         limit = end - HEADER_LEN
         try:
             while pos <= limit:
-                pos, run = walk(buf, pos, is_stream)  # the stream messages up to the next other frame
-                if run:
-                    starts.frombytes(run)
-                    if pos > limit:
-                        break
-                magic, op, blen = head(buf, pos)
+                # The stream messages up to the next other frame; the one at pos now is incomplete,
+                # or a reply, a noop or garbage.
+                pos, run = walk(buf, pos, is_stream)
+                starts.frombytes(run)
+                if pos > limit:
+                    break
+                magic, _, blen = head(buf, pos)
                 fend = pos + HEADER_LEN + blen
                 if fend > end:
                     if blen > MAX_BODY or not valid[magic]:
                         self._fatal(buf, pos)
                         return
                     break
-                if magic == 0x80 and is_stream[op]:
-                    append(pos)
-                else:
-                    if not valid[magic]:
-                        self._fatal(buf, pos)
-                        return
-                    if not self._control(buf, pos, fend):
-                        return
-                    ctrl += fend - pos
+                if not valid[magic]:
+                    self._fatal(buf, pos)
+                    return
+                if not self._control(buf, pos, fend):
+                    return
+                ctrl += fend - pos
                 pos = fend
         finally:
             if starts and self.lost is None:
@@ -229,7 +224,7 @@ class Connection(asyncio.Protocol):
             self._tail = buf[pos:]
 
     def _fatal(self, buf: bytes, pos: int) -> None:
-        magic, op, blen = _HEAD(buf, pos)
+        magic, op, blen = MAGIC_OPCODE_BODY(buf, pos)
         why = (f"invalid magic 0x{magic:02x}" if not _VALID_MAGIC[magic]
                else f"frame body of {blen} bytes exceeds {MAX_BODY}")
         self.abort(ConnectionLostError(f"{self.label}: {why}: the byte stream cannot be trusted"))

@@ -260,7 +260,8 @@ def compiled(name: str):
 #: FrameDecoder's compiled fast path, or None (see _speedups.c).
 _split = compiled("split")
 
-_MAGIC_OP_BODY = struct.Struct(">BB6xI").unpack_from
+#: (magic, opcode, body length) of the header at an offset: all a receive loop needs to walk frames.
+MAGIC_OPCODE_BODY = struct.Struct(">BB6xI").unpack_from
 
 
 def walk_stream_py(buf: bytes, pos: int, table: bytes) -> tuple[int, bytes]:
@@ -274,7 +275,7 @@ def walk_stream_py(buf: bytes, pos: int, table: bytes) -> tuple[int, bytes]:
     end = len(buf)
     starts = array.array("q")
     while end - pos >= HEADER_LEN:
-        magic, op, body = _MAGIC_OP_BODY(buf, pos)
+        magic, op, body = MAGIC_OPCODE_BODY(buf, pos)
         if magic != 0x80 or not table[op] or body > end - pos - HEADER_LEN:
             break
         starts.append(pos)
