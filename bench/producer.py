@@ -39,7 +39,7 @@ from dcpflow.protocol.keys import vbucket_for_key
 from dcpflow.protocol.kv import SeqnoPersistence
 from dcpflow.protocol.opcodes import Opcode
 from dcpflow.protocol.status import Status
-from serverproc import build_data, call, start_server, stop
+from serverproc import build_data, call, cpu_seconds, start_server, stop
 
 _BLEN = struct.Struct(">I").unpack_from
 MAX = 0xFFFFFFFFFFFFFFFF
@@ -51,16 +51,8 @@ FLUSH_WAIT: list[float] = []  # seconds the in-memory rounds waited for the flus
 
 
 def server_cpu() -> float:
-    """CPU seconds the server process has used (Linux /proc; 0 elsewhere): with the wall time it
-    tells whether a phase was CPU-bound on the server or starved by a busy machine."""
-    if not SERVER_PID:
-        return 0.0
-    try:
-        with open(f"/proc/{SERVER_PID[0]}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        return 0.0
+    """CPU seconds the server process has used (0 before it started)."""
+    return cpu_seconds(SERVER_PID[0]) if SERVER_PID else 0.0
 
 
 def connect(port: int) -> socket.socket:

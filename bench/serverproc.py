@@ -1,5 +1,6 @@
 """Start and stop a `dcpflow server` subprocess for the benchmarks, build the data dir it
-serves, and make a blocking request on a raw socket (one copy for every script).
+serves, make a blocking request on a raw socket, and read a process's CPU time (one copy for
+every script).
 
 The child gets this checkout's `src` on PYTHONPATH, so a bench measures the code beside it;
 `BENCH_PROFILE=FILE` runs it under cProfile (written when it stops cleanly).
@@ -12,6 +13,17 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds a process has used (Linux /proc; 0 elsewhere or once it is gone):
+    with the wall time it tells whether a phase was CPU-bound or starved by a busy machine."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return 0.0
 
 
 def start_server(data_dir: str, vbuckets: int, *extra: str) -> tuple[subprocess.Popen, int]:

@@ -27,7 +27,6 @@ the first run after JVM start is 20-50% slower). Targets (issue 6): dcp ≥ 0.9 
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import statistics
 import sys
@@ -38,6 +37,7 @@ from pathlib import Path
 
 from dcpflow.load import Loader, key_for, make_doc
 from dcpflow.spark.demo import EmbeddedServer
+from serverproc import cpu_seconds
 
 
 def load(connection: str, docs: int, seed: int, threads: int = 4) -> float:
@@ -76,12 +76,6 @@ def native_df(spark, rows: int, vbuckets: int, seed: int):
                     (F.col("id") / vbuckets + 1).cast("long").alias("snapshot_start"),
                     (F.col("id") / vbuckets + 1).cast("long").alias("snapshot_end"),
                     F.lit("upsert").alias("_change_type"), F.lit(0).cast("long").alias("_commit_version")))
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU of a process so far (Linux /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def timed(fn) -> float:
@@ -167,14 +161,13 @@ def main() -> int:
             print(f"  {name:19s} {rate[name]:>12,.0f} rows/s   (runs: {', '.join(f'{t:.2f}' for t in times)} s)")
         per_row = statistics.median(server_cpu) / args.docs * 1e6
         print(f"  dcpflow server CPU during the change log: {per_row:.2f} us/row")
-        ratio = {(a, b): rate[a] / rate[b] for a in rate for b in rate}
-        print(f"\n  dcp changelog / synthetic changelog = {ratio['dcp changelog', 'synthetic changelog']:.2f}"
-              "   (target >= 0.9, like for like)")
-        print(f"  dcp changelog / synthetic batch     = {ratio['dcp changelog', 'synthetic batch']:.2f}")
-        print(f"  dcp changelog / native              = {ratio['dcp changelog', 'native']:.2f}   (target >= 0.33)")
-        print(f"  dcp batch / synthetic batch         = {ratio['dcp batch', 'synthetic batch']:.2f}")
-        print(f"  dcp batch / native                  = {ratio['dcp batch', 'native']:.2f}")
-        print(f"  synthetic batch / native            = {ratio['synthetic batch', 'native']:.2f}")
+        print()
+        for a, b, target in (("dcp changelog", "synthetic changelog", "target >= 0.9, like for like"),
+                             ("dcp changelog", "synthetic batch", ""),
+                             ("dcp changelog", "native", "target >= 0.33"),
+                             ("dcp batch", "synthetic batch", ""), ("dcp batch", "native", ""),
+                             ("synthetic batch", "native", "")):
+            print(f"  {a + ' / ' + b:35s} = {rate[a] / rate[b]:.2f}" + (f"   ({target})" if target else ""))
         return 0
     finally:
         if spark is not None:
