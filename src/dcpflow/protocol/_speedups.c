@@ -18,7 +18,7 @@
    first other or incomplete frame, which the Python loop then handles (frame.walk_stream_py).
 
    gather - the first bytes of many frames that sit in several received segments, into one
-   matrix (dcpflow.client.batches._gather_all): the client's columnar decoder reads every header
+   matrix (dcpflow.client.batches._gather_all_py): the client's columnar decoder reads every header
    and every key and value prefix this way. */
 
 #define PY_SSIZE_T_CLEAN
@@ -412,7 +412,7 @@ PyDoc_STRVAR(gather_doc,
 "gather(out, bufs, sid, pos, width)\n\n"
 "Row i of out (a writable C-contiguous buffer of len(pos) * width bytes) gets the width bytes of\n"
 "bufs[sid[i]] at pos[i], zero-padded past that buffer's end. sid and pos are int64 buffers of the\n"
-"same length. Same as batches._gather_all.");
+"same length. Same as batches._gather_all_py.");
 
 static PyObject *gather(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     (void)module;
