@@ -202,6 +202,10 @@ class CursorRegistration:
 class CheckpointManager:
     """The checkpoints and cursors of one vbucket."""
 
+    __slots__ = ("max_items", "max_age", "memory_quota", "persistent", "_clock", "_next_id", "checkpoints",
+                 "cursors", "high_seqno", "mem_usage", "num_dropped_cursors", "persisted_seqno",
+                 "persistence_cursor")
+
     def __init__(self, *, high_seqno: int = 0, max_items: int = 10_000, max_age: float | None = 5.0,
                  memory_quota: int | None = None, persistent: bool = True,
                  clock: Callable[[], float] = time.monotonic):

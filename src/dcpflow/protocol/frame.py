@@ -8,6 +8,7 @@ length, so keys in such frames are at most 255 bytes.
 """
 
 import array
+import importlib
 import os
 import struct
 from enum import IntEnum
@@ -245,16 +246,17 @@ def check_request_frame_infos(framing: bytes) -> list[ProtocolError]:
 # ---------------------------------------------------------------------------------------------
 # Incremental decoder
 
-def compiled(name: str):
-    """The compiled twin `name` of a hot loop (_speedups.c), or None when the extension was not
-    built or DCPFLOW_PURE_PYTHON is set: the caller then runs its Python twin."""
+def compiled(name: str, module: str = "dcpflow.protocol._speedups"):
+    """The compiled twin `name` of a hot loop (a `_speedups.c`: this package's by default), or None
+    when the extension was not built or DCPFLOW_PURE_PYTHON is set: the caller then runs its
+    Python twin."""
     if os.environ.get("DCPFLOW_PURE_PYTHON"):
         return None
     try:
-        from . import _speedups
+        speedups = importlib.import_module(module)
     except ImportError:
         return None
-    return getattr(_speedups, name, None)  # an extension built from older sources lacks it
+    return getattr(speedups, name, None)  # an extension built from older sources lacks it
 
 
 #: FrameDecoder's compiled fast path, or None (see _speedups.c).
