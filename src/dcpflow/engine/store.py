@@ -56,6 +56,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dcpflow.protocol.dcp import MUTATION_HEAD
+from dcpflow.protocol.frame import compiled
 
 from .item import DATATYPE_XATTR, DeleteSource, Item
 
@@ -147,6 +148,11 @@ _UPSERT_STATE = (
 #: encoded head either, which also keeps an encoded page far below SQLite's 1 GB string limit.
 LARGE_VALUE = 2048
 
+#: The writer connection's page cache. SQLite's default (2 MiB) holds little of the by-key and
+#: history indexes a flush updates at random places: with 64 MiB a flush of rewrites (10k keys, 1024
+#: vbuckets) spent ~25% less time per row (/tmp micro-benchmark in the stop's note).
+WRITER_CACHE_KIB = 64 * 1024
+
 _SIGN = 1 << 63
 _WRAP = 1 << 64
 _SOURCES = (DeleteSource.EXPLICIT, DeleteSource.TTL)
@@ -183,6 +189,21 @@ def _encoded_row(vb: int, it: Item) -> tuple:
                                     it.rev_seqno, it.flags, it.expiry, 0, 0, 0, klen + 1, body + 1))
         h1, h1c, h2c = head[:12], head[:2] + head[55:57] + head[4:8] + head[57:61], head[16:55] + b"\x00"
     return _row(vb, it) + (h1, h1c, h2c)
+
+
+def _encoded_rows_py(vb: int, items: Iterable[Item]) -> list[tuple]:
+    return [_encoded_row(vb, it) for it in items]
+
+
+#: The flusher's rows, compiled (engine/_speedups.c; its twin is _encoded_rows_py): building them
+#: holds the GIL, about 3 us per row in Python, taken from the thread that serves requests.
+_encoded_rows_c = compiled("encoded_rows", "dcpflow.engine._speedups")
+
+
+def _encoded_rows(vb: int, items: Iterable[Item]) -> list[tuple]:
+    if _encoded_rows_c is None:
+        return _encoded_rows_py(vb, items)
+    return _encoded_rows_c(vb, items, _encoded_row)
 
 
 def _item(r: Sequence) -> Item:
@@ -248,6 +269,7 @@ class Store:
         self._keep_history = keep_history
         self._lock = threading.RLock()
         self._db = _connect(self.path, self.synchronous)
+        self._db.execute(f"PRAGMA cache_size=-{WRITER_CACHE_KIB}")
         self._db.executescript(_SCHEMA)
         have = {r[1] for r in self._db.execute("PRAGMA table_info(items)")}
         if not have.issuperset(_ENCODED_COLUMNS):
@@ -332,7 +354,7 @@ class Store:
                     latest[it.key] = it
                 # Only the latest version of each key is upserted; the trigger files the version it
                 # replaces on disk, superseded by the latest one's seqno.
-                db.executemany(_UPSERT_ITEM, [_encoded_row(vb, it) for it in latest.values()])
+                db.executemany(_UPSERT_ITEM, _encoded_rows(vb, latest.values()))
                 if older and self._keep_history:
                     self._file_older_versions(db, vb, older, latest)
             db.executemany(_UPSERT_STATE, [r._params() for r in states])
