@@ -54,10 +54,11 @@ class Clocks:
 
 def make(clocks: Clocks, max_items: int, quota: int | None) -> tuple[VBucket, list]:
     calls: list = []
+    dirty: dict = {}
     vb = VBucket(7, VBucketState.ACTIVE, hlc=HLC(clock=clocks.ns), clock=clocks.wall,
                  checkpoint_max_items=max_items, checkpoint_max_age=5.0, checkpoint_memory_quota=quota,
                  on_seqno=lambda vbid, seqno: calls.append(("seqno", vbid, seqno)),
-                 on_dirty=lambda vbid, _: calls.append(("dirty", vbid)))
+                 dirty=dirty)
     vb.checkpoint_manager._clock = clocks.mono
     vb.checkpoint_manager.checkpoints[-1].deadline = clocks.mono() + 5.0
     return vb, calls
@@ -67,7 +68,7 @@ def state(vb: VBucket, calls: list) -> dict:
     cm = vb.checkpoint_manager
     return {
         "vb": {name: getattr(vb, name) for name in VBucket.__slots__
-               if name not in ("_clock", "_on_seqno", "_on_dirty", "checkpoint_manager", "hlc", "failover")},
+               if name not in ("_clock", "_on_seqno", "checkpoint_manager", "hlc", "failover")},
         "hlc": (vb.hlc.max_cas, vb.hlc.logical_ticks),
         "manager": (cm.high_seqno, cm.mem_usage, cm.num_dropped_cursors, sorted(cm.cursors)),
         "checkpoints": [(cp.id, cp.is_open, cp.snap_start, cp.snap_end, cp.high_seqno, cp.num_items, cp.mem_usage,
@@ -126,6 +127,7 @@ def step(vb: VBucket, clocks: Clocks, op: tuple, compiled: bool):
         cm = vb.checkpoint_manager
         cursor = cm.persistence_cursor
         batch = cursor.next_batch(10**6)
+        vb._dirty.clear()  # as the flusher's collect does
         if batch:
             cm.persisted_seqno = cursor.seqno
             cm._remove_unreferenced()

@@ -39,7 +39,7 @@ static const struct { int cls; const char *name; } attr_spec[] = {
     A(C_VBUCKET, "id"), A(C_VBUCKET, "state"), A(C_VBUCKET, "locks"), A(C_VBUCKET, "ht"),
     A(C_VBUCKET, "high_seqno"), A(C_VBUCKET, "max_deleted_rev_seqno"), A(C_VBUCKET, "checkpoint_manager"),
     A(C_VBUCKET, "hlc"), A(C_VBUCKET, "ops_create"), A(C_VBUCKET, "ops_update"), A(C_VBUCKET, "num_items"),
-    A(C_VBUCKET, "num_deleted"), A(C_VBUCKET, "_on_dirty"), A(C_VBUCKET, "_on_seqno"),
+    A(C_VBUCKET, "num_deleted"), A(C_VBUCKET, "_dirty"), A(C_VBUCKET, "_on_seqno"),
     A(C_MANAGER, "high_seqno"), A(C_MANAGER, "checkpoints"), A(C_MANAGER, "max_items"), A(C_MANAGER, "_clock"),
     A(C_MANAGER, "mem_usage"), A(C_MANAGER, "memory_quota"),
     A(C_CHECKPOINT, "num_items"), A(C_CHECKPOINT, "deadline"), A(C_CHECKPOINT, "_index"),
@@ -53,7 +53,7 @@ enum {
     I_KEY, I_VALUE, I_FLAGS, I_EXPIRY, I_CAS, I_REV, I_SEQNO, I_DATATYPE, I_DELETED, I_DELETE_TIME,
     I_DELETE_SOURCE,
     V_ID, V_STATE, V_LOCKS, V_HT, V_HIGH, V_MAX_DELETED_REV, V_CM, V_HLC, V_OPS_CREATE, V_OPS_UPDATE,
-    V_NUM_ITEMS, V_NUM_DELETED, V_ON_DIRTY, V_ON_SEQNO,
+    V_NUM_ITEMS, V_NUM_DELETED, V_DIRTY, V_ON_SEQNO,
     M_HIGH, M_CHECKPOINTS, M_MAX_ITEMS, M_CLOCK, M_MEM, M_QUOTA,
     P_NUM_ITEMS, P_DEADLINE, P_INDEX, P_ITEMS, P_SEQNOS, P_HIGH, P_FIXED_END, P_SNAP_END, P_HOLES, P_MEM,
     H_MAX, H_CLOCK, H_TICKS,
@@ -67,7 +67,7 @@ static PyObject *item_defaults[3];  /* deleted, delete_time, delete_source of a 
 static PyObject *fallback;          /* VBucket._set_py */
 static PyObject *active_state;      /* VBucketState.ACTIVE */
 static long long item_overhead;     /* item.ITEM_OVERHEAD */
-static PyObject *one, *zero, *hole_limit, *kw_names[4], *attr_name_value, *s_compact, *s_drop_cursors;
+static PyObject *zero, *hole_limit, *kw_names[4], *attr_name_value, *s_compact, *s_drop_cursors;
 
 #define MAX_CAS 0xFFFFFFFFFFFFFFFEULL
 #define LOGICAL_BITS 0xFFFFULL
@@ -84,15 +84,68 @@ static int put(PyObject *obj, int attr, PyObject *value) {
     return 0;
 }
 
+/* The value of an exact int that fits a long long (1), or 0 with no error set. The counters,
+   seqnos and CAS values here always fit: their arithmetic and comparisons stay native (the
+   generic number protocol cost ~100 instructions per operation, PyLong_AsUnsignedLongLong ~250). */
+static inline int small_int(PyObject *v, long long *out) {
+    if (!PyLong_CheckExact(v)) return 0;
+    int overflow;
+    long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
+    if (overflow) return 0;
+    if (x == -1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return 0;
+    }
+    *out = x;
+    return 1;
+}
+
+/* a + b (a new reference), natively when a is a small int and the sum fits. */
+static PyObject *plus(PyObject *a, long long b) {
+    long long x;
+    if (small_int(a, &x) && !(b > 0 && x > LLONG_MAX - b) && !(b < 0 && x < LLONG_MIN - b))
+        return PyLong_FromLongLong(x + b);
+    PyObject *b_obj = PyLong_FromLongLong(b);
+    if (b_obj == NULL) return NULL;
+    PyObject *sum = PyNumber_Add(a, b_obj);
+    Py_DECREF(b_obj);
+    return sum;
+}
+
+/* PyObject_RichCompareBool(a, b, op) for op in GT/GE, natively for small ints. */
+static int compare(PyObject *a, PyObject *b, int op) {
+    long long x, y;
+    if (small_int(a, &x) && small_int(b, &y)) return op == Py_GT ? x > y : x >= y;
+    return PyObject_RichCompareBool(a, b, op);
+}
+
+/* u64 value of an exact int in [0, 2^64): 1, or 0 with no error set. */
+static int as_u64(PyObject *v, unsigned long long *out) {
+    long long x;
+    if (small_int(v, &x)) {
+        if (x < 0) return 0;
+        *out = (unsigned long long)x;
+        return 1;
+    }
+    if (!PyLong_CheckExact(v)) return 0;
+    unsigned long long r = PyLong_AsUnsignedLongLong(v);
+    if (r == (unsigned long long)-1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return 0;
+    }
+    *out = r;
+    return 1;
+}
+
 /* obj.attr += delta */
-static int add(PyObject *obj, int attr, PyObject *delta) {
+static int add(PyObject *obj, int attr, long long delta) {
     PyObject *cur = SLOT(obj, attr);
     if (cur == NULL) {
         PyErr_Format(PyExc_AttributeError, "%s has no value in slot %s", Py_TYPE(obj)->tp_name,
                      attr_spec[attr].name);
         return -1;
     }
-    return put(obj, attr, PyNumber_Add(cur, delta));
+    return put(obj, attr, plus(cur, delta));
 }
 
 /* Everything the fast path read before its first change: borrowed from slots it does not replace
@@ -128,7 +181,8 @@ static int plan_set(PyObject *vb, PyObject *key, plan_t *p) {
     if (truth != 0) return truth < 0 ? -1 : 0;
 
     p->ht = SLOT(vb, V_HT);
-    if (!PyDict_CheckExact(p->ht)) return 0;
+    PyObject *dirty = SLOT(vb, V_DIRTY);
+    if (!PyDict_CheckExact(p->ht) || (dirty != Py_None && !PyDict_CheckExact(dirty))) return 0;
     PyObject *prev = PyDict_GetItemWithError(p->ht, key);
     if (prev == NULL && PyErr_Occurred()) return -1;
     if (prev != NULL) {
@@ -141,18 +195,18 @@ static int plan_set(PyObject *vb, PyObject *key, plan_t *p) {
             return 0;
         }
         p->prev = Py_NewRef(prev);
-        p->rev = PyNumber_Add(SLOT(prev, I_REV), one);
+        p->rev = plus(SLOT(prev, I_REV), 1);
     } else {
-        p->rev = PyNumber_Add(SLOT(vb, V_MAX_DELETED_REV), one);
+        p->rev = plus(SLOT(vb, V_MAX_DELETED_REV), 1);
     }
     if (p->rev == NULL) return -1;
-    p->seqno = PyNumber_Add(SLOT(vb, V_HIGH), one);
+    p->seqno = plus(SLOT(vb, V_HIGH), 1);
     if (p->seqno == NULL) return -1;
 
     /* CheckpointManager.queue: its seqno check, and the open checkpoint must not roll over. */
     p->cm = SLOT(vb, V_CM);
     if (!is(p->cm, C_MANAGER) || !all_set(p->cm, M_HIGH, M_QUOTA)) return 0;
-    truth = PyObject_RichCompareBool(p->seqno, SLOT(p->cm, M_HIGH), Py_GT);
+    truth = compare(p->seqno, SLOT(p->cm, M_HIGH), Py_GT);
     if (truth != 1) return truth < 0 ? -1 : 0;
     PyObject *checkpoints = SLOT(p->cm, M_CHECKPOINTS);
     if (!PyList_CheckExact(checkpoints) || PyList_GET_SIZE(checkpoints) == 0) return 0;
@@ -162,7 +216,7 @@ static int plan_set(PyObject *vb, PyObject *key, plan_t *p) {
     truth = PyObject_IsTrue(p->n);
     if (truth < 0) return -1;
     if (truth) {
-        truth = PyObject_RichCompareBool(p->n, SLOT(p->cm, M_MAX_ITEMS), Py_GE);
+        truth = compare(p->n, SLOT(p->cm, M_MAX_ITEMS), Py_GE);
         if (truth != 0) return truth < 0 ? -1 : 0;
         PyObject *deadline = SLOT(p->cp, P_DEADLINE);
         /* A checkpoint with no age limit has deadline +inf, which no clock reaches. */
@@ -183,21 +237,13 @@ static int plan_set(PyObject *vb, PyObject *key, plan_t *p) {
     /* HLC.next, decided here and applied later: a counter at its limit is Python's error to raise. */
     p->hlc = SLOT(vb, V_HLC);
     if (!is(p->hlc, C_HLC) || !all_set(p->hlc, H_MAX, H_TICKS)) return 0;
-    PyObject *max_obj = SLOT(p->hlc, H_MAX);
-    if (!PyLong_CheckExact(max_obj)) return 0;
-    unsigned long long max = PyLong_AsUnsignedLongLong(max_obj);
-    if (max == (unsigned long long)-1 && PyErr_Occurred()) {
-        PyErr_Clear();
-        return 0;
-    }
+    unsigned long long max, ns;
+    if (!as_u64(SLOT(p->hlc, H_MAX), &max)) return 0;
     PyObject *now = PyObject_CallNoArgs(SLOT(p->hlc, H_CLOCK));
     if (now == NULL) return -1;
-    unsigned long long ns = PyLong_CheckExact(now) ? PyLong_AsUnsignedLongLong(now) : (unsigned long long)-1;
+    int ok = as_u64(now, &ns);
     Py_DECREF(now);
-    if (ns == (unsigned long long)-1) {
-        PyErr_Clear();
-        return 0;
-    }
+    if (!ok) return 0;
     ns &= ~LOGICAL_BITS;
     if (ns > max) {
         p->cas = ns;
@@ -210,9 +256,8 @@ static int plan_set(PyObject *vb, PyObject *key, plan_t *p) {
     return 1;
 }
 
-static PyObject *new_item(PyObject *key, PyObject *value, PyObject *flags, PyObject *datatype, plan_t *p) {
-    PyObject *cas = PyLong_FromUnsignedLongLong(p->cas);
-    if (cas == NULL) return NULL;
+static PyObject *new_item(PyObject *key, PyObject *value, PyObject *flags, PyObject *datatype, PyObject *cas,
+                          plan_t *p) {
     PyObject *fields[ITEM_FIELDS] = {
         key, value, flags, zero, cas, p->rev, p->seqno, datatype,
         item_defaults[0], item_defaults[1], item_defaults[2]};
@@ -221,7 +266,6 @@ static PyObject *new_item(PyObject *key, PyObject *value, PyObject *flags, PyObj
     if (item != NULL) {
         for (int i = 0; i < ITEM_FIELDS; i++) SLOT(item, i) = Py_NewRef(fields[i]);
     }
-    Py_DECREF(cas);
     return item;
 }
 
@@ -246,7 +290,7 @@ static int queue(plan_t *p, PyObject *key, PyObject *item, PyObject *value) {
     if (vlen < 0) goto fail;
     long long size;
     if (pos == NULL) {
-        if (put(cp, P_NUM_ITEMS, PyNumber_Add(n, one)) < 0) goto fail;
+        if (put(cp, P_NUM_ITEMS, plus(n, 1)) < 0) goto fail;
         Py_ssize_t klen = PyObject_Length(key);
         if (klen < 0) goto fail;
         size = (long long)klen + (long long)vlen + item_overhead;
@@ -263,10 +307,10 @@ static int queue(plan_t *p, PyObject *key, PyObject *item, PyObject *value) {
         if (olen < 0) goto fail;
         size = (long long)vlen - (long long)olen;
         if (PyList_SetItem(p->items, i, Py_NewRef(Py_None)) < 0) goto fail;
-        if (add(cp, P_HOLES, one) < 0) goto fail;
+        if (add(cp, P_HOLES, 1) < 0) goto fail;
         PyObject *holes = SLOT(cp, P_HOLES);
-        int over = PyObject_RichCompareBool(holes, hole_limit, Py_GT);
-        if (over == 1) over = PyObject_RichCompareBool(holes, n, Py_GT);
+        int over = compare(holes, hole_limit, Py_GT);
+        if (over == 1) over = compare(holes, n, Py_GT);
         if (over < 0) goto fail;
         if (over) {
             obj = PyObject_CallMethodNoArgs(cp, s_compact);
@@ -274,14 +318,10 @@ static int queue(plan_t *p, PyObject *key, PyObject *item, PyObject *value) {
             Py_DECREF(obj);
         }
     }
-    PyObject *size_obj = PyLong_FromLongLong(size);
-    if (size_obj == NULL) goto fail;
-    rc = add(cp, P_MEM, size_obj) < 0 || add(cm, M_MEM, size_obj) < 0 ? -1 : 0;
-    Py_DECREF(size_obj);
-    if (rc < 0) goto fail;
+    if (add(cp, P_MEM, size) < 0 || add(cm, M_MEM, size) < 0) goto fail;
     PyObject *quota = SLOT(cm, M_QUOTA);
     if (quota != NULL && quota != Py_None) {
-        int over = PyObject_RichCompareBool(SLOT(cm, M_MEM), quota, Py_GT);
+        int over = compare(SLOT(cm, M_MEM), quota, Py_GT);
         if (over < 0) goto fail;
         if (over) {
             obj = PyObject_CallMethodNoArgs(cm, s_drop_cursors);
@@ -309,24 +349,30 @@ static int notify(PyObject *listener, PyObject *id, PyObject *arg) {
 /* The whole write, once plan_set said it applies. Returns the new Item or NULL. */
 static PyObject *apply_set(PyObject *vb, PyObject *key, PyObject *value, PyObject *flags, PyObject *datatype,
                            plan_t *p) {
-    if (put(p->hlc, H_MAX, PyLong_FromUnsignedLongLong(p->cas)) < 0) return NULL;
-    if (p->bump_logical && add(p->hlc, H_TICKS, one) < 0) return NULL;
-    PyObject *item = new_item(key, value, flags, datatype, p);
+    PyObject *cas = PyLong_FromUnsignedLongLong(p->cas);
+    if (cas == NULL) return NULL;
+    put(p->hlc, H_MAX, Py_NewRef(cas));
+    if (p->bump_logical && add(p->hlc, H_TICKS, 1) < 0) {
+        Py_DECREF(cas);
+        return NULL;
+    }
+    PyObject *item = new_item(key, value, flags, datatype, cas, p);
+    Py_DECREF(cas);
     if (item == NULL) return NULL;
     if (queue(p, key, item, value) < 0) goto fail;
     /* _queue's accounting for a live version over `prev` */
     if (p->prev == NULL || SLOT(p->prev, I_DELETED) == Py_True) {
-        if (p->prev != NULL && put(vb, V_NUM_DELETED, PyNumber_Subtract(SLOT(vb, V_NUM_DELETED), one)) < 0)
+        if (p->prev != NULL && add(vb, V_NUM_DELETED, -1) < 0)
             goto fail;
-        if (add(vb, V_OPS_CREATE, one) < 0 || add(vb, V_NUM_ITEMS, one) < 0) goto fail;
-    } else if (add(vb, V_OPS_UPDATE, one) < 0) {
+        if (add(vb, V_OPS_CREATE, 1) < 0 || add(vb, V_NUM_ITEMS, 1) < 0) goto fail;
+    } else if (add(vb, V_OPS_UPDATE, 1) < 0) {
         goto fail;
     }
     if (PyDict_SetItem(p->ht, key, item) < 0) goto fail;
     put(vb, V_HIGH, Py_NewRef(p->seqno));
-    PyObject *id = SLOT(vb, V_ID);
-    if (notify(SLOT(vb, V_ON_DIRTY), id, Py_None) < 0 || notify(SLOT(vb, V_ON_SEQNO), id, p->seqno) < 0)
-        goto fail;
+    PyObject *id = SLOT(vb, V_ID), *dirty = SLOT(vb, V_DIRTY);
+    if (dirty != Py_None && PyDict_SetItem(dirty, id, Py_None) < 0) goto fail;
+    if (notify(SLOT(vb, V_ON_SEQNO), id, p->seqno) < 0) goto fail;
     return item;
 fail:
     Py_DECREF(item);
@@ -464,20 +510,6 @@ static PyObject *copy_blob(PyObject *bytes) {
     return PyByteArray_FromStringAndSize(PyBytes_AS_STRING(bytes), PyBytes_GET_SIZE(bytes));
 }
 
-/* u64 value of an exact int in [0, 2^64), or -1 with *ok = 0. */
-static unsigned long long as_u64(PyObject *v, int *ok) {
-    if (!PyLong_CheckExact(v)) {
-        *ok = 0;
-        return 0;
-    }
-    unsigned long long r = PyLong_AsUnsignedLongLong(v);
-    if (r == (unsigned long long)-1 && PyErr_Occurred()) {
-        PyErr_Clear();
-        *ok = 0;
-    }
-    return r;
-}
-
 static inline void put16(unsigned char *p, unsigned v) { p[0] = (unsigned char)(v >> 8); p[1] = (unsigned char)v; }
 static inline void put32(unsigned char *p, uint32_t v) {
     p[0] = (unsigned char)(v >> 24); p[1] = (unsigned char)(v >> 16); p[2] = (unsigned char)(v >> 8); p[3] = (unsigned char)v;
@@ -490,10 +522,10 @@ static PyObject *encoded_row(PyObject *vb_obj, unsigned long long vb, PyObject *
     PyObject *key = SLOT(it, I_KEY), *value = SLOT(it, I_VALUE), *deleted = SLOT(it, I_DELETED);
     if (!PyBytes_CheckExact(key) || !PyBytes_CheckExact(value) || (deleted != Py_True && deleted != Py_False))
         return NULL;
-    int ok = 1;
-    unsigned long long rev = as_u64(SLOT(it, I_REV), &ok), cas = as_u64(SLOT(it, I_CAS), &ok);
-    unsigned long long seqno = as_u64(SLOT(it, I_SEQNO), &ok), flags = as_u64(SLOT(it, I_FLAGS), &ok);
-    unsigned long long expiry = as_u64(SLOT(it, I_EXPIRY), &ok), datatype = as_u64(SLOT(it, I_DATATYPE), &ok);
+    unsigned long long rev, cas, seqno, flags, expiry, datatype;
+    int ok = as_u64(SLOT(it, I_REV), &rev) && as_u64(SLOT(it, I_CAS), &cas) && as_u64(SLOT(it, I_SEQNO), &seqno) &&
+             as_u64(SLOT(it, I_FLAGS), &flags) && as_u64(SLOT(it, I_EXPIRY), &expiry) &&
+             as_u64(SLOT(it, I_DATATYPE), &datatype);
     PyObject *source = SLOT(it, I_DELETE_SOURCE);
     if (!ok || !PyLong_Check(source) || !PyLong_CheckExact(SLOT(it, I_DELETE_TIME))) return NULL;
     Py_ssize_t klen = PyBytes_GET_SIZE(key), vlen = PyBytes_GET_SIZE(value);
@@ -542,8 +574,8 @@ static PyObject *encoded_rows(PyObject *module, PyObject *const *args, Py_ssize_
         return NULL;
     }
     PyObject *vb_obj = args[0], *row_py = args[2];
-    int ok = 1;
-    unsigned long long vb = as_u64(vb_obj, &ok);
+    unsigned long long vb;
+    int ok = as_u64(vb_obj, &vb);
     PyObject *seq = PySequence_Fast(args[1], "items must be iterable");
     if (seq == NULL) return NULL;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
@@ -585,10 +617,9 @@ PyMODINIT_FUNC PyInit__speedups(void) {
     attr_name_value = PyUnicode_InternFromString("value");
     s_compact = PyUnicode_InternFromString("_compact");
     s_drop_cursors = PyUnicode_InternFromString("_drop_cursors");
-    one = PyLong_FromLong(1);
     zero = PyLong_FromLong(0);
     hole_limit = PyLong_FromLong(64);
-    if (attr_name_value == NULL || s_compact == NULL || s_drop_cursors == NULL || one == NULL || zero == NULL ||
+    if (attr_name_value == NULL || s_compact == NULL || s_drop_cursors == NULL || zero == NULL ||
         hole_limit == NULL)
         return NULL;
     return PyModule_Create(&module_def);

@@ -151,7 +151,7 @@ class Bucket:
                        checkpoint_max_age=self.checkpoint_max_age,
                        checkpoint_memory_quota=self.checkpoint_memory_quota, clock=self._clock,
                        on_seqno=self._notify_seqno if self._seqno_listeners else None,
-                       on_dirty=self.flusher.dirty_marker, **kwargs)
+                       dirty=self.flusher.dirty, **kwargs)
 
     # -- vbuckets -----------------------------------------------------------------------------
     def vbucket_for_key(self, key: bytes) -> int:

@@ -70,9 +70,10 @@ class Flusher:
         self._dirty[vbid] = None
 
     @property
-    def dirty_marker(self) -> Callable[[int, None], None]:
-        """`mark_dirty` as a C-level call, `marker(vbid, None)`: vbuckets call it on every write."""
-        return self._dirty.__setitem__
+    def dirty(self) -> dict[int, None]:
+        """The dirty vbuckets: each vbucket adds its id on every write (`dirty[vbid] = None`, what
+        `mark_dirty` does, without a call)."""
+        return self._dirty
 
     @property
     def dirty_vbuckets(self) -> list[int]:

@@ -51,7 +51,7 @@ class VBucket:
     # Slots: the compiled set (engine/_speedups.c) reads and writes these at fixed offsets.
     __slots__ = ("id", "state", "conflict_resolution", "failover", "hlc", "high_seqno", "purge_seqno",
                  "max_deleted_rev_seqno", "persisted_seqno", "persisted_snapshot", "snapshot_start",
-                 "snapshot_end", "_clock", "_on_seqno", "_on_dirty", "checkpoint_manager", "ht", "num_items",
+                 "snapshot_end", "_clock", "_on_seqno", "_dirty", "checkpoint_manager", "ht", "num_items",
                  "num_deleted", "ops_create", "ops_update", "ops_delete", "_expiry_heap", "locks")
 
     def __init__(self, vbid: int, state: VBucketState = VBucketState.ACTIVE, *,
@@ -63,7 +63,7 @@ class VBucket:
                  checkpoint_memory_quota: int | None = None, persistent: bool = True,
                  clock: Callable[[], float] = time.time,
                  on_seqno: Callable[[int, int], None] | None = None,
-                 on_dirty: Callable[[int, None], None] | None = None):
+                 dirty: dict[int, None] | None = None):
         self.id = vbid
         self.state = VBucketState(state)
         self.conflict_resolution = ConflictResolutionMode(conflict_resolution)
@@ -81,7 +81,7 @@ class VBucket:
             self.snapshot_start, self.snapshot_end = persisted_snapshot
         self._clock = clock
         self._on_seqno = on_seqno
-        self._on_dirty = on_dirty
+        self._dirty = dirty  # where a write marks this vbucket as having something to flush
         self.checkpoint_manager = CheckpointManager(
             high_seqno=high_seqno, max_items=checkpoint_max_items, max_age=checkpoint_max_age,
             memory_quota=checkpoint_memory_quota, persistent=persistent)
@@ -189,8 +189,8 @@ class VBucket:
         self.high_seqno = item.by_seqno
         if self.locks:
             self.locks.pop(item.key, None)  # a new version (delete, expiry, replication) ends the lock
-        if self._on_dirty is not None:
-            self._on_dirty(self.id, None)
+        if self._dirty is not None:
+            self._dirty[self.id] = None
         if self._on_seqno is not None:
             self._on_seqno(self.id, item.by_seqno)
         return item
@@ -289,8 +289,8 @@ class VBucket:
         self.high_seqno = seqno
         if self.locks:
             self.locks.pop(key, None)
-        if self._on_dirty is not None:
-            self._on_dirty(self.id, None)
+        if self._dirty is not None:
+            self._dirty[self.id] = None
         if self._on_seqno is not None:
             self._on_seqno(self.id, seqno)
         return item
