@@ -149,7 +149,9 @@ static int add(PyObject *obj, int attr, long long delta) {
 }
 
 /* Everything the fast path read before its first change: borrowed from slots it does not replace
-   before it has used them, except `prev`, `seqno` and `rev`, which it owns. */
+   before it has used them, except `prev`, `seqno` and `rev`, which it owns. Python code that may
+   run in between (the clocks; _compact, which replaces the checkpoint's lists; _drop_cursors) runs
+   after the last use of what it could replace. */
 typedef struct {
     PyObject *ht, *prev, *seqno, *rev, *cm, *cp, *index, *items, *seqnos, *hlc, *n;
     unsigned long long cas;
@@ -368,7 +370,13 @@ static PyObject *apply_set(PyObject *vb, PyObject *key, PyObject *value, PyObjec
     } else if (add(vb, V_OPS_UPDATE, 1) < 0) {
         goto fail;
     }
-    if (PyDict_SetItem(p->ht, key, item) < 0) goto fail;
+    /* queue() may have run Python (_compact, _drop_cursors and its on_drop callbacks): read the
+       hash table's slot again rather than trust the pointer the plan borrowed. */
+    PyObject *ht = SLOT(vb, V_HT);
+    if (ht == NULL || PyDict_SetItem(ht, key, item) < 0) {
+        if (ht == NULL) PyErr_SetString(PyExc_AttributeError, "VBucket.ht was deleted during a set");
+        goto fail;
+    }
     put(vb, V_HIGH, Py_NewRef(p->seqno));
     PyObject *id = SLOT(vb, V_ID), *dirty = SLOT(vb, V_DIRTY);
     if (dirty != Py_None && PyDict_SetItem(dirty, id, Py_None) < 0) goto fail;
