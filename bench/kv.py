@@ -2,13 +2,15 @@
 
 One pipelined binary-protocol client (built on dcpflow.protocol) sends windows of requests (64 by
 default) and reads the whole window's replies before sending the next: SET then GET over a key set,
-first against a `dcpflow server` subprocess, then against memcached from Debian's package (started
-on a free port on 127.0.0.1; `apt-get install -y memcached` if it is missing). Both servers get the
-same request bytes (memcached ignores the vbucket field). Prints ops/s for each and the ratio.
+against a `dcpflow server` subprocess and against memcached from Debian's package (started on a
+free port on 127.0.0.1; `apt-get install -y memcached` if it is missing), both running: each round
+runs the SET phase on one then the other, then the GET phases, so the machine's slow spells hit both
+sides of the ratio. Both servers get the same request bytes (memcached ignores the vbucket field);
+prints the best of the rounds for each and the ratio.
 
 The SET figure includes the flusher persisting the SETs (it shares the server's CPU and GIL). Each
-GET phase starts once dcpflow has persisted everything (STAT ep_queue_size 0), so it measures GET;
---no-settle starts it at once, beside the flusher still working off the SET phase.
+phase starts once dcpflow has persisted everything (STAT ep_queue_size 0), so a GET phase measures
+GET and the flusher never runs beside memcached's phases; --no-settle starts each phase at once.
 
     .venv/bin/python bench/kv.py                # 200k ops per phase, 100-byte values, window 64
     .venv/bin/python bench/kv.py --ops 500000 --value-size 1000
@@ -112,23 +114,36 @@ def run_phase(client: Client, wins: list[tuple[bytes, int]], ops: int, depth: in
     return done / (time.perf_counter() - t0)
 
 
-def measure(port: int, args, login: bool) -> dict[str, float]:
-    client = Client(port)
-    if login:
-        client.login("Administrator", "password", "default")
-    keys = [b"bench-key-%08d" % i for i in range(args.keys)]
-    value = os.urandom(args.value_size // 2 + 1).hex()[: args.value_size].encode()
-    sets = windows(Opcode.SET, keys, value, args.window, args.vbuckets)
-    gets = windows(Opcode.GET, keys, value, args.window, args.vbuckets)
-    run_phase(client, sets, len(keys), 1)  # warm-up: every key exists
-    result = {"set": 0.0, "get": 0.0, "settle": 0.0}
-    for _ in range(args.repeat):  # best of N: this machine's neighbours are noisy
-        result["set"] = max(result["set"], run_phase(client, sets, args.ops, args.depth))
-        if not args.no_settle:
-            result["settle"] = max(result["settle"], client.settle())
-        result["get"] = max(result["get"], run_phase(client, gets, args.ops, args.depth))
-    client.sock.close()
-    return result
+class Target:
+    """One server under test: its client, pre-encoded windows and best figures so far."""
+
+    def __init__(self, port: int, args, login: bool, value: bytes):
+        self.client = Client(port)
+        if login:
+            self.client.login("Administrator", "password", "default")
+        keys = [b"bench-key-%08d" % i for i in range(args.keys)]
+        self.sets = windows(Opcode.SET, keys, value, args.window, args.vbuckets)
+        self.gets = windows(Opcode.GET, keys, value, args.window, args.vbuckets)
+        run_phase(self.client, self.sets, len(keys), 1)  # warm-up: every key exists
+        self.result = {"set": 0.0, "get": 0.0, "settle": 0.0}
+
+
+def measure(targets: dict[str, Target], args) -> dict[str, dict[str, float]]:
+    """Best of `repeat` rounds; within a round the servers take turns phase by phase, so a slow
+    spell of this shared machine hits both sides of the ratio rather than one. Each phase starts
+    once dcpflow has persisted what came before (unless --no-settle), so its flusher never runs
+    beside the other server's phase either."""
+    for _ in range(args.repeat):
+        for phase in ("set", "get"):
+            for target in targets.values():
+                if not args.no_settle:  # dcpflow's flusher must not run beside anyone's next phase
+                    for other in targets.values():
+                        other.result["settle"] = max(other.result["settle"], other.client.settle())
+                rate = run_phase(target.client, target.sets if phase == "set" else target.gets, args.ops, args.depth)
+                target.result[phase] = max(target.result[phase], rate)
+    for target in targets.values():
+        target.client.sock.close()
+    return {name: target.result for name, target in targets.items()}
 
 
 def free_port() -> int:
@@ -174,24 +189,26 @@ def main() -> int:
     p.add_argument("--vbuckets", type=int, default=1024, help="vbuckets of the dcpflow bucket (default 1024)")
     p.add_argument("--no-memcached", action="store_true", help="measure dcpflow only")
     p.add_argument("--no-settle", action="store_true",
-                   help="start each GET phase at once, while the flusher may still be persisting the SET phase")
+                   help="start each phase at once, while the flusher may still be persisting the SET phase")
     p.add_argument("--server-arg", action="append", default=[], metavar="ARG",
                    help="extra argument for `dcpflow server` (repeatable), e.g. --server-arg=--flush-interval=1")
     args = p.parse_args()
 
-    results: dict[str, dict[str, float]] = {}
+    value = os.urandom(args.value_size // 2 + 1).hex()[: args.value_size].encode()
+    procs = []
     with tempfile.TemporaryDirectory(prefix="dcpflow-bench-") as tmp:
-        proc, port = start_dcpflow(tmp, args)
         try:
-            results["dcpflow"] = measure(port, args, login=True)
+            proc, port = start_dcpflow(tmp, args)
+            procs.append(proc)
+            targets = {"dcpflow": Target(port, args, True, value)}
+            if not args.no_memcached:
+                proc, port = start_memcached()
+                procs.append(proc)
+                targets["memcached"] = Target(port, args, False, value)
+            results = measure(targets, args)
         finally:
-            stop(proc)
-    if not args.no_memcached:
-        proc, port = start_memcached()
-        try:
-            results["memcached"] = measure(port, args, login=False)
-        finally:
-            stop(proc)
+            for proc in procs:
+                stop(proc)
 
     print(f"KV throughput, one pipelined client, window {args.window} x depth {args.depth}, "
           f"{args.value_size}-byte values, "
@@ -199,8 +216,8 @@ def main() -> int:
     for name, r in results.items():
         print(f"  {name:10s} SET {r['set']:>10,.0f} ops/s   GET {r['get']:>10,.0f} ops/s")
     if not args.no_settle and "dcpflow" in results:
-        print(f"  (each GET phase started once dcpflow had persisted the SET phase: up to "
-              f"{results['dcpflow']['settle']:.1f} s; --no-settle measures GET beside the flusher)")
+        print(f"  (each phase started once dcpflow had persisted what came before: up to "
+              f"{results['dcpflow']['settle']:.1f} s; --no-settle starts them at once, beside its flusher)")
     if "memcached" in results:
         d, m = results["dcpflow"], results["memcached"]
         print(f"  ratio dcpflow/memcached: SET {d['set'] / m['set']:.2f}x   GET {d['get'] / m['get']:.2f}x "
