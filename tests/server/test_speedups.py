@@ -9,6 +9,7 @@ same status and text), the stored documents and the counters must be equal after
 import asyncio
 import os
 import tempfile
+from unittest import mock
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -36,26 +37,6 @@ def test_the_compiled_handler_is_built():
         assert compiled is not None, "dcpflow.server._speedups did not build: pip install -e . needs gcc"
 
 
-class _Transport:
-    def write(self, data: bytes) -> None:
-        pass
-
-    def is_closing(self) -> bool:
-        return False
-
-    def get_extra_info(self, name: str, default=None):
-        return default
-
-    def pause_reading(self) -> None:
-        pass
-
-    def resume_reading(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
 class Twins:
     """Two servers with identical clocks and failover logs, a connection on each."""
 
@@ -67,7 +48,8 @@ class Twins:
                                          plain_over_tcp=True, flush_interval=1000, num_vbuckets=VBUCKETS))
             await server.start()
             conn = Connection(server)
-            conn.connection_made(_Transport())
+            # a transport that takes the replies and drops them (Writer asks is_closing/get_extra_info)
+            conn.connection_made(mock.Mock(**{"is_closing.return_value": False, "get_extra_info.return_value": None}))
             hello = request(Opcode.HELLO, key=b"twin", value=b"".join(int(f).to_bytes(2, "big") for f in features))
             conn.data_received(hello + request(Opcode.SASL_AUTH, key=b"PLAIN", value=b"\0Administrator\0password") +
                                request(Opcode.SELECT_BUCKET, key=b"default"))
