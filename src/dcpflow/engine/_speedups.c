@@ -18,13 +18,7 @@
    their slots (the dataclass __init__ was 35 bytecodes). */
 
 #define PY_SSIZE_T_CLEAN
-#include <Python.h>
-#include <structmember.h>
-#include <stdint.h>
-
-#ifndef Py_T_OBJECT_EX
-#define Py_T_OBJECT_EX T_OBJECT_EX
-#endif
+#include "../protocol/_speedups.h"
 
 /* The classes whose slots this file uses, in configure()'s argument order. */
 enum { C_ITEM, C_VBUCKET, C_MANAGER, C_CHECKPOINT, C_HLC, N_CLASSES };
@@ -477,14 +471,11 @@ static PyObject *configure(PyObject *module, PyObject *args) {
     }
     Py_ssize_t offsets[N_ATTRS];
     for (int a = 0; a < N_ATTRS; a++) {
-        PyObject *cls = PyTuple_GET_ITEM(types, attr_spec[a].cls);
-        PyObject *descr = PyObject_GetAttrString(cls, attr_spec[a].name);
-        if (descr == NULL) return NULL;
-        ok = Py_IS_TYPE(descr, &PyMemberDescr_Type) &&
-             ((PyMemberDescrObject *)descr)->d_member->type == Py_T_OBJECT_EX;
-        if (ok) offsets[a] = ((PyMemberDescrObject *)descr)->d_member->offset;
-        Py_DECREF(descr);
-        if (!ok) {
+        PyObject *name = PyUnicode_InternFromString(attr_spec[a].name);
+        if (name == NULL) return NULL;
+        offsets[a] = object_slot_offset((PyTypeObject *)PyTuple_GET_ITEM(types, attr_spec[a].cls), name);
+        Py_DECREF(name);
+        if (offsets[a] < 0) {
             PyErr_Format(PyExc_TypeError, "%s.%s is not an object slot", class_label[attr_spec[a].cls],
                          attr_spec[a].name);
             return NULL;
@@ -518,12 +509,6 @@ static PyObject *copy_blob(PyObject *bytes) {
     return PyByteArray_FromStringAndSize(PyBytes_AS_STRING(bytes), PyBytes_GET_SIZE(bytes));
 }
 
-static inline void put16(unsigned char *p, unsigned v) { p[0] = (unsigned char)(v >> 8); p[1] = (unsigned char)v; }
-static inline void put32(unsigned char *p, uint32_t v) {
-    p[0] = (unsigned char)(v >> 24); p[1] = (unsigned char)(v >> 16); p[2] = (unsigned char)(v >> 8); p[3] = (unsigned char)v;
-}
-static inline void put64(unsigned char *p, uint64_t v) { put32(p, (uint32_t)(v >> 32)); put32(p + 4, (uint32_t)v); }
-
 /* The row of one Item, or NULL with no error set when row_py must build it. */
 static PyObject *encoded_row(PyObject *vb_obj, unsigned long long vb, PyObject *it) {
     if (!is_full_item(it)) return NULL;
@@ -550,12 +535,10 @@ static PyObject *encoded_row(PyObject *vb_obj, unsigned long long vb, PyObject *
         Py_NewRef(SLOT(it, I_DATATYPE)), PyLong_FromLong(deleted == Py_True), Py_NewRef(SLOT(it, I_DELETE_TIME)),
         PyNumber_Long(source), vlen < LARGE_VALUE ? copy_blob(value) : Py_NewRef(value), NULL, NULL, NULL};
     if (plain) {
-        unsigned char head[61];
-        head[0] = 0x80; head[1] = 0x57; put16(head + 2, (unsigned)klen); head[4] = 31;
-        head[5] = (unsigned char)datatype; put16(head + 6, (unsigned)vb); put32(head + 8, (uint32_t)body);
-        put32(head + 12, 0); put64(head + 16, cas); put64(head + 24, seqno); put64(head + 32, rev);
-        put32(head + 40, (uint32_t)flags); put32(head + 44, (uint32_t)expiry); put32(head + 48, 0);
-        put16(head + 52, 0); head[54] = 0; put16(head + 55, (unsigned)klen + 1); put32(head + 57, (uint32_t)body + 1);
+        unsigned char head[MUTATION_FIXED + 6];
+        put_mutation_head(head, (uint64_t)klen, datatype, vb, body, 0, cas, seqno, rev, flags, expiry);
+        put16(head + MUTATION_FIXED, (uint64_t)klen + 1);  /* the collections layout's lengths */
+        put32(head + MUTATION_FIXED + 2, body + 1);
         unsigned char h1c[12], h2c[40];
         memcpy(h1c, head, 2); memcpy(h1c + 2, head + 55, 2); memcpy(h1c + 4, head + 4, 4); memcpy(h1c + 8, head + 57, 4);
         memcpy(h2c, head + 16, 39); h2c[39] = 0;

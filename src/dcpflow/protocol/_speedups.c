@@ -22,20 +22,9 @@
    and every key and value prefix this way. */
 
 #define PY_SSIZE_T_CLEAN
-#include <Python.h>
-#include <stdint.h>
+#include "_speedups.h"
 
 #define HEADER_LEN 24
-
-static inline uint16_t be16(const unsigned char *p) { return (uint16_t)((p[0] << 8) | p[1]); }
-
-static inline uint32_t be32(const unsigned char *p) {
-    return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | (uint32_t)p[3];
-}
-
-static inline uint64_t be64(const unsigned char *p) {
-    return ((uint64_t)be32(p) << 32) | (uint64_t)be32(p + 4);
-}
 
 /* The magics of frame.Magic; 0x08 and 0x18 carry framing extras. */
 static inline int known_magic(unsigned char m) {
@@ -147,9 +136,6 @@ fail:
 
 /* -- encode_mutations ------------------------------------------------------------------------ */
 
-#include <structmember.h>
-#include <string.h>
-
 enum { F_KEY, F_VALUE, F_CAS, F_BY_SEQNO, F_REV_SEQNO, F_FLAGS, F_EXPIRY, F_DATATYPE, F_DELETED, N_FIELDS };
 static const char *FIELD_NAMES[N_FIELDS] = {
     "key", "value", "cas", "by_seqno", "rev_seqno", "flags", "expiry", "datatype", "deleted",
@@ -173,12 +159,8 @@ static int learn_slots(PyTypeObject *type) {
     if (type->tp_getattro != PyObject_GenericGetAttr) return 0;
     Py_ssize_t offsets[N_FIELDS];
     for (int i = 0; i < N_FIELDS; i++) {
-        PyObject *descr = _PyType_Lookup(type, field_names[i]);
-        if (descr == NULL || Py_TYPE(descr) != &PyMemberDescr_Type) return 0;
-        if (!PyType_IsSubtype(type, PyDescr_TYPE(descr))) return 0;
-        PyMemberDef *member = ((PyMemberDescrObject *)descr)->d_member;
-        if (member->type != T_OBJECT_EX || (member->flags & READONLY)) return 0;
-        offsets[i] = member->offset;
+        offsets[i] = object_slot_offset(type, field_names[i]);
+        if (offsets[i] < 0) return 0;
     }
     if (!(type->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG)) return 0;  /* (the lookups assign one) */
     memcpy(slot_offsets, offsets, sizeof offsets);
@@ -233,12 +215,6 @@ static int as_unsigned(PyObject *v, unsigned long long max, unsigned long long *
     *out = x;
     return 1;
 }
-
-static inline void put16(unsigned char *p, uint64_t v) { p[0] = (unsigned char)(v >> 8); p[1] = (unsigned char)v; }
-static inline void put32(unsigned char *p, uint64_t v) { put16(p, v >> 16); put16(p + 2, v); }
-static inline void put64(unsigned char *p, uint64_t v) { put32(p, v >> 32); put32(p + 4, v); }
-
-#define MUTATION_FIXED (24 + 31)  /* header + extras (mutation.md) */
 
 typedef struct {
     unsigned long long datatype, cas, seqno, rev, flags, expiry;
@@ -334,20 +310,8 @@ static PyObject *encode_mutations(PyObject *module, PyObject *const *args, Py_ss
         unsigned char *p = (unsigned char *)PyBytes_AS_STRING(data) + used;
         Py_ssize_t key_size = PyBytes_GET_SIZE(f[F_KEY]), value_size = PyBytes_GET_SIZE(f[F_VALUE]);
         Py_ssize_t klen = key_size + collections;
-        p[0] = 0x80;
-        p[1] = 0x57;
-        put16(p + 2, (uint64_t)klen);
-        p[4] = 31;
-        p[5] = (unsigned char)m.datatype;
-        put16(p + 6, vbucket);
-        put32(p + 8, (uint64_t)(31 + klen + value_size));
-        put32(p + 12, opaque);
-        put64(p + 16, m.cas);
-        put64(p + 24, m.seqno);
-        put64(p + 32, m.rev);
-        put32(p + 40, m.flags);
-        put32(p + 44, m.expiry);
-        memset(p + 48, 0, 7);  /* lock time, nmeta, nru */
+        put_mutation_head(p, (uint64_t)klen, m.datatype, vbucket, (uint64_t)(31 + klen + value_size), opaque, m.cas,
+                          m.seqno, m.rev, m.flags, m.expiry);
         p += MUTATION_FIXED;
         if (collections) *p++ = 0x00;  /* the default collection's LEB128 prefix */
         memcpy(p, PyBytes_AS_STRING(f[F_KEY]), (size_t)key_size);

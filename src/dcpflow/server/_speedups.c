@@ -13,8 +13,7 @@
    Why: the Python handler was ~120 bytecodes of a SET's ~200 once VBucket.set was compiled. */
 
 #define PY_SSIZE_T_CLEAN
-#include <Python.h>
-#include <stdint.h>
+#include "../protocol/_speedups.h"
 
 #define OP_SET 0x01
 #define OP_SETQ 0x11
@@ -29,15 +28,6 @@ static unsigned char json_first[256];  /* kv._JSON_FIRST_BYTES */
 static PyObject *kwnames;          /* ("flags", "expiry", "datatype", "cas") */
 static PyObject *s_collections, *s_json, *s_mutation_seqno, *s_get_vbucket, *s_bucket, *s_counters,
     *s_cmd_set, *s_set, *s_cas, *s_uuid, *s_by_seqno;
-
-static inline void put16(unsigned char *p, unsigned v) { p[0] = (unsigned char)(v >> 8); p[1] = (unsigned char)v; }
-static inline void put32(unsigned char *p, uint32_t v) {
-    p[0] = (unsigned char)(v >> 24); p[1] = (unsigned char)(v >> 16); p[2] = (unsigned char)(v >> 8); p[3] = (unsigned char)v;
-}
-static inline void put64(unsigned char *p, uint64_t v) { put32(p, (uint32_t)(v >> 32)); put32(p + 4, (uint32_t)v); }
-static inline uint32_t be32(const unsigned char *p) {
-    return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | (uint32_t)p[3];
-}
 
 /* conn.name as a truth value: 1/0, or -1 on error. */
 static int flag(PyObject *conn, PyObject *name) {

@@ -1,0 +1,61 @@
+/* What the compiled twins share (protocol/, engine/ and server/_speedups.c include it): big-endian
+   fields, the DCP_MUTATION header, and where a class keeps an attribute in an object slot. */
+
+#ifndef DCPFLOW_SPEEDUPS_H
+#define DCPFLOW_SPEEDUPS_H
+
+#include <Python.h>
+#include <structmember.h>
+#include <stdint.h>
+#include <string.h>
+
+static inline uint16_t be16(const unsigned char *p) { return (uint16_t)((p[0] << 8) | p[1]); }
+
+static inline uint32_t be32(const unsigned char *p) {
+    return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | (uint32_t)p[3];
+}
+
+static inline uint64_t be64(const unsigned char *p) {
+    return ((uint64_t)be32(p) << 32) | (uint64_t)be32(p + 4);
+}
+
+static inline void put16(unsigned char *p, uint64_t v) { p[0] = (unsigned char)(v >> 8); p[1] = (unsigned char)v; }
+static inline void put32(unsigned char *p, uint64_t v) { put16(p, v >> 16); put16(p + 2, v); }
+static inline void put64(unsigned char *p, uint64_t v) { put32(p, v >> 32); put32(p + 4, v); }
+
+#define MUTATION_FIXED (24 + 31)  /* a DCP_MUTATION's header + extras (mutation.md) */
+
+/* A DCP_MUTATION's header and extras, MUTATION_FIXED bytes: `klen` counts a collection prefix,
+   `body` is extras + key + value; lock time, nmeta and nru are 0. */
+static inline void put_mutation_head(unsigned char *p, uint64_t klen, uint64_t datatype, uint64_t vbucket,
+                                     uint64_t body, uint64_t opaque, uint64_t cas, uint64_t seqno, uint64_t rev,
+                                     uint64_t flags, uint64_t expiry) {
+    p[0] = 0x80;
+    p[1] = 0x57;
+    put16(p + 2, klen);
+    p[4] = 31;
+    p[5] = (unsigned char)datatype;
+    put16(p + 6, vbucket);
+    put32(p + 8, body);
+    put32(p + 12, opaque);
+    put64(p + 16, cas);
+    put64(p + 24, seqno);
+    put64(p + 32, rev);
+    put32(p + 40, flags);
+    put32(p + 44, expiry);
+    memset(p + 48, 0, 7);  /* lock time, nmeta, nru */
+}
+
+/* Where instances of `type` keep the attribute `name` (an interned str): the offset of a writable
+   object slot whose descriptor the class finds (its own or a base's), or -1 when it is anything
+   else. A slot read at that offset is what the generic getattr would return. */
+static inline Py_ssize_t object_slot_offset(PyTypeObject *type, PyObject *name) {
+    PyObject *descr = _PyType_Lookup(type, name);  /* borrowed */
+    if (descr == NULL || Py_TYPE(descr) != &PyMemberDescr_Type) return -1;
+    if (!PyType_IsSubtype(type, PyDescr_TYPE(descr))) return -1;
+    PyMemberDef *member = ((PyMemberDescrObject *)descr)->d_member;
+    if (member->type != T_OBJECT_EX || (member->flags & READONLY)) return -1;
+    return member->offset;
+}
+
+#endif
