@@ -75,7 +75,8 @@ static int accept(PyObject *conn, PyObject *frame, long long *op, long long *dat
         PyBytes_GET_SIZE(key) > MAX_KEY_LEN || !PyBytes_CheckExact(value) || PyBytes_GET_SIZE(value) > max_value_len)
         return 0;
     if (*datatype != 0 && *datatype != DATATYPE_JSON) return 0;
-    if (small_field(frame, 3) > 0xFFFF || small_field(frame, 3) < 0 || small_field(frame, 4) < 0) return 0;
+    long long vbid = small_field(frame, 3);
+    if (vbid < 0 || vbid > 0xFFFF || small_field(frame, 4) < 0) return 0;
     PyObject *cas = PyTuple_GET_ITEM(frame, 5);
     if (!PyLong_CheckExact(cas)) return 0;
     int truth = flag(conn, s_collections);
