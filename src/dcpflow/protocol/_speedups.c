@@ -234,16 +234,24 @@ static int plain_mutation(PyObject *f[N_FIELDS], int collections, Py_ssize_t lar
 }
 
 /* A stream's documents were written long before it reads them, so nearly every field is a cache
-   miss: ask for the item 8 ahead, and for the fields of the item 4 ahead (fetched by then). */
+   miss: ask for the item 8 ahead (its first two lines: the slots), and for the fields of the item
+   4 ahead (fetched by then), the value's first three lines (a value below LARGE_VALUE is mostly
+   small; more lines cost more than they save). */
 static inline void prefetch_ahead(PyObject *seq, Py_ssize_t i) {
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
     PyObject **items = PySequence_Fast_ITEMS(seq);
-    if (i + 8 < n) __builtin_prefetch(items[i + 8]);
+    if (i + 8 < n) {
+        prefetch(items[i + 8]);
+        prefetch((const char *)items[i + 8] + 64);
+    }
     if (i + 4 < n && slots_known(Py_TYPE(items[i + 4]))) {
-        char *item = (char *)items[i + 4];
+        const char *item = (const char *)items[i + 4];
         for (int k = 0; k < F_DATATYPE; k++) {  /* key, value, cas, seqnos, flags, expiry */
-            __builtin_prefetch(*(PyObject **)(item + slot_offsets[k]));
+            prefetch(*(PyObject *const *)(item + slot_offsets[k]));
         }
+        const char *value = *(const char *const *)(item + slot_offsets[F_VALUE]);
+        prefetch(value + 64);
+        prefetch(value + 128);
     }
 }
 
@@ -420,7 +428,7 @@ static PyObject *gather(PyObject *module, PyObject *const *args, Py_ssize_t narg
            a later row's bytes while this one is copied. */
         Py_ssize_t ahead = i + 8;
         if (ahead < n && s[ahead] >= 0 && s[ahead] < nbufs && p[ahead] >= 0 && p[ahead] < views[s[ahead]].len)
-            __builtin_prefetch((const unsigned char *)views[s[ahead]].buf + p[ahead]);
+            prefetch((const unsigned char *)views[s[ahead]].buf + p[ahead]);
         if (s[i] < 0 || s[i] >= nbufs || p[i] < 0) {
             PyErr_Format(PyExc_ValueError, "gather: row %zd names buffer %lld at %lld", i, (long long)s[i],
                          (long long)p[i]);
