@@ -66,7 +66,7 @@ def check(store: Store, vb: int, start: int, end: int, page_size: int, opaque: i
     encoded = 0
     for chunk in read_chunks(store, vb, start, end, page_size, opaque, collections, min_run, page_bytes):
         if isinstance(chunk, EncodedPage):
-            assert 1 <= chunk.count <= page_size
+            assert 1 <= chunk.count <= 4 * page_size  # page_size seqnos, widened where they are sparse
             part = rows[len(got):len(got) + chunk.count]
             assert all(map(is_plain, part))
             assert chunk.data == b"".join(expected(r, vb, opaque, collections) for r in part)
@@ -161,7 +161,9 @@ def frames(data: bytes) -> list:
     return out
 
 
-def test_a_store_from_before_the_columns_gets_them_at_open(tmp_path):
+def old_store(tmp_path, convert) -> tuple:
+    """A store as an older dcpflow wrote it: `convert` rewrites the items table from this
+    version's layout (a `dcp` column) with a sqlite3 connection."""
     path = tmp_path / "old" / "store.sqlite3"
     s = Store(path, synchronous="OFF")
     items = [Item(b"k%d" % i, b"v" * i, i, 100 + i, 2**64 - 1 - i, 2**63 + i, i + 1, JSON) for i in range(30)]
@@ -170,18 +172,49 @@ def test_a_store_from_before_the_columns_gets_them_at_open(tmp_path):
     items[9] = Item(b"k9", b"L" * LARGE_VALUE, by_seqno=10)
     write(s, 0, items)
     s.close()
-    db = sqlite3.connect(path)  # what an older dcpflow wrote: no encoded heads, no partial index
-    db.execute("DROP INDEX items_unencoded")
-    for column in ("dcp_h1", "dcp_h1c", "dcp_h2c"):
-        db.execute(f"ALTER TABLE items DROP COLUMN {column}")
+    db = sqlite3.connect(path)
+    db.execute("DROP INDEX items_not_encoded")
+    db.execute("UPDATE items SET value = substr(dcp, 56 + length(key)) WHERE dcp IS NOT NULL")
+    convert(db)
+    db.execute("ALTER TABLE items DROP COLUMN dcp")
     db.commit()
     db.close()
+    return path, items
+
+
+def check_converted(path, items) -> None:
     s = Store(path, synchronous="OFF")
     try:
         for collections in (False, True):
             assert check(s, 0, 0, 30, 4, 5, collections) == 27  # every plain mutation, as the protocol encodes it
+        for it in items:
+            got = s.get(0, it.key)
+            assert (got.value, got.by_seqno, got.cas, got.rev_seqno, got.deleted) == (
+                it.value, it.by_seqno, it.cas, it.rev_seqno, it.deleted)
+        db = sqlite3.connect(path)
+        columns = {r[1] for r in db.execute("PRAGMA table_info(items)")}
+        for column in {"dcp_h1", "dcp_h1c", "dcp_h2c"} & columns:  # emptied: no bytes kept twice
+            assert db.execute(f"SELECT count(*) FROM items WHERE {column} IS NOT NULL").fetchone() == (0,)
+        indexes = {r[1] for r in db.execute("PRAGMA index_list(items)")}
+        db.close()
+        assert "items_not_encoded" in indexes and "items_unencoded" not in indexes
     finally:
         s.close()
+
+
+def test_a_store_from_before_encoded_rows_gets_them_at_open(tmp_path):
+    check_converted(*old_store(tmp_path, lambda db: None))  # no encoded columns at all
+
+
+def test_a_store_with_the_three_head_columns_is_converted_at_open(tmp_path):
+    def three_heads(db):  # the previous layout: the head in three slices, the value in `value`
+        for column in ("dcp_h1", "dcp_h1c", "dcp_h2c"):
+            db.execute(f"ALTER TABLE items ADD COLUMN {column} BLOB")
+        db.execute("UPDATE items SET dcp_h1 = substr(dcp, 1, 12), dcp_h1c = substr(dcp, 1, 12), "
+                   "dcp_h2c = substr(dcp, 17, 39) || x'00' WHERE dcp IS NOT NULL")
+        db.execute("CREATE INDEX items_unencoded ON items (vb, seqno) WHERE dcp_h1 IS NULL")
+
+    check_converted(*old_store(tmp_path, three_heads))
 
 
 def test_rollback_restores_rows_with_their_encoded_heads(store):

@@ -236,14 +236,15 @@ def test_compiled_rows_equal_their_specification(vb, batch):
 
 
 @needs_rows
-def test_rows_of_a_plain_mutation_carry_its_dcp_head():
+def test_rows_of_a_plain_mutation_carry_its_dcp_message():
     it = Item(b"key", b"value", 0x01020304, 0, 0x1122334455667788, 9, 42, 1)
     (row,) = store_mod._encoded_rows(3, [it])
-    head = dcpproto.MUTATION_HEAD.pack(0x80, 0x57, 3, 31, 1, 3, 39, 0, 0x1122334455667788, 42, 9, 0x01020304,
-                                       0, 0, 0, 0)
-    assert row[12] == head[:12] and row[14] == head[16:55] + b"\x00"
+    assert row[12] == dcpproto.DcpMutation(3, 42, 9, 0x01020304, 0, 0, b"key", b"value", 0x1122334455667788, 1,
+                                           0).encode()
     assert row[:12] == (3, bytearray(b"key"), 42, 9, 0x1122334455667788, 0x01020304, 0, 1, 0, 0, 0,
-                        bytearray(b"value"))
+                        bytearray())  # the value lives in the message
+    deleted = Item(b"key", b"", cas=1, by_seqno=43, deleted=True)
+    assert store_mod._encoded_rows(3, [deleted])[0][11:] == (bytearray(), None)
 
 
 @needs_rows

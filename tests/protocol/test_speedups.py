@@ -8,6 +8,10 @@ encode_mutations: the same bytes and the same stop as dcp.encode_mutations_py fo
 an item whose fields do not fit stops the run (the Python twin raises there); items whose reads
 change the list do not crash it.
 
+stamp_mutations: the same bytes, or the same ValueError, as dcp.stamp_mutations_py for stored
+runs and for runs broken in every way it checks (cut, another message, seqnos out of order);
+its output is what encode_mutations makes with that opaque and key layout.
+
 walk_stream: the same end and frame offsets as frame.walk_stream_py, stopping at exactly the frames
 the client's Python loop must see. (gather, the client decoder's twin, is tested in
 tests/client/test_gather.py.)"""
@@ -426,3 +430,77 @@ def test_walk_stream_rejects_a_position_outside_the_buffer(args):
 def test_walk_stream_rejects_bad_arguments(args):
     with pytest.raises(TypeError):
         walk_c(*args)
+
+
+# -- stamp_mutations -------------------------------------------------------------------------------
+
+stamp = dcp.stamp_mutations
+needs_stamp = pytest.mark.skipif(stamp is dcp.stamp_mutations_py, reason="the compiled restamper is not built")
+
+
+def _stored_run(items: list[Item]) -> list[Item]:
+    """Plain mutations with strictly increasing seqnos, as a store keeps them."""
+    out, seqno = [], 0
+    for it in items:
+        seqno += 1 + it.by_seqno % 7
+        out.append(Item(it.key, it.value, it.flags, it.expiry, it.cas, it.rev_seqno, seqno, it.datatype & 3))
+    return out
+
+
+def _stamp_outcome(fn, *args):
+    try:
+        return ("ok", fn(*args))
+    except ValueError as e:
+        return ("error", str(e))
+
+
+@EQUIV
+@given(st.lists(_items(), max_size=10), st.integers(0, 0xFFFF), U32, st.booleans())
+def test_stamped_runs_are_what_encode_mutations_makes(items, vb, opaque, collections):
+    run = _stored_run(items)
+    stored, _ = dcp.encode_mutations_py(run, 0, vb, 0, False, 1 << 20)
+    want, _ = dcp.encode_mutations_py(run, 0, vb, opaque, collections, 1 << 20)
+    assert dcp.stamp_mutations_py(stored, opaque, collections) == want
+    assert stamp(stored, opaque, collections) == want
+
+
+def _broken_runs():
+    """A stored run, then broken: truncated, a byte changed, two messages swapped, or bytes added."""
+    return st.tuples(st.lists(_items(), min_size=1, max_size=6), st.sampled_from(["cut", "byte", "swap", "tail"]),
+                     st.integers(0, 10_000), st.integers(0, 255))
+
+
+@needs_stamp
+@EQUIV
+@given(_broken_runs(), U32, st.booleans())
+def test_compiled_stamp_fails_like_its_specification(broken, opaque, collections):
+    items, how, at, byte = broken
+    run = _stored_run(items)
+    data = bytearray(dcp.encode_mutations_py(run, 0, 3, 0, False, 1 << 20)[0])
+    if how == "cut":
+        del data[at % len(data):]
+    elif how == "byte":
+        data[at % len(data)] = byte
+    elif how == "swap" and len(run) > 1:
+        data = bytearray(dcp.encode_mutations_py(run[1:] + run[:1], 0, 3, 0, False, 1 << 20)[0])
+    else:
+        data += bytes([byte]) * (at % 60)
+    assert _stamp_outcome(stamp, bytes(data), opaque, collections) == \
+        _stamp_outcome(dcp.stamp_mutations_py, bytes(data), opaque, collections)
+
+
+@pytest.mark.parametrize("fn", [dcp.stamp_mutations_py, stamp], ids=["python", "active"])
+def test_stamp_refuses_what_is_not_a_stored_run(fn):
+    one = dcp.DcpMutation(0, 5, 1, 0, 0, 0, b"k", b"v").encode()
+    two = dcp.DcpMutation(0, 6, 1, 0, 0, 0, b"l", b"v").encode()
+    assert fn(b"", 1, True) == b""
+    with pytest.raises(ValueError, match="seqno 5 at offset 57 does not follow 6"):
+        fn(two + one, 1, False)
+    with pytest.raises(ValueError, match="seqno 5 at offset 57 does not follow 5"):
+        fn(one + one, 1, False)  # equal seqnos: a key twice in a page is as wrong
+    with pytest.raises(ValueError, match="is cut"):
+        fn(one[:-1], 1, False)
+    with pytest.raises(ValueError, match="no DCP_MUTATION"):
+        fn(dcp.DcpDeletion(0, 5, 1, b"k").encode(), 1, False)
+    with pytest.raises(ValueError, match="opaque"):
+        fn(one, 1 << 32, False)

@@ -525,37 +525,36 @@ static PyObject *encoded_row(PyObject *vb_obj, unsigned long long vb, PyObject *
     int plain = deleted == Py_False && !(datatype & DATATYPE_XATTR) && vlen < LARGE_VALUE;
     unsigned long long body = 31 + (unsigned long long)klen + (unsigned long long)vlen;
     if (plain && (klen + 1 > 0xFFFF || datatype > 0xFF || vb > 0xFFFF || flags > 0xFFFFFFFFULL ||
-                  expiry > 0xFFFFFFFFULL || body + 1 > 0xFFFFFFFFULL))
+                  expiry > 0xFFFFFFFFULL || body + 1 > 0xFFFFFFFFULL))  /* +1: room for a collection prefix */
         return NULL;
-    PyObject *row = PyTuple_New(15);
+    PyObject *row = PyTuple_New(13);
     if (row == NULL) return NULL;
-    PyObject *v[15] = {
+    PyObject *v[13] = {
         Py_NewRef(vb_obj), copy_blob(key), Py_NewRef(SLOT(it, I_SEQNO)), PyLong_FromLongLong((long long)rev),
         PyLong_FromLongLong((long long)cas), Py_NewRef(SLOT(it, I_FLAGS)), Py_NewRef(SLOT(it, I_EXPIRY)),
         Py_NewRef(SLOT(it, I_DATATYPE)), PyLong_FromLong(deleted == Py_True), Py_NewRef(SLOT(it, I_DELETE_TIME)),
-        PyNumber_Long(source), vlen < LARGE_VALUE ? copy_blob(value) : Py_NewRef(value), NULL, NULL, NULL};
-    if (plain) {
-        unsigned char head[MUTATION_FIXED + 6];
-        put_mutation_head(head, (uint64_t)klen, datatype, vb, body, 0, cas, seqno, rev, flags, expiry);
-        put16(head + MUTATION_FIXED, (uint64_t)klen + 1);  /* the collections layout's lengths */
-        put32(head + MUTATION_FIXED + 2, body + 1);
-        unsigned char h1c[12], h2c[40];
-        memcpy(h1c, head, 2); memcpy(h1c + 2, head + 55, 2); memcpy(h1c + 4, head + 4, 4); memcpy(h1c + 8, head + 57, 4);
-        memcpy(h2c, head + 16, 39); h2c[39] = 0;
-        v[12] = PyByteArray_FromStringAndSize((char *)head, 12);
-        v[13] = PyByteArray_FromStringAndSize((char *)h1c, 12);
-        v[14] = PyByteArray_FromStringAndSize((char *)h2c, 40);
+        PyNumber_Long(source), NULL, NULL};
+    if (plain) {  /* the whole message in `dcp`, the value column empty */
+        v[11] = PyByteArray_FromStringAndSize(NULL, 0);
+        v[12] = PyByteArray_FromStringAndSize(NULL, MUTATION_FIXED + klen + vlen);
+        if (v[12] != NULL) {
+            unsigned char *p = (unsigned char *)PyByteArray_AS_STRING(v[12]);
+            put_mutation_head(p, (uint64_t)klen, datatype, vb, body, 0, cas, seqno, rev, flags, expiry);
+            memcpy(p + MUTATION_FIXED, PyBytes_AS_STRING(key), (size_t)klen);
+            memcpy(p + MUTATION_FIXED + klen, PyBytes_AS_STRING(value), (size_t)vlen);
+        }
     } else {
-        v[12] = Py_NewRef(Py_None); v[13] = Py_NewRef(Py_None); v[14] = Py_NewRef(Py_None);
+        v[11] = vlen < LARGE_VALUE ? copy_blob(value) : Py_NewRef(value);
+        v[12] = Py_NewRef(Py_None);
     }
-    for (int i = 0; i < 15; i++) {
+    for (int i = 0; i < 13; i++) {
         if (v[i] == NULL) {
-            for (int j = 0; j < 15; j++) Py_XDECREF(v[j]);
+            for (int j = 0; j < 13; j++) Py_XDECREF(v[j]);
             Py_DECREF(row);
             return NULL;  /* with the error set: a failed allocation is not row_py's to handle */
         }
     }
-    for (int i = 0; i < 15; i++) PyTuple_SET_ITEM(row, i, v[i]);
+    for (int i = 0; i < 13; i++) PyTuple_SET_ITEM(row, i, v[i]);
     return row;
 }
 

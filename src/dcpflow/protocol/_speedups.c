@@ -17,6 +17,11 @@
    offsets of a run of complete request frames whose opcode is a stream message, stopping at the
    first other or incomplete frame, which the Python loop then handles (frame.walk_stream_py).
 
+   stamp_mutations - a backfill page of stored DCP_MUTATION messages (opaque 0, no collection
+   prefix) as a stream sends them (dcp.stamp_mutations_py): its opaque and, for a collection-aware
+   stream, the default collection's prefix; the page's layout and seqno order are checked on the
+   way. The copy runs without the GIL (a backfill's worker thread).
+
    gather - the first bytes of many frames that sit in several received segments, into one
    matrix (dcpflow.client.batches._gather_all_py): the client's columnar decoder reads every header
    and every key and value prefix this way. */
@@ -451,10 +456,113 @@ done:
     return result;
 }
 
+/* -- stamp_mutations ------------------------------------------------------------------------- */
+
+enum { STAMP_OK, STAMP_NOT_MUTATION, STAMP_CUT, STAMP_ORDER };
+
+/* Walk the run: STAMP_OK and the number of messages, or the problem and where it is. */
+static int stamp_check(const unsigned char *d, Py_ssize_t n, Py_ssize_t *count, Py_ssize_t *at,
+                       unsigned long long *seqno, unsigned long long *prev) {
+    Py_ssize_t pos = 0, c = 0;
+    unsigned long long last = 0;
+    int first = 1;
+    while (pos < n) {
+        *at = pos;
+        if (n - pos < MUTATION_FIXED || d[pos] != 0x80 || d[pos + 1] != 0x57 || d[pos + 4] != 31)
+            return STAMP_NOT_MUTATION;
+        uint64_t klen = be16(d + pos + 2), body = be32(d + pos + 8);
+        if (body < 31 + klen || (uint64_t)(n - pos - HEADER_LEN) < body) return STAMP_CUT;
+        unsigned long long s = be64(d + pos + 24);
+        if (!first && s <= last) {
+            *seqno = s;
+            *prev = last;
+            return STAMP_ORDER;
+        }
+        first = 0;
+        last = s;
+        pos += HEADER_LEN + (Py_ssize_t)body;
+        c++;
+    }
+    *count = c;
+    return STAMP_OK;
+}
+
+static void stamp_copy(const unsigned char *d, Py_ssize_t n, unsigned char *o, uint32_t opaque, int collections) {
+    Py_ssize_t pos = 0;
+    while (pos < n) {
+        uint64_t klen = be16(d + pos + 2), body = be32(d + pos + 8);
+        memcpy(o, d + pos, MUTATION_FIXED);
+        put32(o + 12, opaque);
+        if (collections) {
+            put16(o + 2, klen + 1);
+            put32(o + 8, body + 1);
+            o[MUTATION_FIXED] = 0x00;
+            o += MUTATION_FIXED + 1;
+        } else {
+            o += MUTATION_FIXED;
+        }
+        size_t rest = (size_t)(body - 31);  /* key and value */
+        memcpy(o, d + pos + MUTATION_FIXED, rest);
+        o += rest;
+        pos += HEADER_LEN + (Py_ssize_t)body;
+    }
+}
+
+PyDoc_STRVAR(stamp_mutations_doc,
+"stamp_mutations(data, opaque, collections) -> bytes\n\n"
+"Stored DCP_MUTATION messages (opaque 0, no collection prefix, seqnos increasing) with the\n"
+"stream's opaque and, with collections, the default collection's key prefix. ValueError if data\n"
+"is not such a run. Same bytes as dcp.stamp_mutations_py.");
+
+static PyObject *stamp_mutations(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "stamp_mutations(data, opaque, collections) takes 3 arguments");
+        return NULL;
+    }
+    unsigned long long opaque = PyLong_AsUnsignedLongLong(args[1]);
+    if (opaque == (unsigned long long)-1 && PyErr_Occurred()) {
+        if (!PyErr_ExceptionMatches(PyExc_OverflowError)) return NULL;
+        PyErr_Clear();
+        opaque = 1ULL << 32;
+    }
+    if (opaque > 0xFFFFFFFFULL) {
+        PyErr_SetString(PyExc_ValueError, "stamp_mutations: opaque out of range");
+        return NULL;
+    }
+    int collections = PyObject_IsTrue(args[2]);
+    if (collections < 0) return NULL;
+    Py_buffer in;
+    if (PyObject_GetBuffer(args[0], &in, PyBUF_SIMPLE) < 0) return NULL;
+    const unsigned char *d = (const unsigned char *)in.buf;
+    Py_ssize_t n = in.len, count = 0, at = 0;
+    unsigned long long seqno = 0, prev = 0;
+    int bad;
+    Py_BEGIN_ALLOW_THREADS
+    bad = stamp_check(d, n, &count, &at, &seqno, &prev);
+    Py_END_ALLOW_THREADS
+    PyObject *out = NULL;
+    if (bad == STAMP_NOT_MUTATION) {
+        PyErr_Format(PyExc_ValueError, "stamp_mutations: no DCP_MUTATION with 31 bytes of extras at offset %zd", at);
+    } else if (bad == STAMP_CUT) {
+        PyErr_Format(PyExc_ValueError, "stamp_mutations: the message at offset %zd is cut or its lengths disagree", at);
+    } else if (bad == STAMP_ORDER) {
+        PyErr_Format(PyExc_ValueError, "stamp_mutations: seqno %llu at offset %zd does not follow %llu", seqno, at, prev);
+    } else if ((out = PyBytes_FromStringAndSize(NULL, n + (collections ? count : 0))) != NULL) {
+        unsigned char *o = (unsigned char *)PyBytes_AS_STRING(out);
+        Py_BEGIN_ALLOW_THREADS
+        stamp_copy(d, n, o, (uint32_t)opaque, collections);
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&in);
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"split", (PyCFunction)(void (*)(void))split, METH_FASTCALL, split_doc},
     {"encode_mutations", (PyCFunction)(void (*)(void))encode_mutations, METH_FASTCALL, encode_mutations_doc},
     {"walk_stream", (PyCFunction)(void (*)(void))walk_stream, METH_FASTCALL, walk_stream_doc},
+    {"stamp_mutations", (PyCFunction)(void (*)(void))stamp_mutations, METH_FASTCALL, stamp_mutations_doc},
     {"gather", (PyCFunction)(void (*)(void))gather, METH_FASTCALL, gather_doc},
     {NULL, NULL, 0, NULL},
 };
