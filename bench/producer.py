@@ -53,6 +53,11 @@ CONSUMER: dict[str, float] = {}  # phase (or "limit <phase>") -> this process's 
 FLUSH_WAIT: list[float] = []  # seconds the in-memory rounds waited for the flusher before draining
 
 
+def keep_best(table: dict[str, float], name: str, us_per_item: float) -> None:
+    """The lowest CPU per item a phase's rounds measured."""
+    table[name] = min(table.get(name, us_per_item), us_per_item)
+
+
 def server_cpu() -> float:
     """CPU seconds the server process has used (0 before it started)."""
     return cpu_seconds(SERVER_PID[0]) if SERVER_PID else 0.0
@@ -145,8 +150,8 @@ def backfill_phase(port: int, highs: dict[int, int], buffer_size: int, value_siz
     sock.sendall(b"".join(dcp.DcpStreamRequest(vb, 0, high, opaque=vb + 1).encode() for vb, high in highs.items()))
     items, nbytes, record = drain(sock, buf, streams=len(highs), buffer_size=buffer_size)
     elapsed = time.perf_counter() - t0
-    CPU["backfill"] = min(CPU.get("backfill", 1e9), (server_cpu() - cpu0) / items * 1e6)
-    CONSUMER["backfill"] = min(CONSUMER.get("backfill", 1e9), (time.process_time() - own0) / items * 1e6)
+    keep_best(CPU, "backfill", (server_cpu() - cpu0) / items * 1e6)
+    keep_best(CONSUMER, "backfill", (time.process_time() - own0) / items * 1e6)
     sock.close()
     return elapsed, items, nbytes, record
 
@@ -205,8 +210,8 @@ def memory_phase(port: int, highs: dict[int, int], docs: int, value: bytes, vbuc
     t0 = time.perf_counter()
     items, nbytes, record = drain(sock, buf, streams=len(reqs), buffer_size=buffer_size)
     elapsed = time.perf_counter() - t0
-    CPU["in-memory"] = min(CPU.get("in-memory", 1e9), (server_cpu() - cpu0) / items * 1e6)
-    CONSUMER["in-memory"] = min(CONSUMER.get("in-memory", 1e9), (time.process_time() - own0) / items * 1e6)
+    keep_best(CPU, "in-memory", (server_cpu() - cpu0) / items * 1e6)
+    keep_best(CONSUMER, "in-memory", (time.process_time() - own0) / items * 1e6)
     sock.close()
     return elapsed, items, nbytes, record, len(reqs)
 
@@ -262,8 +267,7 @@ def limit_phase(record: list, streams: int, buffer_size: int, tmp: str, name: st
     t0 = time.perf_counter()
     items, nbytes, _ = drain(sock, buf, streams=streams, buffer_size=buffer_size)
     elapsed = time.perf_counter() - t0
-    key = f"limit {name}"
-    CONSUMER[key] = min(CONSUMER.get(key, 1e9), (time.process_time() - own0) / items * 1e6)
+    keep_best(CONSUMER, f"limit {name}", (time.process_time() - own0) / items * 1e6)
     sock.close()
     proc.wait(60)
     return elapsed, items, nbytes

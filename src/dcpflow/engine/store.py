@@ -53,7 +53,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from dcpflow.protocol.dcp import MUTATION_HEAD, stamp_mutations
+from dcpflow.protocol.dcp import MUTATION_HEAD, encode_mutations_py, stamp_mutations
 from dcpflow.protocol.frame import compiled
 
 from .item import DATATYPE_XATTR, DeleteSource, Item
@@ -189,14 +189,10 @@ def _encoded_row(vb: int, it: Item) -> tuple:
     LARGE_VALUE keeps its whole DCP_MUTATION there (opaque 0, no collection prefix) and an empty
     `value`; anything a backfill must shape or sends without a copy has `dcp` NULL."""
     row = _row(vb, it)
-    klen = len(it.key)
-    if it.deleted or it.datatype & DATATYPE_XATTR or len(it.value) >= LARGE_VALUE or klen + 1 > 0xFFFF:
-        return row + (None,)  # (klen + 1: a collection-aware stream's key has a prefix byte)
-    msg = bytearray(MUTATION_HEAD.pack(0x80, 0x57, klen, 31, it.datatype, vb, 31 + klen + len(it.value), 0, it.cas,
-                                       it.by_seqno, it.rev_seqno, it.flags, it.expiry, 0, 0, 0))
-    msg += it.key
-    msg += it.value
-    return row[:11] + (bytearray(), msg)
+    if len(it.key) + 1 > 0xFFFF:  # a collection-aware stream's key has a prefix byte
+        return row + (None,)
+    msg, encoded = encode_mutations_py((it,), 0, vb, 0, False, LARGE_VALUE)  # 0: not a plain mutation
+    return row[:11] + (bytearray(), bytearray(msg)) if encoded else row + (None,)
 
 
 def _encoded_rows_py(vb: int, items: Iterable[Item]) -> list[tuple]:

@@ -220,12 +220,13 @@ def stamp_mutations_py(data: bytes, opaque: int, collections: bool) -> bytes:
     view = memoryview(data)
     pos, n, last = 0, len(data), -1
     op = opaque.to_bytes(4, "big")
+    fixed = MUTATION_HEAD.size  # header and extras
     while pos < n:
-        if n - pos < 55 or data[pos] != 0x80 or data[pos + 1] != 0x57 or data[pos + 4] != 31:
+        if n - pos < fixed or data[pos] != 0x80 or data[pos + 1] != 0x57 or data[pos + 4] != 31:
             raise ValueError(f"stamp_mutations: no DCP_MUTATION with 31 bytes of extras at offset {pos}")
         klen = int.from_bytes(data[pos + 2:pos + 4], "big")
         body = int.from_bytes(data[pos + 8:pos + 12], "big")
-        end = pos + 24 + body
+        end = pos + HEADER_LEN + body
         seqno = int.from_bytes(data[pos + 24:pos + 32], "big")
         if body < 31 + klen or end > n:
             raise ValueError(f"stamp_mutations: the message at offset {pos} is cut or its lengths disagree")
@@ -234,10 +235,10 @@ def stamp_mutations_py(data: bytes, opaque: int, collections: bool) -> bytes:
         last = seqno
         if collections:
             append(bytes(view[pos:pos + 2]) + (klen + 1).to_bytes(2, "big") + bytes(view[pos + 4:pos + 8])
-                   + (body + 1).to_bytes(4, "big") + op + bytes(view[pos + 16:pos + 55]) + b"\x00")
+                   + (body + 1).to_bytes(4, "big") + op + bytes(view[pos + 16:pos + fixed]) + b"\x00")
         else:
-            append(bytes(view[pos:pos + 12]) + op + bytes(view[pos + 16:pos + 55]))
-        append(bytes(view[pos + 55:end]))
+            append(bytes(view[pos:pos + 12]) + op + bytes(view[pos + 16:pos + fixed]))
+        append(bytes(view[pos + fixed:end]))
         pos = end
     return b"".join(out)
 
