@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from dcpflow.engine import FailoverTable, Item, Store, VBucketStateRecord
 from dcpflow.engine.item import DATATYPE_XATTR
-from dcpflow.engine.store import LARGE_VALUE, EncodedPage
+from dcpflow.engine.store import _ENCODED_PAGE, LARGE_VALUE, EncodedPage
 from dcpflow.engine.stream import Frames
 from dcpflow.protocol.dcp import DcpMutation
 from dcpflow.protocol.frame import FrameDecoder
@@ -161,9 +161,30 @@ def frames(data: bytes) -> list:
     return out
 
 
-def old_store(tmp_path, convert) -> tuple:
-    """A store as an older dcpflow wrote it: `convert` rewrites the items table from this
-    version's layout (a `dcp` column) with a sqlite3 connection."""
+UNCLUSTERED_ITEMS = """CREATE TABLE items (
+    vb INTEGER NOT NULL, key BLOB NOT NULL, seqno INTEGER NOT NULL, rev_seqno INTEGER NOT NULL,
+    cas INTEGER NOT NULL, flags INTEGER NOT NULL, expiry INTEGER NOT NULL, datatype INTEGER NOT NULL,
+    deleted INTEGER NOT NULL, delete_time INTEGER NOT NULL, delete_source INTEGER NOT NULL,
+    value BLOB NOT NULL, dcp BLOB)"""
+
+
+def unclustered(db) -> None:
+    """The items table as dcpflow kept it before it was clustered by seqno: rowids in insertion
+    order (here: reversed, so seqno order and rowid order disagree) and a (vb, seqno) index."""
+    columns = "vb, key, seqno, rev_seqno, cas, flags, expiry, datatype, deleted, delete_time, delete_source, value, dcp"
+    db.execute("ALTER TABLE items RENAME TO items_new")
+    db.execute(UNCLUSTERED_ITEMS)
+    db.execute(f"INSERT INTO items ({columns}) SELECT {columns} FROM items_new ORDER BY id DESC")
+    db.execute("DROP TABLE items_new")
+    db.execute("CREATE UNIQUE INDEX items_by_key ON items (vb, key)")
+    db.execute("CREATE UNIQUE INDEX items_by_seqno ON items (vb, seqno)")
+    db.execute("CREATE INDEX items_not_encoded ON items (vb, seqno) WHERE dcp IS NULL")
+
+
+def old_store(tmp_path, convert, keep_dcp: bool = False) -> tuple:
+    """A store as an older dcpflow wrote it: unclustered, and `convert` rewrites the items table
+    from that layout (a `dcp` column) with a sqlite3 connection; keep_dcp: the layout just before
+    clustering, with nothing else changed."""
     path = tmp_path / "old" / "store.sqlite3"
     s = Store(path, synchronous="OFF")
     items = [Item(b"k%d" % i, b"v" * i, i, 100 + i, 2**64 - 1 - i, 2**63 + i, i + 1, JSON) for i in range(30)]
@@ -173,10 +194,12 @@ def old_store(tmp_path, convert) -> tuple:
     write(s, 0, items)
     s.close()
     db = sqlite3.connect(path)
-    db.execute("DROP INDEX items_not_encoded")
-    db.execute("UPDATE items SET value = substr(dcp, 56 + length(key)) WHERE dcp IS NOT NULL")
-    convert(db)
-    db.execute("ALTER TABLE items DROP COLUMN dcp")
+    unclustered(db)
+    if not keep_dcp:
+        db.execute("DROP INDEX items_not_encoded")
+        db.execute("UPDATE items SET value = substr(dcp, 56 + length(key)) WHERE dcp IS NOT NULL")
+        convert(db)
+        db.execute("ALTER TABLE items DROP COLUMN dcp")
     db.commit()
     db.close()
     return path, items
@@ -196,8 +219,11 @@ def check_converted(path, items) -> None:
         for column in {"dcp_h1", "dcp_h1c", "dcp_h2c"} & columns:  # emptied: no bytes kept twice
             assert db.execute(f"SELECT count(*) FROM items WHERE {column} IS NOT NULL").fetchone() == (0,)
         indexes = {r[1] for r in db.execute("PRAGMA index_list(items)")}
+        rows = db.execute("SELECT id, vb, seqno FROM items ORDER BY rowid").fetchall()
         db.close()
-        assert "items_not_encoded" in indexes and "items_unencoded" not in indexes
+        assert indexes == {"items_by_key", "items_unencoded_by_id"}  # the old ones went with the old table
+        assert [r[0] for r in rows] == [vb << 48 | seqno for _, vb, seqno in rows]  # clustered by seqno
+        assert [r[2] for r in rows] == sorted(it.by_seqno for it in items)
     finally:
         s.close()
 
@@ -215,6 +241,31 @@ def test_a_store_with_the_three_head_columns_is_converted_at_open(tmp_path):
         db.execute("CREATE INDEX items_unencoded ON items (vb, seqno) WHERE dcp_h1 IS NULL")
 
     check_converted(*old_store(tmp_path, three_heads))
+
+
+def test_a_store_from_before_clustering_is_clustered_at_open(tmp_path):
+    check_converted(*old_store(tmp_path, None, keep_dcp=True))
+
+
+def test_rows_are_clustered_by_seqno_and_move_when_replaced(store):
+    """The rowid is vb << 48 | seqno: a by-seqno range is a rowid range, and replacing a key
+    moves its row to the new seqno (the old rowid is gone)."""
+    write(store, 3, [Item(b"a", b"1", by_seqno=1), Item(b"b", b"1", by_seqno=2)])
+    write(store, 3, [Item(b"a", b"2", by_seqno=3)])
+    db = sqlite3.connect(store.path)
+    rows = db.execute("SELECT id, key, seqno FROM items ORDER BY id").fetchall()
+    plan = " ".join(r[3] for r in db.execute("EXPLAIN QUERY PLAN " + _ENCODED_PAGE, (0, 1)))
+    db.close()
+    assert rows == [(3 << 48 | 2, b"b", 2), (3 << 48 | 3, b"a", 3)]
+    assert "INTEGER PRIMARY KEY" in plan, plan
+    assert [r[0] for r in all_rows(store, 3, 1, 3)] == [b"b", b"a"]
+
+
+def test_seqnos_beyond_48_bits_are_refused(store):
+    with pytest.raises(sqlite3.IntegrityError, match="CHECK"):
+        write(store, 0, [Item(b"a", b"1", by_seqno=1 << 48)])
+    write(store, 0, [Item(b"a", b"1", by_seqno=(1 << 48) - 1)])
+    assert [r[1] for r in all_rows(store, 0, 0, 1 << 63)] == [(1 << 48) - 1]
 
 
 def test_rollback_restores_rows_with_their_encoded_heads(store):
