@@ -130,12 +130,14 @@ _ROW_PAGE = f"SELECT {_ITEM_COLS}, dcp IS NOT NULL FROM items WHERE id > ? AND i
 #: in a sorted subquery), and a rowid range, so one walk of adjacent table pages (~220 ns, where
 #: the same range through a (vb, seqno) index fetched each row apart). The rows come in seqno
 #: order - which `stamp_mutations` checks rather than assumes.
-_ENCODED_PAGE = "SELECT CAST(group_concat(dcp, x'') AS BLOB), count(dcp), max(seqno) FROM items WHERE id > ? AND id <= ?"
+_ENCODED_PAGE = ("SELECT CAST(group_concat(dcp, x'') AS BLOB), count(dcp), max(seqno) FROM items "
+                 "WHERE id > ? AND id <= ?")
 _INSERT_HISTORY = (f"INSERT OR REPLACE INTO history ({_COLS}, superseded_by) "
                    "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)")
 #: The writer's upsert keeps the key's row and moves it to its new seqno's rowid; the history
 #: trigger below sees the version it replaces.
-_UPSERT_ITEM = (f"INSERT INTO items (id, {_COLS}, dcp) VALUES (?1 << 48 | ?3, ?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13) "
+_UPSERT_ITEM = (f"INSERT INTO items (id, {_COLS}, dcp) "
+                "VALUES (?1 << 48 | ?3, ?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13) "
                 "ON CONFLICT (vb, key) DO UPDATE SET id = excluded.id, " +
                 ", ".join(f"{c} = excluded.{c}" for c in (*_COLS.split(", ")[2:], "dcp")))
 #: History kept by SQLite itself: each version the flusher overwrites moves to `history` inside

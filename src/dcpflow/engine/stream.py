@@ -73,6 +73,8 @@ _MEMORY, _DISK, _CHK, _ACK = (int(SnapshotFlag.MEMORY), int(SnapshotFlag.DISK), 
 _pack_mutation = MUTATION_HEAD.pack  # the protocol's fused header+extras structs: the hot path
 _pack_deletion_v1 = DELETION_V1_HEAD.pack
 _pack_deletion_v2 = DELETION_V2_HEAD.pack
+#: Plain ints: `int & IntFlag` runs enum's Python __rand__.
+_TAKEOVER, _DISK_ONLY = int(StreamFlag.TAKEOVER), int(StreamFlag.DISK_ONLY)
 
 
 class Frames:
@@ -159,8 +161,8 @@ class ActiveStream:
         self.snap_start_seqno = snap_start_seqno
         # the request's JSON `purge_seqno`: the owner re-checks purges with it when a backfill opens
         self.client_purge_seqno = client_purge_seqno
-        self.takeover = bool(flags & StreamFlag.TAKEOVER)
-        self.disk_only = bool(flags & StreamFlag.DISK_ONLY)
+        self.takeover = bool(flags & _TAKEOVER)
+        self.disk_only = bool(flags & _DISK_ONLY)
         self._set_vbucket_state = set_vbucket_state
         self._wake = wake
         self.state = StreamState.IN_MEMORY

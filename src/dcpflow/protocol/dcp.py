@@ -406,14 +406,18 @@ rules.register(Opcode.DCP_BUFFER_ACKNOWLEDGEMENT, Shape(_PAGES + "buffer-ack.md"
 # Stream setup
 
 
+_NO_VALUE_REMOVED, _CACHE_TRANSFER = int(StreamFlag.NO_VALUE_REMOVED), int(StreamFlag.CACHE_TRANSFER)
+_CACHE_TRANSFER_WITH = int(StreamFlag.CACHE_TRANSFER | StreamFlag.TAKEOVER | StreamFlag.ACTIVE_VB_ONLY)
+
+
 def _stream_flag_problems(flags: int, what: str, page: str):
-    if flags & StreamFlag.NO_VALUE_REMOVED:
+    flags = int(flags)  # plain ints: `int & IntFlag` runs enum's Python __rand__, per request
+    if flags & _NO_VALUE_REMOVED:
         yield ProtocolError(f"{what} flag 0x08 (NoValue) is no longer used; use DCP_OPEN flag NoValue ({page})")
-    unknown = flags & ~(STREAM_FLAGS_KNOWN | int(StreamFlag.NO_VALUE_REMOVED))
+    unknown = flags & ~(STREAM_FLAGS_KNOWN | _NO_VALUE_REMOVED)
     if unknown:
         yield ProtocolError(f"{what} has unknown flag bits 0x{unknown:x} ({page})")
-    if flags & StreamFlag.CACHE_TRANSFER and flags & ~(
-            StreamFlag.CACHE_TRANSFER | StreamFlag.TAKEOVER | StreamFlag.ACTIVE_VB_ONLY):
+    if flags & _CACHE_TRANSFER and flags & ~_CACHE_TRANSFER_WITH:
         yield ProtocolError(f"{what} flag CacheTransfer may only be combined with TakeOver and ActiveVbOnly "
                             f"({page})")
 
