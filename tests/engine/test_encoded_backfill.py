@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from dcpflow.engine import FailoverTable, Item, Store, VBucketStateRecord
 from dcpflow.engine.item import DATATYPE_XATTR
-from dcpflow.engine.store import _ENCODED_PAGE, LARGE_VALUE, EncodedPage
+from dcpflow.engine.store import _ENCODED_PAGE, ENCODED_VALUE_LIMIT, LARGE_VALUE, EncodedPage
 from dcpflow.engine.stream import Frames
 from dcpflow.protocol.dcp import DcpMutation
 from dcpflow.protocol.frame import FrameDecoder
@@ -52,7 +52,7 @@ def all_rows(store: Store, vb: int, start: int, end: int) -> list[tuple]:
 
 
 def is_plain(r: tuple) -> bool:
-    return not r[7] and not r[6] & DATATYPE_XATTR and len(r[10]) < LARGE_VALUE
+    return not r[7] and not r[6] & DATATYPE_XATTR and len(r[10]) < ENCODED_VALUE_LIMIT
 
 
 def check(store: Store, vb: int, start: int, end: int, page_size: int, opaque: int, collections: bool,
@@ -97,7 +97,7 @@ def write(store: Store, vb: int, items: list[Item]) -> None:
 
 
 op = st.tuples(
-    st.sampled_from(["set", "set", "set", "json", "delete", "xattr", "large"]),
+    st.sampled_from(["set", "set", "set", "json", "delete", "xattr", "mid", "large"]),
     st.integers(0, 12),  # key number: a small key space, so versions replace each other (seqno gaps)
     st.binary(max_size=40),
     st.integers(0, 2**32 - 1),  # flags
@@ -126,8 +126,11 @@ def test_chunks_are_the_protocols_messages_in_seqno_order(tmp_path_factory, batc
                 elif kind == "xattr":
                     items.append(Item(key, xattr_value(body), flags, expiry, cas, seqno, seqno,
                                       DATATYPE_XATTR | JSON))
-                elif kind == "large":
-                    items.append(Item(key, body.ljust(LARGE_VALUE, b"L"), flags, expiry, cas, seqno, seqno))
+                elif kind == "mid":  # sent uncopied from memory, but stored and backfilled as a message
+                    items.append(Item(key, body.ljust(LARGE_VALUE, b"M"), flags, expiry, cas, seqno, seqno))
+                elif kind == "large":  # stored as a row
+                    items.append(Item(key, body.ljust(ENCODED_VALUE_LIMIT, b"L"), flags, expiry, cas, seqno,
+                                      seqno))
                 else:
                     items.append(Item(key, body, flags, expiry, cas, seqno, seqno, JSON if kind == "json" else 0))
             write(store, vb, items)
@@ -190,7 +193,7 @@ def old_store(tmp_path, convert, keep_dcp: bool = False) -> tuple:
     items = [Item(b"k%d" % i, b"v" * i, i, 100 + i, 2**64 - 1 - i, 2**63 + i, i + 1, JSON) for i in range(30)]
     items[5] = Item(b"k5", b"", cas=9, by_seqno=6, deleted=True, delete_time=3)
     items[7] = Item(b"k7", xattr_value(b"{}"), by_seqno=8, datatype=DATATYPE_XATTR | JSON)
-    items[9] = Item(b"k9", b"L" * LARGE_VALUE, by_seqno=10)
+    items[9] = Item(b"k9", b"L" * ENCODED_VALUE_LIMIT, by_seqno=10)
     write(s, 0, items)
     s.close()
     db = sqlite3.connect(path)

@@ -208,7 +208,8 @@ def test_bad_arguments_get_pythons_errors():
 needs_rows = pytest.mark.skipif(store_mod._encoded_rows_c is None, reason="the compiled engine twin is not built")
 u64s = st.one_of(st.integers(0, 5), st.integers(0, (1 << 64) - 1), st.sampled_from([(1 << 63) - 1, 1 << 63]))
 wide = st.one_of(u64s, st.integers(-3, -1), st.just(1 << 64), st.integers(0, (1 << 32) + 2))
-values_around_large = st.one_of(st.binary(max_size=64), st.sampled_from([2047, 2048, 2049]).map(bytes))  # LARGE_VALUE
+values_around_large = st.one_of(st.binary(max_size=64),  # LARGE_VALUE and ENCODED_VALUE_LIMIT
+                                st.sampled_from([2047, 2048, 2049, 8191, 8192, 8193]).map(bytes))
 items = st.builds(
     Item, key=st.binary(min_size=1, max_size=300), value=values_around_large,
     flags=wide, expiry=wide, cas=wide, rev_seqno=wide, by_seqno=wide, datatype=st.one_of(st.integers(0, 7), wide),

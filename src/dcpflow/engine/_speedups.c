@@ -502,7 +502,8 @@ static PyObject *configure(PyObject *module, PyObject *args) {
    before configure() has named the class), or whose fields do not fit their columns or the DCP
    head, is handed to row_py, so its errors stay Python's. */
 
-#define LARGE_VALUE 2048
+#define LARGE_VALUE 2048          /* store.LARGE_VALUE: bound as bytearray below it */
+#define ENCODED_VALUE_LIMIT 8192  /* store.ENCODED_VALUE_LIMIT: stored as a whole message below it */
 #define DATATYPE_XATTR 0x04
 
 static PyObject *copy_blob(PyObject *bytes) {
@@ -522,7 +523,7 @@ static PyObject *encoded_row(PyObject *vb_obj, unsigned long long vb, PyObject *
     PyObject *source = SLOT(it, I_DELETE_SOURCE);
     if (!ok || !PyLong_Check(source) || !PyLong_CheckExact(SLOT(it, I_DELETE_TIME))) return NULL;
     Py_ssize_t klen = PyBytes_GET_SIZE(key), vlen = PyBytes_GET_SIZE(value);
-    int plain = deleted == Py_False && !(datatype & DATATYPE_XATTR) && vlen < LARGE_VALUE;
+    int plain = deleted == Py_False && !(datatype & DATATYPE_XATTR) && vlen < ENCODED_VALUE_LIMIT;
     unsigned long long body = 31 + (unsigned long long)klen + (unsigned long long)vlen;
     if (plain && (klen + 1 > 0xFFFF || datatype > 0xFF || vb > 0xFFFF || flags > 0xFFFFFFFFULL ||
                   expiry > 0xFFFFFFFFULL || body + 1 > 0xFFFFFFFFULL))  /* +1: room for a collection prefix */

@@ -94,8 +94,9 @@ BACKFILL_QUEUE_BYTES = 4 * 1024 * 1024
 BACKFILL_BYTE_LIMIT = 20 * 1024 * 1024
 #: Items in the first backfill page; later pages are sized to about BACKFILL_PAGE_BYTES.
 BACKFILL_PAGE_ITEMS = 512
-#: The same for a stream that takes pages SQLite encodes: their values are below LARGE_VALUE, so
-#: a page is at most ~5 MB however the documents are sized (usually well under 1 MB).
+#: The same for a stream that takes pages SQLite encodes: their values are below the store's
+#: ENCODED_VALUE_LIMIT, so a page is at most ~17 MB however the documents are sized (usually well
+#: under 1 MB: later pages are sized by bytes).
 ENCODED_PAGE_ITEMS = 2048
 BACKFILL_PAGE_BYTES = 512 * 1024
 #: Concurrent backfills per connection (dcp_backfill_in_progress_per_connection_limit).
