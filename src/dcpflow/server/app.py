@@ -166,7 +166,7 @@ class Server:
         self._error_maps: dict[int, bytes] = {}
         self.dcp_names: dict = {}  # (bucket, DCP connection name) -> Connection (a reused name closes the older)
         self.backfill_executor: concurrent.futures.ThreadPoolExecutor | None = None  # DCP backfill scans
-        self.backfill_read_lock: asyncio.Lock | None = None  # one backfill page read at a time
+        self.backfill_read_lock: asyncio.Lock | None = None  # one continuation page read at a time
         self.backfill_open_slots: asyncio.Semaphore | None = None  # backfill scans opening at once
         self.closed = False
 
