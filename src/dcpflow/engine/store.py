@@ -90,19 +90,26 @@ CREATE TABLE IF NOT EXISTS snapshots (
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS history_by_superseded ON history (vb, superseded_by);
 """
-#: The items table (see the module docstring): `id` is the rowid, vb << 48 | seqno.
-_ITEMS_TABLE = """
+#: The items table's rowid `id` is vb << SEQNO_BITS | seqno (the module docstring): a 48-bit seqno
+#: leaves room for the vbucket above it.
+SEQNO_BITS = 48
+MAX_STORED_SEQNO = (1 << SEQNO_BITS) - 1
+_ITEMS_TABLE = f"""
     id INTEGER PRIMARY KEY,
-    vb INTEGER NOT NULL, key BLOB NOT NULL, seqno INTEGER NOT NULL CHECK (seqno BETWEEN 0 AND 0xFFFFFFFFFFFF),
+    vb INTEGER NOT NULL, key BLOB NOT NULL, seqno INTEGER NOT NULL CHECK (seqno BETWEEN 0 AND {MAX_STORED_SEQNO}),
     rev_seqno INTEGER NOT NULL, cas INTEGER NOT NULL, flags INTEGER NOT NULL, expiry INTEGER NOT NULL,
     datatype INTEGER NOT NULL, deleted INTEGER NOT NULL, delete_time INTEGER NOT NULL,
     delete_source INTEGER NOT NULL, value BLOB NOT NULL, dcp BLOB
 """
 _SCHEMA %= _ITEMS_TABLE
-#: Seqnos the items table can key: a 48-bit seqno leaves room for the vbucket above it in the rowid.
-MAX_STORED_SEQNO = (1 << 48) - 1
-#: Rows a backfill must read as rows (tombstones, xattrs, large values): the partial index finds
-#: the next one in O(log n).
+
+
+def _rowid(vb: int, seqno: int) -> int:
+    return vb << SEQNO_BITS | seqno
+
+
+#: The by-key index, and the partial index through which a backfill finds the rows it must read as
+#: rows (tombstones, xattrs, large values) in O(log n).
 _ITEM_INDEXES = ("CREATE UNIQUE INDEX IF NOT EXISTS items_by_key ON items (vb, key)",
                  "CREATE INDEX IF NOT EXISTS items_unencoded_by_id ON items (id) WHERE dcp IS NULL")
 
@@ -121,7 +128,7 @@ _ITEM_COLS = f"key, seqno, rev_seqno, cas, flags, expiry, datatype, deleted, del
 #: The columns of the encoding before this one (three slices of the head, the value apart): a store
 #: that has them is converted when opened (`_encode_rows`).
 _OLD_ENCODED_COLUMNS = ("dcp_h1", "dcp_h1c", "dcp_h2c")
-# Range queries by seqno take rowids: (vb << 48 | start, vb << 48 | end].
+# Range queries by seqno take rowids: (_rowid(vb, start), _rowid(vb, end)].
 _NEXT_UNENCODED = ("SELECT seqno FROM items INDEXED BY items_unencoded_by_id WHERE id > ? AND id <= ? "
                    "AND dcp IS NULL ORDER BY id LIMIT 1")
 _ROW_PAGE = f"SELECT {_ITEM_COLS}, dcp IS NOT NULL FROM items WHERE id > ? AND id <= ? ORDER BY id LIMIT ?"
@@ -137,7 +144,7 @@ _INSERT_HISTORY = (f"INSERT OR REPLACE INTO history ({_COLS}, superseded_by) "
 #: The writer's upsert keeps the key's row and moves it to its new seqno's rowid; the history
 #: trigger below sees the version it replaces.
 _UPSERT_ITEM = (f"INSERT INTO items (id, {_COLS}, dcp) "
-                "VALUES (?1 << 48 | ?3, ?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13) "
+                f"VALUES (?1 << {SEQNO_BITS} | ?3, ?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13) "
                 "ON CONFLICT (vb, key) DO UPDATE SET id = excluded.id, " +
                 ", ".join(f"{c} = excluded.{c}" for c in (*_COLS.split(", ")[2:], "dcp")))
 #: History kept by SQLite itself: each version the flusher overwrites moves to `history` inside
@@ -334,7 +341,7 @@ class Store:
         cols = f"{_COLS}, dcp"
         with self._txn() as db:
             db.execute(f"CREATE TABLE items_clustered ({_ITEMS_TABLE})")
-            db.execute(f"INSERT INTO items_clustered (id, {cols}) SELECT vb << 48 | seqno, {cols} FROM items "
+            db.execute(f"INSERT INTO items_clustered (id, {cols}) SELECT vb << {SEQNO_BITS} | seqno, {cols} FROM items "
                        "ORDER BY vb, seqno")
             db.execute("DROP TABLE items")
             db.execute("ALTER TABLE items_clustered RENAME TO items")
@@ -500,7 +507,7 @@ class Store:
                            "purge_seqno = 0, max_visible_seqno = 0, history_floor = 0 WHERE vb = ?", (vb,))
                 return RollbackResult(0, 0, 0)
             keys = [r[0] for r in db.execute("SELECT key FROM items WHERE id > ? AND id <= ?",
-                                             (vb << 48 | seqno, vb << 48 | MAX_STORED_SEQNO))]
+                                             (_rowid(vb, seqno), _rowid(vb, MAX_STORED_SEQNO)))]
             for key in keys:
                 prev = db.execute(f"SELECT {_COLS} FROM history WHERE vb = ? AND key = ? AND seqno <= ? "
                                   "ORDER BY seqno DESC LIMIT 1", (vb, key, seqno)).fetchone()
@@ -621,7 +628,7 @@ class BackfillScan:
             raise
         self.disk_high_seqno, self.purge_seqno, self.max_visible_seqno = row if row else (0, 0, 0)
         self._pos = min(max(start, 0), MAX_STORED_SEQNO)
-        self._base = vb << 48  # the rowid of (vb, seqno) is base | seqno
+        self._base = _rowid(vb, 0)  # the rowid of (vb, seqno) is base | seqno
         self._top = self._base | min(max(end, 0), MAX_STORED_SEQNO)  # the last rowid in range
 
     def next_page(self) -> list[Item]:
