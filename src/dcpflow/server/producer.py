@@ -714,17 +714,9 @@ class DcpProducer:
         (dcp_backfill_byte_limit): a finished backfill's messages count until they are written.
         Only those streams are summed, and each is forgotten once it has sent everything: summing
         every stream for every page read cost ~0.4 us per item with 1024 streams of ~300 items."""
-        total = 0
-        sent = None
-        for s in self._fed:
-            if s.ready_bytes:
-                total += s.ready_bytes
-            elif not s.backfill_running:
-                sent = sent or []
-                sent.append(s)
-        for s in sent or ():
+        for s in [s for s in self._fed if not s.ready_bytes and not s.backfill_running]:
             del self._fed[s]
-        return total
+        return sum(s.ready_bytes for s in self._fed)
 
     def _backfill_room(self, stream: ActiveStream) -> bool:
         """May the stream read another page (its queue and the connection's backfill bytes)?"""
