@@ -100,7 +100,9 @@ def documents(twins: Twins, side: int) -> dict:
 _PRESERVE_TTL = encode_frame_info(RequestFrameId.PRESERVE_TTL)
 keys = st.one_of(st.sampled_from([b"a", b"doc", b"k" * 250]), st.binary(max_size=3), st.just(b"k" * 251))
 values = st.one_of(
-    st.sampled_from([b"", b'{"a": 1}', b"123", b"1.5e3", b"12ab", b"-", b'"s"', b"[1, 2", b" true ", b"null", b"x"]),
+    st.sampled_from([b"", b'{"a": 1}', b"123", b"1.5e3", b"12ab", b"-", b'"s"', b"[1, 2", b" true ", b"null", b"x",
+                     b"true", b"false", b"fals", b"nul", b"nulls", b"e", b"3fa2", b"e5", b"1e", b"-0.5", b"7\n",
+                     b"\ttrue", b"falsey", b"db07"]),
     st.binary(max_size=20))
 requests = st.tuples(
     st.sampled_from([Opcode.SET, Opcode.SET, Opcode.SET_Q, Opcode.ADD, Opcode.REPLACE]),

@@ -254,7 +254,7 @@ def _compiled_store():
     configure = compiled("configure", "dcpflow.server._speedups")
     if configure is None:
         return None
-    configure(_store_py, Frame, _looks_like_json, _JSON_FIRST_BYTES, MAX_VALUE_LEN)
+    configure(_store_py, Frame, _looks_like_json, _JSON_FIRST_BYTES, _NUMBER_CHARS, _JSON_WS, MAX_VALUE_LEN)
     return compiled("store", "dcpflow.server._speedups")
 
 
