@@ -274,3 +274,31 @@ def test_scans_reuse_read_connections_and_each_keeps_its_own_snapshot(store):
     assert b"k99" in [r[0] for r in third.next_rows()]
     store.close()
     assert second.closed and third.closed
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 127, 128, 129, 300, 1000])
+def test_a_batch_of_any_size_is_written_whole(tmp_path, n):
+    """A flush batch goes as multi-row statements (128 rows, then power-of-two remainders): every
+    row of every size lands, each in its own vbucket, with every field, as do the state rows and
+    snapshot ranges."""
+    s = Store(tmp_path / "store.sqlite3", synchronous="OFF")
+    try:
+        per_vb: dict[int, list[Item]] = {}
+        for i in range(n):
+            vb = i % 7
+            seqno = len(per_vb.setdefault(vb, [])) + 1
+            per_vb[vb].append(Item(b"key-%d" % i, b"v%d" % i * (i % 5), flags=i, cas=(1 << 64) - 2 - i,
+                                   rev_seqno=i + 1, by_seqno=seqno, deleted=i % 11 == 0, delete_time=i))
+        states = [VBucketStateRecord(vb, 1, FailoverTable([(vb + 1, 0)]).to_json(), len(items), 1, len(items))
+                  for vb, items in per_vb.items()]
+        s.write(list(per_vb.items()), states, [(vb, 1, len(items)) for vb, items in per_vb.items()])
+        for vb, items in per_vb.items():
+            assert [s.get(vb, it.key) for it in items] == items
+            assert s.count(vb) == (sum(not it.deleted for it in items), sum(it.deleted for it in items))
+        loaded = s.load_vbucket_states()
+        assert {vb: (r.high_seqno, r.snap_end) for vb, r in loaded.items()} == \
+            {vb: (len(items), len(items)) for vb, items in per_vb.items()}
+        with s._lock:
+            assert s._db.execute("SELECT count(*) FROM snapshots").fetchone()[0] == len(per_vb)
+    finally:
+        s.close()
