@@ -396,3 +396,18 @@ def test_discussion_md_worked_example():
     assert d.reason == "consumer ahead of producer - producer upper at 3"
     d = table.rollback_decision(start_seqno=3, snap_start_seqno=3, snap_end_seqno=3, **common)
     assert d.status == Status.SUCCESS
+
+
+def test_to_json_follows_every_change_after_being_read():
+    """to_json keeps its text between calls (the flusher asks for every vbucket in every batch):
+    each way of changing the log must show in the next call."""
+    t = FailoverTable([(11, 0)])
+    assert FailoverTable.from_json(t.to_json()).entries == [(11, 0)]
+    t.create_entry(7)
+    assert FailoverTable.from_json(t.to_json()).entries == t.entries and len(t.entries) == 2
+    t.prune(3)
+    assert FailoverTable.from_json(t.to_json()).entries == [(11, 0)]
+    t.replace([(5, 9), (4, 2)])
+    assert FailoverTable.from_json(t.to_json()).entries == [(5, 9), (4, 2)]
+    t.prune(1)  # nothing at or below 1 is left: a fresh entry at 1
+    assert [e.seqno for e in FailoverTable.from_json(t.to_json()).entries] == [1]

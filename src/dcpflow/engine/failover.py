@@ -36,6 +36,7 @@ class FailoverTable:
                  max_entries: int = MAX_FAILOVER_ENTRIES, rng: Random | None = None):
         self.max_entries = max_entries
         self._rng = rng
+        self._json: tuple[tuple, str] | None = None  # (entries, to_json() of them)
         self._entries = [FailoverEntry(int(u), int(s)) for u, s in (entries or ())]
         if not self._entries:
             self.create_entry(0)  # a new vbucket starts its history at seqno 0
@@ -105,7 +106,14 @@ class FailoverTable:
 
     # -- persistence -------------------------------------------------------------------------
     def to_json(self) -> str:
-        return json.dumps([{"id": e.uuid, "seq": e.seqno} for e in self._entries])
+        # Every flush batch writes the state row of each vbucket it touches (up to 1024, on the
+        # event loop's thread), and the log rarely changes between two: the text is kept with the
+        # entries it was made from, so any change, by whatever path, makes a new one.
+        entries = tuple(self._entries)
+        cached = self._json
+        if cached is None or cached[0] != entries:
+            cached = self._json = (entries, json.dumps([{"id": e.uuid, "seq": e.seqno} for e in entries]))
+        return cached[1]
 
     @classmethod
     def from_json(cls, text: str, **kwargs) -> "FailoverTable":
