@@ -10,6 +10,7 @@ count, free of start-up and import costs.
     .venv/bin/python bench/kv_instructions.py                          # this checkout
     .venv/bin/python bench/kv_instructions.py --baseline /tmp/base/src  # and a baseline, same run
       (e.g. `git worktree add /tmp/base HEAD~1`; the ratio printed is this checkout / baseline)
+    .venv/bin/python bench/kv_instructions.py --value 3fa2...          # SET another value (default x * 100)
 
 Needs valgrind (Debian: apt-get install valgrind). About a minute per case and source tree.
 """
@@ -47,7 +48,7 @@ class _Transport:
         pass
 
 
-def workload(mode: str, passes: int) -> None:
+def workload(mode: str, passes: int, value: bytes) -> None:
     """Run `passes` passes of `mode` requests through a Connection, then exit at once (no teardown
     to count)."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -71,7 +72,7 @@ def workload(mode: str, passes: int) -> None:
         conn.data_received(request(Opcode.SASL_AUTH, key=b"PLAIN", value=b"\0Administrator\0password") +
                            request(Opcode.SELECT_BUCKET, key=b"default"))
         keys = [b"bench-key-%08d" % i for i in range(KEYS)]
-        sets = kv.windows(Opcode.SET, keys, b"x" * 100, 64, 1024)
+        sets = kv.windows(Opcode.SET, keys, value, 64, 1024)
         gets = kv.windows(Opcode.GET, keys, b"", 64, 1024)
         for data, _ in sets:  # every key exists before counting starts
             conn.data_received(data)
@@ -86,28 +87,32 @@ def workload(mode: str, passes: int) -> None:
     asyncio.run(main())
 
 
-def count(src: str, mode: str, passes: int) -> int:
+def count(src: str, mode: str, passes: int, value: str) -> int:
     env = dict(os.environ, PYTHONPATH=src + os.pathsep + os.environ.get("PYTHONPATH", ""))
     out = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable,
-                          __file__, "--child", mode, str(passes)], env=env, capture_output=True, text=True)
+                          __file__, "--child", mode, str(passes), "--value", value], env=env, capture_output=True,
+                         text=True)
     match = re.search(r"Collected : (\d+)", out.stderr)
     if not match:
         raise RuntimeError(f"callgrind gave no count for {mode} x{passes} ({src}):\n{out.stderr[-2000:]}")
     return int(match.group(1))
 
 
-def per_op(src: str, mode: str) -> float:
-    short, long = count(src, mode, SHORT), count(src, mode, LONG)
+def per_op(src: str, mode: str, value: str) -> float:
+    short, long = count(src, mode, SHORT, value), count(src, mode, LONG, value)
     return (long - short) / ((LONG - SHORT) * KEYS)
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--baseline", metavar="SRC", help="another tree's src directory, counted in the same run")
+    p.add_argument("--value", default="x" * 100,
+                   help="the SET value (default 100 x's); a value led by a digit, e, t, f or n takes the "
+                        "JSON detection's longer path, e.g. --value 3f$(printf 'a%.0s' {1..98})")
     p.add_argument("--child", nargs=2, metavar=("MODE", "PASSES"), help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
-        workload(args.child[0], int(args.child[1]))
+        workload(args.child[0], int(args.child[1]), args.value.encode())
         return 0
     if shutil.which("valgrind") is None:
         print("valgrind is not installed: apt-get install -y valgrind", file=sys.stderr)
@@ -117,8 +122,9 @@ def main() -> int:
         trees["baseline"] = str(Path(args.baseline).resolve())
     cases = [(name, src, mode) for name, src in trees.items() for mode in ("set", "get")]
     with ThreadPoolExecutor(2) as pool:  # callgrind is single-threaded: two at a time on two cores
-        results = dict(zip(cases, pool.map(lambda c: per_op(c[1], c[2]), cases), strict=True))
-    print(f"instructions per operation (callgrind; {KEYS:,} keys, 64-request windows, 100-byte values)")
+        results = dict(zip(cases, pool.map(lambda c: per_op(c[1], c[2], args.value), cases), strict=True))
+    print(f"instructions per operation (callgrind; {KEYS:,} keys, 64-request windows, "
+          f"{len(args.value.encode())}-byte values starting {args.value[:8]!r})")
     for (name, _, mode), n in results.items():
         print(f"  {name:14s} {mode.upper():4s} {n:>9,.0f}")
     if args.baseline:
