@@ -1,0 +1,129 @@
+"""SETs and the flusher beside them: what a write load costs `dcpflow server` once persistence runs.
+
+bench/kv.py measures one-second SET phases that start with the flusher idle; a longer write load
+meets the flusher writing SQLite on the same cores. Two cases, each against a fresh server:
+
+* storm: the client SETs `--keys` hot keys (10k) for `--seconds` (9), windows of 64, two in
+  flight; after 2 s of warm-up it samples 5 s: SETs/s, rows persisted/s (STAT
+  ep_total_persisted), and each server thread's CPU (Linux /proc: the request thread, the flusher).
+  The flusher de-duplicates: the faster it persists, the more rows (and CPU) the same SETs cost it.
+* load: `--docs` unique documents (300k, `--value-size` 500 bytes) as fast as the client can, then
+  the time until all are persisted (STAT ep_queue_size 0): the durability side of the same trade.
+
+    .venv/bin/python bench/kv_persist.py                 # both cases
+    .venv/bin/python bench/kv_persist.py --case storm --seconds 15
+"""
+
+import argparse
+import os
+import sys
+import tempfile
+import threading
+import time
+
+from dcpflow.protocol.opcodes import Opcode
+from kv import Client, run_phase, windows
+from serverproc import start_server, stop
+
+
+def thread_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds used by each thread of a process (Linux /proc; empty elsewhere)."""
+    out = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            out[tid] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        except (OSError, ValueError, IndexError):
+            pass
+    return out
+
+
+def connect(port: int) -> Client:
+    client = Client(port)
+    client.login("Administrator", "password", "default")
+    return client
+
+
+def storm(args) -> None:
+    with tempfile.TemporaryDirectory(prefix="dcpflow-bench-") as tmp:
+        proc, port = start_server(tmp, args.vbuckets, "--allow-plain-over-tcp")
+        try:
+            writer, observer = connect(port), connect(port)
+            keys = [b"bench-key-%08d" % i for i in range(args.keys)]
+            value = os.urandom(args.value_size // 2 + 1).hex()[: args.value_size].encode()
+            wins = windows(Opcode.SET, keys, value, 64, args.vbuckets)
+            run_phase(writer, wins, len(keys), 1)  # every key exists
+            deadline = time.monotonic() + args.seconds
+            done = [0]
+
+            def load() -> None:
+                while time.monotonic() < deadline:
+                    run_phase(writer, wins, 20_000, 2)
+                    done[0] += 20_000
+
+            thread = threading.Thread(target=load)
+            thread.start()
+            time.sleep(2)
+            sample = min(5.0, args.seconds - 3)
+            p0, c0, d0 = int(observer.stats()[b"ep_total_persisted"]), thread_cpu(proc.pid), done[0]
+            t0 = time.monotonic()
+            time.sleep(sample)
+            p1, c1, d1 = int(observer.stats()[b"ep_total_persisted"]), thread_cpu(proc.pid), done[0]
+            elapsed = time.monotonic() - t0
+            thread.join()
+            busy = sorted(((c1[t] - c0.get(t, 0.0)) / elapsed for t in c1), reverse=True)
+            print(f"storm: {args.keys:,} keys, {args.value_size}-byte values, {elapsed:.1f} s sampled")
+            print(f"  SETs/s {(d1 - d0) / elapsed:,.0f}   rows persisted/s {(p1 - p0) / elapsed:,.0f}   "
+                  f"server threads' CPU (cores, busiest first) {', '.join(f'{b:.2f}' for b in busy[:3])}")
+        finally:
+            stop(proc)
+
+
+def load(args) -> None:
+    with tempfile.TemporaryDirectory(prefix="dcpflow-bench-") as tmp:
+        proc, port = start_server(tmp, args.vbuckets, "--allow-plain-over-tcp")
+        try:
+            client = connect(port)
+            keys = [b"doc-%09d" % i for i in range(args.docs)]
+            value = os.urandom(args.value_size // 2 + 1).hex()[: args.value_size].encode()
+            wins = windows(Opcode.SET, keys, value, 64, args.vbuckets)
+            t0 = time.perf_counter()
+            run_phase(client, wins, len(keys), 2)
+            acked = time.perf_counter() - t0
+            client.settle(600)
+            persisted = time.perf_counter() - t0
+            print(f"load: {args.docs:,} unique {args.value_size}-byte documents")
+            print(f"  acknowledged in {acked:.1f} s ({args.docs / acked:,.0f} SETs/s), "
+                  f"all persisted {persisted:.1f} s after the first ({args.docs / persisted:,.0f} docs/s)")
+        finally:
+            stop(proc)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--case", choices=("storm", "load", "both"), default="both")
+    p.add_argument("--keys", type=int, default=10_000, help="storm: hot keys (default 10000)")
+    p.add_argument("--seconds", type=float, default=9.0, help="storm: length of the load (default 9, at least 4)")
+    p.add_argument("--docs", type=int, default=300_000, help="load: unique documents (default 300000)")
+    p.add_argument("--value-size", type=int, default=None, help="value bytes (default: storm 100, load 500)")
+    p.add_argument("--vbuckets", type=int, default=1024)
+    args = p.parse_args()
+    if args.seconds < 4:
+        p.error("--seconds must be at least 4 (2 s of warm-up, then the sample)")
+    size = args.value_size
+    if args.case in ("storm", "both"):
+        args.value_size = size or 100
+        storm(args)
+    if args.case in ("load", "both"):
+        args.value_size = size or 500
+        load(args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
