@@ -161,3 +161,13 @@ async def _plain_set():
             assert len(reply) == (40 if features else 24) and reply[:2] == b"\x81\x01"
         finally:
             await twins.close()
+
+
+@needs_compiled
+def test_the_compiled_handler_calls_a_python_vbucket_set_too(loop, monkeypatch):
+    """The handler calls VBucket.set's function with the vbucket first (no bound method): the
+    compiled engine twin is an instancemethod, the Python one a plain function; both must work."""
+    monkeypatch.setattr(VBucket, "set", VBucket._set_py)
+    loop.run_until_complete(_plain_set())
+    loop.run_until_complete(_compare((), [(Opcode.SET, 0, b"doc", b"123", bytes(8), 1, "none", b"", 7),
+                                          (Opcode.SET, 0, b"doc", b"x", bytes(8), 1, "current", b"", 8)]))

@@ -167,11 +167,21 @@ static PyObject *store(PyObject *module, PyObject *const *args, Py_ssize_t nargs
     expiry = PyLong_FromUnsignedLong(be32(ex + 4));
     dt = PyLong_FromLongLong(datatype);
     if (flags == NULL || expiry == NULL || dt == NULL) goto done;
-    PyObject *set = PyObject_GetAttr(vb, s_set);
-    if (set == NULL) goto done;
-    PyObject *call_args[6] = {key, value, flags, expiry, dt, cas};
-    item = PyObject_Vectorcall(set, call_args, 2, kwnames);
-    Py_DECREF(set);
+    PyObject *call_args[7] = {vb, key, value, flags, expiry, dt, cas};
+    /* vb.set(key, value, flags=..., ...). VBucket.set is an instancemethod around a C function
+       (engine/_speedups.c) or a plain function (pure Python): either way the function itself is
+       called with vb first, so no bound method is made - unless an instance dict could shadow it. */
+    PyObject *descr = Py_TYPE(vb)->tp_dictoffset == 0 ? _PyType_Lookup(Py_TYPE(vb), s_set) : NULL;
+    if (descr != NULL && Py_TYPE(descr) == &PyInstanceMethod_Type) {
+        item = PyObject_Vectorcall(PyInstanceMethod_GET_FUNCTION(descr), call_args, 3, kwnames);
+    } else if (descr != NULL && PyFunction_Check(descr)) {
+        item = PyObject_Vectorcall(descr, call_args, 3, kwnames);
+    } else {
+        PyObject *set = PyObject_GetAttr(vb, s_set);
+        if (set == NULL) goto done;
+        item = PyObject_Vectorcall(set, call_args + 1, 2, kwnames);
+        Py_DECREF(set);
+    }
     if (item == NULL) goto done;
     if (op == OP_SETQ) {
         result = Py_NewRef(Py_None);
