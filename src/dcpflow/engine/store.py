@@ -196,10 +196,7 @@ class _RowsAtOnce:
         return text
 
     def run(self, db: sqlite3.Connection, rows: Sequence[Sequence]) -> None:
-        # SQLite before 3.32 allows 999 parameters per statement (later: 32766)
-        fits = db.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER) // self._width
-        chunk = min(self.CHUNK, 1 << fits.bit_length() - 1)
-        start, n = 0, len(rows)
+        chunk, start, n = self.CHUNK, 0, len(rows)
         while start < n:
             size = chunk if n - start >= chunk else 1 << ((n - start).bit_length() - 1)
             db.execute(self.sql(size), [v for row in rows[start:start + size] for v in row])
