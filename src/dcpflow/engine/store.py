@@ -50,7 +50,6 @@ Threading: all methods may be called from any thread; one lock serialises the wr
 connection. Scans open their own connection (`BackfillScan`), so a backfill never blocks a flush.
 """
 
-import re
 import sqlite3
 import threading
 from collections.abc import Iterable, Iterator, Sequence
@@ -144,10 +143,10 @@ _INSERT_HISTORY = (f"INSERT OR REPLACE INTO history ({_COLS}, superseded_by) "
                    "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)")
 #: The writer's upsert keeps the key's row and moves it to its new seqno's rowid; the history
 #: trigger below sees the version it replaces.
-_UPSERT_ITEM_CLAUSE = ("ON CONFLICT (vb, key) DO UPDATE SET id = excluded.id, " +
-                       ", ".join(f"{c} = excluded.{c}" for c in (*_COLS.split(", ")[2:], "dcp")))
-_ITEM_ROW = f"(?1 << {SEQNO_BITS} | ?3, ?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13)"
-_UPSERT_ITEM = f"INSERT INTO items (id, {_COLS}, dcp) VALUES {_ITEM_ROW} {_UPSERT_ITEM_CLAUSE}"
+_UPSERT_ITEM = (f"INSERT INTO items (id, {_COLS}, dcp) "
+                f"VALUES (?1 << {SEQNO_BITS} | ?3, ?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13) "
+                "ON CONFLICT (vb, key) DO UPDATE SET id = excluded.id, " +
+                ", ".join(f"{c} = excluded.{c}" for c in (*_COLS.split(", ")[2:], "dcp")))
 #: History kept by SQLite itself: each version the flusher overwrites moves to `history` inside
 #: the upsert's step, with the GIL released and no statement of its own. TEMP: it lives on the
 #: writer connection only, so a store opened with keep_history=False has none, and the schema on
@@ -159,55 +158,12 @@ _HISTORY_TRIGGER = (
     f"{_value_of('OLD.')}, NEW.seqno); END")
 _STATE_COLS = ("vb, state, failover_log, high_seqno, snap_start, snap_end, purge_seqno, max_cas, "
                "max_visible_seqno, max_deleted_rev_seqno")
-_UPSERT_STATE_CLAUSE = (
+_UPSERT_STATE = (
+    f"INSERT INTO vbucket_state ({_STATE_COLS}) VALUES (?,?,?,?,?,?,?,?,?,?) "
     "ON CONFLICT (vb) DO UPDATE SET state = excluded.state, failover_log = excluded.failover_log, "
     "high_seqno = excluded.high_seqno, snap_start = excluded.snap_start, snap_end = excluded.snap_end, "
     "purge_seqno = MAX(purge_seqno, excluded.purge_seqno), max_cas = excluded.max_cas, "
     "max_visible_seqno = excluded.max_visible_seqno, max_deleted_rev_seqno = excluded.max_deleted_rev_seqno")
-_UPSERT_STATE = f"INSERT INTO vbucket_state ({_STATE_COLS}) VALUES (?,?,?,?,?,?,?,?,?,?) {_UPSERT_STATE_CLAUSE}"
-
-
-class _RowsAtOnce:
-    """A multi-row INSERT: up to CHUNK rows per statement, so a flush batch is a few dozen SQLite
-    steps rather than one per row. Why: the sqlite3 module releases the GIL for every step and takes
-    it back to bind the next row, so a 10,000-row executemany made 10,000 GIL hand-overs with the
-    event loop thread, each a futex wake-up and often a context switch (a SET load lost ~40% of its
-    rate to the flusher while the flusher itself used ~15% of a core). A remainder below CHUNK goes
-    as power-of-two statements, so at most log2(CHUNK) + 1 statement texts are ever prepared.
-
-    `row` is one row's VALUES tuple with parameters numbered from ?1 to ?width (numbered, so a row
-    may use one twice); each row of a statement gets its own range of numbers. Rows of one
-    statement must not conflict with each other (the flusher upserts one version per key)."""
-
-    CHUNK = 128
-
-    def __init__(self, head: str, row: str, width: int, tail: str = ""):
-        self._head, self._row, self._width, self._tail = head, row, width, tail
-        self._sql: dict[int, str] = {}
-
-    def sql(self, n: int) -> str:
-        text = self._sql.get(n)
-        if text is None:
-            # the row with its parameters as format fields: "?3" -> "?{2}"
-            template = re.sub(r"\?(\d+)", lambda m: f"?{{{int(m.group(1)) - 1}}}", self._row)
-            width = self._width
-            rows = ", ".join(template.format(*range(r * width + 1, r * width + width + 1)) for r in range(n))
-            text = self._sql[n] = f"{self._head} VALUES {rows} {self._tail}"
-        return text
-
-    def run(self, db: sqlite3.Connection, rows: Sequence[Sequence]) -> None:
-        chunk, start, n = self.CHUNK, 0, len(rows)
-        while start < n:
-            size = chunk if n - start >= chunk else 1 << ((n - start).bit_length() - 1)
-            db.execute(self.sql(size), [v for row in rows[start:start + size] for v in row])
-            start += size
-
-
-_ITEMS_AT_ONCE = _RowsAtOnce(f"INSERT INTO items (id, {_COLS}, dcp)", _ITEM_ROW, 13, _UPSERT_ITEM_CLAUSE)
-_STATES_AT_ONCE = _RowsAtOnce(f"INSERT INTO vbucket_state ({_STATE_COLS})", "(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10)", 10,
-                              _UPSERT_STATE_CLAUSE)
-_SNAPSHOTS_AT_ONCE = _RowsAtOnce("INSERT OR IGNORE INTO snapshots (vb, snap_start, snap_end)", "(?1,?2,?3)", 3)
-
 
 #: Values at least this big are queued by a stream as a separate `memoryview` entry after their
 #: header (a *continuation*: the owner writes it with the entry before it, never splitting a
@@ -433,27 +389,23 @@ class Store:
               snapshot_ranges: Iterable[tuple[int, int, int]] = ()) -> None:
         """Persist items (seqno order per vbucket), state rows and the (vb, snap_start, snap_end)
         ranges the items belong to, in one transaction."""
-        rows: list[tuple] = []
-        filed = []  # (vb, older, latest) of the vbuckets with several versions of a key in the batch
-        for vb, items in batches:
-            latest: dict[bytes, Item] = {}
-            older: list[Item] = []  # versions of this batch that a later one replaces
-            for it in items:
-                prev = latest.get(it.key)
-                if prev is not None:
-                    older.append(prev)
-                latest[it.key] = it
-            # Only the latest version of each key is upserted; the trigger files the version it
-            # replaces on disk, superseded by the latest one's seqno.
-            rows += _encoded_rows(vb, latest.values())
-            if older and self._keep_history:
-                filed.append((vb, older, latest))
         with self._txn() as db:
-            _ITEMS_AT_ONCE.run(db, rows)
-            for vb, older, latest in filed:  # after the upsert: it corrects what the trigger filed
-                self._file_older_versions(db, vb, older, latest)
-            _STATES_AT_ONCE.run(db, [r._params() for r in states])
-            _SNAPSHOTS_AT_ONCE.run(db, list(snapshot_ranges))
+            for vb, items in batches:
+                latest: dict[bytes, Item] = {}
+                older: list[Item] = []  # versions of this batch that a later one replaces
+                for it in items:
+                    prev = latest.get(it.key)
+                    if prev is not None:
+                        older.append(prev)
+                    latest[it.key] = it
+                # Only the latest version of each key is upserted; the trigger files the version it
+                # replaces on disk, superseded by the latest one's seqno.
+                db.executemany(_UPSERT_ITEM, _encoded_rows(vb, latest.values()))
+                if older and self._keep_history:
+                    self._file_older_versions(db, vb, older, latest)
+            db.executemany(_UPSERT_STATE, [r._params() for r in states])
+            db.executemany("INSERT OR IGNORE INTO snapshots (vb, snap_start, snap_end) VALUES (?, ?, ?)",
+                           list(snapshot_ranges))
 
     @staticmethod
     def _file_older_versions(db: sqlite3.Connection, vb: int, older: list[Item], latest: dict[bytes, Item]) -> None:
