@@ -15,15 +15,29 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds a process has used (Linux /proc; 0 elsewhere or once it is gone):
-    with the wall time it tells whether a phase was CPU-bound or starved by a busy machine."""
+def _stat_cpu(path: str) -> float:
+    """User + system CPU seconds in a /proc stat file (0 if it cannot be read)."""
     try:
-        with open(f"/proc/{pid}/stat") as f:
+        with open(path) as f:
             fields = f.read().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError):
         return 0.0
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds a process has used (Linux /proc; 0 elsewhere or once it is gone):
+    with the wall time it tells whether a phase was CPU-bound or starved by a busy machine."""
+    return _stat_cpu(f"/proc/{pid}/stat")
+
+
+def thread_cpu_seconds(pid: int) -> dict[str, float]:
+    """The same for each thread of a process, by thread id (empty elsewhere)."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return {}
+    return {tid: _stat_cpu(f"/proc/{pid}/task/{tid}/stat") for tid in tids}
 
 
 def start_server(data_dir: str, vbuckets: int, *extra: str) -> tuple[subprocess.Popen, int]:

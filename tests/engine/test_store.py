@@ -278,8 +278,8 @@ def test_scans_reuse_read_connections_and_each_keeps_its_own_snapshot(store):
 
 @pytest.mark.parametrize("n", [1, 2, 3, 127, 128, 129, 300, 1000])
 def test_a_batch_of_any_size_is_written_whole(tmp_path, n):
-    """Every row of a flush batch lands, each in its own vbucket, with every field, as do the state
-    rows and snapshot ranges (kept from the multi-row statements' test: batch sizes around 128)."""
+    """Every row of a flush batch of any size lands, each in its own vbucket, with every field, as
+    do the state rows and snapshot ranges."""
     s = Store(tmp_path / "store.sqlite3", synchronous="OFF")
     try:
         per_vb: dict[int, list[Item]] = {}
