@@ -17,16 +17,6 @@ from tests.server.conftest import (  # noqa: F401
 from .client import DcpClient
 
 
-@pytest.fixture(params=["inline", "threaded"])
-def scan_mode(request, monkeypatch):
-    """Run a test with small backfills read on the event loop (the default below
-    INLINE_SCAN_SEQNOS) and again with every scan on the worker threads, the path large ranges
-    take; modules whose backfills are small use it so that both paths stay covered."""
-    from dcpflow.server import producer
-    monkeypatch.setattr(producer, "INLINE_SCAN_SEQNOS", producer.INLINE_SCAN_SEQNOS if request.param == "inline" else 0)
-    return request.param
-
-
 @pytest.fixture
 def clients(server):
     """clients(**connect_kw) -> a DcpClient connected as a producer to `server`; closed afterwards."""

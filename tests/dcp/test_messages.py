@@ -15,8 +15,6 @@ from dcpflow.protocol.status import Status
 from .client import items, markers
 from .conftest import engine_of, fill, keys_in, to_disk_only, vbucket
 
-pytestmark = pytest.mark.usefixtures("scan_mode")  # backfills read inline and threaded (conftest)
-
 MAX = 0xFFFFFFFFFFFFFFFF
 P = OpenFlag.PRODUCER
 

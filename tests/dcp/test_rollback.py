@@ -5,8 +5,6 @@ tombstone purges (reference/README.md "Rollback seqno", rollback.md, erratum 36)
 import json
 import time
 
-import pytest
-
 from dcpflow.protocol import dcp
 from dcpflow.protocol.dcp import StreamEndReason, StreamFlag
 from dcpflow.protocol.hello import Feature
@@ -15,8 +13,6 @@ from dcpflow.protocol.status import Status
 
 from .client import DcpClient, items, markers
 from .conftest import engine_of, fill, keys_in, overfill, server_dropped, to_disk_only, vbucket
-
-pytestmark = pytest.mark.usefixtures("scan_mode")  # backfills read inline and threaded (conftest)
 
 MAX = 0xFFFFFFFFFFFFFFFF
 

@@ -1,15 +1,11 @@
 """Connection-level scheduling: backfill_order (sequential finishes one vbucket's backfill before
 the next), set_priority, and `stats dcp`."""
 
-import pytest
-
 from dcpflow.protocol import dcp
 from dcpflow.protocol.status import Status
 
 from .client import items
 from .conftest import fill, to_disk_only
-
-pytestmark = pytest.mark.usefixtures("scan_mode")  # backfills read inline and threaded (conftest)
 
 
 def test_sequential_backfill_order(server, clients, writer):
@@ -25,30 +21,6 @@ def test_sequential_backfill_order(server, clients, writer):
         msgs += c.until_stream_end()
     order = [m.vbucket for m in items(msgs)]
     assert order == [0] * 300 + [1] * 300 + [2] * 300  # one vbucket at a time, in request order
-
-
-def test_small_backfills_skip_the_worker_threads(server, clients, writer, scan_mode, monkeypatch):
-    """A range of at most INLINE_SCAN_SEQNOS is read on the loop (no trip through the worker
-    threads, whose GIL hand-offs cost more than the read); a longer one, or every range with
-    inline reads off, goes to the workers. Both deliver the same items."""
-    from dcpflow.server import producer
-
-    trips = []
-    real = producer.backfill_executor
-    monkeypatch.setattr(producer, "backfill_executor", lambda srv: trips.append(1) or real(srv))
-    small = producer.INLINE_SCAN_SEQNOS or 512
-    fill(writer, 0, small, value=b"i" * 40)
-    fill(writer, 1, small + 1, value=b"i" * 40)
-    to_disk_only(server, 0)
-    to_disk_only(server, 1)
-    c = clients()
-    for vb, n in ((0, small), (1, small + 1)):
-        trips.clear()
-        assert c.stream_request(vb, 0, n).status == Status.SUCCESS
-        got = items(c.until_stream_end())
-        assert [m.by_seqno for m in got] == list(range(1, n + 1))
-        inline = scan_mode == "inline" and n <= producer.INLINE_SCAN_SEQNOS
-        assert bool(trips) != inline, (vb, n, scan_mode, len(trips))
 
 
 def test_round_robin_delivers_everything(server, clients, writer):

@@ -2,8 +2,6 @@
 code behaves, reference/README.md), flags, de-duplication, and marker versions V1/V2.0/V2.2
 (TABLES.md 5.4)."""
 
-import pytest
-
 from dcpflow.protocol import dcp
 from dcpflow.protocol.dcp import MarkerVersion, SnapshotFlag
 from dcpflow.protocol.hello import Feature
@@ -12,8 +10,6 @@ from dcpflow.protocol.status import Status
 
 from .client import items, markers
 from .conftest import engine_of, fill, keys_in, to_disk_only, vbucket
-
-pytestmark = pytest.mark.usefixtures("scan_mode")  # backfills read inline and threaded (conftest)
 
 MAX = 0xFFFFFFFFFFFFFFFF
 MEM, DISK, CHK = SnapshotFlag.MEMORY, SnapshotFlag.DISK, SnapshotFlag.CHECKPOINT

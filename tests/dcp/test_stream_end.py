@@ -6,8 +6,6 @@ cannot happen here: only the default collection exists and it cannot be dropped.
 
 import os
 
-import pytest
-
 from dcpflow.protocol import dcp
 from dcpflow.protocol.dcp import SnapshotFlag, StreamEndReason
 from dcpflow.protocol.opcodes import Opcode
@@ -15,8 +13,6 @@ from dcpflow.protocol.status import Status
 
 from .client import DcpClient, items, markers
 from .conftest import dropped_cursors, engine_of, fill, overfill, server_dropped, stalled_stream, to_disk_only, vbucket
-
-pytestmark = pytest.mark.usefixtures("scan_mode")  # backfills read inline and threaded (conftest)
 
 MAX = 0xFFFFFFFFFFFFFFFF
 

@@ -104,9 +104,6 @@ MAX_BACKFILLS = 64
 #: Scans opening at once in the server (backfill_open_slots), queued on the pool's two threads;
 #: each may read one page beyond the byte limits, since the room is checked when the read is issued.
 BACKFILL_OPENS = 4
-#: A backfill whose whole range is at most this many seqnos opens its scan and reads its first page
-#: on the event loop itself, not on a worker thread (see DcpProducer._backfill).
-INLINE_SCAN_SEQNOS = 512
 _U32_MAX = 0xFFFFFFFF
 _TOLERATED = frozenset({Status.NOT_MY_VBUCKET, Status.DCP_STREAM_NOT_FOUND, Status.OPAQUE_NO_MATCH})
 _TOLERATED_LEGACY = frozenset({Status.KEY_EEXISTS, Status.KEY_ENOENT})
@@ -209,7 +206,6 @@ class DcpProducer:
         self.flatbuffers_events = False
         self.marker_v22 = False
         self.backfill_order = "round-robin"
-        self.inline_scan_seqnos = INLINE_SCAN_SEQNOS
         self.include_deleted_user_xattrs = False
         # streams
         self.streams: dict[tuple[int, int | None], ActiveStream] = {}
@@ -733,11 +729,12 @@ class DcpProducer:
 
     async def _backfill(self, stream: ActiveStream) -> None:
         rng = stream.backfill
+        ex = backfill_executor(self.server)
         scan = None
         inflight: list[asyncio.Future] = []  # the read running on a worker thread, if any
 
         def run(fn):
-            fut = self.loop.run_in_executor(backfill_executor(self.server), fn)
+            fut = self.loop.run_in_executor(ex, fn)
             inflight[:] = [fut]
             return fut
 
@@ -778,17 +775,9 @@ class DcpProducer:
                 raise
 
         try:
-            if min(rng.end, stream.end_seqno) - rng.start < self.inline_scan_seqnos and self._backfill_room(stream):
-                # A small range (a vbucket of a few hundred items) is read right here: its SQLite
-                # work is ~0.1-1 ms, while a trip through the worker thread cost ~200 us of CPU
-                # whatever the size - a dozen GIL hand-offs between the worker's SQLite calls and
-                # the busy loop, each a futex wake and a context switch (1024 one-item streams:
-                # ~300 us of server CPU per stream threaded, ~80 inline).
-                scan, page = open_scan(True)
-            else:
-                async with self._open_slots:
-                    room = self._backfill_room(stream)  # decided here, on the loop, not in the worker
-                    scan, page = await run(lambda: open_scan(room))
+            async with self._open_slots:
+                room = self._backfill_room(stream)  # decided here, on the loop, not in the worker
+                scan, page = await run(lambda: open_scan(room))
             if stream.dead or stream.backfill is not rng:
                 return
             if self._purged_under(stream, scan.purge_seqno):
