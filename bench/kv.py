@@ -67,6 +67,11 @@ class Client:
         assert self.call(Opcode.SELECT_BUCKET, key=bucket.encode()).status == Status.SUCCESS
 
 
+def random_value(size: int) -> bytes:
+    """`size` random hex digits: a value that is not JSON, new in every run."""
+    return os.urandom(size // 2 + 1).hex()[:size].encode()
+
+
 def windows(opcode: int, keys: list[bytes], value: bytes, window: int, num_vbuckets: int) -> list[tuple[bytes, int]]:
     """Pre-encoded (requests, count) windows, so the client spends its time on I/O and replies."""
     out = []
@@ -194,7 +199,7 @@ def main() -> int:
                    help="extra argument for `dcpflow server` (repeatable), e.g. --server-arg=--flush-interval=1")
     args = p.parse_args()
 
-    value = os.urandom(args.value_size // 2 + 1).hex()[: args.value_size].encode()
+    value = random_value(args.value_size)
     procs = []
     with tempfile.TemporaryDirectory(prefix="dcpflow-bench-") as tmp:
         try:

@@ -17,14 +17,13 @@ meets the flusher writing SQLite on the same cores. Two cases, each against a fr
 """
 
 import argparse
-import os
 import sys
 import tempfile
 import threading
 import time
 
 from dcpflow.protocol.opcodes import Opcode
-from kv import Client, run_phase, windows
+from kv import Client, random_value, run_phase, windows
 from serverproc import start_server, stop, thread_cpu_seconds
 
 
@@ -40,7 +39,7 @@ def storm(args) -> None:
         try:
             writer, observer = connect(port), connect(port)
             keys = [b"bench-key-%08d" % i for i in range(args.keys)]
-            value = os.urandom(args.value_size // 2 + 1).hex()[: args.value_size].encode()
+            value = random_value(args.value_size)
             wins = windows(Opcode.SET, keys, value, 64, args.vbuckets)
             run_phase(writer, wins, len(keys), 1)  # every key exists
             deadline = time.monotonic() + args.seconds
@@ -75,7 +74,7 @@ def load(args) -> None:
         try:
             client = connect(port)
             keys = [b"doc-%09d" % i for i in range(args.docs)]
-            value = os.urandom(args.value_size // 2 + 1).hex()[: args.value_size].encode()
+            value = random_value(args.value_size)
             wins = windows(Opcode.SET, keys, value, 64, args.vbuckets)
             t0 = time.perf_counter()
             run_phase(client, wins, len(keys), 2)
