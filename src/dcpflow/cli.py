@@ -41,6 +41,7 @@ def _cmd_server(args: argparse.Namespace) -> int:
     config = ServerConfig(data_dir=args.data_dir, host=args.host, port=args.port,
                           buckets=tuple(args.bucket or ("default",)), num_vbuckets=args.vbuckets,
                           conflict_resolution=args.conflict_resolution, flush_interval=args.flush_interval,
+                          flusher_nice=args.flusher_nice,
                           purge_interval=args.purge_interval, compaction_interval=args.compaction_interval,
                           expiry_interval=args.expiry_interval, users=args.users, debug=args.debug,
                           tls_cert=args.tls_cert, tls_key=args.tls_key, tls_port=args.tls_port,
@@ -109,6 +110,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "keeps its mode, and a different one given here is an error")
     p.add_argument("--flush-interval", type=float, default=0.1, metavar="SECONDS",
                    help="how often writes are persisted (default 0.1)")
+    p.add_argument("--flusher-nice", type=int, default=10, choices=range(0, 20), metavar="0-19",
+                   help="nice levels the flusher thread runs below the server (Linux; default 10): requests "
+                        "come first, persistence takes the CPU left over; 0 runs it at the same priority")
     p.add_argument("--purge-interval", type=float, default=259_200.0, metavar="SECONDS",
                    help="age after which compaction purges tombstones (default 3 days)")
     p.add_argument("--compaction-interval", type=float, default=3600.0, metavar="SECONDS",

@@ -177,6 +177,28 @@ def test_heavy_rewrites_compact_the_open_checkpoint_the_same_way():
 
 
 @needs_compiled
+def test_the_default_clocks_are_read_without_a_call():
+    """With the default clocks (time.time_ns for the HLC, time.monotonic for checkpoint age) the
+    compiled path reads them itself: the CAS is the wall clock's, and a checkpoint older than its
+    max age still rolls over before the next write."""
+    import time
+
+    vb = VBucket(3, VBucketState.ACTIVE, checkpoint_max_items=10_000, checkpoint_max_age=0.05)
+    assert vb.hlc._clock is time.time_ns and vb.checkpoint_manager._clock is time.monotonic
+    before = time.time_ns() & ~0xFFFF
+    first = vb.set(b"a", b"1")
+    after = time.time_ns()
+    assert before <= first.cas <= after
+    assert vb.set(b"a", b"2").cas > first.cas
+    opened = vb.checkpoint_manager.open_checkpoint.id
+    vb.set(b"b", b"1")
+    assert vb.checkpoint_manager.open_checkpoint.id == opened  # younger than 50 ms: the same checkpoint
+    time.sleep(0.06)
+    vb.set(b"c", b"1")
+    assert vb.checkpoint_manager.open_checkpoint.id == opened + 1
+
+
+@needs_compiled
 def test_objects_of_an_unexpected_shape_go_to_the_python_path():
     """A vbucket subclass, a missing slot or a foreign hash table: the Python twin decides."""
 

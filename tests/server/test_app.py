@@ -2,7 +2,10 @@
 compaction), several buckets, CLI start-up errors and debug logging."""
 
 import json
+import os
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -170,3 +173,28 @@ def test_cli_users_file_and_buckets(tmp_path, spawn_server):
     with RawClient(proc.port) as c:
         assert c.auth_scram("Administrator", "password").status == Status.AUTH_ERROR  # only the file's users
     assert proc.terminate() == 0
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice values are Linux's")
+@pytest.mark.parametrize("nice", [7, 0])
+def test_the_flusher_thread_runs_nicer_than_the_server(tmp_path, spawn_server, nice):
+    """`--flusher-nice N`: the thread that writes flush batches runs N nice levels below every
+    other thread of the server (requests come first); 0 leaves it equal."""
+    server = spawn_server("--data-dir", str(tmp_path), "--vbuckets", "8", "--flush-interval", "0.01",
+                          "--flusher-nice", str(nice))
+    with RawClient(server.port) as c:
+        c.num_vbuckets = 8
+        c.login()
+        assert c.set(b"k", b"v").status == Status.SUCCESS
+        wait_for(lambda: c.stats()["ep_total_persisted"] != "0")
+
+    def nice_values() -> list[int]:
+        task = Path(f"/proc/{server.proc.pid}/task")
+        # field 19 of stat, counted after the command name (which may hold spaces) ends with ")"
+        return [int((t / "stat").read_text().rsplit(")", 1)[1].split()[16]) for t in task.iterdir()]
+
+    values = nice_values()
+    base = os.getpriority(os.PRIO_PROCESS, server.proc.pid)
+    assert sorted(values) == sorted([base] * (len(values) - 1) + [min(19, base + nice)])
+    if nice:
+        assert values.count(base + nice) == 1

@@ -164,6 +164,28 @@ async def _plain_set():
 
 
 @needs_compiled
+def test_a_hello_after_the_bucket_is_selected_reaches_the_compiled_handler(loop):
+    """The compiled handler reads the session from conn.set_context: a HELLO later in the session
+    (MutationSeqno on, then off again) must change its replies as it changes the Python's."""
+    loop.run_until_complete(_late_hello())
+
+
+async def _late_hello():
+    twins = await Twins().start(())
+    try:
+        frame = Frame(0x80, int(Opcode.SET), 0, 3, 7, 0, b"", bytes(8), b"key", b"value")
+        for features, size in (((Feature.MUTATION_SEQNO,), 40), ((), 24)):
+            hello = request(Opcode.HELLO, key=b"twin", value=b"".join(int(f).to_bytes(2, "big") for f in features))
+            for conn in twins.conns:
+                conn.data_received(hello)
+            reply = kv.store(twins.conns[0], frame)
+            assert reply == kv._store_py(twins.conns[1], frame)
+            assert len(reply) == size
+    finally:
+        await twins.close()
+
+
+@needs_compiled
 def test_the_compiled_handler_calls_a_python_vbucket_set_too(loop, monkeypatch):
     """The handler calls VBucket.set's function with the vbucket first (no bound method): the
     compiled engine twin is an instancemethod, the Python one a plain function; both must work."""

@@ -102,6 +102,9 @@ class Bucket:
         # The vbucket, or None if this bucket does not have it. Every KV request calls it, so it is
         # the dict's own C-level get rather than a method around it.
         self.get_vbucket: Callable[[int], VBucket | None] = self._vbuckets.get
+        #: The live vbucket table, for hot paths that look vbuckets up themselves (the compiled SET
+        #: handler): read it, never change it.
+        self.vbucket_table: dict[int, VBucket] = self._vbuckets
         self.store = Store(self.data_dir / name / "store.sqlite3", synchronous=synchronous)
         self.flusher = Flusher(self.store, self._vbuckets, on_persisted=self._notify_persisted)
         self.closed = False

@@ -28,25 +28,78 @@ static unsigned char json_first[256];  /* kv._JSON_FIRST_BYTES */
 static unsigned char json_number[256]; /* kv._NUMBER_CHARS */
 static unsigned char json_ws[256];     /* kv._JSON_WS */
 static PyObject *kwnames;          /* ("flags", "expiry", "datatype", "cas") */
-static PyObject *s_collections, *s_json, *s_mutation_seqno, *s_get_vbucket, *s_bucket, *s_counters,
-    *s_cmd_set, *s_set, *s_cas, *s_uuid, *s_by_seqno;
+static PyObject *s_set_context, *s_counters_cmd_set, *s_set, *s_cas, *s_uuid, *s_by_seqno;
+/* Counters and Item, and where they keep cmd_set, cas and by_seqno: read and written at those
+   offsets (a generic getattr or setattr cost ~300 instructions each, a fifth of a SET). */
+static PyTypeObject *counters_type, *item_type;
+static Py_ssize_t cmd_set_offset, cas_offset, by_seqno_offset;
 
-/* conn.name as a truth value: 1/0, or -1 on error. */
-static int flag(PyObject *conn, PyObject *name) {
-    PyObject *v = PyObject_GetAttr(conn, name);
-    if (v == NULL) return -1;
-    int truth = PyObject_IsTrue(v);
-    Py_DECREF(v);
-    return truth;
+#define SLOT_AT(obj, off) (*(PyObject **)((char *)(obj) + (off)))
+
+/* The session's part of a SET, from conn.set_context (Connection._refresh_ready keeps it current:
+   the bucket's vbucket table and counters, and the HELLO features the handler looks at). */
+typedef struct {
+    PyObject *vbuckets, *counters;  /* borrowed from the context tuple, which the caller owns */
+    int collections, json, mutation_seqno;
+} session_t;
+
+/* 1: filled; 0: no bucket or not a context this file knows (the Python decides); -1: error. */
+static int session_of(PyObject *ctx, session_t *s) {
+    if (!PyTuple_CheckExact(ctx) || PyTuple_GET_SIZE(ctx) != 5) return 0;
+    s->vbuckets = PyTuple_GET_ITEM(ctx, 0);
+    s->counters = PyTuple_GET_ITEM(ctx, 1);
+    if (!PyDict_CheckExact(s->vbuckets)) return 0;
+    int *flags[3] = {&s->collections, &s->json, &s->mutation_seqno};
+    for (int i = 0; i < 3; i++) {
+        *flags[i] = PyObject_IsTrue(PyTuple_GET_ITEM(ctx, 2 + i));
+        if (*flags[i] < 0) return -1;
+    }
+    return 1;
 }
 
-/* An int attribute of obj as u64: 1, or 0 (error set) when it is missing or out of range. */
-static int u64_attr(PyObject *obj, PyObject *name, unsigned long long *out) {
-    PyObject *v = PyObject_GetAttr(obj, name);
-    if (v == NULL) return 0;
+/* obj.<slot at off> as u64 when obj is exactly `type`, else the attribute `name`: 1, or 0 (error
+   set) when it is missing or out of range. */
+static int u64_field(PyObject *obj, PyTypeObject *type, Py_ssize_t off, PyObject *name, unsigned long long *out) {
+    PyObject *v;
+    if (type != NULL && Py_TYPE(obj) == type && SLOT_AT(obj, off) != NULL) {
+        v = Py_NewRef(SLOT_AT(obj, off));
+    } else {
+        v = PyObject_GetAttr(obj, name);
+        if (v == NULL) return 0;
+    }
     *out = PyLong_AsUnsignedLongLong(v);
     Py_DECREF(v);
     return !(*out == (unsigned long long)-1 && PyErr_Occurred());
+}
+
+/* counters.cmd_set += 1 */
+static int count_set(PyObject *counters) {
+    PyObject *count, *sum;
+    int in_slot = counters_type != NULL && Py_TYPE(counters) == counters_type &&
+                  SLOT_AT(counters, cmd_set_offset) != NULL;
+    count = in_slot ? Py_NewRef(SLOT_AT(counters, cmd_set_offset)) : PyObject_GetAttr(counters, s_counters_cmd_set);
+    if (count == NULL) return -1;
+    if (PyLong_CheckExact(count)) {
+        long long n = PyLong_AsLongLong(count);
+        sum = n == -1 && PyErr_Occurred() ? NULL : (n < LLONG_MAX ? PyLong_FromLongLong(n + 1) : NULL);
+        if (sum == NULL) PyErr_Clear();
+    } else {
+        sum = NULL;
+    }
+    if (sum == NULL) {  /* a huge or unusual count: the generic protocol */
+        PyObject *one = PyLong_FromLong(1);
+        sum = one ? PyNumber_Add(count, one) : NULL;
+        Py_XDECREF(one);
+    }
+    Py_DECREF(count);
+    if (sum == NULL) return -1;
+    if (in_slot) {
+        Py_SETREF(SLOT_AT(counters, cmd_set_offset), sum);
+        return 0;
+    }
+    int rc = PyObject_SetAttr(counters, s_counters_cmd_set, sum);
+    Py_DECREF(sum);
+    return rc;
 }
 
 /* frame field i as a small unsigned int (< 2^32), or -1 if it is not one. */
@@ -65,7 +118,7 @@ static long long small_field(PyObject *frame, Py_ssize_t i) {
 static PyObject *handover(PyObject *const *args) { return PyObject_Vectorcall(fallback, args, 2, NULL); }
 
 /* 1: the fast path takes this request; 0: _store_py must; -1: error. Fills the outputs. */
-static int accept(PyObject *conn, PyObject *frame, long long *op, long long *datatype) {
+static int accept(const session_t *session, PyObject *frame, long long *op, long long *datatype) {
     if (Py_TYPE(frame) != frame_type || PyTuple_GET_SIZE(frame) != 10) return 0;
     *op = small_field(frame, 1);
     if (*op != OP_SET && *op != OP_SETQ) return 0;
@@ -81,13 +134,9 @@ static int accept(PyObject *conn, PyObject *frame, long long *op, long long *dat
     if (vbid < 0 || vbid > 0xFFFF || small_field(frame, 4) < 0) return 0;
     PyObject *cas = PyTuple_GET_ITEM(frame, 5);
     if (!PyLong_CheckExact(cas)) return 0;
-    int truth = flag(conn, s_collections);
-    if (truth != 0) return truth < 0 ? -1 : 0;
-    if (*datatype == DATATYPE_JSON) {
-        truth = flag(conn, s_json);  /* JSON on a connection that did not negotiate it: Python's error */
-        if (truth != 1) return truth;
-    }
-    return 1;
+    if (session->collections) return 0;
+    /* JSON on a connection that did not negotiate it: Python's error */
+    return *datatype != DATATYPE_JSON || session->json;
 }
 
 /* kv._looks_like_json's cheap rejections, which decide most values without a call: 1 JSON, 0 not,
@@ -109,6 +158,9 @@ static int json_verdict(PyObject *value) {
            (n == 4 && memcmp(s, "null", 4) == 0);
 }
 
+static PyObject *store_planned(PyObject *frame, const session_t *session, long long op, long long datatype,
+                               PyObject *const *args);
+
 static PyObject *store(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 2) {
         PyErr_SetString(PyExc_TypeError, "store(conn, frame) takes 2 arguments");
@@ -119,10 +171,24 @@ static PyObject *store(PyObject *module, PyObject *const *args, Py_ssize_t nargs
         return NULL;
     }
     PyObject *conn = args[0], *frame = args[1];
+    PyObject *ctx = PyObject_GetAttr(conn, s_set_context);
+    if (ctx == NULL) return NULL;
+    session_t session;
     long long op, datatype;
-    int accepted = accept(conn, frame, &op, &datatype);
-    if (accepted < 0) return NULL;
-    if (accepted == 0) return handover(args);
+    int accepted = session_of(ctx, &session);
+    if (accepted > 0) accepted = accept(&session, frame, &op, &datatype);
+    if (accepted <= 0) {
+        Py_DECREF(ctx);
+        return accepted < 0 ? NULL : handover(args);
+    }
+    PyObject *result = store_planned(frame, &session, op, datatype, args);
+    Py_DECREF(ctx);
+    return result;
+}
+
+/* The rest of store(), once accept() said the fast path takes the request. */
+static PyObject *store_planned(PyObject *frame, const session_t *session, long long op, long long datatype,
+                               PyObject *const *args) {
 
     PyObject *extras = PyTuple_GET_ITEM(frame, 7), *key = PyTuple_GET_ITEM(frame, 8);
     PyObject *value = PyTuple_GET_ITEM(frame, 9), *cas = PyTuple_GET_ITEM(frame, 5);
@@ -138,30 +204,13 @@ static PyObject *store(PyObject *module, PyObject *const *args, Py_ssize_t nargs
         if (truth < 0) return NULL;
         if (truth) datatype = DATATYPE_JSON;
     }
-    PyObject *get_vbucket = PyObject_GetAttr(conn, s_get_vbucket);
-    if (get_vbucket == NULL) return NULL;
-    PyObject *vb = PyObject_CallOneArg(get_vbucket, PyTuple_GET_ITEM(frame, 3));
-    Py_DECREF(get_vbucket);
-    if (vb == NULL) return NULL;
-    if (vb == Py_None) {  /* NOT_MY_VBUCKET, with the cluster map: Python's reply */
-        Py_DECREF(vb);
-        return handover(args);
+    PyObject *vb = PyDict_GetItemWithError(session->vbuckets, PyTuple_GET_ITEM(frame, 3));
+    if (vb == NULL) {  /* NOT_MY_VBUCKET, with the cluster map: Python's reply */
+        return PyErr_Occurred() ? NULL : handover(args);
     }
+    Py_INCREF(vb);
     PyObject *result = NULL, *item = NULL, *flags = NULL, *expiry = NULL, *dt = NULL;
-    /* conn.bucket.counters.cmd_set += 1 */
-    PyObject *bucket = PyObject_GetAttr(conn, s_bucket);
-    PyObject *counters = bucket ? PyObject_GetAttr(bucket, s_counters) : NULL;
-    Py_XDECREF(bucket);
-    if (counters == NULL) goto done;
-    PyObject *count = PyObject_GetAttr(counters, s_cmd_set);
-    PyObject *one = PyLong_FromLong(1);
-    PyObject *sum = count && one ? PyNumber_Add(count, one) : NULL;
-    Py_XDECREF(count);
-    Py_XDECREF(one);
-    int rc = sum ? PyObject_SetAttr(counters, s_cmd_set, sum) : -1;
-    Py_XDECREF(sum);
-    Py_DECREF(counters);
-    if (rc < 0) goto done;
+    if (count_set(session->counters) < 0) goto done;
 
     flags = PyLong_FromUnsignedLong(be32(ex));
     expiry = PyLong_FromUnsignedLong(be32(ex + 4));
@@ -188,9 +237,8 @@ static PyObject *store(PyObject *module, PyObject *const *args, Py_ssize_t nargs
         goto done;
     }
     unsigned long long item_cas;
-    if (!u64_attr(item, s_cas, &item_cas)) goto done;
-    int truth = flag(conn, s_mutation_seqno);
-    if (truth < 0) goto done;
+    if (!u64_field(item, item_type, cas_offset, s_cas, &item_cas)) goto done;
+    int truth = session->mutation_seqno;
     unsigned char reply[40] = {0};
     reply[0] = 0x81;
     reply[1] = (unsigned char)op;
@@ -198,7 +246,8 @@ static PyObject *store(PyObject *module, PyObject *const *args, Py_ssize_t nargs
     put64(reply + 16, item_cas);
     if (truth) {
         unsigned long long uuid, seqno;
-        if (!u64_attr(vb, s_uuid, &uuid) || !u64_attr(item, s_by_seqno, &seqno)) goto done;
+        if (!u64_field(vb, NULL, 0, s_uuid, &uuid) || !u64_field(item, item_type, by_seqno_offset, s_by_seqno, &seqno))
+            goto done;
         reply[4] = 16;
         put32(reply + 8, 16);
         put64(reply + 24, uuid);
@@ -214,14 +263,24 @@ done:
     return result;
 }
 
-/* configure(store_py, Frame, looks_like_json, json_first_bytes, number_chars, json_ws, max_value_len) */
+/* configure(store_py, Frame, looks_like_json, json_first_bytes, number_chars, json_ws, max_value_len,
+   Counters, Item) */
 static PyObject *configure(PyObject *module, PyObject *args) {
-    PyObject *store_py, *type, *looks, *first;
+    PyObject *store_py, *type, *looks, *first, *counters, *item;
     Py_buffer number, ws;
     Py_ssize_t max_len;
-    if (!PyArg_ParseTuple(args, "OO!OOy*y*n", &store_py, &PyType_Type, &type, &looks, &first, &number, &ws,
-                          &max_len))
+    if (!PyArg_ParseTuple(args, "OO!OOy*y*nO!O!", &store_py, &PyType_Type, &type, &looks, &first, &number, &ws,
+                          &max_len, &PyType_Type, &counters, &PyType_Type, &item))
         return NULL;
+    Py_ssize_t offsets[3] = {object_slot_offset((PyTypeObject *)counters, s_counters_cmd_set),
+                             object_slot_offset((PyTypeObject *)item, s_cas),
+                             object_slot_offset((PyTypeObject *)item, s_by_seqno)};
+    if (offsets[0] < 0 || offsets[1] < 0 || offsets[2] < 0) {
+        PyBuffer_Release(&number);
+        PyBuffer_Release(&ws);
+        PyErr_SetString(PyExc_TypeError, "Counters.cmd_set, Item.cas and Item.by_seqno must be object slots");
+        return NULL;
+    }
     memset(json_number, 0, sizeof json_number);
     memset(json_ws, 0, sizeof json_ws);
     for (Py_ssize_t i = 0; i < number.len; i++) json_number[((unsigned char *)number.buf)[i]] = 1;
@@ -251,6 +310,11 @@ static PyObject *configure(PyObject *module, PyObject *args) {
     Py_XSETREF(fallback, Py_NewRef(store_py));
     Py_XSETREF(frame_type, (PyTypeObject *)Py_NewRef(type));
     Py_XSETREF(looks_like_json, Py_NewRef(looks));
+    Py_XSETREF(counters_type, (PyTypeObject *)Py_NewRef(counters));
+    Py_XSETREF(item_type, (PyTypeObject *)Py_NewRef(item));
+    cmd_set_offset = offsets[0];
+    cas_offset = offsets[1];
+    by_seqno_offset = offsets[2];
     memcpy(json_first, table, sizeof table);
     max_value_len = max_len;
     Py_RETURN_NONE;
@@ -260,17 +324,16 @@ static PyMethodDef methods[] = {
     {"store", (PyCFunction)(void (*)(void))store, METH_FASTCALL,
      "store(conn, frame): kv.store's common case compiled; everything else goes to kv._store_py."},
     {"configure", configure, METH_VARARGS,
-     "configure(store_py, Frame, looks_like_json, json_first_bytes, number_chars, json_ws, max_value_len)"},
+     "configure(store_py, Frame, looks_like_json, json_first_bytes, number_chars, json_ws, max_value_len, "
+     "Counters, Item)"},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "dcpflow.server._speedups",
                                         "The server's SET handler, compiled (see _speedups.c).", -1, methods};
 
 PyMODINIT_FUNC PyInit__speedups(void) {
-    PyObject **slots[] = {&s_collections, &s_json, &s_mutation_seqno, &s_get_vbucket, &s_bucket, &s_counters,
-                          &s_cmd_set, &s_set, &s_cas, &s_uuid, &s_by_seqno};
-    const char *text[] = {"collections", "json", "mutation_seqno", "get_vbucket", "bucket", "counters",
-                          "cmd_set", "set", "cas", "uuid", "by_seqno"};
+    PyObject **slots[] = {&s_set_context, &s_counters_cmd_set, &s_set, &s_cas, &s_uuid, &s_by_seqno};
+    const char *text[] = {"set_context", "cmd_set", "set", "cas", "uuid", "by_seqno"};
     for (size_t i = 0; i < sizeof slots / sizeof slots[0]; i++) {
         *slots[i] = PyUnicode_InternFromString(text[i]);
         if (*slots[i] == NULL) return NULL;

@@ -25,7 +25,10 @@ import concurrent.futures
 import contextlib
 import gc
 import logging
+import os
 import ssl
+import sys
+import threading
 import time
 import uuid as uuidlib
 from dataclasses import dataclass
@@ -42,6 +45,7 @@ from . import session as _session  # noqa: F401
 from . import stats as _stats  # noqa: F401
 from .auth import UserDB
 from .connection import Connection
+from .counters import Counters
 from .session import SERVER_VERSION
 from .topology import Topology
 
@@ -59,6 +63,7 @@ class ServerConfig:
     num_vbuckets: int | None = None  # None: as the bucket was created (1024 for a new one)
     conflict_resolution: str | None = None  # None: as the bucket was created (seqno for a new one)
     flush_interval: float = 0.1
+    flusher_nice: int = 10  # the flusher thread runs this many nice levels below the server (0: equal)
     purge_interval: float = 259_200.0  # tombstone purge age (seconds), ep-engine's 3 days
     compaction_interval: float = 3600.0
     expiry_interval: float = 10.0
@@ -77,16 +82,22 @@ class ServerConfig:
     plain_over_tcp: bool = False
 
 
-class Counters:
-    """Per-bucket operation counters for `stats` (memcached's names)."""
+def _lower_thread_priority(steps: int) -> None:
+    """Make the calling thread `steps` nice levels nicer than it is (Linux: a thread is a task with
+    its own nice value; elsewhere setpriority would change the whole process, so nothing is done).
 
-    __slots__ = ("cmd_get", "get_hits", "get_misses", "cmd_set", "cmd_delete")
-
-    def __init__(self):
-        self.cmd_get = self.get_hits = self.get_misses = self.cmd_set = self.cmd_delete = 0
-
-    def as_dict(self) -> dict[str, int]:
-        return {name: getattr(self, name) for name in self.__slots__}
+    The flusher runs this: a flushed row costs ~10 us of SQLite outside the GIL, on the cores that
+    also run the event loop and the clients on this host. At equal priority the scheduler took turns
+    between them and the loop was preempted mid-window (2 involuntary switches per 1000 SETs against
+    0.1 without the flusher); a nicer flusher takes what CPU is left, and under a write storm
+    checkpoint de-duplication absorbs what it has not written yet."""
+    if steps <= 0 or not sys.platform.startswith("linux"):
+        return
+    tid = threading.get_native_id()
+    try:
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + steps))
+    except OSError as e:  # a sandbox may forbid it: run at the same priority
+        log.warning("could not lower the flusher thread's priority: %s", e)
 
 
 class ServerBucket:
@@ -175,7 +186,9 @@ class Server:
         cfg = self.config
         loop = asyncio.get_running_loop()
         self._stopping, self._wake, self._maintenance = asyncio.Event(), asyncio.Event(), asyncio.Lock()
-        self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="dcpflow-flusher")
+        self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="dcpflow-flusher",
+                                                               initializer=_lower_thread_priority,
+                                                               initargs=(cfg.flusher_nice,))
         try:
             # Bound first (a port in use fails before any bucket is created in the data dir), serving
             # only once the buckets are open and the map (which needs the bound ports) exists.

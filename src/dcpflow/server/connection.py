@@ -144,6 +144,9 @@ class Connection(asyncio.Protocol):
         self.user: User | None = None
         self.bucket: ServerBucket | None = None
         self.get_vbucket = None  # the selected bucket's engine.get_vbucket
+        #: What the compiled SET handler (server/_speedups.c) needs of the session, in one read:
+        #: (vbucket table, counters, collections, json, mutation_seqno), or None with no bucket.
+        self.set_context: tuple | None = None
         self.privileges = 0  # Privilege bits as a plain int (tested on every request)
         self.features: frozenset[int] = frozenset()
         self.collections = False
@@ -320,6 +323,12 @@ class Connection(asyncio.Protocol):
                  and (self.privileges & cmd[3]) == cmd[3]}
         self._ready.clear()
         self._ready.update(ready)
+        self._refresh_set_context()
+
+    def _refresh_set_context(self) -> None:
+        bucket = self.bucket
+        self.set_context = None if bucket is None else (
+            bucket.engine.vbucket_table, bucket.counters, self.collections, self.json, self.mutation_seqno)
 
     def _handle(self, frame: Frame):
         magic = frame.magic
@@ -464,6 +473,7 @@ class Connection(asyncio.Protocol):
         self.json = Feature.JSON in self.features
         self.xattr = Feature.XATTR in self.features
         self.dedupe_nmvb = Feature.DEDUPE_NOT_MY_VBUCKET_CLUSTERMAP in self.features
+        self._refresh_set_context()
 
     def set_user(self, user: "User | None") -> None:
         """A (re-)authentication starts a new privilege context with no bucket (rbac.md)."""

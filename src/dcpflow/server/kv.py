@@ -22,6 +22,7 @@ import json
 import struct
 
 from dcpflow.engine.errors import EngineError
+from dcpflow.engine.item import Item
 from dcpflow.engine.vbucket import VBucket, VBucketState
 from dcpflow.protocol import dcp as dcpproto
 from dcpflow.protocol import kv as kvproto
@@ -44,6 +45,7 @@ from dcpflow.protocol.status import Status
 
 from .auth import Privilege
 from .connection import Connection
+from .counters import Counters
 from .dispatch import command
 
 _P = Privilege
@@ -254,7 +256,8 @@ def _compiled_store():
     configure = compiled("configure", "dcpflow.server._speedups")
     if configure is None:
         return None
-    configure(_store_py, Frame, _looks_like_json, _JSON_FIRST_BYTES, _NUMBER_CHARS, _JSON_WS, MAX_VALUE_LEN)
+    configure(_store_py, Frame, _looks_like_json, _JSON_FIRST_BYTES, _NUMBER_CHARS, _JSON_WS, MAX_VALUE_LEN,
+              Counters, Item)
     return compiled("store", "dcpflow.server._speedups")
 
 
