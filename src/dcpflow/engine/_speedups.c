@@ -281,6 +281,12 @@ static PyObject *new_item(PyObject *key, PyObject *value, PyObject *flags, PyObj
     PyObject *item = type->tp_alloc(type, 0);
     if (item != NULL) {
         for (int i = 0; i < ITEM_FIELDS; i++) SLOT(item, i) = Py_NewRef(fields[i]);
+        /* Bytes and ints cannot lead back to the item, so it can never be in a reference cycle: the
+           cyclic GC need not track it (CPython untracks such tuples and dicts the same way). Each
+           collection traversed every young version, and a full one every version in memory. */
+        if (PyBytes_CheckExact(key) && PyBytes_CheckExact(value) && PyLong_CheckExact(flags) &&
+            PyLong_CheckExact(datatype) && PyObject_GC_IsTracked(item))
+            PyObject_GC_UnTrack(item);
     }
     return item;
 }
