@@ -134,6 +134,35 @@ def test_latest_start_is_fixed_once_planned_even_across_a_driver_restart(server)
         r.stop()
 
 
+def test_available_now_ends_without_asking_the_server_again(server, monkeypatch):
+    """Once a run has read up to the high seqnos it started with, Spark's closing latestOffset is
+    answered from the run's own view: the offset it holds, unchanged, and no server round trip."""
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    from dcpflow.spark import source as source_mod
+
+    write(server.port, Workload(docs=60, updates=0, deletes=0, expiring=0, rounds=0, seed=21))
+    src = source_mod.DcpDataSource(source_options(server.port))
+    r = src.streamReader(src.schema())
+    r.STATE_REUSE_SECONDS = 0  # every _state() call would look at the server
+    looks = []
+    real = source_mod.server_state
+    monkeypatch.setattr(source_mod, "server_state", lambda *a: looks.append(1) or real(*a))
+    try:
+        r.prepareForTriggerAvailableNow()
+        start = r.initialOffset()
+        end = r.latestOffset(start, ReadAllAvailable())
+        assert end != start
+        write(server.port, Workload(docs=10, updates=0, deletes=0, expiring=0, rounds=0, seed=22))
+        before = len(looks)
+        assert r.latestOffset(end, ReadAllAvailable()) == end  # done: the 10 new ones are the next run's
+        assert len(looks) == before
+        assert r.latestOffset(start, ReadAllAvailable()) == end  # short of the target: it still looks
+        assert len(looks) == before + 1
+    finally:
+        r.stop()
+
+
 def test_bad_options_fail_at_load_naming_the_option(spark, server):
     with pytest.raises(PySparkException, match="Did you mean 'maxSeqnosPerTrigger'"):
         spark.readStream.format("dcp").options(**source_options(server.port, maxSeqnoPerTrigger=5)).load()

@@ -287,7 +287,14 @@ class DcpStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def latestOffset(self, start: dict, limit) -> dict:
         start_off = off.SourceOffset.from_json(start)
-        high, logs, _ = self._state()
+        if self._reached_target(start_off):
+            # AvailableNow has read everything up to its target, planned from this view: asking
+            # the server again (~0.05-0.07 s at 1024 vbuckets, on the query's critical path) could
+            # only find a rollback newer than the data read, which the next query's first plan
+            # finds all the same.
+            high, logs, _ = self._seen[1]
+        else:
+            high, logs, _ = self._state()
         if self._target is not None:
             high = {vb: min(h, self._target.get(vb, h)) for vb, h in high.items()}
         added = [vb for vb in self._vbuckets if vb not in start_off.vbuckets]
@@ -303,6 +310,11 @@ class DcpStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if end is start_off:
             return start  # nothing to read: the offset Spark holds, unchanged
         return end.to_json()
+
+    def _reached_target(self, start: off.SourceOffset) -> bool:
+        target, vbuckets = self._target, self._vbuckets
+        return (target is not None and self._seen is not None and vbuckets is not None and
+                all(vb in start.vbuckets and start.vbuckets[vb].seqno >= target.get(vb, 0) for vb in vbuckets))
 
     def _budget(self, limit) -> int | None:
         """Seqnos this batch may cover. A byte limit becomes seqnos through the average item size,
