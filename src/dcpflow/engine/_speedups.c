@@ -76,7 +76,7 @@ static long long clock_ns(clockid_t id) {
 #define LOGICAL_BITS 0xFFFFULL
 
 /* The slot `attr` of `obj` (borrowed; NULL when unset). */
-#define SLOT(obj, attr) (*(PyObject **)((char *)(obj) + offset[attr]))
+#define SLOT(obj, attr) SLOT_AT(obj, offset[attr])
 
 static inline int is(PyObject *obj, int cls) { return obj != NULL && Py_TYPE(obj) == classes[cls]; }
 
@@ -85,34 +85,6 @@ static int put(PyObject *obj, int attr, PyObject *value) {
     if (value == NULL) return -1;
     Py_XSETREF(SLOT(obj, attr), value);
     return 0;
-}
-
-/* The value of an exact int that fits a long long (1), or 0 with no error set. The counters,
-   seqnos and CAS values here always fit: their arithmetic and comparisons stay native (the
-   generic number protocol cost ~100 instructions per operation, PyLong_AsUnsignedLongLong ~250). */
-static inline int small_int(PyObject *v, long long *out) {
-    if (!PyLong_CheckExact(v)) return 0;
-    int overflow;
-    long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
-    if (overflow) return 0;
-    if (x == -1 && PyErr_Occurred()) {
-        PyErr_Clear();
-        return 0;
-    }
-    *out = x;
-    return 1;
-}
-
-/* a + b (a new reference), natively when a is a small int and the sum fits. */
-static PyObject *plus(PyObject *a, long long b) {
-    long long x;
-    if (small_int(a, &x) && !(b > 0 && x > LLONG_MAX - b) && !(b < 0 && x < LLONG_MIN - b))
-        return PyLong_FromLongLong(x + b);
-    PyObject *b_obj = PyLong_FromLongLong(b);
-    if (b_obj == NULL) return NULL;
-    PyObject *sum = PyNumber_Add(a, b_obj);
-    Py_DECREF(b_obj);
-    return sum;
 }
 
 /* PyObject_RichCompareBool(a, b, op) for op in GT/GE, natively for small ints. */

@@ -1,5 +1,6 @@
 /* What the compiled twins share (protocol/, engine/ and server/_speedups.c include it): big-endian
-   fields, the DCP_MUTATION header, and where a class keeps an attribute in an object slot. */
+   fields, the DCP_MUTATION header, where a class keeps an attribute in an object slot, and native
+   arithmetic on small ints. */
 
 #ifndef DCPFLOW_SPEEDUPS_H
 #define DCPFLOW_SPEEDUPS_H
@@ -68,6 +69,37 @@ static inline Py_ssize_t object_slot_offset(PyTypeObject *type, PyObject *name) 
     PyMemberDef *member = ((PyMemberDescrObject *)descr)->d_member;
     if (member->type != T_OBJECT_EX || (member->flags & READONLY)) return -1;
     return member->offset;
+}
+
+/* The object slot at byte offset `off` of obj (borrowed; NULL when unset): see object_slot_offset. */
+#define SLOT_AT(obj, off) (*(PyObject **)((char *)(obj) + (off)))
+
+/* The value of an exact int that fits a long long (1), or 0 with no error set. The counters,
+   seqnos and CAS values here always fit: their arithmetic and comparisons stay native (the
+   generic number protocol cost ~100 instructions per operation, PyLong_AsUnsignedLongLong ~250). */
+static inline int small_int(PyObject *v, long long *out) {
+    if (!PyLong_CheckExact(v)) return 0;
+    int overflow;
+    long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
+    if (overflow) return 0;
+    if (x == -1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return 0;
+    }
+    *out = x;
+    return 1;
+}
+
+/* a + b (a new reference), natively when a is a small int and the sum fits. */
+static inline PyObject *plus(PyObject *a, long long b) {
+    long long x;
+    if (small_int(a, &x) && !(b > 0 && x > LLONG_MAX - b) && !(b < 0 && x < LLONG_MIN - b))
+        return PyLong_FromLongLong(x + b);
+    PyObject *b_obj = PyLong_FromLongLong(b);
+    if (b_obj == NULL) return NULL;
+    PyObject *sum = PyNumber_Add(a, b_obj);
+    Py_DECREF(b_obj);
+    return sum;
 }
 
 #endif

@@ -34,8 +34,6 @@ static PyObject *s_set_context, *s_counters_cmd_set, *s_set, *s_cas, *s_uuid, *s
 static PyTypeObject *counters_type, *item_type;
 static Py_ssize_t cmd_set_offset, cas_offset, by_seqno_offset;
 
-#define SLOT_AT(obj, off) (*(PyObject **)((char *)(obj) + (off)))
-
 /* The session's part of a SET, from conn.set_context (Connection._refresh_ready keeps it current:
    the bucket's vbucket table and counters, and the HELLO features the handler looks at). */
 typedef struct {
@@ -74,23 +72,12 @@ static int u64_field(PyObject *obj, PyTypeObject *type, Py_ssize_t off, PyObject
 
 /* counters.cmd_set += 1 */
 static int count_set(PyObject *counters) {
-    PyObject *count, *sum;
     int in_slot = counters_type != NULL && Py_TYPE(counters) == counters_type &&
                   SLOT_AT(counters, cmd_set_offset) != NULL;
-    count = in_slot ? Py_NewRef(SLOT_AT(counters, cmd_set_offset)) : PyObject_GetAttr(counters, s_counters_cmd_set);
+    PyObject *count = in_slot ? Py_NewRef(SLOT_AT(counters, cmd_set_offset))
+                              : PyObject_GetAttr(counters, s_counters_cmd_set);
     if (count == NULL) return -1;
-    if (PyLong_CheckExact(count)) {
-        long long n = PyLong_AsLongLong(count);
-        sum = n == -1 && PyErr_Occurred() ? NULL : (n < LLONG_MAX ? PyLong_FromLongLong(n + 1) : NULL);
-        if (sum == NULL) PyErr_Clear();
-    } else {
-        sum = NULL;
-    }
-    if (sum == NULL) {  /* a huge or unusual count: the generic protocol */
-        PyObject *one = PyLong_FromLong(1);
-        sum = one ? PyNumber_Add(count, one) : NULL;
-        Py_XDECREF(one);
-    }
+    PyObject *sum = plus(count, 1);
     Py_DECREF(count);
     if (sum == NULL) return -1;
     if (in_slot) {
