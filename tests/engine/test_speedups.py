@@ -177,6 +177,40 @@ def test_heavy_rewrites_compact_the_open_checkpoint_the_same_way():
 
 
 @needs_compiled
+def test_the_compiled_compaction_runs_without_the_python_one(monkeypatch):
+    """A checkpoint of Items compacts in C (Checkpoint._compact is its specification, compared
+    above); the Python runs only for objects of another shape."""
+    from dcpflow.engine.checkpoint import Checkpoint
+
+    def refuse(self):
+        raise AssertionError("the Python _compact ran")
+
+    vb, _ = make(Clocks(), 10_000, None)
+    monkeypatch.setattr(Checkpoint, "_compact", refuse)
+    for i in range(300):
+        vb.set(b"key-%d" % (i % 3), b"v%d" % i)
+    cp = vb.checkpoint_manager.checkpoints[-1]
+    assert cp._holes < 65
+    assert [it.key for it in cp._items if it is not None] == [b"key-0", b"key-1", b"key-2"]
+
+
+@needs_compiled
+def test_a_rewrite_keeps_one_key_object_for_the_hash_table_index_and_item():
+    """Equal keys from different requests are different objects; the compiled set keeps the first
+    one, so the hash table's and the checkpoint index's lookups match by identity."""
+    vb, _ = make(Clocks(), 10_000, None)
+    first = bytes(bytearray(b"doc-1"))
+    vb.set(first, b"1")
+    again = bytes(bytearray(b"doc-1"))
+    assert again is not first
+    item = vb.set(again, b"2")
+    assert item.key is first
+    assert next(k for k in vb.ht if k == first) is first
+    index = vb.checkpoint_manager.checkpoints[-1]._index
+    assert next(k for k in index if k == first) is first
+
+
+@needs_compiled
 def test_the_default_clocks_are_read_without_a_call():
     """With the default clocks (time.time_ns for the HLC, time.monotonic for checkpoint age) the
     compiled path reads them itself: the CAS is the wall clock's, and a checkpoint older than its
