@@ -1,4 +1,5 @@
-"""The compiled SET handler (server/_speedups.c) against its specification, kv._store_py.
+"""The compiled SET handler and request loop (server/_speedups.c) against their specifications,
+kv._store_py and Connection._process's Python loop.
 
 Two in-process servers, twins down to their clocks and failover UUIDs, each with one
 authenticated connection with the same HELLO features, get the same requests: one through
@@ -21,6 +22,7 @@ from dcpflow.protocol.errors import ProtocolError
 from dcpflow.protocol.frame import Frame, RequestFrameId, encode_frame_info, request
 from dcpflow.protocol.hello import Feature
 from dcpflow.protocol.opcodes import Opcode
+from dcpflow.server import connection as connection_module
 from dcpflow.server import kv
 from dcpflow.server.app import Server, ServerConfig
 from dcpflow.server.connection import Connection
@@ -193,3 +195,114 @@ def test_the_compiled_handler_calls_a_python_vbucket_set_too(loop, monkeypatch):
     loop.run_until_complete(_plain_set())
     loop.run_until_complete(_compare((), [(Opcode.SET, 0, b"doc", b"123", bytes(8), 1, "none", b"", 7),
                                           (Opcode.SET, 0, b"doc", b"x", bytes(8), 1, "current", b"", 8)]))
+
+
+# -- the compiled request loop (dispatch) against the Python loop ----------------------------------
+
+def _raw(magic: int, opcode: int, key: bytes = b"", extras: bytes = b"", value: bytes = b"", vbucket: int = 0,
+         opaque: int = 0, key_len: int | None = None, framing: bytes = b"") -> bytes:
+    """A frame's bytes, with a key length that may lie (malformed on purpose)."""
+    kl = len(key) if key_len is None else key_len
+    body = framing + extras + key + value
+    key_field = (len(framing) << 8 | kl) if magic in (0x08, 0x18) else kl
+    return (bytes([magic, opcode]) + key_field.to_bytes(2, "big") + bytes([len(extras), 0]) +
+            vbucket.to_bytes(2, "big") + len(body).to_bytes(4, "big") + opaque.to_bytes(4, "big") + bytes(8) + body)
+
+
+_SET_EXTRAS = bytes(8)
+wire_requests = st.one_of(
+    st.builds(lambda k, v, vb, o: _raw(0x80, Opcode.SET, k, _SET_EXTRAS, v, vb, o),
+              st.sampled_from([b"a", b"doc"]), st.binary(max_size=12), st.sampled_from([0, 1, VBUCKETS]),
+              st.integers(0, 0xFFFF)),
+    st.builds(lambda k, v, o: _raw(0x80, Opcode.SET_Q, k, _SET_EXTRAS, v, 1, o),
+              st.sampled_from([b"a", b"doc"]), st.binary(max_size=12), st.integers(0, 0xFFFF)),
+    st.builds(lambda k, o: _raw(0x80, Opcode.GET, k, opaque=o), st.sampled_from([b"a", b"doc", b"zz"]),
+              st.integers(0, 0xFFFF)),
+    st.builds(lambda k, o: _raw(0x80, Opcode.GET_Q, k, opaque=o), st.sampled_from([b"a", b"zz"]),
+              st.integers(0, 0xFFFF)),
+    st.builds(lambda k, o: _raw(0x80, Opcode.DELETE, k, opaque=o), st.sampled_from([b"a", b"doc"]),
+              st.integers(0, 0xFFFF)),
+    st.just(_raw(0x80, Opcode.NOOP, opaque=5)),
+    st.just(_raw(0x80, 0xF3, opaque=6)),  # an unknown opcode
+    st.just(_raw(0x80, Opcode.SET, b"abc", _SET_EXTRAS, b"v", 1, 7, key_len=40)),  # key beyond the body: EINVAL
+    st.just(_raw(0x08, Opcode.SET, b"doc", _SET_EXTRAS, b"flex", 1, 8,
+                 framing=encode_frame_info(RequestFrameId.PRESERVE_TTL))),  # framing extras: the checked path
+    st.just(_raw(0x80, Opcode.SASL_AUTH, b"PLAIN", value=b"\0Administrator\0wrong", opaque=9)),
+    st.just(_raw(0x81, Opcode.NOOP, opaque=10)),  # a response from a client: closes the connection
+    st.just(b"\x42" + bytes(23)),  # bad magic: fatal
+)
+
+
+@needs_compiled
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                  HealthCheck.function_scoped_fixture])
+@given(run=st.lists(wire_requests, min_size=1, max_size=40), cuts=st.lists(st.integers(0, 2000), max_size=6))
+def test_compiled_dispatch_answers_exactly_what_the_python_loop_answers(loop, monkeypatch, run, cuts):
+    """The same bytes, cut at the same places, fed to a connection running the compiled loop and to
+    its twin running the Python loop: the same output, the same state, the same close."""
+    loop.run_until_complete(_compare_dispatch(monkeypatch, b"".join(run), cuts))
+
+
+async def _compare_dispatch(monkeypatch, data: bytes, cuts: list[int]):
+    twins = await Twins().start((Feature.MUTATION_SEQNO,))
+    try:
+        bounds = sorted({min(c, len(data)) for c in cuts} | {0, len(data)})
+        compiled_dispatch = connection_module._dispatch
+        for lo, hi in zip(bounds, bounds[1:], strict=False):
+            for side, loop_impl in ((0, compiled_dispatch), (1, None)):
+                monkeypatch.setattr(connection_module, "_dispatch", loop_impl)
+                conn = twins.conns[side]
+                if not conn._closing:
+                    conn.data_received(data[lo:hi])
+            monkeypatch.setattr(connection_module, "_dispatch", compiled_dispatch)
+            # NOT_MY_VBUCKET carries the cluster map, where each twin has its own port and bucket UUID
+            sent = [b"".join(c.args[0] for c in conn.transport.write.call_args_list)
+                    .replace(str(server.port).encode(), b"PORT")
+                    .replace(server.buckets["default"].uuid.encode(), b"UUID".ljust(32))
+                    for conn, server in zip(twins.conns, twins.servers, strict=True)]
+            assert sent[0] == sent[1]
+            assert twins.conns[0]._closing == twins.conns[1]._closing
+            assert documents(twins, 0) == documents(twins, 1)
+            twins.now += 0.25
+    finally:
+        await twins.close()
+
+
+@needs_compiled
+@pytest.mark.parametrize("compiled_loop", [True, False])
+def test_both_loops_stop_at_a_close_and_wait_for_an_awaitable(loop, monkeypatch, compiled_loop):
+    """A handler that closes the connection ends the batch (the NOOP after it is not answered);
+    one that returns an awaitable holds back the requests after it until its reply is written."""
+    if not compiled_loop:
+        monkeypatch.setattr(connection_module, "_dispatch", None)
+    loop.run_until_complete(_close_and_wait())
+
+
+async def _close_and_wait():
+    twins = await Twins().start(())
+    try:
+        conn = twins.conns[0]
+        gate = asyncio.get_running_loop().create_future()
+
+        async def slow(reply):
+            await gate
+            return reply
+
+        conn._ready[0xF0] = lambda c, f: slow(b"SLOW")
+        conn._ready[0xF1] = lambda c, f: (c.close(), b"BYE")[1]
+        written = conn.transport.write.call_args_list
+        before = len(written)
+        conn.data_received(_raw(0x80, 0xF0) + _raw(0x80, Opcode.NOOP, opaque=1))
+        assert len(written) == before  # the NOOP waits behind the awaitable
+        gate.set_result(None)
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        out = b"".join(c.args[0] for c in written[before:])
+        assert out.startswith(b"SLOW") and out[4:6] == b"\x81" + bytes([Opcode.NOOP])
+        before = len(written)
+        conn.data_received(_raw(0x80, 0xF1) + _raw(0x80, Opcode.NOOP, opaque=2))
+        assert conn._closing
+        # (this mock transport never says it is closing, so the handler's own reply is still flushed)
+        assert b"".join(c.args[0] for c in written[before:]) == b"BYE"  # and nothing for the NOOP
+    finally:
+        await twins.close()

@@ -28,7 +28,8 @@ static unsigned char json_first[256];  /* kv._JSON_FIRST_BYTES */
 static unsigned char json_number[256]; /* kv._NUMBER_CHARS */
 static unsigned char json_ws[256];     /* kv._JSON_WS */
 static PyObject *kwnames;          /* ("flags", "expiry", "datatype", "cas") */
-static PyObject *s_set_context, *s_counters_cmd_set, *s_set, *s_cas, *s_uuid, *s_by_seqno;
+static PyObject *s_set_context, *s_counters_cmd_set, *s_set, *s_cas, *s_uuid, *s_by_seqno, *s_buf, *s_size,
+    *s_closing;
 /* Counters and Item, and where they keep cmd_set, cas and by_seqno: read and written at those
    offsets (a generic getattr or setattr cost ~300 instructions each, a fifth of a SET). */
 static PyTypeObject *counters_type, *item_type;
@@ -307,7 +308,132 @@ static PyObject *configure(PyObject *module, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* ---------------------------------------------------------------------------------------------
+   dispatch(conn, frames, ready, writer, limit) -> (n, status, obj): Connection._process's loop
+   over a batch of frames from FrameDecoder.peek_batch, compiled (connection.py's Python loop is
+   its specification; tests/server/test_connection.py runs both). A classic request whose opcode
+   is in `ready` (the handlers this session may run, checks done) goes to its handler; a bytes
+   reply joins writer._buf. It stops, and says why, where the Python has to take over:
+
+     DONE     all n frames ran;
+     HANDLE   frames[n] did not run (another magic, or not in `ready`): the Python's _handle runs it;
+     RAISED   frames[n] ran and raised obj (an Exception: anything else propagates);
+     WAIT     frames[n] ran and returned obj, an awaitable;
+     FLUSH    n frames ran and writer._size passed `limit`;
+     CLOSED   n frames ran and the last one closed the connection.
+
+   Why: the generator, islice and loop bytecodes were ~10% of a server SET (perf, dwarf). */
+
+enum { D_DONE, D_HANDLE, D_RAISED, D_WAIT, D_FLUSH, D_CLOSED };
+
+static PyObject *dispatched(Py_ssize_t n, int status, PyObject *obj) {
+    return Py_BuildValue("(niO)", n, status, obj ? obj : Py_None);
+}
+
+static PyObject *dispatch(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "dispatch(conn, frames, ready, writer, limit) takes 5 arguments");
+        return NULL;
+    }
+    if (frame_type == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "dcpflow.server._speedups.configure() was not called");
+        return NULL;
+    }
+    PyObject *conn = args[0], *frames = args[1], *ready = args[2], *writer = args[3];
+    if (!PyList_CheckExact(frames) || !PyDict_CheckExact(ready)) {
+        PyErr_SetString(PyExc_TypeError, "dispatch() takes a list of frames and a dict of handlers");
+        return NULL;
+    }
+    Py_ssize_t limit = PyLong_AsSsize_t(args[4]);
+    if (limit == -1 && PyErr_Occurred()) return NULL;
+    PyObject *out = PyObject_GetAttr(writer, s_buf);
+    if (out == NULL) return NULL;
+    if (!PyList_CheckExact(out)) {
+        Py_DECREF(out);
+        PyErr_SetString(PyExc_TypeError, "writer._buf must be a list");
+        return NULL;
+    }
+    PyObject *size_obj = PyObject_GetAttr(writer, s_size);
+    Py_ssize_t size = size_obj == NULL ? -1 : PyLong_AsSsize_t(size_obj);
+    Py_XDECREF(size_obj);
+    if (size == -1 && PyErr_Occurred()) {
+        Py_DECREF(out);
+        return NULL;
+    }
+    Py_ssize_t start_size = size, i = 0, n = PyList_GET_SIZE(frames);
+    int status = D_DONE;
+    PyObject *obj = NULL, *result = NULL;
+    for (; i < n; i++) {
+        PyObject *frame = PyList_GET_ITEM(frames, i);
+        if (Py_TYPE(frame) != frame_type || PyTuple_GET_SIZE(frame) != 10 || small_field(frame, 0) != 0x80) {
+            status = D_HANDLE;
+            break;
+        }
+        PyObject *handler = PyDict_GetItemWithError(ready, PyTuple_GET_ITEM(frame, 1));
+        if (handler == NULL) {
+            if (PyErr_Occurred()) goto done;
+            status = D_HANDLE;
+            break;
+        }
+        Py_INCREF(handler);  /* the handler may change `ready` (a login refreshes it) */
+        PyObject *call_args[2] = {conn, frame};
+        PyObject *reply = PyObject_Vectorcall(handler, call_args, 2, NULL);
+        Py_DECREF(handler);
+        if (reply == NULL) {
+            if (!PyErr_ExceptionMatches(PyExc_Exception)) goto done;  /* KeyboardInterrupt and the like */
+            PyObject *type, *value, *tb;
+            PyErr_Fetch(&type, &value, &tb);
+            PyErr_NormalizeException(&type, &value, &tb);
+            if (tb != NULL) PyException_SetTraceback(value, tb);
+            Py_XDECREF(type);
+            Py_XDECREF(tb);
+            obj = value;
+            status = D_RAISED;
+            break;
+        }
+        if (PyBytes_CheckExact(reply)) {
+            int rc = PyList_Append(out, reply);
+            size += PyBytes_GET_SIZE(reply);
+            Py_DECREF(reply);
+            if (rc < 0) goto done;
+        } else if (reply == Py_None) {
+            Py_DECREF(reply);
+        } else {
+            obj = reply;
+            status = D_WAIT;
+            break;
+        }
+        PyObject *closing = PyObject_GetAttr(conn, s_closing);
+        int closed = closing == NULL ? -1 : PyObject_IsTrue(closing);
+        Py_XDECREF(closing);
+        if (closed < 0) goto done;
+        if (closed) {
+            status = D_CLOSED;
+            i++;
+            break;
+        }
+        if (size > limit) {
+            status = D_FLUSH;
+            i++;
+            break;
+        }
+    }
+    result = dispatched(i, status, obj);
+done:
+    Py_XDECREF(obj);
+    if (size != start_size) {  /* what was appended is counted, whatever happened next */
+        PyObject *v = PyLong_FromSsize_t(size);
+        if (v == NULL || PyObject_SetAttr(writer, s_size, v) < 0) Py_CLEAR(result);
+        Py_XDECREF(v);
+    }
+    Py_DECREF(out);
+    return result;
+}
+
 static PyMethodDef methods[] = {
+    {"dispatch", (PyCFunction)(void (*)(void))dispatch, METH_FASTCALL,
+     "dispatch(conn, frames, ready, writer, limit) -> (n, status, obj): Connection._process's loop "
+     "over one batch, compiled."},
     {"store", (PyCFunction)(void (*)(void))store, METH_FASTCALL,
      "store(conn, frame): kv.store's common case compiled; everything else goes to kv._store_py."},
     {"configure", configure, METH_VARARGS,
@@ -319,8 +445,10 @@ static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "dcpflow.server._
                                         "The server's SET handler, compiled (see _speedups.c).", -1, methods};
 
 PyMODINIT_FUNC PyInit__speedups(void) {
-    PyObject **slots[] = {&s_set_context, &s_counters_cmd_set, &s_set, &s_cas, &s_uuid, &s_by_seqno};
-    const char *text[] = {"set_context", "cmd_set", "set", "cas", "uuid", "by_seqno"};
+    PyObject **slots[] = {&s_set_context, &s_counters_cmd_set, &s_set, &s_cas, &s_uuid, &s_by_seqno, &s_buf,
+                          &s_size, &s_closing};
+    const char *text[] = {"set_context", "cmd_set", "set", "cas", "uuid", "by_seqno", "_buf", "_size",
+                          "_closing"};
     for (size_t i = 0; i < sizeof slots / sizeof slots[0]; i++) {
         *slots[i] = PyUnicode_InternFromString(text[i]);
         if (*slots[i] == NULL) return NULL;

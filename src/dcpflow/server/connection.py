@@ -44,6 +44,7 @@ from dcpflow.protocol.frame import (
     Magic,
     RequestFrameId,
     check_request_frame_infos,
+    compiled,
     decode_frame_infos,
     response,
 )
@@ -73,6 +74,9 @@ _monotonic = time.monotonic
 _ALT_REQUEST = Magic.ALT_REQUEST
 _REQUEST = Magic.REQUEST
 _LOCK_STATUSES = frozenset((Status.LOCKED, Status.NOT_LOCKED))
+#: Connection._process's loop compiled (server/_speedups.c), or None: then the Python loop runs.
+_dispatch = compiled("dispatch", "dcpflow.server._speedups")
+_D_DONE, _D_HANDLE, _D_RAISED, _D_WAIT, _D_FLUSH, _D_CLOSED = range(6)
 
 
 class Writer:
@@ -247,10 +251,17 @@ class Connection(asyncio.Protocol):
         started = _monotonic()
         while not self._closing:
             try:
+                # With the compiled loop, what it leaves (no whole well-formed frame at the
+                # decoder's position: an incomplete frame, a bad header) goes to the loop below,
+                # and the frames after it to the compiled loop again.
+                if _dispatch is not None and self._process_compiled(started):
+                    return
                 frames = iter(decoder)
                 while True:
                     frame = None
-                    for frame in islice(frames, 64):  # the clock is read between slices, not per request
+                    # The clock is read between slices, not per request; with the compiled loop,
+                    # this one takes a frame at a time.
+                    for frame in islice(frames, 64 if _dispatch is None else 1):
                         # A classic request (no framing extras) whose command this session may run
                         # goes straight to its handler: the checks of _handle were done when the
                         # session last changed (tests/server/test_connection.py pins the equivalence).
@@ -281,12 +292,61 @@ class Connection(asyncio.Protocol):
                     if _monotonic() - started > MAX_PASS_SECONDS:
                         self._next_pass()
                         return
+                    if _dispatch is not None:
+                        break  # back to the compiled loop
             except ProtocolError as e:
                 if e.fatal:
                     self._log_bad_input(e)
                     self.close()
                     return
                 write(self.error_reply(e.opcode or 0, e.opaque or 0, e.status, e.reason))
+
+    def _process_compiled(self, started: float) -> bool:
+        """`_process`'s loop in batches through server/_speedups.c's dispatch, the same steps:
+        True when processing stops here (a handler waits, the writer is paused, the connection
+        closes, the pass has run its time), False when the decoder has no whole well-formed frame
+        for it (`_process` goes on with the Python loop)."""
+        decoder, ready, writer = self._decoder, self._ready, self.writer
+        while True:
+            frames, ends = decoder.peek_batch(64)
+            if not frames:
+                return False
+            n, status, obj = _dispatch(self, frames, ready, writer, MAX_BATCH_OUTPUT)
+            if status in (_D_DONE, _D_FLUSH, _D_CLOSED):
+                decoder.consume_to(ends[n - 1])
+                if status == _D_FLUSH:
+                    writer.flush()
+                    if writer.paused:
+                        return True
+                elif status == _D_CLOSED:
+                    return True
+            else:
+                frame = frames[n]
+                decoder.consume_to(ends[n])
+                if status == _D_WAIT:
+                    self._wait_for(frame, obj)
+                    return True
+                if status == _D_RAISED:
+                    try:
+                        raise obj
+                    except Exception as e:  # _handler_failed logs the traceback of the one being handled
+                        reply = self._handler_failed(frame, e)
+                else:
+                    reply = self._handle(frame)
+                if reply is not None:
+                    if reply.__class__ is not bytes:
+                        self._wait_for(frame, reply)
+                        return True
+                    writer.write(reply)
+                    if writer._size > MAX_BATCH_OUTPUT:
+                        writer.flush()
+                        if writer.paused:
+                            return True
+                if self._closing:
+                    return True
+            if _monotonic() - started > MAX_PASS_SECONDS:
+                self._next_pass()
+                return True
 
     def _next_pass(self) -> None:
         """Run the rest of the buffered requests on the next event-loop pass."""
