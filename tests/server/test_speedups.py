@@ -268,8 +268,7 @@ async def _compare_dispatch(monkeypatch, data: bytes, cuts: list[int]):
         await twins.close()
 
 
-@needs_compiled
-@pytest.mark.parametrize("compiled_loop", [True, False])
+@pytest.mark.parametrize("compiled_loop", [pytest.param(True, marks=needs_compiled), False])
 def test_both_loops_stop_at_a_close_and_wait_for_an_awaitable(loop, monkeypatch, compiled_loop):
     """A handler that closes the connection ends the batch (the NOOP after it is not answered);
     one that returns an awaitable holds back the requests after it until its reply is written."""
