@@ -149,15 +149,22 @@ static int json_verdict(PyObject *value) {
 static PyObject *store_planned(PyObject *frame, const session_t *session, long long op, long long datatype,
                                PyObject *const *args);
 
-static PyObject *store(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "store(conn, frame) takes 2 arguments");
-        return NULL;
+/* 1 when a function of this module may run: `usage` takes `want` arguments and configure() ran;
+   else 0 with the error set. */
+static int callable_now(Py_ssize_t nargs, Py_ssize_t want, const char *usage) {
+    if (nargs != want) {
+        PyErr_Format(PyExc_TypeError, "%s takes %zd arguments", usage, want);
+        return 0;
     }
-    if (fallback == NULL) {
+    if (fallback == NULL || frame_type == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "dcpflow.server._speedups.configure() was not called");
-        return NULL;
+        return 0;
     }
+    return 1;
+}
+
+static PyObject *store(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (!callable_now(nargs, 2, "store(conn, frame)")) return NULL;
     PyObject *conn = args[0], *frame = args[1];
     PyObject *ctx = PyObject_GetAttr(conn, s_set_context);
     if (ctx == NULL) return NULL;
@@ -331,14 +338,7 @@ static PyObject *dispatched(Py_ssize_t n, int status, PyObject *obj) {
 }
 
 static PyObject *dispatch(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 5) {
-        PyErr_SetString(PyExc_TypeError, "dispatch(conn, frames, ready, writer, limit) takes 5 arguments");
-        return NULL;
-    }
-    if (frame_type == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "dcpflow.server._speedups.configure() was not called");
-        return NULL;
-    }
+    if (!callable_now(nargs, 5, "dispatch(conn, frames, ready, writer, limit)")) return NULL;
     PyObject *conn = args[0], *frames = args[1], *ready = args[2], *writer = args[3];
     if (!PyList_CheckExact(frames) || !PyDict_CheckExact(ready)) {
         PyErr_SetString(PyExc_TypeError, "dispatch() takes a list of frames and a dict of handlers");
