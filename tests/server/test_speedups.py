@@ -305,3 +305,31 @@ async def _close_and_wait():
         assert b"".join(c.args[0] for c in written[before:]) == b"BYE"  # and nothing for the NOOP
     finally:
         await twins.close()
+
+
+class _Stop(BaseException):
+    """Not an Exception: no handler error reply catches it."""
+
+
+@pytest.mark.parametrize("compiled_loop", [pytest.param(True, marks=needs_compiled), False])
+def test_a_base_exception_propagates_with_the_replies_before_it_counted(loop, monkeypatch, compiled_loop):
+    if not compiled_loop:
+        monkeypatch.setattr(connection_module, "_dispatch", None)
+    loop.run_until_complete(_base_exception())
+
+
+async def _base_exception():
+    twins = await Twins().start(())
+    try:
+        conn = twins.conns[0]
+
+        def stop(c, f):
+            raise _Stop()
+
+        conn._ready[0xF2] = stop
+        with pytest.raises(_Stop):
+            conn.data_received(_raw(0x80, Opcode.NOOP, opaque=1) + _raw(0x80, 0xF2) + _raw(0x80, Opcode.NOOP, opaque=3))
+        writer = conn.writer
+        assert writer._size == sum(len(b) for b in writer._buf) == 24  # the first NOOP's reply, queued
+    finally:
+        await twins.close()

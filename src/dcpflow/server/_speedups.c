@@ -422,9 +422,15 @@ static PyObject *dispatch(PyObject *module, PyObject *const *args, Py_ssize_t na
 done:
     Py_XDECREF(obj);
     if (size != start_size) {  /* what was appended is counted, whatever happened next */
+        PyObject *type, *value, *tb;
+        PyErr_Fetch(&type, &value, &tb);  /* an error on its way out waits for the setattr */
         PyObject *v = PyLong_FromSsize_t(size);
-        if (v == NULL || PyObject_SetAttr(writer, s_size, v) < 0) Py_CLEAR(result);
+        if (v == NULL || PyObject_SetAttr(writer, s_size, v) < 0) {
+            Py_CLEAR(result);
+            if (type != NULL) PyErr_Clear();  /* the first error is the one to report */
+        }
         Py_XDECREF(v);
+        if (type != NULL) PyErr_Restore(type, value, tb);
     }
     Py_DECREF(out);
     return result;
