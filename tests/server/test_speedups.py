@@ -9,6 +9,7 @@ same status and text), the stored documents and the counters must be equal after
 
 import asyncio
 import os
+import re
 import tempfile
 from unittest import mock
 
@@ -255,10 +256,12 @@ async def _compare_dispatch(monkeypatch, data: bytes, cuts: list[int]):
                 if not conn._closing:
                     conn.data_received(data[lo:hi])
             monkeypatch.setattr(connection_module, "_dispatch", compiled_dispatch)
-            # NOT_MY_VBUCKET carries the cluster map, where each twin has its own port and bucket UUID
-            sent = [b"".join(c.args[0] for c in conn.transport.write.call_args_list)
+            # NOT_MY_VBUCKET carries the cluster map, where each twin has its own port, bucket UUID
+            # and revision (the second the map was made: ten digits either way)
+            sent = [re.sub(rb'"rev":\d{10}', b'"rev":0000000000', b"".join(
+                        c.args[0] for c in conn.transport.write.call_args_list)
                     .replace(str(server.port).encode(), b"PORT")
-                    .replace(server.buckets["default"].uuid.encode(), b"UUID".ljust(32))
+                    .replace(server.buckets["default"].uuid.encode(), b"UUID".ljust(32)))
                     for conn, server in zip(twins.conns, twins.servers, strict=True)]
             assert sent[0] == sent[1]
             assert twins.conns[0]._closing == twins.conns[1]._closing
@@ -331,5 +334,50 @@ async def _base_exception():
             conn.data_received(_raw(0x80, Opcode.NOOP, opaque=1) + _raw(0x80, 0xF2) + _raw(0x80, Opcode.NOOP, opaque=3))
         writer = conn.writer
         assert writer._size == sum(len(b) for b in writer._buf) == 24  # the first NOOP's reply, queued
+        conn._ready[0xF2] = lambda c, f: b"F2"
+        conn.data_received(b"")  # the next pass: the frame that raised was consumed, not run again
+        assert b"".join(writer._buf) == b"" and writer._size == 0
+        out = b"".join(c.args[0] for c in conn.transport.write.call_args_list[-1:])
+        # the first NOOP's reply (kept from before) and the third's, and nothing from the F2 frame
+        assert len(out) == 48 and [out[k:k + 2] for k in (0, 24)] == [b"\x81" + bytes([Opcode.NOOP])] * 2
+        assert [int.from_bytes(out[k + 12:k + 16], "big") for k in (0, 24)] == [1, 3]
+    finally:
+        await twins.close()
+
+
+@pytest.mark.parametrize("compiled_loop", [pytest.param(True, marks=needs_compiled), False])
+def test_a_handler_that_writes_or_flushes_itself_keeps_the_writers_count(loop, monkeypatch, compiled_loop):
+    """writer._size is what is queued, also when a handler queued bytes of its own (a DCP
+    consumer's sends) or flushed (a close) before returning its reply."""
+    if not compiled_loop:
+        monkeypatch.setattr(connection_module, "_dispatch", None)
+    loop.run_until_complete(_self_writing())
+
+
+async def _self_writing():
+    twins = await Twins().start(())
+    try:
+        conn = twins.conns[0]
+        writer = conn.writer
+        seen = []
+
+        def sends(c, f):
+            c.writer.write(b"0123456789")
+            return b"R" * 24
+
+        def flushes(c, f):
+            c.writer.flush()
+            seen.append((c.writer._size, len(c.writer._buf)))
+            return None
+
+        conn._ready[0xF4] = sends
+        conn._ready[0xF5] = flushes
+        conn.transport.write.reset_mock()
+        conn.data_received(_raw(0x80, Opcode.NOOP, opaque=1) + _raw(0x80, 0xF5) + _raw(0x80, 0xF4) +
+                           _raw(0x80, 0xF4) + _raw(0x80, 0xF5))
+        assert seen == [(0, 0), (0, 0)]
+        sent = [c.args[0] for c in conn.transport.write.call_args_list]
+        assert len(sent[0]) == 24 and sent[1] == (b"0123456789" + b"R" * 24) * 2
+        assert writer._size == 0 and writer._buf == []
     finally:
         await twins.close()

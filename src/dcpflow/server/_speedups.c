@@ -29,7 +29,7 @@ static unsigned char json_number[256]; /* kv._NUMBER_CHARS */
 static unsigned char json_ws[256];     /* kv._JSON_WS */
 static PyObject *kwnames;          /* ("flags", "expiry", "datatype", "cas") */
 static PyObject *s_set_context, *s_counters_cmd_set, *s_set, *s_cas, *s_uuid, *s_by_seqno, *s_buf, *s_size,
-    *s_closing;
+    *s_closing, *s_pos;
 /* Counters and Item, and where they keep cmd_set, cas and by_seqno: read and written at those
    offsets (a generic getattr or setattr cost ~300 instructions each, a fifth of a SET). */
 static PyTypeObject *counters_type, *item_type;
@@ -316,14 +316,17 @@ static PyObject *configure(PyObject *module, PyObject *args) {
 }
 
 /* ---------------------------------------------------------------------------------------------
-   dispatch(conn, frames, ready, writer, limit) -> (n, status, obj): Connection._process's loop
-   over a batch of frames from FrameDecoder.peek_batch, compiled (connection.py's Python loop is
-   its specification; tests/server/test_connection.py runs both). A classic request whose opcode
-   is in `ready` (the handlers this session may run, checks done) goes to its handler; a bytes
-   reply joins writer._buf. It stops, and says why, where the Python has to take over:
+   dispatch(conn, decoder, frames, ends, ready, writer, limit) -> (n, status, obj):
+   Connection._process's loop over a batch of frames from FrameDecoder.peek_batch, compiled
+   (connection.py's Python loop is its specification; tests/server/test_speedups.py runs both). As
+   the decoder's generator does, each frame is consumed (decoder._pos = its end) before it runs,
+   so whatever happens in a handler, nothing runs twice. A classic request whose opcode is in
+   `ready` (the handlers this session may run, checks done) goes to its handler; a bytes reply
+   joins writer._buf and writer._size, re-read after every handler (which may itself write or
+   flush). It stops, and says why, where the Python has to take over:
 
      DONE     all n frames ran;
-     HANDLE   frames[n] did not run (another magic, or not in `ready`): the Python's _handle runs it;
+     HANDLE   frames[n] (consumed) did not run - another magic, or not in `ready`: _handle runs it;
      RAISED   frames[n] ran and raised obj (an Exception: anything else propagates);
      WAIT     frames[n] ran and returned obj, an awaitable;
      FLUSH    n frames ran and writer._size passed `limit`;
@@ -333,38 +336,84 @@ static PyObject *configure(PyObject *module, PyObject *args) {
 
 enum { D_DONE, D_HANDLE, D_RAISED, D_WAIT, D_FLUSH, D_CLOSED };
 
+/* An attribute read and written at its slot offset while the object's type is the one first seen
+   (the decoder's and the writer's are __slots__ classes), else by name. */
+typedef struct {
+    PyObject **name;
+    PyTypeObject *type;
+    Py_ssize_t offset;
+} slot_ref_t;
+
+static slot_ref_t decoder_pos = {&s_pos, NULL, -1}, writer_buf = {&s_buf, NULL, -1},
+                  writer_size = {&s_size, NULL, -1};
+
+static Py_ssize_t slot_offset(PyObject *obj, slot_ref_t *ref) {
+    if (Py_TYPE(obj) != ref->type) {
+        Py_ssize_t off = object_slot_offset(Py_TYPE(obj), *ref->name);
+        if (off < 0) return -1;
+        Py_XSETREF(ref->type, (PyTypeObject *)Py_NewRef(Py_TYPE(obj)));
+        ref->offset = off;
+    }
+    return ref->offset;
+}
+
+/* obj.<ref> (a new reference), or NULL with an error set. */
+static PyObject *get_ref(PyObject *obj, slot_ref_t *ref) {
+    Py_ssize_t off = slot_offset(obj, ref);
+    if (off >= 0 && SLOT_AT(obj, off) != NULL) return Py_NewRef(SLOT_AT(obj, off));
+    return PyObject_GetAttr(obj, *ref->name);
+}
+
+/* obj.<ref> = value (borrowed): 0, or -1 with an error set. */
+static int set_ref(PyObject *obj, slot_ref_t *ref, PyObject *value) {
+    Py_ssize_t off = slot_offset(obj, ref);
+    if (off < 0) return PyObject_SetAttr(obj, *ref->name, value);
+    Py_XSETREF(SLOT_AT(obj, off), Py_NewRef(value));
+    return 0;
+}
+
+/* writer._buf.append(reply); writer._size += len(reply): the new size, or -1 with an error set. */
+static Py_ssize_t queue_reply(PyObject *writer, PyObject *reply) {
+    PyObject *out = get_ref(writer, &writer_buf);
+    if (out == NULL) return -1;
+    int rc = PyList_Append(out, reply);
+    Py_DECREF(out);
+    if (rc < 0) return -1;
+    PyObject *size = get_ref(writer, &writer_size);
+    if (size == NULL) return -1;
+    PyObject *sum = plus(size, PyBytes_GET_SIZE(reply));
+    Py_DECREF(size);
+    if (sum == NULL) return -1;
+    Py_ssize_t total = PyLong_AsSsize_t(sum);
+    rc = set_ref(writer, &writer_size, sum);
+    Py_DECREF(sum);
+    if (rc < 0 || (total == -1 && PyErr_Occurred())) return -1;
+    return total;
+}
+
 static PyObject *dispatched(Py_ssize_t n, int status, PyObject *obj) {
     return Py_BuildValue("(niO)", n, status, obj ? obj : Py_None);
 }
 
 static PyObject *dispatch(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
-    if (!callable_now(nargs, 5, "dispatch(conn, frames, ready, writer, limit)")) return NULL;
-    PyObject *conn = args[0], *frames = args[1], *ready = args[2], *writer = args[3];
-    if (!PyList_CheckExact(frames) || !PyDict_CheckExact(ready)) {
-        PyErr_SetString(PyExc_TypeError, "dispatch() takes a list of frames and a dict of handlers");
+    if (!callable_now(nargs, 7, "dispatch(conn, decoder, frames, ends, ready, writer, limit)")) return NULL;
+    PyObject *conn = args[0], *decoder = args[1], *frames = args[2], *ends = args[3], *ready = args[4],
+             *writer = args[5];
+    if (!PyList_CheckExact(frames) || !PyList_CheckExact(ends) || !PyDict_CheckExact(ready) ||
+        PyList_GET_SIZE(ends) != PyList_GET_SIZE(frames)) {
+        PyErr_SetString(PyExc_TypeError, "dispatch() takes lists of frames and their ends, and a dict of handlers");
         return NULL;
     }
-    Py_ssize_t limit = PyLong_AsSsize_t(args[4]);
+    Py_ssize_t limit = PyLong_AsSsize_t(args[6]);
     if (limit == -1 && PyErr_Occurred()) return NULL;
-    PyObject *out = PyObject_GetAttr(writer, s_buf);
-    if (out == NULL) return NULL;
-    if (!PyList_CheckExact(out)) {
-        Py_DECREF(out);
-        PyErr_SetString(PyExc_TypeError, "writer._buf must be a list");
-        return NULL;
-    }
-    PyObject *size_obj = PyObject_GetAttr(writer, s_size);
-    Py_ssize_t size = size_obj == NULL ? -1 : PyLong_AsSsize_t(size_obj);
-    Py_XDECREF(size_obj);
-    if (size == -1 && PyErr_Occurred()) {
-        Py_DECREF(out);
-        return NULL;
-    }
-    Py_ssize_t start_size = size, i = 0, n = PyList_GET_SIZE(frames);
+    Py_INCREF(frames);  /* held across the handlers' Python */
+    Py_INCREF(ends);
+    Py_ssize_t i = 0;
     int status = D_DONE;
     PyObject *obj = NULL, *result = NULL;
-    for (; i < n; i++) {
+    for (; i < PyList_GET_SIZE(frames) && i < PyList_GET_SIZE(ends); i++) {
         PyObject *frame = PyList_GET_ITEM(frames, i);
+        if (set_ref(decoder, &decoder_pos, PyList_GET_ITEM(ends, i)) < 0) goto done;  /* consumed */
         if (Py_TYPE(frame) != frame_type || PyTuple_GET_SIZE(frame) != 10 || small_field(frame, 0) != 0x80) {
             status = D_HANDLE;
             break;
@@ -376,9 +425,11 @@ static PyObject *dispatch(PyObject *module, PyObject *const *args, Py_ssize_t na
             break;
         }
         Py_INCREF(handler);  /* the handler may change `ready` (a login refreshes it) */
+        Py_INCREF(frame);
         PyObject *call_args[2] = {conn, frame};
         PyObject *reply = PyObject_Vectorcall(handler, call_args, 2, NULL);
         Py_DECREF(handler);
+        Py_DECREF(frame);
         if (reply == NULL) {
             if (!PyErr_ExceptionMatches(PyExc_Exception)) goto done;  /* KeyboardInterrupt and the like */
             PyObject *type, *value, *tb;
@@ -391,11 +442,11 @@ static PyObject *dispatch(PyObject *module, PyObject *const *args, Py_ssize_t na
             status = D_RAISED;
             break;
         }
+        Py_ssize_t size = 0;
         if (PyBytes_CheckExact(reply)) {
-            int rc = PyList_Append(out, reply);
-            size += PyBytes_GET_SIZE(reply);
+            size = queue_reply(writer, reply);
             Py_DECREF(reply);
-            if (rc < 0) goto done;
+            if (size < 0) goto done;
         } else if (reply == Py_None) {
             Py_DECREF(reply);
         } else {
@@ -421,24 +472,14 @@ static PyObject *dispatch(PyObject *module, PyObject *const *args, Py_ssize_t na
     result = dispatched(i, status, obj);
 done:
     Py_XDECREF(obj);
-    if (size != start_size) {  /* what was appended is counted, whatever happened next */
-        PyObject *type, *value, *tb;
-        PyErr_Fetch(&type, &value, &tb);  /* an error on its way out waits for the setattr */
-        PyObject *v = PyLong_FromSsize_t(size);
-        if (v == NULL || PyObject_SetAttr(writer, s_size, v) < 0) {
-            Py_CLEAR(result);
-            if (type != NULL) PyErr_Clear();  /* the first error is the one to report */
-        }
-        Py_XDECREF(v);
-        if (type != NULL) PyErr_Restore(type, value, tb);
-    }
-    Py_DECREF(out);
+    Py_DECREF(frames);
+    Py_DECREF(ends);
     return result;
 }
 
 static PyMethodDef methods[] = {
     {"dispatch", (PyCFunction)(void (*)(void))dispatch, METH_FASTCALL,
-     "dispatch(conn, frames, ready, writer, limit) -> (n, status, obj): Connection._process's loop "
+     "dispatch(conn, decoder, frames, ends, ready, writer, limit) -> (n, status, obj): Connection._process's loop "
      "over one batch, compiled."},
     {"store", (PyCFunction)(void (*)(void))store, METH_FASTCALL,
      "store(conn, frame): kv.store's common case compiled; everything else goes to kv._store_py."},
@@ -452,9 +493,9 @@ static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "dcpflow.server._
 
 PyMODINIT_FUNC PyInit__speedups(void) {
     PyObject **slots[] = {&s_set_context, &s_counters_cmd_set, &s_set, &s_cas, &s_uuid, &s_by_seqno, &s_buf,
-                          &s_size, &s_closing};
+                          &s_size, &s_closing, &s_pos};
     const char *text[] = {"set_context", "cmd_set", "set", "cas", "uuid", "by_seqno", "_buf", "_size",
-                          "_closing"};
+                          "_closing", "_pos"};
     for (size_t i = 0; i < sizeof slots / sizeof slots[0]; i++) {
         *slots[i] = PyUnicode_InternFromString(text[i]);
         if (*slots[i] == NULL) return NULL;

@@ -311,9 +311,9 @@ class Connection(asyncio.Protocol):
             frames, ends = decoder.peek_batch(64)
             if not frames:
                 return False
-            n, status, obj = _dispatch(self, frames, ready, writer, MAX_BATCH_OUTPUT)
+            n, status, obj = _dispatch(self, decoder, frames, ends, ready, writer, MAX_BATCH_OUTPUT)
+            # (dispatch has consumed every frame it looked at, as the decoder's generator does)
             if status in (_D_DONE, _D_FLUSH, _D_CLOSED):
-                decoder.consume_to(ends[n - 1])
                 if status == _D_FLUSH:
                     writer.flush()
                     if writer.paused:
@@ -322,7 +322,6 @@ class Connection(asyncio.Protocol):
                     return True
             else:
                 frame = frames[n]
-                decoder.consume_to(ends[n])
                 if status == _D_WAIT:
                     self._wait_for(frame, obj)
                     return True
