@@ -271,43 +271,51 @@ async def _compare_dispatch(monkeypatch, data: bytes, cuts: list[int]):
         await twins.close()
 
 
+def _on_one_connection(loop, monkeypatch, compiled_loop: bool, body) -> None:
+    """Run `body(conn)` on an authenticated connection, with the compiled loop or the Python one."""
+    if not compiled_loop:
+        monkeypatch.setattr(connection_module, "_dispatch", None)
+
+    async def run():
+        twins = await Twins().start(())
+        try:
+            await body(twins.conns[0])
+        finally:
+            await twins.close()
+
+    loop.run_until_complete(run())
+
+
 @pytest.mark.parametrize("compiled_loop", [pytest.param(True, marks=needs_compiled), False])
 def test_both_loops_stop_at_a_close_and_wait_for_an_awaitable(loop, monkeypatch, compiled_loop):
     """A handler that closes the connection ends the batch (the NOOP after it is not answered);
     one that returns an awaitable holds back the requests after it until its reply is written."""
-    if not compiled_loop:
-        monkeypatch.setattr(connection_module, "_dispatch", None)
-    loop.run_until_complete(_close_and_wait())
+    _on_one_connection(loop, monkeypatch, compiled_loop, _close_and_wait)
 
 
-async def _close_and_wait():
-    twins = await Twins().start(())
-    try:
-        conn = twins.conns[0]
-        gate = asyncio.get_running_loop().create_future()
+async def _close_and_wait(conn):
+    gate = asyncio.get_running_loop().create_future()
 
-        async def slow(reply):
-            await gate
-            return reply
+    async def slow(reply):
+        await gate
+        return reply
 
-        conn._ready[0xF0] = lambda c, f: slow(b"SLOW")
-        conn._ready[0xF1] = lambda c, f: (c.close(), b"BYE")[1]
-        written = conn.transport.write.call_args_list
-        before = len(written)
-        conn.data_received(_raw(0x80, 0xF0) + _raw(0x80, Opcode.NOOP, opaque=1))
-        assert len(written) == before  # the NOOP waits behind the awaitable
-        gate.set_result(None)
-        await asyncio.sleep(0)
-        await asyncio.sleep(0)
-        out = b"".join(c.args[0] for c in written[before:])
-        assert out.startswith(b"SLOW") and out[4:6] == b"\x81" + bytes([Opcode.NOOP])
-        before = len(written)
-        conn.data_received(_raw(0x80, 0xF1) + _raw(0x80, Opcode.NOOP, opaque=2))
-        assert conn._closing
-        # (this mock transport never says it is closing, so the handler's own reply is still flushed)
-        assert b"".join(c.args[0] for c in written[before:]) == b"BYE"  # and nothing for the NOOP
-    finally:
-        await twins.close()
+    conn._ready[0xF0] = lambda c, f: slow(b"SLOW")
+    conn._ready[0xF1] = lambda c, f: (c.close(), b"BYE")[1]
+    written = conn.transport.write.call_args_list
+    before = len(written)
+    conn.data_received(_raw(0x80, 0xF0) + _raw(0x80, Opcode.NOOP, opaque=1))
+    assert len(written) == before  # the NOOP waits behind the awaitable
+    gate.set_result(None)
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    out = b"".join(c.args[0] for c in written[before:])
+    assert out.startswith(b"SLOW") and out[4:6] == b"\x81" + bytes([Opcode.NOOP])
+    before = len(written)
+    conn.data_received(_raw(0x80, 0xF1) + _raw(0x80, Opcode.NOOP, opaque=2))
+    assert conn._closing
+    # (this mock transport never says it is closing, so the handler's own reply is still flushed)
+    assert b"".join(c.args[0] for c in written[before:]) == b"BYE"  # and nothing for the NOOP
 
 
 class _Stop(BaseException):
@@ -316,68 +324,54 @@ class _Stop(BaseException):
 
 @pytest.mark.parametrize("compiled_loop", [pytest.param(True, marks=needs_compiled), False])
 def test_a_base_exception_propagates_with_the_replies_before_it_counted(loop, monkeypatch, compiled_loop):
-    if not compiled_loop:
-        monkeypatch.setattr(connection_module, "_dispatch", None)
-    loop.run_until_complete(_base_exception())
+    _on_one_connection(loop, monkeypatch, compiled_loop, _base_exception)
 
 
-async def _base_exception():
-    twins = await Twins().start(())
-    try:
-        conn = twins.conns[0]
+async def _base_exception(conn):
 
-        def stop(c, f):
-            raise _Stop()
+    def stop(c, f):
+        raise _Stop()
 
-        conn._ready[0xF2] = stop
-        with pytest.raises(_Stop):
-            conn.data_received(_raw(0x80, Opcode.NOOP, opaque=1) + _raw(0x80, 0xF2) + _raw(0x80, Opcode.NOOP, opaque=3))
-        writer = conn.writer
-        assert writer._size == sum(len(b) for b in writer._buf) == 24  # the first NOOP's reply, queued
-        conn._ready[0xF2] = lambda c, f: b"F2"
-        conn.data_received(b"")  # the next pass: the frame that raised was consumed, not run again
-        assert b"".join(writer._buf) == b"" and writer._size == 0
-        out = b"".join(c.args[0] for c in conn.transport.write.call_args_list[-1:])
-        # the first NOOP's reply (kept from before) and the third's, and nothing from the F2 frame
-        assert len(out) == 48 and [out[k:k + 2] for k in (0, 24)] == [b"\x81" + bytes([Opcode.NOOP])] * 2
-        assert [int.from_bytes(out[k + 12:k + 16], "big") for k in (0, 24)] == [1, 3]
-    finally:
-        await twins.close()
+    conn._ready[0xF2] = stop
+    with pytest.raises(_Stop):
+        conn.data_received(_raw(0x80, Opcode.NOOP, opaque=1) + _raw(0x80, 0xF2) + _raw(0x80, Opcode.NOOP, opaque=3))
+    writer = conn.writer
+    assert writer._size == sum(len(b) for b in writer._buf) == 24  # the first NOOP's reply, queued
+    conn._ready[0xF2] = lambda c, f: b"F2"
+    conn.data_received(b"")  # the next pass: the frame that raised was consumed, not run again
+    assert b"".join(writer._buf) == b"" and writer._size == 0
+    out = b"".join(c.args[0] for c in conn.transport.write.call_args_list[-1:])
+    # the first NOOP's reply (kept from before) and the third's, and nothing from the F2 frame
+    assert len(out) == 48 and [out[k:k + 2] for k in (0, 24)] == [b"\x81" + bytes([Opcode.NOOP])] * 2
+    assert [int.from_bytes(out[k + 12:k + 16], "big") for k in (0, 24)] == [1, 3]
 
 
 @pytest.mark.parametrize("compiled_loop", [pytest.param(True, marks=needs_compiled), False])
 def test_a_handler_that_writes_or_flushes_itself_keeps_the_writers_count(loop, monkeypatch, compiled_loop):
     """writer._size is what is queued, also when a handler queued bytes of its own (a DCP
     consumer's sends) or flushed (a close) before returning its reply."""
-    if not compiled_loop:
-        monkeypatch.setattr(connection_module, "_dispatch", None)
-    loop.run_until_complete(_self_writing())
+    _on_one_connection(loop, monkeypatch, compiled_loop, _self_writing)
 
 
-async def _self_writing():
-    twins = await Twins().start(())
-    try:
-        conn = twins.conns[0]
-        writer = conn.writer
-        seen = []
+async def _self_writing(conn):
+    writer = conn.writer
+    seen = []
 
-        def sends(c, f):
-            c.writer.write(b"0123456789")
-            return b"R" * 24
+    def sends(c, f):
+        c.writer.write(b"0123456789")
+        return b"R" * 24
 
-        def flushes(c, f):
-            c.writer.flush()
-            seen.append((c.writer._size, len(c.writer._buf)))
-            return None
+    def flushes(c, f):
+        c.writer.flush()
+        seen.append((c.writer._size, len(c.writer._buf)))
+        return None
 
-        conn._ready[0xF4] = sends
-        conn._ready[0xF5] = flushes
-        conn.transport.write.reset_mock()
-        conn.data_received(_raw(0x80, Opcode.NOOP, opaque=1) + _raw(0x80, 0xF5) + _raw(0x80, 0xF4) +
-                           _raw(0x80, 0xF4) + _raw(0x80, 0xF5))
-        assert seen == [(0, 0), (0, 0)]
-        sent = [c.args[0] for c in conn.transport.write.call_args_list]
-        assert len(sent[0]) == 24 and sent[1] == (b"0123456789" + b"R" * 24) * 2
-        assert writer._size == 0 and writer._buf == []
-    finally:
-        await twins.close()
+    conn._ready[0xF4] = sends
+    conn._ready[0xF5] = flushes
+    conn.transport.write.reset_mock()
+    conn.data_received(_raw(0x80, Opcode.NOOP, opaque=1) + _raw(0x80, 0xF5) + _raw(0x80, 0xF4) +
+                       _raw(0x80, 0xF4) + _raw(0x80, 0xF5))
+    assert seen == [(0, 0), (0, 0)]
+    sent = [c.args[0] for c in conn.transport.write.call_args_list]
+    assert len(sent[0]) == 24 and sent[1] == (b"0123456789" + b"R" * 24) * 2
+    assert writer._size == 0 and writer._buf == []
