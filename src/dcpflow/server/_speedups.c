@@ -30,10 +30,55 @@ static unsigned char json_ws[256];     /* kv._JSON_WS */
 static PyObject *kwnames;          /* ("flags", "expiry", "datatype", "cas") */
 static PyObject *s_set_context, *s_counters_cmd_set, *s_set, *s_cas, *s_uuid, *s_by_seqno, *s_buf, *s_size,
     *s_closing, *s_pos;
-/* Counters and Item, and where they keep cmd_set, cas and by_seqno: read and written at those
-   offsets (a generic getattr or setattr cost ~300 instructions each, a fifth of a SET). */
-static PyTypeObject *counters_type, *item_type;
-static Py_ssize_t cmd_set_offset, cas_offset, by_seqno_offset;
+
+/* An attribute read and written at its slot offset while the object's type is the one last seen
+   (Counters, Item, the decoder and the Writer are __slots__ classes: a generic getattr or setattr
+   cost ~300 instructions each, a fifth of a SET), else by name. */
+typedef struct {
+    PyObject **name;
+    PyTypeObject *type;
+    Py_ssize_t offset;
+} slot_ref_t;
+
+static slot_ref_t counters_cmd_set = {&s_counters_cmd_set, NULL, -1}, item_cas = {&s_cas, NULL, -1},
+                  item_by_seqno = {&s_by_seqno, NULL, -1}, decoder_pos = {&s_pos, NULL, -1},
+                  writer_buf = {&s_buf, NULL, -1}, writer_size = {&s_size, NULL, -1},
+                  vbucket_uuid = {&s_uuid, NULL, -1};
+
+static Py_ssize_t slot_offset(PyObject *obj, slot_ref_t *ref) {
+    if (Py_TYPE(obj) != ref->type) {
+        Py_ssize_t off = object_slot_offset(Py_TYPE(obj), *ref->name);
+        if (off < 0) return -1;
+        Py_XSETREF(ref->type, (PyTypeObject *)Py_NewRef(Py_TYPE(obj)));
+        ref->offset = off;
+    }
+    return ref->offset;
+}
+
+/* obj.<ref> (a new reference), or NULL with an error set. */
+static PyObject *get_ref(PyObject *obj, slot_ref_t *ref) {
+    Py_ssize_t off = slot_offset(obj, ref);
+    if (off >= 0 && SLOT_AT(obj, off) != NULL) return Py_NewRef(SLOT_AT(obj, off));
+    return PyObject_GetAttr(obj, *ref->name);
+}
+
+/* obj.<ref> = value (borrowed): 0, or -1 with an error set. */
+static int set_ref(PyObject *obj, slot_ref_t *ref, PyObject *value) {
+    Py_ssize_t off = slot_offset(obj, ref);
+    if (off < 0) return PyObject_SetAttr(obj, *ref->name, value);
+    Py_XSETREF(SLOT_AT(obj, off), Py_NewRef(value));
+    return 0;
+}
+
+/* obj.<ref> += delta: the new value (a new reference), or NULL with an error set. */
+static PyObject *add_to(PyObject *obj, slot_ref_t *ref, long long delta) {
+    PyObject *cur = get_ref(obj, ref);
+    if (cur == NULL) return NULL;
+    PyObject *sum = plus(cur, delta);
+    Py_DECREF(cur);
+    if (sum != NULL && set_ref(obj, ref, sum) < 0) Py_CLEAR(sum);
+    return sum;
+}
 
 /* The session's part of a SET, from conn.set_context (Connection._refresh_ready keeps it current:
    the bucket's vbucket table and counters, and the HELLO features the handler looks at). */
@@ -56,38 +101,13 @@ static int session_of(PyObject *ctx, session_t *s) {
     return 1;
 }
 
-/* obj.<slot at off> as u64 when obj is exactly `type`, else the attribute `name`: 1, or 0 (error
-   set) when it is missing or out of range. */
-static int u64_field(PyObject *obj, PyTypeObject *type, Py_ssize_t off, PyObject *name, unsigned long long *out) {
-    PyObject *v;
-    if (type != NULL && Py_TYPE(obj) == type && SLOT_AT(obj, off) != NULL) {
-        v = Py_NewRef(SLOT_AT(obj, off));
-    } else {
-        v = PyObject_GetAttr(obj, name);
-        if (v == NULL) return 0;
-    }
+/* obj.<ref> as u64: 1, or 0 (error set) when it is missing or out of range. */
+static int u64_field(PyObject *obj, slot_ref_t *ref, unsigned long long *out) {
+    PyObject *v = get_ref(obj, ref);
+    if (v == NULL) return 0;
     *out = PyLong_AsUnsignedLongLong(v);
     Py_DECREF(v);
     return !(*out == (unsigned long long)-1 && PyErr_Occurred());
-}
-
-/* counters.cmd_set += 1 */
-static int count_set(PyObject *counters) {
-    int in_slot = counters_type != NULL && Py_TYPE(counters) == counters_type &&
-                  SLOT_AT(counters, cmd_set_offset) != NULL;
-    PyObject *count = in_slot ? Py_NewRef(SLOT_AT(counters, cmd_set_offset))
-                              : PyObject_GetAttr(counters, s_counters_cmd_set);
-    if (count == NULL) return -1;
-    PyObject *sum = plus(count, 1);
-    Py_DECREF(count);
-    if (sum == NULL) return -1;
-    if (in_slot) {
-        Py_SETREF(SLOT_AT(counters, cmd_set_offset), sum);
-        return 0;
-    }
-    int rc = PyObject_SetAttr(counters, s_counters_cmd_set, sum);
-    Py_DECREF(sum);
-    return rc;
 }
 
 /* frame field i as a small unsigned int (< 2^32), or -1 if it is not one. */
@@ -205,7 +225,9 @@ static PyObject *store_planned(PyObject *frame, const session_t *session, long l
     }
     Py_INCREF(vb);
     PyObject *result = NULL, *item = NULL, *flags = NULL, *expiry = NULL, *dt = NULL;
-    if (count_set(session->counters) < 0) goto done;
+    PyObject *count = add_to(session->counters, &counters_cmd_set, 1);  /* counters.cmd_set += 1 */
+    if (count == NULL) goto done;
+    Py_DECREF(count);
 
     flags = PyLong_FromUnsignedLong(be32(ex));
     expiry = PyLong_FromUnsignedLong(be32(ex + 4));
@@ -231,18 +253,17 @@ static PyObject *store_planned(PyObject *frame, const session_t *session, long l
         result = Py_NewRef(Py_None);
         goto done;
     }
-    unsigned long long item_cas;
-    if (!u64_field(item, item_type, cas_offset, s_cas, &item_cas)) goto done;
+    unsigned long long cas_value;
+    if (!u64_field(item, &item_cas, &cas_value)) goto done;
     int truth = session->mutation_seqno;
     unsigned char reply[40] = {0};
     reply[0] = 0x81;
     reply[1] = (unsigned char)op;
     put32(reply + 12, (uint32_t)small_field(frame, 4));
-    put64(reply + 16, item_cas);
+    put64(reply + 16, cas_value);
     if (truth) {
         unsigned long long uuid, seqno;
-        if (!u64_field(vb, NULL, 0, s_uuid, &uuid) || !u64_field(item, item_type, by_seqno_offset, s_by_seqno, &seqno))
-            goto done;
+        if (!u64_field(vb, &vbucket_uuid, &uuid) || !u64_field(item, &item_by_seqno, &seqno)) goto done;
         reply[4] = 16;
         put32(reply + 8, 16);
         put64(reply + 24, uuid);
@@ -305,11 +326,12 @@ static PyObject *configure(PyObject *module, PyObject *args) {
     Py_XSETREF(fallback, Py_NewRef(store_py));
     Py_XSETREF(frame_type, (PyTypeObject *)Py_NewRef(type));
     Py_XSETREF(looks_like_json, Py_NewRef(looks));
-    Py_XSETREF(counters_type, (PyTypeObject *)Py_NewRef(counters));
-    Py_XSETREF(item_type, (PyTypeObject *)Py_NewRef(item));
-    cmd_set_offset = offsets[0];
-    cas_offset = offsets[1];
-    by_seqno_offset = offsets[2];
+    slot_ref_t *refs[3] = {&counters_cmd_set, &item_cas, &item_by_seqno};
+    PyTypeObject *owners[3] = {(PyTypeObject *)counters, (PyTypeObject *)item, (PyTypeObject *)item};
+    for (int k = 0; k < 3; k++) {
+        Py_XSETREF(refs[k]->type, (PyTypeObject *)Py_NewRef(owners[k]));
+        refs[k]->offset = offsets[k];
+    }
     memcpy(json_first, table, sizeof table);
     max_value_len = max_len;
     Py_RETURN_NONE;
@@ -319,8 +341,9 @@ static PyObject *configure(PyObject *module, PyObject *args) {
    dispatch(conn, decoder, frames, ends, ready, writer, limit) -> (n, status, obj):
    Connection._process's loop over a batch of frames from FrameDecoder.peek_batch, compiled
    (connection.py's Python loop is its specification; tests/server/test_speedups.py runs both). As
-   the decoder's generator does, each frame is consumed (decoder._pos = its end) before it runs,
-   so whatever happens in a handler, nothing runs twice. A classic request whose opcode is in
+   the decoder's generator does, each frame is consumed before it runs (decoder._pos = its end:
+   FrameDecoder.consume_to, at the slot), so whatever happens in a handler, nothing runs twice.
+   A classic request whose opcode is in
    `ready` (the handlers this session may run, checks done) goes to its handler; a bytes reply
    joins writer._buf and writer._size, re-read after every handler (which may itself write or
    flush). It stops, and says why, where the Python has to take over:
@@ -336,42 +359,6 @@ static PyObject *configure(PyObject *module, PyObject *args) {
 
 enum { D_DONE, D_HANDLE, D_RAISED, D_WAIT, D_FLUSH, D_CLOSED };
 
-/* An attribute read and written at its slot offset while the object's type is the one first seen
-   (the decoder's and the writer's are __slots__ classes), else by name. */
-typedef struct {
-    PyObject **name;
-    PyTypeObject *type;
-    Py_ssize_t offset;
-} slot_ref_t;
-
-static slot_ref_t decoder_pos = {&s_pos, NULL, -1}, writer_buf = {&s_buf, NULL, -1},
-                  writer_size = {&s_size, NULL, -1};
-
-static Py_ssize_t slot_offset(PyObject *obj, slot_ref_t *ref) {
-    if (Py_TYPE(obj) != ref->type) {
-        Py_ssize_t off = object_slot_offset(Py_TYPE(obj), *ref->name);
-        if (off < 0) return -1;
-        Py_XSETREF(ref->type, (PyTypeObject *)Py_NewRef(Py_TYPE(obj)));
-        ref->offset = off;
-    }
-    return ref->offset;
-}
-
-/* obj.<ref> (a new reference), or NULL with an error set. */
-static PyObject *get_ref(PyObject *obj, slot_ref_t *ref) {
-    Py_ssize_t off = slot_offset(obj, ref);
-    if (off >= 0 && SLOT_AT(obj, off) != NULL) return Py_NewRef(SLOT_AT(obj, off));
-    return PyObject_GetAttr(obj, *ref->name);
-}
-
-/* obj.<ref> = value (borrowed): 0, or -1 with an error set. */
-static int set_ref(PyObject *obj, slot_ref_t *ref, PyObject *value) {
-    Py_ssize_t off = slot_offset(obj, ref);
-    if (off < 0) return PyObject_SetAttr(obj, *ref->name, value);
-    Py_XSETREF(SLOT_AT(obj, off), Py_NewRef(value));
-    return 0;
-}
-
 /* writer._buf.append(reply); writer._size += len(reply): the new size, or -1 with an error set. */
 static Py_ssize_t queue_reply(PyObject *writer, PyObject *reply) {
     PyObject *out = get_ref(writer, &writer_buf);
@@ -379,16 +366,11 @@ static Py_ssize_t queue_reply(PyObject *writer, PyObject *reply) {
     int rc = PyList_Append(out, reply);
     Py_DECREF(out);
     if (rc < 0) return -1;
-    PyObject *size = get_ref(writer, &writer_size);
+    PyObject *size = add_to(writer, &writer_size, PyBytes_GET_SIZE(reply));
     if (size == NULL) return -1;
-    PyObject *sum = plus(size, PyBytes_GET_SIZE(reply));
+    Py_ssize_t total = PyLong_AsSsize_t(size);
     Py_DECREF(size);
-    if (sum == NULL) return -1;
-    Py_ssize_t total = PyLong_AsSsize_t(sum);
-    rc = set_ref(writer, &writer_size, sum);
-    Py_DECREF(sum);
-    if (rc < 0 || (total == -1 && PyErr_Occurred())) return -1;
-    return total;
+    return total;  /* -1 with an error set if it is not an int */
 }
 
 static PyObject *dispatched(Py_ssize_t n, int status, PyObject *obj) {
