@@ -3,6 +3,7 @@ compaction), several buckets, CLI start-up errors and debug logging."""
 
 import json
 import os
+import sqlite3
 import sys
 import time
 from pathlib import Path
@@ -15,7 +16,7 @@ from dcpflow.server import Server, ServerConfig, UserDB
 from dcpflow.server.auth import Privilege, ScramCredential, make_user, parse_role
 
 from .client import RawClient
-from .conftest import ServerProcess
+from .conftest import ServerProcess, keys_in
 
 
 def wait_for(predicate, timeout: float = 10.0) -> None:
@@ -85,6 +86,25 @@ def test_compaction_purges_old_tombstones(make_server):
         vb = c.vbucket_of(b"gone")
         wait_for(lambda: int(c.stats(f"vbucket-seqno {vb}")[f"vb_{vb}:purge_seqno"]) == 2)
         assert c.call(Opcode.GET_META, key=b"gone", vbucket=vb).status == Status.KEY_ENOENT
+
+
+def test_an_idle_flusher_seals_runs(make_server):
+    """Writes that leave a vbucket's last run unfinished (over run_min_bytes, under run_bytes)
+    become a run once the flusher has nothing to do, so data at rest backfills from runs."""
+    server = make_server()
+    store = server.server.buckets["default"].engine.store
+    keys = keys_in(3, 150)
+    with server.login() as c:
+        for key in keys:
+            c.set(key, b"x" * 100, vbucket=3)
+        wait_for(lambda: server.call(store.run_count, 3) == 1)
+        assert not server.call(store.unsealed)
+        db = sqlite3.connect(store.path)
+        assert [(i & (1 << 48) - 1, hi, n) for i, hi, n in db.execute("SELECT id, hi, count FROM runs")] == [
+            (0, 150, 150)]
+        db.close()
+        c.set(keys[0], b"y" * 100, vbucket=3)  # a newer version drops the run around the old one
+        wait_for(lambda: server.call(store.run_count, 3) == 0)
 
 
 def test_several_buckets_are_separate(make_server):

@@ -5,7 +5,8 @@ server runs three background tasks on it:
 
 * the flusher - every `flush_interval`, persist each bucket in batches: the batch is collected on
   the loop, written to SQLite on a worker thread (`Flusher.write` touches no engine state), and
-  completed on the loop, so clients keep being served while the disk works;
+  completed on the loop, so clients keep being served while the disk works; with nothing to
+  flush it seals the store's unfinished runs (store.py), so data at rest backfills from them;
 * the expiry pager - every `expiry_interval`, turn due documents into expirations;
 * compaction - every `compaction_interval`, purge tombstones older than `purge_interval`.
 
@@ -329,9 +330,12 @@ class Server:
                 if bucket.persistence_paused:
                     continue
                 try:
-                    while not bucket.persistence_paused and await self.flush_batch(bucket) \
+                    flushed = 0
+                    while not bucket.persistence_paused and (n := await self.flush_batch(bucket)) \
                             and not self._stopping.is_set():
-                        pass
+                        flushed += n
+                    if not flushed and bucket.engine.store.unsealed():
+                        await self.seal_runs(bucket)
                 except Exception:
                     log.exception("flushing bucket %s failed; will retry", bucket.name)
 
@@ -370,6 +374,14 @@ class Server:
                 raise
             engine.flusher.complete(batch)
             return batch.num_items
+
+    async def seal_runs(self, bucket: ServerBucket) -> None:
+        """The flusher is idle: make runs of the rows it left unfinished (store.py "Runs"), on its
+        thread, so data at rest backfills from runs."""
+        engine = bucket.engine
+        async with self._maintenance:
+            if not engine.closed:
+                await asyncio.get_running_loop().run_in_executor(self._executor, engine.store.seal_runs)
 
     async def _periodic(self, interval: float, fn) -> None:
         while await self._sleep(interval, self._stopping):
