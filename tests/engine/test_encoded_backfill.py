@@ -161,6 +161,17 @@ def test_the_range_end_is_respected(store):
     assert [(c.count, c.last_seqno) for c in chunks] == [(7, 11)]
 
 
+def test_a_gap_in_the_seqnos_costs_one_query_not_one_per_page(store):
+    """De-duplication (or a range that ends far above the data) leaves seqnos with no row: the
+    scan goes on to the next row, not page by page across the gap (a range to 2**48 would never
+    end)."""
+    write(store, 0, [Item(b"a", b"1", by_seqno=1), Item(b"b", b"2", by_seqno=2), Item(b"c", b"3", by_seqno=10**12)])
+    chunks = read_chunks(store, 0, 0, (1 << 48) - 1, 4, 1, False)
+    assert [(c.count, c.last_seqno) for c in chunks] == [(2, 2), (1, 10**12)]
+    assert read_chunks(store, 0, 2, (1 << 48) - 1, 4, 1, False)[0].last_seqno == 10**12
+    assert read_chunks(store, 0, 10**12, (1 << 48) - 1, 4, 1, False) == []
+
+
 def frames(data: bytes) -> list:
     d = FrameDecoder()
     d.feed(data)

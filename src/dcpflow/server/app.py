@@ -6,7 +6,8 @@ server runs three background tasks on it:
 * the flusher - every `flush_interval`, persist each bucket in batches: the batch is collected on
   the loop, written to SQLite on a worker thread (`Flusher.write` touches no engine state), and
   completed on the loop, so clients keep being served while the disk works; with nothing to
-  flush it seals the store's unfinished runs (store.py), so data at rest backfills from them;
+  flush for a second it seals the store's unfinished runs (store.py), so data at rest
+  backfills from them;
 * the expiry pager - every `expiry_interval`, turn due documents into expirations;
 * compaction - every `compaction_interval`, purge tombstones older than `purge_interval`.
 
@@ -101,6 +102,10 @@ def _lower_thread_priority(steps: int) -> None:
         log.warning("could not lower the flusher thread's priority: %s", e)
 
 
+#: Seconds without a flush batch before the flusher seals the store's unfinished runs.
+SEAL_AFTER_IDLE = 1.0
+
+
 class ServerBucket:
     """A bucket as the server serves it: the engine Bucket plus its cluster-map identity, counters,
     the persistence switch and the waiters of SEQNO_PERSISTENCE."""
@@ -115,6 +120,7 @@ class ServerBucket:
             engine.store.set_meta("bucket_uuid", self.uuid)
         self.counters = Counters()
         self.persistence_paused = False
+        self.flushed_at = 0.0  # monotonic time of the last batch the flusher wrote (seal_runs waits)
         self._waiters: dict[int, list[tuple[int, asyncio.Future]]] = {}
         engine.add_persistence_listener(self._on_persisted)
 
@@ -330,11 +336,10 @@ class Server:
                 if bucket.persistence_paused:
                     continue
                 try:
-                    flushed = 0
-                    while not bucket.persistence_paused and (n := await self.flush_batch(bucket)) \
+                    while not bucket.persistence_paused and await self.flush_batch(bucket) \
                             and not self._stopping.is_set():
-                        flushed += n
-                    if not flushed and bucket.engine.store.unsealed():
+                        bucket.flushed_at = time.monotonic()
+                    if time.monotonic() - bucket.flushed_at >= SEAL_AFTER_IDLE and bucket.engine.store.unsealed():
                         await self.seal_runs(bucket)
                 except Exception:
                     log.exception("flushing bucket %s failed; will retry", bucket.name)
@@ -376,8 +381,10 @@ class Server:
             return batch.num_items
 
     async def seal_runs(self, bucket: ServerBucket) -> None:
-        """The flusher is idle: make runs of the rows it left unfinished (store.py "Runs"), on its
-        thread, so data at rest backfills from runs."""
+        """The flusher has been idle for SEAL_AFTER_IDLE: make runs of the rows it left unfinished
+        (store.py "Runs"), on its thread, so data at rest backfills from runs. Not at once: a
+        consumer that waited for persistence is likely reading right then, and a trickle of
+        writes would cut its runs small."""
         engine = bucket.engine
         async with self._maintenance:
             if not engine.closed:
