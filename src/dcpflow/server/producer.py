@@ -674,10 +674,8 @@ class DcpProducer:
             writer.flush()  # replies queued before this pass go first
             transport = self.conn.transport
             if not transport.is_closing():
-                if views or sent >= len(out) << 14:
-                    # uvloop: one writev; large values and backfill pages (~16 KiB and more each
-                    # on average) are not copied into one buffer first
-                    transport.writelines(out)
+                if views:
+                    transport.writelines(out)  # uvloop: one writev, large values not copied
                 else:
                     transport.write(b"".join(out))  # small messages: one buffer beats many iovecs
             writer.bytes_sent += sent
