@@ -11,19 +11,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dcpflow.engine import Bucket, FailoverTable, Item, Store, VBucketState, VBucketStateRecord
+from dcpflow.engine import Bucket, Item, Store, VBucketState
 from dcpflow.engine.item import DATATYPE_XATTR
 from dcpflow.engine.store import ENCODED_VALUE_LIMIT, EncodedPage
 
-from .test_encoded_backfill import JSON, check, read_chunks, xattr_value
+from .test_encoded_backfill import JSON, check, read_chunks, write, xattr_value
 
 SEQNO_MASK = (1 << 48) - 1
-
-
-def write(store: Store, vb: int, items: list[Item]) -> None:
-    rec = VBucketStateRecord(vb, 1, FailoverTable([(1, 0)]).to_json(), items[-1].by_seqno, items[0].by_seqno,
-                             items[-1].by_seqno)
-    store.write([(vb, items)], [rec], [(vb, items[0].by_seqno, items[-1].by_seqno)])
 
 
 def runs_of(path, vb: int | None = None) -> list[tuple]:
