@@ -55,9 +55,8 @@ before a row that is not a plain mutation; what is left over at the vbucket's en
 writes or for `seal_runs` (the server calls it when the flusher is idle, a clean close does,
 and opening a store seals what an earlier process left, which also builds the runs of a store
 written before they existed). A run is a cache of the rows, never the truth: the statement that
-builds one checks that every row in its range is encoded (`_BUILD_RUN`), SQLite itself drops a
-run when any row in its range moves to a newer seqno (`_RUN_TRIGGER`), and a rollback drops the
-runs above its seqno and around the versions it restores.
+builds one checks that every row in its range is encoded (`_BUILD_RUN`), and triggers in the file
+drop a run when any row in its range changes, whoever changes it (`_RUN_TRIGGERS`).
 
 CAS and rev seqno are u64 on the wire but SQLite integers are signed 64-bit, so they are stored
 two's-complement and converted back on read.
@@ -181,15 +180,24 @@ _HISTORY_TRIGGER = (
 _BUILD_RUN = ("INSERT OR REPLACE INTO runs (id, hi, count, last, data) "
               "SELECT ?1, ?3, count(*), max(seqno), CAST(group_concat(dcp, x'') AS BLOB) FROM items "
               "WHERE id > ?1 AND id <= ?2 HAVING count(*) > 0 AND count(*) = count(dcp)")
-#: A row moved to a newer seqno (the flusher's upsert of a newer version) takes the run around it
-#: with it: the run whose range (lo, hi] holds OLD.seqno is the vbucket's last one with lo <
-#: OLD.seqno. TEMP, like the history trigger: only the writer connection changes items. Rows are
-#: deleted only by a purge (tombstones, which no run holds), a rollback and a vbucket's deletion,
-#: which drop runs themselves (`_drop_runs`).
-_RUN_TRIGGER = (
-    "CREATE TEMP TRIGGER IF NOT EXISTS items_update_drops_run AFTER UPDATE ON main.items BEGIN "
-    f"DELETE FROM runs WHERE id = (SELECT max(id) FROM runs WHERE id < OLD.id AND id >= OLD.vb << {SEQNO_BITS}) "
-    "AND hi >= OLD.seqno; END")
+def _drop_run_at(row: str) -> str:
+    """The statement that drops the run whose range (lo, hi] holds `row`'s seqno ("OLD" or "NEW"):
+    runs never overlap, so it is the vbucket's last one with lo < seqno, if its hi reaches it."""
+    return (f"DELETE FROM runs WHERE id = (SELECT max(id) FROM runs WHERE id < {row}.id "
+            f"AND id >= {row}.vb << {SEQNO_BITS}) AND hi >= {row}.seqno;")
+
+
+#: Any change to a row takes the run around it with it: a version moved to a newer seqno (the
+#: flusher's upsert), a row deleted (purge, rollback) or inserted inside a run's range (a version a
+#: rollback restores). In the file, not TEMP: every writer keeps runs true, an older dcpflow or a
+#: repair by hand included. Created after the conversions at open (`_cluster_rows` replaces the
+#: table, and with it its triggers).
+_RUN_TRIGGERS = (
+    f"CREATE TRIGGER IF NOT EXISTS items_update_drops_run AFTER UPDATE ON items BEGIN "
+    f"{_drop_run_at('OLD')} {_drop_run_at('NEW')} END",
+    f"CREATE TRIGGER IF NOT EXISTS items_delete_drops_run AFTER DELETE ON items BEGIN {_drop_run_at('OLD')} END",
+    f"CREATE TRIGGER IF NOT EXISTS items_insert_drops_run AFTER INSERT ON items BEGIN {_drop_run_at('NEW')} END",
+)
 #: The run at a scan's position (?1, a rowid) and the next one before ?2: one query, whose blob is
 #: read only when the run starts exactly there and ends by ?3 (the scan's last rowid).
 _RUN_FROM = (f"SELECT id, hi, count, last, CASE WHEN id = ?1 AND (id >> {SEQNO_BITS} << {SEQNO_BITS} | hi) <= ?3 "
@@ -389,7 +397,8 @@ class Store:
             self._db.execute(sql)
         if keep_history:
             self._db.execute(_HISTORY_TRIGGER)
-        self._db.execute(_RUN_TRIGGER)
+        for sql in _RUN_TRIGGERS:
+            self._db.execute(sql)
         self.seal_runs(every=True)  # what an earlier process left unsealed, or a store without runs
         self._readers = _ReaderPool(self.path)
 
@@ -435,7 +444,8 @@ class Store:
             self._db.close()
 
     def _txn(self):
-        return _Transaction(self._db, self._lock)
+        # A transaction that fails leaves the tails ahead of the file: they are found again.
+        return _Transaction(self._db, self._lock, self._tails.clear)
 
     # -- bucket meta ------------------------------------------------------------------------
     def get_meta(self, name: str) -> str | None:
@@ -463,7 +473,7 @@ class Store:
 
     def delete_vbucket(self, vb: int) -> None:
         with self._txn() as db:
-            self._drop_runs(db, vb, 0)
+            self._forget_runs(db, vb)
             for table in ("items", "history", "snapshots", "vbucket_state"):
                 db.execute(f"DELETE FROM {table} WHERE vb = ?", (vb,))
 
@@ -495,10 +505,10 @@ class Store:
             sizes = sorted((r[2], None if r[12] is None else len(r[12])) for r in rows)
             self._build_runs(db, vb, _cut_runs(tail, sizes, self.run_bytes, self.run_min_bytes))
 
-    def _drop_runs(self, db: sqlite3.Connection, vb: int, above: int) -> None:
-        """Forget the vbucket's runs that reach above seqno `above`, and its tail."""
-        db.execute("DELETE FROM runs WHERE id >= ? AND id <= ? AND hi > ?",
-                   (_rowid(vb, 0), _rowid(vb, MAX_STORED_SEQNO), above))
+    def _forget_runs(self, db: sqlite3.Connection, vb: int) -> None:
+        """All of a vbucket's runs and its tail, before all its rows go (in one statement, not a
+        trigger's look-up per row)."""
+        db.execute("DELETE FROM runs WHERE id >= ? AND id <= ?", (_rowid(vb, 0), _rowid(vb, MAX_STORED_SEQNO)))
         self._tails.pop(vb, None)
 
     def unsealed(self) -> bool:
@@ -652,7 +662,7 @@ class Store:
             if seqno >= high:
                 return RollbackResult(high, snap_start, snap_end)
             if seqno < floor or seqno <= 0:
-                self._drop_runs(db, vb, 0)
+                self._forget_runs(db, vb)
                 for table in ("items", "history", "snapshots"):
                     db.execute(f"DELETE FROM {table} WHERE vb = ?", (vb,))
                 db.execute("UPDATE vbucket_state SET high_seqno = 0, snap_start = 0, snap_end = 0, "
@@ -660,16 +670,13 @@ class Store:
                 return RollbackResult(0, 0, 0)
             keys = [r[0] for r in db.execute("SELECT key FROM items WHERE id > ? AND id <= ?",
                                              (_rowid(vb, seqno), _rowid(vb, MAX_STORED_SEQNO)))]
-            restored = seqno + 1  # the lowest seqno a restored version lands at
+            self._tails.pop(vb, None)  # the triggers drop the runs around what changes here
             for key in keys:
                 prev = db.execute(f"SELECT {_COLS} FROM history WHERE vb = ? AND key = ? AND seqno <= ? "
                                   "ORDER BY seqno DESC LIMIT 1", (vb, key, seqno)).fetchone()
                 db.execute("DELETE FROM items WHERE vb = ? AND key = ?", (vb, key))
                 if prev is not None:  # with its encoded head, so backfills keep the fast path
                     db.execute(_UPSERT_ITEM, _encoded_row(vb, _item(prev[1:])))
-                    restored = min(restored, prev[2])
-            # A run around a restored version's seqno no longer holds every row of its range.
-            self._drop_runs(db, vb, restored - 1)
             db.execute("DELETE FROM history WHERE vb = ? AND superseded_by > ?", (vb, seqno))
             row = db.execute("SELECT snap_start, snap_end FROM snapshots WHERE vb = ? AND snap_start <= ? "
                              "ORDER BY snap_start DESC, snap_end DESC LIMIT 1", (vb, seqno)).fetchone()
@@ -690,8 +697,8 @@ class RollbackResult:
 class _Transaction:
     """`with store._txn() as db:` - BEGIN IMMEDIATE ... COMMIT (ROLLBACK on error), under the lock."""
 
-    def __init__(self, db: sqlite3.Connection, lock: threading.RLock):
-        self._db, self._lock = db, lock
+    def __init__(self, db: sqlite3.Connection, lock: threading.RLock, on_rollback=None):
+        self._db, self._lock, self._on_rollback = db, lock, on_rollback
 
     def __enter__(self) -> sqlite3.Connection:
         self._lock.acquire()
@@ -704,9 +711,21 @@ class _Transaction:
 
     def __exit__(self, exc_type, exc, tb) -> None:
         try:
-            self._db.execute("ROLLBACK" if exc_type else "COMMIT")
+            if exc_type:
+                self._rolled_back()
+                self._db.execute("ROLLBACK")
+            else:
+                try:
+                    self._db.execute("COMMIT")
+                except BaseException:
+                    self._rolled_back()
+                    raise
         finally:
             self._lock.release()
+
+    def _rolled_back(self) -> None:
+        if self._on_rollback is not None:
+            self._on_rollback()
 
 
 class _ReaderPool:
@@ -841,7 +860,7 @@ class BackfillScan:
                 if row is None:
                     self.close()
                     return []
-                self._pos = max(hi, row[0] - 1)
+                self._pos = max(hi, min(row[0] - 1, stop))  # not past the next run's start
                 continue
             if row is None:
                 self.close()
