@@ -127,6 +127,11 @@ def _rowid(vb: int, seqno: int) -> int:
     return vb << SEQNO_BITS | seqno
 
 
+def _vb_rowids(vb: int) -> tuple[int, int]:
+    """A vbucket's first and last possible rowid: `id >= ? AND id <= ?` takes all its rows (or runs)."""
+    return _rowid(vb, 0), _rowid(vb, MAX_STORED_SEQNO)
+
+
 #: The by-key index, and the partial index through which a backfill finds the rows it must read as
 #: rows (tombstones, xattrs, large values) in O(log n).
 _ITEM_INDEXES = ("CREATE UNIQUE INDEX IF NOT EXISTS items_by_key ON items (vb, key)",
@@ -180,6 +185,8 @@ _HISTORY_TRIGGER = (
 _BUILD_RUN = ("INSERT OR REPLACE INTO runs (id, hi, count, last, data) "
               "SELECT ?1, ?3, count(*), max(seqno), CAST(group_concat(dcp, x'') AS BLOB) FROM items "
               "WHERE id > ?1 AND id <= ?2 HAVING count(*) > 0 AND count(*) = count(dcp)")
+
+
 def _drop_run_at(row: str) -> str:
     """The statement that drops the run whose range (lo, hi] holds `row`'s seqno ("OLD" or "NEW"):
     runs never overlap, so it is the vbucket's last one with lo < seqno, if its hi reaches it."""
@@ -198,9 +205,9 @@ _RUN_TRIGGERS = (
     f"CREATE TRIGGER IF NOT EXISTS items_delete_drops_run AFTER DELETE ON items BEGIN {_drop_run_at('OLD')} END",
     f"CREATE TRIGGER IF NOT EXISTS items_insert_drops_run AFTER INSERT ON items BEGIN {_drop_run_at('NEW')} END",
 )
-#: The run at a scan's position (?1, a rowid) and the next one before ?2: one query, whose blob is
-#: read only when the run starts exactly there and ends by ?3 (the scan's last rowid).
-_RUN_FROM = (f"SELECT id, hi, count, last, CASE WHEN id = ?1 AND (id >> {SEQNO_BITS} << {SEQNO_BITS} | hi) <= ?3 "
+#: The run at a scan's position (?1, a rowid) and the next one before ?2 (the scan's last rowid): one
+#: query, whose blob is read only when the run starts exactly there and ends by ?2.
+_RUN_FROM = (f"SELECT id, hi, count, last, CASE WHEN id = ?1 AND (id >> {SEQNO_BITS} << {SEQNO_BITS} | hi) <= ?2 "
              "THEN data END FROM runs WHERE id >= ?1 AND id < ?2 ORDER BY id LIMIT 1")
 _STATE_COLS = ("vb, state, failover_log, high_seqno, snap_start, snap_end, purge_seqno, max_cas, "
                "max_visible_seqno, max_deleted_rev_seqno")
@@ -326,6 +333,10 @@ class _Tail:
     lo: int = 0
     pending: int = 0
     top: int = 0
+
+    def sealable(self, least: int) -> bool:
+        """Are there rows after the last run, with at least `least` bytes of messages?"""
+        return self.pending >= least and self.top > self.lo
 
 
 @dataclass(slots=True)
@@ -484,7 +495,7 @@ class Store:
         tail = self._tails.get(vb)
         if tail is None:
             row = db.execute("SELECT max(hi) FROM runs WHERE id >= ? AND id <= ?",
-                             (_rowid(vb, 0), _rowid(vb, MAX_STORED_SEQNO))).fetchone()
+                             _vb_rowids(vb)).fetchone()
             tail = self._tails[vb] = _Tail(row[0] or 0)
             tail.top = tail.lo
             rows = db.execute("SELECT seqno, length(dcp) FROM items WHERE id > ? AND id <= ? ORDER BY id",
@@ -508,13 +519,13 @@ class Store:
     def _forget_runs(self, db: sqlite3.Connection, vb: int) -> None:
         """All of a vbucket's runs and its tail, before all its rows go (in one statement, not a
         trigger's look-up per row)."""
-        db.execute("DELETE FROM runs WHERE id >= ? AND id <= ?", (_rowid(vb, 0), _rowid(vb, MAX_STORED_SEQNO)))
+        db.execute("DELETE FROM runs WHERE id >= ? AND id <= ?", _vb_rowids(vb))
         self._tails.pop(vb, None)
 
     def unsealed(self) -> bool:
         """Are there leftover rows `seal_runs` would make a run of? (Cheap, from any thread.)"""
         least = self.run_min_bytes
-        return any(t.pending >= least and t.top > t.lo for t in list(self._tails.values()))
+        return any(t.sealable(least) for t in list(self._tails.values()))
 
     def seal_runs(self, *, every: bool = False) -> int:
         """Make a run of each vbucket's leftover rows of at least run_min_bytes (the flusher is
@@ -524,14 +535,14 @@ class Store:
             if every:
                 vbs = [r[0] for r in self._db.execute("SELECT vb FROM vbucket_state")]
             else:
-                vbs = [vb for vb, t in self._tails.items() if t.pending >= self.run_min_bytes and t.top > t.lo]
+                vbs = [vb for vb, t in self._tails.items() if t.sealable(self.run_min_bytes)]
             if not vbs:
                 return 0
             built = 0
             with self._txn() as db:
                 for vb in vbs:
                     tail = self._tail(db, vb)
-                    if tail.pending >= self.run_min_bytes and tail.top > tail.lo:
+                    if tail.sealable(self.run_min_bytes):
                         self._build_runs(db, vb, [(tail.lo, tail.top)])
                         tail.lo, tail.pending = tail.top, 0
                         built += 1
@@ -540,7 +551,7 @@ class Store:
     def run_count(self, vb: int) -> int:
         with self._lock:
             return self._db.execute("SELECT count(*) FROM runs WHERE id >= ? AND id <= ?",
-                                    (_rowid(vb, 0), _rowid(vb, MAX_STORED_SEQNO))).fetchone()[0]
+                                    _vb_rowids(vb)).fetchone()[0]
 
     # -- the flusher's write ----------------------------------------------------------------
     def write(self, batches: Iterable[tuple[int, Sequence[Item]]],
@@ -834,7 +845,7 @@ class BackfillScan:
         end = top - base
         while not self.closed:
             pos = self._pos
-            run = db.execute(_RUN_FROM, (base | pos, top, top)).fetchone()
+            run = db.execute(_RUN_FROM, (base | pos, top)).fetchone()
             if run is not None and run[4] is not None:
                 _, hi, count, last, data = run
                 self._pos = hi
