@@ -276,6 +276,28 @@ def test_scans_reuse_read_connections_and_each_keeps_its_own_snapshot(store):
     assert second.closed and third.closed
 
 
+def test_pooled_scans_read_through_a_memory_map_that_follows_the_file(store):
+    """Scans read the file through a memory map (READER_MMAP_BYTES). A pooled connection must still
+    see every row after the file has grown (written, checkpointed out of the WAL) since it mapped
+    it, and what a checkpoint moved into the file must read the same as from the WAL."""
+    w = Writer(store)
+    w.write(0, *[w.put(b"a%d" % i, b"x" * 300) for i in range(50)])
+    scan = store.scan(0, 0, 1 << 40)
+    conn = scan._db
+    assert conn.execute("PRAGMA mmap_size").fetchone()[0] > 0
+    before = [r[0] for page in iter(scan.next_rows, []) for r in page]
+    assert scan.closed
+    size = store.path.stat().st_size
+    w.write(0, *[w.put(b"b%d" % i, b"y" * 3000) for i in range(500)])  # a few MB more
+    store._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    assert store.path.stat().st_size > size + (1 << 20)
+    again = store.scan(0, 0, 1 << 40)
+    assert again._db is conn
+    rows = [r for page in iter(again.next_rows, []) for r in page]
+    assert [r[0] for r in rows] == before + [b"b%d" % i for i in range(500)]
+    assert all(r[10] == b"y" * 3000 for r in rows[50:])
+
+
 @pytest.mark.parametrize("n", [1, 2, 3, 127, 128, 129, 300, 1000])
 def test_a_batch_of_any_size_is_written_whole(tmp_path, n):
     """Every row of a flush batch of any size lands, each in its own vbucket, with every field, as

@@ -238,6 +238,11 @@ RUN_MIN_BYTES = 8 * 1024
 #: history indexes a flush updates at random places: with 64 MiB a flush of rewrites (10k keys, 1024
 #: vbuckets) spent ~25% less time per row (/tmp micro-benchmark in the stop's note).
 WRITER_CACHE_KIB = 64 * 1024
+#: Backfill scans read the file through a memory map of up to this size (SQLite caps it at its
+#: SQLITE_MAX_MMAP_SIZE, 2 GB in common builds): a page is then a pointer into the OS page cache,
+#: not a pread() into the connection's own cache. Scanning 1M stored documents (1024 vbuckets,
+#: runs) took 100-130 ns per item this way against 180-240 with pread. The writer keeps pread.
+READER_MMAP_BYTES = 1 << 31
 
 _SIGN = 1 << 63
 _WRAP = 1 << 64
@@ -739,6 +744,12 @@ class _Transaction:
             self._on_rollback()
 
 
+def _reader(path: Path) -> sqlite3.Connection:
+    db = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30.0)
+    db.execute(f"PRAGMA mmap_size={READER_MMAP_BYTES}")
+    return db
+
+
 class _ReaderPool:
     """Idle read connections for BackfillScans. Opening a SQLite connection and parsing the schema
     costs ~0.3 ms, about what reading 200 items costs: a DCP client streaming 1024 vbuckets opens
@@ -756,7 +767,7 @@ class _ReaderPool:
         with self._lock:
             if self._idle:
                 return self._idle.pop()
-        return sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=30.0)
+        return _reader(self.path)
 
     def put(self, db: sqlite3.Connection) -> None:
         with self._lock:
@@ -801,8 +812,7 @@ class BackfillScan:
         self.min_run = 32  # seqnos of plain rows worth an encoded page of their own (next_chunk)
         self._span = page_size  # seqnos the next encoded page covers (next_chunk)
         self._pool = pool
-        self._db = pool.get() if pool is not None else sqlite3.connect(path, isolation_level=None,
-                                                                       check_same_thread=False, timeout=30.0)
+        self._db = pool.get() if pool is not None else _reader(path)
         self.closed = False
         try:
             self._db.execute("BEGIN")

@@ -452,6 +452,8 @@ class DcpProducer:
         scan's purge seqno, from where the backfill starts (what the consumer has by then, on the
         vbucket's current branch, so only the purge rule can ask for a rollback here)."""
         vb, pos = stream.vb, stream.backfill.start - 1
+        if pos == 0 or purge_seqno <= pos:
+            return False  # the purge rule cannot fire (and nothing else can from the current uuid)
         decision = self._rollback_decision(vb, stream.flags, stream.client_purge_seqno, start=pos,
                                            end=max(pos, stream.end_seqno), uuid=vb.uuid, snap_start=pos,
                                            snap_end=pos, purge_seqno=purge_seqno)
