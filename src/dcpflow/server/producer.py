@@ -23,10 +23,11 @@ producer moves them to the socket:
   below `connection_buffer_size`, so at most the buffer plus one message is ever outstanding.
   BUFFER_ACK subtracts (any opaque, erratum 38) and gets no reply. Size 0 disables it.
 * Backfill - a stream that needs disk runs a `Store.scan` page by page on the server's backfill
-  thread pool (SQLite never runs on the loop; one continuation page read at a time in the whole
-  server, beside up to BACKFILL_OPENS scans opening with their first page); the
-  next page is read only once the stream's ready queue is below `BACKFILL_QUEUE_BYTES`, so a
-  million-item backfill holds about one page plus that queue. Plain mutations come as pages
+  thread pool (SQLite never runs on the loop). Queued backfills open in groups: one trip to a
+  worker opens up to OPEN_GROUP scans with their first pages (`_open_group`; a small vbucket is
+  read whole), up to BACKFILL_OPENS trips in the whole server; later pages are read one at a time
+  in the whole server (`_continue_backfill`), and only once the stream's ready queue is below
+  `BACKFILL_QUEUE_BYTES`, so a million-item backfill holds about one page plus that queue. Plain mutations come as pages
   SQLite encoded (`BackfillScan.next_chunk`), queued as one `Frames` entry each and split at the
   flow-control window. `backfill_order` sequential runs one backfill at a time, round-robin all
   of them.
@@ -104,6 +105,11 @@ MAX_BACKFILLS = 64
 #: Scans opening at once in the server (backfill_open_slots), queued on the pool's two threads;
 #: each may read one page beyond the byte limits, since the room is checked when the read is issued.
 BACKFILL_OPENS = 4
+#: Streams whose scans one trip to a worker thread opens (`_open_group`), the bytes of first pages
+#: after which it stops opening more, and the trips of one connection in flight at once.
+OPEN_GROUP = 32
+OPEN_GROUP_BYTES = 4 * 1024 * 1024
+OPEN_TRIPS = 2
 _U32_MAX = 0xFFFFFFFF
 _TOLERATED = frozenset({Status.NOT_MY_VBUCKET, Status.DCP_STREAM_NOT_FOUND, Status.OPAQUE_NO_MATCH})
 _TOLERATED_LEGACY = frozenset({Status.KEY_EEXISTS, Status.KEY_ENOENT})
@@ -130,6 +136,73 @@ _memoryview = memoryview
 consumer_factory = None
 
 
+def _read_page(scan, encoded: bool, opaque: int, collections: bool) -> tuple[list, int, int]:
+    """A page: (chunks, items, bytes), on a worker thread. For a stream taking encoded pages
+    (plain mutations encoded by SQLite: no GIL, no object per item; see store.py) the chunks of
+    about one page come in one trip, so that tombstones scattered among documents do not cost a
+    trip per short run; otherwise one chunk of rows. No chunks at the end."""
+    chunks: list = []
+    items = nbytes = 0
+    while items < scan.page_size and nbytes < BACKFILL_PAGE_BYTES:
+        chunk = scan.next_chunk(opaque, collections) if encoded else scan.next_rows()
+        if not chunk:
+            break
+        chunks.append(chunk)
+        if chunk.__class__ is EncodedPage:
+            items, nbytes = items + chunk.count, nbytes + len(chunk.data)
+        else:
+            items, nbytes = items + len(chunk), nbytes + sum(len(r[10]) + 64 for r in chunk)
+        if not encoded:
+            break
+    return chunks, items, nbytes
+
+
+def _open_scans(store, work: list[tuple], budget: int) -> list:
+    """On a worker thread: open the scan of each (vbid, start, end, encoded, opaque, collections,
+    room) and read its first page when it has room - one trip, and a vbucket of a few hundred
+    items is read whole (the scan closes itself after a short page). Per entry: (scan, page or
+    None), the exception that opening or reading raised, or None once the pages read reach
+    `budget` (not opened; the caller queues it again)."""
+    out: list = []
+    used = 0
+    for vbid, start, end, encoded, opaque, collections, room in work:
+        if used >= budget:
+            out.append(None)
+            continue
+        scan = None
+        try:
+            scan = store.scan(vbid, start, end, page_size=ENCODED_PAGE_ITEMS if encoded else BACKFILL_PAGE_ITEMS)
+            scan.page_bytes = BACKFILL_PAGE_BYTES  # rows of large documents: a page is bytes, not items
+            page = _read_page(scan, encoded, opaque, collections) if room else None
+        except Exception as e:
+            if scan is not None:
+                _close_quietly(scan)
+            out.append(e)
+            continue
+        if page is not None:
+            used += page[2]
+        out.append((scan, page))
+    return out
+
+
+def _close_opened(cf: concurrent.futures.Future) -> None:
+    """Done-callback of an `_open_scans` trip nobody waits for any more: close what it opened."""
+    if cf.cancelled() or cf.exception() is not None:
+        return
+    for result in cf.result():
+        if isinstance(result, tuple):
+            _close_quietly(result[0])
+
+
+def _close_quietly(scan) -> None:
+    """Close a scan (ends its read transaction, quick), logging rather than raising."""
+    if scan is not None and not scan.closed:
+        try:
+            scan.close()
+        except Exception:
+            log.exception("closing a backfill scan failed")
+
+
 def backfill_executor(server) -> concurrent.futures.ThreadPoolExecutor:
     """The server's backfill thread pool (created on first use, shut down by Server.close)."""
     ex = getattr(server, "backfill_executor", None)
@@ -153,15 +226,13 @@ def backfill_read_lock(server) -> asyncio.Lock:
 
 
 def backfill_open_slots(server) -> asyncio.Semaphore:
-    """Scans that may open (reading their first page) at once in the whole server, apart from the
-    read lock's continuation pages. A client streaming 1024 vbuckets of a few hundred items each
-    makes 1024 opens that each read everything in one page: one at a time, every open waited for
-    the previous one's round trip through the worker thread and back, and the server was
+    """Trips that open scans (`_open_group`, reading first pages) at once in the whole server,
+    apart from the read lock's continuation pages. One at a time, every trip waited for the
+    previous one's round trip through the worker thread and back, and the server was
     latency-bound (worker ~30% busy, loop ~40%). With BACKFILL_OPENS queued on the pool's two
-    threads, a thread starts the next open as soon as it finishes one, while the loop handles the
-    page it read (1024 vbuckets x 293 documents: ~500k items/s with one slot per thread, ~580k
-    with four, ~600k with eight; the CPU per item the same). Large scans still read their later
-    pages one at a time."""
+    threads, a thread starts the next trip as soon as it finishes one, while the loop handles the
+    pages it read (measured with a trip per scan, 1024 vbuckets x 293 documents: ~500k items/s
+    with one slot per thread, ~580k with four, ~600k with eight; the CPU per item the same)."""
     slots = getattr(server, "backfill_open_slots", None)
     if slots is None:
         slots = server.backfill_open_slots = asyncio.Semaphore(BACKFILL_OPENS)
@@ -214,7 +285,11 @@ class DcpProducer:
         self._pending: dict[ActiveStream, None] = {}  # streams that may have work (ordered set)
         self._backfill_queue: OrderedDict[ActiveStream, None] = OrderedDict()  # waiting to backfill, FIFO
         self._fed: dict[ActiveStream, None] = {}  # streams backfills handed pages to (_backfill_buffered)
-        self._backfills: dict[ActiveStream, asyncio.Task] = {}
+        # running backfills: their task, or None while their scan opens in a group (_open_group)
+        self._backfills: dict[ActiveStream, asyncio.Task | None] = {}
+        self._openers: set[asyncio.Task] = set()  # the _open_group tasks
+        self._trip_bytes = 0  # the budgets of the _open_group trips in flight (counted as queued)
+        self.backfill_trips = 0
         self._space_waiters: list[asyncio.Future] = []
         self._read_lock = backfill_read_lock(self.server)
         self._open_slots = backfill_open_slots(self.server)
@@ -676,8 +751,10 @@ class DcpProducer:
             writer.flush()  # replies queued before this pass go first
             transport = self.conn.transport
             if not transport.is_closing():
-                if views:
-                    transport.writelines(out)  # uvloop: one writev, large values not copied
+                if views or sent >= len(out) << 11:
+                    # uvloop: one writev, nothing copied - large values, and backfill pages (~64 KiB
+                    # runs: joining 1M documents of ~400 B cost the loop ~0.05 us each)
+                    transport.writelines(out)
                 else:
                     transport.write(b"".join(out))  # small messages: one buffer beats many iovecs
             writer.bytes_sent += sent
@@ -685,6 +762,8 @@ class DcpProducer:
             for fut in waiters:
                 if not fut.done():
                     fut.set_result(None)
+        if self._backfill_queue:
+            self._start_backfills()  # what this pass queued, in groups
         if more and not blocked and not writer.paused:
             self.schedule()
 
@@ -698,18 +777,32 @@ class DcpProducer:
 
     # -- backfill -------------------------------------------------------------------------------
     def _queue_backfill(self, stream: ActiveStream) -> None:
+        """Queue it; `_step` starts the queued backfills at the end of its pass, so the streams a
+        burst of requests queued open together (`_open_group`)."""
         if stream not in self._backfills and stream not in self._backfill_queue:
             self._backfill_queue[stream] = None
-            self._start_backfills()
 
     def _start_backfills(self) -> None:
+        """Start queued backfills in groups (`_open_group`): at most OPEN_TRIPS trips of this
+        connection in flight, and none until its backfill bytes leave room for a whole trip's
+        pages (the pass that sends them calls again): a trip started at the edge of the limit
+        would read one small vbucket."""
+        if not self._backfill_queue or len(self._openers) >= OPEN_TRIPS:
+            return
+        if self._backfill_buffered() + self._trip_bytes > BACKFILL_BYTE_LIMIT - OPEN_GROUP_BYTES:
+            return
         limit = 1 if self.backfill_order == "sequential" else MAX_BACKFILLS
-        while self._backfill_queue and len(self._backfills) < limit:
-            stream = self._backfill_queue.popitem(last=False)[0]
-            if stream.dead or stream.backfill is None or stream.backfill_running:
-                continue
-            stream.backfill_running = True
-            self._backfills[stream] = self.loop.create_task(self._backfill(stream))
+        while self._backfill_queue and len(self._openers) < OPEN_TRIPS and len(self._backfills) < limit:
+            group: list[ActiveStream] = []
+            while self._backfill_queue and len(group) < OPEN_GROUP and len(self._backfills) < limit:
+                stream = self._backfill_queue.popitem(last=False)[0]
+                if stream.dead or stream.backfill is None or stream.backfill_running:
+                    continue
+                stream.backfill_running = True
+                self._backfills[stream] = None  # opening in a group; its own task once it reads on
+                group.append(stream)
+            if group:
+                self._openers.add(self.loop.create_task(self._open_group(group)))
 
     def _backfill_buffered(self) -> int:
         """Bytes queued and not yet sent by the streams this connection's backfills fed
@@ -729,92 +822,142 @@ class DcpProducer:
         self._space_waiters.append(fut)
         await fut
 
-    async def _backfill(self, stream: ActiveStream) -> None:
-        rng = stream.backfill
-        ex = backfill_executor(self.server)
-        scan = None
-        inflight: list[asyncio.Future] = []  # the read running on a worker thread, if any
+    def _feed(self, stream: ActiveStream, scan, page: tuple[list, int, int]) -> None:
+        """Queue a page read for the stream, and size the scan's next page by what this one held."""
+        chunks, count, size = page
+        for chunk in chunks:
+            if chunk.__class__ is EncodedPage:
+                stream.backfill_encoded(chunk)
+            else:
+                stream.backfill_rows(chunk)
+        self._fed[stream] = None
+        if size:
+            scan.page_size = max(1, min(8192, BACKFILL_PAGE_BYTES * count // size))
 
-        def run(fn):
-            fut = self.loop.run_in_executor(ex, fn)
-            inflight[:] = [fut]
-            return fut
-
-        encoded = stream.takes_encoded_pages
-        opaque, collections = stream.opaque, stream.opts.collections
-
-        def read(scan) -> tuple[list, int, int]:
-            """A page: (chunks, items, bytes). For a stream taking encoded pages (plain mutations
-            encoded by SQLite: no GIL, no object per item; see store.py) the chunks of about one
-            page come in one trip to this thread, so that tombstones scattered among documents do
-            not cost a trip per short run; otherwise one chunk of rows. No chunks at the end."""
-            chunks: list = []
-            items = nbytes = 0
-            while items < scan.page_size and nbytes < BACKFILL_PAGE_BYTES:
-                chunk = scan.next_chunk(opaque, collections) if encoded else scan.next_rows()
-                if not chunk:
-                    break
-                chunks.append(chunk)
-                if chunk.__class__ is EncodedPage:
-                    items, nbytes = items + chunk.count, nbytes + len(chunk.data)
-                else:
-                    items, nbytes = items + len(chunk), nbytes + sum(len(r[10]) + 64 for r in chunk)
-                if not encoded:
-                    break
-            return chunks, items, nbytes
-
-        def open_scan(first_page: bool):
-            # The first page comes with the scan when the limits allow it: one trip to the worker
-            # thread, not two (and a vbucket of a few hundred items is read in one go: the scan
-            # closes itself after a short page, so no trip is needed to find the end either).
-            opened = self.engine.store.scan(stream.vbid, rng.start - 1, min(rng.end, stream.end_seqno),
-                                            page_size=ENCODED_PAGE_ITEMS if encoded else BACKFILL_PAGE_ITEMS)
-            opened.page_bytes = BACKFILL_PAGE_BYTES  # rows of large documents: a page is bytes, not items
-            try:
-                return opened, (read(opened) if first_page else None)
-            except BaseException:
-                opened.close()
-                raise
-
+    async def _open_group(self, group: list[ActiveStream]) -> None:
+        """Open the scans of several queued backfills, with their first pages, in one trip to a
+        worker thread. A vbucket of a few hundred items is read whole that way, and a trip per
+        stream cost the loop more than its items did (1024 vbuckets of ~1000 documents: the
+        executor round trip, task and slot of each stream were a third of the loop's time).
+        The trip stops opening once it has read OPEN_GROUP_BYTES; the rest wait for the next one.
+        A stream whose scan has more to read goes on in `_continue_backfill`."""
+        plans = []
+        budget = 0
         try:
             async with self._open_slots:
-                room = self._backfill_room(stream)  # decided here, on the loop, not in the worker
-                scan, page = await run(lambda: open_scan(room))
-            if stream.dead or stream.backfill is not rng:
-                return
-            if self._purged_under(stream, scan.purge_seqno):
-                log.info("DCP %s: vbucket %d purged tombstones above %d (purge seqno %d) before its backfill "
-                         "opened: STREAM_END(Rollback)", self.name, stream.vbid, rng.start - 1, scan.purge_seqno)
-                self.end_stream(stream, StreamEndReason.ROLLBACK)
-                return
-            stream.backfill_begin(scan.purge_seqno)
-            self.wake(stream)
-            while True:
-                if page is None:
-                    async with self._read_lock:  # checked under the lock: one page at most beyond the limits
-                        if stream.dead or self.closed or stream.backfill is not rng:
-                            return
-                        if self._backfill_room(stream):
-                            page = await run(lambda: read(scan))
-                    if page is None:
-                        await self._wait_for_space()
+                # decided here, on the loop, not in the worker; the trips in flight count as queued
+                room = BACKFILL_BYTE_LIMIT - self._backfill_buffered() - self._trip_bytes
+                budget = max(0, min(OPEN_GROUP_BYTES, room))
+                self._trip_bytes += budget
+                for stream in group:
+                    if self._backfills.get(stream, 0) is not None:
+                        continue  # retired meanwhile
+                    if stream.dead or stream.backfill is None:
+                        del self._backfills[stream]
                         continue
+                    plans.append((stream, stream.backfill, stream.ready_bytes < BACKFILL_QUEUE_BYTES))
+                if budget <= 0:  # other trips took the room meanwhile: all of them wait for the next
+                    results = [None] * len(plans)
+                else:
+                    work = [(stream.vbid, rng.start - 1, min(rng.end, stream.end_seqno), stream.takes_encoded_pages,
+                             stream.opaque, stream.opts.collections, room) for stream, rng, room in plans]
+                    cf = backfill_executor(self.server).submit(_open_scans, self.engine.store, work, budget)
+                    self.backfill_trips += 1
+                    try:
+                        results = await asyncio.wrap_future(cf)
+                    except asyncio.CancelledError:
+                        cf.add_done_callback(_close_opened)  # it may be running: close what it opens
+                        raise
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # the trip itself failed (the pool is shut down...)
+            log.exception("opening backfills for %s failed", self.name)
+            plans = results = []
+            for stream in group:
+                if self._backfills.get(stream, 0) is None:
+                    del self._backfills[stream]
+                    stream.backfill_running = False
+                    if not stream.dead:
+                        self.end_stream(stream, StreamEndReason.BACKFILL_FAIL)
+        finally:
+            self._openers.discard(asyncio.current_task())
+            self._trip_bytes -= budget  # what it read is in the streams' queues from here on
+        requeue = []
+        for (stream, rng, _), result in zip(plans, results, strict=True):
+            if result is None:  # over the trip's budget: back to the head of the queue
+                if self._backfills.get(stream, 0) is None:
+                    del self._backfills[stream]
+                    stream.backfill_running = False
+                    requeue.append(stream)
+                continue
+            scan = None
+            try:
+                if isinstance(result, BaseException):
+                    raise result
+                scan, page = result
+                if stream.dead or self.closed or stream.backfill is not rng or \
+                        self._backfills.get(stream, 0) is not None:
+                    continue
+                if self._purged_under(stream, scan.purge_seqno):
+                    log.info("DCP %s: vbucket %d purged tombstones above %d (purge seqno %d) before its backfill "
+                             "opened: STREAM_END(Rollback)", self.name, stream.vbid, rng.start - 1, scan.purge_seqno)
+                    del self._backfills[stream]
+                    self.end_stream(stream, StreamEndReason.ROLLBACK)
+                    continue
+                stream.backfill_begin(scan.purge_seqno)
+                if page is not None:
+                    self._feed(stream, scan, page)
+                if page is not None and (scan.closed or not page[0]):
+                    del self._backfills[stream]
+                    stream.backfill_complete()  # that was the whole range
+                else:
+                    self._backfills[stream] = self.loop.create_task(self._continue_backfill(stream, rng, scan))
+                    scan = None  # the task owns it now
+                self.wake(stream)
+            except Exception as e:
+                log.error("backfill of vbucket %d for %s failed", stream.vbid, self.name,
+                          exc_info=(type(e), e, e.__traceback__))
+                if self._backfills.get(stream, 0) is None:
+                    del self._backfills[stream]
+                if not stream.dead:
+                    self.end_stream(stream, StreamEndReason.BACKFILL_FAIL)
+            finally:
+                if scan is not None and not scan.closed:
+                    _close_quietly(scan)
+        for stream in reversed(requeue):
+            self._backfill_queue[stream] = None
+            self._backfill_queue.move_to_end(stream, last=False)
+        if not self.closed:
+            self._start_backfills()
+            self.schedule()
+
+    async def _continue_backfill(self, stream: ActiveStream, rng, scan) -> None:
+        """The later pages of an open scan, one read in flight in the whole server (read lock),
+        each only when the stream and the connection have room for it."""
+        inflight: list[asyncio.Future] = []  # the read running on a worker thread, if any
+        encoded, opaque, collections = stream.takes_encoded_pages, stream.opaque, stream.opts.collections
+        ex = backfill_executor(self.server)
+        try:
+            while True:
+                async with self._read_lock:  # checked under the lock: one page at most beyond the limits
+                    if stream.dead or self.closed or stream.backfill is not rng:
+                        return
+                    page = None
+                    if self._backfill_room(stream):
+                        fut = self.loop.run_in_executor(ex, _read_page, scan, encoded, opaque, collections)
+                        inflight[:] = [fut]
+                        page = await fut
+                if page is None:
+                    await self._wait_for_space()
+                    continue
                 if stream.dead or self.closed or stream.backfill is not rng:
                     return
-                chunks, count, size = page
-                if not chunks:
+                if not page[0]:
                     break
-                for chunk in chunks:
-                    if chunk.__class__ is EncodedPage:
-                        stream.backfill_encoded(chunk)
-                    else:
-                        stream.backfill_rows(chunk)
-                self._fed[stream] = None
-                scan.page_size = max(1, min(8192, BACKFILL_PAGE_BYTES * count // size))
+                self._feed(stream, scan, page)
                 self.wake(stream)
                 if scan.closed:
                     break  # that was the last page
-                page = None
             stream.backfill_complete()
             self.wake(stream)
         except asyncio.CancelledError:
@@ -826,29 +969,13 @@ class DcpProducer:
         finally:
             if self._backfills.get(stream) is asyncio.current_task():
                 del self._backfills[stream]
-            self._close_scan(scan, inflight)
+            if inflight and not inflight[0].done():  # a cancelled task may leave a read running
+                inflight[0].add_done_callback(lambda _: _close_quietly(scan))
+            else:
+                _close_quietly(scan)
             if not self.closed:
                 self._start_backfills()
                 self.schedule()
-
-    @staticmethod
-    def _close_scan(scan, inflight: list) -> None:
-        """Close a scan once no worker thread uses it (a cancelled task may leave a read running).
-        Closing ends its read transaction, which is quick: it runs right here, on the loop."""
-        if inflight and not inflight[0].done():
-            inflight[0].add_done_callback(lambda fut: DcpProducer._close_scan_now(fut, scan))
-            return
-        DcpProducer._close_scan_now(None, scan)
-
-    @staticmethod
-    def _close_scan_now(fut, scan) -> None:
-        if fut is not None and not fut.cancelled() and fut.exception() is None and scan is None:
-            scan = fut.result()[0]  # the scan was still being opened: (scan, first page)
-        if scan is not None and not scan.closed:
-            try:
-                scan.close()
-            except Exception:
-                log.exception("closing a backfill scan failed")
 
     # -- flow control, noop, replies ------------------------------------------------------------
     def buffer_ack(self, nbytes: int) -> None:
@@ -925,8 +1052,9 @@ class DcpProducer:
         self.closed = True
         if self._timer is not None:
             self._timer.cancel()
-        for task in self._backfills.values():
-            task.cancel()
+        for task in [*self._backfills.values(), *self._openers]:
+            if task is not None:
+                task.cancel()
         for stream in list(self.streams.values()) + self._draining:
             stream.release()
         self.streams.clear()
@@ -964,6 +1092,7 @@ class DcpProducer:
             p + "backfill_order": self.backfill_order,
             p + "cursor_dropping": int(self.cursor_dropping),
             p + "num_backfills_running": len(self._backfills),
+            p + "backfill_open_trips": self.backfill_trips,
             p + "flow_control_pauses": self.paused_flow_control,
             p + "enable_stream_id": int(self.stream_ids),
             p + "sync_replication": int(self.sync_writes and bool(self.consumer_name)),
