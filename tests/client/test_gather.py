@@ -1,12 +1,16 @@
-"""The compiled `gather` (_speedups.c) against its Python specification, batches._gather_all_py:
-the first bytes of frames that sit in several received segments, zero-padded past a segment's end."""
+"""The compiled `gather` and `concat` (_speedups.c) against their Python specifications,
+batches._gather_all_py and _concat_py: the first bytes of frames that sit in several received
+segments, zero-padded past a segment's end; and ranges of those segments joined (a key or value
+column's data)."""
 
 import numpy as np
+import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dcpflow.client.batches import _gather_all, _gather_all_py
+from dcpflow.client import batches
+from dcpflow.client.batches import _concat_py, _gather_all, _gather_all_py
 from dcpflow.protocol.frame import compiled
 
 gather = compiled("gather")
@@ -59,3 +63,59 @@ def test_gather_needs_a_writable_output_and_buffers():
         gather(bytearray(4), [object()], sid, pos, 4)
     with pytest.raises(ValueError, match="width"):
         gather(bytearray(4), [b"abcd"], sid, pos, -1)
+
+
+concat = compiled("concat")
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.binary(max_size=80), min_size=1, max_size=6), st.data())
+def test_concat_is_its_python_twin(bufs, data):
+    u8s = [np.frombuffer(b, dtype=np.uint8) for b in bufs]
+    rows = []
+    for _ in range(data.draw(st.integers(0, 12))):
+        s = data.draw(st.integers(0, len(bufs) - 1))
+        p = data.draw(st.integers(0, len(bufs[s])))
+        rows.append((s, p, data.draw(st.integers(0, len(bufs[s]) - p))))
+    sid, pos, lens = (np.array([r[i] for r in rows], dtype=np.int64) for i in range(3))
+    got = concat(u8s, sid, pos, lens)
+    assert got == _concat_py(u8s, sid, pos, lens) == b"".join(bufs[s][p:p + n] for s, p, n in rows)
+
+
+@pytest.mark.parametrize("sid, pos, lens, match", [
+    ([1], [0], [1], "of buffer 1"),
+    ([-1], [0], [1], "of buffer -1"),
+    ([0], [-2], [1], "at -2"),
+    ([0], [0], [-1], "names -1 bytes"),
+    ([0], [6], [3], "names 3 bytes of buffer 0 at 6"),  # runs past the buffer's end
+    ([0, 0], [0], [1, 1], "one length"),
+])
+def test_concat_rejects_ranges_it_cannot_read(sid, pos, lens, match):
+    args = ([np.zeros(8, np.uint8)], np.array(sid, np.int64), np.array(pos, np.int64), np.array(lens, np.int64))
+    with pytest.raises(ValueError, match=match):
+        concat(*args)
+    if match != "one length":
+        with pytest.raises(ValueError, match=match):
+            _concat_py(*args)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.binary(max_size=40), min_size=1, max_size=4), st.data())
+def test_binary_column_is_the_same_compiled_or_not(bufs, data):
+    """The column a batch gets: offsets + one copy (compiled), or views cast by Arrow, nulls alike."""
+    u8s = [np.frombuffer(b, dtype=np.uint8) for b in bufs]
+    rows = []
+    for s, b in enumerate(bufs):
+        for _ in range(data.draw(st.integers(0, 4))):
+            p = data.draw(st.integers(0, len(b)))
+            rows.append((s, p, data.draw(st.integers(0, len(b) - p)), data.draw(st.booleans())))
+    sid, pos, lens = (np.array([r[i] for r in rows], dtype=np.int64) for i in range(3))
+    valid = np.array([r[3] for r in rows], dtype=bool)
+    expect = [bufs[s][p:p + n] if ok else None for s, p, n, ok in rows]
+    for use in (True, False):
+        with pytest.MonkeyPatch.context() as mp:
+            if not use:
+                mp.setattr(batches, "_concat_c", None)
+            col = batches.binary_column([pa.py_buffer(b) for b in bufs], u8s, sid, pos, lens, valid)
+        col.validate(full=True)
+        assert col.type == pa.binary() and col.to_pylist() == expect

@@ -120,14 +120,44 @@ def _u64_as_i64(mat: np.ndarray, lo: int) -> np.ndarray:
     return _be(mat, lo, lo + 8, ">u8").astype(np.uint64).view(np.int64)
 
 
+def _concat_py(u8s: list[np.ndarray], sid: np.ndarray, pos: np.ndarray, lengths: np.ndarray) -> bytes:
+    """The ranges [pos, pos + lengths) of buffers sid, joined: the specification of the compiled
+    `concat`."""
+    out = []
+    for i, (s, p, n) in enumerate(zip(sid.tolist(), pos.tolist(), lengths.tolist(), strict=True)):
+        if not (0 <= s < len(u8s) and p >= 0 and n >= 0 and p + n <= len(u8s[s])):
+            raise ValueError(f"concat: row {i} names {n} bytes of buffer {s} at {p}")
+        out.append(u8s[s][p:p + n].tobytes())
+    return b"".join(out)
+
+
+_concat_c = compiled("concat")
+_I32_MAX = 2**31 - 1
+
+
 def binary_column(bufs: list[pa.Buffer], u8s: list[np.ndarray], sid: np.ndarray, starts: np.ndarray,
                   lengths: np.ndarray, valid: np.ndarray | None = None) -> pa.Array:
-    """A `binary` array of the byte ranges [starts, starts + lengths) of buffers sid.
+    """A `binary` array of the byte ranges [starts, starts + lengths) of buffers sid (null where
+    `valid` is False).
 
-    Built as binary_view (Arrow's "German string" layout: 16-byte views, data of up to 12 bytes
-    inline, longer data as prefix + buffer index + offset) over the received segments themselves
-    (no copy joins them first), and cast to binary by Arrow."""
+    Compiled: offsets from a cumulative sum and the data copied once by `concat`. Otherwise built
+    as binary_view (Arrow's "German string" layout: 16-byte views, data of up to 12 bytes inline,
+    longer data as prefix + buffer index + offset) over the received segments themselves, which
+    Arrow casts to plain binary in C++ - a second copy of the data, and per-row work in the cast
+    (~0.15 us/row for 1M documents of ~400 B)."""
     n = len(starts)
+    if valid is not None and valid.all():
+        valid = None
+    if _concat_c is not None:
+        lens = lengths.astype(np.int64) if valid is None else np.where(valid, lengths, 0).astype(np.int64)
+        offsets = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(lens, out=offsets[1:])
+        if offsets[-1] <= _I32_MAX:  # binary's offsets are int32 (the view path's cast says the same)
+            data = _concat_c(u8s, np.ascontiguousarray(sid, dtype=np.int64),
+                             np.ascontiguousarray(starts, dtype=np.int64), lens)
+            validity = None if valid is None else pa.py_buffer(np.packbits(valid, bitorder="little"))
+            return pa.Array.from_buffers(pa.binary(), n, [validity, pa.py_buffer(offsets.astype(np.int32)),
+                                                          pa.py_buffer(data)])
     views = np.zeros((n, 16), dtype=np.uint8)
     ints = views.view(np.int32)
     ints[:, 0] = lengths.astype(np.int32)
@@ -139,7 +169,7 @@ def binary_column(bufs: list[pa.Buffer], u8s: list[np.ndarray], sid: np.ndarray,
         ints[long, 2] = sid[long].astype(np.int32)  # buffer index
         ints[long, 3] = starts[long].astype(np.int32)
     validity = None
-    if valid is not None and not valid.all():
+    if valid is not None:
         validity = pa.py_buffer(np.packbits(valid, bitorder="little"))
         ints[~valid] = 0
     arr = pa.Array.from_buffers(pa.binary_view(), n, [validity, pa.py_buffer(views), *bufs])

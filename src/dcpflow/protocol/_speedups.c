@@ -24,7 +24,11 @@
 
    gather - the first bytes of many frames that sit in several received segments, into one
    matrix (dcpflow.client.batches._gather_all_py): the client's columnar decoder reads every header
-   and every key and value prefix this way. */
+   and every key and value prefix this way.
+
+   concat - the bytes of many (buffer, offset, length) ranges, one after the other, as one bytes
+   object (dcpflow.client.batches._concat_py): the data of the client's key and value columns,
+   copied once from the received segments. */
 
 #define PY_SSIZE_T_CLEAN
 #include "_speedups.h"
@@ -456,6 +460,76 @@ done:
     return result;
 }
 
+PyDoc_STRVAR(concat_doc,
+"concat(bufs, sid, pos, lengths) -> bytes\n\n"
+"bufs[sid[i]][pos[i]:pos[i] + lengths[i]] for every i, joined. sid, pos and lengths are int64\n"
+"buffers of one length; every range must lie inside its buffer. Same as batches._concat_py.");
+
+static PyObject *concat(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "concat(bufs, sid, pos, lengths) takes 4 arguments");
+        return NULL;
+    }
+    PyObject *seq = PySequence_Fast(args[0], "concat: bufs must be a sequence");
+    if (seq == NULL) return NULL;
+    Py_ssize_t nbufs = PySequence_Fast_GET_SIZE(seq);
+    Py_buffer sid = {0}, pos = {0}, len = {0};
+    Py_buffer *views = PyMem_Calloc((size_t)(nbufs ? nbufs : 1), sizeof(Py_buffer));
+    Py_ssize_t held = 0;
+    PyObject *result = NULL, *out = NULL;
+    if (views == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (; held < nbufs; held++)
+        if (PyObject_GetBuffer(PySequence_Fast_ITEMS(seq)[held], &views[held], PyBUF_SIMPLE) < 0) goto done;
+    if (PyObject_GetBuffer(args[1], &sid, PyBUF_C_CONTIGUOUS) < 0) goto done;
+    if (PyObject_GetBuffer(args[2], &pos, PyBUF_C_CONTIGUOUS) < 0) goto done;
+    if (PyObject_GetBuffer(args[3], &len, PyBUF_C_CONTIGUOUS) < 0) goto done;
+    Py_ssize_t n = pos.len / (Py_ssize_t)sizeof(int64_t);
+    if (pos.len % (Py_ssize_t)sizeof(int64_t) || sid.len != pos.len || len.len != pos.len) {
+        PyErr_SetString(PyExc_ValueError, "concat: sid, pos and lengths must be int64 buffers of one length");
+        goto done;
+    }
+    const int64_t *s = (const int64_t *)sid.buf, *p = (const int64_t *)pos.buf, *l = (const int64_t *)len.buf;
+    Py_ssize_t total = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {  /* check every range before allocating */
+        if (s[i] < 0 || s[i] >= nbufs || p[i] < 0 || l[i] < 0 || p[i] > views[s[i]].len ||
+            l[i] > views[s[i]].len - p[i]) {
+            PyErr_Format(PyExc_ValueError, "concat: row %zd names %lld bytes of buffer %lld at %lld", i,
+                         (long long)l[i], (long long)s[i], (long long)p[i]);
+            goto done;
+        }
+        if (l[i] > PY_SSIZE_T_MAX - total) {
+            PyErr_SetString(PyExc_OverflowError, "concat: the ranges add up to more than a bytes object holds");
+            goto done;
+        }
+        total += (Py_ssize_t)l[i];
+    }
+    out = PyBytes_FromStringAndSize(NULL, total);
+    if (out == NULL) goto done;
+    unsigned char *o = (unsigned char *)PyBytes_AS_STRING(out);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_ssize_t ahead = i + 8;  /* the segments have left the caches: ask for a later range early */
+        if (ahead < n && l[ahead])
+            prefetch((const unsigned char *)views[s[ahead]].buf + p[ahead]);
+        memcpy(o, (const unsigned char *)views[s[i]].buf + p[i], (size_t)l[i]);
+        o += l[i];
+    }
+    result = out;
+    out = NULL;
+done:
+    Py_XDECREF(out);
+    if (sid.obj) PyBuffer_Release(&sid);
+    if (pos.obj) PyBuffer_Release(&pos);
+    if (len.obj) PyBuffer_Release(&len);
+    for (Py_ssize_t i = 0; i < held; i++) PyBuffer_Release(&views[i]);
+    PyMem_Free(views);
+    Py_DECREF(seq);
+    return result;
+}
+
 /* -- stamp_mutations ------------------------------------------------------------------------- */
 
 enum { STAMP_OK, STAMP_NOT_MUTATION, STAMP_CUT, STAMP_ORDER };
@@ -564,6 +638,7 @@ static PyMethodDef methods[] = {
     {"walk_stream", (PyCFunction)(void (*)(void))walk_stream, METH_FASTCALL, walk_stream_doc},
     {"stamp_mutations", (PyCFunction)(void (*)(void))stamp_mutations, METH_FASTCALL, stamp_mutations_doc},
     {"gather", (PyCFunction)(void (*)(void))gather, METH_FASTCALL, gather_doc},
+    {"concat", (PyCFunction)(void (*)(void))concat, METH_FASTCALL, concat_doc},
     {NULL, NULL, 0, NULL},
 };
 
