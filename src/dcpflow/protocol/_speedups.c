@@ -389,6 +389,30 @@ static PyObject *walk_stream(PyObject *module, PyObject *const *args, Py_ssize_t
     return Py_BuildValue("(nN)", pos, starts);
 }
 
+/* Views of every buffer of the sequence `seq` (gather, concat): NULL with an exception set when
+   one is not a buffer; release them with release_views. */
+static Py_buffer *hold_views(PyObject *seq, Py_ssize_t nbufs) {
+    Py_buffer *views = PyMem_Calloc((size_t)(nbufs ? nbufs : 1), sizeof(Py_buffer));
+    if (views == NULL) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < nbufs; i++) {
+        if (PyObject_GetBuffer(PySequence_Fast_ITEMS(seq)[i], &views[i], PyBUF_SIMPLE) < 0) {
+            while (i--) PyBuffer_Release(&views[i]);
+            PyMem_Free(views);
+            return NULL;
+        }
+    }
+    return views;
+}
+
+static void release_views(Py_buffer *views, Py_ssize_t nbufs) {
+    if (views == NULL) return;
+    for (Py_ssize_t i = 0; i < nbufs; i++) PyBuffer_Release(&views[i]);
+    PyMem_Free(views);
+}
+
 PyDoc_STRVAR(gather_doc,
 "gather(out, bufs, sid, pos, width)\n\n"
 "Row i of out (a writable C-contiguous buffer of len(pos) * width bytes) gets the width bytes of\n"
@@ -411,15 +435,9 @@ static PyObject *gather(PyObject *module, PyObject *const *args, Py_ssize_t narg
     if (seq == NULL) return NULL;
     Py_ssize_t nbufs = PySequence_Fast_GET_SIZE(seq);
     Py_buffer out = {0}, sid = {0}, pos = {0};
-    Py_buffer *views = PyMem_Calloc((size_t)(nbufs ? nbufs : 1), sizeof(Py_buffer));
-    Py_ssize_t held = 0;
+    Py_buffer *views = hold_views(seq, nbufs);
     PyObject *result = NULL;
-    if (views == NULL) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    for (; held < nbufs; held++)
-        if (PyObject_GetBuffer(PySequence_Fast_ITEMS(seq)[held], &views[held], PyBUF_SIMPLE) < 0) goto done;
+    if (views == NULL) goto done;
     if (PyObject_GetBuffer(args[0], &out, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) goto done;
     if (PyObject_GetBuffer(args[2], &sid, PyBUF_C_CONTIGUOUS) < 0) goto done;
     if (PyObject_GetBuffer(args[3], &pos, PyBUF_C_CONTIGUOUS) < 0) goto done;
@@ -454,8 +472,7 @@ done:
     if (out.obj) PyBuffer_Release(&out);
     if (sid.obj) PyBuffer_Release(&sid);
     if (pos.obj) PyBuffer_Release(&pos);
-    for (Py_ssize_t i = 0; i < held; i++) PyBuffer_Release(&views[i]);
-    PyMem_Free(views);
+    release_views(views, nbufs);
     Py_DECREF(seq);
     return result;
 }
@@ -475,15 +492,9 @@ static PyObject *concat(PyObject *module, PyObject *const *args, Py_ssize_t narg
     if (seq == NULL) return NULL;
     Py_ssize_t nbufs = PySequence_Fast_GET_SIZE(seq);
     Py_buffer sid = {0}, pos = {0}, len = {0};
-    Py_buffer *views = PyMem_Calloc((size_t)(nbufs ? nbufs : 1), sizeof(Py_buffer));
-    Py_ssize_t held = 0;
+    Py_buffer *views = hold_views(seq, nbufs);
     PyObject *result = NULL, *out = NULL;
-    if (views == NULL) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    for (; held < nbufs; held++)
-        if (PyObject_GetBuffer(PySequence_Fast_ITEMS(seq)[held], &views[held], PyBUF_SIMPLE) < 0) goto done;
+    if (views == NULL) goto done;
     if (PyObject_GetBuffer(args[1], &sid, PyBUF_C_CONTIGUOUS) < 0) goto done;
     if (PyObject_GetBuffer(args[2], &pos, PyBUF_C_CONTIGUOUS) < 0) goto done;
     if (PyObject_GetBuffer(args[3], &len, PyBUF_C_CONTIGUOUS) < 0) goto done;
@@ -524,8 +535,7 @@ done:
     if (sid.obj) PyBuffer_Release(&sid);
     if (pos.obj) PyBuffer_Release(&pos);
     if (len.obj) PyBuffer_Release(&len);
-    for (Py_ssize_t i = 0; i < held; i++) PyBuffer_Release(&views[i]);
-    PyMem_Free(views);
+    release_views(views, nbufs);
     Py_DECREF(seq);
     return result;
 }
