@@ -2,12 +2,15 @@
 thread opens several scans with their first pages, stops at OPEN_GROUP_BYTES and queues the rest
 again, and a trip nobody waits for any more closes what it opened."""
 
+import threading
 import time
 
 import pytest
 
 from dcpflow.engine import Bucket, VBucketState
+from dcpflow.engine.store import BackfillScan
 from dcpflow.protocol import dcp
+from dcpflow.protocol.dcp import StreamEndReason
 from dcpflow.server import producer
 
 from .client import DcpClient, items
@@ -107,3 +110,100 @@ def test_a_trip_abandoned_by_a_disconnect_closes_the_scans_it_opened(make_server
     while not opened or not all(scan.closed for scan in opened):
         assert time.monotonic() < deadline, f"{sum(not s.closed for s in opened)} scans left open (read transactions)"
         time.sleep(0.05)
+
+
+def test_a_stream_retired_before_its_continuation_starts_closes_its_scan(make_server, small_vbuckets, monkeypatch):
+    """A stream whose scan the trip left open goes on in a task of its own; retired (here: closed)
+    before that task took its first step, the scan is still closed, not left to the collector."""
+    opened, closed = [], set()
+    real_open, real_close, real_purged = producer._open_scans, BackfillScan.close, producer.DcpProducer._purged_under
+
+    def no_first_pages(store, work, budget):  # every stream goes on in _continue_backfill
+        out = real_open(store, [w[:-1] + (False,) for w in work], budget)
+        opened.extend(r[0] for r in out if isinstance(r, tuple))
+        return out
+
+    def close(scan):
+        closed.add(id(scan))
+        real_close(scan)
+
+    def purged_under(self, stream, purge_seqno):
+        if stream.vbid == 3:  # a CLOSE_STREAM already in the loop's queue when the trip's result lands
+            self.loop.call_soon(self.end_stream, stream, StreamEndReason.CLOSED)
+        return real_purged(self, stream, purge_seqno)
+
+    monkeypatch.setattr(producer, "_open_scans", no_first_pages)
+    monkeypatch.setattr(BackfillScan, "close", close)
+    monkeypatch.setattr(producer.DcpProducer, "_purged_under", purged_under)
+    srv = make_server(data_dir=small_vbuckets)
+    c = DcpClient(srv.port).connect()
+    request_all(c)
+    deadline = time.monotonic() + 10
+    ends = 0
+    while ends < VBS - 1:  # every stream but vbucket 3's ends OK; that one was closed quietly
+        frame = c.recv_frame(deadline)
+        if not frame.is_response:
+            ends += isinstance(dcp.decode_dcp(frame), dcp.DcpStreamEnd)
+    time.sleep(0.5)
+    assert not sorted(scan.vb for scan in opened if id(scan) not in closed)
+    c.close()
+
+
+@pytest.fixture
+def big_and_small(tmp_path):
+    """vbuckets 0-5: ~4.3 MB each on disk; 6-37: ~140 KB each."""
+    data = tmp_path / "data"
+    with Bucket("default", data, 64, synchronous="OFF") as bucket:
+        for vb in range(38):
+            bucket.set_vbucket_state(vb, VBucketState.ACTIVE)
+            for i in range(4200 if vb < 6 else 140):
+                bucket.vbucket(vb).set(b"b%d-%d" % (vb, i), b"x" * 1000)
+    return data
+
+
+@pytest.mark.slow
+def test_continuation_reads_count_the_budgets_of_trips_in_flight(make_server, big_and_small, monkeypatch):
+    """Large backfills reading on while a trip of small ones is on the worker: what the trip brings
+    back lands on top of what they read, so their reads must leave the trip's budget free. The
+    connection's backfill bytes stay within dcp_backfill_byte_limit plus a page or so per reader."""
+    go = threading.Event()
+    state = {"buffered": 0, "peak": 0, "large_reads": 0}
+    real_read, real_open, real_feed = producer._read_page, producer._open_scans, producer.DcpProducer._feed
+
+    def read_page(scan, *a):
+        if scan.vb < 6:
+            state["large_reads"] += 1
+            if state["large_reads"] > 6:  # the continuations wait until the small trip is out
+                go.wait(10)
+        return real_read(scan, *a)
+
+    def open_scans(store, work, budget):
+        if all(w[0] >= 6 for w in work):
+            go.set()
+            deadline = time.monotonic() + 5  # until the large backfills read all they may
+            while state["buffered"] < producer.BACKFILL_BYTE_LIMIT - (1 << 20) and time.monotonic() < deadline:
+                time.sleep(0.01)
+        return real_open(store, work, budget)
+
+    def feed(self, stream, scan, page):
+        real_feed(self, stream, scan, page)
+        state["buffered"] = self._backfill_buffered()
+        state["peak"] = max(state["peak"], state["buffered"])
+
+    monkeypatch.setattr(producer, "_read_page", read_page)
+    monkeypatch.setattr(producer, "_open_scans", open_scans)
+    monkeypatch.setattr(producer.DcpProducer, "_feed", feed)
+    srv = make_server(data_dir=big_and_small)
+    c = DcpClient(srv.port).connect()
+    c.controls(connection_buffer_size=1000)  # nothing is acknowledged: what is read stays queued
+    c.send(b"".join(dcp.DcpStreamRequest(vb, 0, 4200, 0, 0, 0, 0, b"", c.next_opaque()).encode() for vb in range(6)))
+    deadline = time.monotonic() + 10
+    while state["large_reads"] < 6:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    time.sleep(0.2)
+    c.send(b"".join(dcp.DcpStreamRequest(vb, 0, 140, 0, 0, 0, 0, b"", c.next_opaque()).encode()
+                    for vb in range(6, 38)))
+    time.sleep(4)
+    assert state["peak"] <= producer.BACKFILL_BYTE_LIMIT + 3 * producer.BACKFILL_PAGE_BYTES
+    c.close()

@@ -758,10 +758,7 @@ class DcpProducer:
                 else:
                     transport.write(b"".join(out))  # small messages: one buffer beats many iovecs
             writer.bytes_sent += sent
-            waiters, self._space_waiters = self._space_waiters, []
-            for fut in waiters:
-                if not fut.done():
-                    fut.set_result(None)
+            self._space_freed()
         if self._backfill_queue:
             self._start_backfills()  # what this pass queued, in groups
         if more and not blocked and not writer.paused:
@@ -814,8 +811,17 @@ class DcpProducer:
         return sum(s.ready_bytes for s in self._fed)
 
     def _backfill_room(self, stream: ActiveStream) -> bool:
-        """May the stream read another page (its queue and the connection's backfill bytes)?"""
-        return stream.ready_bytes < BACKFILL_QUEUE_BYTES and self._backfill_buffered() < BACKFILL_BYTE_LIMIT
+        """May the stream read another page (its queue and the connection's backfill bytes, with
+        the budgets of the open trips in flight)?"""
+        return (stream.ready_bytes < BACKFILL_QUEUE_BYTES
+                and self._backfill_buffered() + self._trip_bytes < BACKFILL_BYTE_LIMIT)
+
+    def _space_freed(self) -> None:
+        """Wake the backfills waiting for room (bytes were written, or a trip's budget released)."""
+        waiters, self._space_waiters = self._space_waiters, []
+        for fut in waiters:
+            if not fut.done():
+                fut.set_result(None)
 
     async def _wait_for_space(self) -> None:
         fut = self.loop.create_future()
@@ -882,6 +888,8 @@ class DcpProducer:
         finally:
             self._openers.discard(asyncio.current_task())
             self._trip_bytes -= budget  # what it read is in the streams' queues from here on
+            if budget:
+                self._space_freed()  # a continuation may have waited only for this reservation
         requeue = []
         for (stream, rng, _), result in zip(plans, results, strict=True):
             if result is None:  # over the trip's budget: back to the head of the queue
@@ -911,7 +919,12 @@ class DcpProducer:
                     del self._backfills[stream]
                     stream.backfill_complete()  # that was the whole range
                 else:
-                    self._backfills[stream] = self.loop.create_task(self._continue_backfill(stream, rng, scan))
+                    started: list[bool] = []
+                    task = self.loop.create_task(self._continue_backfill(stream, rng, scan, started))
+                    # cancelled before its first step (the stream retired meanwhile), the task never
+                    # runs its own cleanup: close the scan for it
+                    task.add_done_callback(lambda _, scan=scan, started=started: started or _close_quietly(scan))
+                    self._backfills[stream] = task
                     scan = None  # the task owns it now
                 self.wake(stream)
             except Exception as e:
@@ -931,9 +944,11 @@ class DcpProducer:
             self._start_backfills()
             self.schedule()
 
-    async def _continue_backfill(self, stream: ActiveStream, rng, scan) -> None:
+    async def _continue_backfill(self, stream: ActiveStream, rng, scan, started: list[bool]) -> None:
         """The later pages of an open scan, one read in flight in the whole server (read lock),
-        each only when the stream and the connection have room for it."""
+        each only when the stream and the connection have room for it. `started` says to the
+        task's done-callback that this ran (and so closes the scan itself)."""
+        started.append(True)
         inflight: list[asyncio.Future] = []  # the read running on a worker thread, if any
         encoded, opaque, collections = stream.takes_encoded_pages, stream.opaque, stream.opts.collections
         ex = backfill_executor(self.server)
