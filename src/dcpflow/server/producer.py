@@ -102,8 +102,8 @@ ENCODED_PAGE_ITEMS = 2048
 BACKFILL_PAGE_BYTES = 512 * 1024
 #: Concurrent backfills per connection (dcp_backfill_in_progress_per_connection_limit).
 MAX_BACKFILLS = 64
-#: Scans opening at once in the server (backfill_open_slots), queued on the pool's two threads;
-#: each may read one page beyond the byte limits, since the room is checked when the read is issued.
+#: Trips opening scans at once in the whole server (backfill_open_slots), queued on the pool's two
+#: threads.
 BACKFILL_OPENS = 4
 #: Streams whose scans one trip to a worker thread opens (`_open_group`), the bytes of first pages
 #: after which it stops opening more, and the trips of one connection in flight at once.
@@ -674,7 +674,6 @@ class DcpProducer:
         writer = self.conn.writer
         if writer.paused:
             return  # on_resume schedules us again
-        self._start_backfills()
         pending = self._pending
         fc = self.buffer_size
         out: list = []
@@ -786,7 +785,7 @@ class DcpProducer:
         would read one small vbucket."""
         if not self._backfill_queue or len(self._openers) >= OPEN_TRIPS:
             return
-        if self._backfill_buffered() + self._trip_bytes > BACKFILL_BYTE_LIMIT - OPEN_GROUP_BYTES:
+        if self._backfill_bytes() > BACKFILL_BYTE_LIMIT - OPEN_GROUP_BYTES:
             return
         limit = 1 if self.backfill_order == "sequential" else MAX_BACKFILLS
         while self._backfill_queue and len(self._openers) < OPEN_TRIPS and len(self._backfills) < limit:
@@ -810,11 +809,23 @@ class DcpProducer:
             del self._fed[s]
         return sum(s.ready_bytes for s in self._fed)
 
+    def _backfill_bytes(self) -> int:
+        """What counts against dcp_backfill_byte_limit: the bytes queued, and the budgets of the
+        open trips in flight (their pages land on top)."""
+        return self._backfill_buffered() + self._trip_bytes
+
     def _backfill_room(self, stream: ActiveStream) -> bool:
-        """May the stream read another page (its queue and the connection's backfill bytes, with
-        the budgets of the open trips in flight)?"""
-        return (stream.ready_bytes < BACKFILL_QUEUE_BYTES
-                and self._backfill_buffered() + self._trip_bytes < BACKFILL_BYTE_LIMIT)
+        """May the stream read another page (its queue and the connection's backfill bytes)?"""
+        return stream.ready_bytes < BACKFILL_QUEUE_BYTES and self._backfill_bytes() < BACKFILL_BYTE_LIMIT
+
+    def _drop_opening(self, stream: ActiveStream) -> bool:
+        """Take the stream out of the group opening it (`_open_group`), if it is still there (not
+        retired, not handed a task): it no longer counts as a running backfill."""
+        if self._backfills.get(stream, 0) is not None:
+            return False
+        del self._backfills[stream]
+        stream.backfill_running = False
+        return True
 
     def _space_freed(self) -> None:
         """Wake the backfills waiting for room (bytes were written, or a trip's budget released)."""
@@ -852,14 +863,13 @@ class DcpProducer:
         try:
             async with self._open_slots:
                 # decided here, on the loop, not in the worker; the trips in flight count as queued
-                room = BACKFILL_BYTE_LIMIT - self._backfill_buffered() - self._trip_bytes
-                budget = max(0, min(OPEN_GROUP_BYTES, room))
+                budget = max(0, min(OPEN_GROUP_BYTES, BACKFILL_BYTE_LIMIT - self._backfill_bytes()))
                 self._trip_bytes += budget
                 for stream in group:
                     if self._backfills.get(stream, 0) is not None:
                         continue  # retired meanwhile
                     if stream.dead or stream.backfill is None:
-                        del self._backfills[stream]
+                        self._drop_opening(stream)
                         continue
                     plans.append((stream, stream.backfill, stream.ready_bytes < BACKFILL_QUEUE_BYTES))
                 if budget <= 0:  # other trips took the room meanwhile: all of them wait for the next
@@ -880,11 +890,8 @@ class DcpProducer:
             log.exception("opening backfills for %s failed", self.name)
             plans = results = []
             for stream in group:
-                if self._backfills.get(stream, 0) is None:
-                    del self._backfills[stream]
-                    stream.backfill_running = False
-                    if not stream.dead:
-                        self.end_stream(stream, StreamEndReason.BACKFILL_FAIL)
+                if self._drop_opening(stream) and not stream.dead:
+                    self.end_stream(stream, StreamEndReason.BACKFILL_FAIL)
         finally:
             self._openers.discard(asyncio.current_task())
             self._trip_bytes -= budget  # what it read is in the streams' queues from here on
@@ -893,9 +900,7 @@ class DcpProducer:
         requeue = []
         for (stream, rng, _), result in zip(plans, results, strict=True):
             if result is None:  # over the trip's budget: back to the head of the queue
-                if self._backfills.get(stream, 0) is None:
-                    del self._backfills[stream]
-                    stream.backfill_running = False
+                if self._drop_opening(stream):
                     requeue.append(stream)
                 continue
             scan = None
@@ -909,14 +914,14 @@ class DcpProducer:
                 if self._purged_under(stream, scan.purge_seqno):
                     log.info("DCP %s: vbucket %d purged tombstones above %d (purge seqno %d) before its backfill "
                              "opened: STREAM_END(Rollback)", self.name, stream.vbid, rng.start - 1, scan.purge_seqno)
-                    del self._backfills[stream]
+                    self._drop_opening(stream)
                     self.end_stream(stream, StreamEndReason.ROLLBACK)
                     continue
                 stream.backfill_begin(scan.purge_seqno)
                 if page is not None:
                     self._feed(stream, scan, page)
                 if page is not None and (scan.closed or not page[0]):
-                    del self._backfills[stream]
+                    self._drop_opening(stream)
                     stream.backfill_complete()  # that was the whole range
                 else:
                     started: list[bool] = []
@@ -930,8 +935,7 @@ class DcpProducer:
             except Exception as e:
                 log.error("backfill of vbucket %d for %s failed", stream.vbid, self.name,
                           exc_info=(type(e), e, e.__traceback__))
-                if self._backfills.get(stream, 0) is None:
-                    del self._backfills[stream]
+                self._drop_opening(stream)
                 if not stream.dead:
                     self.end_stream(stream, StreamEndReason.BACKFILL_FAIL)
             finally:
