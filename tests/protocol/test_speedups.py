@@ -418,15 +418,31 @@ def test_walk_stream_is_its_python_twin(buf, pos):
 
 
 @needs_walk
-@pytest.mark.parametrize("args", [(b"", -1, STREAM_TABLE), (b"x" * 24, 25, STREAM_TABLE)])
+@EQUIV
+@given(frame_runs(), st.integers(0, 64), st.integers(0, 64))
+def test_walk_stream_stops_at_end_in_a_receive_buffer(buf, pos, room):
+    """The connection's receive buffer: a bytearray whose bytes past `end` are not received yet
+    (here: garbage that would complete a cut frame). The walk sees buf[:end] only."""
+    end = len(buf)
+    pos = min(pos, end)
+    filled = bytearray(buf + b"\x80" * room)
+    got = walk_c(filled, pos, STREAM_TABLE, end)
+    assert got == frame_mod.walk_stream_py(filled, pos, STREAM_TABLE, end) == walk_c(buf, pos, STREAM_TABLE)
+
+
+@needs_walk
+@pytest.mark.parametrize("args", [(b"", -1, STREAM_TABLE), (b"x" * 24, 25, STREAM_TABLE),
+                                  (b"x" * 24, 0, STREAM_TABLE, 25), (b"x" * 24, 0, STREAM_TABLE, -1),
+                                  (bytearray(24), 10, STREAM_TABLE, 9)])
 def test_walk_stream_rejects_a_position_outside_the_buffer(args):
     for walk in (walk_c, frame_mod.walk_stream_py):
-        with pytest.raises(ValueError, match="pos outside the buffer"):
+        with pytest.raises(ValueError, match="pos or end outside the buffer"):
             walk(*args)
 
 
 @needs_walk
-@pytest.mark.parametrize("args", [(bytearray(24), 0, STREAM_TABLE), (b"", 0, b"\x01" * 255), (b"", 0)])
+@pytest.mark.parametrize("args", [("x" * 24, 0, STREAM_TABLE), (b"", 0, b"\x01" * 255), (b"", 0),
+                                  (b"", 0, STREAM_TABLE, 0, 0)])
 def test_walk_stream_rejects_bad_arguments(args):
     with pytest.raises(TypeError):
         walk_c(*args)

@@ -1,7 +1,7 @@
 """One TCP (or TLS) connection to a node: requests matched to replies by opaque, the bootstrap of
 SDK-BOOTSTRAP.md, and - once DCP_OPEN made it a DCP connection - the byte path of the stream.
 
-Reading (`data_received`) only walks frame headers. Replies complete their request at once, a
+Reading (`buffer_updated`) only walks frame headers. Replies complete their request at once, a
 DCP_NOOP is answered at once (so a busy application never looks dead to the producer), and stream
 messages are left in the received bytes: the connection hands the consumer a `Segment` - the
 bytes plus the offsets of its stream frames - and decodes nothing. The consumer decodes later,
@@ -9,8 +9,11 @@ as events or straight into Arrow columns (batches.py), and tells the connection 
 it has consumed; the connection turns that into DCP_BUFFER_ACKNOWLEDGEMENTs (flow-control.md),
 which is what makes the application's pace the producer's pace.
 
-A frame larger than what is buffered is collected in a list of chunks and joined once, so a
-20 MB value does not cost quadratic copying.
+The transport reads straight into the connection's receive buffer (a BufferedProtocol), and the
+Segments point into that buffer: a received byte is copied once, by the kernel. A frame cut at
+the end of a read stays where it is until the rest arrives; only when the buffer runs out of room
+is it moved, with the next reads, to a new buffer - sized to hold it whole when it is large, so a
+20 MB value is not copied piece by piece.
 """
 
 import array
@@ -52,6 +55,11 @@ STREAM_OPCODES = frozenset({0x55, 0x56, 0x57, 0x58, 0x59, 0x5a, 0x5f, 0x60, 0x62
 _IS_STREAM = bytes(1 if op in STREAM_OPCODES else 0 for op in range(256))
 _VALID_MAGIC = bytes(1 if m in {int(x) for x in Magic} else 0 for m in range(256))
 MAX_BODY = 64 * 1024 * 1024  # a 20 MB document plus xattrs and headroom
+#: Receive buffers: the first is RECV_FIRST bytes, each next one twice the last up to RECV_BUFFER
+#: (or what a large frame needs); a read gets at least RECV_MIN_ROOM bytes of room.
+RECV_FIRST = 64 * 1024
+RECV_BUFFER = 1024 * 1024
+RECV_MIN_ROOM = 16 * 1024
 
 #: HELLO features we ask for: what a 7.x SDK DCP client negotiates that we understand.
 FEATURES = (Feature.TCP_NODELAY, Feature.XERROR, Feature.SELECT_BUCKET, Feature.JSON, Feature.COLLECTIONS,
@@ -65,7 +73,7 @@ class Segment(NamedTuple):
     the producer counted against the flow-control window for them (their wire size)."""
 
     conn: "Connection"
-    data: bytes
+    data: bytes | bytearray  # the receive buffer (never written again below `end`)
     starts: array.array
     end: int  # offset just past the last stream frame
     charged: int
@@ -86,7 +94,7 @@ class RawRequest(NamedTuple):
                        opaque=self.opaque)
 
 
-class Connection(asyncio.Protocol):
+class Connection(asyncio.BufferedProtocol):
     """A connection to one node. Create with `open_connection`."""
 
     def __init__(self, address: tuple[str, int], label: str = ""):
@@ -95,10 +103,11 @@ class Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self._pending: dict[int, asyncio.Future | Callable[[Frame], None]] = {}
         self._opaque = 0x10000
-        self._tail = b""
-        self._parts: list[bytes] | None = None
-        self._parts_len = 0
-        self._need = 0
+        # Receive buffer (get_buffer): bytes [_rpos, _wpos) arrived and are not walked yet; _need
+        # is how many the frame at _rpos needs to be whole (0: none is cut).
+        self._rbuf = bytearray()
+        self._rview = memoryview(self._rbuf)
+        self._rpos = self._wpos = self._need = 0
         self.sink: Callable[[Segment], None] | None = None
         self.on_lost: Callable[[Connection, BaseException | None], None] | None = None
         self.lost: BaseException | None = None
@@ -160,30 +169,44 @@ class Connection(asyncio.Protocol):
             self.last_rx = _now()
             self.transport.resume_reading()
 
-    def data_received(self, data: bytes) -> None:
+    def get_buffer(self, sizehint: int) -> memoryview:
+        """Where the transport reads next: the free end of the receive buffer, so the bytes land
+        once, where the Segments handed out point (no bytes object per read, no join with the cut
+        frame before it). A new buffer takes over the unwalked bytes (at most a frame) when the
+        room left is small or the cut frame does not fit."""
+        room = len(self._rbuf) - self._wpos
+        if room < RECV_MIN_ROOM or self._need > len(self._rbuf) - self._rpos:
+            self._grow()
+        return self._rview[self._wpos:]
+
+    def _grow(self) -> None:
+        pending = self._wpos - self._rpos
+        # Doubling from RECV_FIRST up to RECV_BUFFER: a KV connection that only sees small replies
+        # keeps a small buffer; a frame larger than that gets a buffer that holds it whole.
+        size = max(min(RECV_BUFFER, 2 * len(self._rbuf)), RECV_FIRST, self._need + RECV_MIN_ROOM)
+        buf = bytearray(size)
+        buf[:pending] = self._rview[self._rpos:self._wpos]
+        self._rbuf, self._rview = buf, memoryview(buf)
+        self._rpos, self._wpos = 0, pending
+
+    def buffer_updated(self, nbytes: int) -> None:
         self.last_rx = _now()
-        self.rx_bytes += len(data)
-        if self._parts is not None:
-            self._parts.append(data)
-            self._parts_len += len(data)
-            if self._parts_len < self._need:
-                return
-            buf = b"".join(self._parts)
-            self._parts = None
-        elif self._tail:
-            buf = self._tail + data
-        else:
-            buf = data
-        end = len(buf)
-        pos = ctrl = 0
+        self.rx_bytes += nbytes
+        self._wpos += nbytes
+        buf, end = self._rbuf, self._wpos
+        pos = first = self._rpos
+        if end - pos < self._need:
+            return  # the frame at pos is still cut
+        ctrl = 0
         starts = array.array("q")
         is_stream, head, valid, walk = _IS_STREAM, MAGIC_OPCODE_BODY, _VALID_MAGIC, walk_stream
         limit = end - HEADER_LEN
+        need = 0
         try:
             while pos <= limit:
                 # The stream messages up to the next other frame; the one at pos now is incomplete,
                 # or a reply, a noop or garbage.
-                pos, run = walk(buf, pos, is_stream)
+                pos, run = walk(buf, pos, is_stream, end)
                 starts.frombytes(run)
                 if pos > limit:
                     break
@@ -193,6 +216,7 @@ class Connection(asyncio.Protocol):
                     if blen > MAX_BODY or not valid[magic]:
                         self._fatal(buf, pos)
                         return
+                    need = fend - pos
                     break
                 if not valid[magic]:
                     self._fatal(buf, pos)
@@ -202,8 +226,9 @@ class Connection(asyncio.Protocol):
                 ctrl += fend - pos
                 pos = fend
         finally:
+            self._rpos = pos
             if starts and self.lost is None:
-                charged = pos - ctrl  # the walked bytes that were not replies or noops
+                charged = pos - first - ctrl  # the walked bytes that were not replies or noops
                 last = starts[-1]
                 self.charged_total += charged
                 outstanding = self.charged_total - self.acked_total
@@ -213,15 +238,7 @@ class Connection(asyncio.Protocol):
                     self.abort(ConnectionLostError(f"{self.label}: DCP message before DCP_OPEN"))
                 else:
                     self.sink(Segment(self, buf, starts, last + HEADER_LEN + head(buf, last)[2], charged))
-        rest = end - pos
-        if not rest:
-            self._tail = b""
-            return
-        need = HEADER_LEN + head(buf, pos)[2] if rest >= HEADER_LEN else HEADER_LEN
-        if need > rest + 65536:
-            self._parts, self._parts_len, self._need, self._tail = [buf[pos:]], rest, need, b""
-        else:
-            self._tail = buf[pos:]
+        self._need = need if need else HEADER_LEN if end - pos else 0
 
     def _fatal(self, buf: bytes, pos: int) -> None:
         magic, op, blen = MAGIC_OPCODE_BODY(buf, pos)

@@ -349,34 +349,46 @@ fail:
 /* -- walk_stream and gather ---------------------------------------------------------------- */
 
 PyDoc_STRVAR(walk_stream_doc,
-"walk_stream(buf, pos, table) -> (pos, starts)\n\n"
-"From pos, the run of complete frames with magic 0x80 and table[opcode] != 0: returns the offset\n"
-"just past the run and the frames' start offsets as native int64 bytes. Same as\n"
-"frame.walk_stream_py.");
+"walk_stream(buf, pos, table[, end]) -> (pos, starts)\n\n"
+"From pos, the run of complete frames with magic 0x80 and table[opcode] != 0 in buf[:end] (any\n"
+"bytes-like buffer; end defaults to its length): returns the offset just past the run and the\n"
+"frames' start offsets as native int64 bytes. Same as frame.walk_stream_py.");
 
 static PyObject *walk_stream(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     (void)module;
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "walk_stream(buf, pos, table) takes 3 arguments");
+    if (nargs != 3 && nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "walk_stream(buf, pos, table[, end]) takes 3 or 4 arguments");
         return NULL;
     }
-    if (!PyBytes_Check(args[0]) || !PyBytes_Check(args[2]) || PyBytes_GET_SIZE(args[2]) != 256) {
-        PyErr_SetString(PyExc_TypeError, "walk_stream: buf must be bytes and table 256 bytes");
+    if (!PyBytes_Check(args[2]) || PyBytes_GET_SIZE(args[2]) != 256) {
+        PyErr_SetString(PyExc_TypeError, "walk_stream: table must be 256 bytes");
         return NULL;
     }
     Py_ssize_t pos = PyLong_AsSsize_t(args[1]);
     if (pos == -1 && PyErr_Occurred()) return NULL;
-    Py_ssize_t end = PyBytes_GET_SIZE(args[0]);
-    if (pos < 0 || pos > end) {
-        PyErr_SetString(PyExc_ValueError, "walk_stream: pos outside the buffer");
+    Py_ssize_t end = -1;
+    if (nargs == 4) {
+        end = PyLong_AsSsize_t(args[3]);
+        if (end == -1 && PyErr_Occurred()) return NULL;
+    }
+    /* A receive buffer the connection fills in place (a bytearray) as well as bytes. */
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) return NULL;
+    if (nargs == 3) end = view.len;
+    if (end < 0 || end > view.len || pos < 0 || pos > end) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "walk_stream: pos or end outside the buffer");
         return NULL;
     }
-    const unsigned char *data = (const unsigned char *)PyBytes_AS_STRING(args[0]);
+    const unsigned char *data = (const unsigned char *)view.buf;
     const unsigned char *table = (const unsigned char *)PyBytes_AS_STRING(args[2]);
     /* A frame is at least HEADER_LEN bytes: the run holds at most (end - pos) / HEADER_LEN. */
     Py_ssize_t cap = (end - pos) / HEADER_LEN, n = 0;
     PyObject *starts = PyBytes_FromStringAndSize(NULL, cap * (Py_ssize_t)sizeof(int64_t));
-    if (starts == NULL) return NULL;
+    if (starts == NULL) {
+        PyBuffer_Release(&view);
+        return NULL;
+    }
     int64_t *out = (int64_t *)PyBytes_AS_STRING(starts);
     while (end - pos >= HEADER_LEN) {
         const unsigned char *h = data + pos;
@@ -385,6 +397,7 @@ static PyObject *walk_stream(PyObject *module, PyObject *const *args, Py_ssize_t
         out[n++] = pos;
         pos += HEADER_LEN + (Py_ssize_t)body;
     }
+    PyBuffer_Release(&view);
     if (_PyBytes_Resize(&starts, n * (Py_ssize_t)sizeof(int64_t)) < 0) return NULL;
     return Py_BuildValue("(nN)", pos, starts);
 }

@@ -267,15 +267,17 @@ _NO_BATCH: tuple[list, list] = ([], [])
 MAGIC_OPCODE_BODY = struct.Struct(">BB6xI").unpack_from
 
 
-def walk_stream_py(buf: bytes, pos: int, table: bytes) -> tuple[int, bytes]:
+def walk_stream_py(buf, pos: int, table: bytes, end: int | None = None) -> tuple[int, bytes]:
     """From `pos`, the run of complete request frames (magic 0x80) whose opcode has a non-zero
-    entry in the 256-byte `table`: (the offset just past the run, the frames' start offsets as
+    entry in the 256-byte `table`, within `buf[:end]` (bytes, or a receive buffer filled in place;
+    `end` defaults to its length): (the offset just past the run, the frames' start offsets as
     native int64 bytes). A DCP client's receive loop takes a busy stream's traffic this way and
     handles the frame the run stops at (a reply, a noop, an incomplete frame) itself. The
     specification of the compiled `walk_stream` (frame.walk_stream)."""
-    if not 0 <= pos <= len(buf):
-        raise ValueError("walk_stream: pos outside the buffer")
-    end = len(buf)
+    if end is None:
+        end = len(buf)
+    if not 0 <= end <= len(buf) or not 0 <= pos <= end:
+        raise ValueError("walk_stream: pos or end outside the buffer")
     starts = array.array("q")
     while end - pos >= HEADER_LEN:
         magic, op, body = MAGIC_OPCODE_BODY(buf, pos)
