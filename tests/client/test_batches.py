@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dcpflow.client import SCHEMA, DcpClient, Deletion, Mutation, Offset
-from dcpflow.client.batches import BatchBuilder
+from dcpflow.client.batches import BatchBuilder, marker_fields, stream_end_reason
 from dcpflow.client.connection import STREAM_OPCODES, Segment
 from dcpflow.client.streams import Feed, FeedOptions, replay
 from dcpflow.protocol.dcp import (
@@ -21,10 +21,12 @@ from dcpflow.protocol.dcp import (
     DcpNoop,
     DcpSeqnoAdvanced,
     DcpSnapshotMarker,
+    DcpStreamEnd,
     MarkerVersion,
     SnapshotFlag,
+    decode_dcp,
 )
-from dcpflow.protocol.frame import HEADER_LEN
+from dcpflow.protocol.frame import HEADER_LEN, decode_all
 from dcpflow.protocol.keys import make_key
 
 from .conftest import PASSWORD, USER, run, url, write
@@ -50,7 +52,7 @@ def traffic(draw):
         for _ in range(draw(st.integers(1, 4))):
             n = draw(st.integers(0, 5))
             start, end = seq + 1, seq + max(n, 1)
-            version = draw(st.sampled_from([MarkerVersion.V1, MarkerVersion.V2_2]))
+            version = draw(st.sampled_from([MarkerVersion.V1, MarkerVersion.V2_0, MarkerVersion.V2_2]))
             purge = 3 if version == MarkerVersion.V2_2 else 0
             msgs.append(DcpSnapshotMarker(vb, start, end, SnapshotFlag.DISK, version, purge_seqno=purge))
             for s in range(start, start + n):
@@ -148,6 +150,55 @@ def test_decoder_matches_the_protocol_decoder(case, together):
             m, DcpSnapshotMarker) and m.vbucket == vb and m.end_seqno < last), default=0))
         if any(isinstance(m, DcpSnapshotMarker) and m.purge_seqno and m.vbucket == vb for m in messages):
             assert vs.decoded.purge_seqno == 3
+
+
+@st.composite
+def control_frames(draw):
+    """A snapshot marker or a stream end as producers send it, then maybe a byte or two changed
+    (any header or body byte: version, lengths, flags, seqnos, datatype, magic)."""
+    vb = draw(st.integers(0, 1023))
+    if draw(st.booleans()):
+        start = draw(st.integers(0, 2**64 - 1))
+        end = draw(st.one_of(st.integers(start, 2**64 - 1), st.integers(0, 2**64 - 1)))
+        flags = draw(st.sampled_from([1, 2, 5, 0x12, 0x25, 3, 0x40, 0]))
+        version = draw(st.sampled_from([MarkerVersion.V1, MarkerVersion.V2_0, MarkerVersion.V2_2]))
+        frame = DcpSnapshotMarker(vb, start, end, flags, version, draw(st.integers(0, 99)), 0,
+                                  draw(st.integers(0, 2**64 - 1)), 0, opaque=7).encode()
+    else:
+        frame = DcpStreamEnd(vb, draw(st.integers(0, 2**32 - 1)), opaque=7).encode()
+    data = bytearray(frame)
+    for _ in range(draw(st.integers(0, 2))):
+        at = draw(st.integers(0, len(data) - 1))
+        data[at] = draw(st.integers(0, 255))
+    body = int.from_bytes(data[8:12], "big")
+    return bytes(data[:24 + body]) if 24 + body <= len(data) else bytes(data)
+
+
+@settings(max_examples=500, deadline=None)
+@given(control_frames(), st.binary(max_size=3))
+def test_control_frame_fast_paths_agree_with_the_full_decode(frame, before):
+    """What the batch decoder reads in place (marker_fields, stream_end_reason) is what the
+    protocol's decoder makes of the frame; where they answer None the full decode decides."""
+    data = before + frame
+    p = len(before)
+    fields, reason = marker_fields(data, p), stream_end_reason(data, p)
+    if fields is None and reason is None:
+        return
+    msg = decode_dcp(decode_all(frame)[0])  # must not raise: the fast path took it as valid
+    if fields is not None:
+        assert isinstance(msg, DcpSnapshotMarker) and reason is None
+        assert fields == (msg.start_seqno, msg.end_seqno, msg.purge_seqno)
+    else:
+        assert isinstance(msg, DcpStreamEnd) and reason == msg.reason
+
+
+def test_malformed_control_frames_are_rejected_in_batches():
+    """A marker the fast path declines still fails the batch with the protocol's words."""
+    feed = Feed(types.SimpleNamespace(agent="t"), {0: Offset()}, {}, FeedOptions())
+    bad = bytearray(DcpSnapshotMarker(0, 5, 4, SnapshotFlag.DISK, MarkerVersion.V2_2).encode())
+    seg = Segment(types.SimpleNamespace(collections=False), bytes(bad), array.array("q", [0]), len(bad), len(bad))
+    with pytest.raises(Exception, match="snapshot start 5 is greater than snapshot end 4"):
+        BatchBuilder(feed).decode([seg], [], [])
 
 
 def test_decoder_rejects_malformed_frames():
