@@ -28,6 +28,7 @@ import numpy as np
 import pyarrow as pa
 
 from dcpflow.protocol.dcp import (
+    MARKER_V2_VALUE_BYTES,
     DcpSeqnoAdvanced,
     DcpSnapshotMarker,
     DcpStreamEnd,
@@ -71,7 +72,6 @@ _AR12 = np.arange(12, dtype=np.int64)
 _MARKER_SEQNOS = struct.Struct(">QQI").unpack_from  # start, end, flags (V1 extras; V2.x value head)
 _U64_AT = struct.Struct(">Q").unpack_from
 _U32_AT = struct.Struct(">I").unpack_from
-_MARKER_V2_VALUE = {0x00: 36, 0x02: 52}  # V2.0, V2.2 (snapshot-marker.md; erratum 5: 0x01 is invalid)
 _MARKER_FLAGS = int(sum(SnapshotFlag))
 _MEMORY_DISK = int(SnapshotFlag.MEMORY | SnapshotFlag.DISK)
 
@@ -87,7 +87,7 @@ def marker_fields(data, p: int) -> tuple[int, int, int] | None:
     if ext == 20 and body == 20:
         start, end, flags = _MARKER_SEQNOS(data, p + 24)
         purge = 0
-    elif ext == 1 and body in (37, 53) and body == 1 + _MARKER_V2_VALUE.get(data[p + 24], -2):
+    elif ext == 1 and body > 1 and body - 1 == MARKER_V2_VALUE_BYTES.get(data[p + 24]):
         start, end, flags = _MARKER_SEQNOS(data, p + 25)
         purge = _U64_AT(data, p + 25 + 36)[0] if data[p + 24] == 0x02 else 0
     else:

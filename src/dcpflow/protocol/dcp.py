@@ -148,6 +148,8 @@ _STREAM_REQ_EXTRAS = struct.Struct(">IIQQQQQ")
 _MARKER_V1 = struct.Struct(">QQI")
 _MARKER_V20 = struct.Struct(">QQIQQ")
 _MARKER_V22 = struct.Struct(">QQIQQQQ")
+#: The value size of each V2.x snapshot marker, by its version byte (snapshot-marker.md, TABLES.md 5.4).
+MARKER_V2_VALUE_BYTES = {MarkerVersion.V2_0: _MARKER_V20.size, MarkerVersion.V2_2: _MARKER_V22.size}
 _MUTATION_EXTRAS = struct.Struct(">QQIIIHB")
 _DELETION_V1_EXTRAS = struct.Struct(">QQH")
 _DELETION_V2_EXTRAS = struct.Struct(">QQIB")
@@ -766,7 +768,7 @@ def _marker_rules(frame: Frame):
         start, end, flags = _MARKER_V1.unpack(frame.extras)
     elif n == 1:
         version = frame.extras[0]
-        want = {MarkerVersion.V2_0: 36, MarkerVersion.V2_2: 52}.get(version)
+        want = MARKER_V2_VALUE_BYTES.get(version)
         if want is None:
             yield ProtocolError(f"snapshot marker version 0x{version:02x} is invalid; V2.0 is 0x00 and V2.2 is "
                                 f"0x02 (erratum 5)")
