@@ -276,9 +276,9 @@ class DcpClient:
 
             async def ask(address, group):
                 conn = await self._kv_conn(address)
-                futures = [(vb, conn.request(RawRequest(Opcode.GET_FAILOVER_LOG, vbucket=vb))) for vb in group]
-                for vb, fut in futures:
-                    reply = await asyncio.wait_for(fut, self.options["connect_timeout"] * 3)
+                replies = await conn.call_many([RawRequest(Opcode.GET_FAILOVER_LOG, vbucket=vb) for vb in group],
+                                               self.options["connect_timeout"] * 3)
+                for vb, reply in zip(group, replies, strict=True):
                     if reply.status == Status.SUCCESS:
                         result[vb] = list(FailoverLogResponse.from_frame(reply).entries)
                     elif reply.status == Status.NOT_MY_VBUCKET:

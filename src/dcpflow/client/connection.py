@@ -19,6 +19,7 @@ is it moved, with the next reads, to a new buffer - sized to hold it whole when 
 import array
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -103,6 +104,7 @@ class Connection(asyncio.BufferedProtocol):
         self.transport: asyncio.Transport | None = None
         self._pending: dict[int, asyncio.Future | Callable[[Frame], None]] = {}
         self._opaque = 0x10000
+        self._cork: list[bytes] | None = None  # sends held by corked()
         # Receive buffer (get_buffer): bytes [_rpos, _wpos) arrived and are not walked yet; _need
         # is how many the frame at _rpos needs to be whole (0: none is cut).
         self._rbuf = bytearray()
@@ -279,8 +281,27 @@ class Connection(asyncio.BufferedProtocol):
         return self._opaque
 
     def send(self, data: bytes) -> None:
-        if self.transport is not None and not self.transport.is_closing():
+        if self._cork is not None:
+            self._cork.append(data)
+        elif self.transport is not None and not self.transport.is_closing():
             self.transport.write(data)
+
+    @contextlib.contextmanager
+    def corked(self):
+        """Sends inside the block leave as one write when it ends: a burst of pipelined requests
+        (a failover log per vbucket, a stream per vbucket) costs one syscall, not one each, and
+        reaches the server in few reads. What was sent leaves even if the block raises: its
+        replies are awaited."""
+        if self._cork is not None:  # nested: the outer block writes
+            yield
+            return
+        self._cork = []
+        try:
+            yield
+        finally:
+            parts, self._cork = self._cork, None
+            if parts:
+                self.send(parts[0] if len(parts) == 1 else b"".join(parts))
 
     def request(self, message, callback: Callable[[Frame | None], None] | None = None) -> asyncio.Future | None:
         """Send a typed request (its opaque is replaced) and return a future of the reply Frame;
@@ -302,6 +323,35 @@ class Connection(asyncio.BufferedProtocol):
 
     async def call(self, message, timeout: float | None = 30.0) -> Frame:
         return await asyncio.wait_for(self.request(message), timeout)
+
+    async def call_many(self, messages, timeout: float | None = 30.0) -> list[Frame]:
+        """Pipeline requests (one write) and return their replies in order, within one timeout
+        for all. Replies land through callbacks, not a future each: asking 1024 vbuckets for
+        their failover logs is on the critical path of every streaming query's planning."""
+        replies: list[Frame | None] = [None] * len(messages)
+        left = len(messages)
+        done = asyncio.get_running_loop().create_future()
+
+        def landed(i: int, frame: Frame | None) -> None:
+            nonlocal left
+            if frame is None:  # the connection was lost first
+                if not done.done():
+                    done.set_exception(self.lost if isinstance(self.lost, ConnectionLostError) else
+                                       ConnectionLostError(f"{self.label}: connection lost ({self.lost})"))
+                return
+            replies[i] = frame
+            left -= 1
+            if not left and not done.done():
+                done.set_result(None)
+
+        if not messages:
+            return []
+        with self.corked():
+            for i, message in enumerate(messages):
+                self.request(message, callback=functools.partial(landed, i))
+        async with asyncio.timeout(timeout):
+            await done
+        return replies
 
     # -- flow control ------------------------------------------------------------------------
     def consumed(self, nbytes: int) -> None:
@@ -467,7 +517,8 @@ async def open_dcp(conn: Connection, name: str, *, buffer_size: int, noop_interv
     optional = [(b"set_priority", b"medium"), (b"supports_cursor_dropping_vulcan", b"true")]
     if conn.collections:
         optional.append((b"max_marker_version", b"2.2"))
-    futures = [(k, v, conn.request(DcpControl(k, v))) for k, v in required + optional]
+    with conn.corked():
+        futures = [(k, v, conn.request(DcpControl(k, v))) for k, v in required + optional]
     results = {}
     for key, value, fut in futures:
         reply = await asyncio.wait_for(fut, timeout)
