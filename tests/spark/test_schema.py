@@ -20,6 +20,7 @@ from pyspark.sql.types import (
 from dcpflow.spark.schema import (
     BatchConverter,
     cap_seqnos,
+    delivered,
     infer_json_schema,
     parse_json,
     schema_ddl,
@@ -145,3 +146,18 @@ def test_schema_ddl_names_every_column():
     ddl = schema_ddl("binary", "STRING")
     assert ddl.split(", ")[3] == "key BINARY NOT NULL" and "value STRING" in ddl
     assert [c.split()[0] for c in ddl.split(", ")] == [f.name for f in spark_schema()]
+
+
+def test_caps_and_floors_on_a_sliced_batch():
+    # A slice starts inside the Arrow buffers (offset > 0): the numpy views must honour it.
+    rows = [(vb, seq, 9, b"k%d" % i, b"{}", "mutation", 1, 1, 0, 0, 1, seq, seq)
+            for i, (vb, seq) in enumerate([(0, 1), (1, 2), (1, 3), (2, 4), (1, 5), (2, 6), (0, 7)])]
+    batch = client_batch(rows).slice(1)
+    kept = cap_seqnos(batch, {1: 3, 0: 100}, {2: 4})
+    assert list(zip(kept.column("vbucket").to_pylist(), kept.column("seqno").to_pylist(), strict=True)) == \
+        [(1, 2), (1, 3), (2, 6), (0, 7)]
+    top: dict[int, int] = {3: 50}
+    delivered(batch.slice(2), top)
+    assert top == {1: 5, 2: 6, 0: 7, 3: 50}
+    assert cap_seqnos(batch, {1: 99}) is batch  # nothing dropped: the batch itself
+

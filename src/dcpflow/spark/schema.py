@@ -113,7 +113,7 @@ class BatchConverter:
         cols["value"] = self._value(cols["value"], cols["datatype"])
         is_mutation = pc.equal(cols["event"], "mutation")
         cols[CHANGE_TYPE] = pc.if_else(is_mutation, UPSERT, DELETE)
-        cols[COMMIT_VERSION] = pa.array([commit_version] * n, pa.int64()) if n else pa.array([], pa.int64())
+        cols[COMMIT_VERSION] = _int64s(np.full(n, commit_version, dtype=np.int64))
         arrays = [_cast(cols[f.name], f.type) for f in self.target]
         return pa.RecordBatch.from_arrays(arrays, schema=self.target)
 
@@ -141,8 +141,7 @@ class BatchConverter:
 def cap_seqnos(batch: pa.RecordBatch, ends: dict[int, int], floors: dict[int, int] | None = None) -> pa.RecordBatch:
     """Keep rows with floor[vb] < seqno <= end[vb] (vectorised lookups by vbucket id; a vbucket
     without an entry is not limited on that side)."""
-    vbs = batch.column("vbucket").to_numpy(zero_copy_only=False)
-    seqnos = batch.column("seqno").to_numpy(zero_copy_only=False)
+    vbs, seqnos = _ints(batch.column("vbucket")), _ints(batch.column("seqno"))
     size = int(max(vbs.max(), *ends, *(floors or {0: 0}))) + 1
     caps = np.full(size, np.iinfo(np.int64).max, dtype=np.int64)
     for vb, end in ends.items():
@@ -153,20 +152,36 @@ def cap_seqnos(batch: pa.RecordBatch, ends: dict[int, int], floors: dict[int, in
         for vb, floor in floors.items():
             low[vb] = floor
         keep &= seqnos > low[vbs]
-    return batch if keep.all() else batch.filter(pa.array(keep))
+    if keep.all():
+        return batch
+    mask = pa.Array.from_buffers(pa.bool_(), len(keep), [None, pa.py_buffer(np.packbits(keep, bitorder="little"))])
+    return batch.filter(mask)
 
 
 def delivered(batch: pa.RecordBatch, into: dict[int, int]) -> None:
     """Record the highest seqno delivered per vbucket (so a resumed stream repeats nothing)."""
     if batch.num_rows == 0:
         return
-    vbs = batch.column("vbucket").to_numpy(zero_copy_only=False)
-    seqnos = batch.column("seqno").to_numpy(zero_copy_only=False)
+    vbs, seqnos = _ints(batch.column("vbucket")), _ints(batch.column("seqno"))
     top = np.full(int(vbs.max()) + 1, -1, dtype=np.int64)
     np.maximum.at(top, vbs, seqnos)
     for vb in np.flatnonzero(top >= 0):
         if top[vb] > into.get(int(vb), -1):
             into[int(vb)] = int(top[vb])
+
+
+def _ints(array: pa.Array) -> np.ndarray:
+    """An integer column without nulls as a numpy view: pyarrow's `to_numpy` goes through its
+    pandas conversion layer (importing pandas on first use) even for a zero-copy view."""
+    if array.null_count:
+        raise ValueError(f"unexpected nulls in a {array.type} column")
+    dtype = np.dtype(array.type.to_pandas_dtype())
+    return np.frombuffer(array.buffers()[1], dtype=dtype, count=len(array), offset=array.offset * dtype.itemsize)
+
+
+def _int64s(values: np.ndarray) -> pa.Array:
+    """A numpy int64 column as an Arrow array, zero-copy (not a Python list of n ints per batch)."""
+    return pa.Array.from_buffers(pa.int64(), len(values), [None, pa.py_buffer(values)])
 
 
 def _cast(array, typ: pa.DataType):
