@@ -18,7 +18,9 @@ cores as Spark, so its CPU per row (printed) counts against every ratio.
 
 Each case runs once to warm up, then `--runs` timed times; the median counts (SPARK-NOTES.md §3:
 the first run after JVM start is 20-50% slower). Targets (issue 6): dcp ≥ 0.9 × synthetic and
-≥ 0.33 × native.
+≥ 0.33 × native. The ratios of medians are printed, and the ratio run by run (a case against its
+baseline measured next to it), whose median is the steadier figure: on a shared 2-core machine a
+single query's time spreads ±10%, mostly with the JVM's CPU.
 
     .venv/bin/python bench/spark_ingest.py                 # 1,000,000 docs, 1024 vbuckets
     .venv/bin/python bench/spark_ingest.py --docs 200000 --runs 2
@@ -88,7 +90,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--docs", type=int, default=1_000_000)
     ap.add_argument("--vbuckets", type=int, default=1024)
-    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--partitions", type=int, default=2, help="Spark tasks per read (default 2 = cores here)")
     ap.add_argument("--dir", help="work directory (default: a temporary one, removed at the end)")
     args = ap.parse_args()
@@ -168,6 +170,11 @@ def main() -> int:
                              ("dcp batch", "synthetic batch", ""), ("dcp batch", "native", ""),
                              ("synthetic batch", "native", "")):
             print(f"  {a + ' / ' + b:35s} = {rate[a] / rate[b]:.2f}" + (f"   ({target})" if target else ""))
+        print("\n  paired, run by run (each case beside its baseline in the same run):")
+        for a, b in (("dcp changelog", "synthetic changelog"), ("dcp changelog", "native")):
+            pairs = [tb / ta for ta, tb in zip(results[a], results[b], strict=True)]
+            print(f"  {a + ' / ' + b:35s} = {statistics.median(pairs):.2f} median"
+                  f"   (runs: {', '.join(f'{r:.2f}' for r in pairs)})")
         return 0
     finally:
         if spark is not None:
