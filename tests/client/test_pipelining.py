@@ -15,29 +15,7 @@ from dcpflow.protocol.kv import error_response
 from dcpflow.protocol.opcodes import Opcode
 from dcpflow.protocol.status import Status
 
-from .conftest import NUM_VBUCKETS, PASSWORD, USER, run, url
-
-
-class _Transport:
-    """Records what the connection writes (one entry per write call)."""
-
-    def __init__(self):
-        self.written: list[bytes] = []
-        self.closing = False
-
-    def write(self, data):
-        self.written.append(bytes(data))
-
-    def is_closing(self):
-        return self.closing
-
-    def close(self):
-        self.closing = True
-
-    abort = close
-
-    def get_extra_info(self, name, default=None):
-        return default
+from .conftest import NUM_VBUCKETS, PASSWORD, USER, FakeTransport, run, url
 
 
 def _opaques(data: bytes) -> list[int]:
@@ -47,7 +25,7 @@ def _opaques(data: bytes) -> list[int]:
 def test_corked_sends_leave_as_one_write_in_order():
     async def main():
         conn = Connection(("127.0.0.1", 0))
-        conn.connection_made(t := _Transport())
+        conn.connection_made(t := FakeTransport())
         with conn.corked():
             for vb in range(5):
                 conn.request(RawRequest(Opcode.GET_FAILOVER_LOG, vbucket=vb), callback=lambda f: None)
@@ -64,7 +42,7 @@ def test_corked_sends_leave_as_one_write_in_order():
 def test_corked_writes_what_was_sent_when_the_block_raises():
     async def main():
         conn = Connection(("127.0.0.1", 0))
-        conn.connection_made(t := _Transport())
+        conn.connection_made(t := FakeTransport())
         with pytest.raises(RuntimeError), conn.corked():
             conn.request(RawRequest(Opcode.GET_FAILOVER_LOG, vbucket=3), callback=lambda f: None)
             raise RuntimeError("boom")
@@ -75,7 +53,7 @@ def test_corked_writes_what_was_sent_when_the_block_raises():
 def test_call_many_returns_replies_in_request_order():
     async def main():
         conn = Connection(("127.0.0.1", 0))
-        conn.connection_made(t := _Transport())
+        conn.connection_made(t := FakeTransport())
         task = asyncio.ensure_future(conn.call_many(
             [RawRequest(Opcode.GET_FAILOVER_LOG, vbucket=vb) for vb in range(4)], timeout=5))
         await asyncio.sleep(0)
@@ -94,7 +72,7 @@ def test_call_many_returns_replies_in_request_order():
 def test_call_many_fails_when_the_connection_is_lost():
     async def main():
         conn = Connection(("127.0.0.1", 0))
-        conn.connection_made(t := _Transport())
+        conn.connection_made(t := FakeTransport())
         task = asyncio.ensure_future(conn.call_many(
             [RawRequest(Opcode.GET_FAILOVER_LOG, vbucket=vb) for vb in range(3)], timeout=5))
         await asyncio.sleep(0)
@@ -109,7 +87,7 @@ def test_call_many_fails_when_the_connection_is_lost():
 def test_call_many_times_out_when_the_server_is_silent():
     async def main():
         conn = Connection(("127.0.0.1", 0))
-        conn.connection_made(_Transport())
+        conn.connection_made(FakeTransport())
         with pytest.raises(TimeoutError):
             await conn.call_many([RawRequest(Opcode.GET_FAILOVER_LOG, vbucket=0)], timeout=0.05)
     run(main())

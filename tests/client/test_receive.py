@@ -16,33 +16,12 @@ from dcpflow.protocol.kv import error_response
 from dcpflow.protocol.opcodes import Opcode
 from dcpflow.protocol.status import Status
 
-
-class _Transport:
-    """Stands in for the event loop's transport: records what the connection writes."""
-
-    def __init__(self):
-        self.written: list[bytes] = []
-        self.aborted = False
-
-    def write(self, data):
-        self.written.append(bytes(data))
-
-    def is_closing(self):
-        return self.aborted
-
-    def abort(self):
-        self.aborted = True
-
-    def close(self):
-        self.aborted = True
-
-    def get_extra_info(self, name, default=None):
-        return default
+from .conftest import FakeTransport
 
 
 def _connection():
     conn = Connection(("127.0.0.1", 0))
-    conn.connection_made(_Transport())
+    conn.connection_made(FakeTransport())
     got = []
 
     def sink(seg):
