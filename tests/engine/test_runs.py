@@ -2,8 +2,8 @@
 
 A run must hold exactly the rows of its seqno range, all of them plain mutations, in order,
 whatever happens to the rows after it was built (newer versions, tombstones, purges, rollbacks,
-a store opened again); a backfill must read a run where one starts at its position and ends in
-its range, and rows everywhere else."""
+a store opened again); a backfill must read a run where one starts at its position (only its
+head when the run goes past the range's end), and rows everywhere else."""
 
 import sqlite3
 
@@ -104,7 +104,22 @@ def test_a_run_ends_before_a_row_a_backfill_must_shape(store):
             check(store, 0, start, end, 4, 3, True, min_run=3, runs=True)
 
 
-def test_only_a_run_that_starts_at_the_position_and_ends_in_range_is_read(store):
+def _statements(store: Store, vb: int, start: int, end: int) -> tuple[list, list[str]]:
+    """The chunks of a backfill of (start, end] and the SQL its scan ran."""
+    ran: list[str] = []
+    with store.scan(vb, start, end, page_size=2048) as scan:
+        db = scan._db  # back in the reader pool once the scan closes
+        db.set_trace_callback(ran.append)
+        chunks = []
+        try:
+            while chunk := scan.next_chunk(1, True):
+                chunks.append(chunk)
+        finally:
+            db.set_trace_callback(None)
+    return chunks, [q for q in ran if q not in ("BEGIN", "COMMIT")]
+
+
+def test_a_run_is_read_where_it_starts_at_the_position_and_cut_at_the_range_end(store):
     write(store, 1, [plain(i, i + 1) for i in range(40)])
     store.seal_runs()
     runs = runs_of(store.path, 1)
@@ -114,8 +129,17 @@ def test_only_a_run_that_starts_at_the_position_and_ends_in_range_is_read(store)
     assert chunks[0].last_seqno == first[2] and chunks[0].count == first[2] - 3
     rest = 40 - runs[-1][2]  # under run_min_bytes: not sealed, read from rows
     assert rest > 0 and [c.count for c in chunks[1:]] == [r[3] for r in runs[1:]] + [rest]
-    # ending inside the first run: no run at all
-    assert [c.count for c in read_chunks(store, 1, 0, first[2] - 1, 2048, 1, False)] == [first[2] - 1]
+    # ending inside a run (a backfill that stops where the checkpoints begin): that run's head, in
+    # one query, and not the rows one by one
+    for vb_run in (first, runs[1]):
+        for end in range(vb_run[1] + 1, vb_run[2]):
+            chunks, ran = _statements(store, 1, vb_run[1], end)
+            assert [type(c) for c in chunks] == [EncodedPage] and chunks[0].count == end - vb_run[1]
+            assert chunks[0].last_seqno == end and len(ran) == 1 and "FROM runs" in ran[0]
+            check(store, 1, vb_run[1], end, 2048, 1, True, runs=True)
+    # a range with no row before its end inside a run: nothing, and the scan closes
+    write(store, 1, [plain(i, 41 + i) for i in range(2)])  # seqnos 41, 42: k0 and k1 move, leaving holes
+    assert read_chunks(store, 1, 0, 2, 2048, 1, True) == []
 
 
 def test_a_newer_version_or_a_tombstone_drops_the_run_around_the_old_one(store):

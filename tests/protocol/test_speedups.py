@@ -10,7 +10,8 @@ change the list do not crash it.
 
 stamp_mutations: the same bytes, or the same ValueError, as dcp.stamp_mutations_py for stored
 runs and for runs broken in every way it checks (cut, another message, seqnos out of order);
-its output is what encode_mutations makes with that opaque and key layout.
+its output is what encode_mutations makes with that opaque and key layout. mutations_upto: the
+same head (bytes, count, last seqno), or the same error, as dcp.mutations_upto_py.
 
 walk_stream: the same end and frame offsets as frame.walk_stream_py, stopping at exactly the frames
 the client's Python loop must see. (gather, the client decoder's twin, is tested in
@@ -45,6 +46,7 @@ def test_the_compiled_twins_are_built():
     else:
         assert split is not None, "dcpflow.protocol._speedups did not build: pip install -e . needs gcc and Python.h"
         assert dcp.encode_mutations is not dcp.encode_mutations_py
+        assert dcp.mutations_upto is not dcp.mutations_upto_py
 
 
 def _decode(data: bytes, chunks: list[int], compiled: bool, max_body: int = 4096, stop_every: int = 0):
@@ -503,6 +505,49 @@ def test_compiled_stamp_fails_like_its_specification(broken, opaque, collections
         data += bytes([byte]) * (at % 60)
     assert _stamp_outcome(stamp, bytes(data), opaque, collections) == \
         _stamp_outcome(dcp.stamp_mutations_py, bytes(data), opaque, collections)
+
+
+upto = dcp.mutations_upto
+
+
+@EQUIV
+@given(st.lists(_items(), max_size=10), st.integers(0, 80), U32, st.booleans())
+def test_the_head_up_to_a_seqno_is_what_encode_mutations_makes_of_those_documents(items, cut, opaque, collections):
+    run = _stored_run(items)
+    stored, _ = dcp.encode_mutations_py(run, 0, 9, 0, False, 1 << 20)
+    head = [it for it in run if it.by_seqno <= cut]
+    want_bytes, _ = dcp.encode_mutations_py(head, 0, 9, 0, False, 1 << 20)
+    want = (len(want_bytes), len(head), head[-1].by_seqno if head else 0)
+    assert dcp.mutations_upto_py(stored, cut) == want
+    assert upto(stored, cut) == want
+    assert upto(memoryview(stored), cut) == want
+    # what a backfill sends: the head, restamped, is what the encoder makes of those documents
+    assert stamp(memoryview(stored)[:want[0]], opaque, collections) == \
+        dcp.encode_mutations_py(head, 0, 9, opaque, collections, 1 << 20)[0]
+
+
+@needs_stamp
+@EQUIV
+@given(_broken_runs(), st.integers(0, 1 << 64))
+def test_compiled_upto_fails_like_its_specification(broken, cut):
+    items, how, at, byte = broken
+    run = _stored_run(items)
+    data = bytearray(dcp.encode_mutations_py(run, 0, 3, 0, False, 1 << 20)[0])
+    if how == "cut":
+        del data[at % len(data):]
+    elif how == "byte":
+        data[at % len(data)] = byte
+    elif how == "swap" and len(run) > 1:
+        data = bytearray(dcp.encode_mutations_py(run[1:] + run[:1], 0, 3, 0, False, 1 << 20)[0])
+    else:
+        data += bytes([byte]) * (at % 60)
+
+    def outcome(fn):
+        try:
+            return ("ok", fn(bytes(data), cut))
+        except (ValueError, OverflowError) as e:
+            return (type(e).__name__, str(e) if isinstance(e, ValueError) else "")
+    assert outcome(upto) == outcome(dcp.mutations_upto_py)
 
 
 @pytest.mark.parametrize("fn", [dcp.stamp_mutations_py, stamp], ids=["python", "active"])

@@ -71,7 +71,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from dcpflow.protocol.dcp import MUTATION_HEAD, encode_mutations_py, stamp_mutations
+from dcpflow.protocol.dcp import MUTATION_HEAD, encode_mutations_py, mutations_upto, stamp_mutations
 from dcpflow.protocol.frame import compiled
 
 from .item import DATATYPE_XATTR, DeleteSource, Item
@@ -206,9 +206,10 @@ _RUN_TRIGGERS = (
     f"CREATE TRIGGER IF NOT EXISTS items_insert_drops_run AFTER INSERT ON items BEGIN {_drop_run_at('NEW')} END",
 )
 #: The run at a scan's position (?1, a rowid) and the next one before ?2 (the scan's last rowid): one
-#: query, whose blob is read only when the run starts exactly there and ends by ?2.
-_RUN_FROM = (f"SELECT id, hi, count, last, CASE WHEN id = ?1 AND (id >> {SEQNO_BITS} << {SEQNO_BITS} | hi) <= ?2 "
-             "THEN data END FROM runs WHERE id >= ?1 AND id < ?2 ORDER BY id LIMIT 1")
+#: query, whose blob is read only when the run starts exactly there (the scan cuts a run that goes
+#: past ?2 with `mutations_upto`).
+_RUN_FROM = ("SELECT id, hi, count, last, CASE WHEN id = ?1 THEN data END "
+             "FROM runs WHERE id >= ?1 AND id < ?2 ORDER BY id LIMIT 1")
 _STATE_COLS = ("vb, state, failover_log, high_seqno, snap_start, snap_end, purge_seqno, max_cas, "
                "max_visible_seqno, max_deleted_rev_seqno")
 _UPSERT_STATE = (
@@ -841,9 +842,10 @@ class BackfillScan:
 
     def next_chunk(self, opaque: int, collections: bool) -> "EncodedPage | list[tuple]":
         """The next part of the range for a DCP stream that sends plain mutations unshaped, in
-        seqno order: a run the flusher stored (store docstring) that starts here and ends in range,
-        as one EncodedPage; else, up to where the next run starts, a run of at least `min_run`
-        seqnos of rows with stored messages as one EncodedPage (about page_size messages), or a
+        seqno order: a run the flusher stored (store docstring) that starts here, as one
+        EncodedPage (only its head when it goes past the range's end); else, up to where the
+        next run starts, a run of at least `min_run` seqnos of rows with stored messages as one
+        EncodedPage (about page_size messages), or a
         page of raw rows (`next_rows`) that ends where such a run begins: where tombstones or
         xattr documents are scattered among plain ones, the plain ones in between come as rows
         rather than as many tiny queries. Encoded pages are restamped with this opaque and key
@@ -858,9 +860,17 @@ class BackfillScan:
             run = db.execute(_RUN_FROM, (base | pos, top)).fetchone()
             if run is not None and run[4] is not None:
                 _, hi, count, last, data = run
+                if hi > end:
+                    # The run goes past the range, as when a backfill stops where the checkpoints
+                    # begin: its head, measured on the stored messages. Reading those rows one by
+                    # one instead cost 1024 such backfills ~0.06 s more than whole vbuckets.
+                    nbytes, count, last = mutations_upto(data, end)
+                    data, hi = memoryview(data)[:nbytes], end
                 self._pos = hi
                 if hi == end:
                     self.close()
+                if not count:
+                    return []  # no row between the position and the range's end
                 return EncodedPage(stamp_mutations(data, opaque, collections), count, last)
             stop = end if run is None or run[0] == base | pos else run[0] - base  # rows up to the next run
             row = db.execute(_NEXT_UNENCODED, (base | pos, base | stop)).fetchone()

@@ -20,7 +20,8 @@
    stamp_mutations - a backfill page of stored DCP_MUTATION messages (opaque 0, no collection
    prefix) as a stream sends them (dcp.stamp_mutations_py): its opaque and, for a collection-aware
    stream, the default collection's prefix; the page's layout and seqno order are checked on the
-   way. The copy runs without the GIL (a backfill's worker thread).
+   way. The copy runs without the GIL (a backfill's worker thread). mutations_upto measures the head
+   of such a page up to a seqno (a backfill that ends inside a stored run), with the same checks.
 
    gather - the first bytes of many frames that sit in several received segments, into one
    matrix (dcpflow.client.batches._gather_all_py): the client's columnar decoder reads every header
@@ -557,9 +558,11 @@ done:
 
 enum { STAMP_OK, STAMP_NOT_MUTATION, STAMP_CUT, STAMP_ORDER };
 
-/* Walk the run: STAMP_OK and the number of messages, or the problem and where it is. */
-static int stamp_check(const unsigned char *d, Py_ssize_t n, Py_ssize_t *count, Py_ssize_t *at,
-                       unsigned long long *seqno, unsigned long long *prev) {
+/* Walk the run's messages up to the first one whose seqno is above `upto`: STAMP_OK with the
+   head's length in *at, its number of messages and its last seqno (0 if none); or the problem and
+   where it is. */
+static int stamp_check(const unsigned char *d, Py_ssize_t n, unsigned long long upto, Py_ssize_t *count,
+                       Py_ssize_t *at, unsigned long long *seqno, unsigned long long *prev) {
     Py_ssize_t pos = 0, c = 0;
     unsigned long long last = 0;
     int first = 1;
@@ -570,6 +573,7 @@ static int stamp_check(const unsigned char *d, Py_ssize_t n, Py_ssize_t *count, 
         uint64_t klen = be16(d + pos + 2), body = be32(d + pos + 8);
         if (body < 31 + klen || (uint64_t)(n - pos - HEADER_LEN) < body) return STAMP_CUT;
         unsigned long long s = be64(d + pos + 24);
+        if (s > upto) break;
         if (!first && s <= last) {
             *seqno = s;
             *prev = last;
@@ -580,8 +584,20 @@ static int stamp_check(const unsigned char *d, Py_ssize_t n, Py_ssize_t *count, 
         pos += HEADER_LEN + (Py_ssize_t)body;
         c++;
     }
+    *at = pos;
     *count = c;
+    *seqno = last;
     return STAMP_OK;
+}
+
+/* The ValueError of a stamp_check problem, worded as the Python twins word it. */
+static void stamp_error(const char *name, int bad, Py_ssize_t at, unsigned long long seqno, unsigned long long prev) {
+    if (bad == STAMP_NOT_MUTATION)
+        PyErr_Format(PyExc_ValueError, "%s: no DCP_MUTATION with 31 bytes of extras at offset %zd", name, at);
+    else if (bad == STAMP_CUT)
+        PyErr_Format(PyExc_ValueError, "%s: the message at offset %zd is cut or its lengths disagree", name, at);
+    else
+        PyErr_Format(PyExc_ValueError, "%s: seqno %llu at offset %zd does not follow %llu", name, seqno, at, prev);
 }
 
 static void stamp_copy(const unsigned char *d, Py_ssize_t n, unsigned char *o, uint32_t opaque, int collections) {
@@ -636,15 +652,11 @@ static PyObject *stamp_mutations(PyObject *module, PyObject *const *args, Py_ssi
     unsigned long long seqno = 0, prev = 0;
     int bad;
     Py_BEGIN_ALLOW_THREADS
-    bad = stamp_check(d, n, &count, &at, &seqno, &prev);
+    bad = stamp_check(d, n, ULLONG_MAX, &count, &at, &seqno, &prev);
     Py_END_ALLOW_THREADS
     PyObject *out = NULL;
-    if (bad == STAMP_NOT_MUTATION) {
-        PyErr_Format(PyExc_ValueError, "stamp_mutations: no DCP_MUTATION with 31 bytes of extras at offset %zd", at);
-    } else if (bad == STAMP_CUT) {
-        PyErr_Format(PyExc_ValueError, "stamp_mutations: the message at offset %zd is cut or its lengths disagree", at);
-    } else if (bad == STAMP_ORDER) {
-        PyErr_Format(PyExc_ValueError, "stamp_mutations: seqno %llu at offset %zd does not follow %llu", seqno, at, prev);
+    if (bad != STAMP_OK) {
+        stamp_error("stamp_mutations", bad, at, seqno, prev);
     } else if ((out = PyBytes_FromStringAndSize(NULL, n + (collections ? count : 0))) != NULL) {
         unsigned char *o = (unsigned char *)PyBytes_AS_STRING(out);
         Py_BEGIN_ALLOW_THREADS
@@ -655,11 +667,39 @@ static PyObject *stamp_mutations(PyObject *module, PyObject *const *args, Py_ssi
     return out;
 }
 
+PyDoc_STRVAR(mutations_upto_doc,
+"mutations_upto(data, upto) -> (nbytes, count, last)\n\n"
+"The head of a stored run (what stamp_mutations takes) up to seqno upto: its length in bytes, its\n"
+"number of messages and its last seqno (0 if none). ValueError where stamp_mutations would refuse\n"
+"that head. Same results as dcp.mutations_upto_py.");
+
+static PyObject *mutations_upto(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "mutations_upto(data, upto) takes 2 arguments");
+        return NULL;
+    }
+    unsigned long long upto = PyLong_AsUnsignedLongLong(args[1]);
+    if (upto == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+    Py_buffer in;
+    if (PyObject_GetBuffer(args[0], &in, PyBUF_SIMPLE) < 0) return NULL;
+    Py_ssize_t count = 0, at = 0;
+    unsigned long long seqno = 0, prev = 0;
+    int bad = stamp_check((const unsigned char *)in.buf, in.len, upto, &count, &at, &seqno, &prev);
+    PyBuffer_Release(&in);
+    if (bad != STAMP_OK) {
+        stamp_error("mutations_upto", bad, at, seqno, prev);
+        return NULL;
+    }
+    return Py_BuildValue("(nnK)", at, count, seqno);
+}
+
 static PyMethodDef methods[] = {
     {"split", (PyCFunction)(void (*)(void))split, METH_FASTCALL, split_doc},
     {"encode_mutations", (PyCFunction)(void (*)(void))encode_mutations, METH_FASTCALL, encode_mutations_doc},
     {"walk_stream", (PyCFunction)(void (*)(void))walk_stream, METH_FASTCALL, walk_stream_doc},
     {"stamp_mutations", (PyCFunction)(void (*)(void))stamp_mutations, METH_FASTCALL, stamp_mutations_doc},
+    {"mutations_upto", (PyCFunction)(void (*)(void))mutations_upto, METH_FASTCALL, mutations_upto_doc},
     {"gather", (PyCFunction)(void (*)(void))gather, METH_FASTCALL, gather_doc},
     {"concat", (PyCFunction)(void (*)(void))concat, METH_FASTCALL, concat_doc},
     {NULL, NULL, 0, NULL},

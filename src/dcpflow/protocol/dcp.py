@@ -249,6 +249,36 @@ def stamp_mutations_py(data: bytes, opaque: int, collections: bool) -> bytes:
 stamp_mutations = compiled("stamp_mutations") or stamp_mutations_py
 
 
+def mutations_upto_py(data, upto: int) -> tuple[int, int, int]:
+    """The head of a stored run (what `stamp_mutations` takes) up to seqno `upto`: (its length in
+    bytes, its number of messages, its last seqno or 0). A backfill that ends inside a run (it stops
+    where the checkpoints begin) sends that head rather than reading the same rows one by one.
+    ValueError where `stamp_mutations` would refuse the head; the messages after it are not looked
+    at. The specification of the compiled `mutations_upto`."""
+    if not 0 <= upto < 1 << 64:
+        raise OverflowError(f"mutations_upto: seqno {upto} is not an unsigned 64-bit integer")
+    pos, n, count, last = 0, len(data), 0, 0
+    fixed = MUTATION_HEAD.size
+    while pos < n:
+        if n - pos < fixed or data[pos] != 0x80 or data[pos + 1] != 0x57 or data[pos + 4] != 31:
+            raise ValueError(f"mutations_upto: no DCP_MUTATION with 31 bytes of extras at offset {pos}")
+        klen = int.from_bytes(data[pos + 2:pos + 4], "big")
+        body = int.from_bytes(data[pos + 8:pos + 12], "big")
+        end = pos + HEADER_LEN + body
+        if body < 31 + klen or end > n:
+            raise ValueError(f"mutations_upto: the message at offset {pos} is cut or its lengths disagree")
+        seqno = int.from_bytes(data[pos + 24:pos + 32], "big")
+        if seqno > upto:
+            break
+        if count and seqno <= last:
+            raise ValueError(f"mutations_upto: seqno {seqno} at offset {pos} does not follow {last}")
+        last, count, pos = seqno, count + 1, end
+    return pos, count, last
+
+
+mutations_upto = compiled("mutations_upto") or mutations_upto_py
+
+
 def _encode(opcode: int, vbucket: int = 0, opaque: int = 0, *, extras: bytes = b"", key: bytes = b"",
             value: bytes = b"", cas: int = 0, datatype: int = 0, stream_id: int | None = None) -> bytes:
     if stream_id is None:
