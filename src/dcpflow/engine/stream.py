@@ -140,7 +140,7 @@ class ActiveStream:
     """One vbucket stream of a producer; see the module docstring.
 
     `vb` is the engine VBucket; `set_vbucket_state(vbid, state)` is the bucket's (used by takeover
-    to mark the vbucket dead); `wake()` tells the owner the stream has something new to do (it may
+    to mark the vbucket dead); `wake(stream)` tells the owner the stream has something new to do (it may
     be called from inside another connection's write, so the owner must only schedule work).
     """
 
@@ -148,7 +148,7 @@ class ActiveStream:
                  flags: int = 0, stream_id: int | None = None, options: StreamOptions | None = None,
                  client_purge_seqno: int | None = None,
                  set_vbucket_state: Callable[[int, VBucketState], object] | None = None,
-                 wake: Callable[[], None] = lambda: None):
+                 wake: "Callable[[ActiveStream], None]" = lambda stream: None):
         self.vb = vb
         self.vbid = vb.id
         self.name = name
@@ -233,7 +233,7 @@ class ActiveStream:
         if cursor is self.cursor:
             self.cursor_dropped = True
             self.cursor_drops += 1
-            self._wake()
+            self._wake(self)
 
     def release(self) -> None:
         """The connection is gone: drop the cursor and the queue, send nothing."""
@@ -504,7 +504,7 @@ class ActiveStream:
             self._recover_from_drop()
         else:
             self.state = StreamState.IN_MEMORY
-        self._wake()
+        self._wake(self)
 
     def backfill_failed(self) -> None:
         self.set_dead(StreamEndReason.BACKFILL_FAIL)
@@ -599,7 +599,7 @@ class ActiveStream:
         """The consumer answered a marker with the Ack flag."""
         if self.acks_outstanding:
             self.acks_outstanding -= 1
-            self._wake()
+            self._wake(self)
 
     def vbucket_state_acked(self) -> None:
         """The consumer answered our SET_VBUCKET_STATE."""
@@ -613,7 +613,7 @@ class ActiveStream:
                 self._set_vbucket_state(self.vbid, VBucketState.DEAD)
         else:
             self._end(StreamEndReason.OK)
-        self._wake()
+        self._wake(self)
 
     @property
     def takeover_active(self) -> bool:

@@ -498,8 +498,7 @@ class DcpProducer:
         stream = ActiveStream(vb, name=f"dcp:{self.name}:{vbid}:{sid}:{next(_cursor_ids)}", opaque=opaque,
                               start_seqno=start, end_seqno=end, snap_start_seqno=snap_start, flags=flags,
                               stream_id=sid, options=self.stream_options(), client_purge_seqno=client_purge,
-                              set_vbucket_state=self._set_vbucket_state)
-        stream._wake = lambda s=stream: self.wake(s)
+                              set_vbucket_state=self._set_vbucket_state, wake=self.wake)
         self.streams[(vbid, sid)] = stream
         self._by_vb.setdefault(vbid, []).append(stream)
         stream.start()
@@ -1080,6 +1079,11 @@ class DcpProducer:
         self._by_vb.clear()
         self._pending.clear()
         self._draining.clear()
+        # Nothing here may keep a stream: the producer and its connection refer to each other, and
+        # streams they still held would wait for the cyclic collector with them.
+        self._fed.clear()
+        self._backfill_queue.clear()
+        self._backfills.clear()
         for fut in self._space_waiters:
             fut.cancel()
         try:
