@@ -488,11 +488,8 @@ def _broken_runs():
                      st.integers(0, 10_000), st.integers(0, 255))
 
 
-@needs_stamp
-@EQUIV
-@given(_broken_runs(), U32, st.booleans())
-def test_compiled_stamp_fails_like_its_specification(broken, opaque, collections):
-    items, how, at, byte = broken
+def _break(items, how: str, at: int, byte: int) -> bytes:
+    """One of _broken_runs(), made."""
     run = _stored_run(items)
     data = bytearray(dcp.encode_mutations_py(run, 0, 3, 0, False, 1 << 20)[0])
     if how == "cut":
@@ -503,8 +500,16 @@ def test_compiled_stamp_fails_like_its_specification(broken, opaque, collections
         data = bytearray(dcp.encode_mutations_py(run[1:] + run[:1], 0, 3, 0, False, 1 << 20)[0])
     else:
         data += bytes([byte]) * (at % 60)
-    assert _stamp_outcome(stamp, bytes(data), opaque, collections) == \
-        _stamp_outcome(dcp.stamp_mutations_py, bytes(data), opaque, collections)
+    return bytes(data)
+
+
+@needs_stamp
+@EQUIV
+@given(_broken_runs(), U32, st.booleans())
+def test_compiled_stamp_fails_like_its_specification(broken, opaque, collections):
+    data = _break(*broken)
+    assert _stamp_outcome(stamp, data, opaque, collections) == \
+        _stamp_outcome(dcp.stamp_mutations_py, data, opaque, collections)
 
 
 upto = dcp.mutations_upto
@@ -530,21 +535,11 @@ def test_the_head_up_to_a_seqno_is_what_encode_mutations_makes_of_those_document
 @EQUIV
 @given(_broken_runs(), st.integers(0, 1 << 64))
 def test_compiled_upto_fails_like_its_specification(broken, cut):
-    items, how, at, byte = broken
-    run = _stored_run(items)
-    data = bytearray(dcp.encode_mutations_py(run, 0, 3, 0, False, 1 << 20)[0])
-    if how == "cut":
-        del data[at % len(data):]
-    elif how == "byte":
-        data[at % len(data)] = byte
-    elif how == "swap" and len(run) > 1:
-        data = bytearray(dcp.encode_mutations_py(run[1:] + run[:1], 0, 3, 0, False, 1 << 20)[0])
-    else:
-        data += bytes([byte]) * (at % 60)
+    data = _break(*broken)
 
     def outcome(fn):
         try:
-            return ("ok", fn(bytes(data), cut))
+            return ("ok", fn(data, cut))
         except (ValueError, OverflowError) as e:
             return (type(e).__name__, str(e) if isinstance(e, ValueError) else "")
     assert outcome(upto) == outcome(dcp.mutations_upto_py)

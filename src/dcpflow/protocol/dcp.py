@@ -220,29 +220,39 @@ def stamp_mutations_py(data: bytes, opaque: int, collections: bool) -> bytes:
     out: list[bytes] = []
     append = out.append
     view = memoryview(data)
-    pos, n, last = 0, len(data), -1
     op = opaque.to_bytes(4, "big")
     fixed = MUTATION_HEAD.size  # header and extras
-    while pos < n:
-        if n - pos < fixed or data[pos] != 0x80 or data[pos + 1] != 0x57 or data[pos + 4] != 31:
-            raise ValueError(f"stamp_mutations: no DCP_MUTATION with 31 bytes of extras at offset {pos}")
-        klen = int.from_bytes(data[pos + 2:pos + 4], "big")
-        body = int.from_bytes(data[pos + 8:pos + 12], "big")
-        end = pos + HEADER_LEN + body
-        seqno = int.from_bytes(data[pos + 24:pos + 32], "big")
-        if body < 31 + klen or end > n:
-            raise ValueError(f"stamp_mutations: the message at offset {pos} is cut or its lengths disagree")
-        if seqno <= last:
-            raise ValueError(f"stamp_mutations: seqno {seqno} at offset {pos} does not follow {last}")
-        last = seqno
+    for pos, klen, body, end, _ in _stored_messages(data, (1 << 64) - 1, "stamp_mutations"):
         if collections:
             append(bytes(view[pos:pos + 2]) + (klen + 1).to_bytes(2, "big") + bytes(view[pos + 4:pos + 8])
                    + (body + 1).to_bytes(4, "big") + op + bytes(view[pos + 16:pos + fixed]) + b"\x00")
         else:
             append(bytes(view[pos:pos + 12]) + op + bytes(view[pos + 16:pos + fixed]))
         append(bytes(view[pos + fixed:end]))
-        pos = end
     return b"".join(out)
+
+
+def _stored_messages(data, upto: int, name: str):
+    """(offset, key length, body length, end, seqno) of each message of a stored run while their
+    seqnos are at most `upto`, checked as the twins check them (the ValueError names `name`)."""
+    pos, n, last = 0, len(data), -1
+    fixed = MUTATION_HEAD.size
+    while pos < n:
+        if n - pos < fixed or data[pos] != 0x80 or data[pos + 1] != 0x57 or data[pos + 4] != 31:
+            raise ValueError(f"{name}: no DCP_MUTATION with 31 bytes of extras at offset {pos}")
+        klen = int.from_bytes(data[pos + 2:pos + 4], "big")
+        body = int.from_bytes(data[pos + 8:pos + 12], "big")
+        end = pos + HEADER_LEN + body
+        if body < 31 + klen or end > n:
+            raise ValueError(f"{name}: the message at offset {pos} is cut or its lengths disagree")
+        seqno = int.from_bytes(data[pos + 24:pos + 32], "big")
+        if seqno > upto:
+            return
+        if seqno <= last:
+            raise ValueError(f"{name}: seqno {seqno} at offset {pos} does not follow {last}")
+        last = seqno
+        yield pos, klen, body, end, seqno
+        pos = end
 
 
 #: The backfill's restamping: compiled when built (same bytes; tests/protocol/test_speedups.py).
@@ -257,23 +267,10 @@ def mutations_upto_py(data, upto: int) -> tuple[int, int, int]:
     at. The specification of the compiled `mutations_upto`."""
     if not 0 <= upto < 1 << 64:
         raise OverflowError(f"mutations_upto: seqno {upto} is not an unsigned 64-bit integer")
-    pos, n, count, last = 0, len(data), 0, 0
-    fixed = MUTATION_HEAD.size
-    while pos < n:
-        if n - pos < fixed or data[pos] != 0x80 or data[pos + 1] != 0x57 or data[pos + 4] != 31:
-            raise ValueError(f"mutations_upto: no DCP_MUTATION with 31 bytes of extras at offset {pos}")
-        klen = int.from_bytes(data[pos + 2:pos + 4], "big")
-        body = int.from_bytes(data[pos + 8:pos + 12], "big")
-        end = pos + HEADER_LEN + body
-        if body < 31 + klen or end > n:
-            raise ValueError(f"mutations_upto: the message at offset {pos} is cut or its lengths disagree")
-        seqno = int.from_bytes(data[pos + 24:pos + 32], "big")
-        if seqno > upto:
-            break
-        if count and seqno <= last:
-            raise ValueError(f"mutations_upto: seqno {seqno} at offset {pos} does not follow {last}")
-        last, count, pos = seqno, count + 1, end
-    return pos, count, last
+    nbytes = count = last = 0
+    for _, _, _, end, seqno in _stored_messages(data, upto, "mutations_upto"):
+        nbytes, count, last = end, count + 1, seqno
+    return nbytes, count, last
 
 
 mutations_upto = compiled("mutations_upto") or mutations_upto_py
