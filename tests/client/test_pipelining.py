@@ -50,19 +50,29 @@ def test_corked_writes_what_was_sent_when_the_block_raises():
     run(main())
 
 
+async def _call_many(n: int):
+    """A connection with `n` failover-log requests in flight through call_many: (the connection,
+    its transport, the call's task, the requests' opaques in order)."""
+    conn = Connection(("127.0.0.1", 0))
+    conn.connection_made(t := FakeTransport())
+    task = asyncio.ensure_future(conn.call_many(
+        [RawRequest(Opcode.GET_FAILOVER_LOG, vbucket=vb) for vb in range(n)], timeout=5))
+    await asyncio.sleep(0)
+    return conn, t, task, _opaques(t.written[0])
+
+
+def _answer(conn: Connection, opaque: int) -> None:
+    reply = error_response(Opcode.GET_FAILOVER_LOG, Status.SUCCESS, opaque)
+    conn._control(reply, 0, len(reply))
+
+
 def test_call_many_returns_replies_in_request_order():
     async def main():
-        conn = Connection(("127.0.0.1", 0))
-        conn.connection_made(t := FakeTransport())
-        task = asyncio.ensure_future(conn.call_many(
-            [RawRequest(Opcode.GET_FAILOVER_LOG, vbucket=vb) for vb in range(4)], timeout=5))
-        await asyncio.sleep(0)
+        conn, t, task, opaques = await _call_many(4)
         assert len(t.written) == 1
-        opaques = _opaques(t.written[0])
         # the server answers out of order; each reply goes to its own request
         for i in (2, 0, 3, 1):
-            conn._control(reply := error_response(Opcode.GET_FAILOVER_LOG, Status.SUCCESS, opaques[i]),
-                          0, len(reply))
+            _answer(conn, opaques[i])
         replies = await task
         assert [r.opaque for r in replies] == opaques
         assert await conn.call_many([], timeout=1) == []
@@ -71,13 +81,8 @@ def test_call_many_returns_replies_in_request_order():
 
 def test_call_many_fails_when_the_connection_is_lost():
     async def main():
-        conn = Connection(("127.0.0.1", 0))
-        conn.connection_made(t := FakeTransport())
-        task = asyncio.ensure_future(conn.call_many(
-            [RawRequest(Opcode.GET_FAILOVER_LOG, vbucket=vb) for vb in range(3)], timeout=5))
-        await asyncio.sleep(0)
-        first = _opaques(t.written[0])[0]
-        conn._control(reply := error_response(Opcode.GET_FAILOVER_LOG, Status.SUCCESS, first), 0, len(reply))
+        conn, _, task, opaques = await _call_many(3)
+        _answer(conn, opaques[0])
         conn.connection_lost(None)
         with pytest.raises(ConnectionLostError):
             await task

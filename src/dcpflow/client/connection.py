@@ -143,8 +143,7 @@ class Connection(asyncio.BufferedProtocol):
     def connection_lost(self, exc) -> None:
         if self.lost is None:
             self.lost = exc or ConnectionLostError(f"{self.label}: connection closed by the server")
-        err = self.lost if isinstance(self.lost, ConnectionLostError) else ConnectionLostError(
-            f"{self.label}: connection lost ({self.lost})")
+        err = self._lost_error()
         pending, self._pending = self._pending, {}
         for waiter in pending.values():
             if isinstance(waiter, asyncio.Future):
@@ -159,6 +158,12 @@ class Connection(asyncio.BufferedProtocol):
             self.connected.set_exception(err)
         if self.on_lost is not None:
             self.on_lost(self, None if self.closed_by_us else err)
+
+    def _lost_error(self) -> ConnectionLostError:
+        """What a request on this lost connection fails with."""
+        if isinstance(self.lost, ConnectionLostError):
+            return self.lost
+        return ConnectionLostError(f"{self.label}: connection lost ({self.lost})")
 
     def pause_reading(self) -> None:
         if not self.paused and self.transport is not None:
@@ -289,7 +294,7 @@ class Connection(asyncio.BufferedProtocol):
     @contextlib.contextmanager
     def corked(self):
         """Sends inside the block leave as one write when it ends: a burst of pipelined requests
-        (a failover log per vbucket, a stream per vbucket) costs one syscall, not one each, and
+        (a failover log per vbucket, the DCP controls) costs one syscall, not one each, and
         reaches the server in few reads. What was sent leaves even if the block raises: its
         replies are awaited."""
         if self._cork is not None:  # nested: the outer block writes
@@ -308,8 +313,7 @@ class Connection(asyncio.BufferedProtocol):
         with `callback`, call it with the reply inside the read path instead (None if the
         connection is lost first), so it runs before any later stream message is queued."""
         if self.lost is not None:
-            raise self.lost if isinstance(self.lost, ConnectionLostError) else ConnectionLostError(
-                f"{self.label}: connection lost ({self.lost})")
+            raise self._lost_error()
         opaque = self.next_opaque()
         data = message._replace(opaque=opaque).encode()
         if callback is None:
@@ -336,8 +340,7 @@ class Connection(asyncio.BufferedProtocol):
             nonlocal left
             if frame is None:  # the connection was lost first
                 if not done.done():
-                    done.set_exception(self.lost if isinstance(self.lost, ConnectionLostError) else
-                                       ConnectionLostError(f"{self.label}: connection lost ({self.lost})"))
+                    done.set_exception(self._lost_error())
                 return
             replies[i] = frame
             left -= 1
