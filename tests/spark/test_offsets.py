@@ -105,7 +105,8 @@ def test_plan_fail_policy_raises_naming_the_vbucket():
 def test_offsets_json_round_trip_and_errors():
     o = SourceOffset({0: VbOffset(1, 5, 4, 9), 7: VbOffset.at(2, 0)}, batch=12, resets=frozenset({7}))
     doc = json.loads(json.dumps(o.to_json()))
-    assert doc["vbuckets"]["0"] == {"vbuuid": 1, "seqno": 5, "snapshot_start": 4, "snapshot_end": 9}
+    # compact: the snapshot only when the offset is inside one
+    assert doc["vbuckets"] == {"0": [1, 5, 4, 9], "7": [2, 0]}
     assert SourceOffset.from_json(doc) == o
     first = SourceOffset({3: VbOffset.at(1, 2)}, batch=1, origin={3: VbOffset.at(1, 0)})
     assert SourceOffset.from_json(json.dumps(first.to_json())) == first
@@ -157,3 +158,65 @@ def test_resolve_words_and_json():
     assert off.resolve("latest", [0, 1], high, uuids) == {0: VbOffset.at(10, 5), 1: VbOffset.at(11, 6)}
     spec = off.OffsetSpec({1: VbOffset.at(11, 2)})
     assert off.resolve(spec, [0, 1], high, uuids) == {0: EARLIEST, 1: VbOffset.at(11, 2)}
+
+
+def test_vbucket_offsets_in_every_form_and_their_errors():
+    """[vbuuid, seqno], [vbuuid, seqno, snapshot_start, snapshot_end] and the object form (what
+    earlier checkpoints hold, and what users write in startingOffsets) mean the same."""
+    big = (1 << 64) - 1
+    assert VbOffset.from_json([big, 5], "vb 0") == VbOffset(big, 5, 5, 5)
+    assert VbOffset.from_json([1, 5, 4, 9], "vb 0") == VbOffset(1, 5, 4, 9)
+    assert VbOffset.from_json({"vbuuid": 1, "seqno": 5, "snapshot_start": 4, "snapshot_end": 9}, "vb 0") == \
+        VbOffset(1, 5, 4, 9)
+    assert VbOffset.from_json({"vbuuid": 1, "seqno": 5}, "vb 0") == VbOffset(1, 5, 5, 5)
+    for o in (VbOffset(1, 5, 4, 9), VbOffset(1, 5, 5, 9), VbOffset(1, 5, 4, 5), VbOffset.at(3, 0)):
+        assert VbOffset.from_json(json.loads(json.dumps(o.to_json())), "vb 0") == o
+    for bad, message in (([1, 2, 3], r"expected \[vbuuid, seqno\]"), ([], "expected"), ("7", "expected"),
+                         ([True, 5], "vbuuid must be an unsigned 64-bit integer"),
+                         ([1, -5], "seqno must be an unsigned 64-bit integer"),
+                         ([1, 1 << 64], "seqno must be"), ([1, 5.0], "seqno must be"),
+                         ([1, 5, 6, 9], "snapshot_start <= seqno <= snapshot_end"),
+                         ([1, 5, 1, 4], "snapshot_start <= seqno <= snapshot_end")):
+        with pytest.raises(off.OffsetError, match=message):
+            VbOffset.from_json(bad, "vbucket 4")
+
+
+def test_an_offset_of_1024_vbuckets_stays_small():
+    """Spark logs every end offset and reparses three per progress report: the compact form
+    keeps the first batch's end offset of a whole bucket at ~32 bytes per vbucket (the object
+    form, with an origin of 1024 earliest offsets, took ~170)."""
+    uuid = 251679046518038
+    end = SourceOffset({vb: VbOffset.at(uuid + vb, 900 + vb) for vb in range(1024)}, batch=1,
+                       origin={vb: off.EARLIEST for vb in range(1024)})
+    doc = end.to_json()
+    assert doc["origin"] == {}  # reading from seqno 0 goes unsaid
+    text = json.dumps(doc)
+    assert len(text) < 34 * 1024
+    assert SourceOffset.from_json(text) == end
+    mixed = SourceOffset({1: VbOffset.at(5, 9), 2: VbOffset.at(5, 7)}, batch=1,
+                         origin={1: off.EARLIEST, 2: VbOffset(5, 3, 1, 4)})
+    assert mixed.to_json()["origin"] == {"2": [5, 3, 1, 4]}
+    assert SourceOffset.from_json(json.dumps(mixed.to_json())) == mixed
+    assert [r.start for r in off.ranges(SourceOffset(dict(mixed.vbuckets)), SourceOffset.from_json(mixed.to_json()))] \
+        == [off.EARLIEST, VbOffset(5, 3, 1, 4)]
+
+
+def test_ranges_survive_pickling_as_spark_ships_them():
+    import pickle
+
+    work = [off.VbRange(3, VbOffset(7, 5, 4, 9), 20, 8), off.VbRange(4, EARLIEST, 6, 8, reset=True)]
+    assert pickle.loads(pickle.dumps(work)) == work
+
+
+def test_lag_reads_progress_offsets_in_either_form():
+    """The demo's and `dcpflow pipeline`'s lag: seqnos the server has beyond the batch's end, from
+    a query's progress (compact offsets now, object offsets in progress from earlier versions)."""
+    from dcpflow.spark.pipeline import lag_of
+
+    end = SourceOffset({0: VbOffset.at(1, 10), 1: VbOffset(1, 4, 3, 6)}, batch=2).to_json()
+    latest = SourceOffset({0: VbOffset.at(1, 15), 1: VbOffset.at(1, 4), 2: VbOffset.at(1, 3)}).to_json()
+    assert lag_of({"sources": [{"endOffset": json.dumps(end), "latestOffset": json.dumps(latest)}]}) == 5 + 0 + 3
+    old = {"vbuckets": {"0": {"vbuuid": 1, "seqno": 10}}}
+    assert lag_of({"sources": [{"endOffset": old, "latestOffset": latest}]}) == 5 + 4 + 3
+    assert lag_of({"sources": [{"endOffset": None, "latestOffset": latest}]}) is None
+    assert lag_of({"sources": [{"endOffset": {"vbuckets": {"0": [1]}}, "latestOffset": latest}]}) is None

@@ -67,6 +67,8 @@ def test_offsets_json_forms():
     assert o.starting_offsets == OffsetSpec({0: VbOffset(9, 4, 4, 4), 1: "latest"}, 3)
     o = opts(endingOffsets='{"2": [9, 4, 3, 6]}')
     assert o.ending_offsets.vbuckets == {2: VbOffset(9, 4, 3, 6)}
+    o = opts(startingOffsets='{"batch": 1, "vbuckets": {"0": [9, 4], "5": [9, 7, 6, 8]}, "origin": {}}')
+    assert o.starting_offsets == OffsetSpec({0: VbOffset(9, 4, 4, 4), 5: VbOffset(9, 7, 6, 8)}, 1)
 
 
 def test_sizes_and_vbucket_lists():

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .offsets import OffsetError, SourceOffset
 from .state import StateWriter, make_writer
 
 
@@ -74,8 +75,11 @@ def lag_of(progress: dict) -> int | None:
         return None
     if not end or not latest or "vbuckets" not in end or "vbuckets" not in latest:
         return None
-    return sum(max(0, v["seqno"] - end["vbuckets"].get(vb, {"seqno": 0})["seqno"])
-               for vb, v in latest["vbuckets"].items())
+    try:
+        read, now = SourceOffset.from_json(end).vbuckets, SourceOffset.from_json(latest).vbuckets
+    except OffsetError:
+        return None
+    return sum(max(0, v.seqno - (read[vb].seqno if vb in read else 0)) for vb, v in now.items())
 
 
 class Pipeline:
