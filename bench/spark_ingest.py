@@ -127,7 +127,10 @@ def main() -> int:
                  .option("path", str(out / name / "changelog")).option("checkpointLocation", str(out / name / "ckpt"))
                  .trigger(availableNow=True).start())
             q.awaitTermination()
-            got = sum(p["numInputRows"] for p in q.recentProgress)
+            # Row counts through the JVM's getters, not q.recentProgress: that ships each report's
+            # JSON through py4j, which stalls ~44 ms on any answer over ~8 KB (the dcp source's
+            # offsets of 1024 vbuckets; docs/spark.md, "Offsets") and would time py4j, not ingest.
+            got = sum(p.numInputRows() for p in q._jsq.recentProgress())
             assert got == rows, f"{fmt} change log got {got:,} rows, expected {rows:,}"
 
         def synthetic_changelog(rows):
