@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .pipeline import BatchReport, Pipeline, PipelineConfig
+from .pipeline import BatchReport, Pipeline, PipelineConfig, ProgressReader
 
 READY = re.compile(r"dcpflow server ready: .*port=(\d+)")
 
@@ -131,6 +131,7 @@ def run_demo(docs: int = 100_000, workdir: str | Path | None = None, vbuckets: i
         say(f"live: micro-batches every second while {rounds} rounds of updates, deletes and expiring "
             "sessions arrive")
         changelog_q, state_q = pipeline.start_live("1 second")
+        live = ProgressReader(changelog_q)
         totals = {"updates": 0, "deletes": 0, "expiring": 0}
         try:
             for i in range(rounds):
@@ -139,12 +140,12 @@ def run_demo(docs: int = 100_000, workdir: str | Path | None = None, vbuckets: i
                     totals[k] += v
                 say(f"round {i + 1}/{rounds}: {did['updates']:,} updates, {did['deletes']:,} deletes, "
                     f"{did['expiring']:,} sessions expiring in {work.ttl}s")
-                _report_live(changelog_q, result, say)
+                _report_live(live, result, say)
                 time.sleep(1.0)
             deadline = time.monotonic() + work.ttl + 4
             while time.monotonic() < deadline:  # let the expiry pager turn sessions into expirations
                 time.sleep(1.0)
-                _report_live(changelog_q, result, say)
+                _report_live(live, result, say)
         finally:
             pipeline.stop_live(changelog_q, state_q)
         result.changes = totals
@@ -179,11 +180,12 @@ def run_demo(docs: int = 100_000, workdir: str | Path | None = None, vbuckets: i
             shutil.rmtree(base, ignore_errors=True)
 
 
-def _report_live(query, result: DemoResult, say) -> None:
+def _report_live(progress, result: DemoResult, say) -> None:
+    """Report the live change log's new batches (`progress`: the query's ProgressReader)."""
     from .pipeline import lag_of
 
     seen = {b.batch_id for b in result.batches if b.query == "changelog-live"}
-    for p in query.recentProgress:
+    for p in progress.new():
         bid = p["batchId"]
         if bid in seen or not p.get("numInputRows"):
             continue

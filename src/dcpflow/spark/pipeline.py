@@ -150,19 +150,47 @@ class Pipeline:
         return self.writer.read(self.spark)
 
 
+class ProgressReader:
+    """The progress reports of a query not read yet, in order.
+
+    Reads `lastProgress` when it is the next batch's report, and every recent report only after a
+    gap (several batches between two reads, a batch reported twice): each report is one py4j
+    answer, which stalls ~44 ms once it is over ~8 KB (docs/spark.md, "Offsets") - as a dcp report
+    of 1024 vbuckets is - so reading all of them at every poll cost N x 44 ms by the N-th batch."""
+
+    def __init__(self, query):
+        self.query = query
+        self._last: tuple | None = None  # (batchId, timestamp) of the newest report returned
+
+    def new(self) -> list[dict]:
+        latest = self.query.lastProgress
+        if latest is None:
+            return []
+        key = (latest["batchId"], latest["timestamp"])
+        if key == self._last:
+            return []
+        if self._last is not None and latest["batchId"] == self._last[0] + 1:
+            out = [latest]
+        else:
+            recent = self.query.recentProgress
+            keys = [(p["batchId"], p["timestamp"]) for p in recent]
+            out = recent[keys.index(self._last) + 1:] if self._last in keys else recent
+        self._last = key
+        return out
+
+
 def follow(query, name: str, on_batch: Callable[[BatchReport], None] | None = None,
            poll: float = 0.2) -> list[BatchReport]:
-    """Wait for a query to finish (AvailableNow), reporting each batch as it completes."""
+    """Wait for a query to finish (AvailableNow), reporting each batch with rows as it completes."""
+    progress = ProgressReader(query)
     seen: set[int] = set()
     reports: list[BatchReport] = []
 
-    def drain():
-        for p in query.recentProgress:
-            if p["batchId"] in seen or p.get("numInputRows") is None:
+    def drain() -> None:
+        for p in progress.new():
+            if not p.get("numInputRows") or p["batchId"] in seen:
                 continue
             seen.add(p["batchId"])
-            if p["numInputRows"] == 0:
-                continue
             report = BatchReport(name, p["batchId"], p["numInputRows"],
                                  p.get("durationMs", {}).get("triggerExecution", 0) / 1000, lag_of(p))
             reports.append(report)
