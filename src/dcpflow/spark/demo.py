@@ -131,7 +131,7 @@ def run_demo(docs: int = 100_000, workdir: str | Path | None = None, vbuckets: i
         say(f"live: micro-batches every second while {rounds} rounds of updates, deletes and expiring "
             "sessions arrive")
         changelog_q, state_q = pipeline.start_live("1 second")
-        live = ProgressReader(changelog_q)
+        live = ProgressReader(changelog_q, "changelog-live")
         totals = {"updates": 0, "deletes": 0, "expiring": 0}
         try:
             for i in range(rounds):
@@ -182,22 +182,13 @@ def run_demo(docs: int = 100_000, workdir: str | Path | None = None, vbuckets: i
 
 def _report_live(progress, result: DemoResult, say) -> None:
     """Report the live change log's new batches (`progress`: the query's ProgressReader)."""
-    from .pipeline import lag_of
-
-    seen = {b.batch_id for b in result.batches if b.query == "changelog-live"}
-    for p in progress.new():
-        bid = p["batchId"]
-        if bid in seen or not p.get("numInputRows"):
-            continue
-        seen.add(bid)
-        lag = lag_of(p)
-        if lag is not None:
-            result.max_lag = max(result.max_lag, lag)
-        seconds = p.get("durationMs", {}).get("triggerExecution", 0) / 1000
-        result.batches.append(BatchReport("changelog-live", bid, p["numInputRows"], seconds, lag))
+    for report in progress.batches():
+        if report.lag is not None:
+            result.max_lag = max(result.max_lag, report.lag)
+        result.batches.append(report)
         result.live_batches += 1
-        say(f"live batch {bid}: {p['numInputRows']:,} changes in {seconds:.2f}s, "
-            f"lag {lag if lag is not None else '?'} seqnos")
+        say(f"live batch {report.batch_id}: {report.rows:,} changes in {report.seconds:.2f}s, "
+            f"lag {report.lag if report.lag is not None else '?'} seqnos")
 
 
 def _state_dict(pipeline: Pipeline) -> dict[str, str]:

@@ -15,13 +15,12 @@ the change log alone (delete its checkpoint and table).
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .offsets import OffsetError, SourceOffset
+from .offsets import SourceOffset
 from .state import StateWriter, make_writer
 
 
@@ -60,24 +59,15 @@ class BatchReport:
     lag: int | None
 
 
-def _offset_doc(value):
-    if value is None:
-        return None
-    return json.loads(value) if isinstance(value, str) else value
-
-
 def lag_of(progress: dict) -> int | None:
     """Seqnos the change log is behind the server after this batch (sum over vbuckets)."""
     try:
         source = progress["sources"][0]
-        end, latest = _offset_doc(source.get("endOffset")), _offset_doc(source.get("latestOffset"))
-    except (KeyError, IndexError, TypeError, ValueError):
-        return None
-    if not end or not latest or "vbuckets" not in end or "vbuckets" not in latest:
-        return None
-    try:
+        end, latest = source.get("endOffset"), source.get("latestOffset")
+        if not end or not latest:
+            return None
         read, now = SourceOffset.from_json(end).vbuckets, SourceOffset.from_json(latest).vbuckets
-    except OffsetError:
+    except (KeyError, IndexError, TypeError, ValueError):  # OffsetError and bad JSON are ValueErrors
         return None
     return sum(max(0, v.seqno - (read[vb].seqno if vb in read else 0)) for vb, v in now.items())
 
@@ -158,9 +148,11 @@ class ProgressReader:
     answer, which stalls ~44 ms once it is over ~8 KB (docs/spark.md, "Offsets") - as a dcp report
     of 1024 vbuckets is - so reading all of them at every poll cost N x 44 ms by the N-th batch."""
 
-    def __init__(self, query):
+    def __init__(self, query, name: str = ""):
         self.query = query
+        self.name = name  # the query's name in the BatchReports of `batches`
         self._last: tuple | None = None  # (batchId, timestamp) of the newest report returned
+        self._reported: set[int] = set()  # batch ids `batches` has reported
 
     def new(self) -> list[dict]:
         latest = self.query.lastProgress
@@ -178,21 +170,27 @@ class ProgressReader:
         self._last = key
         return out
 
+    def batches(self) -> list[BatchReport]:
+        """The batches with rows among the new reports, each batch once (a live query may report
+        an idle trigger under the next batch's id first)."""
+        out = []
+        for p in self.new():
+            if not p.get("numInputRows") or p["batchId"] in self._reported:
+                continue
+            self._reported.add(p["batchId"])
+            out.append(BatchReport(self.name, p["batchId"], p["numInputRows"],
+                                   p.get("durationMs", {}).get("triggerExecution", 0) / 1000, lag_of(p)))
+        return out
+
 
 def follow(query, name: str, on_batch: Callable[[BatchReport], None] | None = None,
            poll: float = 0.2) -> list[BatchReport]:
     """Wait for a query to finish (AvailableNow), reporting each batch with rows as it completes."""
-    progress = ProgressReader(query)
-    seen: set[int] = set()
+    progress = ProgressReader(query, name)
     reports: list[BatchReport] = []
 
     def drain() -> None:
-        for p in progress.new():
-            if not p.get("numInputRows") or p["batchId"] in seen:
-                continue
-            seen.add(p["batchId"])
-            report = BatchReport(name, p["batchId"], p["numInputRows"],
-                                 p.get("durationMs", {}).get("triggerExecution", 0) / 1000, lag_of(p))
+        for report in progress.batches():
             reports.append(report)
             if on_batch:
                 on_batch(report)
