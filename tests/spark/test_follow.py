@@ -69,3 +69,15 @@ def test_a_batch_reported_idle_then_with_rows_is_not_lost():
         assert reader.new() == []  # nothing new until the query moves on
     assert got == [(5, 60), (6, 0), (6, 70), (7, 80)]
     assert [r.batch_id for r in follow(ScriptedQuery(q.steps), "live", poll=0)] == [5, 6, 7]
+
+
+def test_the_batch_behind_an_idle_report_is_read_when_the_next_one_is_already_there():
+    """The idle report of batch 6 was the newest seen; by the next poll batch 6 ran and batch 7
+    too, so `lastProgress` (7) follows the id seen (6) and yet batch 6's real report lies between."""
+    idle, real, after = report(6, 10, rows=0), report(6, 11), report(7, 12)
+    q = ScriptedQuery([[report(5, 9), idle], [report(5, 9), idle, real, after]])
+    reader = ProgressReader(q, "live")
+    q.poll = 1
+    assert [r.batch_id for r in reader.batches()] == [5]
+    q.poll = 2
+    assert [(r.batch_id, r.rows) for r in reader.batches()] == [(6, 70), (7, 80)]

@@ -146,12 +146,15 @@ class ProgressReader:
     Reads `lastProgress` when it is the next batch's report, and every recent report only after a
     gap (several batches between two reads, a batch reported twice): each report is one py4j
     answer, which stalls ~44 ms once it is over ~8 KB (docs/spark.md, "Offsets") - as a dcp report
-    of 1024 vbuckets is - so reading all of them at every poll cost N x 44 ms by the N-th batch."""
+    of 1024 vbuckets is - so reading all of them at every poll cost N x 44 ms by the N-th batch.
+    After an idle trigger's report (no rows, under the id of the batch to come) the next batch's
+    report is no proof of no gap: the batch that ran under the idle report's id may lie between."""
 
     def __init__(self, query, name: str = ""):
         self.query = query
         self.name = name  # the query's name in the BatchReports of `batches`
         self._last: tuple | None = None  # (batchId, timestamp) of the newest report returned
+        self._last_ran = False  # whether that report is of a batch that read rows
         self._reported: set[int] = set()  # batch ids `batches` has reported
 
     def new(self) -> list[dict]:
@@ -161,13 +164,14 @@ class ProgressReader:
         key = (latest["batchId"], latest["timestamp"])
         if key == self._last:
             return []
-        if self._last is not None and latest["batchId"] == self._last[0] + 1:
+        if self._last_ran and latest["batchId"] == self._last[0] + 1:
             out = [latest]
         else:
             recent = self.query.recentProgress
             keys = [(p["batchId"], p["timestamp"]) for p in recent]
             out = recent[keys.index(self._last) + 1:] if self._last in keys else recent
         self._last = key
+        self._last_ran = bool(latest.get("numInputRows"))
         return out
 
     def batches(self) -> list[BatchReport]:
