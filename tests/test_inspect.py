@@ -6,10 +6,13 @@ import subprocess
 import sys
 
 import pytest
+from hypothesis import given
 
 from dcpflow.inspect import inspect_bytes, parse_hex
 from dcpflow.protocol import dcp
-from tests.protocol.reference_frames import EXAMPLES, UPSTREAM_EXAMPLES
+from dcpflow.protocol.status import Status
+from tests.protocol.reference_frames import EXAMPLES, FAILOVER_LOG_AS_PRINTED, UPSTREAM_EXAMPLES
+from tests.protocol.test_fuzz import FUZZ, near_valid_frames
 
 
 def run_inspect(text: str, *args: str) -> tuple[int, list[dict], str]:
@@ -36,6 +39,49 @@ def test_upstream_examples_are_reported_as_problems(name):
     reasons = [p["reason"] for f in frames for p in f["problems"]]
     assert reasons, f"erratum {erratum}: upstream bytes of {name} should be reported"
     assert any(expected in r for r in reasons), (erratum, reasons)
+    for f in frames:  # a frame with a header shows its body decoded, or says why it cannot
+        assert "opcode" not in f or "decoded" in f or any(
+            "cannot be decoded" in p["reason"] or p["status"] == "UNKNOWN_COMMAND" for p in f["problems"]), f
+
+
+@pytest.mark.parametrize("name", ["stream-request OK response", "failover-log response"])
+def test_a_flagged_frame_shows_its_decoded_body_beside_its_problems(name):
+    """The failover log the pages print is not newest-first (erratum 16): the frame is flagged, and
+    the entries are still shown, in the order the bytes hold them, as a dissector shows them."""
+    hex_, _, _ = UPSTREAM_EXAMPLES[name]
+    code, frames, err = run_inspect(hex_)
+    assert code == 0, err
+    (f,) = frames
+    entries = f["decoded"]["failover_log" if f["opcode_name"] == "DCP_STREAM_REQ" else "entries"]
+    assert entries == [list(e) for e in FAILOVER_LOG_AS_PRINTED]
+    assert f["decoded"]["status"] == "SUCCESS"
+    assert [p["reason"] for p in f["problems"]] == [
+        "failover log is not newest-first: seqnos [21554, 20197908, 4, 25892] increase (erratum 16)"]
+    code, _, _ = run_inspect(hex_, "--strict")
+    assert code == 1
+
+
+def test_a_body_that_cannot_be_decoded_has_only_its_problems():
+    """A stream-request OK response whose failover log is 20 bytes (not N x 16) has no entries to
+    show: no `decoded`, the broken rule, and a problem saying the body cannot be decoded."""
+    ok = dcp.DcpStreamRequestResponse(Status.SUCCESS, ((0xABC, 7),), opaque=9).encode()
+    frame = ok[:8] + (20).to_bytes(4, "big") + ok[12:] + bytes(4)
+    (f,) = inspect_bytes(frame)
+    assert "decoded" not in f
+    assert f["opcode_name"] == "DCP_STREAM_REQ" and f["value"] == {"hex": ok[24:].hex() + "00000000"}
+    assert f["problems"] == [
+        {"status": "EINVAL", "reason": "failover log value must be N x 16 bytes; got 20 (failover-log.md)"},
+        {"status": "EINVAL", "reason": "the body cannot be decoded as a DCP_STREAM_REQ response: failover log "
+                                       "must be a multiple of 16 bytes; got 20"}]
+
+
+@FUZZ
+@given(near_valid_frames())
+def test_inspect_describes_any_near_valid_input_without_raising(data):
+    """Decoding past the rules (`rules.lenient`) reads bodies that no rule vetted: whatever they
+    hold, each frame comes out decoded or with a problem saying why not."""
+    for f in inspect_bytes(data):
+        assert "decoded" in f or f["problems"] or "opcode" not in f, f
 
 
 def test_flags_are_spelled_as_the_reference_spells_them():

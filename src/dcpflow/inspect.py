@@ -1,12 +1,15 @@
 """`dcpflow inspect`: decode hex dumps of protocol traffic into one JSON object per frame.
 
 For a person debugging a DCP stream: every header field by name, the typed body with flags spelled
-as the reference spells them, and a `problems` list naming each rule a frame breaks. Input copied
-from a page or a packet capture is often slightly wrong (the upstream examples are: see the errata
-list), so framing is lenient: when the declared body length does not lead to a plausible next
-frame (its parts do not fit in it, or a full-size non-header follows), the frame is taken to run to
-the next plausible header (or the end), and the mismatch is reported as a problem rather than a
-crash. A tail too short for a header is reported on its own.
+as the reference spells them, and a `problems` list naming each rule a frame breaks. As in a
+dissector, a frame that breaks a rule still shows its body as the bytes read; only a body too short
+for its fields has none, and a problem says why.
+
+Input copied from a page or a packet capture is often slightly wrong (the upstream examples are:
+see the errata list), so framing is lenient: when the declared body length does not lead to a
+plausible next frame (its parts do not fit in it, or a full-size non-header follows), the frame is
+taken to run to the next plausible header (or the end), and the mismatch is reported as a problem
+rather than a crash. A tail too short for a header is reported on its own.
 """
 
 import json
@@ -243,16 +246,33 @@ def describe(chunk: bytes, offset: int = 0, framing_problems: list[str] | None =
         problems.append({"status": p.status.name if isinstance(p.status, Status) else p.status,
                          "reason": p.reason})
     if not any(p["status"] == "UNKNOWN_COMMAND" for p in problems):
-        try:
-            out["decoded"] = describe_message(decode_message(frame))
-        except ProtocolError as e:
-            if not problems:
-                problems.append({"status": e.status.name if isinstance(e.status, Status) else e.status,
-                                 "reason": e.reason})
-        except (ValueError, struct.error) as e:  # e.g. a JSON value that is not JSON
-            problems.append({"status": "EINVAL", "reason": f"cannot decode body: {e}"})
+        decoded, problem = _decode(frame)
+        if problem is None:
+            out["decoded"] = decoded
+        else:
+            problems.append(problem)
     out["problems"] = problems
     return out
+
+
+def _decode(frame: Frame) -> tuple[dict | None, dict | None]:
+    """(the typed message described, None), or (None, the problem that stopped the decoder).
+
+    The rules do not stop it (`rules.lenient`): a frame that breaks one still shows what its body
+    says beside its problems, as a dissector does. Only a body whose layout cannot be read at all
+    (a failover log of 20 bytes, extras too short for their fields) has no `decoded`, and its
+    problem says so."""
+    what = f"{rules.opcode_name(frame.opcode)} {'response' if frame.is_response else 'request'}"
+    try:
+        with rules.lenient():
+            return describe_message(decode_message(frame)), None
+    except ProtocolError as e:
+        if e.status == Status.UNKNOWN_COMMAND:  # a known opcode this package has no type for
+            return None, {"status": e.status.name, "reason": e.reason}
+        status = e.status.name if isinstance(e.status, Status) else e.status
+        return None, {"status": status, "reason": f"the body cannot be decoded as a {what}: {e.reason}"}
+    except (ValueError, struct.error, IndexError) as e:  # e.g. a JSON value that is not JSON
+        return None, {"status": "EINVAL", "reason": f"the body cannot be decoded as a {what}: {e}"}
 
 
 def inspect_bytes(data: bytes) -> list[dict]:

@@ -327,6 +327,24 @@ def test_stream_request_without_dcp_privilege_after_open(server, clients):
     assert c.stream_request(0).status == Status.EACCESS
 
 
+def test_stream_request_on_a_consumer_connection_disconnects(server, clients, writer):
+    """stream-request.md, "Disconnect: if this command is sent to a consumer endpoint": a
+    connection opened without the Producer flag is this server's consumer (it sends STREAM_REQ,
+    it does not answer one), so a STREAM_REQ from its peer ends the connection, and no stream
+    starts."""
+    fill(writer, 3, 2)
+    c = clients(user="Administrator", password="password", name="replication:peer", flags=0)
+    opaque = c.next_opaque()
+    c.send(dcp.DcpStreamRequest(3, 0, MAX, 0, 0, 0, opaque=opaque).encode())
+    assert c.is_closed(10)
+    answers = []
+    while (frame := c.decoder.next_frame()) is not None:
+        answers.append(frame)
+    assert not [f for f in answers if f.is_response and f.opcode == Opcode.DCP_STREAM_REQ
+                and f.status == Status.SUCCESS], answers
+    assert not [f for f in answers if not f.is_response and f.opcode == Opcode.DCP_MUTATION], answers
+
+
 def test_backfill_then_memory_marker_sequence(server, clients, writer):
     fill(writer, 2, 6)
     to_disk_only(server, 2)

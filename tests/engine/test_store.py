@@ -5,6 +5,7 @@ import sqlite3
 import pytest
 
 from dcpflow.engine import DeleteSource, FailoverTable, Item, Store, VBucketStateRecord
+from dcpflow.engine.store import SCHEMA_VERSION, StoreVersionError
 
 
 @pytest.fixture
@@ -323,3 +324,126 @@ def test_a_batch_of_any_size_is_written_whole(tmp_path, n):
             assert s._db.execute("SELECT count(*) FROM snapshots").fetchone()[0] == len(per_vb)
     finally:
         s.close()
+
+
+# -- the schema version (store.py docstring, "Schema version") ----------------------------------
+
+def user_version(path) -> int:
+    db = sqlite3.connect(path)
+    try:
+        return db.execute("PRAGMA user_version").fetchone()[0]
+    finally:
+        db.close()
+
+
+def set_user_version(path, version: int) -> None:
+    db = sqlite3.connect(path)
+    db.execute(f"PRAGMA user_version = {version}")
+    db.close()
+
+
+def file_state(path) -> tuple:
+    """The file's version, schema text and rows of every table: what a refused open must not change."""
+    db = sqlite3.connect(path)
+    try:
+        schema = db.execute("SELECT type, name, sql FROM sqlite_master ORDER BY name").fetchall()
+        tables = [name for kind, name, _ in schema if kind == "table"]
+        rows = {t: sorted(db.execute(f"SELECT * FROM {t}").fetchall()) for t in tables}
+        return db.execute("PRAGMA user_version").fetchone()[0], schema, rows
+    finally:
+        db.close()
+
+
+def a_store_with_a_document(path) -> None:
+    s = Store(path, synchronous="NORMAL")
+    s.save_vbucket_states([VBucketStateRecord(0, 1, FailoverTable([(1, 0)]).to_json(), 1, 1, 1)])
+    s.write([(0, [Item(b"k", b"v", cas=7, by_seqno=1)])])
+    s.close()
+
+
+def test_a_new_store_is_schema_version_1(tmp_path):
+    assert SCHEMA_VERSION == 1
+    s = Store(tmp_path / "s.sqlite3", synchronous="NORMAL")
+    s.close()
+    assert user_version(tmp_path / "s.sqlite3") == SCHEMA_VERSION
+    again = Store(tmp_path / "s.sqlite3", synchronous="NORMAL")
+    again.close()
+    assert user_version(tmp_path / "s.sqlite3") == SCHEMA_VERSION
+
+
+@pytest.mark.parametrize("version", [2, 7, -1])
+def test_a_store_of_another_version_is_refused_and_left_unchanged(tmp_path, version):
+    path = tmp_path / "s.sqlite3"
+    a_store_with_a_document(path)
+    set_user_version(path, version)
+    before = file_state(path)
+    with pytest.raises(StoreVersionError, match=rf"has schema version {version}; this dcpflow reads schema "
+                                                rf"version 1 only") as e:
+        Store(path, synchronous="NORMAL")
+    assert ("a newer dcpflow wrote it" in str(e.value)) == (version > SCHEMA_VERSION)
+    assert isinstance(e.value, ValueError)  # `dcpflow server` reports it as "cannot start: ..."
+    assert file_state(path) == before
+
+
+def test_an_empty_file_of_a_newer_version_gets_no_tables(tmp_path):
+    path = tmp_path / "s.sqlite3"
+    set_user_version(path, 2)
+    with pytest.raises(StoreVersionError, match="schema version 2"):
+        Store(path, synchronous="NORMAL")
+    assert file_state(path) == (2, [], {})
+
+
+def test_an_unversioned_store_laid_out_as_version_1_is_stamped_and_keeps_its_data(tmp_path):
+    """dcpflow stamped no version before this one; a store it wrote has version 1's layout."""
+    path = tmp_path / "s.sqlite3"
+    a_store_with_a_document(path)
+    set_user_version(path, 0)
+    s = Store(path, synchronous="NORMAL")
+    try:
+        assert user_version(path) == SCHEMA_VERSION
+        got = s.get(0, b"k")
+        assert (got.value, got.cas, got.by_seqno) == (b"v", 7, 1)
+        assert s.load_vbucket_states()[0].high_seqno == 1
+    finally:
+        s.close()
+
+
+def _unclustered(db) -> None:
+    """items with rowids in insertion order and a (vb, seqno) index, as before clustering by seqno."""
+    db.execute("DROP TABLE items")
+    db.execute("""CREATE TABLE items (
+        vb INTEGER NOT NULL, key BLOB NOT NULL, seqno INTEGER NOT NULL, rev_seqno INTEGER NOT NULL,
+        cas INTEGER NOT NULL, flags INTEGER NOT NULL, expiry INTEGER NOT NULL, datatype INTEGER NOT NULL,
+        deleted INTEGER NOT NULL, delete_time INTEGER NOT NULL, delete_source INTEGER NOT NULL,
+        value BLOB NOT NULL, dcp BLOB)""")
+    db.execute("CREATE UNIQUE INDEX items_by_key ON items (vb, key)")
+    db.execute("CREATE UNIQUE INDEX items_by_seqno ON items (vb, seqno)")
+
+
+def _without_messages(db) -> None:
+    """no `dcp` column (nor the partial index on it), as before whole messages were stored."""
+    db.execute("DROP INDEX items_unencoded_by_id")
+    db.execute("ALTER TABLE items DROP COLUMN dcp")
+
+
+@pytest.mark.parametrize("older", [
+    pytest.param(lambda db: db.execute("DROP TABLE runs"), id="no runs"),
+    pytest.param(lambda db: db.execute("DROP TRIGGER items_insert_drops_run"), id="runs without their triggers"),
+    pytest.param(_without_messages, id="values apart from messages"),
+    pytest.param(lambda db: db.execute("ALTER TABLE items ADD COLUMN dcp_h1 BLOB"), id="head in three columns"),
+    pytest.param(_unclustered, id="items not clustered by seqno"),
+    pytest.param(lambda db: db.execute("CREATE TABLE other (x)"), id="a table of someone else's"),
+])
+def test_an_unversioned_store_of_an_unreleased_layout_is_refused_and_left_unchanged(tmp_path, older):
+    path = tmp_path / "s.sqlite3"
+    a_store_with_a_document(path)
+    db = sqlite3.connect(path)
+    older(db)
+    db.execute("PRAGMA user_version = 0")
+    db.commit()
+    db.close()
+    before = file_state(path)
+    with pytest.raises(StoreVersionError, match="has no schema version and is not laid out as schema version 1, "
+                                                "the only one this dcpflow reads"):
+        Store(path, synchronous="NORMAL")
+    assert file_state(path) == before

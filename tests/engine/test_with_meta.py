@@ -5,6 +5,7 @@ import pytest
 
 from dcpflow.engine import DeleteSource, EngineError, VBucketState
 from dcpflow.engine import WithMetaOption as Opt
+from dcpflow.engine.expiry import RELATIVE_EXPIRY_LIMIT
 from dcpflow.engine.vbucket import MAX_META_CAS, MAX_REV_SEQNO
 from dcpflow.protocol.status import Status
 
@@ -37,6 +38,18 @@ def test_set_with_meta_stores_the_given_metadata(vb):
     assert stored is item
     assert (stored.cas, stored.rev_seqno, stored.flags, stored.expiry, stored.datatype, stored.by_seqno) == (
         REMOTE_CAS, 42, 7, 2_000_000_000, 1, 1)
+
+
+@pytest.mark.parametrize("expiry", [1, 86_400, RELATIVE_EXPIRY_LIMIT])
+@pytest.mark.parametrize("fn", ["set_with_meta", "add_with_meta"])
+def test_with_meta_expiry_is_absolute_even_when_small(vb, fn, expiry):
+    """set_with_meta.md, Extras: "Expiration: Encoded as seconds since unix epoch. Does not support
+    'relative' expiration." A value a plain SET's exptime would read as relative (30 days or
+    less) is kept as given: a moment of 1970, so the document is already expired."""
+    item = getattr(vb, fn)(b"k", b"v", cas=REMOTE_CAS, rev_seqno=1, expiry=expiry)
+    assert item.expiry == expiry
+    assert status_of(vb.get, b"k") == Status.KEY_ENOENT
+    assert vb.get_meta(b"k").deleted and vb.get_meta(b"k").delete_source == DeleteSource.TTL
 
 
 def test_accepted_cas_keeps_local_cas_above_it(vb):

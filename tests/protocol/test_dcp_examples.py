@@ -322,6 +322,21 @@ def test_erratum_16_failover_log_must_be_newest_first(name):
     assert (msg.failover_log if isinstance(msg, DcpStreamRequestResponse) else msg.entries) == FAILOVER_LOG
 
 
+@pytest.mark.parametrize("name", ["stream-request OK response", "failover-log response"])
+def test_a_lenient_decode_reads_the_printed_failover_log_and_strictness_returns_after(name):
+    """For a dissector (dcpflow inspect): inside rules.lenient() a decoder reads a body that breaks
+    a rule, here the log as printed; outside it the rule refuses it again."""
+    frame = one_frame(upstream(name))
+    with rules.lenient():
+        msg = decode_dcp(frame)
+    assert (msg.failover_log if isinstance(msg, DcpStreamRequestResponse) else msg.entries) == \
+        FAILOVER_LOG_AS_PRINTED
+    with pytest.raises(ProtocolError, match="newest-first"):
+        decode_dcp(frame)
+    with pytest.raises(ProtocolError, match="multiple of 16"), rules.lenient():
+        decode_dcp(one_frame(response(frame.opcode, value=upstream(name)[24:44])))  # no layout to read
+
+
 def test_erratum_16_equal_seqnos_are_still_newest_first():
     msg = FailoverLogResponse(((3, 10), (2, 10), (1, 0)), opaque=1)
     assert rules.problems(one_frame(msg.encode())) == []

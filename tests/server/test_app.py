@@ -161,6 +161,23 @@ def test_cli_refuses_a_bucket_created_with_other_settings(tmp_path, spawn_server
     assert again.terminate() == 0
 
 
+def test_cli_refuses_a_store_of_a_newer_schema_version(tmp_path, spawn_server):
+    """A bucket's store written by a newer dcpflow (store.py, "Schema version"): the server does
+    not start, says which versions, and leaves the file as it was."""
+    first = spawn_server("--data-dir", str(tmp_path), "--vbuckets", "8")
+    assert first.terminate() == 0
+    path = tmp_path / "default" / "store.sqlite3"
+    db = sqlite3.connect(path)
+    db.execute("PRAGMA user_version = 2")
+    db.close()
+    with pytest.raises(AssertionError, match=r"cannot start: store .*store.sqlite3 has schema version 2; "
+                                             r"this dcpflow reads schema version 1 only"):
+        ServerProcess(["--data-dir", str(tmp_path)])
+    db = sqlite3.connect(path)
+    assert db.execute("PRAGMA user_version").fetchone() == (2,)
+    db.close()
+
+
 def test_cli_port_in_use_fails_before_creating_buckets(tmp_path):
     """A start that cannot bind exits 1 without leaving a bucket behind, which would otherwise fix
     its settings (e.g. 1024 vbuckets) before the start that was meant to create it."""

@@ -5,6 +5,7 @@ import struct
 
 import pytest
 
+from dcpflow.engine.expiry import RELATIVE_EXPIRY_LIMIT
 from dcpflow.protocol.datatype import join_xattrs
 from dcpflow.protocol.hello import Feature
 from dcpflow.protocol.meta import DelWithMeta, GetMeta, GetMetaResponse, SetWithMeta, WithMetaOption
@@ -52,6 +53,23 @@ def test_set_with_meta_stores_the_metadata_and_get_meta_reads_it(xdcr):
         0, 7, 2_000_000_000, 42, REMOTE_CAS, 1)
     assert get_meta(xdcr, b"m", version=None).datatype is None
     assert xdcr.get(b"m").value == b'{"x":1}'
+
+
+@pytest.mark.parametrize("opcode", [Opcode.SET_WITH_META, Opcode.ADD_WITH_META], ids=lambda op: op.name)
+def test_with_meta_expiration_is_absolute_even_when_small(server, xdcr, opcode):
+    """set_with_meta.md, Extras: "Expiration: Encoded as seconds since unix epoch. Does not support
+    'relative' expiration." A plain SET reads an exptime of up to 30 days as relative to now; the
+    same number in a *WithMeta write is a moment of January 1970, long past: the document is
+    stored already expired, so GET misses it and GET_META finds its expiration's tombstone."""
+    with server.login() as admin:
+        assert admin.set(b"plain", b"v", expiry=RELATIVE_EXPIRY_LIMIT).status == Status.SUCCESS
+        assert admin.get(b"plain").status == Status.SUCCESS  # relative: 30 days from now
+    for i, expiration in enumerate((RELATIVE_EXPIRY_LIMIT, 86_400, 1)):
+        key = b"exp%d-%x" % (i, opcode)
+        reply = swm(xdcr, key, expiration=expiration, rev_seqno=1, meta_cas=REMOTE_CAS, opcode=opcode)
+        assert reply.status == Status.SUCCESS, expiration
+        assert xdcr.get(key).status == Status.KEY_ENOENT, expiration
+        assert get_meta(xdcr, key).deleted == 1, expiration
 
 
 def test_conflict_resolution_on_rev_seqno_bucket(xdcr):

@@ -43,8 +43,7 @@ column - the value is the message's tail, so `value` is left empty (reads take i
 range - no expression per row, the GIL released, on another core, no Python object per item - and
 `stamp_mutations` (one C pass, also without the GIL) writes the stream's opaque and, for a
 collection-aware stream, the key prefix. Rows without it (tombstones, xattrs, large values) are
-found through a partial index and read as rows; a store written before this column existed (no
-encoding, or the earlier head-in-three-columns one) is converted when it is opened.
+found through a partial index and read as rows.
 
 Runs: a backfill that reads a row per document spends ~0.33 us of SQLite per 100-byte document
 (the B-tree walk, a record decode and an append per row), more than the loopback socket costs for
@@ -53,10 +52,18 @@ in one query: the bytes kept twice (the row's `dcp` and the run) buy a read that
 The flusher cuts them as it writes (`_cut_runs`): a run ends when it reaches `run_bytes`, or just
 before a row that is not a plain mutation; what is left over at the vbucket's end waits for more
 writes or for `seal_runs` (the server calls it when the flusher is idle, a clean close does,
-and opening a store seals what an earlier process left, which also builds the runs of a store
-written before they existed). A run is a cache of the rows, never the truth: the statement that
-builds one checks that every row in its range is encoded (`_BUILD_RUN`), and triggers in the file
-drop a run when any row in its range changes, whoever changes it (`_RUN_TRIGGERS`).
+and opening a store seals what an earlier process left). A run is a cache of the rows, never the
+truth: the statement that builds one checks that every row in its range is encoded (`_BUILD_RUN`),
+and triggers in the file drop a run when any row in its range changes, whoever changes it
+(`_RUN_TRIGGERS`).
+
+Schema version: the file's layout is numbered in SQLite's `user_version` header field
+(SCHEMA_VERSION, 1 today), written in the transaction that creates the tables. A store of another
+version is refused with a StoreVersionError naming both versions, and left unchanged: a later
+layout is converted by a step from one version to the next, at open. A file without a version
+(user_version 0) that is laid out exactly as version 1 was written by dcpflow before the version
+was stamped, and is stamped 1; the layouts of development builds before it (values apart from
+their messages, items not clustered by seqno, no runs) were never released and are refused.
 
 CAS and rev seqno are u64 on the wire but SQLite integers are signed 64-bit, so they are stored
 two's-complement and converted back on read.
@@ -65,6 +72,7 @@ Threading: all methods may be called from any thread; one lock serialises the wr
 connection. Scans open their own connection (`BackfillScan`), so a backfill never blocks a flush.
 """
 
+import functools
 import sqlite3
 import threading
 from collections.abc import Iterable, Iterator, Sequence
@@ -74,41 +82,8 @@ from pathlib import Path
 from dcpflow.protocol.dcp import MUTATION_HEAD, encode_mutations_py, mutations_upto, stamp_mutations
 from dcpflow.protocol.frame import compiled
 
-from .item import DATATYPE_XATTR, DeleteSource, Item
+from .item import DeleteSource, Item
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS vbucket_state (
-    vb INTEGER PRIMARY KEY,
-    state INTEGER NOT NULL,
-    failover_log TEXT NOT NULL,
-    high_seqno INTEGER NOT NULL,
-    snap_start INTEGER NOT NULL,
-    snap_end INTEGER NOT NULL,
-    purge_seqno INTEGER NOT NULL,
-    max_cas INTEGER NOT NULL,
-    max_visible_seqno INTEGER NOT NULL,
-    max_deleted_rev_seqno INTEGER NOT NULL,
-    history_floor INTEGER NOT NULL DEFAULT 0
-);
-CREATE TABLE IF NOT EXISTS items (%s);
-CREATE TABLE IF NOT EXISTS history (
-    vb INTEGER NOT NULL, key BLOB NOT NULL, seqno INTEGER NOT NULL, rev_seqno INTEGER NOT NULL,
-    cas INTEGER NOT NULL, flags INTEGER NOT NULL, expiry INTEGER NOT NULL, datatype INTEGER NOT NULL,
-    deleted INTEGER NOT NULL, delete_time INTEGER NOT NULL, delete_source INTEGER NOT NULL,
-    value BLOB NOT NULL, superseded_by INTEGER NOT NULL
-);
-CREATE UNIQUE INDEX IF NOT EXISTS history_by_key ON history (vb, key, seqno);
-CREATE TABLE IF NOT EXISTS snapshots (
-    vb INTEGER NOT NULL, snap_start INTEGER NOT NULL, snap_end INTEGER NOT NULL,
-    PRIMARY KEY (vb, snap_start, snap_end)
-) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS history_by_superseded ON history (vb, superseded_by);
-CREATE TABLE IF NOT EXISTS runs (
-    id INTEGER PRIMARY KEY, hi INTEGER NOT NULL, count INTEGER NOT NULL, last INTEGER NOT NULL,
-    data BLOB NOT NULL
-);
-"""
 #: The items table's rowid `id` is vb << SEQNO_BITS | seqno (the module docstring): a 48-bit seqno
 #: leaves room for the vbucket above it.
 SEQNO_BITS = 48
@@ -120,7 +95,40 @@ _ITEMS_TABLE = f"""
     datatype INTEGER NOT NULL, deleted INTEGER NOT NULL, delete_time INTEGER NOT NULL,
     delete_source INTEGER NOT NULL, value BLOB NOT NULL, dcp BLOB
 """
-_SCHEMA %= _ITEMS_TABLE
+#: The tables of schema version 1 (with `_ITEM_INDEXES` and `_RUN_TRIGGERS`: `_SCHEMA_V1`).
+_TABLES = (
+    "CREATE TABLE meta (name TEXT PRIMARY KEY, value TEXT NOT NULL)",
+    """CREATE TABLE vbucket_state (
+    vb INTEGER PRIMARY KEY,
+    state INTEGER NOT NULL,
+    failover_log TEXT NOT NULL,
+    high_seqno INTEGER NOT NULL,
+    snap_start INTEGER NOT NULL,
+    snap_end INTEGER NOT NULL,
+    purge_seqno INTEGER NOT NULL,
+    max_cas INTEGER NOT NULL,
+    max_visible_seqno INTEGER NOT NULL,
+    max_deleted_rev_seqno INTEGER NOT NULL,
+    history_floor INTEGER NOT NULL DEFAULT 0
+)""",
+    f"CREATE TABLE items ({_ITEMS_TABLE})",
+    """CREATE TABLE history (
+    vb INTEGER NOT NULL, key BLOB NOT NULL, seqno INTEGER NOT NULL, rev_seqno INTEGER NOT NULL,
+    cas INTEGER NOT NULL, flags INTEGER NOT NULL, expiry INTEGER NOT NULL, datatype INTEGER NOT NULL,
+    deleted INTEGER NOT NULL, delete_time INTEGER NOT NULL, delete_source INTEGER NOT NULL,
+    value BLOB NOT NULL, superseded_by INTEGER NOT NULL
+)""",
+    "CREATE UNIQUE INDEX history_by_key ON history (vb, key, seqno)",
+    """CREATE TABLE snapshots (
+    vb INTEGER NOT NULL, snap_start INTEGER NOT NULL, snap_end INTEGER NOT NULL,
+    PRIMARY KEY (vb, snap_start, snap_end)
+) WITHOUT ROWID""",
+    "CREATE INDEX history_by_superseded ON history (vb, superseded_by)",
+    """CREATE TABLE runs (
+    id INTEGER PRIMARY KEY, hi INTEGER NOT NULL, count INTEGER NOT NULL, last INTEGER NOT NULL,
+    data BLOB NOT NULL
+)""",
+)
 
 
 def _rowid(vb: int, seqno: int) -> int:
@@ -134,8 +142,8 @@ def _vb_rowids(vb: int) -> tuple[int, int]:
 
 #: The by-key index, and the partial index through which a backfill finds the rows it must read as
 #: rows (tombstones, xattrs, large values) in O(log n).
-_ITEM_INDEXES = ("CREATE UNIQUE INDEX IF NOT EXISTS items_by_key ON items (vb, key)",
-                 "CREATE INDEX IF NOT EXISTS items_unencoded_by_id ON items (id) WHERE dcp IS NULL")
+_ITEM_INDEXES = ("CREATE UNIQUE INDEX items_by_key ON items (vb, key)",
+                 "CREATE INDEX items_unencoded_by_id ON items (id) WHERE dcp IS NULL")
 
 _COLS = "vb, key, seqno, rev_seqno, cas, flags, expiry, datatype, deleted, delete_time, delete_source, value"
 
@@ -149,9 +157,6 @@ def _value_of(row: str = "") -> str:
 
 _VALUE = _value_of()
 _ITEM_COLS = f"key, seqno, rev_seqno, cas, flags, expiry, datatype, deleted, delete_time, delete_source, {_VALUE}"
-#: The columns of the encoding before this one (three slices of the head, the value apart): a store
-#: that has them is converted when opened (`_encode_rows`).
-_OLD_ENCODED_COLUMNS = ("dcp_h1", "dcp_h1c", "dcp_h2c")
 # Range queries by seqno take rowids: (_rowid(vb, start), _rowid(vb, end)].
 _NEXT_UNENCODED = ("SELECT seqno FROM items INDEXED BY items_unencoded_by_id WHERE id > ? AND id <= ? "
                    "AND dcp IS NULL ORDER BY id LIMIT 1")
@@ -197,14 +202,50 @@ def _drop_run_at(row: str) -> str:
 #: Any change to a row takes the run around it with it: a version moved to a newer seqno (the
 #: flusher's upsert), a row deleted (purge, rollback) or inserted inside a run's range (a version a
 #: rollback restores). In the file, not TEMP: every writer keeps runs true, an older dcpflow or a
-#: repair by hand included. Created after the conversions at open (`_cluster_rows` replaces the
-#: table, and with it its triggers).
+#: repair by hand included.
 _RUN_TRIGGERS = (
-    f"CREATE TRIGGER IF NOT EXISTS items_update_drops_run AFTER UPDATE ON items BEGIN "
+    f"CREATE TRIGGER items_update_drops_run AFTER UPDATE ON items BEGIN "
     f"{_drop_run_at('OLD')} {_drop_run_at('NEW')} END",
-    f"CREATE TRIGGER IF NOT EXISTS items_delete_drops_run AFTER DELETE ON items BEGIN {_drop_run_at('OLD')} END",
-    f"CREATE TRIGGER IF NOT EXISTS items_insert_drops_run AFTER INSERT ON items BEGIN {_drop_run_at('NEW')} END",
+    f"CREATE TRIGGER items_delete_drops_run AFTER DELETE ON items BEGIN {_drop_run_at('OLD')} END",
+    f"CREATE TRIGGER items_insert_drops_run AFTER INSERT ON items BEGIN {_drop_run_at('NEW')} END",
 )
+
+#: The version of the file's layout, in SQLite's `user_version` (module docstring, "Schema
+#: version"), and what a store of that version holds.
+SCHEMA_VERSION = 1
+_SCHEMA_V1 = (*_TABLES, *_ITEM_INDEXES, *_RUN_TRIGGERS)
+
+
+class StoreVersionError(ValueError):
+    """The file is not a store of the schema version this dcpflow reads; it was left unchanged."""
+
+
+def _layout(db: sqlite3.Connection) -> frozenset:
+    """What a store's file holds, to compare with version 1's: each table's columns (name, type,
+    NOT NULL, default, primary key), each index's columns and each trigger, by name."""
+    out: set[tuple] = set()
+    for kind, name, table in db.execute("SELECT type, name, tbl_name FROM main.sqlite_master "
+                                        "WHERE name NOT LIKE 'sqlite%'"):
+        out.add((kind, name, table))
+        if kind == "table":
+            out.update(("column", name, *c[1:]) for c in db.execute("SELECT * FROM pragma_table_info(?)", (name,)))
+        elif kind == "index":
+            out.add(("index columns", name, tuple(c[2] for c in db.execute(
+                "SELECT * FROM pragma_index_info(?) ORDER BY seqno", (name,)))))
+    return frozenset(out)
+
+
+@functools.cache
+def _layout_v1() -> frozenset:
+    db = sqlite3.connect(":memory:")
+    try:
+        for sql in _SCHEMA_V1:
+            db.execute(sql)
+        return _layout(db)
+    finally:
+        db.close()
+
+
 #: The run at a scan's position (?1, a rowid) and the next one before ?2 (the scan's last rowid): one
 #: query, whose blob is read only when the run starts exactly there (the scan cuts a run that goes
 #: past ?2 with `mutations_upto`).
@@ -408,20 +449,15 @@ class Store:
         self._keep_history = keep_history
         self._lock = threading.RLock()
         self._db = _connect(self.path, self.synchronous)
+        try:
+            self._open_schema()
+        except BaseException:
+            self._db.close()
+            raise
         self._db.execute(f"PRAGMA cache_size=-{WRITER_CACHE_KIB}")
-        self._db.executescript(_SCHEMA)
-        have = {r[1] for r in self._db.execute("PRAGMA table_info(items)")}
-        if "dcp" not in have:
-            self._encode_rows(have)
-        if "id" not in have:
-            self._cluster_rows()
-        for sql in _ITEM_INDEXES:
-            self._db.execute(sql)
         if keep_history:
             self._db.execute(_HISTORY_TRIGGER)
-        for sql in _RUN_TRIGGERS:
-            self._db.execute(sql)
-        self.seal_runs(every=True)  # what an earlier process left unsealed, or a store without runs
+        self.seal_runs(every=True)  # what an earlier process left unsealed
         self._readers = _ReaderPool(self.path)
 
     @property
@@ -429,36 +465,28 @@ class Store:
         """Fixed when the store is opened: the history trigger exists on the writer connection or not."""
         return self._keep_history
 
-    def _encode_rows(self, have: set[str]) -> None:
-        """A store written before the `dcp` column: add it and move its plain mutations into it
-        (once, at open, in one transaction: about 7 s per million documents), so its backfills
-        take the fast path too; the columns of the older encoding, if any, are emptied."""
-        old = [c for c in _OLD_ENCODED_COLUMNS if c in have]
-        clear = "".join(f", {c} = NULL" for c in old)
+    def _open_schema(self) -> None:
+        """Create schema version 1 in an empty file, or check the file's version (module
+        docstring, "Schema version"), in one transaction: a refused file is left as it was, and a
+        crash while creating leaves an empty file, not half a schema."""
         with self._txn() as db:
-            db.execute("ALTER TABLE items ADD COLUMN dcp BLOB")
-            db.execute("DROP INDEX IF EXISTS items_unencoded")
-            last = -1 << 63
-            while page := db.execute(f"SELECT rowid, {_COLS} FROM items WHERE rowid > ? AND deleted = 0 "
-                                     "AND datatype & ? = 0 AND length(value) < ? ORDER BY rowid LIMIT 10000",
-                                     (last, DATATYPE_XATTR, ENCODED_VALUE_LIMIT)).fetchall():
-                db.executemany(f"UPDATE items SET value = ?, dcp = ?{clear} WHERE rowid = ?",
-                               [(*_encoded_row(r[1], _item(r[2:]))[11:], r[0]) for r in page])
-                last = page[-1][0]
-            if old:
-                db.execute(f"UPDATE items SET {clear[2:]} WHERE {' OR '.join(c + ' IS NOT NULL' for c in old)}")
-
-    def _cluster_rows(self) -> None:
-        """A store written before items were clustered by seqno: copy them into the clustered
-        table in rowid order (once, at open, in one transaction: a few seconds per million
-        documents); the old table goes with its (vb, seqno) index."""
-        cols = f"{_COLS}, dcp"
-        with self._txn() as db:
-            db.execute(f"CREATE TABLE items_clustered ({_ITEMS_TABLE})")
-            db.execute(f"INSERT INTO items_clustered (id, {cols}) SELECT vb << {SEQNO_BITS} | seqno, {cols} FROM items "
-                       "ORDER BY vb, seqno")
-            db.execute("DROP TABLE items")
-            db.execute("ALTER TABLE items_clustered RENAME TO items")
+            version = db.execute("PRAGMA user_version").fetchone()[0]
+            if version == SCHEMA_VERSION:
+                return
+            if version != 0:
+                newer = " (a newer dcpflow wrote it: open it with that one)" if version > SCHEMA_VERSION else ""
+                raise StoreVersionError(f"store {self.path} has schema version {version}; this dcpflow reads "
+                                        f"schema version {SCHEMA_VERSION} only{newer}")
+            layout = _layout(db)
+            if not layout:
+                for sql in _SCHEMA_V1:
+                    db.execute(sql)
+            elif layout != _layout_v1():
+                raise StoreVersionError(
+                    f"store {self.path} has no schema version and is not laid out as schema version "
+                    f"{SCHEMA_VERSION}, the only one this dcpflow reads: it was written by an unreleased "
+                    "development build (or is not a dcpflow store); move it aside to start the bucket empty")
+            db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
     def close(self) -> None:
         self._readers.close()
@@ -541,7 +569,8 @@ class Store:
     def seal_runs(self, *, every: bool = False) -> int:
         """Make a run of each vbucket's leftover rows of at least run_min_bytes (the flusher is
         idle, or the store closes); `every`: of every vbucket with persisted state, looking at
-        its rows first if this store has not yet (at open). Returns how many runs were built."""
+        its rows first if this store has not yet (at open: what an earlier process left).
+        Returns how many runs were built."""
         with self._lock:
             if every:
                 vbs = [r[0] for r in self._db.execute("SELECT vb FROM vbucket_state")]

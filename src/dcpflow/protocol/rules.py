@@ -3,10 +3,13 @@
 Every page opens with a list like "Must have extras / Must not have key / May have value". A `Shape`
 restates that list; `problems(frame)` returns every rule a frame breaks as a ProtocolError that
 carries the status a server must answer (EINVAL unless the page says otherwise) and a reason.
-Decoders call `check(frame)`, `dcpflow inspect` lists `problems(frame)`: one place for the rules.
+Decoders call `check(frame)`; `dcpflow inspect` lists `problems(frame)` and decodes inside `lenient()`,
+so it shows a body beside the rules it breaks: one place for the rules.
 """
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import NamedTuple
 
 from .errors import ProtocolError
@@ -113,10 +116,28 @@ def problems(frame: Frame) -> list[ProtocolError]:
     return out
 
 
+#: False inside `lenient()`: decoders then read a body whatever rules it breaks.
+_strict: ContextVar[bool] = ContextVar("dcpflow_rules_strict", default=True)
+
+
+@contextmanager
+def lenient() -> Iterator[None]:
+    """Within this block `check` raises nothing, so a decoder reads a body that breaks a rule
+    (a failover log that is not newest-first, a value where none belongs) instead of refusing it:
+    for a dissector (`dcpflow inspect`), which lists `problems(frame)` itself and still shows what
+    the body says. A body whose layout cannot be read at all still raises from the decoder."""
+    token = _strict.set(False)
+    try:
+        yield
+    finally:
+        _strict.reset(token)
+
+
 def check(frame: Frame) -> None:
-    """Raise the first problem of this frame, with the frame's opcode and opaque attached."""
+    """Raise the first problem of this frame, with the frame's opcode and opaque attached (nothing
+    inside `lenient()`)."""
     found = problems(frame)
-    if found:
+    if found and _strict.get():
         err = found[0]
         err.opcode, err.opaque, err.magic = frame.opcode, frame.opaque, frame.magic
         raise err
