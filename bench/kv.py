@@ -140,7 +140,7 @@ class Target:
 
 def measure(targets: dict[str, Target], args) -> dict[str, dict[str, float]]:
     """Best of `repeat` rounds; within a round the servers take turns phase by phase, so a slow
-    spell of this shared machine hits both sides of the ratio rather than one. Each phase starts
+    spell of this busy machine hits both sides of the ratio rather than one. Each phase starts
     once dcpflow has persisted what came before (unless --no-settle), so its flusher never runs
     beside the other server's phase either."""
     for _ in range(args.repeat):

@@ -1,6 +1,6 @@
 """Instructions per SET and GET on the server's request path, counted by valgrind (callgrind).
 
-Wall-clock figures on a shared 2-core VM move by a third between identical runs; instruction counts
+Wall-clock figures on a busy 2-core VM move by a third between identical runs; instruction counts
 do not, so this is the way to tell whether a change to the hot path helps. The workload runs in
 process: a `Server` with one `Connection` on a fake transport is fed pre-encoded windows of 64
 requests (as `bench/kv.py` sends them) over 2,000 keys (`--keys`). Each case runs twice under callgrind, with 1

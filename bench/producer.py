@@ -19,7 +19,7 @@ whenever a fifth of the flow-control buffer has arrived. Prints items/s,
 MB/s and the ratio producer/limit for each phase (target >= 0.5x).
 
     .venv/bin/python bench/producer.py                      # 1M docs, 100-byte values, 64 vbuckets
-    .venv/bin/python bench/producer.py --vbuckets 1024 --connections 2   # + a backfill shared by 2 connections
+    .venv/bin/python bench/producer.py --vbuckets 1024 --connections 2   # + a backfill split over 2 connections
     .venv/bin/python bench/producer.py --docs 200000 --value-size 1000
     .venv/bin/python bench/producer.py --smoke                  # seconds: 2,000 docs, 8 vbuckets, one round
 """
@@ -158,7 +158,7 @@ def backfill_phase(port: int, highs: dict[int, int], buffer_size: int, value_siz
 
 
 def concurrent_backfill(port: int, highs: dict[int, int], buffer_size: int, value_size: int, connections: int) -> str:
-    """The backfill again, its vbuckets shared among `connections` DCP connections drained at once
+    """The backfill again, its vbuckets split among `connections` DCP connections drained at once
     (one thread each: the consumers share this process's GIL, so watch the server CPU per item)."""
     shares = [dict(list(highs.items())[i::connections]) for i in range(connections)]
     results: list = []
@@ -328,7 +328,7 @@ def main() -> int:
             backfill = best(backfill_phase(port, dict(highs), args.buffer, args.value_size, r)
                             for r in range(args.repeat))
             ping = pinger.communicate(timeout=120)[0].split()
-            shared = (concurrent_backfill(port, dict(highs), args.buffer, args.value_size, args.connections)
+            split = (concurrent_backfill(port, dict(highs), args.buffer, args.value_size, args.connections)
                       if args.connections > 1 else None)
             memory = best(memory_phase(port, highs, args.docs, value, args.vbuckets, args.buffer, r,
                                        not args.no_wait_persist) for r in range(args.repeat))
@@ -342,8 +342,8 @@ def main() -> int:
           f"connection_buffer_size {args.buffer:,}, best of {args.repeat}")
     report("backfill", backfill[:3], back_limit)
     report("in-memory", memory[:3], mem_limit)
-    if shared:
-        print(shared)
+    if split:
+        print(split)
     if FLUSH_WAIT:
         print(f"  (in-memory: the drain started once the writes were persisted; waited {min(FLUSH_WAIT):.1f}-"
               f"{max(FLUSH_WAIT):.1f} s for the flusher - --no-wait-persist drains while it runs)")
