@@ -5,6 +5,7 @@ same bytes: no decoder in pure Python can do less per frame. The ratio decode/fl
 watch; absolute rates depend on the machine.
 
     python bench/codec.py [--frames 1000000] [--chunk 65536]
+    python bench/codec.py --smoke        # seconds: 2,000 mutations, one round
 """
 
 import argparse
@@ -104,7 +105,10 @@ def main(argv=None) -> int:
     ap.add_argument("--frames", type=int, default=1_000_000, help="mutations in the stream")
     ap.add_argument("--chunk", type=int, default=65536, help="bytes per feed() in the chunked decode")
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--smoke", action="store_true", help="a seconds-long run that checks the bench works")
     args = ap.parse_args(argv)
+    if args.smoke:
+        args.frames, args.repeat = 2_000, 1
 
     print(f"building {args.frames:,} mutations ...", file=sys.stderr)
     messages = make_messages(args.frames)

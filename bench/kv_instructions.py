@@ -1,9 +1,9 @@
 """Instructions per SET and GET on the server's request path, counted by valgrind (callgrind).
 
-Wall-clock figures on a shared 2-core VM move by a third between identical runs; instruction counts
+Wall-clock figures on a busy 2-core VM move by a third between identical runs; instruction counts
 do not, so this is the way to tell whether a change to the hot path helps. The workload runs in
 process: a `Server` with one `Connection` on a fake transport is fed pre-encoded windows of 64
-requests (as `bench/kv.py` sends them) over 2,000 keys. Each case runs twice under callgrind, with 1
+requests (as `bench/kv.py` sends them) over 2,000 keys (`--keys`). Each case runs twice under callgrind, with 1
 and with 4 passes over the keys; the difference divided by the extra operations is the per-operation
 count, free of start-up and import costs.
 
@@ -11,8 +11,14 @@ count, free of start-up and import costs.
     .venv/bin/python bench/kv_instructions.py --baseline /tmp/base/src  # and a baseline, same run
       (e.g. `git worktree add /tmp/base HEAD~1`; the ratio printed is this checkout / baseline)
     .venv/bin/python bench/kv_instructions.py --value 3fa2...          # SET another value (default x * 100)
+    .venv/bin/python bench/kv_instructions.py --smoke                  # seconds: 64 keys, SET, this checkout
 
 Needs valgrind (Debian: apt-get install valgrind). About a minute per case and source tree.
+
+--smoke checks that the bench works end to end: one 64-request window of keys, 16 vbuckets, this
+checkout only, SET only (each counted run spends ~15 s under valgrind starting Python). Where
+valgrind is not installed it runs the same workloads without counting and says so: the smoke runs
+in the test suite, which must not install system packages or depend on the network.
 """
 
 import argparse
@@ -48,7 +54,7 @@ class _Transport:
         pass
 
 
-def workload(mode: str, passes: int, value: bytes) -> None:
+def workload(mode: str, passes: int, value: bytes, nkeys: int, vbuckets: int, data_dir: str) -> None:
     """Run `passes` passes of `mode` requests through a Connection, then exit at once (no teardown
     to count)."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -64,16 +70,16 @@ def workload(mode: str, passes: int, value: bytes) -> None:
     connection.MAX_PASS_SECONDS = float("inf")
 
     async def main() -> None:
-        server = Server(ServerConfig(data_dir=tempfile.mkdtemp(prefix="dcpflow-icount-"), port=0,
-                                     plain_over_tcp=True, flush_interval=1000))
+        server = Server(ServerConfig(data_dir=data_dir, port=0, plain_over_tcp=True, flush_interval=1000,
+                                     num_vbuckets=vbuckets))
         await server.start()
         conn = Connection(server)
         conn.connection_made(_Transport())
         conn.data_received(request(Opcode.SASL_AUTH, key=b"PLAIN", value=b"\0Administrator\0password") +
                            request(Opcode.SELECT_BUCKET, key=b"default"))
-        keys = [b"bench-key-%08d" % i for i in range(KEYS)]
-        sets = kv.windows(Opcode.SET, keys, value, 64, 1024)
-        gets = kv.windows(Opcode.GET, keys, b"", 64, 1024)
+        keys = [b"bench-key-%08d" % i for i in range(nkeys)]
+        sets = kv.windows(Opcode.SET, keys, value, 64, vbuckets)
+        gets = kv.windows(Opcode.GET, keys, b"", 64, vbuckets)
         for data, _ in sets:  # every key exists before counting starts
             conn.data_received(data)
             await asyncio.sleep(0)
@@ -87,20 +93,38 @@ def workload(mode: str, passes: int, value: bytes) -> None:
     asyncio.run(main())
 
 
-def count(src: str, mode: str, passes: int, value: str) -> int:
+def child_command(mode: str, passes: int, args) -> list[str]:
+    """The workload's command line; its data dir is made (and removed) by the caller."""
+    return [sys.executable, __file__, "--child", mode, str(passes), "--value", args.value, "--keys", str(args.keys),
+            "--vbuckets", str(args.vbuckets)]
+
+
+def count(src: str, mode: str, passes: int, args) -> int:
     env = dict(os.environ, PYTHONPATH=src + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    out = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable,
-                          __file__, "--child", mode, str(passes), "--value", value], env=env, capture_output=True,
-                         text=True)
+    with tempfile.TemporaryDirectory(prefix="dcpflow-icount-") as tmp:
+        out = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null",
+                              *child_command(mode, passes, args), "--data-dir", tmp],
+                             env=env, capture_output=True, text=True)
     match = re.search(r"Collected : (\d+)", out.stderr)
     if not match:
         raise RuntimeError(f"callgrind gave no count for {mode} x{passes} ({src}):\n{out.stderr[-2000:]}")
     return int(match.group(1))
 
 
-def per_op(src: str, mode: str, value: str) -> float:
-    short, long = count(src, mode, SHORT, value), count(src, mode, LONG, value)
-    return (long - short) / ((LONG - SHORT) * KEYS)
+
+
+def smoke_without_valgrind(args) -> int:
+    """Run every case's workload as the counted runs would, without valgrind: the bench's code
+    still runs end to end, but nothing is counted."""
+    print("smoke: valgrind is not installed, so the workloads run without counting instructions "
+          "(apt-get install -y valgrind to count them)")
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    for mode in ("set", "get"):
+        for passes in (SHORT, LONG):
+            with tempfile.TemporaryDirectory(prefix="dcpflow-icount-") as tmp:
+                subprocess.run([*child_command(mode, passes, args), "--data-dir", tmp], env=env, check=True)
+        print(f"  {mode.upper()} workload: {args.keys} keys, {SHORT} and {LONG} passes ran")
+    return 0
 
 
 def main() -> int:
@@ -109,26 +133,42 @@ def main() -> int:
     p.add_argument("--value", default="x" * 100,
                    help="the SET value (default 100 x's); a value led by a digit, e, t, f or n takes the "
                         "JSON detection's longer path, e.g. --value 3f$(printf 'a%.0s' {1..98})")
+    p.add_argument("--keys", type=int, default=KEYS, help=f"keys per pass (default {KEYS})")
+    p.add_argument("--vbuckets", type=int, default=1024, help="vbuckets of the bucket (default 1024)")
+    p.add_argument("--data-dir", help=argparse.SUPPRESS)
+    p.add_argument("--smoke", action="store_true",
+                   help="a seconds-long run that checks the bench works (uncounted if valgrind is missing)")
     p.add_argument("--child", nargs=2, metavar=("MODE", "PASSES"), help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
-        workload(args.child[0], int(args.child[1]), args.value.encode())
+        workload(args.child[0], int(args.child[1]), args.value.encode(), args.keys, args.vbuckets, args.data_dir)
         return 0
+    modes = ("set", "get")
+    if args.smoke:
+        args.keys, args.vbuckets, args.baseline = 64, 16, None
+        modes = ("set",)
+        if shutil.which("valgrind") is None:
+            return smoke_without_valgrind(args)
     if shutil.which("valgrind") is None:
         print("valgrind is not installed: apt-get install -y valgrind", file=sys.stderr)
         return 2
     trees = {"this checkout": str(ROOT / "src")}
     if args.baseline:
         trees["baseline"] = str(Path(args.baseline).resolve())
-    cases = [(name, src, mode) for name, src in trees.items() for mode in ("set", "get")]
+    cases = [(name, src, mode) for name, src in trees.items() for mode in modes]
+    runs = [(src, mode, passes) for _, src, mode in cases for passes in (SHORT, LONG)]
     with ThreadPoolExecutor(2) as pool:  # callgrind is single-threaded: two at a time on two cores
-        results = dict(zip(cases, pool.map(lambda c: per_op(c[1], c[2], args.value), cases), strict=True))
-    print(f"instructions per operation (callgrind; {KEYS:,} keys, 64-request windows, "
+        counts = dict(zip(runs, pool.map(lambda r: count(*r, args), runs), strict=True))
+    # per operation: the extra passes' count over their operations, free of start-up and imports
+    results = {(name, src, mode): (counts[(src, mode, LONG)] - counts[(src, mode, SHORT)])
+               / ((LONG - SHORT) * args.keys) for name, src, mode in cases}
+    print(f"instructions per operation (callgrind; {args.keys:,} keys, {args.vbuckets} vbuckets, "
+          f"64-request windows, "
           f"{len(args.value.encode())}-byte values starting {args.value[:8]!r})")
     for (name, _, mode), n in results.items():
         print(f"  {name:14s} {mode.upper():4s} {n:>9,.0f}")
     if args.baseline:
-        for mode in ("set", "get"):
+        for mode in modes:
             mine = results[("this checkout", trees["this checkout"], mode)]
             base = results[("baseline", trees["baseline"], mode)]
             print(f"  {mode.upper()} this checkout / baseline = {mine / base:.3f}")

@@ -14,6 +14,7 @@ meets the flusher writing SQLite on the same cores. Two cases, each against a fr
 
     .venv/bin/python bench/kv_persist.py                 # both cases
     .venv/bin/python bench/kv_persist.py --case storm --seconds 15
+    .venv/bin/python bench/kv_persist.py --smoke        # seconds: 200 hot keys for 2 s, 2,000 documents
 """
 
 import argparse
@@ -47,13 +48,13 @@ def storm(args) -> None:
 
             def load() -> None:
                 while time.monotonic() < deadline:
-                    run_phase(writer, wins, 20_000, 2)
-                    done[0] += 20_000
+                    run_phase(writer, wins, args.chunk, 2)
+                    done[0] += args.chunk
 
             thread = threading.Thread(target=load)
             thread.start()
-            time.sleep(2)
-            sample = min(5.0, args.seconds - 3)
+            time.sleep(args.warmup)
+            sample = min(5.0, args.seconds - args.warmup - 1)
             p0, c0, d0 = int(observer.stats()[b"ep_total_persisted"]), thread_cpu_seconds(proc.pid), done[0]
             t0 = time.monotonic()
             time.sleep(sample)
@@ -96,8 +97,14 @@ def main() -> int:
     p.add_argument("--docs", type=int, default=300_000, help="load: unique documents (default 300000)")
     p.add_argument("--value-size", type=int, default=None, help="value bytes (default: storm 100, load 500)")
     p.add_argument("--vbuckets", type=int, default=1024)
+    p.add_argument("--smoke", action="store_true",
+                   help="a seconds-long run that checks the bench works: 200 keys for 2 s, 2,000 documents")
     args = p.parse_args()
-    if args.seconds < 4:
+    args.warmup, args.chunk = 2.0, 20_000  # storm: seconds before the sample; SETs per load step
+    if args.smoke:
+        args.keys, args.seconds, args.docs, args.vbuckets = 200, 2.0, 2_000, 64
+        args.warmup, args.chunk = 0.5, 1_000
+    elif args.seconds < 4:
         p.error("--seconds must be at least 4 (2 s of warm-up, then the sample)")
     size = args.value_size
     if args.case in ("storm", "both"):

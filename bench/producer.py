@@ -19,8 +19,9 @@ whenever a fifth of the flow-control buffer has arrived. Prints items/s,
 MB/s and the ratio producer/limit for each phase (target >= 0.5x).
 
     .venv/bin/python bench/producer.py                      # 1M docs, 100-byte values, 64 vbuckets
-    .venv/bin/python bench/producer.py --vbuckets 1024 --connections 2   # + a backfill shared by 2 connections
+    .venv/bin/python bench/producer.py --vbuckets 1024 --connections 2   # + a backfill split over 2 connections
     .venv/bin/python bench/producer.py --docs 200000 --value-size 1000
+    .venv/bin/python bench/producer.py --smoke                  # seconds: 2,000 docs, 8 vbuckets, one round
 """
 
 import argparse
@@ -157,7 +158,7 @@ def backfill_phase(port: int, highs: dict[int, int], buffer_size: int, value_siz
 
 
 def concurrent_backfill(port: int, highs: dict[int, int], buffer_size: int, value_size: int, connections: int) -> str:
-    """The backfill again, its vbuckets shared among `connections` DCP connections drained at once
+    """The backfill again, its vbuckets split among `connections` DCP connections drained at once
     (one thread each: the consumers share this process's GIL, so watch the server CPU per item)."""
     shares = [dict(list(highs.items())[i::connections]) for i in range(connections)]
     results: list = []
@@ -307,7 +308,12 @@ def main() -> int:
                         "server's GIL; by default the drain starts once SEQNO_PERSISTENCE says they are on disk)")
     p.add_argument("--server-arg", action="append", default=[], metavar="ARG",
                    help="extra argument for `dcpflow server` (repeatable)")
+    p.add_argument("--smoke", action="store_true",
+                   help="a seconds-long run that checks the bench works: 2,000 docs, 8 vbuckets, one round")
     args = p.parse_args()
+    ping_seconds = 3.0  # another client's NOOPs during the first seconds of the backfill
+    if args.smoke:
+        args.docs, args.vbuckets, args.repeat, ping_seconds = 2_000, 8, 1, 0.5
     value = (b"x" * args.value_size)
     with tempfile.TemporaryDirectory(prefix="dcpflow-bench-") as tmp:
         t = time.perf_counter()
@@ -317,12 +323,12 @@ def main() -> int:
                                   *args.server_arg)
         SERVER_PID[:] = [proc.pid]
         try:
-            pinger = start_pinger(port, 3.0)
+            pinger = start_pinger(port, ping_seconds)
             time.sleep(0.2)
             backfill = best(backfill_phase(port, dict(highs), args.buffer, args.value_size, r)
                             for r in range(args.repeat))
             ping = pinger.communicate(timeout=120)[0].split()
-            shared = (concurrent_backfill(port, dict(highs), args.buffer, args.value_size, args.connections)
+            split = (concurrent_backfill(port, dict(highs), args.buffer, args.value_size, args.connections)
                       if args.connections > 1 else None)
             memory = best(memory_phase(port, highs, args.docs, value, args.vbuckets, args.buffer, r,
                                        not args.no_wait_persist) for r in range(args.repeat))
@@ -336,14 +342,14 @@ def main() -> int:
           f"connection_buffer_size {args.buffer:,}, best of {args.repeat}")
     report("backfill", backfill[:3], back_limit)
     report("in-memory", memory[:3], mem_limit)
-    if shared:
-        print(shared)
+    if split:
+        print(split)
     if FLUSH_WAIT:
         print(f"  (in-memory: the drain started once the writes were persisted; waited {min(FLUSH_WAIT):.1f}-"
               f"{max(FLUSH_WAIT):.1f} s for the flusher - --no-wait-persist drains while it runs)")
     if len(ping) == 4:
-        print(f"  another client's NOOP round trip during the backfill (first 3 s): median {ping[1]} ms, "
-              f"p99 {ping[2]} ms, max {ping[3]} ms over {ping[0]} requests")
+        print(f"  another client's NOOP round trip during the backfill (first {ping_seconds:g} s): "
+              f"median {ping[1]} ms, p99 {ping[2]} ms, max {ping[3]} ms over {ping[0]} requests")
     print("  (ratio = loopback time / producer time for the same bytes; target >= 0.5x. server CPU: CPU time the "
           "server process used per item in that phase - below the wall time per item when the machine is busy)")
     return 0

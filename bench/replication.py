@@ -19,6 +19,7 @@ each its own process). This process writes; an observer process reads.
 
     .venv/bin/python bench/replication.py                     # 3 nodes, 64 vbuckets, 2000 writes/s
     .venv/bin/python bench/replication.py --rate 5000 --seconds 10 --value-size 1000
+    .venv/bin/python bench/replication.py --smoke          # seconds: 16 vbuckets, 200 writes/s, 1 s phases
 """
 
 import argparse
@@ -28,6 +29,7 @@ import multiprocessing as mp
 import os
 import re
 import selectors
+import shutil
 import socket
 import struct
 import subprocess
@@ -207,7 +209,11 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=8.0, help="length of each phase")
     ap.add_argument("--value-size", type=int, default=100)
     ap.add_argument("--keys", type=int, default=50_000)
+    ap.add_argument("--smoke", action="store_true",
+                    help="a seconds-long run that checks the bench works: 16 vbuckets, 200 writes/s, 1 s phases")
     args = ap.parse_args()
+    if args.smoke:
+        args.vbuckets, args.rate, args.seconds, args.keys = 16, 200, 1.0, 1_000
 
     data = tempfile.mkdtemp(prefix="bench-replication-")
     up = subprocess.Popen([sys.executable, "-m", "dcpflow.cli", "cluster", "up", "--nodes", str(args.nodes),
@@ -306,6 +312,7 @@ def main() -> int:
             up.wait(60)
         up.stdout.close()
         up.stderr.close()
+        shutil.rmtree(data, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
-"""Flow control (flow-control.md, buffer-ack.md, TABLES.md 5.9, erratum 38): every message but a
-noop is charged its wire size; the producer never has more than the buffer plus one message
-unacknowledged; BUFFER_ACK gets no reply and any opaque works; size 0 disables it."""
+"""Flow control (KV-Engine's flow-control.md and buffer-ack.md, as its code behaves): every message
+but a noop is charged its wire size; the producer never has more than the buffer plus one message
+unacknowledged; BUFFER_ACK gets no reply and any opaque works (the page's "opaque 0 acknowledges
+for the connection" convention is ignored: erratum 38); size 0 disables it."""
 
 import time
 

@@ -1,6 +1,7 @@
 """What the stream messages carry: MUTATION fields, DELETION V1/V2, EXPIRATION (only with the
-expiry opcode *and* delete times, erratum 13), xattrs kept or stripped, NoValue variants,
-SEQNO_ADVANCED, and official-SDK writes arriving in seqno order."""
+expiry opcode *and* delete times: `enable_expiry_opcode` alone is accepted and does nothing, erratum
+13), xattrs kept or stripped, NoValue variants, SEQNO_ADVANCED, and official-SDK writes arriving in
+seqno order."""
 
 import time
 

@@ -1,6 +1,8 @@
-"""Noops and dead-connection detection (no-op.md, dead-connections.md, erratum 37): with
-`enable_noop` the producer sends a noop every interval while none is outstanding, and closes the
-connection when nothing was received for dcp_idle_timeout."""
+"""Noops and dead-connection detection, as KV-Engine's code behaves (its no-op.md and
+dead-connections.md say the producer sends noops only when idle and disconnects when a noop is not
+answered within an interval: erratum 37): with `enable_noop` the producer sends a noop every
+interval while none is outstanding, whatever other traffic there is, and closes the connection
+only when nothing at all was received for dcp_idle_timeout."""
 
 import time
 

@@ -1,5 +1,15 @@
-"""DCP_OPEN (open-connection.md, TABLES.md 5.1, erratum 19) and DCP_CONTROL (control.md,
-TABLES.md 5.3, errata 12/13) over a real socket."""
+"""DCP_OPEN (open-connection.md) and DCP_CONTROL (control.md) over a real socket, as KV-Engine's
+code behaves where its pages say otherwise or nothing
+(https://github.com/couchbase/kv_engine/tree/master/docs/dcp/documentation/commands):
+
+* DCP_OPEN: flags 0x02, 0x10 and 0x80 are EINVAL, as are 0x08 with 0x40, and 0x100 without 0x04
+  (erratum 19);
+* DCP_CONTROL: `connection_buffer_size` is a u32 (0 disables flow control), `set_noop_interval`
+  takes any interval from 0.1 s, and the V2.2 marker key is `max_marker_version` - the page's
+  "snapshot_max_marker_version" is unknown (erratum 12); `enable_expiry_opcode` answers OK but
+  turns expiry messages on only if DCP_OPEN had IncludeDeleteTimes (erratum 13); a control has no
+  extras (erratum 7).
+"""
 
 import json
 
@@ -86,7 +96,7 @@ def test_control_before_open_is_einval(server):
         assert c.control("enable_noop", "true") == Status.EINVAL
 
 
-# key, value, expected status (TABLES.md 5.3)
+# key, value, expected status: every key KV-Engine's producer knows (control.md lists only some)
 CONTROLS = [
     ("enable_noop", "true", Status.SUCCESS),
     ("enable_noop", "false", Status.SUCCESS),
@@ -136,7 +146,7 @@ CONTROLS = [
     ("backfill_order", "random", Status.EINVAL),
     ("cache_transfer", "true", Status.NOT_SUPPORTED),
     ("no_such_key", "true", Status.EINVAL),
-    ("snapshot_max_marker_version", "2.2", Status.EINVAL),  # the misnamed key of the notes (erratum 12)
+    ("snapshot_max_marker_version", "2.2", Status.EINVAL),  # control.md's name for max_marker_version (erratum 12)
 ]
 
 

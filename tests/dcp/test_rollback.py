@@ -1,6 +1,8 @@
 """The rollback decision of STREAM_REQ, branch by branch, against failover logs the server built
 itself: an unclean restart (`kill -9` with unpersisted writes), vbucket state changes, and
-tombstone purges (reference/README.md "Rollback seqno", rollback.md, erratum 36)."""
+tombstone purges (KV-Engine's rollback.md as its code decides; the rules are stated in
+tests/engine/test_failover.py: the purge rule compares the start seqno, not the snapshot start, and
+a request from 0 checks its UUID only with StrictVbUuid - erratum 36)."""
 
 import json
 import time
@@ -104,7 +106,8 @@ def test_start_zero_branches(server, clients, writer):
     # 1: start 0 needs no history check, whatever the uuid ...
     assert c.stream_request(2, 0, 3, 0xBAD).status == Status.SUCCESS
     c.until_stream_end(2)
-    # ... unless StrictVbUuid, which checks a non-zero uuid even at 0 (erratum 36, case 1.b)
+    # ... unless StrictVbUuid, which checks a non-zero uuid even at 0 (rollback.md's case 1.b applies
+    # only then: erratum 36)
     resp = c.stream_request(2, 0, 3, 0xBAD, flags=StreamFlag.STRICT_VBUUID)
     assert (resp.status, resp.rollback_seqno) == (Status.ROLLBACK, 0)
     assert c.stream_request(2, 0, 3, 0, flags=StreamFlag.STRICT_VBUUID).status == Status.SUCCESS

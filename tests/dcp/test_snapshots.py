@@ -1,6 +1,7 @@
-"""Snapshot markers: the start-seqno rules of snapshot-marker.md's implementation notes (as the
-code behaves, reference/README.md), flags, de-duplication, and marker versions V1/V2.0/V2.2
-(TABLES.md 5.4)."""
+"""Snapshot markers: the start-seqno rules of KV-Engine's snapshot-marker.md implementation notes
+(as its code behaves: the first marker starts at min(requested snapshot start, real start)), flags,
+de-duplication, and marker versions: V1 by default, V2.0 with sync writes, V2.2 for Disk snapshots
+after `max_marker_version=2.2`."""
 
 from dcpflow.protocol import dcp
 from dcpflow.protocol.dcp import MarkerVersion, SnapshotFlag

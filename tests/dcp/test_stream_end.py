@@ -1,4 +1,4 @@
-"""Every STREAM_END reason the producer can send (stream-end.md, TABLES.md 5.5), each caused by
+"""Every STREAM_END reason the producer can send (KV-Engine's stream-end.md), each caused by
 the real event: end seqno, CLOSE_STREAM, vbucket state change, server shutdown, a failed disk
 scan, a vbucket rollback, and lost privileges. Slow is not sent: only the streams of a connection
 that opted in have droppable cursors, and they recover from disk (tested here too). FilterEmpty

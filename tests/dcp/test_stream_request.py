@@ -1,6 +1,7 @@
-"""DCP_STREAM_REQ (stream-request.md, stream-request-value.md, TABLES.md 5.2, errata 14-18):
-structural EINVAL cases, ERANGE, KEY_EEXISTS, NOT_MY_VBUCKET, every flag, stream-ids, the JSON
-value, and DCP_GET_FAILOVER_LOG."""
+"""DCP_STREAM_REQ (KV-Engine's stream-request.md and stream-request-value.md, with every stream flag
+as its code handles them): structural EINVAL cases, ERANGE (only start > end: start == end is
+accepted and ends at once, erratum 17), KEY_EEXISTS, NOT_MY_VBUCKET, every flag, stream-ids (`sid`
+1..65535), the JSON value, and DCP_GET_FAILOVER_LOG."""
 
 import json
 
@@ -148,7 +149,7 @@ def test_disk_only_backfills_and_ends(server, clients, writer):
 
 
 def test_disk_only_forces_the_end_to_the_persisted_seqno(server, clients, writer):
-    """TABLES.md 5.2: DiskOnly's end seqno is the persisted seqno, whatever end was asked; the
+    """DiskOnly (0x02) sets the end seqno to the persisted seqno, whatever end was asked; the
     range checks apply to that end (as to ToLatest's), so only the forced end decides ERANGE."""
     fill(writer, 0, 10)
     wait_persisted(server, 0)

@@ -1,4 +1,4 @@
-"""Takeover streams (rebalance.md, reference/README.md "Other behaviours"): once caught up the
+"""Takeover streams (KV-Engine's rebalance.md, as its code behaves): once caught up the
 markers carry the Ack flag; after the consumer acknowledged them the producer sends
 SET_VBUCKET_STATE(pending), waits, marks its own vbucket dead, drains what was written
 meanwhile, sends SET_VBUCKET_STATE(active), waits, and ends with STREAM_END(OK)."""

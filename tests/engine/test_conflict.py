@@ -1,4 +1,8 @@
-"""Conflict resolution tie-breaks in both modes (TABLES.md 6.2, set_with_meta.md, del_with_meta.md)."""
+"""Conflict resolution tie-breaks in both modes (KV-Engine's set_with_meta.md and del_with_meta.md,
+https://github.com/couchbase/kv_engine/tree/master/engines/ep/docs/protocol, read as KV-Engine's
+code behaves: the incoming version wins when its tuple is strictly greater - (rev seqno, CAS,
+expiry, flags) in rev-seqno mode, (CAS, rev seqno, expiry, flags) in LWW mode, without expiry and
+flags for deletions - and, on equal tuples, when it has xattrs and the existing version has none)."""
 
 import pytest
 

@@ -1,5 +1,13 @@
-"""FailoverTable rules and the rollback decision, branch by branch (reference/README.md bullets,
-errata 17/36, failure-scenarios.md and discussion.md worked examples)."""
+"""FailoverTable rules and the rollback decision, branch by branch, as KV-Engine's code decides (its
+rollback.md differs in the places the tests named `..._erratum_N` state), with the worked examples
+of failure-scenarios.md and discussion.md (https://github.com/couchbase/kv_engine/blob/master/docs/dcp/documentation/).
+
+The decision: (1) start 0 needs no rollback unless StrictVbUuid with a non-zero UUID; (2) a start
+below the purge seqno (start != 0) rolls back to 0 unless the client's purge seqno equals the
+server's or IgnorePurgedTombstones is set; (3) a UUID not in the failover log rolls back to 0;
+(4) otherwise the client's snapshot is compared with where its branch ended (the next newer entry's
+seqno, else the high seqno), and it rolls back to that point or its snapshot start if it went past.
+Before all that: start <= end and snapshot start <= start <= snapshot end, else ERANGE."""
 
 import json
 from random import Random
@@ -282,6 +290,7 @@ def test_erange_when_start_above_end():
 
 
 def test_start_equal_to_end_is_accepted_erratum_17():
+    """Only start > end is ERANGE; start == end is accepted (the page says start must be less)."""
     assert decide(start=10, end=10).status == Status.SUCCESS
 
 
@@ -297,6 +306,8 @@ def test_start_zero_with_uuid_zero_needs_no_rollback():
 
 
 def test_start_zero_with_unknown_uuid_is_fine_without_strict_vbuuid_erratum_36():
+    """A request from seqno 0 needs no history check unless it sets StrictVbUuid (0x20): rollback.md's
+    case 1.b (start 0 with a non-zero UUID) applies only then."""
     assert decide(start=0, uuid=0x1234).status == Status.SUCCESS
 
 
@@ -312,7 +323,9 @@ def test_start_below_purge_seqno_rolls_back_to_zero():
 
 
 def test_purge_rule_uses_start_not_snapshot_start_erratum_36():
-    # snap_start (50) < purge (100) but start (150) is not: no rollback
+    """The purge rule compares the request's start seqno with the purge seqno, not its snapshot start
+    (as rollback.md's "Wild card purge" says): snap_start 50 < purge 100 but start 150 is not, so no
+    rollback."""
     assert decide(start=150, snap_start=50, snap_end=150, purge=100).status == Status.SUCCESS
 
 

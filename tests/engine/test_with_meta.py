@@ -1,5 +1,7 @@
-"""SetWithMeta / AddWithMeta / DelWithMeta: every option and error (set_with_meta.md,
-del_with_meta.md, TABLES.md section 6, erratum 50 / MB-67207)."""
+"""SetWithMeta / AddWithMeta / DelWithMeta: every option and error (KV-Engine's set_with_meta.md and
+del_with_meta.md, https://github.com/couchbase/kv_engine/tree/master/engines/ep/docs/protocol).
+FORCE_WITH_META_OP only skips conflict resolution: since MB-67207 it no longer allows writes to
+replica or pending vbuckets, although del_with_meta.md still says it does."""
 
 import pytest
 

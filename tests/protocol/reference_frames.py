@@ -1,9 +1,14 @@
-"""The worked examples of reference/kv_engine/docs/dcp/documentation/commands/*.md as bytes.
+"""The worked examples of KV-Engine's DCP command pages as bytes
+(https://github.com/couchbase/kv_engine/tree/master/docs/dcp/documentation/commands, one page
+per opcode: stream-request.md, snapshot-marker.md, ...).
 
 `REFERENCE_FRAMES` (alias `EXAMPLES`): name -> (hex, expected message). The hex is the page's grid transcribed row by
 row (one group of four bytes per grid row) in its *corrected* reading: where the bytes disagree
-with the page's field table, the table and the errata of reference/README.md win. Decoding the
-hex must give exactly the message, and encoding the message exactly the hex.
+with the page's field table (or with what KV-Engine's code accepts), the table and the code win.
+Each such disagreement is an *erratum*, numbered as dcpflow's rule messages number them ("erratum
+55"); the test that pins an erratum states its rule in its docstring (test_dcp_examples.py,
+test_kv.py, test_meta.py). Decoding the hex must give exactly the message, and encoding the
+message exactly the hex.
 
 `UPSTREAM_EXAMPLES`: name -> (hex, erratum, expected substring). The page's bytes as printed (or,
 for names with a `[...]` suffix, the corrected bytes with only that one erratum left in), which a

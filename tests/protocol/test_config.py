@@ -1,5 +1,7 @@
-"""The cluster map (protocol/config.py): built as SDK-BOOTSTRAP.md says official clients accept it,
-balanced over several nodes and replicas, and parsed back into something a client routes with."""
+"""The cluster map (protocol/config.py): built in the shape official clients accept (a bucket config
+like Couchbase Server's, with `$HOST` for the client to replace, `nodes`, `nodesExt` with a `mgmt`
+service, and a non-empty vBucketMap), balanced over several nodes and replicas, and parsed back into
+something a client routes with."""
 
 import json
 from collections import Counter
@@ -53,7 +55,7 @@ def test_three_nodes_one_replica_kv_ssl_and_this_node():
 
 
 def test_key_to_vbucket_to_node_routing():
-    """SDK-BOOTSTRAP.md: interop-key-1 is vbucket 590 of 1024 (and 14 of 64)."""
+    """The official SDK puts interop-key-1 in vbucket 590 of 1024 (and 14 of 64)."""
     nodes = [Node(11210), Node(11211)]
     cmap = config.parse_cluster_map(config.build_bucket_config("b", nodes, num_replicas=1))
     vb, server = cmap.route(b"interop-key-1")

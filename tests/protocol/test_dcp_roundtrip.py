@@ -69,7 +69,8 @@ seqno = u64
 
 
 def open_flags():
-    """Flag sets DCP_OPEN accepts (TABLES.md 5.1)."""
+    """Flag sets DCP_OPEN accepts: no 0x02, 0x10 or 0x80, not NoValue (0x08) with
+    NoValueWithUnderlyingDatatype (0x40)."""
     def fix(flags):
         flags &= ~(OpenFlag.INVALID_NOTIFIER | OpenFlag.UNUSED | OpenFlag.PITR_REMOVED)
         if flags & OpenFlag.NO_VALUE and flags & OpenFlag.NO_VALUE_WITH_UNDERLYING_DATATYPE:

@@ -1,5 +1,7 @@
-"""Structural rules of every DCP command, as the pages ("Must have extras / Must not have key...")
-and TABLES.md 5.1/5.2/5.6/5.8 state them, positive and negative, with the status a server answers.
+"""Structural rules of every DCP command, as KV-Engine's command pages state them ("Must have extras /
+Must not have key...", https://github.com/couchbase/kv_engine/tree/master/docs/dcp/documentation/commands)
+and as its code enforces them (flag values and combinations, extras sizes, small enums), positive
+and negative, with the status a server answers.
 
 `rules.problems(frame)` lists every rule broken; decoders raise the first one (`rules.check`).
 """
@@ -90,7 +92,7 @@ CONSUMER_NAME = json.dumps({"consumer_name": "replica-1"}).encode()
 # Frames that break no rule
 
 VALID = {
-    # DCP_OPEN (open-connection.md, TABLES.md 5.1)
+    # DCP_OPEN (open-connection.md; flag values and combinations as KV-Engine's code checks them)
     "open consumer": req(Opcode.DCP_OPEN, open_extras(0), b"conn"),
     "open producer": req(Opcode.DCP_OPEN, open_extras(0x01), b"conn"),
     "open producer all compatible flags": req(Opcode.DCP_OPEN, open_extras(0x01 | 0x04 | 0x08 | 0x20 | 0x100 | 0x200),
@@ -100,7 +102,7 @@ VALID = {
     "open consumer with empty JSON object": req(Opcode.DCP_OPEN, open_extras(0), b"c", b"{}", datatype=1),
     "open reserved non-zero": req(Opcode.DCP_OPEN, u32(7) + u32(1), b"c"),
     "open response": resp(Opcode.DCP_OPEN),
-    # DCP_ADD_STREAM (add-stream.md, TABLES.md 5.2)
+    # DCP_ADD_STREAM (add-stream.md; stream flags as KV-Engine's code checks them)
     "add-stream no flags": req(Opcode.DCP_ADD_STREAM, u32(0), vbucket=5),
     "add-stream every valid flag but cache transfer": req(Opcode.DCP_ADD_STREAM, u32(0xF7)),
     "add-stream cache transfer alone": req(Opcode.DCP_ADD_STREAM, u32(0x100)),
@@ -128,7 +130,7 @@ VALID = {
     # DCP_STREAM_END
     "stream-end": req(Opcode.DCP_STREAM_END, u32(0)),
     "stream-end unknown reason": req(Opcode.DCP_STREAM_END, u32(8)),
-    # DCP_SNAPSHOT_MARKER (snapshot-marker.md, TABLES.md 5.4)
+    # DCP_SNAPSHOT_MARKER (snapshot-marker.md: V1 20-byte extras; V2.x a version byte + value)
     "marker V1": req(Opcode.DCP_SNAPSHOT_MARKER, marker_v1()),
     "marker V1 start == end": req(Opcode.DCP_SNAPSHOT_MARKER, marker_v1(5, 5, 0x06)),
     "marker V1 all flags but memory": req(Opcode.DCP_SNAPSHOT_MARKER, marker_v1(flags=0x3E)),
@@ -140,6 +142,7 @@ VALID = {
     "mutation without value": req(Opcode.DCP_MUTATION, mutation_extras(), b"k"),
     "deletion V1": req(Opcode.DCP_DELETION, deletion_v1(), b"k"),
     "deletion V2": req(Opcode.DCP_DELETION, deletion_v2(), b"k"),
+    # a deletion may carry a value: its xattrs (deletion.md says it must not have one)
     "deletion with xattr value (erratum 23)": req(Opcode.DCP_DELETION, deletion_v2(), b"k", b"\x00" * 4, datatype=4),
     "expiration": req(Opcode.DCP_EXPIRATION, u64(5) + u64(1) + u32(0), b"k"),
     # DCP_SET_VBUCKET_STATE
@@ -308,6 +311,7 @@ BAD_STREAM_MESSAGES = {
     "set-vbucket-state 0": (req(Opcode.DCP_SET_VBUCKET_STATE, b"\x00"), EINVAL, "vbucket state 0"),
     "set-vbucket-state 5": (req(Opcode.DCP_SET_VBUCKET_STATE, b"\x05"), EINVAL, "vbucket state 5"),
     "set-vbucket-state 4-byte extras": (req(Opcode.DCP_SET_VBUCKET_STATE, u32(1)), EINVAL, "extras must be 1"),
+    # DCP_SET_VBUCKET_STATE (0x5b) takes no value; the JSON value belongs to SET_VBUCKET (0x3d)
     "set-vbucket-state with a value (erratum 30)": (req(Opcode.DCP_SET_VBUCKET_STATE, b"\x01", value=b"{}",
                                                         datatype=1), EINVAL, "must not have a value"),
     # noop, buffer-ack, control
@@ -419,7 +423,7 @@ def test_error_responses_skip_the_success_shape():
 
 
 # ---------------------------------------------------------------------------------------------
-# DCP_OPEN flags one by one (TABLES.md 5.1)
+# DCP_OPEN flags one by one (as KV-Engine's code accepts them)
 
 @pytest.mark.parametrize("bit", [1 << i for i in range(12)])
 @pytest.mark.parametrize("producer", [True, False])
@@ -434,7 +438,7 @@ def test_open_each_flag_bit(bit, producer):
 
 
 # ---------------------------------------------------------------------------------------------
-# Stream-request / add-stream flags one by one (TABLES.md 5.2)
+# Stream-request / add-stream flags one by one (as KV-Engine's code accepts them)
 
 @pytest.mark.parametrize("bit", [1 << i for i in range(12)])
 @pytest.mark.parametrize("opcode", [Opcode.DCP_ADD_STREAM, Opcode.DCP_STREAM_REQ])
@@ -454,7 +458,7 @@ def test_cache_transfer_combination_rule(other):
 
 
 # ---------------------------------------------------------------------------------------------
-# Stream-request ERANGE (stream-request.md, erratum 17)
+# Stream-request ERANGE (stream-request.md; erratum 17: only start > end is ERANGE, start == end is fine)
 
 @pytest.mark.parametrize("start,end,snap_start,snap_end,ok", [
     (0, 0, 0, 0, True),

@@ -1,6 +1,9 @@
-"""`charged_size()` against TABLES.md 5.9: what a producer charges against the consumer's
-flow-control buffer for each message (full wire size; Prepare 2 bytes more, MB-46634; noops free).
-The expected numbers are the table's constants, not computed from the encoder."""
+"""`charged_size()`: what a producer charges against the consumer's flow-control buffer for each
+message, as KV-Engine's producer counts it (flow-control.md,
+https://github.com/couchbase/kv_engine/blob/master/docs/dcp/documentation/flow-control.md): the
+message's full wire size, 2 bytes more for a DCP_PREPARE (MB-46634), nothing for a DCP_NOOP.
+The expected numbers are the layouts' constants (24-byte header + extras + key + value, e.g.
+55 + key + value for a mutation), not computed from the encoder."""
 
 import pytest
 from hypothesis import given, settings
@@ -154,7 +157,7 @@ def test_prepare_ack_accounting_differs_from_bytes_received():
 @given(any_request)
 def test_charge_is_the_wire_size_for_every_message(msg):
     """charged_size computes from lengths (no encode on the producer's hot path); it must still be
-    the wire size, with Prepare's extra 2 bytes and free noops (TABLES.md 5.9)."""
+    the wire size, with Prepare's extra 2 bytes and free noops."""
     wire = len(msg.encode())
     expected = 0 if isinstance(msg, dcp.DcpNoop) else wire + (2 if isinstance(msg, dcp.DcpPrepare) else 0)
     assert charged_size(msg) == expected

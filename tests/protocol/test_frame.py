@@ -1,5 +1,6 @@
-"""The frame codec: header layouts (BinaryProtocol.md, TABLES.md 1.2), flexible framing extras (1.3),
-and the incremental decoder's contract (chunking, limits, errors)."""
+"""The frame codec: header layouts and flexible framing extras (KV-Engine's BinaryProtocol.md,
+https://github.com/couchbase/kv_engine/blob/master/docs/BinaryProtocol.md), and the incremental
+decoder's contract (chunking, limits, errors)."""
 
 import struct
 

@@ -1,6 +1,7 @@
 """Keys on the wire (protocol/keys.py): the LEB128 collection-id prefix with the test vectors of
-reference/kv_engine/docs/Collections.md, its canonical-form and 5-byte rules, and the key -> vbucket
-hash with the check values of SDK-BOOTSTRAP.md."""
+KV-Engine's Collections.md (https://github.com/couchbase/kv_engine/blob/master/docs/Collections.md),
+its canonical-form and 5-byte rules, and the key -> vbucket hash every Couchbase client uses:
+((crc32(key) >> 16) & 0x7fff) % vbuckets over the key without its collection prefix."""
 
 import pytest
 from hypothesis import given
@@ -40,6 +41,7 @@ def test_the_page_example_puts_0x5555_in_the_first_key_bytes():
 
 
 def test_collections_add_example_cid_555_is_decimal_erratum_47():
+    """Collections.md's ADD example's "collection-ID 555" is decimal: 0x22B, LEB128 `ab 04`."""
     assert keys.make_key(b"Hello", 555) == b"\xab\x04Hello"
     assert keys.make_key(b"Hello", 0x555) != b"\xab\x04Hello"
 
@@ -72,6 +74,8 @@ def test_default_collection_prefix_and_no_prefix():
 
 
 def test_vbucket_check_values_from_sdk_bootstrap():
+    """The values the official SDK computes for the same key: interop-key-1 is vbucket 590 of 1024
+    and 14 of 64."""
     assert keys.vbucket_for_key(b"interop-key-1", 1024) == 590
     assert keys.vbucket_for_key(b"interop-key-1", 64) == 14
 

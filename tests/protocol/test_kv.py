@@ -1,7 +1,9 @@
-"""Session and KV commands (protocol/kv.py): every worked example of BinaryProtocol.md, sasl.md,
-Collections.md, get_seqno.md and persist_seqno.md byte-exact both ways in its corrected reading, the
-errata that correct them (33, 34, 44, 45, 46, 47, 30), the structural rules, and hypothesis
-round-trips of every message type."""
+"""Session and KV commands (protocol/kv.py): every worked example of KV-Engine's BinaryProtocol.md,
+sasl.md, Collections.md (https://github.com/couchbase/kv_engine/tree/master/docs), get_seqno.md and
+persist_seqno.md (https://github.com/couchbase/kv_engine/tree/master/docs/dcp/documentation/commands)
+byte-exact both ways in its corrected reading, the errata that correct them (each test named
+`..._erratum_N` states its rule), the structural rules, and hypothesis round-trips of every message
+type."""
 
 import json
 
@@ -69,6 +71,7 @@ def test_get_request_example():
 
 
 def test_get_request_key_is_five_bytes_at_24_to_28_erratum_44():
+    """The Get request example's 5-byte key "Hello" sits at 24-28 (the page says 24-29)."""
     data = kv.Get(b"Hello").encode()
     assert len(data) == 29 and data[24:29] == b"Hello"
 
@@ -83,12 +86,15 @@ GETK_RESPONSE = h("81 0c 0005 04 00 0000 0000000e 00000000 0000000000000001", "d
 
 
 def test_getk_response_example_corrected_erratum_44():
+    """The GetK response example is 38 bytes: 4 bytes of flags, the 5-byte key and the 5-byte value make a
+    total body of 0x0E, and the opcode is GetK's 0x0C (the page has total body 0x09 and opcode 0x00)."""
     msg = kv.GetResponse(flags=0xDEADBEEF, value=b"World", cas=1, key=b"Hello", opcode=Opcode.GET_K)
     both_ways(msg, GETK_RESPONSE)
     assert len(GETK_RESPONSE) == 38
 
 
 def test_getk_response_upstream_bytes_decode_differently_erratum_44():
+    """The GetK response bytes as printed (total body 0x09) leave bytes over that make no frame."""
     upstream = h("81 00 0005 04 00 0000 00000009 00000000 0000000000000001", "deadbeef", "48656c6c6f",
                  "576f726c64")
     with pytest.raises(ProtocolError, match="trailing"):
@@ -102,6 +108,7 @@ def test_getk_response_upstream_bytes_decode_differently_erratum_44():
 
 
 def test_getk_response_must_carry_the_key_erratum_44():
+    """A GetK response must carry the key (that is what GetK adds to Get)."""
     frame = one(response(Opcode.GET_K, extras=b"\0\0\0\0", value=b"v", cas=1))
     assert "must carry the key" in reasons(frame) and "erratum 44" in reasons(frame)
 
@@ -172,6 +179,8 @@ def test_hello_request_and_response_examples():
 
 
 def test_hello_example_asks_for_retired_features_and_gets_them_refused_erratum_46():
+    """The HELLO example asks for retired features (0x0001 Datatype, 0x0005 TCP delay); a server grants
+    none of them."""
     hello = kv.Hello.from_frame(one(HELLO_REQUEST))
     assert hello.retired_features == (Feature.DATATYPE_RETIRED, Feature.TLS, Feature.TCP_DELAY)
     granted = kv.negotiate(hello.features, list(Feature))  # a server implementing every live feature
@@ -180,6 +189,8 @@ def test_hello_example_asks_for_retired_features_and_gets_them_refused_erratum_4
 
 
 def test_list_buckets_examples_echo_the_opaque_bytes_erratum_45():
+    """The ListBuckets examples' opaque bytes are `ef be ad de` (the table calls it 0xdeadbeef): the opaque
+    is four bytes echoed as they came, so the bytes are what counts."""
     req = h("80 87 0000 00 00 0000 00000000 efbeadde", ZERO_CAS)
     resp = h("81 87 0000 00 00 0000 0000001b efbeadde", ZERO_CAS, b"engineering marketing sales".hex())
     both_ways(kv.ListBuckets(opaque=0xEFBEADDE), req)
@@ -251,6 +262,8 @@ COLLECTIONS_ADD = h("80 02 0007 08 00 0000 00000014 00000000", ZERO_CAS, "deadbe
 
 
 def test_collections_add_example_corrected_erratum_47():
+    """The Collections ADD example's "collection-ID 555" is decimal (0x22B, LEB128 `ab 04`), and its total
+    body is 0x14 (8 of extras + the 7-byte key with its prefix + the 5-byte value), not 0x12."""
     key = make_key(b"Hello", 555)
     assert key[:2] == b"\xab\x04"  # "collection-ID 555" is decimal: 0x22b
     both_ways(kv.Store(key, b"World", 0xDEADBEEF, 0xE10, opcode=Opcode.ADD), COLLECTIONS_ADD)
@@ -259,6 +272,7 @@ def test_collections_add_example_corrected_erratum_47():
 
 
 def test_collections_add_upstream_total_body_decodes_differently_erratum_47():
+    """The Collections ADD example with the printed total body 0x12 leaves bytes over that make no frame."""
     upstream = COLLECTIONS_ADD[:8] + (0x12).to_bytes(4, "big") + COLLECTIONS_ADD[12:]
     with pytest.raises(ProtocolError, match="trailing"):
         decode_all(upstream)
@@ -296,6 +310,8 @@ def test_get_all_vb_seqnos_response_example():
 
 
 def test_get_seqno_example_4_total_body_is_8_not_0x80_erratum_33():
+    """GET_ALL_VB_SEQNOS example 4's total body is 8 (its bytes and decimal note), not the table's 0x80;
+    the requests may carry 4 bytes of extras (the state) or 8 (state and collection id)."""
     good = h("80 48 0000 08 00 0000 00000008", DEADBEEF_HEADER, "00000002 cafef00d")
     assert one(good).body_len == 8
     upstream_table = good[:8] + (0x80).to_bytes(4, "big") + good[12:]
@@ -318,12 +334,16 @@ PERSIST_REQUEST = h("80 b7 0000 08 00 000c 00000008 00000000", ZERO_CAS, "000000
 
 
 def test_seqno_persistence_example_corrected_erratum_34():
+    """SEQNO_PERSISTENCE's body is the 8-byte seqno alone, no key (0x000C in the example is the vbucket,
+    not a key length); the response has no body."""
     both_ways(kv.SeqnoPersistence(vbucket=12, seqno=0xFEEDDECA), PERSIST_REQUEST)
     resp = h("81 b7 0000 00 00 0000 00000000 00000000", ZERO_CAS)
     assert kv.decode_kv(one(resp)) == kv.RawResponse(Opcode.SEQNO_PERSISTENCE, Status.SUCCESS)
 
 
 def test_seqno_persistence_upstream_bytes_decode_differently_erratum_34():
+    """The SEQNO_PERSISTENCE grid as printed holds 16 body bytes under a header that says 8: the second
+    half is not part of the frame."""
     grid = h("80 b7 0000 08 00 000c 00000008 00000000", ZERO_CAS, "00000000deadbeef", "00000000feeddeca")
     dec = FrameDecoder()
     dec.feed(grid)
@@ -402,6 +422,8 @@ def test_get_error_map_request():
 
 
 def test_set_vbucket_takes_the_json_value_erratum_30():
+    """The JSON value (`topology`, `use_snapshot`, `next_expected_state`) belongs to SET_VBUCKET (0x3D),
+    not to DCP_SET_VBUCKET_STATE (0x5B), which rejects any value."""
     value = json.dumps({"topology": [["n0", "n1"]]}).encode()
     msg = kv.SetVbucket(3, 1, value, opaque=1)
     data = msg.encode()

@@ -1,6 +1,8 @@
 """*WithMeta, GetMeta, ReturnMeta and MutateWithMeta (protocol/meta.py): the worked examples of
-set_with_meta.md, del_with_meta.md, get_meta.md and addrm/setrm/delrm.md byte-exact both ways in
-their corrected reading (errata 49, 50, 52, 53, 55), the structural rules, and round-trips."""
+KV-Engine's set_with_meta.md, del_with_meta.md, get_meta.md and addrm/setrm/delrm.md
+(https://github.com/couchbase/kv_engine/tree/master/engines/ep/docs/protocol) byte-exact both ways in
+their corrected reading (each test named `..._erratum_N` states its rule), the structural rules, and
+round-trips."""
 
 import json
 
@@ -54,6 +56,9 @@ SET_WITH_META_UPSTREAM = h("80 a2 0005 1a 00 0003 00000026", ZERO, META_EXTRAS_3
 
 
 def test_set_with_meta_example_corrected_erratum_49():
+    """The SetWithMeta example uses the 30-byte extras layout (flags, expiry, rev seqno, CAS, options,
+    nmeta), so its extras length is 0x1E and its total body 0x2A (30 + 5-byte key + 7-byte value); the
+    page's header says 0x1A and 0x26, and its last two grid rows are 60 and 64, not 50 and 54."""
     msg = meta.SetWithMeta(b"mykey", b"myvalue", flags=7, expiration=10, rev_seqno=20, meta_cas=30,
                            options=Opt.FORCE_ACCEPT_WITH_META_OPS, ext_meta=b"", vbucket=3)
     both_ways(msg, SET_WITH_META)
@@ -64,6 +69,8 @@ def test_set_with_meta_example_corrected_erratum_49():
 
 
 def test_set_with_meta_upstream_header_decodes_differently_erratum_49():
+    """With the page's header (26 bytes of extras) the same bytes read differently: no options, the key
+    shifted into the extras, and 4 bytes left over."""
     with pytest.raises(ProtocolError, match="trailing"):
         decode_all(SET_WITH_META_UPSTREAM)
     dec = FrameDecoder()
@@ -88,6 +95,8 @@ DEL_WITH_META_UPSTREAM = h("80 a8 0005 1a 00 0003 0000001f", ZERO, META_EXTRAS_3
 
 
 def test_del_with_meta_example_corrected_erratum_50():
+    """The DelWithMeta example also uses the 30-byte extras layout (it includes options and nmeta), so
+    its extras length is 0x1E and its total body 0x23; the page says 0x1A and 0x1F."""
     msg = meta.DelWithMeta(b"mykey", flags=7, delete_time=10, rev_seqno=20, meta_cas=30,
                            options=Opt.FORCE_ACCEPT_WITH_META_OPS, ext_meta=b"", vbucket=3)
     both_ways(msg, DEL_WITH_META)
@@ -95,6 +104,7 @@ def test_del_with_meta_example_corrected_erratum_50():
 
 
 def test_del_with_meta_upstream_header_decodes_differently_erratum_50():
+    """With the page's header (26 bytes of extras) the bytes read differently and leave 4 over."""
     with pytest.raises(ProtocolError, match="trailing"):
         decode_all(DEL_WITH_META_UPSTREAM)
     dec = FrameDecoder()
@@ -110,6 +120,8 @@ def test_del_with_meta_response_example():
 
 
 def test_force_with_meta_op_now_only_skips_conflict_resolution_erratum_50():
+    """FORCE_WITH_META_OP only skips conflict resolution now (it no longer allows writes to replica or
+    pending vbuckets, as del_with_meta.md still says); FORCE_ACCEPT_WITH_META_OPS does not skip it."""
     assert meta.skips_conflict_resolution(Opt.FORCE_WITH_META_OP)
     assert meta.skips_conflict_resolution(Opt.SKIP_CONFLICT_RESOLUTION)
     assert not meta.skips_conflict_resolution(Opt.FORCE_ACCEPT_WITH_META_OPS)
@@ -117,7 +129,7 @@ def test_force_with_meta_op_now_only_skips_conflict_resolution_erratum_50():
 
 
 # ---------------------------------------------------------------------------------------------
-# Extras layouts and rules (TABLES.md 6.1, 6.2)
+# Extras layouts (24, 26, 28 or 30 bytes: with options and/or nmeta) and option rules (set_with_meta.md)
 
 
 @pytest.mark.parametrize("options,ext_meta,size", [(None, None, 24), (None, b"\x01\x02", 26),
@@ -165,6 +177,8 @@ def test_regenerate_cas_requires_skipping_conflict_resolution():
 
 
 def test_force_accept_is_0x02_and_0x20_is_unknown_erratum_55():
+    """FORCE_ACCEPT_WITH_META_OPS is option 0x02 (mutate-with-meta.md lists it as 0x20, which is no
+    option at all and is reported as unknown)."""
     assert Opt.FORCE_ACCEPT_WITH_META_OPS == 0x02
     upstream = one(meta.SetWithMeta(b"k", b"v", options=0x20).encode())
     assert "unknown option bits 0x20" in reasons(upstream) and "erratum 55" in reasons(upstream)
@@ -211,6 +225,8 @@ GET_META_RESPONSE = h("81 a0 0000 15 00 0000 00000015 00000000 0000000000000001"
 
 
 def test_get_meta_examples_corrected_erratum_52():
+    """The GetMeta request asks for the datatype with version byte 0x02 (the example has 0x01), and the
+    response's datatype byte is 0x03, JSON|Snappy (the example has 0x01)."""
     req = meta.GetMeta(b"mykey", version=2, vbucket=3)
     both_ways(req, GET_META_REQUEST)
     assert req.wants_datatype
@@ -221,6 +237,8 @@ def test_get_meta_examples_corrected_erratum_52():
 
 
 def test_get_meta_upstream_bytes_decode_differently_erratum_52():
+    """As printed, the request's version 1 asks for no datatype, and the response's datatype reads as
+    JSON alone."""
     upstream_req = GET_META_REQUEST[:24] + b"\x01" + GET_META_REQUEST[25:]
     got = meta.GetMeta.from_frame(one(upstream_req))
     assert got.version == 1 and not got.wants_datatype  # version 1 is ignored: no datatype comes back
@@ -246,6 +264,8 @@ RM_RESPONSE_UPSTREAM = RM_RESPONSE[:6] + b"\x00\x03" + RM_RESPONSE[8:]
 
 @pytest.mark.parametrize("op_type", [meta.ReturnMetaType.ADD, meta.ReturnMetaType.SET])
 def test_addrm_setrm_examples_corrected_erratum_53(op_type):
+    """The ReturnMeta add/set examples' total body is 0x18 (12 of extras + 5-byte key + 7-byte value); the
+    pages say 0x14, which cuts the value and leaves 4 bytes over."""
     data = h("80 b2 0005 0c 00 0003 00000018", ZERO, f"0000000{int(op_type)} 00000007 0000000a",
              b"mykey".hex(), b"myvalue".hex())
     both_ways(meta.ReturnMeta(op_type, b"mykey", b"myvalue", flags=7, expiration=10, vbucket=3), data)
@@ -257,6 +277,8 @@ def test_addrm_setrm_examples_corrected_erratum_53(op_type):
 
 
 def test_delrm_example_corrected_erratum_53():
+    """The ReturnMeta delete example's total body is 0x11 (12 of extras + 5-byte key); the page says 0x05,
+    less than its extras and key."""
     data = h("80 b2 0005 0c 00 0003 00000011", ZERO, "00000003 00000000 00000000", b"mykey".hex())
     both_ways(meta.ReturnMeta(meta.ReturnMetaType.DEL, b"mykey", vbucket=3), data)
     upstream = data[:8] + (0x05).to_bytes(4, "big") + data[12:]
@@ -265,6 +287,8 @@ def test_delrm_example_corrected_erratum_53():
 
 
 def test_return_meta_response_example_status_is_success_erratum_53():
+    """Bytes 6-7 of a response are its status, so the ReturnMeta response examples must have 0 there; the
+    pages label them "VBucket 0x0003", which would be status E2BIG."""
     msg = meta.ReturnMetaResponse(flags=7, expiration=0x4E82A97A, seqno=14, cas=0xA7)
     both_ways(msg, RM_RESPONSE)
     got = decode(one(RM_RESPONSE_UPSTREAM))  # bytes 6-7 are the status in a response: 3 is E2BIG
@@ -291,6 +315,10 @@ def test_mutate_with_meta_layout():
 
 
 def test_mutate_with_meta_rules_erratum_55():
+    """MutateWithMeta's JSON options use the *WithMeta option bits (FORCE_ACCEPT_WITH_META_OPS is 0x02;
+    0x20 is unknown), and its other rules: a known command, cas_offsets only with REGENERATE_CAS, no
+    'cas' with it, IS_EXPIRATION only on delete, numeric options, a meta size within the value, JSON
+    meta."""
     def frame(doc, doc_bytes=b"x"):
         seg = json.dumps(doc).encode()
         return one(meta.MutateWithMeta(b"k", doc_bytes, seg).encode())

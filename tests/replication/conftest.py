@@ -18,7 +18,7 @@ from tests.server.client import RawClient
 
 from .driver import ConsumerPeer
 
-# The real server fixtures of tests/server, shared here.
+# The real server fixtures of tests/server, reused here.
 make_server = _server_fixtures.make_server
 server = _server_fixtures.server
 spawn_server = _server_fixtures.spawn_server

@@ -23,7 +23,7 @@ SDK_FEATURES = (Feature.TCP_NODELAY, Feature.XATTR, Feature.XERROR, Feature.SELE
                 Feature.SUBDOC_REPLICA_READ, Feature.SUBDOC_BINARY_XATTR, Feature.UNORDERED_EXECUTION,
                 Feature.CLUSTERMAP_CHANGE_NOTIFICATION, Feature.DEDUPE_NOT_MY_VBUCKET_CLUSTERMAP, Feature.SNAPPY,
                 Feature.MUTATION_SEQNO)
-"""What the official Python SDK 4.6.3 asks for, in its order (SDK-BOOTSTRAP.md)."""
+"""What the official Python SDK 4.6.3 asks for in its HELLO, in its order (seen on the wire)."""
 
 _HASHES = {"SCRAM-SHA512": "sha512", "SCRAM-SHA256": "sha256", "SCRAM-SHA1": "sha1"}
 

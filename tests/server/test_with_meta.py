@@ -1,5 +1,6 @@
-"""GET_META and SET/ADD/DEL_WITH_META end to end (set_with_meta.md, del_with_meta.md, get_meta.md,
-TABLES.md 6): options, conflict resolution, bucket-mode rules, quiet variants, malformed extras."""
+"""GET_META and SET/ADD/DEL_WITH_META end to end (KV-Engine's set_with_meta.md, del_with_meta.md and
+get_meta.md, https://github.com/couchbase/kv_engine/tree/master/engines/ep/docs/protocol): options,
+conflict resolution, bucket-mode rules, quiet variants, malformed extras."""
 
 import struct
 

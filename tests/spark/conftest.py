@@ -1,4 +1,4 @@
-"""ONE SparkSession for every Spark test (start-up costs ~5 s; SPARK-NOTES.md §5), plus the server
+"""ONE SparkSession for every Spark test (starting one takes seconds), plus the server
 fixtures of tests/server (an in-process server thread, or `dcpflow server` subprocesses).
 
 Tests that need no Spark (options, offsets, schema) do not request `spark`, so running just them
