@@ -239,8 +239,8 @@ def source_offsets(draw):
     origin = None
     if draw(st.booleans()):
         origin = {vb: draw(st.one_of(st.just(EARLIEST), at_offsets, vb_offsets)) for vb in vbuckets}
-    return SourceOffset(vbuckets, draw(st.integers(0, 10**6)), frozenset(draw(st.sets(st.sampled_from(sorted(vbuckets)))))
-                        if vbuckets else frozenset(), draw(st.booleans()), origin)
+    resets = frozenset(draw(st.sets(st.sampled_from(sorted(vbuckets))))) if vbuckets else frozenset()
+    return SourceOffset(vbuckets, draw(st.integers(0, 10**6)), resets, draw(st.booleans()), origin)
 
 
 @given(source_offsets())
