@@ -95,9 +95,8 @@ class Offset(NamedTuple):
         [vbuuid, seqno, snapshot_start, snapshot_end], and the manifest uid fifth when there is one.
 
         Compact on purpose: Spark writes every end offset of its source to the offset log, puts
-        three in each progress report and parses them in every planning call; with 1024 vbuckets
-        the object form made a first batch's end offset about five times larger and three times
-        slower to parse."""
+        three in each progress report and parses them in every planning call, an offset per
+        vbucket each (docs/spark.md has the sizes)."""
         vbuuid, seqno, start, end, uid = self
         if uid is not None:
             return [vbuuid, seqno, start, end, uid]

@@ -191,7 +191,8 @@ def rollback_decision(entries: Iterable[tuple[int, int]], *, start_seqno: int, e
 def _history_check(entries: list[tuple[int, int]], start: int, vb_uuid: int, snap_start: int,
                    snap_end: int, high_seqno: int, purge_seqno: int, client_purge_seqno: int | None,
                    strict_vb_uuid: bool, ignore_purged: bool, exempt: bool) -> RollbackDecision | None:
-    # Rule 2 (the server's own) needs start != 0, rule 1 start == 0: checking it first keeps the order.
+    # Rule 2, the server's own, applies only when start != 0 and rule 1 only when start == 0: checking
+    # it before the shared rules keeps kv_engine's order.
     effective_purge = 0 if ignore_purged else purge_seqno
     if (start != 0 and start < effective_purge and not exempt
             and client_purge_seqno != purge_seqno):

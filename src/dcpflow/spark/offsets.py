@@ -259,7 +259,6 @@ def _range(vbucket, vbuuid, seqno, snapshot_start, snapshot_end, manifest_uid, e
                    end_vbuuid, reset)
 
 
-
 def ranges(start: SourceOffset, end: SourceOffset) -> list[VbRange]:
     """The per-vbucket work between two offsets (what `partitions(start, end)` splits). An end
     offset with an origin was planned from that start, whatever `start` says now."""
