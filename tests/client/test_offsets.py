@@ -2,12 +2,23 @@
 complete snapshot, the position is always a valid stream-request offset, and the rollback point
 follows building-a-simple-client.md."""
 
+import json
+
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dcpflow.client import BEGINNING, Offset
-from dcpflow.client.offsets import VbTracker, rollback_offset
+from dcpflow.client.offsets import (
+    U64_MAX,
+    OffsetError,
+    VbTracker,
+    offsets_from_json,
+    offsets_to_json,
+    rollback_offset,
+)
+from dcpflow.protocol.failover import divergence
+from tests.protocol.failover_model import histories
 
 U = 0xAAAA
 
@@ -244,3 +255,89 @@ def test_tracker_invariants(stream, data):
         assert c.seqno == completed, "committed exactly at the last complete snapshot"
         assert c == start or c.seqno == c.snapshot_end, "a committed offset is a snapshot boundary"
         assert p.seqno >= c.seqno
+
+
+# -- the one JSON form ------------------------------------------------------------------------------
+
+u64 = st.integers(0, U64_MAX)
+
+
+@st.composite
+def offsets(draw):
+    a, b, c = sorted(draw(st.lists(st.one_of(u64, st.integers(0, 50)), min_size=3, max_size=3)))
+    seqno = draw(st.sampled_from((a, b, c)))  # often at one end of its snapshot, as real offsets are
+    start, end = (a, c) if draw(st.booleans()) else (seqno, seqno)
+    return Offset(draw(u64), seqno, min(start, seqno), max(end, seqno), draw(st.one_of(st.none(), u64)))
+
+
+@given(offsets())
+def test_offset_json_round_trips_in_the_compact_form(o):
+    doc = o.to_json()
+    assert Offset.from_json(json.loads(json.dumps(doc))) == o
+    assert doc[:2] == [o.vbuuid, o.seqno] and all(type(v) is int for v in doc)
+    if o.manifest_uid is not None:
+        assert doc == list(o)  # the manifest uid is fifth, after the whole snapshot
+    elif o.snapshot_start == o.seqno == o.snapshot_end:
+        assert len(doc) == 2  # the snapshot goes unsaid when it is just the seqno
+    else:
+        assert doc == list(o[:4])
+    # the object form (earlier files, hand-written offsets) means the same and is never shorter
+    obj = {k: v for k, v in o._asdict().items() if v is not None}
+    assert Offset.from_json(json.loads(json.dumps(obj))) == o
+    assert len(json.dumps(doc)) < len(json.dumps(obj))
+
+
+@given(offsets(), st.sampled_from(("seqno", "snapshot_start", "snapshot_end", "vbuuid", "manifest_uid")),
+       st.one_of(st.integers(-(1 << 70), -1), st.integers(U64_MAX + 1, 1 << 70), st.booleans(), st.floats(),
+                 st.text(max_size=3)))
+def test_offset_json_refuses_what_is_not_an_offset(o, field, bad):
+    doc = {k: v for k, v in o._asdict().items() if v is not None} | {field: bad}
+    compact = [*o[:4], 0 if o.manifest_uid is None else o.manifest_uid]
+    compact[o._fields.index(field)] = bad
+    for form in (doc, compact):
+        with pytest.raises(OffsetError, match=f"vbucket 9: {field} must be an unsigned 64-bit integer"):
+            Offset.from_json(form, "vbucket 9")
+
+
+@given(offsets().filter(lambda o: o.snapshot_start < o.snapshot_end < U64_MAX))
+def test_offset_json_keeps_the_snapshot_rule(o):
+    vbuuid, seqno, start, end, _ = o
+    for broken in ([vbuuid, start - 1, start, end] if start else None, [vbuuid, end + 1, start, end],
+                   {"vbuuid": vbuuid, "seqno": seqno, "snapshot_start": end + 1}):
+        if broken is not None:
+            with pytest.raises(OffsetError, match=r"snapshot_start <= seqno <= snapshot_end does not hold"):
+                Offset.from_json(broken)
+
+
+@given(st.dictionaries(st.integers(0, 1023), offsets(), max_size=40))
+def test_vbucket_maps_round_trip_in_vbucket_order(m):
+    doc = offsets_to_json(m)
+    assert list(doc) == [str(vb) for vb in sorted(m)] and all(doc[str(vb)] == o.to_json() for vb, o in m.items())
+    assert offsets_from_json(json.loads(json.dumps(doc))) == m
+
+
+def test_the_tracker_carries_the_manifest_uid_of_its_start():
+    tr = VbTracker(0, Offset(U, 10, 10, 10, manifest_uid=7))
+    tr.opened([(U, 0)])
+    tr.snapshot(11, 14)
+    tr.item(12)
+    assert tr.position == Offset(U, 12, 11, 14, 7)
+    tr.item(14)
+    assert tr.committed == Offset(U, 14, 11, 14, 7) and tr.range_end(13) == Offset(U, 13, 11, 14, 7)
+    tr.rolled_back(tr.rollback_offset([(U, 0)], 12))  # the manifest at the rollback point is not known
+    assert tr.committed == Offset(U, 10, 0, 10) and tr.committed.manifest_uid is None
+
+
+@settings(max_examples=200, deadline=None)
+@given(histories())
+def test_rollback_offset_resumes_where_the_producer_agrees(history):
+    """After ROLLBACK(R) from the shared rule, the client's resume offset names the branch the
+    producer's log holds R on, and the producer accepts it."""
+    p, consumers = history
+    for c in consumers:
+        d = divergence(p.log, c.vbuuid, c.seqno, c.snapshot_start, c.snapshot_end, p.high)
+        if d is None:
+            continue
+        o = rollback_offset(p.log, d.seqno)
+        assert o.seqno == d.seqno and o.is_boundary
+        assert divergence(p.log, o.vbuuid, o.seqno, o.snapshot_start, o.snapshot_end, p.high) is None

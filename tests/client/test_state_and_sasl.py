@@ -25,9 +25,35 @@ def test_json_file_round_trip_and_format(tmp_path):
     loaded = store.load()
     assert loaded == state()
     doc = json.loads((tmp_path / "sub" / "offsets.json").read_text())
-    assert doc["format"] == 1 and doc["offsets"]["0"] == {"vbuuid": 1 << 63, "seqno": 5, "snapshot_start": 3,
-                                                          "snapshot_end": 9}
+    # the compact form of the Spark source's offsets: the snapshot only when it is more than the seqno
+    assert doc["format"] == 1 and doc["offsets"]["0"] == [1 << 63, 5, 3, 9] and doc["offsets"]["3"] == [2, 7]
     assert isinstance(store, StateStore) and isinstance(MemoryStore(), StateStore)
+
+
+def test_files_in_the_earlier_object_form_keep_working(tmp_path):
+    """State files written before the compact form hold each offset as an object: they load as
+    they are, and the next save writes the compact form."""
+    path = tmp_path / "offsets.json"
+    path.write_text(json.dumps({
+        "format": 1, "bucket": "default", "bucket_uuid": "u1", "num_vbuckets": 4,
+        "offsets": {"0": {"vbuuid": 1 << 63, "seqno": 5, "snapshot_start": 3, "snapshot_end": 9},
+                    "3": {"vbuuid": 2, "seqno": 7, "snapshot_start": 7, "snapshot_end": 7}},
+        "purge_seqnos": {"3": 4}}, indent=1))
+    store = JsonFileStore(path)
+    assert store.load() == state()
+    store.save(store.load())
+    assert json.loads(path.read_text())["offsets"] == {"0": [1 << 63, 5, 3, 9], "3": [2, 7]}
+    assert store.load() == state()
+
+
+def test_a_manifest_uid_is_saved_and_loaded(tmp_path):
+    """Room for collections: an offset's manifest uid survives the file (fifth in the compact form)."""
+    store = JsonFileStore(tmp_path / "offsets.json")
+    saved = state(offsets={0: Offset(7, 5, 3, 9, manifest_uid=0x1A), 1: Offset.at(7, 2)._replace(manifest_uid=0)})
+    store.save(saved)
+    assert json.loads((tmp_path / "offsets.json").read_text())["offsets"] == {"0": [7, 5, 3, 9, 26],
+                                                                               "1": [7, 2, 2, 2, 0]}
+    assert store.load() == saved and store.load().offsets[1].manifest_uid == 0
 
 
 def test_save_is_atomic_replace(tmp_path, monkeypatch):
@@ -53,6 +79,8 @@ def test_save_is_atomic_replace(tmp_path, monkeypatch):
     ('{"format": 1, "bucket": "b", "offsets": {"0": {"vbuuid": 1, "seqno": 9, "snapshot_start": 10, '
      '"snapshot_end": 10}}}', "bad offset"),
     ('{"format": 1, "bucket": "b", "offsets": {"x": [0, 0, 0, 0]}}', "bad offset"),
+    ('{"format": 1, "bucket": "b", "offsets": {"0": [1, 9, 10]}}', "bad offset: offsets: vbucket 0: expected"),
+    ('{"format": 1, "bucket": "b", "offsets": {"0": [1, 9, 9, 9, -2]}}', "manifest_uid must be an unsigned"),
 ])
 def test_bad_files_are_named(tmp_path, text, words):
     path = tmp_path / "o.json"

@@ -13,10 +13,13 @@ import json
 from random import Random
 
 import pytest
+from hypothesis import given, settings
 
-from dcpflow.engine import FailoverTable, VBucketState, rollback_decision
+from dcpflow.engine import FailoverTable, RollbackDecision, VBucketState, rollback_decision
 from dcpflow.engine.failover import MAX_FAILOVER_ENTRIES
+from dcpflow.protocol.failover import divergence
 from dcpflow.protocol.status import Status
+from tests.protocol.failover_model import histories
 
 
 class ZeroThenRandom(Random):
@@ -424,3 +427,25 @@ def test_to_json_follows_every_change_after_being_read():
     assert FailoverTable.from_json(t.to_json()).entries == [(5, 9), (4, 2)]
     t.prune(1)  # nothing at or below 1 is left: a fresh entry at 1
     assert [e.seqno for e in FailoverTable.from_json(t.to_json()).entries] == [1]
+
+
+# -- the shared rule ----------------------------------------------------------------------------------
+
+@settings(max_examples=300, deadline=None)
+@given(histories())
+def test_stream_requests_are_decided_by_the_shared_rule(history):
+    """The server's decision, for requests its own rules (ranges, purge) let through, is the
+    divergence rule every consumer shares (dcpflow.protocol.failover): a stream starts only where
+    the producer still holds what the consumer relies on, and a rollback goes to shared history."""
+    p, consumers = history
+    table = FailoverTable(p.log)
+    for c in consumers:
+        d = table.rollback_decision(start_seqno=c.seqno, end_seqno=2**64 - 1, vb_uuid=c.vbuuid,
+                                    snap_start_seqno=c.snapshot_start, snap_end_seqno=c.snapshot_end,
+                                    high_seqno=p.high, purge_seqno=0)
+        shared = divergence(p.log, c.vbuuid, c.seqno, c.snapshot_start, c.snapshot_end, p.high)
+        if shared is None:
+            assert d.status == Status.SUCCESS and c.common(p) >= c.needed
+        else:
+            assert d == RollbackDecision(Status.ROLLBACK, shared.seqno, shared.reason)
+            assert d.rollback_seqno <= c.common(p)

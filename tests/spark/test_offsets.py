@@ -6,8 +6,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from dcpflow.client import Offset
+from dcpflow.protocol.failover import divergence
 from dcpflow.spark import offsets as off
 from dcpflow.spark.offsets import EARLIEST, SourceOffset, VbOffset
+from tests.protocol.failover_model import histories
 
 pending_maps = st.dictionaries(st.integers(0, 63), st.integers(0, 500), min_size=1, max_size=40)
 
@@ -220,3 +223,62 @@ def test_lag_reads_progress_offsets_in_either_form():
     assert lag_of({"sources": [{"endOffset": old, "latestOffset": latest}]}) == 5 + 4 + 3
     assert lag_of({"sources": [{"endOffset": None, "latestOffset": latest}]}) is None
     assert lag_of({"sources": [{"endOffset": {"vbuckets": {"0": [1]}}, "latestOffset": latest}]}) is None
+
+
+# -- one offset model, one divergence rule ------------------------------------------------------------
+
+vb_offsets = st.builds(lambda v, a, b, c, uid: VbOffset(v, sorted((a, b, c))[1], min(a, b, c), max(a, b, c), uid),
+                       st.integers(0, (1 << 64) - 1), st.integers(0, 1000), st.integers(0, 1000),
+                       st.integers(0, 1000), st.one_of(st.none(), st.integers(0, 1 << 32)))
+at_offsets = st.builds(VbOffset.at, st.integers(0, (1 << 64) - 1), st.integers(0, 1000))
+
+
+@st.composite
+def source_offsets(draw):
+    vbuckets = draw(st.dictionaries(st.integers(0, 1023), st.one_of(at_offsets, vb_offsets), max_size=30))
+    origin = None
+    if draw(st.booleans()):
+        origin = {vb: draw(st.one_of(st.just(EARLIEST), at_offsets, vb_offsets)) for vb in vbuckets}
+    resets = frozenset(draw(st.sets(st.sampled_from(sorted(vbuckets))))) if vbuckets else frozenset()
+    return SourceOffset(vbuckets, draw(st.integers(0, 10**6)), resets, draw(st.booleans()), origin)
+
+
+@given(source_offsets())
+def test_source_offsets_round_trip_in_the_clients_compact_form(o):
+    doc = json.loads(json.dumps(o.to_json()))
+    assert SourceOffset.from_json(doc) == o
+    # each vbucket's offset is the client's JSON form; the origin leaves out what starts from 0
+    assert doc["vbuckets"] == {str(vb): off_.to_json() for vb, off_ in sorted(o.vbuckets.items())}
+    if o.origin is not None:
+        assert doc["origin"] == {str(vb): s.to_json() for vb, s in sorted(o.origin.items()) if s != EARLIEST}
+    assert VbOffset is Offset
+
+
+def test_a_manifest_uid_rides_along_offsets_and_ranges():
+    import pickle
+
+    start = SourceOffset({0: VbOffset(5, 10, 10, 10, manifest_uid=3)}, batch=2)
+    assert start.to_json()["vbuckets"] == {"0": [5, 10, 10, 10, 3]}
+    assert SourceOffset.from_json(json.dumps(start.to_json())) == start
+    end = off.plan(start, {0: 15}, {0: [(5, 0)]})
+    assert end.vbuckets[0] == VbOffset(5, 15, 15, 15, 3)
+    work = off.ranges(start, end)
+    assert pickle.loads(pickle.dumps(work)) == work and work[0].start.manifest_uid == 3
+
+
+@settings(max_examples=300, deadline=None)
+@given(histories())
+def test_the_driver_rereads_whenever_the_server_would_roll_back(history):
+    """Spark's offsets do not say which snapshot a read stopped in, so its check is conservative:
+    whatever snapshot the consumer really read (the model knows), a rollback the server would ask
+    for is a re-read the driver plans - and on the newest branch it re-reads nothing it need not."""
+    p, consumers = history
+    for c in consumers:
+        spark = off.diverged(VbOffset.at(c.vbuuid, c.seqno), p.log, p.high)
+        server = divergence(p.log, c.vbuuid, c.seqno, c.snapshot_start, c.snapshot_end, p.high)
+        if server is not None and c.seqno > 0:
+            assert spark
+        if not spark and c.seqno > 0:
+            assert c.common(p) >= c.snapshot_end  # safe for any snapshot the read may have stopped in
+        if p.log[0][0] == c.vbuuid:
+            assert spark == (c.common(p) < c.seqno)

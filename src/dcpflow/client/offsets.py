@@ -2,8 +2,13 @@
 
 An `Offset` is what a DCP stream request needs to resume (stream-request.md,
 building-a-simple-client.md "Restarting from where you left off"): the vbucket UUID of the
-history branch the data came from, the last seqno received, and the snapshot that seqno belongs to.
-A valid offset has `snapshot_start <= seqno <= snapshot_end`.
+history branch the data came from, the last seqno received, and the snapshot that seqno belongs to
+(and, for collections, the manifest uid known there). A valid offset has
+`snapshot_start <= seqno <= snapshot_end`. It is the one offset model of dcpflow: the client's
+state files and the Spark source's offsets hold it in one JSON form, `{"<vbucket>": offset}` with
+an offset `[vbuuid, seqno]` when its snapshot is just that seqno, else `[vbuuid, seqno,
+snapshot_start, snapshot_end]` (`Offset.to_json`, `offsets_to_json`); the object form of earlier
+files is still read.
 
 `VbTracker` applies the stream's messages to two offsets (sans-I/O, one per vbucket):
 
@@ -45,18 +50,31 @@ ERANGE).
 """
 
 from collections import deque
+from collections.abc import Mapping
 from typing import NamedTuple
 
+from dcpflow.protocol.failover import branch_of
+
 U64_MAX = 0xFFFFFFFFFFFFFFFF
+_FIELDS = ("vbuuid", "seqno", "snapshot_start", "snapshot_end", "manifest_uid")
+#: what an offset object without the field does not say (its error message)
+_NEEDED = {"vbuuid": "which history it is on", "seqno": "where to resume"}
+
+
+class OffsetError(ValueError):
+    """Offset JSON (or values) that do not make an offset; the message says where and why."""
 
 
 class Offset(NamedTuple):
-    """Resume point of one vbucket. `vbuuid` is an unsigned 64-bit int (0 = no history yet)."""
+    """Resume point of one vbucket. `vbuuid` is an unsigned 64-bit int (0 = no history yet).
+    `manifest_uid` is the collections manifest the consumer knows at this point (None: not
+    tracked); it is carried and saved with the offset."""
 
     vbuuid: int = 0
     seqno: int = 0
     snapshot_start: int = 0
     snapshot_end: int = 0
+    manifest_uid: int | None = None
 
     @classmethod
     def at(cls, vbuuid: int, seqno: int) -> "Offset":
@@ -64,36 +82,95 @@ class Offset(NamedTuple):
         boundary writes its snapshot (rollback.md). It claims consistency at seqno only."""
         return cls(vbuuid, seqno, seqno, seqno)
 
-    def check(self) -> "Offset":
-        """Return self if usable in a stream request, else raise ValueError saying why."""
-        for name, value in zip(self._fields, self, strict=True):
-            if not isinstance(value, int) or not 0 <= value <= U64_MAX:
-                raise ValueError(f"offset {name}={value!r} is not an unsigned 64-bit integer")
-        if not self.snapshot_start <= self.seqno <= self.snapshot_end:
-            raise ValueError(f"offset {tuple(self)} breaks snapshot_start <= seqno <= snapshot_end "
-                             f"(stream-request.md)")
-        return self
+    def check(self, where: str = "offset") -> "Offset":
+        """Return self if usable in a stream request, else raise OffsetError saying why."""
+        return _checked(self, where)
 
     @property
     def is_boundary(self) -> bool:
         return self.seqno == self.snapshot_end
 
-    def to_json(self) -> dict:
-        return self._asdict()
+    def to_json(self) -> list[int]:
+        """The compact form: [vbuuid, seqno] at a boundary whose snapshot is just that seqno, else
+        [vbuuid, seqno, snapshot_start, snapshot_end], and the manifest uid fifth when there is one.
+
+        Compact on purpose: Spark writes every end offset of its source to the offset log, puts
+        three in each progress report and parses them in every planning call, an offset per
+        vbucket each (docs/spark.md has the sizes)."""
+        vbuuid, seqno, start, end, uid = self
+        if uid is not None:
+            return [vbuuid, seqno, start, end, uid]
+        if start == seqno == end:
+            return [vbuuid, seqno]
+        return [vbuuid, seqno, start, end]
 
     @classmethod
-    def from_json(cls, doc) -> "Offset":
-        """From a dict with the four field names, or a 4-element list; raises ValueError."""
+    def from_json(cls, doc, where: str = "offset") -> "Offset":
+        """From the compact form (a list, see to_json), or the object form {"vbuuid": …, "seqno": …,
+        "snapshot_start": …, "snapshot_end": …, "manifest_uid": …} that earlier state files and
+        Spark checkpoints hold and that people write by hand (the snapshot defaults to the seqno,
+        the manifest uid to none). An Offset is returned as it is. Raises OffsetError naming
+        `where`."""
         if isinstance(doc, cls):
             return doc
-        if isinstance(doc, list | tuple) and len(doc) == 4:
-            return cls(*doc).check()
-        if not isinstance(doc, dict):
-            raise ValueError(f"an offset is a JSON object with {', '.join(cls._fields)}; got {doc!r}")
-        missing = [f for f in cls._fields if f not in doc]
-        if missing:
-            raise ValueError(f"offset {doc!r} lacks {', '.join(missing)}")
-        return cls(*(doc[f] for f in cls._fields)).check()
+        if isinstance(doc, list | tuple):
+            n = len(doc)
+            if n == 2:
+                values = (doc[0], doc[1], doc[1], doc[1], None)
+            elif n == 4:
+                values = (*doc, None)
+            elif n == 5:
+                values = tuple(doc)
+            else:
+                raise OffsetError(f"{where}: expected [vbuuid, seqno] or [vbuuid, seqno, snapshot_start, "
+                                  f"snapshot_end] (and a manifest uid), got {doc!r}")
+        elif isinstance(doc, dict):
+            unknown = doc.keys() - _FIELDS
+            if unknown:
+                raise OffsetError(f"{where}: unknown field(s) {sorted(unknown)}")
+            for name, why in _NEEDED.items():
+                if name not in doc:
+                    raise OffsetError(f"{where}: missing {name!r} (an offset that lacks {name} does not say {why})")
+            seqno = doc["seqno"]
+            values = (doc["vbuuid"], seqno, doc.get("snapshot_start", seqno), doc.get("snapshot_end", seqno),
+                      doc.get("manifest_uid"))
+        else:
+            raise OffsetError(f"{where}: expected [vbuuid, seqno] or an object with vbuuid and seqno, got {doc!r}")
+        return _checked(tuple.__new__(cls, values), where)
+
+
+def _checked(o: Offset, where: str) -> Offset:
+    for name, v in zip(_FIELDS, o, strict=True):
+        # type(): a JSON true is not a seqno
+        if (type(v) is not int or not 0 <= v <= U64_MAX) and not (v is None and name == "manifest_uid"):
+            raise OffsetError(f"{where}: {name} must be an unsigned 64-bit integer, got {v!r}")
+    if not o.snapshot_start <= o.seqno <= o.snapshot_end:
+        raise OffsetError(f"{where}: snapshot_start <= seqno <= snapshot_end does not hold "
+                          f"({o.snapshot_start}, {o.seqno}, {o.snapshot_end}; stream-request.md)")
+    return o
+
+
+def vbucket_id(key) -> int:
+    """A vbucket id from a JSON object key; raises OffsetError."""
+    try:
+        vb = int(key)
+    except (TypeError, ValueError):
+        raise OffsetError(f"vbucket id {key!r} is not a number") from None
+    if not 0 <= vb <= 0xFFFF:
+        raise OffsetError(f"vbucket id {vb} is out of range")
+    return vb
+
+
+def offsets_to_json(offsets: Mapping[int, Offset]) -> dict[str, list[int]]:
+    """{vbucket: Offset} as JSON: {"<vbucket>": compact offset}, in vbucket order."""
+    return {str(vb): off.to_json() for vb, off in sorted(offsets.items())}
+
+
+def offsets_from_json(doc, where: str = "") -> dict[int, Offset]:
+    """The inverse of offsets_to_json (each offset in either form); `where` prefixes the error."""
+    if not isinstance(doc, dict):
+        raise OffsetError(f"{where or 'vbuckets '}must be an object keyed by vbucket id")
+    return {vbucket_id(k): Offset.from_json(v, f"{where}vbucket {k}") for k, v in doc.items()}
 
 
 BEGINNING = Offset()
@@ -104,25 +181,24 @@ BOUNDARIES = 512
 
 def rollback_offset(failover_log, seqno: int) -> Offset:
     """Where to resume after ROLLBACK(seqno) (building-a-simple-client.md "Handling a rollback"):
-    drop failover entries newer than the rollback point and take the newest remaining one, whose
-    branch contains `seqno`. No entry (or seqno 0) means start over with no history."""
-    if seqno:
-        for uuid, entry_seqno in failover_log:  # newest first
-            if entry_seqno <= seqno:
-                return Offset.at(uuid, seqno)
-    return BEGINNING
+    the rollback seqno on the branch of the failover log that holds it. No such branch (or seqno
+    0) means start over with no history."""
+    uuid = branch_of(failover_log, seqno) if seqno else None
+    return BEGINNING if uuid is None else Offset.at(uuid, seqno)
 
 
 class VbTracker:
     """The offsets of one vbucket's stream, moved by what the application has consumed."""
 
-    __slots__ = ("vbucket", "vbuuid", "committed", "_pos", "marker", "purge_seqno", "boundaries", "base", "anchor")
+    __slots__ = ("vbucket", "vbuuid", "manifest_uid", "committed", "_pos", "marker", "purge_seqno", "boundaries",
+                 "base", "anchor")
 
     def __init__(self, vbucket: int, start: Offset = BEGINNING):
         self.vbucket = vbucket
         self.vbuuid = start.vbuuid
+        self.manifest_uid = start.manifest_uid  # carried into every offset made from here
         self.committed = start
-        self._pos: tuple | None = None  # position fields when ahead of `committed` (cheaper than an Offset)
+        self._pos: tuple | None = None  # position fields but the manifest uid, when ahead of `committed`
         self.marker: tuple[int, int] | None = None  # the snapshot being received, until complete
         self.purge_seqno = 0
         # Consistent points to roll back to, newest last: what the start offset proves (module
@@ -138,7 +214,7 @@ class VbTracker:
     @property
     def position(self) -> Offset:
         pos = self._pos
-        return self.committed if pos is None else _new(Offset, pos)
+        return self.committed if pos is None else _new(Offset, (*pos, self.manifest_uid))
 
     def rollback_point(self, seqno: int) -> int:
         """The newest consistent point at or below the server's rollback seqno (0 if none)."""
@@ -151,7 +227,7 @@ class VbTracker:
         """Where to resume after ROLLBACK(seqno): the newest consistent point at or below it, on the
         failover entry covering it, with the snapshot info at that point (rollback.md, consumer
         side) - snapshot_start is one past the boundary before it, so that a restart from this
-        offset still knows that boundary."""
+        offset still knows that boundary. The manifest uid at that point is not known (None)."""
         point = self.rollback_point(seqno)
         offset = rollback_offset(failover_log, point)
         if offset.seqno:
@@ -169,7 +245,7 @@ class VbTracker:
         base = self.base
         if start != base + 1:  # not right after the point it followed: claim only that point
             start = base + 1 if base else 0
-        self.committed = Offset(self.vbuuid, seqno, min(start, seqno), max(end, seqno))
+        self.committed = Offset(self.vbuuid, seqno, min(start, seqno), max(end, seqno), self.manifest_uid)
         self._pos = None
         self.marker = None
         self.base = seqno
@@ -225,6 +301,7 @@ class VbTracker:
 
     def rolled_back(self, offset: Offset) -> None:
         self.vbuuid = offset.vbuuid
+        self.manifest_uid = offset.manifest_uid
         self.committed = self.anchor = offset
         self._pos = None
         self.marker = None
@@ -243,10 +320,10 @@ class VbTracker:
         if c.seqno <= end or c == self.anchor:
             return c
         if c.snapshot_start <= end:
-            return Offset(c.vbuuid, end, c.snapshot_start, c.snapshot_end)
+            return c._replace(seqno=end)
         # `end` fell between snapshots: nothing of ours lies there. Claim the boundary before it
         # as well when `end` is itself a known boundary.
         if self.rollback_point(end) < end:
-            return Offset.at(c.vbuuid, end)
+            return c._replace(seqno=end, snapshot_start=end, snapshot_end=end)
         prev = self.rollback_point(end - 1) if end else 0
-        return Offset(c.vbuuid, end, prev + 1 if prev else 0, end)
+        return c._replace(seqno=end, snapshot_start=prev + 1 if prev else 0, snapshot_end=end)

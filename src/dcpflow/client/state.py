@@ -5,13 +5,19 @@ applied to another bucket, or to a bucket that was dropped and re-created) and o
 `Offset` per vbucket (offsets.py: only ever a safe point). Anything with `load()` and `save()`
 works as a store (a database row, an object-store key); `JsonFileStore` is the default.
 
-File format (stable; readable by anything that reads JSON)::
+File format (stable; readable by anything that reads JSON), one vbucket per line::
 
     {"format": 1, "bucket": "default", "bucket_uuid": "…", "num_vbuckets": 1024,
-     "offsets": {"0": {"vbuuid": 123, "seqno": 10, "snapshot_start": 10, "snapshot_end": 10}, …},
+     "offsets": {
+      "0": [123, 10],
+      "1": [123, 30, 21, 30],
+      …},
      "purge_seqnos": {"0": 0, …}}
 
-`vbuuid` is the unsigned 64-bit vbucket UUID as a JSON integer.
+An offset is in the compact form of offsets.py (the Spark source's too): [vbuuid, seqno] when its
+snapshot is just that seqno, else [vbuuid, seqno, snapshot_start, snapshot_end]; `vbuuid` is the
+unsigned 64-bit vbucket UUID as a JSON integer. Files written before hold each offset as an object
+({"vbuuid": 123, "seqno": 10, "snapshot_start": 10, "snapshot_end": 10}); they are read as they are.
 """
 
 import contextlib
@@ -23,7 +29,7 @@ from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from .errors import StateStoreError
-from .offsets import Offset
+from .offsets import Offset, offsets_from_json, offsets_to_json
 
 FORMAT = 1
 
@@ -39,7 +45,7 @@ class ClientState:
     def to_json(self) -> dict:
         return {"format": FORMAT, "bucket": self.bucket, "bucket_uuid": self.bucket_uuid,
                 "num_vbuckets": self.num_vbuckets,
-                "offsets": {str(vb): o.to_json() for vb, o in sorted(self.offsets.items())},
+                "offsets": offsets_to_json(self.offsets),
                 "purge_seqnos": {str(vb): s for vb, s in sorted(self.purge_seqnos.items()) if s}}
 
     @classmethod
@@ -47,7 +53,7 @@ class ClientState:
         if not isinstance(doc, dict) or doc.get("format") != FORMAT or "bucket" not in doc:
             raise StateStoreError(f"{where} is not a dcpflow offsets document (format {FORMAT})")
         try:
-            offsets = {int(vb): Offset.from_json(o) for vb, o in doc.get("offsets", {}).items()}
+            offsets = offsets_from_json(doc.get("offsets", {}), "offsets: ")
             purge = {int(vb): int(s) for vb, s in doc.get("purge_seqnos", {}).items()}
         except (TypeError, ValueError) as e:
             raise StateStoreError(f"{where} has a bad offset: {e}") from None
@@ -61,6 +67,20 @@ class ClientState:
             raise StateStoreError(f"{where} holds offsets of an earlier bucket {bucket!r} (uuid {self.bucket_uuid}; "
                                   f"the bucket now has uuid {bucket_uuid}): it was dropped and re-created. Start "
                                   f"from the beginning, or remove the saved offsets")
+
+
+def _dumps(doc: dict) -> str:
+    """The document with one vbucket's offset per line (json.dumps' indent would spread every
+    offset's numbers over lines of their own)."""
+    lines = ",\n ".join(f"{json.dumps(k)}: {_dumps_offsets(v) if k == 'offsets' else json.dumps(v)}"
+                         for k, v in doc.items())
+    return "{" + lines + "}\n"
+
+
+def _dumps_offsets(offsets: dict) -> str:
+    if not offsets:
+        return "{}"
+    return "{\n  " + ",\n  ".join(f"{json.dumps(vb)}: {json.dumps(o)}" for vb, o in offsets.items()) + "}"
 
 
 @runtime_checkable
@@ -110,7 +130,7 @@ class JsonFileStore:
         return ClientState.from_json(doc, str(self.path))
 
     def save(self, state: ClientState) -> None:
-        data = json.dumps(state.to_json(), indent=1).encode()
+        data = _dumps(state.to_json()).encode()
         directory = self.path.parent
         try:
             directory.mkdir(parents=True, exist_ok=True)

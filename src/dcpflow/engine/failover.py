@@ -9,6 +9,10 @@ history and the seqno at which that branch began. Entries are kept newest first,
 (`max_failover_entries`); the newest UUID is "the vbucket UUID". When to push an entry is the
 VBucket's business (creation, becoming active other than by takeover, unclean warm-up); this
 module only knows how.
+
+Whether a consumer's history diverged from this log is decided by dcpflow.protocol.failover,
+the rule the client and the Spark source apply too; the server adds its own rules around it
+(request ranges, the purge seqno, the high seqno).
 """
 
 import json
@@ -16,17 +20,12 @@ import secrets
 from collections.abc import Iterable
 from dataclasses import dataclass
 from random import Random
-from typing import NamedTuple
 
+from dcpflow.protocol.failover import FailoverEntry, divergence
 from dcpflow.protocol.status import Status
 
 MAX_FAILOVER_ENTRIES = 25
 _UUID_MASK = (1 << 48) - 1
-
-
-class FailoverEntry(NamedTuple):
-    uuid: int
-    seqno: int
 
 
 class FailoverTable:
@@ -192,32 +191,16 @@ def rollback_decision(entries: Iterable[tuple[int, int]], *, start_seqno: int, e
 def _history_check(entries: list[tuple[int, int]], start: int, vb_uuid: int, snap_start: int,
                    snap_end: int, high_seqno: int, purge_seqno: int, client_purge_seqno: int | None,
                    strict_vb_uuid: bool, ignore_purged: bool, exempt: bool) -> RollbackDecision | None:
-    if start == 0 and (not strict_vb_uuid or vb_uuid == 0):
-        return None
-
+    # Rule 2, the server's own, applies only when start != 0 and rule 1 only when start == 0: checking
+    # it before the shared rules keeps kv_engine's order.
     effective_purge = 0 if ignore_purged else purge_seqno
     if (start != 0 and start < effective_purge and not exempt
             and client_purge_seqno != purge_seqno):
         return RollbackDecision(Status.ROLLBACK, 0, (
             f"purge seqno {purge_seqno} is greater than start seqno {start}: the consumer could "
             "miss purged deletions"))
-
-    upper = high_seqno
-    for uuid, seqno in entries:  # newest first; upper is the seqno of the next newer entry
-        if uuid == vb_uuid:
-            break
-        upper = seqno
-    else:
-        return RollbackDecision(Status.ROLLBACK, 0, (
-            f"vbucket UUID {vb_uuid} not found in the failover log: consumer and producer have "
-            "no common history"))
-
-    if start == snap_start:
-        snap_end = start
-    if snap_end <= upper:
+    # Rules 1, 3 and 4: the history check every DCP consumer shares.
+    diverged = divergence(entries, vb_uuid, start, snap_start, snap_end, high_seqno, strict_vbuuid=strict_vb_uuid)
+    if diverged is None:
         return None
-    if start == snap_end:
-        snap_start = start
-    # The consumer holds a snapshot reaching past where the producer's history diverged.
-    reason = f"consumer ahead of producer - producer upper at {upper}"
-    return RollbackDecision(Status.ROLLBACK, upper if upper < snap_start else snap_start, reason)
+    return RollbackDecision(Status.ROLLBACK, diverged.seqno, diverged.reason)

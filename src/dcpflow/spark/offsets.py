@@ -7,12 +7,12 @@ back to `partitions(start, end)` when it (re)runs it, so everything a read needs
      "resets": [12],                      # vbuckets this batch re-reads from seqno 0 (rollback)
      "vbuckets": {"0": [1234, 88], "1": [1234, 90, 85, 95], ...}}
 
-A vbucket's offset is [vbuuid, seqno], or [vbuuid, seqno, snapshot_start, snapshot_end] when the
-read stopped inside a snapshot. Compact on purpose: Spark writes every end offset to the offset
-log and puts three (start, end, latest) in each progress report, and the driver parses them in
-every planning call; with 1024 vbuckets the object form ({"vbuuid": ..., "seqno": ..., ...}, still
-accepted) made the first batch's end offset 172 KB instead of 33 KB, and parsing one took 4.5 ms
-instead of 1.3.
+A vbucket's offset is the client's `Offset` in its compact JSON form (dcpflow.client.offsets):
+[vbuuid, seqno], or [vbuuid, seqno, snapshot_start, snapshot_end] when the read stopped inside a
+snapshot. Compact on purpose: Spark writes every end offset to the offset log and puts three
+(start, end, latest) in each progress report, and the driver parses them in every planning call;
+with 1024 vbuckets the object form ({"vbuuid": ..., "seqno": ..., ...}, still accepted) made the
+first batch's end offset 172 KB instead of 33 KB, and parsing one took 4.5 ms instead of 1.3.
 
 Per vbucket the range of a batch is (start seqno, end seqno] on the history named by the vbuuid.
 `batch` only grows, so ordering rows by (_commit_version, seqno) orders them per key even across a
@@ -33,75 +33,25 @@ import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-
-class OffsetError(ValueError):
-    """Offsets JSON that does not follow the format above; the message says where."""
+from dcpflow.client.offsets import BEGINNING, Offset, OffsetError, offsets_from_json, offsets_to_json, vbucket_id
+from dcpflow.protocol.failover import divergence
 
 
 class HistoryDiverged(RuntimeError):
     """rollback=fail and a vbucket's history changed since the committed offset."""
 
 
-@dataclass(frozen=True, slots=True)
-class VbOffset:
-    """Where a vbucket's stream stands: the last seqno read on the history `vbuuid`, and the
-    snapshot it was in (both equal to seqno when the read ended on a snapshot boundary)."""
-
-    vbuuid: int
-    seqno: int
-    snapshot_start: int
-    snapshot_end: int
-
-    @classmethod
-    def at(cls, vbuuid: int, seqno: int) -> VbOffset:
-        return cls(vbuuid, seqno, seqno, seqno)
-
-    def to_json(self) -> list[int]:
-        """The compact form (module docstring): the snapshot only when it is not just this seqno."""
-        if self.snapshot_start == self.seqno == self.snapshot_end:
-            return [self.vbuuid, self.seqno]
-        return [self.vbuuid, self.seqno, self.snapshot_start, self.snapshot_end]
-
-    @classmethod
-    def from_json(cls, doc, where: str) -> VbOffset:
-        if isinstance(doc, list):  # compact: [vbuuid, seqno] or [vbuuid, seqno, snap_start, snap_end]
-            if len(doc) == 2:
-                values = (doc[0], doc[1], doc[1], doc[1])
-            elif len(doc) == 4:
-                values = tuple(doc)
-            else:
-                raise OffsetError(f"{where}: expected [vbuuid, seqno] or [vbuuid, seqno, snapshot_start, "
-                                  f"snapshot_end], got {doc!r}")
-        elif isinstance(doc, dict):
-            unknown = set(doc) - set(_FIELDS)
-            if unknown:
-                raise OffsetError(f"{where}: unknown field(s) {sorted(unknown)}")
-            for name in ("vbuuid", "seqno"):
-                if name not in doc:
-                    raise OffsetError(f"{where}: missing {name!r}")
-            values = tuple(doc.get(name, doc["seqno"]) for name in _FIELDS)
-        else:
-            raise OffsetError(f"{where}: expected [vbuuid, seqno] or an object with vbuuid and seqno, got {doc!r}")
-        for name, v in zip(_FIELDS, values, strict=True):
-            if type(v) is not int or not 0 <= v < _U64:  # type(): a JSON true is not a seqno
-                raise OffsetError(f"{where}: {name} must be an unsigned 64-bit integer, got {v!r}")
-        off = cls(*values)
-        if not off.snapshot_start <= off.seqno <= off.snapshot_end:
-            raise OffsetError(f"{where}: snapshot_start <= seqno <= snapshot_end does not hold "
-                              f"({off.snapshot_start}, {off.seqno}, {off.snapshot_end})")
-        return off
-
-
-_FIELDS = ("vbuuid", "seqno", "snapshot_start", "snapshot_end")
-_U64 = 1 << 64
-EARLIEST = VbOffset(0, 0, 0, 0)
+#: A vbucket's offset: the client's (the name is what this module called it before they were one).
+VbOffset = Offset
+EARLIEST = BEGINNING
+_new = tuple.__new__
 
 
 @dataclass(frozen=True)
 class OffsetSpec:
     """A user's startingOffsets/endingOffsets JSON: per vbucket an offset or 'earliest'/'latest'."""
 
-    vbuckets: dict[int, VbOffset | str]
+    vbuckets: dict[int, Offset | str]
     batch: int = 0
 
 
@@ -109,11 +59,11 @@ class OffsetSpec:
 class SourceOffset:
     """A whole offset of the source (see the module docstring)."""
 
-    vbuckets: dict[int, VbOffset]
+    vbuckets: dict[int, Offset]
     batch: int = 0
     resets: frozenset[int] = field(default_factory=frozenset)
     initial: bool = False  # the query's starting point (initialOffset), not the end of a batch
-    origin: dict[int, VbOffset] | None = None  # the first batch's start (module docstring)
+    origin: dict[int, Offset] | None = None  # the first batch's start (module docstring)
 
     def to_json(self) -> dict:
         doc: dict = {"batch": self.batch}
@@ -121,9 +71,9 @@ class SourceOffset:
             doc["initial"] = True
         if self.resets:
             doc["resets"] = sorted(self.resets)
-        doc["vbuckets"] = _vbuckets_json(self.vbuckets)
+        doc["vbuckets"] = offsets_to_json(self.vbuckets)
         if self.origin is not None:  # its vbuckets are the offset's; those from seqno 0 go unsaid
-            doc["origin"] = _vbuckets_json({vb: o for vb, o in self.origin.items() if o != EARLIEST})
+            doc["origin"] = offsets_to_json({vb: o for vb, o in self.origin.items() if o != EARLIEST})
         return doc
 
     @classmethod
@@ -132,33 +82,13 @@ class SourceOffset:
             doc = json.loads(doc)
         if not isinstance(doc, dict) or "vbuckets" not in doc:
             raise OffsetError(f"not a dcp source offset (no 'vbuckets'): {str(doc)[:200]}")
-        vbuckets = _vbuckets_from_json(doc["vbuckets"])
+        vbuckets = offsets_from_json(doc["vbuckets"])
         origin = None
         if "origin" in doc:
             origin = dict.fromkeys(vbuckets, EARLIEST)
-            origin.update(_vbuckets_from_json(doc["origin"], "origin "))
+            origin.update(offsets_from_json(doc["origin"], "origin "))
         return cls(vbuckets, int(doc.get("batch", 0)), frozenset(int(v) for v in doc.get("resets", ())),
                    bool(doc.get("initial", False)), origin)
-
-
-def _vbuckets_json(vbuckets: Mapping[int, VbOffset]) -> dict:
-    return {str(vb): off.to_json() for vb, off in sorted(vbuckets.items())}
-
-
-def _vbuckets_from_json(doc, where: str = "") -> dict[int, VbOffset]:
-    if not isinstance(doc, dict):
-        raise OffsetError(f"{where or 'vbuckets '}must be an object keyed by vbucket id")
-    return {_vb_id(k): VbOffset.from_json(v, f"{where}vbucket {k}") for k, v in doc.items()}
-
-
-def _vb_id(key) -> int:
-    try:
-        vb = int(key)
-    except (TypeError, ValueError):
-        raise OffsetError(f"vbucket id {key!r} is not a number") from None
-    if not 0 <= vb <= 0xFFFF:
-        raise OffsetError(f"vbucket id {vb} is out of range")
-    return vb
 
 
 def parse_vbucket_offsets(doc) -> OffsetSpec:
@@ -174,13 +104,13 @@ def parse_vbucket_offsets(doc) -> OffsetSpec:
         doc = doc["vbuckets"]
         if not isinstance(doc, dict):
             raise OffsetError("'vbuckets' must be an object keyed by vbucket id")
-    out: dict[int, VbOffset | str] = {}
+    out: dict[int, Offset | str] = {}
     for key, value in doc.items():
-        vb = _vb_id(key)
+        vb = vbucket_id(key)
         if isinstance(value, str) and value.lower() in ("earliest", "latest"):
             out[vb] = value.lower()
         else:
-            out[vb] = VbOffset.from_json(value, f"vbucket {key}")
+            out[vb] = Offset.from_json(value, f"vbucket {key}")
     if not out:
         raise OffsetError("no vbucket given")
     return OffsetSpec(out, batch)
@@ -191,7 +121,7 @@ def parse_vbucket_offsets(doc) -> OffsetSpec:
 
 
 def resolve(spec: str | OffsetSpec, vbuckets: Iterable[int], high: Mapping[int, int],
-            uuids: Mapping[int, int], default: str = "earliest") -> dict[int, VbOffset]:
+            uuids: Mapping[int, int], default: str = "earliest") -> dict[int, Offset]:
     """Turn 'earliest' / 'latest' / a spec into a concrete offset for every vbucket read.
     `high` are the high seqnos now, `uuids` the newest vbuuid of each vbucket; a vbucket missing
     from a JSON spec takes `default`."""
@@ -201,28 +131,31 @@ def resolve(spec: str | OffsetSpec, vbuckets: Iterable[int], high: Mapping[int, 
         if choice == "earliest":
             out[vb] = EARLIEST
         elif choice == "latest":
-            out[vb] = VbOffset.at(uuids[vb], high[vb])
+            out[vb] = Offset.at(uuids[vb], high[vb])
         else:
             out[vb] = choice
     return out
 
 
-def diverged(offset: VbOffset, failover_log: list[tuple[int, int]], high_seqno: int) -> bool:
-    """Has this vbucket's history changed since `offset` was read? (the driver-side check)
+def diverged(offset: Offset, failover_log: list[tuple[int, int]], high_seqno: int) -> bool:
+    """Has this vbucket's history changed since `offset` was read? (the driver's check, and the
+    worker's before it reads)
 
     Conservative on purpose: any failover entry newer than the offset's vbuuid counts, not only
     one that branched below the offset's seqno. The driver plans ranges from high seqnos and cannot
     know whether the last read stopped inside a snapshot, and DCP de-duplicates inside a snapshot,
     so a reader that stopped mid-snapshot may lack a version the new branch kept - the reason the
     server would roll it back to the snapshot start. Re-reading one vbucket costs 1/N of the
-    bucket and is always exact; see docs/spark.md. A high seqno below the offset (history went
-    backwards) counts too.
+    bucket and is always exact; see docs/spark.md. On the newest branch the rule every DCP
+    consumer shares decides (dcpflow.protocol.failover): a high seqno below the offset (history
+    went backwards) counts too.
     """
     if offset.seqno == 0:
         return False
-    if not failover_log:
+    if not failover_log or failover_log[0][0] != offset.vbuuid:
         return True
-    return failover_log[0][0] != offset.vbuuid or high_seqno < offset.seqno
+    return divergence(failover_log, offset.vbuuid, offset.seqno, offset.snapshot_start, offset.snapshot_end,
+                      high_seqno) is not None
 
 
 def fair_share(pending: Mapping[int, int], budget: int | None, rotate: int = 0,
@@ -280,16 +213,17 @@ def plan(start: SourceOffset, high: Mapping[int, int], failover: Mapping[int, li
         else:
             pending[vb] = max(0, high[vb] - off.seqno)
     share = fair_share(pending, budget, rotate=start.batch, first=sorted(resets))
-    ends: dict[int, VbOffset] = {}
+    ends: dict[int, Offset] = {}
     real_resets = set()
     for vb, off in start.vbuckets.items():
         n = share.get(vb, 0)
         newest = failover[vb][0][0] if failover.get(vb) else off.vbuuid
         if vb in resets and (n > 0 or high.get(vb, 0) == 0):
             real_resets.add(vb)
-            ends[vb] = VbOffset.at(newest, n)
+            ends[vb] = Offset.at(newest, n)
         elif n > 0:
-            ends[vb] = VbOffset.at(newest if off.seqno == 0 else off.vbuuid, off.seqno + n)
+            seqno = off.seqno + n
+            ends[vb] = Offset(newest if off.seqno == 0 else off.vbuuid, seqno, seqno, seqno, off.manifest_uid)
         else:
             ends[vb] = off
     if not real_resets and all(ends[vb] == start.vbuckets[vb] for vb in ends):
@@ -304,7 +238,7 @@ class VbRange:
     history, or (reset) a rollback marker then everything from 0 to `end_seqno`."""
 
     vbucket: int
-    start: VbOffset
+    start: Offset
     end_seqno: int
     end_vbuuid: int
     reset: bool = False
@@ -316,13 +250,13 @@ class VbRange:
     def __reduce__(self):
         # Spark pickles every range of a batch into its tasks: as field tuples, 1024 ranges took
         # 0.55 ms instead of 1.56 with the dataclass default (a state per object, via fields()).
-        s = self.start
-        return _range, (self.vbucket, s.vbuuid, s.seqno, s.snapshot_start, s.snapshot_end, self.end_seqno,
-                        self.end_vbuuid, self.reset)
+        return _range, (self.vbucket, *self.start, self.end_seqno, self.end_vbuuid, self.reset)
 
 
-def _range(vbucket, vbuuid, seqno, snapshot_start, snapshot_end, end_seqno, end_vbuuid, reset) -> VbRange:
-    return VbRange(vbucket, VbOffset(vbuuid, seqno, snapshot_start, snapshot_end), end_seqno, end_vbuuid, reset)
+def _range(vbucket, vbuuid, seqno, snapshot_start, snapshot_end, manifest_uid, end_seqno, end_vbuuid,
+           reset) -> VbRange:
+    return VbRange(vbucket, _new(Offset, (vbuuid, seqno, snapshot_start, snapshot_end, manifest_uid)), end_seqno,
+                   end_vbuuid, reset)
 
 
 def ranges(start: SourceOffset, end: SourceOffset) -> list[VbRange]:

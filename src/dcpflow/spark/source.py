@@ -262,7 +262,7 @@ class DcpStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return await server_state(client, self._vbuckets)
         high, logs = self._session.run(state)
         uuids = {vb: (logs[vb][0][0] if logs[vb] else 0) for vb in high}
-        self._latest = off.SourceOffset({vb: off.VbOffset.at(uuids[vb], high[vb]) for vb in high})
+        self._latest = off.SourceOffset({vb: off.Offset.at(uuids[vb], high[vb]) for vb in high})
         self._seen = (time.monotonic(), (high, logs, uuids))
         return high, logs, uuids
 
@@ -423,17 +423,14 @@ class _RangeReader:
             normal: dict[int, tuple[Offset, int]] = {}
             repairs: list[int] = []
             for r in self.partition.ranges:
-                newest = logs[r.vbucket][0][0] if logs.get(r.vbucket) else 0
                 if r.reset:
                     yield self.converter.rollback_marker(r.vbucket, r.end_vbuuid, self.version)
                     if r.end_seqno > 0:
                         normal[r.vbucket] = (Offset(0, 0, 0, 0), min(r.end_seqno, high[r.vbucket]))
-                elif r.start.seqno > 0 and (newest != r.start.vbuuid or high[r.vbucket] < r.start.seqno):
+                elif off.diverged(r.start, logs.get(r.vbucket, []), high[r.vbucket]):
                     repairs.append(r.vbucket)
                 else:
-                    s = r.start
-                    normal[r.vbucket] = (Offset(s.vbuuid, s.seqno, s.snapshot_start, s.snapshot_end),
-                                         min(r.end_seqno, high[r.vbucket]))
+                    normal[r.vbucket] = (r.start, min(r.end_seqno, high[r.vbucket]))
             yielded: dict[int, int] = {}  # vbucket -> highest seqno delivered (a resume repeats nothing)
             resumed = False
             while normal or repairs:
