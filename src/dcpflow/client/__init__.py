@@ -9,24 +9,22 @@
 See docs/client.md. Arrow batches (`DcpClient.batches`) need pyarrow and numpy (the `arrow` extra).
 """
 
-from .client import DcpClient
-from .connstr import ConnSpec, parse_connection_string
-from .errors import (
-    AuthenticationError,
-    BucketError,
-    ClientError,
-    ConnectError,
-    ConnectionLostError,
-    ConnectionStringError,
-    DeadConnectionError,
-    RollbackError,
-    ServerError,
-    StateStoreError,
-    StreamError,
-)
-from .events import Deletion, Expiration, Mutation, Rollback, SnapshotMarker, StreamEnd, SystemEvent
-from .offsets import BEGINNING, Offset
-from .state import ClientState, JsonFileStore, MemoryStore, StateStore
+import importlib
+
+#: Public name -> the module that defines it. Loaded on first use (PEP 562): a Spark worker that
+#: only needs `dcpflow.client.offsets` does not pay for asyncio, the connection and the streams.
+_EXPORTS = {
+    "DcpClient": "client",
+    "ConnSpec": "connstr", "parse_connection_string": "connstr",
+    **dict.fromkeys(("AuthenticationError", "BucketError", "ClientError", "ConnectError", "ConnectionLostError",
+                     "ConnectionStringError", "DeadConnectionError", "RollbackError", "ServerError",
+                     "StateStoreError", "StreamError"), "errors"),
+    **dict.fromkeys(("Deletion", "Expiration", "Mutation", "Rollback", "SnapshotMarker", "StreamEnd", "SystemEvent"),
+                    "events"),
+    "BEGINNING": "offsets", "Offset": "offsets",
+    **dict.fromkeys(("ClientState", "JsonFileStore", "MemoryStore", "StateStore"), "state"),
+    "SCHEMA": "batches",  # pyarrow is optional
+}
 
 __all__ = [
     "BEGINNING", "AuthenticationError", "BucketError", "ClientError", "ClientState", "ConnSpec", "ConnectError",
@@ -37,7 +35,13 @@ __all__ = [
 
 
 def __getattr__(name):
-    if name == "SCHEMA":  # lazily: pyarrow is optional
-        from .batches import SCHEMA
-        return SCHEMA
-    raise AttributeError(f"module 'dcpflow.client' has no attribute {name!r}")
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'dcpflow.client' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_EXPORTS))
