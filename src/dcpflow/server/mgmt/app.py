@@ -34,6 +34,7 @@ import hashlib
 import hmac
 import json
 import logging
+import re
 import secrets
 import socket
 import ssl
@@ -54,6 +55,8 @@ MAX_BODY = 1024 * 1024
 #: The Server this application serves (handlers: `request.app[SERVER]`).
 SERVER = web.AppKey("server", object)
 LISTENER = web.AppKey("listener", object)
+#: The authenticated user of a request (None: no credentials).
+USER = web.RequestKey("user", object)
 #: The web page's session cookie and how long an idle session lives.
 SESSION_COOKIE = "ui-auth-token"
 SESSION_IDLE_SECONDS = 3600.0
@@ -62,6 +65,7 @@ MAX_SESSIONS = 256
 MAX_REMEMBERED_LOGINS = 64
 
 _REALM = 'Basic realm="Couchbase Server Admin / REST"'  # ns_server's
+_BAD_ESCAPE = re.compile(r"%(?![0-9A-Fa-f]{2})")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -171,7 +175,7 @@ def unauthorized() -> HTTPError:
 def require(request: web.Request, permission: str, bucket: str | None = None) -> User:
     """The request's user if it may do `permission` (on `bucket`); else ns_server's 401 (no or
     wrong credentials) or 403 (naming the permission it lacks)."""
-    user = request.get("user")
+    user = request.get(USER)
     if user is None:
         raise unauthorized()
     if not allowed(user, permission, bucket):
@@ -251,9 +255,9 @@ async def _authenticate(request: web.Request, handler):
         user = logins.check(*creds) if creds is not None else None
         if user is None:
             raise unauthorized()
-        request["user"] = user
+        request[USER] = user
     elif request.method in ("GET", "HEAD") and (token := request.cookies.get(SESSION_COOKIE)):
-        request["user"] = logins.session(token)
+        request[USER] = logins.session(token)
     return await handler(request)
 
 
@@ -269,6 +273,8 @@ async def read_form(request: web.Request) -> dict[str, str]:
     body = await request.read()  # over MAX_BODY: 413
     try:
         text = body.decode("utf-8")
+        if (bad := _BAD_ESCAPE.search(text)) is not None:
+            raise ValueError(f"bad percent-encoding {text[bad.start():bad.start() + 3]!r}")
         pairs = parse_qsl(text, keep_blank_values=True, strict_parsing=True, errors="strict") if text else []
     except (UnicodeDecodeError, ValueError) as e:
         raise error(400, f"Malformed form body: {e}") from None

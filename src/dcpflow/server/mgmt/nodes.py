@@ -21,7 +21,7 @@ from aiohttp import web
 
 from dcpflow.protocol.config import HOST_PLACEHOLDER
 
-from .app import SERVER, allowed, not_found, reply_json, request_host, require
+from .app import SERVER, USER, allowed, not_found, reply_json, request_host, require
 
 routes = web.RouteTableDef()
 
@@ -103,7 +103,7 @@ async def pools(request: web.Request) -> web.Response:
     """Served without credentials, as ns_server does (clients discover the cluster with it)."""
     server = request.app[SERVER]
     uuid = cluster_uuid(server)
-    user = request.get("user")
+    user = request.get(USER)
     return reply_json({
         "isAdminCreds": bool(user is not None and user.is_admin),
         "isROAdminCreds": False,

@@ -19,7 +19,7 @@ from pathlib import Path
 from aiohttp import web
 
 from . import dcpview
-from .app import LISTENER, SERVER, SESSION_COOKIE, allowed, read_form, reply_json
+from .app import LISTENER, SERVER, SESSION_COOKIE, USER, allowed, read_form, reply_json
 from .buckets import settings_of
 
 routes = web.RouteTableDef()
@@ -187,7 +187,7 @@ def _charts() -> str:
 
 
 def _user(request: web.Request):
-    return request.get("user")
+    return request.get(USER)
 
 
 @routes.get("/ui/login")
