@@ -7,11 +7,12 @@ the one module that knows that layout: the metrics, the page and the event log u
 builds, so a change in how the DCP side is organised is absorbed here. Stream ends are seen
 through the connection's `streams` table (each stream keeps its `end_reason`).
 
-Items remaining (kv_engine's `items_remaining`) of a producer stream: the vbucket's high seqno
-(capped at the stream's end) minus the last seqno the stream sent - an upper bound, since
-de-duplication may send fewer. A connection named `replication:...` (kv_engine's and dcpflow
-cluster's name for a replica link) is a replication link; its producer's items remaining is the
-replicas' lag behind this node's actives.
+Items remaining of a producer stream: the vbucket's high seqno (capped at the stream's end) minus
+the last seqno the stream took into its ready queue - an upper bound, since de-duplication may
+send fewer. What is queued and not yet written is its ready queue's bytes (at most 256 KiB a
+stream); what is written and not yet acknowledged, the connection's unacked bytes. A connection
+named `replication:...` (kv_engine's and dcpflow cluster's name for a replica link) is a
+replication link; its producer's items remaining is the replicas' lag behind this node's actives.
 """
 
 import re
@@ -34,7 +35,7 @@ class StreamView:
 
     @property
     def position(self) -> int:
-        """The last seqno sent (producer) or received (consumer)."""
+        """The last seqno queued to send (producer) or received (consumer)."""
         return int(self.stats.get("last_sent_seqno", self.stats.get("last_received_seqno", 0)))
 
     @property

@@ -130,7 +130,8 @@ def collect(server, may_see=lambda bucket: True) -> Exposition:
     for v in views:
         labels = {"bucket": v.bucket, "connection": v.name, "type": v.type}
         if v.type == "producer":
-            m.add("kv_dcp_items_remaining", "gauge", "Items a producer's streams have yet to send (upper bound).",
+            m.add("kv_dcp_items_remaining", "gauge", "Items a producer's streams have not yet taken from their "
+                  "vbuckets (an upper bound; what they queued is in kv_dcp_stream_ready_queue_bytes).",
                   v.items_remaining, **labels)
             m.add("kv_dcp_items_sent", "counter", "Items a producer has sent.", v.items_sent, **labels)
         m.add("kv_dcp_total_data_size_bytes", "counter", "Bytes a DCP connection has sent (producer) or "
@@ -143,12 +144,12 @@ def collect(server, may_see=lambda bucket: True) -> Exposition:
         for s in v.streams:
             labels = {"bucket": v.bucket, "connection": v.name, "vb": s.vb, "sid": s.sid}
             if v.type == "producer":
-                m.add("kv_dcp_stream_items_remaining", "gauge", "Items a stream has yet to send (upper bound).",
-                      s.items_remaining, **labels)
+                m.add("kv_dcp_stream_items_remaining", "gauge", "Items a stream has not yet taken from its vbucket "
+                      "(an upper bound: de-duplication may send fewer).", s.items_remaining, **labels)
                 m.add("kv_dcp_stream_ready_queue_bytes", "gauge", "Bytes queued in a stream, ready to send.",
                       s.queue_bytes, **labels)
-            m.add("kv_dcp_stream_last_seqno", "gauge", "The last seqno a stream sent (producer) or received "
-                  "(consumer).", s.position, type=v.type, **labels)
+            m.add("kv_dcp_stream_last_seqno", "gauge", "The last seqno a stream queued to send (producer) or "
+                  "received (consumer).", s.position, type=v.type, **labels)
     for v in views:
         if v.replication and v.type == "producer":
             m.add("kv_dcp_replication_lag_items", "gauge", "Items the replica at the other end of a replication "

@@ -32,6 +32,7 @@ _e = html.escape
 def _page(title: str, body: str) -> str:
     return (f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{_e(title)}</title>'
             f'<meta name="viewport" content="width=device-width, initial-scale=1">'
+            f'<link rel="icon" href="/ui/static/favicon.svg" type="image/svg+xml">'
             f'<link rel="stylesheet" href="/ui/static/ui.css"></head><body>{body}</body></html>')
 
 
@@ -114,11 +115,12 @@ def _dcp(views) -> str:
         return '<p class="empty">no DCP connections</p>'
     out = []
     for v in views:
-        fc = f"{v.unacked_bytes} / {v.buffer_size} B" if v.buffer_size else "off"
+        fc = f"{v.unacked_bytes} of {v.buffer_size} B unacknowledged" if v.buffer_size else "off"
+        backlog = (f", {v.items_remaining} items not yet queued, {sum(s.queue_bytes for s in v.streams)} B queued"
+                   if v.type == "producer" else "")
         summary = (f'<span class="name">{_e(v.name)}</span> <span class="type">{_e(v.type)}</span> '
                    f'bucket {_e(v.bucket)}, peer {_e(v.peer)}, {len(v.streams)} streams, '
-                   f'flow control {_e(fc)}' + (f", {v.items_remaining} items remaining" if v.type == "producer"
-                                               else ""))
+                   f'flow control {_e(fc)}{backlog}')
         rows = []
         for s in v.streams:
             cells = [s.vb, "" if s.sid is None else s.sid, s.state]
@@ -129,7 +131,7 @@ def _dcp(views) -> str:
                 cells += [s.stats.get("start_seqno", ""), s.position, s.stats.get("items", ""),
                           s.stats.get("rollbacks", "")]
             rows.append(_row(cells, "stream", f' data-vb="{s.vb}"'))
-        head = (["vb", "sid", "state", "start", "last sent", "high seqno", "lag (items)", "queued bytes"]
+        head = (["vb", "sid", "state", "start", "last queued", "high seqno", "lag (items to queue)", "queued bytes"]
                 if v.type == "producer" else ["vb", "sid", "state", "start", "last received", "items", "rollbacks"])
         out.append(f'<details class="conn" data-name="{_e(v.name)}" data-type="{_e(v.type)}">'
                    f'<summary>{summary}</summary>{_table("streams", head, rows, "no streams")}</details>')
@@ -179,7 +181,7 @@ def _charts() -> str:
                 f'</figure>')
 
     return (f'<section id="charts">{chart("chart-ops", "KV ops/s")}'
-            f'{chart("chart-backlog", "DCP backlog (items remaining)")}</section>')
+            f'{chart("chart-backlog", "DCP backlog (items producers have yet to queue)")}</section>')
 
 
 # ---------------------------------------------------------------------------------------------
