@@ -47,6 +47,7 @@ from aiohttp import web
 from dcpflow.protocol.config import DEFAULT_MGMT_PORT, DEFAULT_MGMT_SSL_PORT
 
 from ..auth import Privilege, User, parse_role
+from .observe import Observer
 
 log = logging.getLogger("dcpflow.server.mgmt")
 
@@ -333,8 +334,6 @@ class ManagementListener:
     map exist, `close()` first when the server stops."""
 
     def __init__(self, server):
-        from .observe import Observer
-
         self.server = server
         self.port: int | None = None
         self.tls_port: int | None = None

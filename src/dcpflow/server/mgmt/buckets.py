@@ -315,7 +315,10 @@ async def flush_bucket(request: web.Request) -> web.Response:
     _single_server(server)
     if not settings_of(bucket)["flushEnabled"]:
         raise error(400, "Flush is disabled for the bucket")
-    removed = await server.flush_bucket(bucket.name)
+    try:
+        removed = await server.flush_bucket(bucket.name)
+    except KeyError:  # dropped meanwhile
+        raise not_found() from None
     server.mgmt.observer.record("flush", bucket.name, f"bucket {bucket.name!r} flushed: {removed} documents "
                                 "removed, every vbucket has a new failover entry (DCP clients roll back to 0)")
     return web.Response(status=200)

@@ -71,7 +71,8 @@ class Observer:
         self._vbuckets: dict[tuple[str, int], tuple[VBucketState, int]] = {}  # (bucket, vb) -> (state, uuid)
         self._ops: dict[str, tuple[float, int]] = {}  # bucket -> (time, ops counted) at the last sample
         self._streams: dict[tuple[int, int, int | None], tuple[object, str, str]] = {}
-        self._connections: dict[int, tuple[str, str, str]] = {}  # id(dcp) -> (name, type, bucket)
+        # id(dcp) -> (dcp, name, type, bucket): the object is held until the next sample, so its id is not reused
+        self._connections: dict[int, tuple[object, str, str, str]] = {}
         self._task: asyncio.Task | None = None
 
     # -- life cycle -------------------------------------------------------------------------------
@@ -167,21 +168,23 @@ class Observer:
         for name in [n for n in self._ops if n not in self.server.buckets]:
             del self._ops[name]
         backlog = dict.fromkeys(self.server.buckets, 0)
-        conns = [(conn, dcpview.view(conn)) for conn in dcpview.dcp_connections(self.server)]
-        for _, v in conns:
-            if v.type == "producer" and v.bucket in backlog:
-                backlog[v.bucket] += v.items_remaining
-        self._watch_streams(conns)
+        conns = dcpview.dcp_connections(self.server)
+        kinds = {id(c.dcp): self._connections[id(c.dcp)][2] if id(c.dcp) in self._connections else dcpview.kind(c)
+                 for c in conns}
+        for conn in conns:
+            if kinds[id(conn.dcp)] == "producer" and conn.dcp.bucket.name in backlog:
+                backlog[conn.dcp.bucket.name] += dcpview.items_remaining(conn)
+        self._watch_streams(conns, kinds)
         s = Sample(time.time(), ops, backlog)
         self.samples.append(s)
         return s
 
-    def _watch_streams(self, conns) -> None:
-        current_conns: dict[int, tuple[str, str, str]] = {}
+    def _watch_streams(self, conns, kinds: dict[int, str]) -> None:
+        current_conns: dict[int, tuple[object, str, str, str]] = {}
         current: dict[tuple[int, int, int | None], tuple[object, str, str]] = {}
-        for conn, v in conns:
-            dcp, kind = conn.dcp, v.type
-            current_conns[id(dcp)] = (dcp.name, kind, dcp.bucket.name)
+        for conn in conns:
+            dcp, kind = conn.dcp, kinds[id(conn.dcp)]
+            current_conns[id(dcp)] = (dcp, dcp.name, kind, dcp.bucket.name)
             if id(dcp) not in self._connections:
                 self.record("dcp", dcp.bucket.name, f"DCP {kind} {dcp.name!r} opened by {conn.peer}")
             for (vb, sid), stream in dcpview.stream_objects(conn).items():
@@ -193,7 +196,7 @@ class Observer:
                 where = f"vb {vb}" + (f" sid {sid}" if sid is not None else "")
                 self.record("stream-end", bucket, f"{name!r} {where}: stream ended "
                             f"({reason_name(dcpview.end_reason(stream))})")
-        for key, (name, kind, bucket) in self._connections.items():
+        for key, (_, name, kind, bucket) in self._connections.items():
             if key not in current_conns:
                 self.record("dcp", bucket, f"DCP {kind} {name!r} closed")
         self._streams = current
