@@ -249,3 +249,44 @@ def test_rest_permissions_follow_the_kv_roles(rbac_server):
     assert nobody.get("/pools/default").status == 200 and nobody.get("/pools/default/buckets").json == []
     assert nobody.get("/metrics").status == 403
     assert set(rbac_server.server.buckets) == {"default", "other"}
+
+
+def test_https_on_the_tls_management_port(make_server, tmp_path):
+    import shutil
+    import ssl
+    import subprocess
+
+    if shutil.which("openssl") is None:
+        pytest.skip("needs the openssl command")
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
+                    "-keyout", str(tmp_path / "key.pem"), "-out", str(tmp_path / "cert.pem")], check=True,
+                   capture_output=True)
+    server = make_server(tls_cert=tmp_path / "cert.pem", tls_key=tmp_path / "key.pem", tls_port=0, mgmt_tls_port=0)
+    mgmt = server.server.mgmt
+    assert mgmt.tls_port not in (None, mgmt.port)
+    services = kv_map(server)["nodesExt"][0]["services"]
+    assert services["mgmtSSL"] == mgmt.tls_port and services["mgmt"] == mgmt.port
+    ctx = ssl.create_default_context(cafile=str(tmp_path / "cert.pem"))
+    ctx.check_hostname = False  # the test certificate names 127.0.0.1 as its CN only
+    https = http_of(server)
+    https.port, https.tls_context = mgmt.tls_port, ctx
+    pool = https.get("/pools/default").json
+    assert pool["nodes"][0]["ports"]["httpsMgmt"] == mgmt.tls_port
+    assert https.get("/pools/default/buckets/default").json["name"] == "default"
+    with socket.create_connection(("127.0.0.1", mgmt.tls_port), timeout=10) as s:  # plain HTTP: no answer
+        s.sendall(b"GET /pools HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert b"uuid" not in s.recv(4096)
+
+
+def test_a_cluster_node_leaves_its_bucket_to_the_cluster_manager(make_server):
+    from dcpflow.protocol.config import Node
+
+    server = make_server(nodes=[Node(0), Node(1)], this_node=0)
+    http = http_of(server)
+    for reply in (http.post("/pools/default/buckets", {"name": "x", "ramQuotaMB": "100"}),
+                  http.delete("/pools/default/buckets/default"),
+                  http.post("/pools/default/buckets/default", {"flushEnabled": "1"}),
+                  http.post("/pools/default/buckets/default/controller/doFlush")):
+        assert reply.status == 400, reply
+    assert "cluster manager" in http.delete("/pools/default/buckets/default").json["errors"]["_"]
+    assert list(server.server.buckets) == ["default"]

@@ -16,8 +16,9 @@ number of vbuckets up to 1024, value-only eviction, no minimum durability. Other
 parameters are refused with a 400 that says so. The settings that change nothing in the engine
 (ramQuota, replicaNumber, maxTTL, compressionMode, replicaIndex, flushEnabled) are kept with the
 bucket and reported back; a single server places no replicas, so its map's numReplicas stays 0
-whatever replicaNumber says. Creating, dropping and flushing buckets is a single server's: a node
-of `dcpflow cluster` serves the bucket its cluster manager set up and answers those with 400.
+whatever replicaNumber says. Creating, changing, dropping and flushing buckets is a single
+server's: a node of `dcpflow cluster` serves the bucket its cluster manager set up and answers
+those with 400.
 """
 
 import re
@@ -281,6 +282,7 @@ async def get_bucket(request: web.Request) -> web.Response:
 async def update_bucket(request: web.Request) -> web.Response:
     bucket = _bucket(request, "bucket.write")
     form = await read_form(request)
+    _single_server(request.app[SERVER])
     settings, creation = parse_settings(form, creating=False)
     engine = bucket.engine
     fixed = {"conflict_resolution": ("conflictResolutionType", engine.conflict_resolution.value),
