@@ -6,7 +6,7 @@ import json
 from dcpflow.engine.collections import Manifest
 from dcpflow.protocol.opcodes import Opcode
 
-from .http import http_of
+from .rest_client import http_of
 
 BASE = "/pools/default/buckets/default/scopes"
 NOT_YET = "Not allowed on this version of cluster"

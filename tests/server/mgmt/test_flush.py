@@ -8,7 +8,7 @@ from dcpflow.protocol.status import Status
 from tests.dcp.client import DcpClient, items
 
 from ..conftest import keys_in
-from .http import http_of
+from .rest_client import http_of
 
 VB = 3
 

@@ -13,7 +13,7 @@ from dcpflow.server import UserDB, make_user
 from tests.dcp.client import DcpClient
 
 from ..conftest import keys_in, users_db
-from .http import http_of
+from .rest_client import http_of
 
 VB = 5
 

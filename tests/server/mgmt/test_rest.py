@@ -12,7 +12,7 @@ from dcpflow.protocol.status import Status
 from dcpflow.server import UserDB, make_user
 
 from ..conftest import ServerThread, users_db
-from .http import http_of
+from .rest_client import http_of
 
 
 def kv_map(server: ServerThread, bucket: str = "default") -> dict:

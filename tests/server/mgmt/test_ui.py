@@ -9,7 +9,7 @@ from dcpflow.protocol.status import Status
 from tests.dcp.client import DcpClient
 
 from ..conftest import keys_in
-from .http import Http, http_of
+from .rest_client import Http, http_of
 
 
 def sign_in(server) -> tuple[Http, str]:
