@@ -181,7 +181,7 @@ def _charts() -> str:
                 f'</figure>')
 
     return (f'<section id="charts">{chart("chart-ops", "KV ops/s")}'
-            f'{chart("chart-backlog", "DCP backlog (items producers have yet to queue)")}</section>')
+            f'{chart("chart-backlog", "DCP backlog (items to queue)")}</section>')
 
 
 # ---------------------------------------------------------------------------------------------
