@@ -290,3 +290,19 @@ def test_a_cluster_node_leaves_its_bucket_to_the_cluster_manager(make_server):
         assert reply.status == 400, reply
     assert "cluster manager" in http.delete("/pools/default/buckets/default").json["errors"]["_"]
     assert list(server.server.buckets) == ["default"]
+
+
+def test_a_failing_handler_answers_500_without_its_traceback(server, monkeypatch, caplog):
+    engine = server.server.buckets["default"].engine
+
+    def broken():
+        raise ZeroDivisionError("the secret details")
+
+    monkeypatch.setattr(engine, "stats", broken)
+    reply = http_of(server).get("/pools/default/buckets/default")
+    assert reply.status == 500 and reply.json == {"errors": {"_": "Unexpected server error, request logged."}}
+    assert "secret" not in reply.text and "Traceback" not in reply.text
+    assert any("secret details" in str(r.exc_info[1]) for r in caplog.records if r.exc_info)
+    monkeypatch.undo()
+    with server.login() as c:
+        assert c.set(b"after-500", b"v").status == Status.SUCCESS
