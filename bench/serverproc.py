@@ -49,7 +49,7 @@ def start_server(data_dir: str, vbuckets: int, *extra: str) -> tuple[subprocess.
                              "--data-dir", data_dir, "--vbuckets", str(vbuckets), *extra],
                             stdout=subprocess.PIPE, text=True, env=env)
     line = proc.stdout.readline()
-    match = re.search(r"port=(\d+)", line)
+    match = re.search(r" port=(\d+)", line)  # the KV port, not mgmt_port=
     if not match:
         proc.kill()
         raise RuntimeError(f"dcpflow server did not start: {line!r}")

@@ -45,7 +45,8 @@ def _cmd_server(args: argparse.Namespace) -> int:
                           purge_interval=args.purge_interval, compaction_interval=args.compaction_interval,
                           expiry_interval=args.expiry_interval, users=args.users, debug=args.debug,
                           tls_cert=args.tls_cert, tls_key=args.tls_key, tls_port=args.tls_port,
-                          plain_over_tcp=args.allow_plain_over_tcp)
+                          plain_over_tcp=args.allow_plain_over_tcp, mgmt_port=args.mgmt_port,
+                          mgmt_tls_port=args.mgmt_tls_port)
     if (args.tls_cert is None) != (args.tls_key is None):
         print("dcpflow server: --tls-cert and --tls-key go together", file=sys.stderr)
         return 2
@@ -62,8 +63,9 @@ def _cmd_server(args: argparse.Namespace) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         tls = f" tls_port={server.tls_port}" if server.tls_port is not None else ""
-        print(f"dcpflow server ready: host={config.host} port={server.port}{tls} buckets={','.join(server.buckets)} "
-              f"data_dir={config.data_dir}", flush=True)
+        mgmt_tls = f" mgmt_tls_port={server.mgmt.tls_port}" if server.mgmt.tls_port is not None else ""
+        print(f"dcpflow server ready: host={config.host} port={server.port}{tls} mgmt_port={server.mgmt.port}"
+              f"{mgmt_tls} buckets={','.join(server.buckets)} data_dir={config.data_dir}", flush=True)
         await stop.wait()
         await server.close()
         return 0
@@ -95,8 +97,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("server", help="run a KV server (Couchbase binary protocol) in the foreground",
                        description="Serve buckets over the memcached binary protocol with Couchbase's extensions "
-                       "(HELLO, SASL SCRAM/PLAIN, cluster map, KV, *WithMeta, stats). Prints one line when ready "
-                       "(with the port; use --port 0 for a free one) and shuts down cleanly on SIGTERM/SIGINT.")
+                       "(HELLO, SASL SCRAM/PLAIN, cluster map, KV, *WithMeta, stats), and beside it the HTTP "
+                       "management API (buckets, /metrics, the /ui/ page). Prints one line when ready (with the "
+                       "ports; use --port 0 for a free one) and shuts down cleanly on SIGTERM/SIGINT.")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=11210, help="KV port (default 11210; 0 picks a free port)")
     p.add_argument("--data-dir", default="./data", help="where buckets are stored (default ./data)")
@@ -123,6 +126,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tls-cert", metavar="PEM", help="certificate chain: also serve TLS (kvSSL) on --tls-port")
     p.add_argument("--tls-key", metavar="PEM", help="private key of --tls-cert")
     p.add_argument("--tls-port", type=int, default=11207, help="TLS port (default 11207; 0 picks a free one)")
+    p.add_argument("--mgmt-port", type=int, default=None,
+                   help="HTTP management port: REST API, /metrics and the /ui/ status page (default 8091 when "
+                        "free, else a free port; 0 picks a free one); the cluster map advertises it as mgmt")
+    p.add_argument("--mgmt-tls-port", type=int, default=None,
+                   help="HTTPS management port with --tls-cert (default 18091 when free, else a free port)")
     p.add_argument("--allow-plain-over-tcp", action="store_true",
                    help="also offer SASL PLAIN on the plain-TCP port (by default only over TLS: it sends the "
                    "password in clear)")

@@ -1,5 +1,6 @@
 """`dcpflow cluster up | status | failover | rebalance | down` as a user runs them: subprocesses."""
 
+import base64
 import contextlib
 import json
 import os
@@ -10,16 +11,27 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
+from couchbase.diagnostics import PingState, ServiceType
 
 import dcpflow
 
 from .helpers import sdk_connect
 
 READY = re.compile(r"^dcpflow cluster ready: nodes=(\S+) replicas=(\d+) vbuckets=(\d+) data_dir=(\S+) "
-                   r"connstr=(\S+)$")
+                   r"connstr=(\S+) mgmt=(\S+)$")
+
+
+def node_services(address: str) -> list[dict]:
+    """nodesExt of a node's management API: the map it serves, with every node's service ports."""
+    req = urllib.request.Request(f"http://{address}/pools/default/nodeServices",
+                                 headers={"Authorization": "Basic " + base64.b64encode(b"Administrator:password")
+                                          .decode()})
+    with urllib.request.urlopen(req, timeout=30) as reply:
+        return json.loads(reply.read())["nodesExt"]
 
 
 def env() -> dict:
@@ -113,11 +125,23 @@ def test_cluster_lifecycle(up, tmp_path):
     table = cli("status", "--data-dir", str(data)).stdout
     assert "replica seqnos" in table and nodes[0] in table
 
+    # Every node has its own management listener, and every node's map advertises all of them.
+    mgmt = m.group(6).split(",")
+    mgmt_ports = [int(a.rsplit(":", 1)[1]) for a in mgmt]
+    assert len(set(mgmt_ports)) == 3
+    for i, address in enumerate(mgmt):
+        ext = node_services(address)
+        assert [n["services"]["mgmt"] for n in ext] == mgmt_ports and ext[i].get("thisNode") is True
+
     sdk = sdk_connect(m.group(5))
     try:
         col = sdk.bucket("default").default_collection()
         for i in range(100):
             col.upsert(f"cli{i}", {"i": i})
+        report = sdk.ping()
+        management = report.endpoints[ServiceType.Management]
+        assert sorted(ep.remote for ep in management) == sorted(mgmt)
+        assert all(ep.state == PingState.OK for ep in management)
     finally:
         sdk.close()
     deadline = time.monotonic() + 20
@@ -139,6 +163,8 @@ def test_cluster_lifecycle(up, tmp_path):
 
     out = cli("rebalance", "--data-dir", str(data)).stdout
     assert out.startswith("rebalanced over 3 node(s)")
+    # node 1 was restarted by the rebalance: on the management port it had, in every map
+    assert [n["services"]["mgmt"] for n in node_services(mgmt[1])] == mgmt_ports
     assert oct((data / "cluster.json").stat().st_mode & 0o777) == "0o600"  # it holds the control token
     st = json.loads(cli("status", "--json", "--data-dir", str(data)).stdout)
     assert [n["status"] for n in st["nodes"]] == ["up", "up", "up"]

@@ -135,7 +135,8 @@ def admin(server):
 # ---------------------------------------------------------------------------------------------
 # subprocess servers
 
-READY = re.compile(r"dcpflow server ready: .*port=(\d+)")
+READY = re.compile(r"dcpflow server ready: .* port=(\d+)")
+MGMT_PORT = re.compile(r" mgmt_port=(\d+)")
 
 
 class ServerProcess:
@@ -157,6 +158,8 @@ class ServerProcess:
             self.proc.stderr.close()
             raise AssertionError(f"no ready line: {line!r} {err}")
         self.port = int(match.group(1))
+        mgmt = MGMT_PORT.search(line)
+        self.mgmt_port = int(mgmt.group(1)) if mgmt else None
         self.ready_line = line
 
     def terminate(self, timeout: float = 30) -> int:

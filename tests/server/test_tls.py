@@ -34,8 +34,9 @@ def test_tls_port_serves_the_same_protocol(make_server, cert):
         assert c.call(Opcode.SASL_LIST_MECHS).value.split()[-1] == b"PLAIN"  # inside TLS, PLAIN is offered
         assert c.set(b"secret", b"v").status == Status.SUCCESS
         config = json.loads(c.call(Opcode.GET_CLUSTER_CONFIG).value)
-        assert config["nodesExt"][0]["services"] == {"kv": server.port, "mgmt": 8091,
-                                                     "kvSSL": server.server.tls_port}
+        assert config["nodesExt"][0]["services"] == {"kv": server.port, "mgmt": server.server.mgmt.port,
+                                                     "kvSSL": server.server.tls_port,
+                                                     "mgmtSSL": server.server.mgmt.tls_port}
     with RawClient(server.server.tls_port, tls=True) as c:
         assert c.auth_plain("Administrator", "password").status == Status.SUCCESS
         assert c.select("default").status == Status.SUCCESS

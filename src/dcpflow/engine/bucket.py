@@ -35,6 +35,7 @@ from random import Random
 from dcpflow.protocol import keys
 from dcpflow.protocol.status import Status
 
+from .collections import Manifest
 from .conflict import ConflictResolutionMode
 from .errors import EngineError
 from .failover import FailoverTable
@@ -107,6 +108,7 @@ class Bucket:
         self.vbucket_table: dict[int, VBucket] = self._vbuckets
         self.store = Store(self.data_dir / name / "store.sqlite3", synchronous=synchronous)
         self.flusher = Flusher(self.store, self._vbuckets, on_persisted=self._notify_persisted)
+        self.manifest = Manifest.default()  # scopes and collections (engine/collections.py)
         self.closed = False
         self.clean_shutdown = True  # how the previous run ended (True for a new bucket)
         self._warmup()
@@ -200,6 +202,23 @@ class Bucket:
             self._notify_vbucket(vbid, "state")
         return vb
 
+    def create_vbuckets(self, vbids, state: VBucketState | int) -> None:
+        """Create new vbuckets in `state` (each with a failover log of one entry at seqno 0), their
+        state rows written in one store transaction: a new bucket's 1024 vbuckets one by one would
+        be 1024 synchronous commits."""
+        self._check_open()
+        state = VBucketState(state)
+        made = []
+        for vbid in vbids:
+            if not 0 <= vbid < self.num_vbuckets:
+                raise EngineError(Status.EINVAL, f"vbucket {vbid} is out of range 0..{self.num_vbuckets - 1}")
+            if vbid in self._vbuckets:
+                raise EngineError(Status.KEY_EEXISTS, f"vbucket {vbid} already exists in bucket {self.name!r}")
+            vb = self._vbuckets[vbid] = self._make_vbucket(vbid, state, failover=FailoverTable(rng=self._rng),
+                                                           hlc=HLC(clock=self._hlc_clock))
+            made.append(vb)
+        self.store.save_vbucket_states([vb.state_record() for vb in made])
+
     def delete_vbucket(self, vbid: int) -> None:
         """Drop a vbucket and its data (after it moved away)."""
         self._check_idle()
@@ -209,6 +228,31 @@ class Bucket:
         vb.checkpoint_manager.reset(0)
         self.store.delete_vbucket(vbid)
         self._notify_vbucket(vbid, "deleted")
+
+    def reset(self, *, store_cleared: bool = False) -> int:
+        """Empty the bucket (Couchbase's bucket flush): every vbucket is created again in its state
+        with a new failover log - a new vbucket UUID at seqno 0 - so a DCP client that resumes from
+        before the reset is told to roll back to 0. Vbucket listeners hear "deleted" for each (DCP
+        streams end). Returns the number of documents removed.
+
+        Emptying the store is one transaction that takes time with a large bucket: a caller that
+        serves requests meanwhile runs `store.clear()` on another thread first (no flush batch in
+        flight) and passes `store_cleared`; writes made meanwhile went to the old vbuckets and are
+        dropped with them."""
+        self._check_idle()
+        old = dict(self._vbuckets)
+        for vb in old.values():
+            vb.checkpoint_manager.reset(0)
+        self._vbuckets.clear()
+        if not store_cleared:
+            self.store.clear()
+        for vbid in old:
+            self._notify_vbucket(vbid, "deleted")
+        for vbid, vb in old.items():
+            self._vbuckets[vbid] = self._make_vbucket(vbid, vb.state, failover=FailoverTable(rng=self._rng),
+                                                      hlc=HLC(clock=self._hlc_clock))
+        self.store.save_vbucket_states([vb.state_record() for vb in self._vbuckets.values()])
+        return sum(vb.num_items for vb in old.values())
 
     # -- persistence ----------------------------------------------------------------------------
     def flush(self, max_items: int | None = None) -> int:

@@ -521,6 +521,13 @@ class Store:
         with self._txn() as db:
             db.executemany(_UPSERT_STATE, [r._params() for r in records])
 
+    def clear(self) -> None:
+        """Every vbucket's rows, states and runs, in one transaction (a bucket flush); meta stays."""
+        with self._txn() as db:
+            for table in ("runs", "items", "history", "snapshots", "vbucket_state"):
+                db.execute(f"DELETE FROM {table}")  # no WHERE: SQLite truncates the table
+            self._tails.clear()
+
     def delete_vbucket(self, vb: int) -> None:
         with self._txn() as db:
             self._forget_runs(db, vb)

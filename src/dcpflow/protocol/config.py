@@ -3,10 +3,11 @@
 Shape per reference/SDK-BOOTSTRAP.md ("Cluster map"): rev, revEpoch, name, uuid, bucketType,
 nodeLocator, bucketCapabilities, collectionsManifestUid (hex string), nodes[] index-aligned with
 nodesExt[] (services kv / mgmt / kvSSL, hostname, thisNode), and vBucketServerMap {numReplicas,
-serverList, vBucketMap}. Hostnames stay the literal `$HOST`: a client replaces it with the address it
-dialled, which is what lets one map serve every interface. Keep `nodes`, `nodeLocator` and a `mgmt`
-service even with no HTTP listener: stricter clients reject a map without them; they also reject an
-empty vBucketMap.
+serverList, vBucketMap}. `mgmt` (and `mgmtSSL` with TLS) is the node's HTTP management port, which
+the SDKs use for bucket management and `ping()`. Hostnames stay the literal `$HOST`: a client
+replaces it with the address it dialled, which is what lets one map serve every interface. Keep
+`nodes`, `nodeLocator` and a `mgmt` service: stricter clients reject a map without them; they also
+reject an empty vBucketMap.
 
 Index i of serverList, nodes and nodesExt is the same node; vBucketMap[vb] lists node indexes,
 active first, then the replicas (-1 = no node).
@@ -20,6 +21,7 @@ from .keys import vbucket_for_key
 
 HOST_PLACEHOLDER = "$HOST"
 DEFAULT_MGMT_PORT = 8091
+DEFAULT_MGMT_SSL_PORT = 18091
 DEFAULT_BUCKET_CAPABILITIES = ("collections", "dcp", "cccp", "nodesExt", "xattr", "cbhello", "touch",
                                "couchapi")
 _PAGE = "SDK-BOOTSTRAP.md"
@@ -33,6 +35,7 @@ class Node(NamedTuple):
     mgmt_port: int = DEFAULT_MGMT_PORT
     kv_ssl_port: int | None = None
     this_node: bool = False
+    mgmt_ssl_port: int | None = None
 
     @property
     def kv_address(self) -> str:
@@ -131,6 +134,8 @@ def _node_ext_entry(n: Node) -> dict:
     services = {"kv": n.kv_port, "mgmt": n.mgmt_port}
     if n.kv_ssl_port is not None:
         services["kvSSL"] = n.kv_ssl_port
+    if n.mgmt_ssl_port is not None:
+        services["mgmtSSL"] = n.mgmt_ssl_port
     entry: dict = {"services": services}
     if n.this_node:
         entry["thisNode"] = True
@@ -244,7 +249,7 @@ def _parse(doc: dict) -> ClusterMap:
                 hostname = _split_host_port(legacy[i]["hostname"])[0]
             nodes.append(Node(services.get("kv", 0), hostname if hostname is not None else HOST_PLACEHOLDER,
                               services.get("mgmt", DEFAULT_MGMT_PORT), services.get("kvSSL"),
-                              bool(ext.get("thisNode", False))))
+                              bool(ext.get("thisNode", False)), services.get("mgmtSSL")))
     else:
         for entry in legacy:
             host, mgmt = _split_host_port(entry["hostname"])

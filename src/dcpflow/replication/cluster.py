@@ -43,9 +43,17 @@ from pathlib import Path
 from typing import NamedTuple
 
 from dcpflow.protocol import kv as kvproto
-from dcpflow.protocol.config import Node, balanced_vbucket_map, build_bucket_config, encode_config
+from dcpflow.protocol.config import (
+    DEFAULT_MGMT_PORT,
+    Node,
+    balanced_vbucket_map,
+    build_bucket_config,
+    encode_config,
+    parse_cluster_map,
+)
 from dcpflow.protocol.datatype import Datatype
 from dcpflow.protocol.dcp import StreamEndReason, StreamFlag, VBucketState
+from dcpflow.protocol.errors import ProtocolError
 from dcpflow.protocol.frame import request
 from dcpflow.protocol.opcodes import Opcode
 from dcpflow.protocol.status import Status
@@ -86,9 +94,10 @@ class ClusterError(Exception):
 class NodeState:
     """What the manager knows about one node."""
 
-    def __init__(self, index: int, host: str, port: int, failed: bool = False):
+    def __init__(self, index: int, host: str, port: int, failed: bool = False, mgmt_port: int | None = None):
         self.index = index
         self.host, self.port = host, port
+        self.mgmt_port = mgmt_port  # the node's HTTP management port, advertised in the map (None: not known)
         self.failed = failed  # failed over: out of the map until a rebalance takes it back
         self.link: Link | None = None
         self.last_error = ""
@@ -221,7 +230,8 @@ class ClusterManager:
         return {
             "bucket": self.bucket, "num_vbuckets": self.num_vbuckets, "num_replicas": self.num_replicas,
             "uuid": self.uuid, "rev_epoch": self.rev_epoch, "rev": self.rev,
-            "nodes": [{"host": n.host, "port": n.port, "failed": n.failed} for n in self.nodes],
+            "nodes": [{"host": n.host, "port": n.port, "failed": n.failed, "mgmt_port": n.mgmt_port}
+                      for n in self.nodes],
             "map": self.map, **self.extra_state,
         }
 
@@ -244,6 +254,7 @@ class ClusterManager:
         mgr.map = state.get("map")
         for node, saved in zip(mgr.nodes, state["nodes"], strict=True):
             node.failed = bool(saved.get("failed"))
+            node.mgmt_port = saved.get("mgmt_port")
         return mgr
 
     def _event(self, text: str) -> None:
@@ -316,6 +327,7 @@ class ClusterManager:
         try:
             link = await Link.open(node.host, node.port, label=f"manager->{node.address}", timeout=timeout)
             await link.login(self.user, self.password, self.bucket, timeout=timeout)
+            await self._learn_mgmt_port(node, link, timeout)
         except (LinkError, OSError) as e:
             if link is not None:
                 link.close()
@@ -327,6 +339,18 @@ class ClusterManager:
         node.last_error = ""
         link.on_lost.append(lambda _l, n=node: self._node_lost(n))
         return True
+
+    async def _learn_mgmt_port(self, node: NodeState, link: Link, timeout: float) -> None:
+        """The node's HTTP management port, from the map it serves on its own (revEpoch below the
+        manager's: a node that was just started); the maps the manager publishes advertise it."""
+        reply = await link.call(kvproto.GetClusterConfig(), timeout, check=True, what="GET_CLUSTER_CONFIG")
+        try:
+            own = parse_cluster_map(reply.value)
+        except ProtocolError as e:
+            raise LinkError(f"{node.address}: its cluster map does not parse: {e}") from None
+        this = own.this_node
+        if own.rev_epoch < REV_EPOCH and this is not None:
+            node.mgmt_port = own.nodes[this].mgmt_port
 
     def _node_lost(self, node: NodeState) -> None:
         if not self._stopping:
@@ -343,11 +367,15 @@ class ClusterManager:
             if node.process is not None and not node.process.alive():
                 continue
             node._next_connect = now + 1.0
+            mgmt_port = node.mgmt_port
             if await self._connect(node):
                 self._event(f"node {node.address} is reachable again")
                 if not node.failed:
                     await self._apply_states(node)
-                await self._push_map(node)
+                if node.mgmt_port != mgmt_port and self.map is not None:
+                    await self._publish()  # every node's map must advertise the new management port
+                else:
+                    await self._push_map(node)
 
     def node_index(self, address: str) -> int:
         for node in self.nodes:
@@ -399,7 +427,9 @@ class ClusterManager:
 
     def config_json(self) -> bytes:
         members, vmap = self.published_map()
-        config = build_bucket_config(self.bucket, [Node(n.port, hostname=n.host) for n in members],
+        config = build_bucket_config(self.bucket, [Node(n.port, hostname=n.host,
+                                                        mgmt_port=n.mgmt_port or DEFAULT_MGMT_PORT)
+                                                   for n in members],
                                      vbucket_map=vmap, num_replicas=self.num_replicas, rev=self.rev,
                                      rev_epoch=self.rev_epoch, uuid=self.uuid)
         return encode_config(config)

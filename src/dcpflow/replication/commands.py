@@ -200,7 +200,8 @@ async def run_up(args: argparse.Namespace) -> int:
         print("dcpflow cluster: a cluster needs at least 2 nodes (use `dcpflow server` for one)", file=sys.stderr)
         return 2
     procs = [NodeProcess(data_dir / f"node{i}", p, ports, vbuckets=mgr.num_vbuckets, bucket=mgr.bucket,
-                         flush_interval=args.flush_interval, synchronous=args.synchronous)
+                         flush_interval=args.flush_interval, synchronous=args.synchronous,
+                         mgmt_port=args.mgmt_base_port + i if args.mgmt_base_port else 0)
              for i, p in enumerate(ports)]
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -232,8 +233,9 @@ async def run_up(args: argparse.Namespace) -> int:
         mgr.extra_state["manager"] = {"pid": os.getpid(), "control_port": control_server.port, "token": token}
         mgr.save()
         addrs = ",".join(f"127.0.0.1:{p}" for p in ports)
+        mgmt = ",".join(f"127.0.0.1:{p.mgmt_port}" for p in procs)
         print(f"{READY_PREFIX} nodes={addrs} replicas={mgr.num_replicas} vbuckets={mgr.num_vbuckets} "
-              f"data_dir={data_dir} connstr=couchbase://{addrs}", flush=True)
+              f"data_dir={data_dir} connstr=couchbase://{addrs} mgmt={mgmt}", flush=True)
         await stop.wait()
         return 0
     finally:
@@ -341,6 +343,8 @@ def add_command(sub) -> None:
                     "state (default ./cluster)")
     up.add_argument("--base-port", type=int, default=12000, help="node i listens on 127.0.0.1 at BASE+i "
                     "(default 12000; 0 picks free ports)")
+    up.add_argument("--mgmt-base-port", type=int, default=0, help="node i serves its HTTP management API "
+                    "(REST, /metrics, /ui/) at BASE+i (default 0: free ports, printed in the ready line)")
     up.add_argument("--flush-interval", type=float, default=0.05, metavar="SECONDS",
                     help="how often nodes persist writes (default 0.05)")
     up.add_argument("--synchronous", choices=("FULL", "NORMAL"), default="NORMAL",

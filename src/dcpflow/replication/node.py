@@ -1,7 +1,9 @@
 """One node of a `dcpflow cluster`: a dcpflow server that knows it is one of several.
 
 `python -m dcpflow.replication.node --data-dir DIR --port P --ports P0,P1,P2 [...]` runs in the
-foreground like `dcpflow server`, prints one ready line and shuts down cleanly on SIGTERM/SIGINT.
+foreground like `dcpflow server`, prints one ready line (with its KV and management ports) and shuts
+down cleanly on SIGTERM/SIGINT. Each node has its own management listener (`--mgmt-port`, a free
+one by default); the cluster manager puts every node's in the map it pushes.
 Unlike a single server it creates no vbuckets: the cluster manager sets every vbucket's state with
 SET_VBUCKET and pushes the map with SET_CLUSTER_CONFIG. `NodeProcess` starts one as a child process.
 """
@@ -10,6 +12,7 @@ import argparse
 import asyncio
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -17,6 +20,7 @@ import threading
 from pathlib import Path
 
 READY_PREFIX = "dcpflow node ready:"
+_MGMT_PORT = re.compile(r" mgmt_port=(\d+)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -27,6 +31,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ports", required=True, help="every node's KV port, comma-separated, in node order")
     p.add_argument("--vbuckets", type=int, default=64)
     p.add_argument("--bucket", default="default")
+    p.add_argument("--mgmt-port", type=int, default=0,
+                   help="HTTP management port (REST, /metrics, /ui/); default 0: a free one")
     p.add_argument("--users", help="users file (JSON); default Administrator/password")
     p.add_argument("--flush-interval", type=float, default=0.05)
     p.add_argument("--synchronous", choices=("FULL", "NORMAL"), default="NORMAL",
@@ -51,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     config = ServerConfig(data_dir=args.data_dir, host=args.host, port=args.port, buckets=(args.bucket,),
                           num_vbuckets=args.vbuckets, flush_interval=args.flush_interval, users=args.users,
-                          synchronous=args.synchronous, debug=args.debug,
+                          synchronous=args.synchronous, debug=args.debug, mgmt_port=args.mgmt_port,
                           nodes=[Node(p, hostname=args.host) for p in ports], this_node=ports.index(args.port))
 
     async def serve() -> int:
@@ -65,7 +71,8 @@ def main(argv: list[str] | None = None) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        print(f"{READY_PREFIX} port={server.port} pid={os.getpid()} data_dir={args.data_dir}", flush=True)
+        print(f"{READY_PREFIX} port={server.port} mgmt_port={server.mgmt.port} pid={os.getpid()} "
+              f"data_dir={args.data_dir}", flush=True)
         if args.exit_with:
             loop.create_task(_watch_parent(args.exit_with, stop))
         await stop.wait()
@@ -94,14 +101,17 @@ async def _watch_parent(pid: int, stop: asyncio.Event) -> None:
 
 
 class NodeProcess:
-    """A node as a child process: started, waited for (its ready line), stopped or killed."""
+    """A node as a child process: started, waited for (its ready line), stopped or killed.
+    `mgmt_port` 0 lets the first start pick a free management port; a restart keeps the port the
+    node had, so the map the manager pushed stays right."""
 
     def __init__(self, data_dir: str | Path, port: int, ports: list[int], *, host: str = "127.0.0.1",
                  vbuckets: int = 64, bucket: str = "default", users: str | None = None,
                  flush_interval: float = 0.05, synchronous: str = "NORMAL", log_path: str | Path | None = None,
-                 debug: bool = False):
+                 debug: bool = False, mgmt_port: int = 0):
         self.data_dir = Path(data_dir)
         self.host, self.port = host, port
+        self.mgmt_port = mgmt_port
         self.args = [sys.executable, "-m", "dcpflow.replication.node", "--data-dir", str(self.data_dir),
                      "--host", host, "--port", str(port), "--ports", ",".join(map(str, ports)),
                      "--vbuckets", str(vbuckets), "--bucket", bucket, "--flush-interval", str(flush_interval),
@@ -124,8 +134,8 @@ class NodeProcess:
         src = str(Path(__file__).resolve().parents[2])
         env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(self.args, stdout=subprocess.PIPE, stderr=log, env=env, text=True,
-                                         start_new_session=True)
+            self.proc = subprocess.Popen([*self.args, "--mgmt-port", str(self.mgmt_port)], stdout=subprocess.PIPE,
+                                         stderr=log, env=env, text=True, start_new_session=True)
         line: list[str] = []
         reader = threading.Thread(target=lambda: line.append(self.proc.stdout.readline()), daemon=True)
         reader.start()
@@ -135,6 +145,9 @@ class NodeProcess:
             tail = self.log_path.read_text(errors="replace")[-2000:] if self.log_path.exists() else ""
             raise RuntimeError(f"node on port {self.port} did not start: {line[0] if line else 'no ready line'} "
                                f"{tail}")
+        mgmt = _MGMT_PORT.search(line[0])
+        if mgmt is not None:
+            self.mgmt_port = int(mgmt.group(1))
         return self
 
     def alive(self) -> bool:

@@ -4,7 +4,8 @@
 dcpflow's own clients; `dcpflow server` runs one in the foreground. Modules: app (listener,
 lifecycle, flusher/expiry/compaction tasks), connection (framing, ordered replies, dispatch),
 dispatch (opcode -> handler table), session (HELLO, SASL, buckets, cluster map, error map), kv
-(KV commands), stats (STAT groups), auth (users, roles, SCRAM/PLAIN), topology (cluster map).
+(KV commands), stats (STAT groups), auth (users, roles, SCRAM/PLAIN), topology (cluster map), and
+mgmt (the HTTP management plane beside the KV port: REST, /metrics, the /ui/ page).
 The engine never imports this package, and the protocol imports nothing of ours.
 """
 

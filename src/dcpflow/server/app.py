@@ -13,6 +13,11 @@ server runs three background tasks on it:
 
 A lock serialises a flush batch and compaction (compaction requires no batch in flight).
 
+Beside the KV port the server runs its management listener (server/mgmt: the REST API the SDKs'
+management calls use, /metrics, the /ui/ page) on the port the map advertises as `mgmt`. Through
+it buckets come and go at run time (`create_bucket`, `drop_bucket`, `flush_bucket` below); the
+buckets created that way are listed in `<data_dir>/buckets.json`, so a restart serves them again.
+
 Shutdown (`close()`, SIGTERM/SIGINT in the CLI): stop listening, close client connections, let the
 background tasks finish what they are doing, then close every bucket cleanly - flush everything and
 write the clean-shutdown mark, so the next start creates no failover entry. A `kill -9` skips all
@@ -26,8 +31,10 @@ import asyncio
 import concurrent.futures
 import contextlib
 import gc
+import json
 import logging
 import os
+import shutil
 import ssl
 import sys
 import threading
@@ -48,6 +55,7 @@ from . import stats as _stats  # noqa: F401
 from .auth import UserDB
 from .connection import Connection
 from .counters import Counters
+from .mgmt import ManagementListener
 from .session import SERVER_VERSION
 from .topology import Topology
 
@@ -82,6 +90,10 @@ class ServerConfig:
     dcp_idle_timeout: float = 360.0  # a DCP producer with noops disconnects after this long without input
     # PLAIN sends the password in clear: like Couchbase Server, offer it only inside TLS unless allowed here.
     plain_over_tcp: bool = False
+    # HTTP management (REST, /metrics, /ui/): None = 8091 (with TLS also 18091) when free, else a free
+    # port; 0 = a free port; any other number must be free. The map advertises what was bound.
+    mgmt_port: int | None = None
+    mgmt_tls_port: int | None = None
 
 
 def _lower_thread_priority(steps: int) -> None:
@@ -104,6 +116,8 @@ def _lower_thread_priority(steps: int) -> None:
 
 #: Seconds without a flush batch before the flusher seals the store's unfinished runs.
 SEAL_AFTER_IDLE = 1.0
+#: The buckets created through the management API (served again after a restart).
+CREATED_BUCKETS_FILE = "buckets.json"
 
 
 class ServerBucket:
@@ -119,6 +133,8 @@ class ServerBucket:
             self.uuid = uuidlib.uuid4().hex
             engine.store.set_meta("bucket_uuid", self.uuid)
         self.counters = Counters()
+        # Settings the management API keeps for this bucket (server/mgmt/buckets.py owns their meaning).
+        self.settings: dict = json.loads(engine.store.get_meta("mgmt_settings") or "{}")
         self.persistence_paused = False
         self.flushed_at = 0.0  # monotonic time of the last batch the flusher wrote (seal_runs waits)
         self._waiters: dict[int, list[tuple[int, asyncio.Future]]] = {}
@@ -126,6 +142,10 @@ class ServerBucket:
 
     def config(self) -> bytes:
         return self.server.topology.bucket_config(self.name, self.uuid, self._local_map)
+
+    def save_settings(self, settings: dict) -> None:
+        self.engine.store.set_meta("mgmt_settings", json.dumps(settings, sort_keys=True))
+        self.settings = dict(settings)
 
     def _local_map(self) -> list[list[int]]:
         """Single-node map from local states: active vbuckets here, every other one without an active."""
@@ -174,6 +194,7 @@ class Server:
         self.topology: Topology | None = None
         self.port: int | None = None
         self.tls_port: int | None = None
+        self.mgmt = ManagementListener(self)  # its ports: mgmt.port, mgmt.tls_port
         self._listener: asyncio.AbstractServer | None = None
         self._tls_listener: asyncio.AbstractServer | None = None
         self._tasks: list[asyncio.Task] = []
@@ -205,12 +226,15 @@ class Server:
                 self._tls_listener = await loop.create_server(lambda: Connection(self), cfg.host, cfg.tls_port,
                                                               reuse_address=True, ssl=self._tls_context(),
                                                               start_serving=False)
-            for name in dict.fromkeys(cfg.buckets):
+            self.mgmt.bind(cfg.host, cfg.mgmt_port, cfg.mgmt_tls_port,
+                           self._tls_context() if cfg.tls_cert is not None else None)
+            for name in dict.fromkeys([*cfg.buckets, *self._created_buckets()]):
                 self.buckets[name] = ServerBucket(self, self._open_bucket(name))
         except BaseException:
             for listener in (self._listener, self._tls_listener):
                 if listener is not None:
                     listener.close()
+            self.mgmt.unbind()
             self._close_buckets(clean=True)
             self._executor.shutdown(wait=True)
             raise
@@ -226,11 +250,17 @@ class Server:
         self.port = self._listener.sockets[0].getsockname()[1]
         if self._tls_listener is not None:
             self.tls_port = self._tls_listener.sockets[0].getsockname()[1]
-        nodes = cfg.nodes or [Node(self.port, kv_ssl_port=self.tls_port)]
+        me = Node(self.port, kv_ssl_port=self.tls_port, mgmt_port=self.mgmt.port, mgmt_ssl_port=self.mgmt.tls_port)
+        if cfg.nodes:  # this node's entry carries the management ports it bound (the others' come with the map)
+            nodes = list(cfg.nodes)
+            nodes[cfg.this_node] = nodes[cfg.this_node]._replace(mgmt_port=me.mgmt_port, mgmt_ssl_port=me.mgmt_ssl_port)
+        else:
+            nodes = [me]
         self.topology = Topology(nodes, cfg.this_node)
         for listener in (self._listener, self._tls_listener):
             if listener is not None:
                 await listener.start_serving()
+        await self.mgmt.start()
         self._tasks = [
             asyncio.create_task(self._flusher_task(), name="dcpflow-flusher"),
             asyncio.create_task(self._periodic(cfg.expiry_interval, self._run_expiry), name="dcpflow-expiry"),
@@ -245,15 +275,16 @@ class Server:
         ctx.load_cert_chain(self.config.tls_cert, self.config.tls_key)
         return ctx
 
-    def _open_bucket(self, name: str) -> Bucket:
+    def _open_bucket(self, name: str, *, num_vbuckets: int | None = None,
+                     conflict_resolution: str | None = None) -> Bucket:
         cfg = self.config
-        engine = Bucket(name, cfg.data_dir, cfg.num_vbuckets, cfg.conflict_resolution,
+        engine = Bucket(name, cfg.data_dir, num_vbuckets or cfg.num_vbuckets,
+                        conflict_resolution or cfg.conflict_resolution,
                         flush_interval=cfg.flush_interval, purge_interval=cfg.purge_interval,
                         synchronous=cfg.synchronous, checkpoint_max_items=cfg.checkpoint_max_items,
                         checkpoint_memory_quota=cfg.checkpoint_memory_quota)
         if not engine.vbuckets and (cfg.nodes is None or len(cfg.nodes) == 1):
-            for vb in range(engine.num_vbuckets):  # a new single-node bucket owns every vbucket
-                engine.set_vbucket_state(vb, VBucketState.ACTIVE)
+            engine.create_vbuckets(range(engine.num_vbuckets), VBucketState.ACTIVE)  # a new single node owns all
         return engine
 
     async def close(self) -> None:
@@ -264,6 +295,7 @@ class Server:
         for listener in (self._listener, self._tls_listener):
             if listener is not None:
                 listener.close()
+        await self.mgmt.close()
         for conn in list(self.connections):
             if conn.dcp is not None and hasattr(conn.dcp, "shutdown"):
                 conn.dcp.shutdown()  # STREAM_END(Disconnected) for every stream, written before the close
@@ -404,4 +436,83 @@ class Server:
     async def _run_compaction(self) -> None:
         for bucket in list(self.buckets.values()):
             async with self._maintenance:
-                bucket.engine.compact()
+                if not bucket.engine.closed:  # dropped meanwhile
+                    bucket.engine.compact()
+
+    # -- buckets at run time (the management API) ----------------------------------------------
+    @property
+    def manages_buckets(self) -> bool:
+        """A node of a `dcpflow cluster` serves the bucket its cluster manager gave it; buckets
+        are created, dropped and flushed at run time only on a single server."""
+        return not self.config.nodes or len(self.config.nodes) == 1
+
+    def _created_buckets(self) -> list[str]:
+        path = Path(self.config.data_dir) / CREATED_BUCKETS_FILE
+        try:
+            return list(json.loads(path.read_text())["buckets"])
+        except FileNotFoundError:
+            return []
+        except (ValueError, KeyError, TypeError) as e:
+            raise ValueError(f"{path} is damaged ({e}): fix or remove it (it lists the buckets created "
+                             f"through the management API)") from None
+
+    def _save_created_buckets(self, names: list[str]) -> None:
+        path = Path(self.config.data_dir) / CREATED_BUCKETS_FILE
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"buckets": names}))
+        os.replace(tmp, path)
+
+    def create_bucket(self, name: str, *, num_vbuckets: int | None = None, conflict_resolution: str | None = None,
+                      settings: dict | None = None) -> ServerBucket:
+        """A new, empty bucket, served at once (the map of a single server: every vbucket active).
+        ValueError if the name is taken, or its directory holds data from an earlier run that this
+        server does not serve (that data is never overwritten)."""
+        if not self.manages_buckets:
+            raise ValueError("buckets of a dcpflow cluster are managed by its cluster manager")
+        if any(n.lower() == name.lower() for n in self.buckets):
+            raise ValueError("Bucket with given name already exists")
+        path = Path(self.config.data_dir) / name
+        if path.exists():
+            raise ValueError(f"{path} holds a bucket {name!r} from an earlier run that this server does not "
+                             f"serve: start the server with --bucket {name} to serve it, or remove the directory")
+        engine = self._open_bucket(name, num_vbuckets=num_vbuckets, conflict_resolution=conflict_resolution)
+        bucket = self.buckets[name] = ServerBucket(self, engine)
+        if settings:
+            bucket.save_settings(settings)
+        if name not in self.config.buckets:
+            self._save_created_buckets([*self._created_buckets(), name])
+        self.topology.bump()
+        return bucket
+
+    async def drop_bucket(self, name: str) -> None:
+        """Stop serving the bucket and delete its data. Its connections are closed, as kv_engine
+        closes the connections of a deleted bucket (DCP streams end with them)."""
+        if not self.manages_buckets:
+            raise ValueError("buckets of a dcpflow cluster are managed by its cluster manager")
+        bucket = self.buckets.pop(name)
+        for conn in list(self.connections):
+            if conn.bucket is bucket:
+                conn.close()
+        async with self._maintenance:  # no flush batch of it in flight
+            bucket.engine.close(clean=False)
+        created = self._created_buckets()
+        if name in created:
+            self._save_created_buckets([n for n in created if n != name])
+        await asyncio.get_running_loop().run_in_executor(
+            None, shutil.rmtree, Path(self.config.data_dir) / name)
+        self.topology.bump()
+
+    async def flush_bucket(self, name: str) -> int:
+        """Empty every vbucket, as Couchbase's flush does (engine `Bucket.reset`): each gets a new
+        failover log (a new vbucket UUID at seqno 0), its DCP streams end (STATE_CHANGED) and a
+        consumer that resumes from where it was is told to roll back to 0. The store is emptied on
+        the flusher's thread, so KV requests are served meanwhile. Returns the documents removed."""
+        if not self.manages_buckets:
+            raise ValueError("buckets of a dcpflow cluster are managed by its cluster manager")
+        engine = self.buckets[name].engine
+        async with self._maintenance:  # no flush batch in flight while the store is emptied
+            if engine.closed:
+                raise KeyError(name)
+            await asyncio.get_running_loop().run_in_executor(self._executor, engine.store.clear)
+            return engine.reset(store_cleared=True)

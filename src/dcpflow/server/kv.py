@@ -21,6 +21,7 @@ import asyncio
 import json
 import struct
 
+from dcpflow.engine.collections import DEFAULT_SCOPE, Manifest, ManifestError
 from dcpflow.engine.errors import EngineError
 from dcpflow.engine.item import Item
 from dcpflow.engine.vbucket import VBucket, VBucketState
@@ -600,10 +601,9 @@ def concat(conn: Connection, frame: Frame) -> bytes | None:
 
 
 # ---------------------------------------------------------------------------------------------
-# collections (docs/Collections.md): only the default scope and collection exist, manifest uid 0
+# collections (docs/Collections.md): the bucket's manifest (engine/collections.py) answers; today only
+# the default scope and collection exist, manifest uid 0
 
-DEFAULT_MANIFEST = {"uid": "0", "scopes": [{"name": "_default", "uid": "0",
-                                            "collections": [{"name": "_default", "uid": "0"}]}]}
 _MANIFEST_ID_CID = struct.Struct(">QI")
 
 
@@ -619,8 +619,8 @@ def _collection_header_check(frame: Frame, path_required: bool) -> bytes:
     return path
 
 
-def _unknown(status: Status, what: str) -> EngineError:
-    return EngineError(status, f"{what} (manifest uid 0: only _default._default exists)")
+def _unknown(status: Status, what: str, manifest: Manifest) -> EngineError:
+    return EngineError(status, f"{what} (manifest uid {manifest.uid:x})")
 
 
 @command(Opcode.COLLECTIONS_GET_MANIFEST)
@@ -628,7 +628,7 @@ def get_collections_manifest(conn: Connection, frame: Frame) -> bytes:
     if frame.extras or frame.key or frame.value or frame.cas:
         raise ProtocolError("COLLECTIONS_GET_MANIFEST has no extras, key, value or CAS (Collections.md)")
     return response(frame.opcode, opaque=frame.opaque, datatype=_JSON,
-                    value=json.dumps(DEFAULT_MANIFEST, separators=(",", ":")).encode())
+                    value=json.dumps(conn.bucket.engine.manifest.to_json(), separators=(",", ":")).encode())
 
 
 @command(Opcode.COLLECTIONS_GET_ID)
@@ -637,12 +637,14 @@ def get_collection_id(conn: Connection, frame: Frame) -> bytes:
     path = _collection_header_check(frame, True).decode("utf-8", "replace")
     if path.count(".") != 1:
         raise ProtocolError(f"collection path {path!r} must be scope.collection (Collections.md)")
-    scope, collection = (part or "_default" for part in path.split("."))
-    if scope != "_default":
-        raise _unknown(Status.UNKNOWN_SCOPE, f"unknown scope {scope!r}")
-    if collection != "_default":
-        raise _unknown(Status.UNKNOWN_COLLECTION, f"unknown collection {scope}.{collection}")
-    return response(frame.opcode, opaque=frame.opaque, extras=_MANIFEST_ID_CID.pack(0, 0))
+    scope, collection = (part or DEFAULT_SCOPE for part in path.split("."))
+    manifest = conn.bucket.engine.manifest
+    try:
+        cid = manifest.collection(scope, collection).uid
+    except ManifestError as e:
+        status = Status.UNKNOWN_SCOPE if e.kind == "unknown_scope" else Status.UNKNOWN_COLLECTION
+        raise _unknown(status, str(e), manifest) from None
+    return response(frame.opcode, opaque=frame.opaque, extras=_MANIFEST_ID_CID.pack(manifest.uid, cid))
 
 
 @command(Opcode.COLLECTIONS_GET_SCOPE_ID)
@@ -650,7 +652,10 @@ def get_scope_id(conn: Connection, frame: Frame) -> bytes:
     path = _collection_header_check(frame, False).decode("utf-8", "replace")
     if path.count(".") > 1:
         raise ProtocolError(f"scope path {path!r} has more than one '.' (Collections.md)")
-    scope = path.split(".")[0] or "_default"
-    if scope != "_default":
-        raise _unknown(Status.UNKNOWN_SCOPE, f"unknown scope {scope!r}")
-    return response(frame.opcode, opaque=frame.opaque, extras=_MANIFEST_ID_CID.pack(0, 0))
+    scope = path.split(".")[0] or DEFAULT_SCOPE
+    manifest = conn.bucket.engine.manifest
+    try:
+        sid = manifest.scope(scope).uid
+    except ManifestError as e:
+        raise _unknown(Status.UNKNOWN_SCOPE, str(e), manifest) from None
+    return response(frame.opcode, opaque=frame.opaque, extras=_MANIFEST_ID_CID.pack(manifest.uid, sid))

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from .pipeline import BatchReport, Pipeline, PipelineConfig, ProgressReader
 
-READY = re.compile(r"dcpflow server ready: .*port=(\d+)")
+READY = re.compile(r"dcpflow server ready: .* port=(\d+)")  # the KV port (mgmt_port= follows)
 
 
 class EmbeddedServer:

@@ -1,0 +1,16 @@
+"""The management plane: HTTP beside the KV port, on the port the cluster map advertises as `mgmt`.
+
+Modules: app (the listener, authentication and permissions, errors, request bodies), nodes
+(`/pools`, `/pools/default`, nodeServices, the terse bucket map, `/`), buckets (list, get,
+create, update, drop, flush), collections (scopes and collections), metrics (`/metrics`,
+Prometheus), ui (the `/ui/` page; `static/` holds its stylesheet and script), observe (samples
+for the charts, the event log, rollback and failover counters) and dcpview (the one reader of
+the DCP connections' stats). `ROUTERS` lists the modules whose `routes` the listener serves.
+"""
+
+from . import buckets, collections, metrics, nodes, ui
+from .app import ManagementListener
+
+ROUTERS = (nodes, buckets, collections, metrics, ui)
+
+__all__ = ["ROUTERS", "ManagementListener"]

@@ -1,0 +1,326 @@
+"""Buckets over REST: `/pools/default/buckets` (list, create), `/pools/default/buckets/<b>` (get,
+update, delete) and `/pools/default/buckets/<b>/controller/doFlush`.
+
+The parameters are ns_server's (https://docs.couchbase.com/server/current/rest-api/rest-bucket-create.html),
+sent as an application/x-www-form-urlencoded body as the SDKs' bucket managers send them; answers
+are shaped as ns_server's, which the SDKs parse: a bucket is a JSON object with name, uuid,
+bucketType, quota.rawRAM, replicaNumber, evictionPolicy, conflictResolutionType, controllers
+(with `flush` when flushing is enabled), nodes[] and vBucketServerMap (the same map the KV port
+serves, with `$HOST` replaced by the address the client dialled). Creation answers 202 with an
+empty body, other changes 200; invalid parameters 400 with {"errors": {param: message}}; an
+unknown bucket 404; a flush of a bucket without flushEnabled 400 "Flush is disabled for the
+bucket".
+
+What dcpflow serves: Couchbase (persistent) buckets with seqno or lww conflict resolution, any
+number of vbuckets up to 1024, value-only eviction, no minimum durability. Other values of those
+parameters are refused with a 400 that says so. The settings that change nothing in the engine
+(ramQuota, replicaNumber, maxTTL, compressionMode, replicaIndex, flushEnabled) are kept with the
+bucket and reported back; a single server places no replicas, so its map's numReplicas stays 0
+whatever replicaNumber says. Creating, changing, dropping and flushing buckets is a single
+server's: a node of `dcpflow cluster` serves the bucket its cluster manager set up and answers
+those with 400.
+"""
+
+import re
+
+from aiohttp import web
+
+from .app import SERVER, allowed, error, errors, not_found, read_form, reply_json, require
+from .nodes import bucket_map, node_entries
+
+routes = web.RouteTableDef()
+
+#: What a bucket created from the command line reports (ns_server's defaults for a new bucket).
+DEFAULTS = {
+    "ramQuotaMB": 100,
+    "replicaNumber": 0,
+    "flushEnabled": False,
+    "maxTTL": 0,
+    "compressionMode": "passive",
+    "evictionPolicy": "valueOnly",
+    "durabilityMinLevel": "none",
+    "storageBackend": "couchstore",
+    "replicaIndex": False,
+}
+MIN_RAM_QUOTA_MB = 100
+MAX_TTL = 2_147_483_647
+MAX_VBUCKETS = 1024
+_NAME = re.compile(r"[A-Za-z0-9._%-]{1,100}")
+#: Parameters that are fixed when a bucket is created.
+_CREATION_ONLY = ("bucketType", "conflictResolutionType", "numVBuckets", "storageBackend")
+_UPDATABLE = ("ramQuotaMB", "ramQuota", "replicaNumber", "flushEnabled", "maxTTL", "compressionMode",
+              "evictionPolicy", "durabilityMinLevel", "replicaIndex", "historyRetentionCollectionDefault",
+              "historyRetentionBytes", "historyRetentionSeconds")
+_UNSUPPORTED = "is not supported by dcpflow"
+
+
+def settings_of(bucket) -> dict:
+    return {**DEFAULTS, **bucket.settings}
+
+
+# ---------------------------------------------------------------------------------------------
+# parameters
+
+
+def _int(form: dict, key: str, low: int, high: int, problems: dict, message: str) -> int | None:
+    text = form.get(key)
+    if text is None:
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        problems[key] = message
+        return None
+    if not low <= value <= high:
+        problems[key] = message
+        return None
+    return value
+
+
+def _flag(form: dict, key: str, problems: dict) -> bool | None:
+    text = form.get(key)
+    if text is None:
+        return None
+    if text in ("1", "true"):
+        return True
+    if text in ("0", "false"):
+        return False
+    problems[key] = f"{key} must be 0 or 1"
+    return None
+
+
+def _choice(form: dict, key: str, supported: tuple[str, ...], known: tuple[str, ...], problems: dict) -> str | None:
+    value = form.get(key)
+    if value is None:
+        return None
+    if value in supported:
+        return value
+    if value in known:
+        problems[key] = f"{key} {value!r} {_UNSUPPORTED} (it serves {', '.join(supported)})"
+    else:
+        problems[key] = f"{key} must be one of {', '.join(known)}"
+    return None
+
+
+def parse_settings(form: dict, *, creating: bool) -> tuple[dict, dict]:
+    """(settings, creation parameters) from a create or update form; 400 with every problem found."""
+    problems: dict[str, str] = {}
+    allowed = {"name", *_CREATION_ONLY, *_UPDATABLE} if creating else {*_CREATION_ONLY, *_UPDATABLE}
+    for key in form:
+        if key not in allowed:
+            problems[key] = "Unsupported parameter"
+    settings: dict = {}
+    quota_key = "ramQuotaMB" if "ramQuotaMB" in form or "ramQuota" not in form else "ramQuota"
+    quota = _int(form, quota_key, MIN_RAM_QUOTA_MB, 1 << 40, problems,
+                 f"RAM quota must be an integer of at least {MIN_RAM_QUOTA_MB} MiB")
+    if quota is not None:
+        settings["ramQuotaMB"] = quota
+    elif creating and quota_key not in problems:
+        problems["ramQuota"] = "The RAM Quota must be specified and must be a positive integer."
+    replicas = _int(form, "replicaNumber", 0, 3, problems, "The replica number must be an integer from 0 to 3.")
+    if replicas is not None:
+        settings["replicaNumber"] = replicas
+    max_ttl = _int(form, "maxTTL", 0, MAX_TTL, problems, f"Max TTL must be an integer from 0 to {MAX_TTL}")
+    if max_ttl is not None:
+        settings["maxTTL"] = max_ttl
+    for key in ("flushEnabled", "replicaIndex"):
+        value = _flag(form, key, problems)
+        if value is not None:
+            settings[key] = value
+    for key, supported, known in (
+            ("compressionMode", ("off", "passive", "active"), ("off", "passive", "active")),
+            ("evictionPolicy", ("valueOnly",), ("valueOnly", "fullEviction", "noEviction", "nruEviction")),
+            ("durabilityMinLevel", ("none",), ("none", "majority", "majorityAndPersistActive",
+                                               "persistToMajority"))):
+        value = _choice(form, key, supported, known, problems)
+        if value is not None:
+            settings[key] = value
+    for key in ("historyRetentionBytes", "historyRetentionSeconds"):
+        if form.get(key) not in (None, "0"):
+            problems[key] = f"{key}: history retention {_UNSUPPORTED}"
+    if form.get("historyRetentionCollectionDefault") not in (None, "false", "0"):
+        problems["historyRetentionCollectionDefault"] = f"history retention {_UNSUPPORTED}"
+    creation: dict = {}
+    _choice(form, "bucketType", ("couchbase", "membase"), ("couchbase", "membase", "ephemeral", "memcached"),
+            problems)
+    crt = _choice(form, "conflictResolutionType", ("seqno", "lww"), ("seqno", "lww", "custom"), problems)
+    if crt is not None:
+        creation["conflict_resolution"] = crt
+    vbuckets = _int(form, "numVBuckets", 1, MAX_VBUCKETS, problems,
+                    f"Number of vbuckets must be an integer from 1 to {MAX_VBUCKETS}")
+    if vbuckets is not None:
+        creation["num_vbuckets"] = vbuckets
+    backend = _choice(form, "storageBackend", ("couchstore",), ("couchstore", "magma"), problems)
+    if backend is not None:
+        settings["storageBackend"] = backend
+    if problems:
+        raise errors(problems)
+    return settings, creation
+
+
+def check_name(name: str | None, existing) -> None:
+    """ns_server's bucket-name rules; the name also names a directory, which these rules keep safe."""
+    if not name:
+        raise errors({"name": "Bucket name cannot be empty"})
+    if not _NAME.fullmatch(name):
+        raise errors({"name": "Bucket name can only contain characters in range A-Z, a-z, 0-9 as well as "
+                              "underscore, period, dash & percent. Consult the documentation."})
+    if name.startswith("."):
+        raise errors({"name": "Bucket name cannot start with dot."})
+    if any(n.lower() == name.lower() for n in existing):
+        raise errors({"name": "Bucket with given name already exists"})
+
+
+# ---------------------------------------------------------------------------------------------
+# answers
+
+
+def bucket_json(request: web.Request, bucket, *, skip_map: bool = False) -> dict:
+    server = request.app[SERVER]
+    engine = bucket.engine
+    settings = settings_of(bucket)
+    config = bucket_map(request, bucket)
+    stats = engine.stats()
+    quota = settings["ramQuotaMB"] * 1024 * 1024
+    base = f"/pools/default/buckets/{bucket.name}"
+    doc = {
+        "name": bucket.name,
+        "nodeLocator": "vbucket",
+        "bucketType": "membase",  # what ns_server calls a Couchbase bucket
+        "storageBackend": settings["storageBackend"],
+        "uuid": bucket.uuid,
+        "uri": f"{base}?bucket_uuid={bucket.uuid}",
+        "streamingUri": f"/pools/default/bucketsStreaming/{bucket.name}?bucket_uuid={bucket.uuid}",
+        "numVBuckets": engine.num_vbuckets,
+        "bucketCapabilitiesVer": "",
+        "bucketCapabilities": config["bucketCapabilities"],
+        "collectionsManifestUid": format(engine.manifest.uid, "x"),
+        "controllers": {"compactAll": f"{base}/controller/compactBucket"},
+        "nodes": node_entries(request, config["nodesExt"]),
+        "stats": {"uri": f"{base}/stats"},
+        "authType": "sasl",
+        "replicaIndex": settings["replicaIndex"],
+        "replicaNumber": settings["replicaNumber"],
+        "threadsNumber": 3,
+        "quota": {"ram": quota, "rawRAM": quota},
+        "basicStats": {
+            "quotaPercentUsed": 0,
+            "opsPerSec": server.mgmt.observer.ops_per_second(bucket.name),
+            "diskFetches": 0,
+            "itemCount": stats["curr_items"],
+            "diskUsed": 0,
+            "dataUsed": 0,
+            "memUsed": 0,
+        },
+        "evictionPolicy": settings["evictionPolicy"],
+        "durabilityMinLevel": settings["durabilityMinLevel"],
+        "conflictResolutionType": engine.conflict_resolution.value,
+        "maxTTL": settings["maxTTL"],
+        "compressionMode": settings["compressionMode"],
+    }
+    if settings["flushEnabled"]:
+        doc["controllers"]["flush"] = f"{base}/controller/doFlush"
+    if not skip_map:
+        doc["vBucketServerMap"] = config["vBucketServerMap"]
+    return doc
+
+
+def _bucket(request: web.Request, permission: str):
+    """The bucket named in the path, once the user may do `permission` on it (403 before 404:
+    a user without access learns nothing about which buckets exist)."""
+    name = request.match_info["bucket"]
+    require(request, permission, name)
+    bucket = request.app[SERVER].buckets.get(name)
+    if bucket is None:
+        raise not_found()
+    return bucket
+
+
+def _single_server(server) -> None:
+    if not server.manages_buckets:
+        raise error(400, "This node belongs to a dcpflow cluster: its bucket is created and managed by the "
+                         "cluster manager (`dcpflow cluster`), not through this API")
+
+
+# ---------------------------------------------------------------------------------------------
+# routes
+
+
+@routes.get("/pools/default/buckets")
+async def list_buckets(request: web.Request) -> web.Response:
+    user = require(request, "pools.read")
+    skip_map = request.query.get("skipMap") == "true"
+    server = request.app[SERVER]
+    return reply_json([bucket_json(request, b, skip_map=skip_map) for name, b in server.buckets.items()
+                       if allowed(user, "bucket.read", name)])
+
+
+@routes.post("/pools/default/buckets")
+async def create_bucket(request: web.Request) -> web.Response:
+    require(request, "bucket.create")
+    server = request.app[SERVER]
+    form = await read_form(request)
+    _single_server(server)
+    check_name(form.get("name"), server.buckets)
+    settings, creation = parse_settings(form, creating=True)
+    name = form["name"]
+    try:
+        server.create_bucket(name, settings=settings, **creation)
+    except ValueError as e:
+        raise errors({"name": str(e)}) from None
+    server.mgmt.observer.record("bucket", name, f"bucket {name!r} created")
+    return web.Response(status=202)
+
+
+@routes.get("/pools/default/buckets/{bucket}")
+async def get_bucket(request: web.Request) -> web.Response:
+    bucket = _bucket(request, "bucket.read")
+    return reply_json(bucket_json(request, bucket, skip_map=request.query.get("skipMap") == "true"))
+
+
+@routes.post("/pools/default/buckets/{bucket}")
+async def update_bucket(request: web.Request) -> web.Response:
+    bucket = _bucket(request, "bucket.write")
+    form = await read_form(request)
+    _single_server(request.app[SERVER])
+    settings, creation = parse_settings(form, creating=False)
+    engine = bucket.engine
+    fixed = {"conflict_resolution": ("conflictResolutionType", engine.conflict_resolution.value),
+             "num_vbuckets": ("numVBuckets", engine.num_vbuckets)}
+    problems = {param: f"{param} cannot be changed after the bucket is created (it is {current})"
+                for key, (param, current) in fixed.items() if key in creation and creation[key] != current}
+    if settings.get("storageBackend", settings_of(bucket)["storageBackend"]) != settings_of(bucket)["storageBackend"]:
+        problems["storageBackend"] = "storageBackend cannot be changed"
+    if problems:
+        raise errors(problems)
+    bucket.save_settings({**bucket.settings, **settings})
+    return web.Response(status=200)
+
+
+@routes.delete("/pools/default/buckets/{bucket}")
+async def delete_bucket(request: web.Request) -> web.Response:
+    name = request.match_info["bucket"]
+    require(request, "bucket.delete", name)
+    server = request.app[SERVER]
+    if name not in server.buckets:
+        raise not_found()
+    _single_server(server)
+    await server.drop_bucket(name)
+    server.mgmt.observer.record("bucket", name, f"bucket {name!r} dropped: its connections were closed")
+    return web.Response(status=200)
+
+
+@routes.post("/pools/default/buckets/{bucket}/controller/doFlush")
+async def flush_bucket(request: web.Request) -> web.Response:
+    bucket = _bucket(request, "bucket.flush")
+    server = request.app[SERVER]
+    _single_server(server)
+    if not settings_of(bucket)["flushEnabled"]:
+        raise error(400, "Flush is disabled for the bucket")
+    try:
+        removed = await server.flush_bucket(bucket.name)
+    except KeyError:  # dropped meanwhile
+        raise not_found() from None
+    server.mgmt.observer.record("flush", bucket.name, f"bucket {bucket.name!r} flushed: {removed} documents "
+                                "removed, every vbucket has a new failover entry (DCP clients roll back to 0)")
+    return web.Response(status=200)

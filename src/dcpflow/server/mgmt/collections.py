@@ -1,0 +1,137 @@
+"""Scopes and collections over REST, the routes of
+https://docs.couchbase.com/server/current/rest-api/scopes-and-collections-api.html:
+
+    GET    /pools/default/buckets/<b>/scopes                          the manifest
+    PUT    /pools/default/buckets/<b>/scopes                          set the whole manifest (JSON)
+    POST   /pools/default/buckets/<b>/scopes                          create a scope (name=)
+    DELETE /pools/default/buckets/<b>/scopes/<s>                      drop a scope
+    POST   /pools/default/buckets/<b>/scopes/<s>/collections          create a collection (name=, maxTTL=, history=)
+    PATCH  /pools/default/buckets/<b>/scopes/<s>/collections/<c>      update a collection (maxTTL=, history=)
+    DELETE /pools/default/buckets/<b>/scopes/<s>/collections/<c>      drop a collection
+
+The manifest is the engine's (engine/collections.py); each route asks it for the change and
+answers ns_server's way: 200 {"uid": "<new manifest uid>"} on success; 404 "Scope with name ... is
+not found" / "Collection with name ... is not found"; 400 "... already exists"; and, while only
+`_default._default` exists, 400 for a change, whose message starts with ns_server's "Not allowed
+on this version of cluster" - the SDKs raise FeatureNotAvailable (or their invalid-argument and
+unsupported-operation errors) from it - and says why.
+"""
+
+from aiohttp import web
+
+from dcpflow.engine.collections import Manifest, ManifestError
+
+from .app import SERVER, error, not_found, read_form, read_json, reply_json, require
+
+routes = web.RouteTableDef()
+
+_BASE = "/pools/default/buckets/{bucket}/scopes"
+_STATUS = {"unknown_scope": 404, "unknown_collection": 404, "exists": 400, "unsupported": 400}
+
+
+def _bucket(request: web.Request, permission: str):
+    name = request.match_info["bucket"]
+    require(request, permission, name)
+    bucket = request.app[SERVER].buckets.get(name)
+    if bucket is None:
+        raise not_found()
+    return bucket
+
+
+def _change(bucket, fn) -> web.Response:
+    """Apply a manifest change; the answer carries the new manifest uid."""
+    try:
+        manifest: Manifest = fn(bucket.engine.manifest)
+    except ManifestError as e:
+        message = str(e)
+        if e.kind == "unsupported":
+            message = f"Not allowed on this version of cluster: {message}"
+        raise error(_STATUS[e.kind], message) from None
+    bucket.engine.manifest = manifest
+    return reply_json({"uid": format(manifest.uid, "x")})
+
+
+def _ttl(form: dict) -> int | None:
+    if "maxTTL" not in form:
+        return None
+    try:
+        value = int(form["maxTTL"])
+    except ValueError:
+        value = -2
+    if not -1 <= value <= 2_147_483_647:
+        raise error(400, "maxTTL must be an integer from -1 to 2147483647", field="maxTTL")
+    return value
+
+
+def _history(form: dict) -> bool | None:
+    if "history" not in form:
+        return None
+    if form["history"] not in ("true", "false"):
+        raise error(400, "history must be true or false", field="history")
+    return form["history"] == "true"
+
+
+@routes.get(_BASE)
+async def get_scopes(request: web.Request) -> web.Response:
+    bucket = _bucket(request, "bucket.read")
+    return reply_json(bucket.engine.manifest.to_json(rest=True))
+
+
+@routes.put(_BASE)
+async def set_manifest(request: web.Request) -> web.Response:
+    """The whole manifest at once: accepted when it asks for what exists (the scopes and their
+    collections by name), otherwise a change that is not supported yet."""
+    bucket = _bucket(request, "bucket.write")
+    doc = await read_json(request)
+    if not isinstance(doc, dict) or not isinstance(doc.get("scopes"), list):
+        raise error(400, 'The manifest must be a JSON object with a "scopes" list')
+    try:
+        wanted = {s["name"]: [c["name"] for c in s.get("collections", [])] for s in doc["scopes"]}
+    except (TypeError, KeyError, AttributeError):
+        raise error(400, "Every scope and collection of the manifest needs a name") from None
+    return _change(bucket, lambda m: m.with_scopes(wanted))
+
+
+@routes.post(_BASE)
+async def create_scope(request: web.Request) -> web.Response:
+    bucket = _bucket(request, "bucket.write")
+    form = await read_form(request)
+    name = form.get("name")
+    if not name:
+        raise error(400, "Scope name is missing", field="name")
+    return _change(bucket, lambda m: m.add_scope(name))
+
+
+@routes.delete(_BASE + "/{scope}")
+async def drop_scope(request: web.Request) -> web.Response:
+    bucket = _bucket(request, "bucket.write")
+    scope = request.match_info["scope"]
+    return _change(bucket, lambda m: m.drop_scope(scope))
+
+
+@routes.post(_BASE + "/{scope}/collections")
+async def create_collection(request: web.Request) -> web.Response:
+    bucket = _bucket(request, "bucket.write")
+    form = await read_form(request)
+    name = form.get("name")
+    if not name:
+        raise error(400, "Collection name is missing", field="name")
+    scope = request.match_info["scope"]
+    ttl, history = _ttl(form), _history(form)
+    return _change(bucket, lambda m: m.add_collection(scope, name, max_ttl=ttl or 0, history=bool(history)))
+
+
+@routes.patch(_BASE + "/{scope}/collections/{collection}")
+async def update_collection(request: web.Request) -> web.Response:
+    bucket = _bucket(request, "bucket.write")
+    form = await read_form(request)
+    scope, name = request.match_info["scope"], request.match_info["collection"]
+    ttl, history = _ttl(form), _history(form)
+    return _change(bucket, lambda m: m.update_collection(scope, name, max_ttl=ttl, history=history))
+
+
+@routes.delete(_BASE + "/{scope}/collections/{collection}")
+async def drop_collection(request: web.Request) -> web.Response:
+    bucket = _bucket(request, "bucket.write")
+    scope, name = request.match_info["scope"], request.match_info["collection"]
+    return _change(bucket, lambda m: m.drop_collection(scope, name))

@@ -1,0 +1,164 @@
+"""`GET /metrics`: Prometheus text exposition format 0.0.4
+(https://prometheus.io/docs/instrumenting/exposition_formats/), with names close to Couchbase's
+own (https://docs.couchbase.com/server/current/metrics-reference/data-service-metrics.html):
+
+node        kv_uptime_seconds, kv_curr_connections, kv_total_connections, process_resident_memory_bytes
+bucket      kv_ops{op,result}, kv_curr_items, kv_curr_items_tot, kv_num_vbuckets{state},
+            kv_ep_queue_size (the flusher's queue), kv_ep_total_persisted, kv_checkpoint_memory_bytes,
+            kv_vb_high_seqno{vb,state}, kv_vb_persisted_seqno{vb},
+            kv_vb_rollbacks_total, kv_vb_failovers_total (since the server started)
+DCP         kv_dcp_connections{type}; per connection kv_dcp_items_remaining, kv_dcp_items_sent,
+            kv_dcp_total_data_size_bytes, kv_dcp_flow_control_unacked_bytes,
+            kv_dcp_flow_control_buffer_bytes; per stream kv_dcp_stream_items_remaining,
+            kv_dcp_stream_ready_queue_bytes, kv_dcp_stream_last_seqno
+replication kv_dcp_replication_lag_items{link}: items this node's actives are ahead of the replica
+            at the other end of each `replication:` link
+
+Every bucket-level series carries `bucket`; DCP series also `connection` (the DCP connection
+name) and stream series `vb` (and `sid` with stream ids). Who may scrape: admin, or a user with
+the stats privilege on a bucket (data_reader, bucket_full_access...), who sees the series of the
+buckets they may read stats of and the node's.
+"""
+
+import os
+import resource
+import sys
+import time
+
+from aiohttp import web
+
+from . import dcpview
+from .app import SERVER, allowed, require
+
+routes = web.RouteTableDef()
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def _escape(value) -> str:
+    return str(value).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _number(value) -> str:
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, int):
+        return str(value)
+    return repr(float(value))
+
+
+class Exposition:
+    """Metric families in the order first added; each family's samples in the order added."""
+
+    def __init__(self):
+        self._families: dict[str, tuple[str, str, list[str]]] = {}
+
+    def add(self, name: str, kind: str, help_text: str, value, **labels) -> None:
+        family = self._families.get(name)
+        if family is None:
+            family = self._families[name] = (kind, help_text, [])
+        label_text = ",".join(f'{k}="{_escape(v)}"' for k, v in labels.items() if v is not None)
+        family[2].append(f"{name}{{{label_text}}} {_number(value)}" if label_text else f"{name} {_number(value)}")
+
+    def render(self) -> str:
+        out = []
+        for name, (kind, help_text, samples) in self._families.items():
+            out.append(f"# HELP {name} {help_text}")
+            out.append(f"# TYPE {name} {kind}")
+            out.extend(samples)
+        return "\n".join(out) + "\n"
+
+
+def _resident_bytes() -> int:
+    try:
+        with open("/proc/self/statm") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # the peak, where statm is missing
+        return peak if sys.platform == "darwin" else peak * 1024
+
+
+def collect(server, may_see=lambda bucket: True) -> Exposition:
+    m = Exposition()
+    m.add("kv_uptime_seconds", "gauge", "Seconds since the server started.", round(time.time() - server.started, 3))
+    m.add("kv_curr_connections", "gauge", "Open KV connections.", len(server.connections))
+    m.add("kv_total_connections", "counter", "KV connections accepted since the server started.",
+          server.total_connections)
+    m.add("process_resident_memory_bytes", "gauge", "Resident memory of the server process.", _resident_bytes())
+    observer = server.mgmt.observer
+    buckets = [(name, b) for name, b in list(server.buckets.items()) if may_see(name)]
+    for name, bucket in buckets:
+        c = bucket.counters
+        help_ops = "KV operations by type (get: hit or miss)."
+        m.add("kv_ops", "counter", help_ops, c.get_hits, bucket=name, op="get", result="hit")
+        m.add("kv_ops", "counter", help_ops, c.get_misses, bucket=name, op="get", result="miss")
+        m.add("kv_ops", "counter", help_ops, c.cmd_set, bucket=name, op="set")
+        m.add("kv_ops", "counter", help_ops, c.cmd_delete, bucket=name, op="delete")
+    for name, bucket in buckets:
+        engine = bucket.engine
+        stats = engine.stats()
+        m.add("kv_curr_items", "gauge", "Documents in active vbuckets.", stats["curr_items"], bucket=name)
+        m.add("kv_curr_items_tot", "gauge", "Documents in all vbuckets (active, replica, pending).",
+              stats["curr_items_tot"], bucket=name)
+        for state in ("active", "replica", "pending", "dead"):
+            m.add("kv_num_vbuckets", "gauge", "Vbuckets on this node by state.", stats[f"vb_{state}_num"],
+                  bucket=name, state=state)
+        m.add("kv_ep_queue_size", "gauge", "Mutations waiting for the flusher to persist them.",
+              stats["ep_queue_size"], bucket=name)
+        m.add("kv_ep_total_persisted", "counter", "Items the flusher has persisted since the bucket opened.",
+              stats["ep_total_persisted"], bucket=name)
+        vbuckets = sorted(engine.vbuckets.items())
+        m.add("kv_checkpoint_memory_bytes", "gauge", "Memory held by the vbuckets' checkpoints.",
+              sum(vb.checkpoint_manager.mem_usage for _, vb in vbuckets), bucket=name)
+        m.add("kv_vb_rollbacks_total", "counter", "Vbucket rollbacks applied on this node since it started.",
+              observer.rollbacks[name], bucket=name)
+        m.add("kv_vb_failovers_total", "counter",
+              "Vbuckets that became active here with a new failover entry since the server started.",
+              observer.failovers[name], bucket=name)
+        for vbid, vb in vbuckets:
+            m.add("kv_vb_high_seqno", "gauge", "High seqno of each vbucket.", vb.high_seqno, bucket=name,
+                  vb=vbid, state=vb.state.name.lower())
+        for vbid, vb in vbuckets:
+            m.add("kv_vb_persisted_seqno", "gauge", "Seqno up to which each vbucket is persisted.",
+                  vb.persisted_seqno, bucket=name, vb=vbid)
+    views = dcpview.views(server, may_see)
+    counts: dict[tuple[str, str], int] = {}
+    for v in views:
+        counts[(v.bucket, v.type)] = counts.get((v.bucket, v.type), 0) + 1
+    for (bucket, kind), n in sorted(counts.items()):
+        m.add("kv_dcp_connections", "gauge", "Open DCP connections by type.", n, bucket=bucket, type=kind)
+    for v in views:
+        labels = {"bucket": v.bucket, "connection": v.name, "type": v.type}
+        if v.type == "producer":
+            m.add("kv_dcp_items_remaining", "gauge", "Items a producer's streams have not yet taken from their "
+                  "vbuckets (an upper bound; what they queued is in kv_dcp_stream_ready_queue_bytes).",
+                  v.items_remaining, **labels)
+            m.add("kv_dcp_items_sent", "counter", "Items a producer has sent.", v.items_sent, **labels)
+        m.add("kv_dcp_total_data_size_bytes", "counter", "Bytes a DCP connection has sent (producer) or "
+              "received (consumer).", v.bytes_moved, **labels)
+        m.add("kv_dcp_flow_control_unacked_bytes", "gauge", "Bytes sent or received and not yet acknowledged "
+              "under flow control.", v.unacked_bytes, **labels)
+        m.add("kv_dcp_flow_control_buffer_bytes", "gauge", "The connection's flow-control buffer (0: none).",
+              v.buffer_size, **labels)
+    for v in views:
+        for s in v.streams:
+            labels = {"bucket": v.bucket, "connection": v.name, "vb": s.vb, "sid": s.sid}
+            if v.type == "producer":
+                m.add("kv_dcp_stream_items_remaining", "gauge", "Items a stream has not yet taken from its vbucket "
+                      "(an upper bound: de-duplication may send fewer).", s.items_remaining, **labels)
+                m.add("kv_dcp_stream_ready_queue_bytes", "gauge", "Bytes queued in a stream, ready to send.",
+                      s.queue_bytes, **labels)
+            m.add("kv_dcp_stream_last_seqno", "gauge", "The last seqno a stream queued to send (producer) or "
+                  "received (consumer).", s.position, type=v.type, **labels)
+    for v in views:
+        if v.replication and v.type == "producer":
+            m.add("kv_dcp_replication_lag_items", "gauge", "Items the replica at the other end of a replication "
+                  "link is behind this node's active vbuckets.", v.items_remaining, bucket=v.bucket, link=v.name)
+    return m
+
+
+@routes.get("/metrics")
+async def metrics(request: web.Request) -> web.Response:
+    user = require(request, "stats")
+    text = collect(request.app[SERVER], lambda bucket: allowed(user, "bucket.stats", bucket)).render()
+    return web.Response(body=text.encode(), headers={"Content-Type": CONTENT_TYPE})
