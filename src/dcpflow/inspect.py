@@ -21,7 +21,16 @@ from enum import IntEnum, IntFlag
 from .protocol import dcp, kv, meta, rules
 from .protocol.datatype import Datatype
 from .protocol.errors import ProtocolError
-from .protocol.frame import ALT_HEADER, HEADER, HEADER_LEN, Frame, Magic, RequestFrameId, ResponseFrameId
+from .protocol.frame import (
+    ALT_HEADER,
+    HEADER,
+    HEADER_LEN,
+    MAGIC_OPCODE_BODY,
+    Frame,
+    Magic,
+    RequestFrameId,
+    ResponseFrameId,
+)
 from .protocol.hello import Feature
 from .protocol.messages import decode_message
 from .protocol.opcodes import OPCODE_DESCRIPTIONS, Opcode
@@ -68,7 +77,7 @@ def split_frames(data: bytes) -> Iterator[tuple[int, int, list[str]]]:
             problems.append(f"invalid magic 0x{magic:02x}: the rest of the input cannot be framed")
             yield pos, remaining, problems
             return
-        (body_len,) = struct.unpack_from(">I", data, pos + 8)
+        body_len = MAGIC_OPCODE_BODY(data, pos)[2]
         declared_end = pos + HEADER_LEN + body_len
         if declared_end > len(data):
             if _parts_len(data, pos) <= remaining - HEADER_LEN:
@@ -95,8 +104,10 @@ def _parts_len(data: bytes, pos: int) -> int:
     """framing + extras + key lengths from the header at pos."""
     magic = data[pos]
     if magic in (Magic.ALT_REQUEST, Magic.ALT_RESPONSE):
-        return data[pos + 2] + data[pos + 3] + data[pos + 4]
-    return struct.unpack_from(">H", data, pos + 2)[0] + data[pos + 4]
+        _, _, framing_len, key_len, ext_len, *_ = ALT_HEADER.unpack_from(data, pos)
+        return framing_len + key_len + ext_len
+    _, _, key_len, ext_len, *_ = HEADER.unpack_from(data, pos)
+    return key_len + ext_len
 
 
 def _frame_of(chunk: bytes) -> tuple[Frame, dict]:

@@ -1,32 +1,32 @@
 """Arrow batches: the vectorized decoder checked frame by frame against the protocol's own decoder
-(hypothesis), and the batch API against a real server - same rows as the event API, exact ranges,
-resumable end offsets, max_rows."""
+(hypothesis), the key and value columns built compiled or not, and the batch API against a real
+server - same rows as the event API, exact ranges, resumable end offsets, max_rows."""
 
 import array
 import types
 
+import numpy as np
 import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dcpflow.client import SCHEMA, DcpClient, Deletion, Mutation, Offset
-from dcpflow.client.batches import BatchBuilder, marker_fields, stream_end_reason
-from dcpflow.client.connection import STREAM_OPCODES, Segment
+from dcpflow.client import SCHEMA, DcpClient, Deletion, Mutation, Offset, batches
+from dcpflow.client.batches import BatchBuilder
+from dcpflow.client.connection import Segment
 from dcpflow.client.streams import Feed, FeedOptions, replay
 from dcpflow.protocol.dcp import (
+    STREAM_OPCODES,
     DcpDeletion,
     DcpExpiration,
     DcpMutation,
     DcpNoop,
     DcpSeqnoAdvanced,
     DcpSnapshotMarker,
-    DcpStreamEnd,
     MarkerVersion,
     SnapshotFlag,
-    decode_dcp,
 )
-from dcpflow.protocol.frame import HEADER_LEN, decode_all
+from dcpflow.protocol.frame import HEADER_LEN
 from dcpflow.protocol.keys import make_key
 
 from .conftest import PASSWORD, USER, run, url, write
@@ -152,44 +152,26 @@ def test_decoder_matches_the_protocol_decoder(case, together):
             assert vs.decoded.purge_seqno == 3
 
 
-@st.composite
-def control_frames(draw):
-    """A snapshot marker or a stream end as producers send it, then maybe a byte or two changed
-    (any header or body byte: version, lengths, flags, seqnos, datatype, magic)."""
-    vb = draw(st.integers(0, 1023))
-    if draw(st.booleans()):
-        start = draw(st.integers(0, 2**64 - 1))
-        end = draw(st.one_of(st.integers(start, 2**64 - 1), st.integers(0, 2**64 - 1)))
-        flags = draw(st.sampled_from([1, 2, 5, 0x12, 0x25, 3, 0x40, 0]))
-        version = draw(st.sampled_from([MarkerVersion.V1, MarkerVersion.V2_0, MarkerVersion.V2_2]))
-        frame = DcpSnapshotMarker(vb, start, end, flags, version, draw(st.integers(0, 99)), 0,
-                                  draw(st.integers(0, 2**64 - 1)), 0, opaque=7).encode()
-    else:
-        frame = DcpStreamEnd(vb, draw(st.integers(0, 2**32 - 1)), opaque=7).encode()
-    data = bytearray(frame)
-    for _ in range(draw(st.integers(0, 2))):
-        at = draw(st.integers(0, len(data) - 1))
-        data[at] = draw(st.integers(0, 255))
-    body = int.from_bytes(data[8:12], "big")
-    return bytes(data[:24 + body]) if 24 + body <= len(data) else bytes(data)
-
-
-@settings(max_examples=500, deadline=None)
-@given(control_frames(), st.binary(max_size=3))
-def test_control_frame_fast_paths_agree_with_the_full_decode(frame, before):
-    """What the batch decoder reads in place (marker_fields, stream_end_reason) is what the
-    protocol's decoder makes of the frame; where they answer None the full decode decides."""
-    data = before + frame
-    p = len(before)
-    fields, reason = marker_fields(data, p), stream_end_reason(data, p)
-    if fields is None and reason is None:
-        return
-    msg = decode_dcp(decode_all(frame)[0])  # must not raise: the fast path took it as valid
-    if fields is not None:
-        assert isinstance(msg, DcpSnapshotMarker) and reason is None
-        assert fields == (msg.start_seqno, msg.end_seqno, msg.purge_seqno)
-    else:
-        assert isinstance(msg, DcpStreamEnd) and reason == msg.reason
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.binary(max_size=40), min_size=1, max_size=4), st.data())
+def test_binary_column_is_the_same_compiled_or_not(bufs, data):
+    """The column a batch gets: offsets + one copy (compiled), or views cast by Arrow, nulls alike."""
+    u8s = [np.frombuffer(b, dtype=np.uint8) for b in bufs]
+    rows = []
+    for s, b in enumerate(bufs):
+        for _ in range(data.draw(st.integers(0, 4))):
+            p = data.draw(st.integers(0, len(b)))
+            rows.append((s, p, data.draw(st.integers(0, len(b) - p)), data.draw(st.booleans())))
+    sid, pos, lens = (np.array([r[i] for r in rows], dtype=np.int64) for i in range(3))
+    valid = np.array([r[3] for r in rows], dtype=bool)
+    expect = [bufs[s][p:p + n] if ok else None for s, p, n, ok in rows]
+    for use in (True, False):
+        with pytest.MonkeyPatch.context() as mp:
+            if not use:
+                mp.setattr(batches, "_concat_c", None)
+            col = batches.binary_column([pa.py_buffer(b) for b in bufs], u8s, sid, pos, lens, valid)
+        col.validate(full=True)
+        assert col.type == pa.binary() and col.to_pylist() == expect
 
 
 def test_malformed_control_frames_are_rejected_in_batches():

@@ -402,6 +402,18 @@ def test_get_cluster_config_with_and_without_known_version():
     assert "extras must be 0 or 16" in reasons(one(request(Opcode.GET_CLUSTER_CONFIG, extras=b"\0" * 4)))
 
 
+def test_set_cluster_config_carries_the_version_as_get_cluster_config_does():
+    msg = kv.SetClusterConfig(b"default", b'{"rev":7}', epoch=-1, revision=7, opaque=9)
+    data = msg.encode()
+    frame = one(data)
+    assert (frame.opcode, frame.key, frame.value, frame.datatype) == (Opcode.SET_CLUSTER_CONFIG, b"default",
+                                                                     b'{"rev":7}', 1)
+    assert frame.extras == kv.GetClusterConfig(epoch=-1, revision=7).encode()[24:40]
+    assert kv.SetClusterConfig.from_frame(frame) == msg
+    with pytest.raises(ProtocolError, match="needs 16 bytes of extras"):
+        kv.SetClusterConfig.from_frame(one(request(Opcode.SET_CLUSTER_CONFIG, key=b"b", extras=b"\0" * 8)))
+
+
 def test_cluster_config_response_is_json():
     doc = {"rev": 1}
     msg = kv.ClusterConfigResponse(json.dumps(doc).encode(), opaque=2)

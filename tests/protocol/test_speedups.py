@@ -14,8 +14,8 @@ its output is what encode_mutations makes with that opaque and key layout. mutat
 same head (bytes, count, last seqno), or the same error, as dcp.mutations_upto_py.
 
 walk_stream: the same end and frame offsets as frame.walk_stream_py, stopping at exactly the frames
-the client's Python loop must see. (gather, the client decoder's twin, is tested in
-tests/client/test_gather.py.)"""
+the client's Python loop must see. (gather and concat, the twins of protocol.columns, are tested in
+tests/protocol/test_columns.py.)"""
 
 import os
 import struct

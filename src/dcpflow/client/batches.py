@@ -5,16 +5,16 @@ segments are decoded together with numpy, each frame addressed as (segment, offs
 segments are never joined into one buffer (that copy cost about 0.3 s per million 500-byte
 documents):
 
-* one gather per segment (a strided window view indexed by frame offsets) copies the first 48
-  bytes of every frame (header + the fixed extras of a document:
-  by_seqno, rev_seqno, then flags/expiry of a mutation or the delete time of a deletion V2 /
-  expiration; mutation.md, deletion.md, expiration.md, TABLES.md 5.6) into an (n, 48) matrix, and
-  each numeric column is a big-endian view of a slice of it;
+* one gather (protocol.columns) copies the first bytes of every frame - the header and the fixed
+  extras of a document: by_seqno, rev_seqno, then flags/expiry of a mutation or the delete time
+  of a deletion V2 / expiration - into one matrix, and each numeric column is a big-endian view of
+  a slice of it, where the protocol's DOCUMENT_LAYOUTS (the codec's own structs) put the field;
 * keys and values become an Arrow binary_view array whose data buffers are the received segments
   (the 16-byte views, with buffer index and offset, are built with numpy), which Arrow casts to
   plain `binary` in C++;
 * the few other frames (snapshot markers, stream ends, seqno-advanced, system events) are walked
-  in Python in order; each row's snapshot is the last marker of its vbucket before it, found with
+  in Python in order, read by the protocol (in place for a marker or stream end in the shape
+  producers send, else decode_dcp); each row's snapshot is the last marker of its vbucket before it, found with
   `searchsorted`, and the trackers see, between two such frames, only the last seqno of each
   vbucket (seqnos rise within a vbucket, so the rest cannot change an offset).
 
@@ -22,23 +22,25 @@ documents):
 (or numpy `.view(np.uint64)`) gives the unsigned number back.
 """
 
-import struct
-
 import numpy as np
 import pyarrow as pa
 
+from dcpflow.protocol.columns import concat_compiled as _concat_c
+from dcpflow.protocol.columns import field_column, gather
 from dcpflow.protocol.dcp import (
-    MARKER_V2_VALUE_BYTES,
+    DOCUMENT_LAYOUTS,
     DcpSeqnoAdvanced,
     DcpSnapshotMarker,
     DcpStreamEnd,
     DcpSystemEvent,
-    SnapshotFlag,
     decode_dcp,
+    marker_fields,
+    stream_end_reason,
 )
 from dcpflow.protocol.errors import ProtocolError
-from dcpflow.protocol.frame import compiled, decode_all
+from dcpflow.protocol.frame import HEADER_FIELDS, HEADER_LEN, Field, decode_all
 from dcpflow.protocol.keys import decode_leb128
+from dcpflow.protocol.opcodes import Opcode
 
 from .streams import ADVANCED, ITEM, SNAPSHOT, Feed
 
@@ -60,103 +62,46 @@ SCHEMA = pa.schema([
     pa.field("delete_time", pa.int64(), nullable=False),  # deletions V2 / expirations; else 0
 ])
 
-_EVENTS = pa.Array.from_buffers(pa.string(), 3, [None, pa.py_buffer(np.array([0, 8, 16, 26], np.int32)),
-                                                 pa.py_buffer(b"mutationdeletionexpiration")])
+# -- where the fields are: the protocol's layouts of the document messages ---------------------------
+#: The row each document message makes, by its `event` (the index into _EVENTS).
+_EVENT_OPCODES = {Opcode.DCP_MUTATION: "mutation", Opcode.DCP_DELETION: "deletion",
+                  Opcode.DCP_EXPIRATION: "expiration"}
+_NAMES = [name.encode() for name in _EVENT_OPCODES.values()]
+_EVENTS = pa.Array.from_buffers(pa.string(), len(_NAMES), [
+    None, pa.py_buffer(np.cumsum([0] + [len(n) for n in _NAMES], dtype=np.int32)), pa.py_buffer(b"".join(_NAMES))])
+_ROW_OPCODES = [int(op) for op in _EVENT_OPCODES]
+_MUTATION = int(Opcode.DCP_MUTATION)
+_SNAPSHOT_MARKER = int(Opcode.DCP_SNAPSHOT_MARKER)
+_STREAM_END = int(Opcode.DCP_STREAM_END)
+#: opcode << 8 | extras length -> the row's kind: its event, plus _WITH_DELETE_TIME when the layout
+#: has a delete time; -1 where the protocol defines no document layout. One table lookup per row
+#: answers all three questions.
+_ROW_KIND = np.full(1 << 16, -1, dtype=np.int8)
+_EVENT_MASK, _WITH_DELETE_TIME = 3, 4  # (room for four events)
+for (_op, _ext), _fields in DOCUMENT_LAYOUTS.items():
+    _ROW_KIND[_op << 8 | _ext] = _ROW_OPCODES.index(_op) | (_WITH_DELETE_TIME if "delete_time" in _fields else 0)
+
+
+def _shared(name: str) -> Field:
+    """The field `name` of every document layout that has it: in one place in all of them, which
+    is what lets one column read it for every row."""
+    where = {fields[name] for fields in DOCUMENT_LAYOUTS.values() if name in fields}
+    if len(where) != 1:
+        raise RuntimeError(f"the document messages keep {name!r} in {len(where)} places: the batch decoder "
+                          f"reads it in one")
+    return where.pop()
+
+
+# The connection hands over request frames in classic framing only (magic 0x80: walk_stream takes
+# no other), so every frame here has HEADER_FIELDS' layout.
+_OPCODE, _KEY_LENGTH, _EXTRAS_LENGTH, _DATATYPE, _VBUCKET, _BODY_LENGTH, _CAS = (HEADER_FIELDS[n] for n in (
+    "opcode", "key_length", "extras_length", "datatype", "vbucket_or_status", "body_length", "cas"))
+_BY_SEQNO, _REV_SEQNO, _FLAGS, _EXPIRY, _DELETE_TIME = (_shared(n) for n in (
+    "by_seqno", "rev_seqno", "flags", "expiration", "delete_time"))
+#: The bytes gathered of every frame: the header and the fixed extras of a document.
+_WIDTH = max(f.stop for f in (_OPCODE, _KEY_LENGTH, _EXTRAS_LENGTH, _DATATYPE, _VBUCKET, _BODY_LENGTH, _CAS, _BY_SEQNO,
+                              _REV_SEQNO, _FLAGS, _EXPIRY, _DELETE_TIME))
 _AR12 = np.arange(12, dtype=np.int64)
-
-# -- the control frames of a stream, in the shape producers send them ------------------------------
-# Every stream brings a snapshot marker and a stream end, so with ~1000 documents a vbucket the
-# full decode (a Frame, the rules, a typed message: ~15 us) of those two is a tenth of the work.
-# These read the canonical shape in place and answer None for anything else, which the full
-# decode then accepts or rejects with its own words: what they accept, it accepts the same.
-_MARKER_SEQNOS = struct.Struct(">QQI").unpack_from  # start, end, flags (V1 extras; V2.x value head)
-_U64_AT = struct.Struct(">Q").unpack_from
-_U32_AT = struct.Struct(">I").unpack_from
-_MARKER_FLAGS = int(sum(SnapshotFlag))
-_MEMORY_DISK = int(SnapshotFlag.MEMORY | SnapshotFlag.DISK)
-
-
-def marker_fields(data, p: int) -> tuple[int, int, int] | None:
-    """(start, end, purge seqno) of the snapshot marker at `p`: classic framing, no key, datatype
-    0, V1 (20-byte extras) or V2.0/V2.2 (version byte and its value), start <= end, known flags
-    and not both Memory and Disk (snapshot-marker.md); else None."""
-    if data[p] != 0x80 or data[p + 1] != 0x56 or data[p + 2] or data[p + 3] or data[p + 5]:
-        return None
-    ext = data[p + 4]
-    body = _U32_AT(data, p + 8)[0]
-    if ext == 20 and body == 20:
-        start, end, flags = _MARKER_SEQNOS(data, p + 24)
-        purge = 0
-    elif ext == 1 and body > 1 and body - 1 == MARKER_V2_VALUE_BYTES.get(data[p + 24]):
-        start, end, flags = _MARKER_SEQNOS(data, p + 25)
-        purge = _U64_AT(data, p + 25 + 36)[0] if data[p + 24] == 0x02 else 0
-    else:
-        return None
-    if start > end or flags & ~_MARKER_FLAGS or flags & _MEMORY_DISK == _MEMORY_DISK:
-        return None
-    return start, end, purge
-
-
-def stream_end_reason(data, p: int) -> int | None:
-    """The reason of the stream end at `p` in classic framing (4-byte extras, no key or value,
-    datatype 0: stream-end.md), else None."""
-    if data[p] != 0x80 or data[p + 1] != 0x55 or data[p + 2] or data[p + 3] or data[p + 4] != 4 or data[p + 5]:
-        return None
-    if _U32_AT(data, p + 8)[0] != 4:
-        return None
-    return _U32_AT(data, p + 24)[0]
-
-
-def _windows(u8: np.ndarray, width: int) -> np.ndarray:
-    """A (len - width + 1, width) view of the bytes: row i is bytes i..i+width. Fancy-indexing it
-    by frame offsets copies each frame's first `width` bytes in one pass."""
-    return np.lib.stride_tricks.sliding_window_view(u8, width)
-
-
-def _gather(u8: np.ndarray, pos: np.ndarray, width: int) -> np.ndarray:
-    """The `width` bytes at each position of one buffer, zero-padded past its end (a short frame
-    at the end of a segment)."""
-    n = len(u8)
-    if not len(pos):
-        return np.zeros((0, width), dtype=np.uint8)
-    safe = pos <= n - width
-    if safe.all():
-        return _windows(u8, width)[pos]
-    out = np.zeros((len(pos), width), dtype=np.uint8)
-    if n >= width:
-        out[safe] = _windows(u8, width)[pos[safe]]
-    for i in np.flatnonzero(~safe):
-        tail = u8[int(pos[i]):int(pos[i]) + width]
-        out[i, :len(tail)] = tail
-    return out
-
-
-def _gather_all_py(u8s: list[np.ndarray], sid: np.ndarray, pos: np.ndarray, width: int) -> np.ndarray:
-    """`_gather` over several buffers: row i from buffer sid[i] at pos[i] (sid ascending). The
-    specification of the compiled `gather`, which saves numpy's fixed cost per buffer (a batch
-    spans some 60 received segments, each gathered three times)."""
-    if len(u8s) == 1:
-        return _gather(u8s[0], pos, width)
-    bounds = np.searchsorted(sid, np.arange(len(u8s) + 1))
-    return np.concatenate([_gather(u8, pos[bounds[i]:bounds[i + 1]], width) for i, u8 in enumerate(u8s)])
-
-
-_gather_c = compiled("gather")
-
-
-def _gather_all(u8s: list[np.ndarray], sid: np.ndarray, pos: np.ndarray, width: int) -> np.ndarray:
-    if _gather_c is None:
-        return _gather_all_py(u8s, sid, pos, width)
-    out = np.empty((len(pos), width), dtype=np.uint8)
-    _gather_c(out, u8s, np.ascontiguousarray(sid, dtype=np.int64), np.ascontiguousarray(pos, dtype=np.int64), width)
-    return out
-
-
-def _be(mat: np.ndarray, lo: int, hi: int, dtype: str) -> np.ndarray:
-    """Big-endian field [lo, hi) of every row of the header matrix, as a native array."""
-    return mat[:, lo:hi].view(dtype).ravel()
-
-
 _ARROW_TYPES = {np.dtype(np.int8): pa.int8(), np.dtype(np.int32): pa.int32(), np.dtype(np.int64): pa.int64()}
 
 
@@ -168,22 +113,10 @@ def _numeric(arr: np.ndarray) -> pa.Array:
     return pa.Array.from_buffers(_ARROW_TYPES[arr.dtype], len(arr), [None, pa.py_buffer(arr)])
 
 
-def _u64_as_i64(mat: np.ndarray, lo: int) -> np.ndarray:
-    return _be(mat, lo, lo + 8, ">u8").astype(np.uint64).view(np.int64)
+def _u64_as_i64(mat: np.ndarray, field: Field) -> np.ndarray:
+    return field_column(mat, field).astype(np.uint64).view(np.int64)
 
 
-def _concat_py(u8s: list[np.ndarray], sid: np.ndarray, pos: np.ndarray, lengths: np.ndarray) -> bytes:
-    """The ranges [pos, pos + lengths) of buffers sid, joined: the specification of the compiled
-    `concat`."""
-    out = []
-    for i, (s, p, n) in enumerate(zip(sid.tolist(), pos.tolist(), lengths.tolist(), strict=True)):
-        if not (0 <= s < len(u8s) and p >= 0 and n >= 0 and p + n <= len(u8s[s])):
-            raise ValueError(f"concat: row {i} names {n} bytes of buffer {s} at {p}")
-        out.append(u8s[s][p:p + n].tobytes())
-    return b"".join(out)
-
-
-_concat_c = compiled("concat")
 _I32_MAX = 2**31 - 1
 
 
@@ -213,7 +146,7 @@ def binary_column(bufs: list[pa.Buffer], u8s: list[np.ndarray], sid: np.ndarray,
     views = np.zeros((n, 16), dtype=np.uint8)
     ints = views.view(np.int32)
     ints[:, 0] = lengths.astype(np.int32)
-    head = _gather_all(u8s, sid, starts, 12)  # first 12 bytes of each (copied)
+    head = gather(u8s, sid, starts, 12)  # first 12 bytes of each (copied)
     head[_AR12[None, :] >= lengths[:, None]] = 0
     views[:, 4:16] = head
     long = lengths > 12
@@ -260,9 +193,11 @@ class BatchBuilder:
         starts = starts_parts[0] if one else np.concatenate(starts_parts)
         sid = sid_parts[0] if one else np.concatenate(sid_parts)
         coll = coll_parts[0] if one else np.concatenate(coll_parts)
-        hdr = _gather_all(u8s, sid, starts, 48)  # every frame's header and first extras, copied
-        ops = hdr[:, 1]
-        is_row = (ops >= 0x57) & (ops <= 0x59)
+        hdr = gather(u8s, sid, starts, _WIDTH)  # every frame's header and first extras, copied
+        ops = hdr[:, _OPCODE.offset]
+        is_row = ops == _ROW_OPCODES[0]
+        for op in _ROW_OPCODES[1:]:
+            is_row |= ops == op
         ridx = np.flatnonzero(is_row)
         cidx = np.flatnonzero(~is_row)
         rs = starts[ridx]
@@ -270,14 +205,15 @@ class BatchBuilder:
         n = len(rs)
 
         mat = hdr[ridx]
-        klen = _be(mat, 2, 4, ">u2").astype(np.int64)
-        ext = mat[:, 4].astype(np.int64)
-        blen = _be(mat, 8, 12, ">u4").astype(np.int64)
+        klen = field_column(mat, _KEY_LENGTH).astype(np.int64)
+        ext = field_column(mat, _EXTRAS_LENGTH).astype(np.int64)
+        blen = field_column(mat, _BODY_LENGTH).astype(np.int64)
         rops = ops[ridx]
-        vb = _be(mat, 6, 8, ">u2").astype(np.int64)
-        seq_u = _be(mat, 24, 32, ">u8").astype(np.uint64)
-        is_mut = rops == 0x57
-        ok = np.where(is_mut, ext == 31, np.where(rops == 0x58, (ext == 21) | (ext == 18), ext == 20))
+        vb = field_column(mat, _VBUCKET).astype(np.int64)
+        seq_u = field_column(mat, _BY_SEQNO).astype(np.uint64)
+        is_mut = rops == _MUTATION
+        kind = _ROW_KIND.take((rops.astype(np.int64) << 8) | ext)
+        ok = kind >= 0
         ok &= (klen > 0) & (ext + klen <= blen)
         if n and not ok.all():
             bad = int(np.flatnonzero(~ok)[0])
@@ -290,7 +226,9 @@ class BatchBuilder:
         # -- the other frames, in order, with the trackers in step ---------------------------------
         c_starts = starts[cidx]
         c_sid = sid[cidx]
-        c_vb = (hdr[cidx, 6].astype(np.int64) << 8) | hdr[cidx, 7]
+        c_hdr = hdr[cidx]
+        c_vb = field_column(c_hdr, _VBUCKET).astype(np.int64)
+        c_end = c_starts + HEADER_LEN + field_column(c_hdr, _BODY_LENGTH).astype(np.int64)
         c_op = ops[cidx]
         nc = len(cidx)
         rkey = (vb << 32) | ridx
@@ -331,23 +269,22 @@ class BatchBuilder:
             data = datas[int(c_sid[j])]
             op = int(c_op[j])
             msg = reason = None
-            fields = marker_fields(data, p) if op == 0x56 else None  # each checks its opcode too
+            fields = marker_fields(data, p) if op == _SNAPSHOT_MARKER else None  # each checks its opcode too
             if fields is not None:
                 start, end, purge = fields
                 if purge:
                     tr.purge_seqno = purge
-            elif op == 0x55:
+            elif op == _STREAM_END:
                 reason = stream_end_reason(data, p)
             if fields is None and reason is None:
-                blen_c = int.from_bytes(data[p + 8:p + 12], "big")
-                msg = decode_dcp(decode_all(data[p:p + 24 + blen_c])[0])
+                msg = decode_dcp(decode_all(data[p:int(c_end[j])])[0])
                 if type(msg) is DcpSnapshotMarker:
                     start, end = msg.start_seqno, msg.end_seqno
                     if msg.purge_seqno:
                         tr.purge_seqno = msg.purge_seqno
                 elif type(msg) is DcpStreamEnd:
                     reason = msg.reason
-            if op == 0x56:
+            if op == _SNAPSHOT_MARKER:
                 tr.snapshot(start, end)
                 steps.append((SNAPSHOT, v, (start, end)))
                 mk_vb.append(v)
@@ -375,13 +312,13 @@ class BatchBuilder:
             return None
 
         # -- keys (collection prefix stripped), values ----------------------------------------------
-        kstart = rs + 24 + ext
+        kstart = rs + HEADER_LEN + ext
         vstart = kstart + klen
         vlen = blen - ext - klen
         cid = np.zeros(n, dtype=np.int64)
         rcoll = coll[ridx]
         if rcoll.any():
-            b0 = _gather_all(u8s, rsid, kstart, 1)[:, 0].astype(np.int64)
+            b0 = gather(u8s, rsid, kstart, 1)[:, 0].astype(np.int64)
             multi = rcoll & (b0 >= 0x80)
             cid = np.where(rcoll, b0, 0)
             used = rcoll.astype(np.int64)
@@ -399,7 +336,7 @@ class BatchBuilder:
                 sel = np.flatnonzero(keep)
                 if not len(sel):
                     return None
-                mat, vb, seq_u, rops, is_mut, rsid = mat[sel], vb[sel], seq_u[sel], rops[sel], is_mut[sel], rsid[sel]
+                mat, vb, seq_u, kind, is_mut, rsid = mat[sel], vb[sel], seq_u[sel], kind[sel], is_mut[sel], rsid[sel]
                 kstart, klen, vstart, vlen, cid, ridx = (kstart[sel], klen[sel], vstart[sel], vlen[sel], cid[sel],
                                                          ridx[sel])
                 n = len(sel)
@@ -424,9 +361,9 @@ class BatchBuilder:
             snap_e = np.where(nosnap, seq_i, snap_e)
 
         bufs = [pa.py_buffer(d) for d in datas]
-        u32a = _be(mat, 40, 44, ">u4").astype(np.int64)
-        u32b = _be(mat, 44, 48, ">u4").astype(np.int64)
-        ext_r = mat[:, 4]
+        flags = field_column(mat, _FLAGS).astype(np.int64)
+        delete_time = flags if _DELETE_TIME == _FLAGS else field_column(mat, _DELETE_TIME).astype(np.int64)
+        expiry = field_column(mat, _EXPIRY).astype(np.int64)
         zero = np.zeros(n, dtype=np.int64)
         columns = [
             _numeric(vb.astype(np.int32)),
@@ -434,15 +371,15 @@ class BatchBuilder:
             _numeric(uuid[vb].view(np.int64)),
             binary_column(bufs, u8s, rsid, kstart, klen),
             binary_column(bufs, u8s, rsid, vstart, np.where(is_mut, vlen, 0), is_mut),
-            _EVENTS.take(_numeric((rops - 0x57).astype(np.int8))),
-            _numeric(_u64_as_i64(mat, 16)),
-            _numeric(_u64_as_i64(mat, 32)),
-            _numeric(np.where(is_mut, u32a, zero)),
-            _numeric(np.where(is_mut, u32b, zero)),
-            _numeric(mat[:, 5].astype(np.int32)),
+            _EVENTS.take(_numeric(kind & _EVENT_MASK)),
+            _numeric(_u64_as_i64(mat, _CAS)),
+            _numeric(_u64_as_i64(mat, _REV_SEQNO)),
+            _numeric(np.where(is_mut, flags, zero)),
+            _numeric(np.where(is_mut, expiry, zero)),
+            _numeric(field_column(mat, _DATATYPE).astype(np.int32)),
             _numeric(snap_s),
             _numeric(snap_e),
             _numeric(cid),
-            _numeric(np.where(~is_mut & (ext_r != 18), u32a, zero)),
+            _numeric(np.where((kind & _WITH_DELETE_TIME) != 0, delete_time, zero)),
         ]
         return pa.RecordBatch.from_arrays(columns, schema=SCHEMA)

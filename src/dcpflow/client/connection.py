@@ -31,9 +31,18 @@ from typing import NamedTuple
 
 from dcpflow.protocol import kv as kvproto
 from dcpflow.protocol.config import ClusterMap, parse_cluster_map
-from dcpflow.protocol.dcp import DcpBufferAck, DcpControl, DcpNoop, DcpOpen, OpenFlag
+from dcpflow.protocol.dcp import STREAM_OPCODES, DcpBufferAck, DcpControl, DcpNoop, DcpOpen, OpenFlag
 from dcpflow.protocol.errors import ProtocolError
-from dcpflow.protocol.frame import HEADER_LEN, MAGIC_OPCODE_BODY, Frame, Magic, decode_all, request, walk_stream
+from dcpflow.protocol.frame import (
+    HEADER_LEN,
+    Frame,
+    Magic,
+    decode_all,
+    frame_head,
+    opcode_table,
+    request,
+    walk_stream,
+)
 from dcpflow.protocol.hello import Feature
 from dcpflow.protocol.opcodes import Opcode
 from dcpflow.protocol.status import Status
@@ -50,11 +59,8 @@ from .sasl import ScramClient, plain_payload
 
 log = logging.getLogger("dcpflow.client")
 
-#: Opcodes of the messages a producer sends on a stream (stream-end .. cache-transfer-end, minus
-#: noop/buffer-ack/control/seqno-ack, which are connection-level).
-STREAM_OPCODES = frozenset({0x55, 0x56, 0x57, 0x58, 0x59, 0x5a, 0x5f, 0x60, 0x62, 0x63, 0x64, 0x65, 0x66, 0x67})
-_IS_STREAM = bytes(1 if op in STREAM_OPCODES else 0 for op in range(256))
-_VALID_MAGIC = bytes(1 if m in {int(x) for x in Magic} else 0 for m in range(256))
+#: The frames a Segment carries: the messages a producer sends on a stream.
+_IS_STREAM = opcode_table(STREAM_OPCODES)
 MAX_BODY = 64 * 1024 * 1024  # a 20 MB document plus xattrs and headroom
 #: Receive buffers: the first is RECV_FIRST bytes, each next one twice the last up to RECV_BUFFER
 #: (or what a large frame needs); a read gets at least RECV_MIN_ROOM bytes of room.
@@ -206,28 +212,27 @@ class Connection(asyncio.BufferedProtocol):
             return  # the frame at pos is still cut
         ctrl = 0
         starts = array.array("q")
-        is_stream, head, valid, walk = _IS_STREAM, MAGIC_OPCODE_BODY, _VALID_MAGIC, walk_stream
+        is_stream, walk, head = _IS_STREAM, walk_stream, frame_head
         limit = end - HEADER_LEN
-        need = 0
+        need = seg_end = 0
         try:
             while pos <= limit:
                 # The stream messages up to the next other frame; the one at pos now is incomplete,
                 # or a reply, a noop or garbage.
                 pos, run = walk(buf, pos, is_stream, end)
-                starts.frombytes(run)
+                if run:
+                    starts.frombytes(run)
+                    seg_end = pos
                 if pos > limit:
                     break
-                magic, _, blen = head(buf, pos)
-                fend = pos + HEADER_LEN + blen
+                try:
+                    fend = head(buf, pos, end, MAX_BODY)[4]
+                except ProtocolError as e:
+                    self._fatal(e)
+                    return
                 if fend > end:
-                    if blen > MAX_BODY or not valid[magic]:
-                        self._fatal(buf, pos)
-                        return
                     need = fend - pos
                     break
-                if not valid[magic]:
-                    self._fatal(buf, pos)
-                    return
                 if not self._control(buf, pos, fend):
                     return
                 ctrl += fend - pos
@@ -236,7 +241,6 @@ class Connection(asyncio.BufferedProtocol):
             self._rpos = pos
             if starts and self.lost is None:
                 charged = pos - first - ctrl  # the walked bytes that were not replies or noops
-                last = starts[-1]
                 self.charged_total += charged
                 outstanding = self.charged_total - self.acked_total
                 if outstanding > self.max_outstanding:
@@ -244,14 +248,12 @@ class Connection(asyncio.BufferedProtocol):
                 if self.sink is None:
                     self.abort(ConnectionLostError(f"{self.label}: DCP message before DCP_OPEN"))
                 else:
-                    self.sink(Segment(self, buf, starts, last + HEADER_LEN + head(buf, last)[2], charged))
+                    self.sink(Segment(self, buf, starts, seg_end, charged))
         self._need = need if need else HEADER_LEN if end - pos else 0
 
-    def _fatal(self, buf: bytes, pos: int) -> None:
-        magic, op, blen = MAGIC_OPCODE_BODY(buf, pos)
-        why = (f"invalid magic 0x{magic:02x}" if not _VALID_MAGIC[magic]
-               else f"frame body of {blen} bytes exceeds {MAX_BODY}")
-        self.abort(ConnectionLostError(f"{self.label}: {why}: the byte stream cannot be trusted"))
+    def _fatal(self, error: ProtocolError) -> None:
+        """A header that cannot start a frame (frame_head's fatal error): nothing after it can be framed."""
+        self.abort(ConnectionLostError(f"{self.label}: {error.reason}: the byte stream cannot be trusted"))
 
     def _control(self, buf: bytes, pos: int, fend: int) -> bool:
         """Handle a reply or a connection-level request; False if it broke the connection."""

@@ -226,9 +226,9 @@ class EventStream(_Reader):
 def _sizes(seg: Segment):
     """Wire size of each stream frame of a segment (numpy)."""
     import numpy as np
-    starts = np.frombuffer(seg.starts, dtype=np.int64)
-    u8 = np.frombuffer(seg.data, dtype=np.uint8)
-    return u8[starts[:, None] + np.arange(8, 12)].view(">u4").ravel().astype(np.int64) + 24
+
+    from dcpflow.protocol.columns import frame_sizes
+    return frame_sizes(seg.data, np.frombuffer(seg.starts, dtype=np.int64))
 
 
 def _split(seg: Segment, max_frames: int, max_bytes: int) -> tuple[Segment, Segment | None]:

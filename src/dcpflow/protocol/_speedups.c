@@ -13,9 +13,10 @@
    mutation (deleted, xattrs, a large value) or whose fields do not fit the message, leaving it to
    the caller's general path.
 
-   walk_stream - the frame walk of the DCP client's data_received (dcpflow.client.connection): the
-   offsets of a run of complete request frames whose opcode is a stream message, stopping at the
-   first other or incomplete frame, which the Python loop then handles (frame.walk_stream_py).
+   walk_stream - the frame walk of a receive loop (the DCP client's connection, the cluster
+   manager's relay link): the offsets of a run of complete request frames whose opcode the caller's
+   table marks (stream messages), stopping at the first other or incomplete frame, which the Python
+   loop then reads with frame.frame_head (frame.walk_stream_py).
 
    stamp_mutations - a backfill page of stored DCP_MUTATION messages (opaque 0, no collection
    prefix) as a stream sends them (dcp.stamp_mutations_py): its opaque and, for a collection-aware
@@ -24,12 +25,12 @@
    of such a page up to a seqno (a backfill that ends inside a stored run), with the same checks.
 
    gather - the first bytes of many frames that sit in several received segments, into one
-   matrix (dcpflow.client.batches._gather_all_py): the client's columnar decoder reads every header
-   and every key and value prefix this way.
+   matrix (columns.gather_py): the client's columnar decoder reads every header and every key and
+   value prefix this way.
 
    concat - the bytes of many (buffer, offset, length) ranges, one after the other, as one bytes
-   object (dcpflow.client.batches._concat_py): the data of the client's key and value columns,
-   copied once from the received segments. */
+   object (columns.concat_py): the data of the client's key and value columns, copied once from
+   the received segments. */
 
 #define PY_SSIZE_T_CLEAN
 #include "_speedups.h"
@@ -431,7 +432,7 @@ PyDoc_STRVAR(gather_doc,
 "gather(out, bufs, sid, pos, width)\n\n"
 "Row i of out (a writable C-contiguous buffer of len(pos) * width bytes) gets the width bytes of\n"
 "bufs[sid[i]] at pos[i], zero-padded past that buffer's end. sid and pos are int64 buffers of the\n"
-"same length. Same as batches._gather_all_py.");
+"same length. Same as columns.gather_py.");
 
 static PyObject *gather(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     (void)module;
@@ -494,7 +495,7 @@ done:
 PyDoc_STRVAR(concat_doc,
 "concat(bufs, sid, pos, lengths) -> bytes\n\n"
 "bufs[sid[i]][pos[i]:pos[i] + lengths[i]] for every i, joined. sid, pos and lengths are int64\n"
-"buffers of one length; every range must lie inside its buffer. Same as batches._concat_py.");
+"buffers of one length; every range must lie inside its buffer. Same as columns.concat_py.");
 
 static PyObject *concat(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     (void)module;

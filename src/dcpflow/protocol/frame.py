@@ -10,7 +10,9 @@ length, so keys in such frames are at most 255 bytes.
 import array
 import importlib
 import os
+import re
 import struct
+from collections.abc import Iterable, Sequence
 from enum import IntEnum
 from typing import NamedTuple
 
@@ -26,6 +28,52 @@ DEFAULT_MAX_BODY_LEN = MAX_VALUE_LEN + 0xFF + 0xFF + 0xFFFF
 HEADER = struct.Struct(">BBHBBHIIQ")
 ALT_HEADER = struct.Struct(">BBBBBBHIIQ")
 _U32 = struct.Struct(">I")
+
+
+class Field(NamedTuple):
+    """Where a big-endian field lies in a frame: `offset` bytes from the frame's start, `size` bytes."""
+
+    offset: int
+    size: int
+
+    @property
+    def stop(self) -> int:
+        return self.offset + self.size
+
+
+_STRUCT_ITEM = re.compile(r"(\d*)([a-zA-Z?])")
+
+
+def struct_fields(layout: struct.Struct, names: Sequence[str], base: int = 0) -> dict[str, Field]:
+    """Where each field of a big-endian struct lies, `base` bytes into a frame: the struct's items
+    in order, one name each (pad bytes `x` take none, `Ns` is one field of N bytes). A reader that
+    addresses fields in place (the client's numpy columns) takes its offsets from the same struct
+    the codec packs and unpacks, so the two cannot disagree."""
+    fmt = layout.format
+    if fmt[:1] not in (">", "!"):
+        raise ValueError(f"struct {fmt!r} is not big-endian: its fields have no fixed wire offsets")
+    out: dict[str, Field] = {}
+    at, left = base, list(names)
+    for count, code in _STRUCT_ITEM.findall(fmt[1:]):
+        n = int(count) if count else 1
+        size = struct.calcsize(">" + code)
+        if code == "x":
+            at += n
+            continue
+        for _ in range(1 if code in "sp" else n):
+            if not left:
+                raise ValueError(f"struct {fmt!r} has more fields than the names {list(names)}")
+            width = n if code in "sp" else size
+            out[left.pop(0)] = Field(at, width)
+            at += width
+    if left or at - base != layout.size:
+        raise ValueError(f"struct {fmt!r} does not have one field per name of {list(names)}")
+    return out
+
+
+#: The header's fields in classic framing (magic 0x80/0x81/0x82/0x83), from HEADER.
+HEADER_FIELDS = struct_fields(HEADER, ("magic", "opcode", "key_length", "extras_length", "datatype",
+                                       "vbucket_or_status", "body_length", "opaque", "cas"))
 
 
 class Magic(IntEnum):
@@ -265,6 +313,47 @@ _NO_BATCH: tuple[list, list] = ([], [])
 
 #: (magic, opcode, body length) of the header at an offset: all a receive loop needs to walk frames.
 MAGIC_OPCODE_BODY = struct.Struct(">BB6xI").unpack_from
+#: (magic, opcode, vbucket or status, body length, opaque) of the header at an offset.
+_WALK_HEAD = struct.Struct(">BB4xHII").unpack_from
+
+
+def header_error(magic: int, opcode: int, body_len: int, max_body: int) -> ProtocolError | None:
+    """The fatal error of a header with these fields, if any: an unknown magic or a body over
+    `max_body` means the byte stream cannot be framed any further."""
+    if magic not in _MAGICS:
+        return ProtocolError(f"invalid magic 0x{magic:02x} (expected 0x80, 0x81, 0x08, 0x18, 0x82 "
+                             f"or 0x83): not a memcached binary protocol stream", fatal=True,
+                             opcode=opcode, magic=magic)
+    if body_len > max_body:
+        return ProtocolError(f"body length {body_len} exceeds the limit of {max_body} bytes",
+                             Status.E2BIG, fatal=True, opcode=opcode, magic=magic)
+    return None
+
+
+def frame_head(buf, pos: int, end: int, max_body: int = DEFAULT_MAX_BODY_LEN) -> tuple[int, int, int, int, int]:
+    """The header at `pos` of the bytes buf[:end], as a receive loop walks frames: (magic,
+    opcode, vbucket or status, opaque, the offset just past the frame). That offset lies past `end`
+    while the frame is not whole: the loop waits for that many bytes from `pos`.
+
+    With `walk_stream` this is the one header walker of every receive loop (the DCP client's
+    connection, the cluster manager's relay): the run of stream messages goes by in one compiled
+    call, and each frame it stops at is read here. A header that cannot start a frame (an
+    unknown magic, a body over `max_body`) raises FrameDecoder's fatal ProtocolError; fewer than
+    HEADER_LEN bytes from `pos` is a ValueError (the caller waits for a whole header first)."""
+    if not 0 <= pos <= end - HEADER_LEN or end > len(buf):
+        raise ValueError(f"frame_head: no whole header at {pos} of {end} bytes")
+    magic, opcode, vbs, body, opaque = _WALK_HEAD(buf, pos)
+    if body > max_body or magic not in _MAGICS:
+        raise header_error(magic, opcode, body, max_body)
+    return magic, opcode, vbs, opaque, pos + HEADER_LEN + body
+
+
+def opcode_table(opcodes: Iterable[int]) -> bytes:
+    """The 256-byte table `walk_stream` takes: 1 for each of `opcodes`, 0 for the rest."""
+    table = bytearray(256)
+    for op in opcodes:
+        table[op] = 1
+    return bytes(table)
 
 
 def walk_stream_py(buf, pos: int, table: bytes, end: int | None = None) -> tuple[int, bytes]:
@@ -363,19 +452,6 @@ class FrameDecoder:
         else:
             self._buf = rest
 
-    def _header_error(self, buf: bytes, pos: int) -> ProtocolError | None:
-        """Return the fatal error of the header at pos, if any (checked only off the fast path)."""
-        magic, opcode = buf[pos], buf[pos + 1]
-        if magic not in _MAGICS:
-            return ProtocolError(f"invalid magic 0x{magic:02x} (expected 0x80, 0x81, 0x08, 0x18, 0x82 "
-                                 f"or 0x83): not a memcached binary protocol stream", fatal=True,
-                                 opcode=opcode, magic=magic)
-        (body_len,) = _U32.unpack_from(buf, pos + 8)
-        if body_len > self.max_body_len:
-            return ProtocolError(f"body length {body_len} exceeds the limit of {self.max_body_len} bytes",
-                                 Status.E2BIG, fatal=True, opcode=opcode, magic=magic)
-        return None
-
     def __iter__(self):
         return self._frames(64)
 
@@ -417,7 +493,7 @@ class FrameDecoder:
                 continue
             magic, opcode, key_len, ext_len, datatype, vbs, body_len, opaque, cas = unpack(buf, pos)
             if body_len > max_body or magic not in _MAGICS:
-                self._broken = self._header_error(buf, pos)
+                self._broken = header_error(magic, opcode, body_len, max_body)
                 self._buf, self._pos = b"", 0
                 self._tail.clear()
                 self._tail_len = 0

@@ -514,6 +514,33 @@ class GetClusterConfig(NamedTuple):
         return None if self.epoch is None else (self.epoch, self.revision)
 
 
+class SetClusterConfig(NamedTuple):
+    """SET_CLUSTER_CONFIG 0xb4 (TABLES.md: "Push cluster map to memcached"): what a cluster
+    manager sends every node. Key = bucket name, value = the map JSON, extras = the map's (epoch,
+    revision) as two signed i64s, as GET_CLUSTER_CONFIG carries them."""
+
+    bucket: bytes
+    config: bytes
+    epoch: int
+    revision: int
+    opaque: int = 0
+
+    opcode = Opcode.SET_CLUSTER_CONFIG
+
+    def encode(self) -> bytes:
+        return request(self.opcode, key=self.bucket, extras=_CONFIG_VERSION.pack(self.epoch, self.revision),
+                       value=self.config, datatype=Datatype.JSON, opaque=self.opaque)
+
+    @classmethod
+    def from_frame(cls, frame: Frame) -> "SetClusterConfig":
+        _check_opcode(frame, (cls.opcode,), cls, False)
+        if len(frame.extras) != _CONFIG_VERSION.size:
+            raise ProtocolError(f"SET_CLUSTER_CONFIG needs {_CONFIG_VERSION.size} bytes of extras (epoch, "
+                                f"revision), not {len(frame.extras)}", opcode=frame.opcode, opaque=frame.opaque)
+        epoch, revision = _CONFIG_VERSION.unpack(frame.extras)
+        return cls(frame.key, frame.value, epoch, revision, frame.opaque)
+
+
 class ClusterConfigResponse(NamedTuple):
     """The cluster map JSON (see config.py); empty when the client's known version is current."""
 

@@ -36,11 +36,9 @@ import contextlib
 import json
 import logging
 import os
-import struct
 import time
 import uuid as uuidlib
 from pathlib import Path
-from typing import NamedTuple
 
 from dcpflow.protocol import kv as kvproto
 from dcpflow.protocol.config import (
@@ -51,11 +49,8 @@ from dcpflow.protocol.config import (
     encode_config,
     parse_cluster_map,
 )
-from dcpflow.protocol.datatype import Datatype
 from dcpflow.protocol.dcp import StreamEndReason, StreamFlag, VBucketState
 from dcpflow.protocol.errors import ProtocolError
-from dcpflow.protocol.frame import request
-from dcpflow.protocol.opcodes import Opcode
 from dcpflow.protocol.status import Status
 
 from .link import Link, LinkError
@@ -66,25 +61,8 @@ log = logging.getLogger("dcpflow.replication")
 #: The manager's maps beat any map a node derives on its own (epoch 1).
 REV_EPOCH = 2
 STATE_FILE = "cluster.json"
-_CONFIG_VERSION = struct.Struct(">qq")
 _STATE_NAMES = {"active": VBucketState.ACTIVE, "replica": VBucketState.REPLICA, "pending": VBucketState.PENDING,
                 "dead": VBucketState.DEAD}
-
-
-class SetClusterConfig(NamedTuple):
-    """SET_CLUSTER_CONFIG 0xb4: key = bucket, value = the map JSON, extras = (epoch, revision)."""
-
-    bucket: bytes
-    config: bytes
-    epoch: int
-    revision: int
-    opaque: int = 0
-
-    opcode = Opcode.SET_CLUSTER_CONFIG
-
-    def encode(self) -> bytes:
-        return request(self.opcode, key=self.bucket, extras=_CONFIG_VERSION.pack(self.epoch, self.revision),
-                       value=self.config, datatype=Datatype.JSON, opaque=self.opaque)
 
 
 class ClusterError(Exception):
@@ -438,8 +416,8 @@ class ClusterManager:
         if not node.healthy or self.rev == 0:
             return
         try:
-            await node.link.call(SetClusterConfig(self.bucket.encode(), self.config_json(), self.rev_epoch, self.rev),
-                                 check=True, what="SET_CLUSTER_CONFIG")
+            await node.link.call(kvproto.SetClusterConfig(self.bucket.encode(), self.config_json(), self.rev_epoch,
+                                                          self.rev), check=True, what="SET_CLUSTER_CONFIG")
         except LinkError as e:
             log.warning("cluster: could not push map rev %d to %s: %s", self.rev, node.address, e)
 

@@ -21,20 +21,19 @@ import json
 import logging
 import os
 import socket
-import struct
 from collections.abc import Callable
 
 from dcpflow.client.sasl import ScramClient
 from dcpflow.protocol import kv as kvproto
-from dcpflow.protocol.frame import HEADER_LEN, Frame, decode_all
+from dcpflow.protocol.errors import ProtocolError
+from dcpflow.protocol.frame import HEADER_LEN, Frame, Magic, decode_all, frame_head, opcode_table, walk_stream
 from dcpflow.protocol.hello import Feature
 from dcpflow.protocol.opcodes import Opcode
 from dcpflow.protocol.status import Status, status_name
 
 log = logging.getLogger("dcpflow.replication")
 
-_HEAD = struct.Struct(">BB6xII").unpack_from  # magic, opcode, body length, opaque
-_RESPONSE_MAGICS = (0x81, 0x18)
+_RESPONSE_MAGICS = (Magic.RESPONSE, Magic.ALT_RESPONSE)
 MAX_BODY = 64 * 1024 * 1024
 #: Features the manager's connections ask for: no collections, so keys travel without a prefix.
 FEATURES = (Feature.TCP_NODELAY, Feature.XERROR, Feature.SELECT_BUCKET, Feature.JSON, Feature.XATTR,
@@ -69,6 +68,8 @@ class Link(asyncio.Protocol):
         self._parts_len = self._need = 0
         self._held: list[bytes] = []  # relayed bytes waiting for the peer
         self._watch: dict[int, Callable[[Frame], None]] = {}
+        # The requests (magic 0x80) relayed without a look: every opcode nobody watches.
+        self._unwatched = opcode_table(range(256))
         self.on_lost: list[Callable[[Link], None]] = []
         self.bytes_relayed = 0
         self.features: tuple[int, ...] = ()
@@ -137,19 +138,25 @@ class Link(asyncio.Protocol):
             buf = self._tail + data if self._tail else data
         end = len(buf)
         pos = run = 0  # [run, pos) is a run of frames to relay
-        pending, watch = self._pending, self._watch
-        head = _HEAD
+        pending, watch, trace = self._pending, self._watch, self._trace
+        walk, head, unwatched = walk_stream, frame_head, self._unwatched
+        need = 0  # what the frame at pos needs to be whole, once its header is here
         while end - pos >= HEADER_LEN:
-            magic, opcode, blen, opaque = head(buf, pos)
-            if blen > MAX_BODY:
-                self.abort(LinkError(f"{self.label}: frame body of {blen} bytes: the stream cannot be trusted"))
+            if not trace:  # requests nobody watches go by in one compiled walk; the rest is looked at
+                pos = walk(buf, pos, unwatched, end)[0]
+                if end - pos < HEADER_LEN:
+                    break
+            try:
+                magic, opcode, vbs, opaque, fend = head(buf, pos, end, MAX_BODY)
+            except ProtocolError as e:
+                self.abort(LinkError(f"{self.label}: {e.reason}: the stream cannot be trusted"))
                 return
-            fend = pos + HEADER_LEN + blen
             if fend > end:
+                need = fend - pos
                 break
-            if self._trace:
+            if trace:
                 log.debug("%s: got magic 0x%02x opcode 0x%02x opaque %#x status/vb %d", self.label, magic, opcode,
-                          opaque, int.from_bytes(buf[pos + 6:pos + 8], "big"))
+                          opaque, vbs)
             if magic in _RESPONSE_MAGICS and pending and (opcode, opaque) in pending:
                 if run < pos:
                     self._relay(buf[run:pos])
@@ -166,7 +173,7 @@ class Link(asyncio.Protocol):
         rest = end - pos
         self._tail = b""
         if rest:
-            need = HEADER_LEN + head(buf, pos)[2] if rest >= HEADER_LEN else HEADER_LEN
+            need = need or HEADER_LEN
             if need > rest + 65536:
                 self._parts, self._parts_len, self._need = [buf[pos:]], rest, need
             else:
@@ -201,6 +208,7 @@ class Link(asyncio.Protocol):
 
     def watch(self, opcode: int, fn: Callable[[Frame], None]) -> None:
         self._watch[opcode] = fn
+        self._unwatched = opcode_table(op for op in range(256) if op not in self._watch)
 
     # -- own requests ------------------------------------------------------------------------------
     def send(self, data: bytes) -> None:

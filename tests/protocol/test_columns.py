@@ -1,16 +1,15 @@
 """The compiled `gather` and `concat` (_speedups.c) against their Python specifications,
-batches._gather_all_py and _concat_py: the first bytes of frames that sit in several received
+columns.gather_py and concat_py: the first bytes of frames that sit in several received
 segments, zero-padded past a segment's end; and ranges of those segments joined (a key or value
 column's data)."""
 
 import numpy as np
-import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dcpflow.client import batches
-from dcpflow.client.batches import _concat_py, _gather_all, _gather_all_py
+from dcpflow.protocol import columns
+from dcpflow.protocol.columns import concat_py, gather_py
 from dcpflow.protocol.frame import compiled
 
 gather = compiled("gather")
@@ -34,9 +33,9 @@ def test_gather_is_its_python_twin(case):
     pos = np.array([p for _, p in rows], dtype=np.int64)
     out = np.full((len(rows), width), 0xAA, dtype=np.uint8)  # every byte must be written
     gather(out, u8s, sid, pos, width)
-    expect = _gather_all_py(u8s, sid, pos, width)
+    expect = gather_py(u8s, sid, pos, width)
     assert out.tobytes() == expect.tobytes()
-    assert _gather_all(u8s, sid, pos, width).tobytes() == expect.tobytes()
+    assert columns.gather(u8s, sid, pos, width).tobytes() == expect.tobytes()
     for (s, p), row in zip(rows, out, strict=True):  # and what both say, said plainly
         raw = u8s[s].tobytes()[p:p + width]
         assert row.tobytes() == raw + bytes(width - len(raw))
@@ -79,7 +78,7 @@ def test_concat_is_its_python_twin(bufs, data):
         rows.append((s, p, data.draw(st.integers(0, len(bufs[s]) - p))))
     sid, pos, lens = (np.array([r[i] for r in rows], dtype=np.int64) for i in range(3))
     got = concat(u8s, sid, pos, lens)
-    assert got == _concat_py(u8s, sid, pos, lens) == b"".join(bufs[s][p:p + n] for s, p, n in rows)
+    assert got == concat_py(u8s, sid, pos, lens) == b"".join(bufs[s][p:p + n] for s, p, n in rows)
 
 
 @pytest.mark.parametrize("sid, pos, lens, match", [
@@ -96,26 +95,4 @@ def test_concat_rejects_ranges_it_cannot_read(sid, pos, lens, match):
         concat(*args)
     if match != "one length":
         with pytest.raises(ValueError, match=match):
-            _concat_py(*args)
-
-
-@settings(max_examples=200, deadline=None)
-@given(st.lists(st.binary(max_size=40), min_size=1, max_size=4), st.data())
-def test_binary_column_is_the_same_compiled_or_not(bufs, data):
-    """The column a batch gets: offsets + one copy (compiled), or views cast by Arrow, nulls alike."""
-    u8s = [np.frombuffer(b, dtype=np.uint8) for b in bufs]
-    rows = []
-    for s, b in enumerate(bufs):
-        for _ in range(data.draw(st.integers(0, 4))):
-            p = data.draw(st.integers(0, len(b)))
-            rows.append((s, p, data.draw(st.integers(0, len(b) - p)), data.draw(st.booleans())))
-    sid, pos, lens = (np.array([r[i] for r in rows], dtype=np.int64) for i in range(3))
-    valid = np.array([r[3] for r in rows], dtype=bool)
-    expect = [bufs[s][p:p + n] if ok else None for s, p, n, ok in rows]
-    for use in (True, False):
-        with pytest.MonkeyPatch.context() as mp:
-            if not use:
-                mp.setattr(batches, "_concat_c", None)
-            col = batches.binary_column([pa.py_buffer(b) for b in bufs], u8s, sid, pos, lens, valid)
-        col.validate(full=True)
-        assert col.type == pa.binary() and col.to_pylist() == expect
+            concat_py(*args)
