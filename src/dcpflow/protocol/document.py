@@ -6,7 +6,7 @@ a DCP_DELETION or DCP_EXPIRATION carries the same for a tombstone, with its dele
 (deletion.md, expiration.md). `Document` holds exactly those fields. It is the protocol's type for
 a run of documents to encode (`dcp.encode_mutations`): the compiled encoder reads its fields at the
 offsets of this class's own slots, and reads any other object's through getattr, as the Python does.
-The engine's versions (`dcpflow.engine.item.Item`) are Documents.
+The engine keeps its document versions as Documents.
 """
 
 from dataclasses import dataclass
