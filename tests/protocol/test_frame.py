@@ -153,48 +153,6 @@ def test_any_chunking_gives_the_same_frames(cuts):
     assert out == expected
 
 
-@pytest.mark.skipif(fr._split is None, reason="the compiled splitter is not built")
-@given(st.lists(st.integers(1, 5000), max_size=60), st.integers(1, 7), st.randoms())
-def test_peek_batch_and_consume_to_read_the_same_frames_as_iteration(cuts, batch, rnd):
-    """Peeking does not consume; consuming up to any offset it gave resumes exactly there, by peek
-    or by iteration, whatever the chunking (a partial frame waits in frames())."""
-    data = b"".join(_sample_frames())
-    expected = decode_all(data)
-    dec = FrameDecoder()
-    out, pos = [], 0
-    for n in [*cuts, len(data)]:
-        dec.feed(data[pos:pos + n])
-        pos += n
-        while True:
-            frames, ends = dec.peek_batch(batch)
-            assert dec.peek_batch(batch) == (frames, ends)  # nothing consumed
-            if not frames:
-                out.extend(dec)  # what peek leaves: an incomplete frame (nothing) or the end
-                break
-            take = rnd.randint(1, len(frames))
-            out.extend(frames[:take])
-            dec.consume_to(ends[take - 1])
-    assert out == expected
-    assert dec.buffered == 0
-
-
-def test_peek_batch_leaves_bad_headers_to_iteration():
-    good = fr.request(Opcode.NOOP, opaque=1)
-    dec = FrameDecoder()
-    dec.feed(good + b"\x42" + bytes(23))
-    frames, ends = dec.peek_batch(64)
-    if fr._split is not None:
-        assert [f.opaque for f in frames] == [1] and ends == [len(good)]
-        dec.consume_to(ends[0])
-    else:
-        assert (frames, ends) == ([], [])
-        assert next(iter(dec)).opaque == 1
-    assert dec.peek_batch(64) == ([], [])
-    with pytest.raises(ProtocolError) as e:
-        list(dec)
-    assert e.value.fatal
-
-
 def test_large_frame_is_assembled_without_quadratic_copies():
     value = bytes(range(256)) * (4 * 1024 * 1024 // 256)
     data = fr.request(Opcode.SET, key=b"big", extras=b"\x00" * 8, value=value)

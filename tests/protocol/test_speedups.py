@@ -28,6 +28,7 @@ from hypothesis import strategies as st
 from dcpflow.engine.item import Item
 from dcpflow.protocol import dcp
 from dcpflow.protocol import frame as frame_mod
+from dcpflow.protocol.document import Document
 from dcpflow.protocol.errors import ProtocolError
 from dcpflow.protocol.frame import Frame, FrameDecoder, encode_frame, request
 
@@ -302,9 +303,9 @@ def _both(items):
 @needs_encode
 def test_encode_mutations_reads_slots_only_where_getattr_would_read_them():
     """The slot shortcut must never read where Python would not: a class borrowing Item's slot
-    descriptors (their offsets are not its own), one overriding __getattribute__, one changed
+    descriptors (Document's; their offsets are not its own), one overriding __getattribute__, one changed
     after the shortcut learned it."""
-    borrower = type("Borrower", (), {"__slots__": (), **{f: Item.__dict__[f] for f in FIELDS}})
+    borrower = type("Borrower", (), {"__slots__": (), **{f: Document.__dict__[f] for f in FIELDS}})
     compiled, python = _both([borrower()])
     assert compiled[0] is python[0] is TypeError  # (the texts name the first field each read)
 
@@ -326,6 +327,14 @@ def test_encode_mutations_reads_slots_only_where_getattr_would_read_them():
     Patched.value = property(lambda self: b"patched!")
     compiled, python = _both([item])
     assert compiled == python and compiled[0].endswith(b"patched!")
+
+
+def test_the_engines_items_are_the_protocols_documents():
+    """The encoders read the protocol's record: the engine's versions are Documents whose fields
+    are Document's own slots (Item adds none)."""
+    assert issubclass(Item, Document) and Item.__slots__ == ()
+    assert all(Item.__dict__.get(f) is None and type(Document.__dict__[f]).__name__ == "member_descriptor"
+               for f in FIELDS)
 
 
 @needs_encode

@@ -5,7 +5,7 @@ Flusher -> Store (SQLite, by-key + by-seqno, tombstones, compaction, rollback). 
 resolution and the DCP rollback decision are pure functions. See each module's docstring.
 """
 
-from .bucket import Bucket, vbucket_for_key
+from .bucket import Bucket, run_expiry_pager, vbucket_for_key
 from .checkpoint import (
     PERSISTENCE_CURSOR,
     Checkpoint,
@@ -18,7 +18,7 @@ from .checkpoint import (
 )
 from .conflict import ConflictResolutionMode, DocMeta, incoming_wins
 from .errors import EngineError
-from .expiry import RELATIVE_EXPIRY_LIMIT, is_expired, run_expiry_pager, to_absolute
+from .expiry import RELATIVE_EXPIRY_LIMIT, is_expired, to_absolute
 from .failover import MAX_FAILOVER_ENTRIES, FailoverEntry, FailoverTable, RollbackDecision, rollback_decision
 from .flusher import FlushBatch, Flusher
 from .hlc import HLC

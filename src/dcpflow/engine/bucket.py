@@ -57,6 +57,15 @@ def vbucket_for_key(key: bytes, num_vbuckets: int = DEFAULT_NUM_VBUCKETS) -> int
     return keys.vbucket_for_key(key, num_vbuckets)
 
 
+def run_expiry_pager(bucket: "Bucket", now: float | None = None, limit: int | None = None) -> int:
+    """Expire due documents in every active vbucket; returns how many expirations were made.
+
+    Only active vbuckets expire documents: replicas receive the active's expirations over DCP,
+    otherwise the two copies would produce different seqnos for the same event.
+    """
+    return bucket.run_expiry_pager(now=now, limit=limit)
+
+
 class Bucket:
     """A Couchbase-style bucket; see the module docstring.
 
@@ -103,9 +112,6 @@ class Bucket:
         # The vbucket, or None if this bucket does not have it. Every KV request calls it, so it is
         # the dict's own C-level get rather than a method around it.
         self.get_vbucket: Callable[[int], VBucket | None] = self._vbuckets.get
-        #: The live vbucket table, for hot paths that look vbuckets up themselves (the compiled SET
-        #: handler): read it, never change it.
-        self.vbucket_table: dict[int, VBucket] = self._vbuckets
         self.store = Store(self.data_dir / name / "store.sqlite3", synchronous=synchronous)
         self.flusher = Flusher(self.store, self._vbuckets, on_persisted=self._notify_persisted)
         self.manifest = Manifest.default()  # scopes and collections (engine/collections.py)

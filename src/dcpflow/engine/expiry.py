@@ -1,19 +1,16 @@
-"""Document expiry: client exptime conversion, the expired test, and the expiry pager.
+"""Document expiry: client exptime conversion and the expired test.
 
 Expiry times are stored as absolute unix seconds. Clients send memcached-style exptime, where a
 value of at most 30 days (2592000 s) is an offset from now and anything larger is already an
 absolute time; `to_absolute` does that conversion once, at the edge. Expired documents are turned
 into expirations (tombstones with DeleteSource.TTL and a delete time, which DCP sends as
-Expiration messages) either on access or by the pager the owner calls periodically.
+Expiration messages) either on access or by the pager the owner calls periodically
+(`Bucket.run_expiry_pager`; each vbucket's `expire_due`).
 """
 
 import time
-from typing import TYPE_CHECKING
 
 from .item import Item
-
-if TYPE_CHECKING:
-    from .bucket import Bucket
 
 RELATIVE_EXPIRY_LIMIT = 30 * 24 * 60 * 60  # 2592000 s
 
@@ -33,11 +30,3 @@ def is_expired(item: Item, now: float) -> bool:
     """A live document whose expiry time has been reached (memcached: expiry <= now)."""
     return not item.deleted and item.expiry != 0 and item.expiry <= now
 
-
-def run_expiry_pager(bucket: "Bucket", now: float | None = None, limit: int | None = None) -> int:
-    """Expire due documents in every active vbucket; returns how many expirations were made.
-
-    Only active vbuckets expire documents: replicas receive the active's expirations over DCP,
-    otherwise the two copies would produce different seqnos for the same event.
-    """
-    return bucket.run_expiry_pager(now=now, limit=limit)

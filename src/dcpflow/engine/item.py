@@ -6,8 +6,10 @@ never mutated after creation, so the hash table, the checkpoints, a flush batch 
 thread and a DCP stream can all hold the same object safely.
 """
 
-from dataclasses import dataclass
-from enum import IntEnum
+from dcpflow.protocol.document import DeleteSource, Document
+
+__all__ = ["DATATYPE_JSON", "DATATYPE_SNAPPY", "DATATYPE_XATTR", "ITEM_OVERHEAD", "DeleteSource", "Item",
+           "retain_system_xattrs"]
 
 DATATYPE_JSON = 0x01
 DATATYPE_SNAPPY = 0x02
@@ -17,39 +19,11 @@ DATATYPE_XATTR = 0x04
 ITEM_OVERHEAD = 96
 
 
-class DeleteSource(IntEnum):
-    """Why a tombstone exists: DCP sends a Deletion for EXPLICIT and an Expiration for TTL."""
+class Item(Document):
+    """A document version of the engine: the protocol's `Document` (its fields and slots, so the
+    DCP encoders read it as the protocol's own record) with the engine's memory accounting."""
 
-    EXPLICIT = 0
-    TTL = 1
-
-
-@dataclass(slots=True, eq=True)
-class Item:
-    key: bytes
-    value: bytes
-    flags: int = 0
-    expiry: int = 0  # absolute unix seconds, 0 = never
-    cas: int = 0
-    rev_seqno: int = 1
-    by_seqno: int = 0
-    datatype: int = 0
-    deleted: bool = False
-    delete_time: int = 0  # unix seconds, tombstones only
-    delete_source: DeleteSource = DeleteSource.EXPLICIT
-
-    @property
-    def is_expiration(self) -> bool:
-        return self.deleted and self.delete_source == DeleteSource.TTL
-
-    @property
-    def meta_expiry(self) -> int:
-        """The expiry a tombstone reports (GetMeta, conflict resolution): its delete time."""
-        return self.delete_time if self.deleted else self.expiry
-
-    @property
-    def has_xattrs(self) -> bool:
-        return bool(self.datatype & DATATYPE_XATTR)
+    __slots__ = ()
 
     @property
     def size(self) -> int:

@@ -21,17 +21,16 @@ import time
 from collections.abc import Callable, Iterable
 
 from dcpflow.protocol.dcp import VBucketState
-from dcpflow.protocol.frame import compiled
 from dcpflow.protocol.meta import WITH_META_OPTIONS_KNOWN, WithMetaOption
 from dcpflow.protocol.status import Status
 
-from .checkpoint import Checkpoint, CheckpointManager, CheckpointType
+from .checkpoint import CheckpointManager, CheckpointType
 from .conflict import ConflictResolutionMode, DocMeta, incoming_wins
 from .errors import EngineError
 from .expiry import to_absolute
 from .failover import FailoverEntry, FailoverTable
 from .hlc import HLC
-from .item import ITEM_OVERHEAD, DeleteSource, Item, retain_system_xattrs
+from .item import DeleteSource, Item, retain_system_xattrs
 from .store import PurgeResult, VBucketStateRecord
 
 _ALL_OPTIONS = WITH_META_OPTIONS_KNOWN
@@ -48,7 +47,6 @@ _ACTIVE = VBucketState.ACTIVE
 class VBucket:
     """See the module docstring. Owned by one thread (the bucket's owner)."""
 
-    # Slots: the compiled set (engine/_speedups.c) reads and writes these at fixed offsets.
     __slots__ = ("id", "state", "conflict_resolution", "failover", "hlc", "high_seqno", "purge_seqno",
                  "max_deleted_rev_seqno", "persisted_seqno", "persisted_snapshot", "snapshot_start",
                  "snapshot_end", "_clock", "_on_seqno", "_dirty", "checkpoint_manager", "ht", "num_items",
@@ -248,23 +246,27 @@ class VBucket:
             raise self._enoent(key)
         return item
 
-    def _set_py(self, key: bytes, value: bytes, *, flags: int = 0, expiry: int = 0, datatype: int = 0,
-                cas: int = 0) -> Item:
+    def set(self, key: bytes, value: bytes, *, flags: int = 0, expiry: int = 0, datatype: int = 0,
+            cas: int = 0) -> Item:
         """Store unconditionally, or only over the version with `cas` when cas != 0.
 
         The hottest write path: `_live`, `_mutate` and `_queue` (for a live version) are inlined
-        so the key is looked up once and no call is made that the common case does not need.
-        `set` is this method, or its compiled twin (engine/_speedups.c), which runs the common
-        case itself and hands everything else to this one."""
+        so the key is looked up once and no call is made that the common case does not need (the
+        clock is read only for an expiry or a lock)."""
         if self.state != _ACTIVE:
             self._check_active()
-        now = self._clock()
         ht = self.ht
         prev = ht.get(key)
-        if prev is not None and not prev.deleted and prev.expiry and prev.expiry <= now:
-            prev = self._tombstone(prev, now, DeleteSource.TTL)
-        if self.locks:
-            self._check_lock(key, cas, now)
+        if prev is not None:
+            key = prev.key  # one key object for the hash table, the checkpoint's index and the new version
+        locks = self.locks
+        now = 0.0
+        if expiry or locks or (prev is not None and prev.expiry):  # most writes need no clock
+            now = self._clock()
+            if prev is not None and not prev.deleted and prev.expiry and prev.expiry <= now:
+                prev = self._tombstone(prev, now, DeleteSource.TTL)
+            if locks:
+                self._check_lock(key, cas, now)
         if cas:
             self._check_cas(key, None if prev is None or prev.deleted else prev, cas)
         if expiry:
@@ -287,15 +289,13 @@ class VBucket:
             heapq.heappush(self._expiry_heap, (expiry, seqno, key))
         ht[key] = item
         self.high_seqno = seqno
-        if self.locks:
-            self.locks.pop(key, None)
+        if locks:  # (the vbucket's one dict of locks: cleared in place, never replaced)
+            locks.pop(key, None)
         if self._dirty is not None:
             self._dirty[self.id] = None
         if self._on_seqno is not None:
             self._on_seqno(self.id, seqno)
         return item
-
-    set = _set_py  # the compiled twin replaces it below the class when it is built
 
     def add(self, key: bytes, value: bytes, *, flags: int = 0, expiry: int = 0, datatype: int = 0,
             cas: int = 0) -> Item:
@@ -628,15 +628,3 @@ def _cas_too_big(cas: int) -> str:
 def _rev_too_big(rev_seqno: int) -> str:
     return f"rev seqno {rev_seqno} is above {MAX_REV_SEQNO} (48 bits): later writes of the key could not increment it"
 
-
-def _compiled_set():
-    """VBucket.set compiled (engine/_speedups.c) when the extension is built, else None."""
-    configure = compiled("configure", "dcpflow.engine._speedups")
-    if configure is None:
-        return None
-    defaults = {f.name: f.default for f in dataclasses.fields(Item)}
-    return configure(VBucket._set_py, (Item, VBucket, CheckpointManager, Checkpoint, HLC),
-                     (defaults["deleted"], defaults["delete_time"], defaults["delete_source"]), _ACTIVE, ITEM_OVERHEAD)
-
-
-VBucket.set = _compiled_set() or VBucket._set_py

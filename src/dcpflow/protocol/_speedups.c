@@ -9,7 +9,9 @@
    one to the Python loop, so every error, its text and the waiting for more bytes stay in one place.
 
    encode_mutations - DCP_MUTATION messages for a run of documents (dcp.encode_mutations_py): what a
-   producer's in-memory stream sends. It stops before the first document that is not a plain
+   producer's in-memory stream sends. It reads the fields of the protocol's own record,
+   dcpflow.protocol.document.Document (the engine's Item is one), from its slots, and any other
+   object's through getattr, as the Python does. It stops before the first document that is not a plain
    mutation (deleted, xattrs, a large value) or whose fields do not fit the message, leaving it to
    the caller's general path.
 
@@ -148,58 +150,28 @@ fail:
 /* -- encode_mutations ------------------------------------------------------------------------ */
 
 enum { F_KEY, F_VALUE, F_CAS, F_BY_SEQNO, F_REV_SEQNO, F_FLAGS, F_EXPIRY, F_DATATYPE, F_DELETED, N_FIELDS };
-static const char *FIELD_NAMES[N_FIELDS] = {
+static const char *const FIELD_NAMES[N_FIELDS] = {
     "key", "value", "cas", "by_seqno", "rev_seqno", "flags", "expiry", "datatype", "deleted",
 };
-static PyObject *field_names[N_FIELDS];
-
-/* The documents' class and where its slots keep each field (engine.Item is a slotted dataclass),
-   so a field is one load rather than an attribute lookup; any other class goes by getattr. Only
-   where that load is what getattr would do: the generic attribute lookup, each field a writable
-   object slot whose descriptor belongs to the class or a base, and the class unchanged since
-   (its version tag; CPython clears it when the class or a base is modified). */
-static PyTypeObject *slot_type = NULL;
-static unsigned int slot_version = 0;
-static Py_ssize_t slot_offsets[N_FIELDS];
-
-static inline int slots_known(PyTypeObject *type) {
-    return type == slot_type && (type->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) && type->tp_version_tag == slot_version;
-}
-
-static int learn_slots(PyTypeObject *type) {
-    if (type->tp_getattro != PyObject_GenericGetAttr) return 0;
-    Py_ssize_t offsets[N_FIELDS];
-    for (int i = 0; i < N_FIELDS; i++) {
-        offsets[i] = object_slot_offset(type, field_names[i]);
-        if (offsets[i] < 0) return 0;
-    }
-    if (!(type->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG)) return 0;  /* (the lookups assign one) */
-    memcpy(slot_offsets, offsets, sizeof offsets);
-    slot_version = type->tp_version_tag;
-    Py_INCREF(type);
-    Py_XSETREF(slot_type, type);
-    return 1;
-}
+/* The fields a mutation needs, read from a Document's slots (_speedups.h). */
+static document_fields_t documents;
 
 enum { BORROWED, OWNED, MISSING };
 
-/* The item's fields: borrowed references (BORROWED) when its class keeps them in slots - no
-   Python code runs while they are used - else new references from getattr (OWNED, release()
-   them); MISSING when a field is not there (the caller's general path reports it), or -1 with
-   another exception set. */
+/* The item's fields: borrowed references (BORROWED) when it is a Document - no Python code runs
+   while they are used - else new references from getattr (OWNED, release() them); MISSING when a
+   field is not there (the caller's general path reports it), or -1 with another exception set. */
 static int read_fields(PyObject *item, PyObject *out[N_FIELDS]) {
-    PyTypeObject *type = Py_TYPE(item);
-    if (slots_known(type) || learn_slots(type)) {
-        int i = 0;
-        for (; i < N_FIELDS; i++) {
-            out[i] = *(PyObject **)((char *)item + slot_offsets[i]);
+    if (document_fields_of(&documents, item)) {
+        for (int i = 0; i < N_FIELDS; i++) {
+            out[i] = document_field(&documents, item, i);
             if (out[i] == NULL) return MISSING;  /* an unset slot */
         }
         return BORROWED;
     }
     Py_INCREF(item);  /* a property may drop the caller's last reference to it */
     for (int i = 0; i < N_FIELDS; i++) {
-        out[i] = PyObject_GetAttr(item, field_names[i]);
+        out[i] = PyObject_GetAttr(item, documents.names[i]);
         if (out[i] == NULL) {
             for (int j = 0; j < i; j++) Py_DECREF(out[j]);
             Py_DECREF(item);
@@ -255,12 +227,12 @@ static inline void prefetch_ahead(PyObject *seq, Py_ssize_t i) {
         prefetch(items[i + 8]);
         prefetch((const char *)items[i + 8] + 64);
     }
-    if (i + 4 < n && slots_known(Py_TYPE(items[i + 4]))) {
-        const char *item = (const char *)items[i + 4];
+    if (i + 4 < n && document_fields_known(&documents, Py_TYPE(items[i + 4]))) {
+        PyObject *item = items[i + 4];
         for (int k = 0; k < F_DATATYPE; k++) {  /* key, value, cas, seqnos, flags, expiry */
-            prefetch(*(PyObject *const *)(item + slot_offsets[k]));
+            prefetch(document_field(&documents, item, k));
         }
-        const char *value = *(const char *const *)(item + slot_offsets[F_VALUE]);
+        const char *value = (const char *)document_field(&documents, item, F_VALUE);
         prefetch(value + 64);
         prefetch(value + 128);
     }
@@ -713,9 +685,6 @@ static struct PyModuleDef module = {
 };
 
 PyMODINIT_FUNC PyInit__speedups(void) {
-    for (int i = 0; i < N_FIELDS; i++) {
-        field_names[i] = PyUnicode_InternFromString(FIELD_NAMES[i]);
-        if (field_names[i] == NULL) return NULL;
-    }
+    if (document_fields_init(&documents, FIELD_NAMES, N_FIELDS) < 0) return NULL;
     return PyModule_Create(&module);
 }

@@ -1,6 +1,5 @@
-/* What the compiled twins share (protocol/, engine/ and server/_speedups.c include it): big-endian
-   fields, the DCP_MUTATION header, where a class keeps an attribute in an object slot, and native
-   arithmetic on small ints. */
+/* What protocol/_speedups.c and engine/_speedups.c share: big-endian fields, the DCP_MUTATION
+   header, and reading the fields of the protocol's document record. */
 
 #ifndef DCPFLOW_SPEEDUPS_H
 #define DCPFLOW_SPEEDUPS_H
@@ -59,47 +58,79 @@ static inline void put_mutation_head(unsigned char *p, uint64_t klen, uint64_t d
     memset(p + 48, 0, 7);  /* lock time, nmeta, nru */
 }
 
-/* Where instances of `type` keep the attribute `name` (an interned str): the offset of a writable
-   object slot whose descriptor the class finds (its own or a base's), or -1 when it is anything
-   else. A slot read at that offset is what the generic getattr would return. */
-static inline Py_ssize_t object_slot_offset(PyTypeObject *type, PyObject *name) {
-    PyObject *descr = _PyType_Lookup(type, name);  /* borrowed */
-    if (descr == NULL || Py_TYPE(descr) != &PyMemberDescr_Type) return -1;
-    if (!PyType_IsSubtype(type, PyDescr_TYPE(descr))) return -1;
-    PyMemberDef *member = ((PyMemberDescrObject *)descr)->d_member;
-    if (member->type != T_OBJECT_EX || (member->flags & READONLY)) return -1;
-    return member->offset;
+/* -- documents: the protocol's record (dcpflow.protocol.document.Document) ---------------------
+   The compiled encoders read documents' fields. A Document keeps them in object slots, so for an
+   instance of Document (or of a subclass such as the engine's Item, which adds no slots) a field
+   is one load at the offset of Document's own member descriptor; any other object is read through
+   getattr by the caller, as the Python specifications read it. The shortcut holds only while the
+   class is the one learned and unchanged since (its version tag: CPython clears it when the class
+   or a base is modified), looks attributes up generically, and finds every field at Document's
+   slot descriptor (no property or other descriptor in front of it). */
+
+#define DOCUMENT_MAX_FIELDS 16
+
+typedef struct {
+    int n;
+    PyObject *names[DOCUMENT_MAX_FIELDS];  /* interned field names */
+    PyTypeObject *document;                /* Document */
+    PyTypeObject *type;                    /* the class learned last */
+    unsigned int version;
+    Py_ssize_t offsets[DOCUMENT_MAX_FIELDS];
+} document_fields_t;
+
+/* Set up `r` for the fields `names` (at most DOCUMENT_MAX_FIELDS): 0, or -1 with an exception set. */
+static int document_fields_init(document_fields_t *r, const char *const *names, int n) {
+    r->n = n;
+    for (int i = 0; i < n; i++) {
+        r->names[i] = PyUnicode_InternFromString(names[i]);
+        if (r->names[i] == NULL) return -1;
+    }
+    PyObject *module = PyImport_ImportModule("dcpflow.protocol.document");
+    if (module == NULL) return -1;
+    PyObject *document = PyObject_GetAttrString(module, "Document");
+    Py_DECREF(module);
+    if (document == NULL) return -1;
+    if (!PyType_Check(document)) {
+        Py_DECREF(document);
+        PyErr_SetString(PyExc_TypeError, "dcpflow.protocol.document.Document is not a class");
+        return -1;
+    }
+    r->document = (PyTypeObject *)document;
+    r->type = NULL;
+    return 0;
 }
 
-/* The object slot at byte offset `off` of obj (borrowed; NULL when unset): see object_slot_offset. */
-#define SLOT_AT(obj, off) (*(PyObject **)((char *)(obj) + (off)))
+static inline int document_fields_known(const document_fields_t *r, PyTypeObject *type) {
+    return type == r->type && (type->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) && type->tp_version_tag == r->version;
+}
 
-/* The value of an exact int that fits a long long (1), or 0 with no error set. The counters,
-   seqnos and CAS values here always fit: their arithmetic and comparisons stay native (the
-   generic number protocol cost ~100 instructions per operation, PyLong_AsUnsignedLongLong ~250). */
-static inline int small_int(PyObject *v, long long *out) {
-    if (!PyLong_CheckExact(v)) return 0;
-    int overflow;
-    long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
-    if (overflow) return 0;
-    if (x == -1 && PyErr_Occurred()) {
-        PyErr_Clear();
-        return 0;
+/* Whether instances of `type` are Documents whose slots hold the fields (then learned): 1 or 0. */
+static int document_fields_learn(document_fields_t *r, PyTypeObject *type) {
+    if (!PyType_IsSubtype(type, r->document) || type->tp_getattro != PyObject_GenericGetAttr) return 0;
+    Py_ssize_t offsets[DOCUMENT_MAX_FIELDS];
+    for (int i = 0; i < r->n; i++) {
+        PyObject *descr = _PyType_Lookup(type, r->names[i]);  /* borrowed */
+        if (descr == NULL || Py_TYPE(descr) != &PyMemberDescr_Type || PyDescr_TYPE(descr) != r->document) return 0;
+        PyMemberDef *member = ((PyMemberDescrObject *)descr)->d_member;
+        if (member->type != T_OBJECT_EX || (member->flags & READONLY)) return 0;
+        offsets[i] = member->offset;
     }
-    *out = x;
+    if (!(type->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG)) return 0;  /* (the lookups assign one) */
+    memcpy(r->offsets, offsets, sizeof offsets);
+    r->version = type->tp_version_tag;
+    Py_INCREF(type);
+    Py_XSETREF(r->type, type);
     return 1;
 }
 
-/* a + b (a new reference), natively when a is a small int and the sum fits. */
-static inline PyObject *plus(PyObject *a, long long b) {
-    long long x;
-    if (small_int(a, &x) && !(b > 0 && x > LLONG_MAX - b) && !(b < 0 && x < LLONG_MIN - b))
-        return PyLong_FromLongLong(x + b);
-    PyObject *b_obj = PyLong_FromLongLong(b);
-    if (b_obj == NULL) return NULL;
-    PyObject *sum = PyNumber_Add(a, b_obj);
-    Py_DECREF(b_obj);
-    return sum;
+/* Whether obj is a Document whose fields document_field reads from its slots. */
+static inline int document_fields_of(document_fields_t *r, PyObject *obj) {
+    PyTypeObject *type = Py_TYPE(obj);
+    return document_fields_known(r, type) || document_fields_learn(r, type);
 }
+
+/* Field i (in document_fields_init's order) of a Document that document_fields_of accepted
+   (borrowed; NULL when unset). */
+#define document_field(r, obj, i) (*(PyObject **)((char *)(obj) + (r)->offsets[i]))
 
 #endif

@@ -309,7 +309,6 @@ def compiled(name: str, module: str = "dcpflow.protocol._speedups"):
 
 #: FrameDecoder's compiled fast path, or None (see _speedups.c).
 _split = compiled("split")
-_NO_BATCH: tuple[list, list] = ([], [])
 
 #: (magic, opcode, body length) of the header at an offset: all a receive loop needs to walk frames.
 MAGIC_OPCODE_BODY = struct.Struct(">BB6xI").unpack_from
@@ -526,24 +525,6 @@ class FrameDecoder:
                 return
             pos = frame_end
         self._pos = pos
-
-    def peek_batch(self, batch: int) -> tuple[list[Frame], list[int]]:
-        """Up to `batch` whole, well-formed frames at the read position and the offset after each,
-        not consumed (`consume_to` one of those offsets does): for a caller that runs them in a
-        compiled loop and may stop anywhere. Empty when the compiled splitter is absent or the next
-        bytes need `frames()` (an incomplete frame, a bad header, a frame being reassembled)."""
-        if self._broken is not None or self._chunks is not None:
-            return _NO_BATCH
-        max_body = self.max_body_len
-        if _split is None or max_body.__class__ is not int or not 0 <= max_body < 1 << 64:
-            return _NO_BATCH
-        if self._tail:
-            self._absorb(self._pos)
-        return _split(self._buf, self._pos, max_body, Frame, batch)
-
-    def consume_to(self, end: int) -> None:
-        """Mark the frames `peek_batch` returned up to this offset (one it gave) as read."""
-        self._pos = end
 
     def next_frame(self) -> Frame | None:
         """The next complete frame, or None if more bytes are needed."""

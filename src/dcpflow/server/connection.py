@@ -44,7 +44,6 @@ from dcpflow.protocol.frame import (
     Magic,
     RequestFrameId,
     check_request_frame_infos,
-    compiled,
     decode_frame_infos,
     response,
 )
@@ -74,9 +73,6 @@ _monotonic = time.monotonic
 _ALT_REQUEST = Magic.ALT_REQUEST
 _REQUEST = Magic.REQUEST
 _LOCK_STATUSES = frozenset((Status.LOCKED, Status.NOT_LOCKED))
-#: Connection._process's loop compiled (server/_speedups.c), or None: then the Python loop runs.
-_dispatch = compiled("dispatch", "dcpflow.server._speedups")
-_D_DONE, _D_HANDLE, _D_RAISED, _D_WAIT, _D_FLUSH, _D_CLOSED = range(6)
 
 
 class Writer:
@@ -148,9 +144,6 @@ class Connection(asyncio.Protocol):
         self.user: User | None = None
         self.bucket: ServerBucket | None = None
         self.get_vbucket = None  # the selected bucket's engine.get_vbucket
-        #: What the compiled SET handler (server/_speedups.c) needs of the session, in one read:
-        #: (vbucket table, counters, collections, json, mutation_seqno), or None with no bucket.
-        self.set_context: tuple | None = None
         self.privileges = 0  # Privilege bits as a plain int (tested on every request)
         self.features: frozenset[int] = frozenset()
         self.collections = False
@@ -251,17 +244,10 @@ class Connection(asyncio.Protocol):
         started = _monotonic()
         while not self._closing:
             try:
-                # With the compiled loop, what it leaves (no whole well-formed frame at the
-                # decoder's position: an incomplete frame, a bad header) goes to the loop below,
-                # and the frames after it to the compiled loop again.
-                if _dispatch is not None and self._process_compiled(started):
-                    return
                 frames = iter(decoder)
                 while True:
                     frame = None
-                    # The clock is read between slices, not per request; with the compiled loop,
-                    # this one takes a frame at a time.
-                    for frame in islice(frames, 64 if _dispatch is None else 1):
+                    for frame in islice(frames, 64):  # the clock is read between slices, not per request
                         # A classic request (no framing extras) whose command this session may run
                         # goes straight to its handler: the checks of _handle were done when the
                         # session last changed (tests/server/test_connection.py pins the equivalence).
@@ -290,62 +276,15 @@ class Connection(asyncio.Protocol):
                     if frame is None:
                         return  # every buffered request has run
                     if _monotonic() - started > MAX_PASS_SECONDS:
-                        self._next_pass()
+                        if decoder.buffered:  # (none left: the next bytes may run as soon as they come)
+                            self._next_pass()
                         return
-                    if _dispatch is not None:
-                        break  # back to the compiled loop
             except ProtocolError as e:
                 if e.fatal:
                     self._log_bad_input(e)
                     self.close()
                     return
                 write(self.error_reply(e.opcode or 0, e.opaque or 0, e.status, e.reason))
-
-    def _process_compiled(self, started: float) -> bool:
-        """`_process`'s loop in batches through server/_speedups.c's dispatch, the same steps:
-        True when processing stops here (a handler waits, the writer is paused, the connection
-        closes, the pass has run its time), False when the decoder has no whole well-formed frame
-        for it (`_process` goes on with the Python loop)."""
-        decoder, ready, writer = self._decoder, self._ready, self.writer
-        while True:
-            frames, ends = decoder.peek_batch(64)
-            if not frames:
-                return False
-            n, status, obj = _dispatch(self, decoder, frames, ends, ready, writer, MAX_BATCH_OUTPUT)
-            # (dispatch has consumed every frame it looked at, as the decoder's generator does)
-            if status in (_D_DONE, _D_FLUSH, _D_CLOSED):
-                if status == _D_FLUSH:
-                    writer.flush()
-                    if writer.paused:
-                        return True
-                elif status == _D_CLOSED:
-                    return True
-            else:
-                frame = frames[n]
-                if status == _D_WAIT:
-                    self._wait_for(frame, obj)
-                    return True
-                if status == _D_RAISED:
-                    try:
-                        raise obj
-                    except Exception as e:  # _handler_failed logs the traceback of the one being handled
-                        reply = self._handler_failed(frame, e)
-                else:
-                    reply = self._handle(frame)
-                if reply is not None:
-                    if reply.__class__ is not bytes:
-                        self._wait_for(frame, reply)
-                        return True
-                    writer.write(reply)
-                    if writer._size > MAX_BATCH_OUTPUT:
-                        writer.flush()
-                        if writer.paused:
-                            return True
-                if self._closing:
-                    return True
-            if _monotonic() - started > MAX_PASS_SECONDS:
-                self._next_pass()
-                return True
 
     def _next_pass(self) -> None:
         """Run the rest of the buffered requests on the next event-loop pass."""
@@ -382,12 +321,6 @@ class Connection(asyncio.Protocol):
                  and (self.privileges & cmd[3]) == cmd[3]}
         self._ready.clear()
         self._ready.update(ready)
-        self._refresh_set_context()
-
-    def _refresh_set_context(self) -> None:
-        bucket = self.bucket
-        self.set_context = None if bucket is None else (
-            bucket.engine.vbucket_table, bucket.counters, self.collections, self.json, self.mutation_seqno)
 
     def _handle(self, frame: Frame):
         magic = frame.magic
@@ -532,7 +465,6 @@ class Connection(asyncio.Protocol):
         self.json = Feature.JSON in self.features
         self.xattr = Feature.XATTR in self.features
         self.dedupe_nmvb = Feature.DEDUPE_NOT_MY_VBUCKET_CLUSTERMAP in self.features
-        self._refresh_set_context()
 
     def set_user(self, user: "User | None") -> None:
         """A (re-)authentication starts a new privilege context with no bucket (rbac.md)."""

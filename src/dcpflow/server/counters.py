@@ -1,5 +1,5 @@
-"""Per-bucket operation counters, in a module of their own so the compiled SET handler
-(server/_speedups.c, configured by kv.py) can be told their class without importing the server."""
+"""Per-bucket operation counters (memcached's cmd_get, get_hits... for `stats`): every KV request
+counts here, so they are plain slotted attributes rather than a dict."""
 
 
 class Counters:

@@ -23,7 +23,6 @@ import struct
 
 from dcpflow.engine.collections import DEFAULT_SCOPE, Manifest, ManifestError
 from dcpflow.engine.errors import EngineError
-from dcpflow.engine.item import Item
 from dcpflow.engine.vbucket import VBucket, VBucketState
 from dcpflow.protocol import dcp as dcpproto
 from dcpflow.protocol import kv as kvproto
@@ -36,7 +35,6 @@ from dcpflow.protocol.frame import (
     Frame,
     Magic,
     RequestFrameId,
-    compiled,
     decode_frame_infos,
     response,
 )
@@ -46,7 +44,6 @@ from dcpflow.protocol.status import Status
 
 from .auth import Privilege
 from .connection import Connection
-from .counters import Counters
 from .dispatch import command
 
 _P = Privilege
@@ -209,13 +206,12 @@ _QUIET_STORE_OPS = frozenset((_SET_Q, int(Opcode.ADD_Q), int(Opcode.REPLACE_Q)))
 _FLAGS_EXPIRY = struct.Struct(">II")
 
 
-def _store_py(conn: Connection, frame: Frame) -> bytes | None:
+@command(*kvproto.Store.OPCODES, privilege=_P.WRITE)
+def store(conn: Connection, frame: Frame) -> bytes | None:
     """SET / ADD / REPLACE and their quiet twins (silent on success).
 
     The hottest write path: the frame is unpacked in one step, the common valid shape skips the
-    typed decoder, and the success reply is packed here (mutation_reply's bytes). The handler
-    registered is `store`: this function, or its compiled twin (server/_speedups.c), which runs a
-    plain SET itself and hands every other request to this one."""
+    typed decoder, and the success reply is packed here (mutation_reply's bytes)."""
     _, op, datatype, vbid, opaque, cas, framing, extras, key, value = frame
     if len(extras) != 8 or not key or datatype > 7:  # the common, valid shape skips the decoder
         kvproto.Store.from_frame(frame)
@@ -250,19 +246,6 @@ def _store_py(conn: Connection, frame: Frame) -> bytes | None:
         return _pack_header(_RESPONSE, op, 0, 16, 0, 0, 16, opaque, item.cas) + \
             _MUTATION_EXTRAS.pack(vb.uuid, item.by_seqno)
     return _pack_header(_RESPONSE, op, 0, 0, 0, 0, 0, opaque, item.cas)
-
-
-def _compiled_store():
-    """The compiled SET handler (server/_speedups.c) when the extension is built, else None."""
-    configure = compiled("configure", "dcpflow.server._speedups")
-    if configure is None:
-        return None
-    configure(_store_py, Frame, _looks_like_json, _JSON_FIRST_BYTES, _NUMBER_CHARS, _JSON_WS, MAX_VALUE_LEN,
-              Counters, Item)
-    return compiled("store", "dcpflow.server._speedups")
-
-
-store = command(*kvproto.Store.OPCODES, privilege=_P.WRITE)(_compiled_store() or _store_py)
 
 
 def _current_expiry(vb: VBucket, key: bytes, default: int) -> int:

@@ -1,0 +1,94 @@
+"""VBucket.set, the hottest write path: what it leaves in the hash table and the open checkpoint,
+its clocks, and its signature."""
+
+import time
+
+import pytest
+
+from dcpflow.engine.hlc import HLC
+from dcpflow.engine.vbucket import VBucket, VBucketState
+
+
+class Clocks:
+    """One deterministic time for the vbucket (seconds), its HLC (ns) and its checkpoints."""
+
+    def __init__(self):
+        self.t = 1_700_000_000.0
+
+    def wall(self) -> float:
+        return self.t
+
+    def ns(self) -> int:
+        return int(self.t * 1e9)
+
+    def mono(self) -> float:
+        return self.t - 1_600_000_000.0
+
+
+def make(clocks: Clocks, max_items: int = 10_000) -> VBucket:
+    vb = VBucket(7, VBucketState.ACTIVE, hlc=HLC(clock=clocks.ns), clock=clocks.wall,
+                 checkpoint_max_items=max_items, checkpoint_max_age=5.0)
+    vb.checkpoint_manager._clock = clocks.mono
+    vb.checkpoint_manager.checkpoints[-1].deadline = clocks.mono() + 5.0
+    return vb
+
+
+def test_heavy_rewrites_compact_the_open_checkpoint():
+    """Rewrites of a few keys leave holes in the open checkpoint; past 64 (and past its number of
+    items) they are dropped, so it never holds more than one version per key and 64 holes."""
+    vb = make(Clocks())
+    for i in range(300):
+        vb.set(b"key-%d" % (i % 3), b"v%d" % i)
+    cp = vb.checkpoint_manager.checkpoints[-1]
+    assert cp._holes < 65
+    assert [it.key for it in cp._items if it is not None] == [b"key-0", b"key-1", b"key-2"]
+    assert [it.value for it in cp.items()] == [b"v297", b"v298", b"v299"]
+    assert len(cp._seqnos) == len(cp._items) and cp._seqnos == sorted(cp._seqnos)
+    assert all(it.by_seqno == seqno for it, seqno in zip(cp._items, cp._seqnos, strict=True) if it is not None)
+    assert cp._index == {it.key: i for i, it in enumerate(cp._items) if it is not None}
+
+
+def test_a_rewrite_keeps_one_key_object_for_the_hash_table_index_and_item():
+    """Equal keys from different requests are different objects; a rewrite keeps the first one, so
+    the hash table's and the checkpoint index's lookups match by identity and memory holds the key
+    once."""
+    vb = make(Clocks())
+    first = bytes(bytearray(b"doc-1"))
+    vb.set(first, b"1")
+    again = bytes(bytearray(b"doc-1"))
+    assert again is not first
+    item = vb.set(again, b"2")
+    assert item.key is first
+    assert next(k for k in vb.ht if k == first) is first
+    index = vb.checkpoint_manager.checkpoints[-1]._index
+    assert next(k for k in index if k == first) is first
+
+
+def test_the_default_clocks():
+    """With the default clocks (time.time_ns for the HLC, time.monotonic for checkpoint age) the
+    CAS is the wall clock's, and a checkpoint older than its max age rolls over before the next
+    write."""
+    vb = VBucket(3, VBucketState.ACTIVE, checkpoint_max_items=10_000, checkpoint_max_age=0.05)
+    assert vb.hlc._clock is time.time_ns and vb.checkpoint_manager._clock is time.monotonic
+    before = time.time_ns() & ~0xFFFF
+    first = vb.set(b"a", b"1")
+    after = time.time_ns()
+    assert before <= first.cas <= after
+    assert vb.set(b"a", b"2").cas > first.cas
+    opened = vb.checkpoint_manager.open_checkpoint.id
+    vb.set(b"b", b"1")
+    assert vb.checkpoint_manager.open_checkpoint.id == opened  # younger than 50 ms: the same checkpoint
+    deadline = time.monotonic() + 0.06
+    while time.monotonic() < deadline:  # the checkpoint's age passes its limit
+        time.sleep(0.01)
+    vb.set(b"c", b"1")
+    assert vb.checkpoint_manager.open_checkpoint.id == opened + 1
+
+
+def test_bad_arguments_get_pythons_errors():
+    vb = make(Clocks())
+    with pytest.raises(TypeError, match="unexpected keyword argument 'flagz'"):
+        vb.set(b"k", b"v", flagz=1)
+    with pytest.raises(TypeError):
+        vb.set(b"k")
+    assert vb.set(b"k", value=b"v").value == b"v"
