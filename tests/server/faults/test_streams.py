@@ -151,7 +151,8 @@ def test_streams_of_other_buckets_and_connections_are_left_alone(server):
         other.connect(bucket="other", name="mine")  # the same name on another bucket
         assert other.stream_request(0).status == Status.SUCCESS
         with other:
-            reply = http.post("/faults/buckets/default/streams/end", {"reason": "STATE_CHANGED", "name": "mine"})
+            reply = http.post("/faults/buckets/default/streams/end", {"reason": "STATE_CHANGED", "name": "mine",
+                                                                      "vbuckets": "all"})
             assert [s["connection"] for s in reply.json["streams"]] == ["mine"]
             assert mine.until_stream_end(0)[-1].reason == StreamEndReason.STATE_CHANGED
             assert not [m for m in other.quiet(0.2) if isinstance(m, dcp.DcpStreamEnd)]

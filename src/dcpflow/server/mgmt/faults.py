@@ -112,7 +112,7 @@ def _text(doc: dict, key: str) -> str | None:
 
 
 def _vbuckets(doc: dict, key: str, engine, *, required: bool) -> list[int] | None:
-    """"0,4-7", "all" (every vbucket active here) or a JSON list of numbers."""
+    """"0,4-7", "all" (every vbucket active here: what fails over) or a JSON list of numbers."""
     value = doc.get(key)
     if value is None:
         if required:
@@ -262,7 +262,7 @@ async def end_streams(request: web.Request) -> web.Response:
     bucket = _bucket(request)
     doc = await _params(request, ("reason", "vbuckets", "name"))
     reason = _reason(doc)
-    vbids = _vbuckets(doc, "vbuckets", bucket.engine, required=False)
+    vbids = None if doc.get("vbuckets") == "all" else _vbuckets(doc, "vbuckets", bucket.engine, required=False)
     name = _text(doc, "name")
     result = _done(lambda: request.app[SERVER].faults.end_streams(bucket, reason, vbids=vbids, name=name))
     _record(request, bucket.name, f"{reason.name} injected into {len(result['streams'])} stream(s)")
