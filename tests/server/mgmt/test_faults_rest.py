@@ -88,6 +88,9 @@ def test_bad_requests_get_ns_server_errors_inject_nothing_and_kv_keeps_serving(s
         reply = http.post(path, body, headers=headers)
         assert reply.status == 400 and "errors" in reply.json, (path, body, reply)
         assert b"Traceback" not in reply.body
+    replica = http.post("/faults/buckets/default/rollback", b"vbucket=6&seqno=0", headers=FORM).json["errors"]
+    assert replica == {"vbucket": "vbucket 6 is replica on this node: only an active vbucket fails over or rolls "
+                                  "back here (a node failover promotes replicas)"}
     huge = http.post("/faults/delays", b"seconds=1&opcode=" + b"G" * (2 * 1024 * 1024), headers=FORM)
     assert huge.status == 413 and "larger than" in huge.json["errors"]["_"]
     for what in ("failover", "rollback", "streams/end", "persistence/pause", "persistence/resume"):

@@ -97,14 +97,14 @@ class Faults:
         self.delays.clear()
 
     # -- vbuckets ---------------------------------------------------------------------------------
-    def _active_vbuckets(self, engine, vbids) -> None:
+    def _active_vbuckets(self, engine, vbids, field: str) -> None:
         for vbid in vbids:
             vb = engine.get_vbucket(vbid)
             if vb is None:
-                raise FaultError(f"vbucket {vbid} is not on this node", "vbuckets")
+                raise FaultError(f"vbucket {vbid} is not on this node", field)
             if vb.state != VBucketState.ACTIVE:
                 raise FaultError(f"vbucket {vbid} is {vb.state.name.lower()} on this node: only an active vbucket "
-                                 f"fails over or rolls back here (a node failover promotes replicas)", "vbuckets")
+                                 f"fails over or rolls back here (a node failover promotes replicas)", field)
 
     async def failover(self, bucket, vbids: list[int], *, unclean: bool = False) -> dict:
         """Fail over active vbuckets of `bucket` (a ServerBucket); all are checked before any fails
@@ -113,7 +113,7 @@ class Faults:
             engine = bucket.engine
             if engine.closed:
                 raise BucketGone(bucket.name)
-            self._active_vbuckets(engine, vbids)
+            self._active_vbuckets(engine, vbids, "vbuckets")
             ended = len(streams.open_streams(self.server, bucket, set(vbids)))
             done = []
             for vbid in vbids:
@@ -132,7 +132,7 @@ class Faults:
             engine = bucket.engine
             if engine.closed:
                 raise BucketGone(bucket.name)
-            self._active_vbuckets(engine, [vbid])
+            self._active_vbuckets(engine, [vbid], "vbucket")
             vb = engine.vbucket(vbid)
             high = vb.high_seqno
             if seqno >= high:
