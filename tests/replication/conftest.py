@@ -85,8 +85,8 @@ class ClusterHarness:
     def __init__(self, root: Path, nodes: int = 3, replicas: int = 1, vbuckets: int = 16):
         self.root = root
         self.ports = free_ports(nodes)
-        self.procs = [NodeProcess(root / f"node{i}", p, self.ports, vbuckets=vbuckets, flush_interval=0.02)
-                      for i, p in enumerate(self.ports)]
+        self.procs = [NodeProcess(root / f"node{i}", p, self.ports, vbuckets=vbuckets, flush_interval=0.02,
+                                  cluster_dir=root) for i, p in enumerate(self.ports)]
         self.vbuckets = vbuckets
         self.lt = LoopThread()
         self.manager: ClusterManager | None = None

@@ -17,14 +17,19 @@ starts a new branch of history: a failover entry at the persisted snapshot end i
 high seqno equals it, else at the persisted snapshot start (reference/README.md, failover
 entries (c)).
 
-Rollback (`rollback(vb, seqno)`): the vbucket is flushed, then the store rolls back to `seqno`
-exactly if its history reaches that far back (since the last compaction trimmed it), else to 0
-(a full reset, as Couchbase does when no older disk snapshot exists); the seqno reached is
+Rollback (`rollback(vb, seqno)`): the vbucket is flushed when `seqno` is above its persisted
+seqno, then the store rolls back to `seqno` exactly if its history reaches that far back (since
+the last compaction trimmed it), else to 0 (a full reset, as Couchbase does when no older disk
+snapshot exists); the seqno reached is
 returned, and the vbucket's snapshot (`snapshot_start`/`snapshot_end`, what a consumer puts in
 its next stream request) is (seqno, seqno) at a snapshot end, else the persisted snapshot the
 seqno lies in - de-duplicated versions inside a snapshot were never persisted, so only its end
 is a consistent point. Memory is reloaded from disk, failover entries above the seqno are
 dropped (a reset gets a fresh failover log) and cursors other than the flusher's are dropped.
+
+Failover (`failover(vb, unclean=...)`, fault injection): an active vbucket starts a new branch of
+history as it would after a failover (an entry at the high seqno) or after a crash (unpersisted
+writes rolled back, an entry where warm-up would put it), without the process going away.
 """
 
 import time
@@ -38,7 +43,7 @@ from dcpflow.protocol.status import Status
 from .collections import Manifest
 from .conflict import ConflictResolutionMode
 from .errors import EngineError
-from .failover import FailoverTable
+from .failover import FailoverEntry, FailoverTable
 from .flusher import Flusher
 from .hlc import HLC
 from .store import PurgeResult, Store
@@ -48,7 +53,8 @@ DEFAULT_NUM_VBUCKETS = 1024
 DEFAULT_PURGE_INTERVAL = 259_200  # persistent_metadata_purge_age, 3 days
 
 SeqnoListener = Callable[[int, int], None]
-#: listener(vbid, event): event is "state" (state changed), "rollback" or "deleted".
+#: listener(vbid, event): event is "state" (state changed), "rollback", "failover" (a new branch of
+#: history on an active: `Bucket.failover`) or "deleted".
 VBucketListener = Callable[[int, str], None]
 
 
@@ -270,20 +276,79 @@ class Bucket:
         self._check_open()
         return self.flusher.flush_all(self.flush_batch_items)
 
-    def rollback(self, vbid: int, seqno: int) -> int:
-        """Discard a vbucket's changes after `seqno`; returns the seqno actually reached."""
+    def rollback(self, vbid: int, seqno: int, *, new_branch: bool = False) -> int:
+        """Discard a vbucket's changes after `seqno`; returns the seqno actually reached.
+
+        A replica rolled back by its consumer takes the failover log its producer sends next. With
+        `new_branch` the vbucket starts a branch of history of its own where it now stands, as an
+        active that lost writes in a crash does at warm-up (fault injection: "roll back as an
+        unclean restart would"): a failover entry at the seqno reached when it ends a persisted
+        snapshot, else at that snapshot's start, so a consumer that saw the lost writes is told to
+        roll back. Listeners hear "rollback" once the vbucket is in its new state."""
         self._check_idle()
         vb = self.vbucket(vbid)
         if seqno >= vb.high_seqno:
             return vb.high_seqno
-        self.flusher.flush_vbucket(vbid, self.flush_batch_items)
-        result = self.store.rollback(vbid, seqno)
-        rec = self.store.load_vbucket_states()[vbid]
-        vb.reset_to(result.seqno, self.store.load_items(vbid), purge_seqno=rec.purge_seqno,
+        reached = self._rewind(vb, seqno)
+        if new_branch:
+            self._branch_after_rewind(vb)
+        self._notify_vbucket(vbid, "rollback")
+        return reached
+
+    def _rewind(self, vb: VBucket, seqno: int) -> int:
+        """The rollback itself: the store goes back to `seqno` (written first if memory holds what
+        it needs: seqnos up to it that are not persisted yet) and memory is reloaded from it.
+        Nothing is flushed when `seqno` is at or below the persisted seqno: what is above it is
+        discarded anyway, and an unclean failover must not persist what a crash would lose."""
+        if seqno > vb.persisted_seqno:
+            self.flusher.flush_vbucket(vb.id, self.flush_batch_items)
+        result = self.store.rollback(vb.id, seqno)
+        rec = self.store.load_vbucket_states()[vb.id]
+        vb.reset_to(result.seqno, self.store.load_items(vb.id), purge_seqno=rec.purge_seqno,
                     snapshot=(result.snap_start, result.snap_end), rng=self._rng)
         self.store.save_vbucket_states([vb.state_record()])
-        self._notify_vbucket(vbid, "rollback")
         return result.seqno
+
+    def _branch_after_rewind(self, vb: VBucket) -> FailoverEntry:
+        """A new failover entry where a rewound vbucket stands, by warm-up's rule (module
+        docstring); an active's snapshot is complete from there. A vbucket rewound to 0 already
+        has a fresh log (a new UUID at 0)."""
+        if vb.high_seqno == 0:
+            entry = vb.failover.latest
+        else:
+            snap_start, snap_end = vb.persisted_snapshot
+            entry = vb.failover.create_entry(vb.high_seqno if vb.high_seqno >= snap_end else snap_start)
+        if vb.state == VBucketState.ACTIVE:
+            vb.snapshot_start = vb.snapshot_end = vb.high_seqno
+        self.store.save_vbucket_states([vb.state_record()])
+        return entry
+
+    def failover(self, vbid: int, *, unclean: bool = False) -> FailoverEntry:
+        """Start a new branch of history on an active vbucket, as a failover does: what a DCP
+        consumer meets when a replica is promoted, or when an active comes back from a crash
+        (fault injection). Clean: a failover entry at the high seqno; nothing is lost, and a
+        consumer at or below it resumes without rolling back. Unclean: the vbucket first loses
+        what was not persisted (a rollback to the persisted seqno: memory goes back to what the
+        disk holds, and nothing more is written), then the entry goes where warm-up after kill -9
+        puts it. Listeners hear "failover": DCP streams of the vbucket end with STATE_CHANGED,
+        as kv_engine ends them when a vbucket changes hands. Returns the new entry."""
+        self._check_idle()
+        vb = self.vbucket(vbid)
+        if vb.state != VBucketState.ACTIVE:
+            raise EngineError(Status.NOT_MY_VBUCKET, f"vbucket {vbid} is {vb.state.name.lower()}: only an active "
+                                                     "vbucket fails over")
+        if unclean and vb.persisted_seqno < vb.high_seqno:
+            self._rewind(vb, vb.persisted_seqno)
+            entry = self._branch_after_rewind(vb)
+        else:
+            # As a promoted replica: a new checkpoint on the new branch, and no locks (they belong
+            # to the copy that was active).
+            entry = vb.failover.create_entry(vb.high_seqno)
+            vb.checkpoint_manager.create_checkpoint()
+            vb.locks.clear()
+            self.store.save_vbucket_states([vb.state_record()])
+        self._notify_vbucket(vbid, "failover")
+        return entry
 
     def compact(self, vbid: int | None = None, now: float | None = None) -> dict[int, PurgeResult]:
         """Purge persisted tombstones older than `purge_interval`, advancing purge seqnos.
@@ -373,7 +438,8 @@ class Bucket:
 
     def add_vbucket_listener(self, listener: VBucketListener) -> None:
         """Call `listener(vbid, event)` after a vbucket changed state ("state"), was rolled back
-        ("rollback") or deleted ("deleted"): DCP streams of that vbucket end on it."""
+        ("rollback"), failed over ("failover") or was deleted ("deleted"): DCP streams of that
+        vbucket end on it."""
         self._vbucket_listeners.append(listener)
 
     def remove_vbucket_listener(self, listener: VBucketListener) -> None:

@@ -402,6 +402,18 @@ class CheckpointManager:
         cursor.seqno = seqno
         cursor._snap_end = None
 
+    def drop_cursor(self, cursor: Cursor) -> None:
+        """Drop one cursor as memory pressure does (`_drop_cursors`): its owner is told through
+        `on_drop`, reading it raises CursorDropped, and the checkpoints only it held are released.
+        For fault injection (a consumer made "slow" on demand). The persistence cursor is never
+        dropped: the flusher would lose its place."""
+        if cursor is self.persistence_cursor:
+            raise ValueError("the persistence cursor cannot be dropped")
+        if cursor.dropped or self.cursors.get(cursor.name) is not cursor:
+            raise ValueError(f"cursor {cursor.name!r} is not registered here")
+        self._drop(cursor)
+        self._remove_unreferenced()
+
     def _drop(self, cursor: Cursor) -> None:
         self.cursors.pop(cursor.name, None)
         cursor.dropped = True

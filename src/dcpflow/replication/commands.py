@@ -201,7 +201,7 @@ async def run_up(args: argparse.Namespace) -> int:
         return 2
     procs = [NodeProcess(data_dir / f"node{i}", p, ports, vbuckets=mgr.num_vbuckets, bucket=mgr.bucket,
                          flush_interval=args.flush_interval, synchronous=args.synchronous,
-                         mgmt_port=args.mgmt_base_port + i if args.mgmt_base_port else 0)
+                         mgmt_port=args.mgmt_base_port + i if args.mgmt_base_port else 0, cluster_dir=data_dir)
              for i, p in enumerate(ports)]
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

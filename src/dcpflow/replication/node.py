@@ -6,6 +6,9 @@ down cleanly on SIGTERM/SIGINT. Each node has its own management listener (`--mg
 one by default); the cluster manager puts every node's in the map it pushes.
 Unlike a single server it creates no vbuckets: the cluster manager sets every vbucket's state with
 SET_VBUCKET and pushes the map with SET_CLUSTER_CONFIG. `NodeProcess` starts one as a child process.
+With `--cluster-dir` (the cluster's data dir, whose cluster.json names the manager's control
+channel) the node's fault injection can fail a node over: `POST /faults/nodes/failover` on any node
+asks the manager for the hard failover `dcpflow cluster failover` does.
 """
 
 import argparse
@@ -37,6 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--flush-interval", type=float, default=0.05)
     p.add_argument("--synchronous", choices=("FULL", "NORMAL"), default="NORMAL",
                    help="SQLite durability: NORMAL survives kill -9 (the default here), FULL power loss")
+    p.add_argument("--cluster-dir", help="the cluster's data dir: POST /faults/nodes/failover on this node asks "
+                   "the manager found there to fail a node over")
     p.add_argument("--exit-with", type=int, metavar="PID",
                    help="shut down (cleanly) when process PID is gone: the manager that started this node")
     p.add_argument("--debug", action="store_true")
@@ -67,6 +72,8 @@ def main(argv: list[str] | None = None) -> int:
         except (OSError, ValueError) as e:
             print(f"dcpflow node: cannot start: {e}", file=sys.stderr)
             return 1
+        if args.cluster_dir:
+            server.faults.node_failover = manager_failover(args.cluster_dir)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -86,6 +93,25 @@ def main(argv: list[str] | None = None) -> int:
     return uvloop.run(serve())
 
 
+def manager_failover(cluster_dir: str | Path):
+    """The node's hook for fault injection (server/faults): a hard failover of a node, asked of
+    the cluster manager over its control channel (commands.py), as `dcpflow cluster failover`
+    asks it. The manager's refusals (an unknown node, one already failed over, the last one)
+    come back as the fault's 400."""
+    from dcpflow.server.faults import FaultError
+
+    from .cluster import ClusterError
+    from .commands import control
+
+    async def failover(address: str) -> dict:
+        try:
+            return await asyncio.to_thread(control, cluster_dir, "failover", timeout=120.0, node=address)
+        except ClusterError as e:
+            raise FaultError(str(e), "node") from None
+
+    return failover
+
+
 async def _watch_parent(pid: int, stop: asyncio.Event) -> None:
     """A node whose manager died (even by kill -9) stops instead of lingering."""
     while not stop.is_set():
@@ -103,12 +129,12 @@ async def _watch_parent(pid: int, stop: asyncio.Event) -> None:
 class NodeProcess:
     """A node as a child process: started, waited for (its ready line), stopped or killed.
     `mgmt_port` 0 lets the first start pick a free management port; a restart keeps the port the
-    node had, so the map the manager pushed stays right."""
+    node had, so the map the manager pushed stays right. `cluster_dir`: see `--cluster-dir`."""
 
     def __init__(self, data_dir: str | Path, port: int, ports: list[int], *, host: str = "127.0.0.1",
                  vbuckets: int = 64, bucket: str = "default", users: str | None = None,
                  flush_interval: float = 0.05, synchronous: str = "NORMAL", log_path: str | Path | None = None,
-                 debug: bool = False, mgmt_port: int = 0):
+                 debug: bool = False, mgmt_port: int = 0, cluster_dir: str | Path | None = None):
         self.data_dir = Path(data_dir)
         self.host, self.port = host, port
         self.mgmt_port = mgmt_port
@@ -120,6 +146,8 @@ class NodeProcess:
             self.args += ["--users", str(users)]
         if debug:
             self.args.append("--debug")
+        if cluster_dir is not None:
+            self.args += ["--cluster-dir", str(cluster_dir)]
         self.args += ["--exit-with", str(os.getpid())]
         self.log_path = Path(log_path) if log_path else self.data_dir / "node.log"
         self.proc: subprocess.Popen | None = None

@@ -55,6 +55,7 @@ from . import stats as _stats  # noqa: F401
 from .auth import UserDB
 from .connection import Connection
 from .counters import Counters
+from .faults import Faults
 from .mgmt import ManagementListener
 from .session import SERVER_VERSION
 from .topology import Topology
@@ -195,6 +196,7 @@ class Server:
         self.port: int | None = None
         self.tls_port: int | None = None
         self.mgmt = ManagementListener(self)  # its ports: mgmt.port, mgmt.tls_port
+        self.faults = Faults(self)  # fault injection (server/faults), served by the management listener
         self._listener: asyncio.AbstractServer | None = None
         self._tls_listener: asyncio.AbstractServer | None = None
         self._tasks: list[asyncio.Task] = []
@@ -288,7 +290,10 @@ class Server:
         return engine
 
     async def close(self) -> None:
-        """Stop serving and shut every bucket down cleanly (flushed, marked clean)."""
+        """Stop serving and shut every bucket down cleanly (flushed, marked clean). A bucket whose
+        persistence is paused (STOP_PERSISTENCE, fault injection) is flushed all the same: a pause
+        holds back the flusher task, never a shutdown. Requests held by delay rules are released
+        (their connections close)."""
         if self.closed:
             return
         self.closed = True
@@ -296,6 +301,7 @@ class Server:
             if listener is not None:
                 listener.close()
         await self.mgmt.close()
+        self.faults.close()
         for conn in list(self.connections):
             if conn.dcp is not None and hasattr(conn.dcp, "shutdown"):
                 conn.dcp.shutdown()  # STREAM_END(Disconnected) for every stream, written before the close
@@ -375,6 +381,13 @@ class Server:
                         await self.seal_runs(bucket)
                 except Exception:
                     log.exception("flushing bucket %s failed; will retry", bucket.name)
+
+    @contextlib.asynccontextmanager
+    async def maintenance(self):
+        """Hold off flush batches, compaction and run sealing while the body rewrites a vbucket
+        (a rollback, a failover): one of those already running finishes first."""
+        async with self._maintenance:
+            yield
 
     async def flush_settled(self) -> None:
         """Return once no flush batch is in flight (one already writing completes first)."""

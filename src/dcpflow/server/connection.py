@@ -19,6 +19,10 @@ faster than its requests run), until that backlog has run;
 the Writer tells `on_resume` listeners when it drains, which is where a DCP producer will resume
 sending.
 
+Fault injection (server/faults): a delay rule holds the requests of its opcodes in `_handle`
+before they run (those opcodes are kept off the fast path while the rule lasts), and `drop()`
+cuts the connection as a network failure would.
+
 For the DCP work: DCP_OPEN registers in dispatch.py like any command and can set `self.dcp`
 (producer/consumer state), route responses from the peer via `response_handler`, and send
 messages with `self.writer.send()`, which batches them per event-loop pass as well.
@@ -231,6 +235,14 @@ class Connection(asyncio.Protocol):
         self.writer.flush()
         self.transport.close()
 
+    def drop(self) -> None:
+        """Cut the connection at once, sending nothing more (fault injection: what a network
+        failure does to a client)."""
+        if self._closing:
+            return
+        self._closing = True
+        self.transport.abort()
+
     # -- request processing --------------------------------------------------------------------
     def _process(self) -> None:
         """Run the buffered requests, in order, until one has to wait, the connection closes or
@@ -313,12 +325,18 @@ class Connection(asyncio.Protocol):
                                     f"user {self.user.name!r} lacks {missing} on this bucket")
         return None
 
+    def refresh_commands(self) -> None:
+        """The server's delay rules changed (server/faults/delays.py): recompute the fast path."""
+        self._refresh_ready()
+
     def _refresh_ready(self) -> None:
         """Recompute the commands that pass `_refusal` in the current session (user, bucket and
-        privileges only change through set_user/select_bucket, which call this)."""
+        privileges only change through set_user/select_bucket, which call this). Opcodes that
+        delay rules hold are left to `_handle`, which holds them."""
+        held = self.server.faults.delays.held
         ready = {op: cmd[0] for op, cmd in COMMANDS.items()
                  if (not cmd[1] or self.user is not None) and (not cmd[2] or self.bucket is not None)
-                 and (self.privileges & cmd[3]) == cmd[3]}
+                 and (self.privileges & cmd[3]) == cmd[3] and op not in held}
         self._ready.clear()
         self._ready.update(ready)
 
@@ -326,6 +344,22 @@ class Connection(asyncio.Protocol):
         magic = frame.magic
         if magic != _REQUEST and magic != _ALT_REQUEST:
             return self._handle_other_magic(frame)
+        delays = self.server.faults.delays
+        if delays.active and (rule := delays.rule_for(frame.opcode)) is not None:
+            return self._delayed(frame, rule)
+        return self._run(frame)
+
+    async def _delayed(self, frame: Frame, rule):
+        """A request a delay rule holds: wait it out, then run it (answered in order like any
+        request that waits; the requests behind it wait in the input buffer)."""
+        await self.server.faults.delays.hold(rule)
+        reply = self._run(frame)
+        if reply is not None and reply.__class__ is not bytes:
+            reply = await reply
+        return reply
+
+    def _run(self, frame: Frame):
+        """A request through the session checks to its handler."""
         cmd = COMMANDS.get(frame.opcode)
         if cmd is None:
             return self._unknown_command(frame)

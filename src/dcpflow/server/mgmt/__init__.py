@@ -4,13 +4,14 @@ Modules: app (the listener, authentication and permissions, errors, request bodi
 (`/pools`, `/pools/default`, nodeServices, the terse bucket map, `/`), buckets (list, get,
 create, update, drop, flush), collections (scopes and collections), metrics (`/metrics`,
 Prometheus), ui (the `/ui/` page; `static/` holds its stylesheet and script), observe (samples
-for the charts, the event log, rollback and failover counters) and dcpview (the one reader of
-the DCP connections' stats). `ROUTERS` lists the modules whose `routes` the listener serves.
+for the charts, the event log, rollback and failover counters), dcpview (the one reader of
+the DCP connections' stats) and faults (fault injection, `/faults/...`; server/faults does the
+work). `ROUTERS` lists the modules whose `routes` the listener serves.
 """
 
-from . import buckets, collections, metrics, nodes, ui
+from . import buckets, collections, faults, metrics, nodes, ui
 from .app import ManagementListener
 
-ROUTERS = (nodes, buckets, collections, metrics, ui)
+ROUTERS = (nodes, buckets, collections, metrics, ui, faults)
 
 __all__ = ["ROUTERS", "ManagementListener"]

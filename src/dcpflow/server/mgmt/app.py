@@ -23,7 +23,7 @@ What this module owns, the same for every router:
   the details in the server log, never in the answer.
 
 Routers are modules with a `routes` table (aiohttp's RouteTableDef) listed in ROUTERS. To add
-one (fault injection is the next), write `mgmt/<name>.py` with `routes = web.RouteTableDef()`,
+one, write `mgmt/<name>.py` with `routes = web.RouteTableDef()`,
 handlers that start with `require(request, <permission>)`, and add the module to ROUTERS.
 """
 

@@ -4,8 +4,9 @@ the recent events (the page's event log), and counters of rollbacks and failover
 Events come from two places:
 
 * the engine's vbucket listeners, at the moment they happen: a rollback (a replica or consumer
-  vbucket rolled back), a failover (a vbucket that became active with a new failover entry - a
-  new branch of history), a takeover (it became active without one: handed over by DCP);
+  vbucket rolled back, or an active by fault injection), a failover (a vbucket that became
+  active with a new failover entry - a new branch of history - or an active given one by fault
+  injection), a takeover (it became active without one: handed over by DCP);
 * a sample every SAMPLE_SECONDS of the DCP connections (dcpview.py): connections opened and
   closed, and streams that ended, with their reason (STATE_CHANGED, ROLLBACK, CLOSED, OK...).
   Sampled, so a stream that starts and ends between two samples is not reported; the management
@@ -34,7 +35,7 @@ MAX_EVENTS = 200
 
 class Event(NamedTuple):
     time: float
-    kind: str  # failover, takeover, rollback, stream-end, dcp, bucket, flush
+    kind: str  # failover, takeover, rollback, stream-end, dcp, bucket, flush, fault
     bucket: str
     text: str
 
@@ -127,6 +128,11 @@ class Observer:
             if event == "rollback" and vb is not None:
                 self.rollbacks[bucket] += 1
                 self.record("rollback", bucket, f"vb {vbid} rolled back to seqno {vb.high_seqno}")
+            elif event == "failover" and vb is not None:
+                self.failovers[bucket] += 1
+                entry = vb.failover.entries[0]
+                self.record("failover", bucket, f"vb {vbid} failed over in place: a new failover entry, uuid "
+                            f"{entry.uuid} at seqno {entry.seqno}")
             elif event == "state" and vb is not None:
                 before = self._vbuckets.get((bucket, vbid))
                 if before is not None and vb.state == VBucketState.ACTIVE and before[0] != VBucketState.ACTIVE:
