@@ -82,6 +82,11 @@ class ServerThread:
     def port(self) -> int:
         return self.server.port
 
+    @property
+    def mgmt_port(self) -> int:
+        """The management listener's port: 8091 only when it was free when the server started."""
+        return self.server.mgmt.port
+
     def call(self, fn, *args):
         async def run():
             return fn(*args)

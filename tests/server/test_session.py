@@ -181,7 +181,7 @@ def test_cluster_config_bucket_and_cluster_level(server):
         c.login(bucket=None)
         cluster = json.loads(c.call(Opcode.GET_CLUSTER_CONFIG).value)
         assert "vBucketServerMap" not in cluster
-        assert cluster["nodesExt"] == [{"services": {"kv": server.port, "mgmt": 8091}, "thisNode": True,
+        assert cluster["nodesExt"] == [{"services": {"kv": server.port, "mgmt": server.mgmt_port}, "thisNode": True,
                                         "hostname": "$HOST"}]
         c.select("default")
         reply = c.call(Opcode.GET_CLUSTER_CONFIG)
@@ -189,7 +189,7 @@ def test_cluster_config_bucket_and_cluster_level(server):
         assert reply.datatype == 1
         assert doc["name"] == "default" and doc["nodeLocator"] == "vbucket" and doc["bucketType"] == "membase"
         assert doc["vBucketServerMap"]["serverList"] == [f"$HOST:{server.port}"]
-        assert doc["nodes"] == [{"hostname": "$HOST:8091", "ports": {"direct": server.port}}]
+        assert doc["nodes"] == [{"hostname": f"$HOST:{server.mgmt_port}", "ports": {"direct": server.port}}]
         cmap = parse_cluster_map(reply.value, host="127.0.0.1")
         assert cmap.num_vbuckets == 64 and all(chain == (0,) for chain in cmap.vbucket_map)
         assert cmap.server_for_vbucket(5) == f"127.0.0.1:{server.port}"
