@@ -8,7 +8,7 @@ reference/README.md.
 
 DCP_OPEN turns a connection into a producer (`conn.dcp`). Each STREAM_REQ that passes the
 checks (stream-id, vbucket, noop-mandatory, duplicate stream, ERANGE, THE rollback decision of
-engine/failover.py) gets an ActiveStream (engine/stream.py), which queues encoded messages. The
+engine/failover.py) gets an ActiveStream (dcp/active_stream.py), which queues encoded messages. The
 producer moves them to the socket:
 
 * Scheduling - `_step` runs from the event loop (`call_soon`) whenever a stream may have work: a
@@ -16,7 +16,7 @@ producer moves them to the socket:
   (`on_resume`), a takeover reply. It takes messages round-robin from the streams with work and
   writes them in one batch - after the replies already queued in the connection's Writer, so
   order is kept - as one buffer, or with one `writelines` when large values travel uncopied
-  (engine/stream.py LARGE_VALUE); at most `set_priority`'s batch per pass, then it yields to the
+  (dcp/active_stream.py, LARGE_VALUE); at most `set_priority`'s batch per pass, then it yields to the
   loop so reads (acks, new requests) and other connections are served.
 * Flow control (flow-control.md, TABLES.md 5.9) - every message but a noop is charged its wire
   size (its encoded length) as it is written; the producer writes while unacknowledged bytes are
@@ -58,7 +58,7 @@ from typing import TYPE_CHECKING
 
 from dcpflow.engine.errors import EngineError
 from dcpflow.engine.store import EncodedPage
-from dcpflow.engine.stream import MAX_SEQNO, ActiveStream, Frames, StreamOptions
+from dcpflow.dcp.active_stream import MAX_SEQNO, ActiveStream, Frames, StreamOptions
 from dcpflow.protocol import dcp as dcpproto
 from dcpflow.protocol.dcp import OpenFlag, StreamEndReason, StreamFlag, VBucketState
 from dcpflow.protocol.errors import ProtocolError

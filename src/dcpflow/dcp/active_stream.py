@@ -59,9 +59,9 @@ from dcpflow.protocol.dcp import (
     encode_mutations,
 )
 
-from .checkpoint import CheckpointType, Cursor, CursorDropped, Snapshot
-from .item import DATATYPE_SNAPPY, DATATYPE_XATTR, Item
-from .store import ITEM_COLUMNS, LARGE_VALUE, EncodedPage, item_from_row
+from dcpflow.engine.checkpoint import CheckpointType, Cursor, CursorDropped, Snapshot
+from dcpflow.engine.item import DATATYPE_SNAPPY, DATATYPE_XATTR, Item
+from dcpflow.engine.store import ITEM_COLUMNS, LARGE_VALUE, EncodedPage, item_from_row
 
 assert ITEM_COLUMNS[:7] == ("key", "seqno", "rev_seqno", "cas", "flags", "expiry", "datatype")
 assert ITEM_COLUMNS[7] == "deleted" and ITEM_COLUMNS[10] == "value"
