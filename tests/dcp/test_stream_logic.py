@@ -8,9 +8,9 @@ import contextlib
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from dcpflow.dcp.active_stream import ActiveStream, Frames, StreamOptions
 from dcpflow.engine.errors import EngineError
 from dcpflow.engine.item import DeleteSource, Item
-from dcpflow.dcp.active_stream import ActiveStream, Frames, StreamOptions
 from dcpflow.engine.vbucket import VBucket
 from dcpflow.protocol import dcp
 from dcpflow.protocol.dcp import SnapshotFlag, StreamEndReason

@@ -48,8 +48,8 @@ import time
 from enum import Enum
 from typing import TYPE_CHECKING
 
-from dcpflow.engine.errors import EngineError
 from dcpflow.dcp.active_stream import MAX_SEQNO
+from dcpflow.engine.errors import EngineError
 from dcpflow.protocol import dcp as dcpproto
 from dcpflow.protocol.dcp import SnapshotFlag, StreamEndReason, StreamFlag, VBucketState
 from dcpflow.protocol.errors import ProtocolError

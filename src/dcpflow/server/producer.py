@@ -56,9 +56,9 @@ import time
 from collections import OrderedDict
 from typing import TYPE_CHECKING
 
+from dcpflow.dcp.active_stream import MAX_SEQNO, ActiveStream, Frames, StreamOptions
 from dcpflow.engine.errors import EngineError
 from dcpflow.engine.store import EncodedPage
-from dcpflow.dcp.active_stream import MAX_SEQNO, ActiveStream, Frames, StreamOptions
 from dcpflow.protocol import dcp as dcpproto
 from dcpflow.protocol.dcp import OpenFlag, StreamEndReason, StreamFlag, VBucketState
 from dcpflow.protocol.errors import ProtocolError
