@@ -166,9 +166,14 @@ MUTATION_HEAD = struct.Struct(">BBHBBHIIQQQIIIHB")
 _MUTATION_HEAD_SID = struct.Struct(">BBBBBBHIIQ3sQQIIIHB")
 DELETION_V2_HEAD = struct.Struct(">BBHBBHIIQQQIB")
 DELETION_V1_HEAD = struct.Struct(">BBHBBHIIQQQH")
-_pack_mutation_head = MUTATION_HEAD.pack
-_pack_deletion_v1 = DELETION_V1_HEAD.pack
-_pack_deletion_v2 = DELETION_V2_HEAD.pack
+# The same layouts for the producer's packers: magic and opcode as one u16 and the fields that are
+# always 0 (lock time, nmeta, nru; the deletion's nmeta / collection length) as pad bytes, because
+# struct converts every argument it is given and a producer packs millions of these.
+_pack_mutation_head = struct.Struct(">HHBBHIIQQQII7x").pack
+_pack_deletion_v1 = struct.Struct(">HHBBHIIQQQ2x").pack
+_pack_deletion_v2 = struct.Struct(">HHBBHIIQQQIx").pack
+_MUTATION_OP = int(Magic.REQUEST) << 8 | int(Opcode.DCP_MUTATION)
+_DELETION_OP = int(Magic.REQUEST) << 8 | int(Opcode.DCP_DELETION)
 _body_length = struct.Struct(">I").unpack_from
 _MARKER_V1_HEAD = struct.Struct(">BBHBBHIIQQQI")
 _MUT_FAST = struct.Struct(">xxHxBHIIQQQIIIxxB").unpack_from
@@ -184,8 +189,8 @@ def pack_mutation_head(vbucket: int, by_seqno: int, rev_seqno: int, flags: int, 
     uncopied. With the value, the bytes of `DcpMutation(...).encode()` (tests/protocol/
     test_dcp_packers.py) in one struct call: a producer encodes millions of items, and building a
     message object per item would cost more than the item's whole encoding."""
-    return _pack_mutation_head(0x80, 0x57, len(key), 31, datatype, vbucket, 31 + len(key) + value_len, opaque, cas,
-                               by_seqno, rev_seqno, flags, expiration, 0, 0, 0) + key
+    return _pack_mutation_head(_MUTATION_OP, len(key), 31, datatype, vbucket, 31 + len(key) + value_len, opaque, cas,
+                               by_seqno, rev_seqno, flags, expiration) + key
 
 
 def pack_deletion(vbucket: int, by_seqno: int, rev_seqno: int, key: bytes, value: bytes, cas: int, datatype: int,
@@ -194,10 +199,10 @@ def pack_deletion(vbucket: int, by_seqno: int, rev_seqno: int, key: bytes, value
     is None, else V2 (21 bytes, with the delete time: IncludeDeleteTimes). The bytes of
     `DcpDeletion(...).encode()`, in one struct call (see pack_mutation_head)."""
     if delete_time is None:
-        return _pack_deletion_v1(0x80, 0x58, len(key), 18, datatype, vbucket, 18 + len(key) + len(value), opaque,
-                                 cas, by_seqno, rev_seqno, 0) + key + value
-    return _pack_deletion_v2(0x80, 0x58, len(key), 21, datatype, vbucket, 21 + len(key) + len(value), opaque, cas,
-                             by_seqno, rev_seqno, delete_time, 0) + key + value
+        return _pack_deletion_v1(_DELETION_OP, len(key), 18, datatype, vbucket, 18 + len(key) + len(value), opaque,
+                                 cas, by_seqno, rev_seqno) + key + value
+    return _pack_deletion_v2(_DELETION_OP, len(key), 21, datatype, vbucket, 21 + len(key) + len(value), opaque, cas,
+                             by_seqno, rev_seqno, delete_time) + key + value
 
 
 def whole_messages(data, nbytes: int) -> tuple[int, int]:
