@@ -19,9 +19,10 @@ faster than its requests run), until that backlog has run;
 the Writer tells `on_resume` listeners when it drains, which is where a DCP producer will resume
 sending.
 
-For the DCP work: DCP_OPEN registers in dispatch.py like any command and can set `self.dcp`
-(producer/consumer state), route responses from the peer via `response_handler`, and send
-messages with `self.writer.send()`, which batches them per event-loop pass as well.
+DCP: DCP_OPEN (dcp_commands.py) sets `self.dcp` (the producer or consumer shell), which routes
+responses from the peer via `response_handler` and sends messages with `self.writer.send()`,
+batched per event-loop pass as well. The command table is the server's (`server.commands`,
+built in commands.py).
 """
 
 import asyncio
@@ -53,10 +54,8 @@ from dcpflow.protocol.rules import opcode_name
 from dcpflow.protocol.status import Status
 
 from .auth import Privilege
-from .dispatch import COMMANDS
 
 if TYPE_CHECKING:
-    from .app import Server, ServerBucket
     from .auth import User
 
 log = logging.getLogger("dcpflow.server")
@@ -132,8 +131,11 @@ class Connection(asyncio.Protocol):
     """See the module docstring. Session state: `user`, `bucket`, `features`, and the per-bucket
     `privileges` of the user, recomputed whenever either changes."""
 
-    def __init__(self, server: "Server"):
+    def __init__(self, server):
+        # `server` is the app.Server this connection belongs to, and `bucket` below one of its
+        # app.ServerBuckets: app imports this module, so neither is named here
         self.server = server
+        self.commands = server.commands  # opcode -> Command (commands.py)
         self.debug = server.config.debug
         self.transport: asyncio.Transport | None = None
         self.writer: Writer | None = None
@@ -146,7 +148,7 @@ class Connection(asyncio.Protocol):
         self._reading_paused = False
         # session
         self.user: User | None = None
-        self.bucket: ServerBucket | None = None
+        self.bucket = None
         self.get_vbucket = None  # the selected bucket's engine.get_vbucket
         #: What the compiled SET handler (server/_speedups.c) needs of the session, in one read:
         #: (vbucket table, counters, collections, json, mutation_seqno), or None with no bucket.
@@ -377,7 +379,7 @@ class Connection(asyncio.Protocol):
     def _refresh_ready(self) -> None:
         """Recompute the commands that pass `_refusal` in the current session (user, bucket and
         privileges only change through set_user/select_bucket, which call this)."""
-        ready = {op: cmd[0] for op, cmd in COMMANDS.items()
+        ready = {op: cmd[0] for op, cmd in self.commands.items()
                  if (not cmd[1] or self.user is not None) and (not cmd[2] or self.bucket is not None)
                  and (self.privileges & cmd[3]) == cmd[3]}
         self._ready.clear()
@@ -393,7 +395,7 @@ class Connection(asyncio.Protocol):
         magic = frame.magic
         if magic != _REQUEST and magic != _ALT_REQUEST:
             return self._handle_other_magic(frame)
-        cmd = COMMANDS.get(frame.opcode)
+        cmd = self.commands.get(frame.opcode)
         if cmd is None:
             return self._unknown_command(frame)
         handler, needs_auth, needs_bucket, privilege = cmd  # tuple unpacking: cheaper than 4 attribute reads
@@ -539,7 +541,7 @@ class Connection(asyncio.Protocol):
         self.user = user
         self.select_bucket(None)
 
-    def select_bucket(self, bucket: "ServerBucket | None") -> None:
+    def select_bucket(self, bucket) -> None:
         self.bucket = bucket
         self.known_config = None  # the map the client holds was another bucket's (or none)
         self.get_vbucket = bucket.engine.get_vbucket if bucket is not None else None  # hot-path shortcut
