@@ -161,3 +161,18 @@ def test_server_and_dcp_have_no_cycle_at_all():
     """The packages this layering was drawn for: not even the allowed exception reaches them."""
     for c in cycles(graph()):
         assert not any(m.startswith(("dcpflow.server", "dcpflow.dcp")) for m in c), sorted(c)
+
+
+#: What the sans-I/O package must not use: the shells in dcpflow.server own sockets, the event loop,
+#: threads and the clock, and pass the time in.
+IO_MODULES = {"asyncio", "socket", "selectors", "ssl", "threading", "concurrent", "subprocess", "time"}
+
+
+def test_the_dcp_package_does_no_io():
+    used = []
+    for path in sorted((SRC / "dcp").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):  # function-level imports too
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+            used += [f"{path.name}: {n}" for n in names if n.split(".")[0] in IO_MODULES]
+    assert not used, used

@@ -1,15 +1,16 @@
 """ActiveStream: what one DCP stream sends, as bytes in a ready queue - no sockets, no timers.
 
-Reference: docs/dcp/documentation/commands/stream-request.md, snapshot-marker.md ("Implementation
-notes"), stream-end.md, rebalance.md (takeover) and reference/README.md ("Memory vs disk",
-"Marker version", "Other behaviours"), TABLES.md 5.4/5.5.
+Pages (https://github.com/couchbase/kv_engine/blob/master/docs/dcp/documentation/): commands/
+stream-request.md, commands/snapshot-marker.md ("Implementation notes"), commands/stream-end.md,
+rebalance.md (takeover).
 
 A stream starts by registering a checkpoint cursor at its start seqno. If memory still holds
 start+1 it streams in-memory checkpoints right away; otherwise (or with DiskOnly) it first needs a
 *backfill* of [start+1, min(end, first seqno in memory - 1)] from the on-disk store, sent as one
-Disk|Checkpoint snapshot. The owner (the server's DcpProducer) runs the SQLite scan wherever it
-likes - a worker thread - and hands pages to `backfill_page`; the stream only turns items into
-messages. After the backfill the cursor continues exactly where the disk snapshot ended.
+Disk|Checkpoint snapshot. The owner (server/backfill.py) runs the SQLite scan wherever it likes -
+a worker thread - and hands pages to `backfill_page` / `backfill_rows` / `backfill_encoded`; the
+stream only turns items into messages. After the backfill the cursor continues exactly where the
+disk snapshot ended.
 
 Snapshot-marker start seqnos follow the implementation notes of snapshot-marker.md as the code
 behaves (reference/README.md): the first marker of a stream starts at min(requested snapshot
