@@ -1,17 +1,19 @@
-"""Backfills of many small vbuckets open together (producer `_open_group`): one trip to a worker
+"""Backfills of many small vbuckets open together (server/backfill.py `_open_group`): one trip to a worker
 thread opens several scans with their first pages, stops at OPEN_GROUP_BYTES and queues the rest
 again, and a trip nobody waits for any more closes what it opened."""
 
+import asyncio
 import threading
 import time
 
 import pytest
 
+from dcpflow.dcp import backfills
 from dcpflow.engine import Bucket, VBucketState
 from dcpflow.engine.store import BackfillScan
 from dcpflow.protocol import dcp
 from dcpflow.protocol.dcp import StreamEndReason
-from dcpflow.server import producer
+from dcpflow.server import backfill
 
 from .client import DcpClient, items
 
@@ -78,7 +80,7 @@ def test_small_backfills_open_together(make_server, small_vbuckets):
 
 
 def test_a_trip_stops_at_its_byte_budget_and_the_rest_open_later(make_server, small_vbuckets, monkeypatch):
-    monkeypatch.setattr(producer, "OPEN_GROUP_BYTES", 1)  # every trip reads one vbucket, then stops
+    monkeypatch.setattr(backfills, "OPEN_GROUP_BYTES", 1)  # every trip reads one vbucket, then stops
     srv = make_server(data_dir=small_vbuckets)
     admin = srv.login()
     c = DcpClient(srv.port).connect()
@@ -91,7 +93,7 @@ def test_a_trip_stops_at_its_byte_budget_and_the_rest_open_later(make_server, sm
 
 def test_a_trip_abandoned_by_a_disconnect_closes_the_scans_it_opened(make_server, small_vbuckets, monkeypatch):
     opened = []
-    real = producer._open_scans
+    real = backfill._open_scans
 
     def slow(store, work, budget):
         time.sleep(0.5)  # the consumer goes away meanwhile
@@ -100,7 +102,7 @@ def test_a_trip_abandoned_by_a_disconnect_closes_the_scans_it_opened(make_server
         opened.extend(r[0] for r in out if isinstance(r, tuple))
         return out
 
-    monkeypatch.setattr(producer, "_open_scans", slow)
+    monkeypatch.setattr(backfill, "_open_scans", slow)
     srv = make_server(data_dir=small_vbuckets)
     c = DcpClient(srv.port).connect()
     request_all(c)
@@ -116,7 +118,7 @@ def test_a_stream_retired_before_its_continuation_starts_closes_its_scan(make_se
     """A stream whose scan the trip left open goes on in a task of its own; retired (here: closed)
     before that task took its first step, the scan is still closed, not left to the collector."""
     opened, closed = [], set()
-    real_open, real_close, real_purged = producer._open_scans, BackfillScan.close, producer.DcpProducer._purged_under
+    real_open, real_close, real_purged = backfill._open_scans, BackfillScan.close, backfill.purged_under
 
     def no_first_pages(store, work, budget):  # every stream goes on in _continue_backfill
         out = real_open(store, [w[:-1] + (False,) for w in work], budget)
@@ -127,14 +129,15 @@ def test_a_stream_retired_before_its_continuation_starts_closes_its_scan(make_se
         closed.add(id(scan))
         real_close(scan)
 
-    def purged_under(self, stream, purge_seqno):
+    def purged_under(stream, purge_seqno):
         if stream.vbid == 3:  # a CLOSE_STREAM already in the loop's queue when the trip's result lands
-            self.loop.call_soon(self.end_stream, stream, StreamEndReason.CLOSED)
-        return real_purged(self, stream, purge_seqno)
+            (producer,) = [conn.dcp for conn in srv.server.connections if conn.dcp is not None]
+            asyncio.get_running_loop().call_soon(producer.end_stream, stream, StreamEndReason.CLOSED)
+        return real_purged(stream, purge_seqno)
 
-    monkeypatch.setattr(producer, "_open_scans", no_first_pages)
+    monkeypatch.setattr(backfill, "_open_scans", no_first_pages)
     monkeypatch.setattr(BackfillScan, "close", close)
-    monkeypatch.setattr(producer.DcpProducer, "_purged_under", purged_under)
+    monkeypatch.setattr(backfill, "purged_under", purged_under)
     srv = make_server(data_dir=small_vbuckets)
     c = DcpClient(srv.port).connect()
     request_all(c)
@@ -168,7 +171,7 @@ def test_continuation_reads_count_the_budgets_of_trips_in_flight(make_server, bi
     connection's backfill bytes stay within dcp_backfill_byte_limit plus a page or so per reader."""
     go = threading.Event()
     state = {"buffered": 0, "peak": 0, "large_reads": 0}
-    real_read, real_open, real_feed = producer._read_page, producer._open_scans, producer.DcpProducer._feed
+    real_read, real_open, real_feed = backfill._read_page, backfill._open_scans, backfill.ConnectionBackfills._feed
 
     def read_page(scan, *a):
         if scan.vb < 6:
@@ -181,18 +184,18 @@ def test_continuation_reads_count_the_budgets_of_trips_in_flight(make_server, bi
         if all(w[0] >= 6 for w in work):
             go.set()
             deadline = time.monotonic() + 5  # until the large backfills read all they may
-            while state["buffered"] < producer.BACKFILL_BYTE_LIMIT - (1 << 20) and time.monotonic() < deadline:
+            while state["buffered"] < backfills.BACKFILL_BYTE_LIMIT - (1 << 20) and time.monotonic() < deadline:
                 time.sleep(0.01)
         return real_open(store, work, budget)
 
     def feed(self, stream, scan, page):
         real_feed(self, stream, scan, page)
-        state["buffered"] = self._backfill_buffered()
+        state["buffered"] = self.queue.buffered()
         state["peak"] = max(state["peak"], state["buffered"])
 
-    monkeypatch.setattr(producer, "_read_page", read_page)
-    monkeypatch.setattr(producer, "_open_scans", open_scans)
-    monkeypatch.setattr(producer.DcpProducer, "_feed", feed)
+    monkeypatch.setattr(backfill, "_read_page", read_page)
+    monkeypatch.setattr(backfill, "_open_scans", open_scans)
+    monkeypatch.setattr(backfill.ConnectionBackfills, "_feed", feed)
     srv = make_server(data_dir=big_and_small)
     c = DcpClient(srv.port).connect()
     c.controls(connection_buffer_size=1000)  # nothing is acknowledged: what is read stays queued
@@ -205,5 +208,5 @@ def test_continuation_reads_count_the_budgets_of_trips_in_flight(make_server, bi
     c.send(b"".join(dcp.DcpStreamRequest(vb, 0, 140, 0, 0, 0, 0, b"", c.next_opaque()).encode()
                     for vb in range(6, 38)))
     time.sleep(4)
-    assert state["peak"] <= producer.BACKFILL_BYTE_LIMIT + 3 * producer.BACKFILL_PAGE_BYTES
+    assert state["peak"] <= backfills.BACKFILL_BYTE_LIMIT + 3 * backfills.BACKFILL_PAGE_BYTES
     c.close()

@@ -6,9 +6,9 @@ import time
 
 import pytest
 
+from dcpflow.dcp.backfills import BACKFILL_PAGE_BYTES, BACKFILL_QUEUE_BYTES
 from dcpflow.engine import Bucket, VBucketState
 from dcpflow.protocol import dcp
-from dcpflow.server.producer import BACKFILL_PAGE_BYTES, BACKFILL_QUEUE_BYTES
 
 from .client import DcpClient
 
@@ -65,7 +65,7 @@ def test_million_item_backfill_is_bounded(make_server, tmp_path):
 def test_backfills_of_a_connection_share_one_byte_limit(make_server, tmp_path):
     """Many vbuckets backfilling for a consumer that does not read: together they stop at about
     dcp_backfill_byte_limit (20 MiB), not at 4 MiB per stream."""
-    from dcpflow.server.producer import BACKFILL_BYTE_LIMIT, ENCODED_PAGE_ITEMS, OPEN_GROUP_BYTES, OPEN_TRIPS
+    from dcpflow.dcp.backfills import BACKFILL_BYTE_LIMIT, ENCODED_PAGE_ITEMS, OPEN_GROUP_BYTES, OPEN_TRIPS
     data = tmp_path / "data"
     value = b"v" * 1000
     with Bucket("default", data, 64, synchronous="OFF") as bucket:

@@ -167,7 +167,7 @@ def test_an_ended_stream_is_freed_without_the_cyclic_collector(server, clients, 
     # loaded) stalled the server's loop every few reads.
     import gc
 
-    from dcpflow.engine.stream import ActiveStream
+    from dcpflow.dcp.active_stream import ActiveStream
 
     def alive() -> int:
         return server.call(lambda: sum(isinstance(o, ActiveStream) for o in gc.get_objects()))

@@ -1,4 +1,4 @@
-"""ActiveStream without sockets (engine/stream.py over a real VBucket): the fast encoders produce
+"""ActiveStream without sockets (dcp/active_stream.py over a real VBucket): the fast encoders produce
 exactly the protocol's message bytes, and for any interleaving of writes, deletes, checkpoint
 closes and reads of any size, the stream's output is a valid DCP stream that reproduces the
 vbucket (hypothesis)."""
@@ -8,9 +8,9 @@ import contextlib
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from dcpflow.dcp.active_stream import ActiveStream, Frames, StreamOptions
 from dcpflow.engine.errors import EngineError
 from dcpflow.engine.item import DeleteSource, Item
-from dcpflow.engine.stream import ActiveStream, Frames, StreamOptions
 from dcpflow.engine.vbucket import VBucket
 from dcpflow.protocol import dcp
 from dcpflow.protocol.dcp import SnapshotFlag, StreamEndReason

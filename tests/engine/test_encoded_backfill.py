@@ -9,10 +9,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from dcpflow.dcp.active_stream import Frames
 from dcpflow.engine import FailoverTable, Item, Store, VBucketStateRecord
 from dcpflow.engine.item import DATATYPE_XATTR
 from dcpflow.engine.store import _ENCODED_PAGE, ENCODED_VALUE_LIMIT, LARGE_VALUE, EncodedPage
-from dcpflow.engine.stream import Frames
 from dcpflow.protocol.dcp import DcpMutation
 from dcpflow.protocol.frame import FrameDecoder
 

@@ -5,13 +5,14 @@ import time
 
 import pytest
 
+from dcpflow.dcp import consumer as consumer_mod
+from dcpflow.dcp import flow_control
 from dcpflow.engine import CheckpointType, DeleteSource
 from dcpflow.protocol import dcp
 from dcpflow.protocol.dcp import SnapshotFlag, StreamEndReason, StreamFlag, VBucketState
 from dcpflow.protocol.frame import request
 from dcpflow.protocol.opcodes import Opcode
 from dcpflow.protocol.status import Status
-from dcpflow.server import consumer as consumer_mod
 from tests.dcp.client import DcpClient, items
 from tests.server.client import Closed
 from tests.server.conftest import held_flush
@@ -178,7 +179,7 @@ def test_buffer_acks_count_charged_bytes(replica, peers):
     msgs = [dcp.DcpSnapshotMarker(2, 1, 8, SnapshotFlag.MEMORY, opaque=s)] + \
         [mutation(2, i, b"big%d" % i, value, opaque=s, datatype=0) for i in range(1, 9)]
     p.push(*msgs)
-    threshold = consumer_mod.DEFAULT_BUFFER_SIZE * consumer_mod.ACK_RATIO
+    threshold = consumer_mod.DEFAULT_BUFFER_SIZE * flow_control.ACK_RATIO
     sizes = [dcp.charged_size(m) for m in msgs]
     assert sum(sizes) >= threshold
     k = next(i for i in range(len(sizes)) if sum(sizes[:i + 1]) >= threshold)
@@ -189,7 +190,7 @@ def test_buffer_acks_count_charged_bytes(replica, peers):
 
 
 def test_buffer_ack_after_the_timer(replica, peers, monkeypatch):
-    monkeypatch.setattr(consumer_mod, "ACK_SECONDS", 0.2)
+    monkeypatch.setattr(flow_control, "ACK_SECONDS", 0.2)
     p = peers()
     s = p.open_stream(2)
     msgs = [dcp.DcpSnapshotMarker(2, 1, 1, SnapshotFlag.MEMORY, opaque=s), mutation(2, 1, b"k", opaque=s)]

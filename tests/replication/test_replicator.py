@@ -2,10 +2,10 @@
 
 import pytest
 
+from dcpflow.dcp.consumer import STREAM_ENDS_TO_RETRY
 from dcpflow.protocol.dcp import DcpStreamEnd, StreamEndReason
 from dcpflow.protocol.frame import decode_all
 from dcpflow.replication.replicator import CONSUMER_RETRIES, Replicator
-from dcpflow.server.consumer import _STREAM_ENDS_TO_RETRY
 
 
 @pytest.mark.parametrize("reason", list(StreamEndReason))
@@ -21,4 +21,4 @@ def test_a_stream_end_the_consumer_retries_keeps_the_stream(reason):
     rep._stream_end(frame)
     assert heard == [(3, reason)]
     assert rep.streams == ({3, 4} if reason in CONSUMER_RETRIES else {4})
-    assert CONSUMER_RETRIES == _STREAM_ENDS_TO_RETRY  # what dcpflow's consumer does
+    assert CONSUMER_RETRIES == STREAM_ENDS_TO_RETRY  # what dcpflow's consumer does

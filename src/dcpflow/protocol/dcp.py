@@ -165,11 +165,20 @@ _FAILOVER_ENTRY = struct.Struct(">QQ")
 _CACHE_RECORD = struct.Struct(">QQQIIIHBB")
 
 # Header + extras in one struct each: the hot path of the decoder here and of the producer
-# (engine/stream.py packs plain mutations straight into bytes with them).
+# (the packers below, which dcp/active_stream.py calls per item).
 MUTATION_HEAD = struct.Struct(">BBHBBHIIQQQIIIHB")
 _MUTATION_HEAD_SID = struct.Struct(">BBBBBBHIIQ3sQQIIIHB")
 DELETION_V2_HEAD = struct.Struct(">BBHBBHIIQQQIB")
 DELETION_V1_HEAD = struct.Struct(">BBHBBHIIQQQH")
+# The same layouts for the producer's packers: magic and opcode as one u16 and the fields that are
+# always 0 (lock time, nmeta, nru; the deletion's nmeta / collection length) as pad bytes, because
+# struct converts every argument it is given and a producer packs millions of these.
+_pack_mutation_head = struct.Struct(">HHBBHIIQQQII7x").pack
+_pack_deletion_v1 = struct.Struct(">HHBBHIIQQQ2x").pack
+_pack_deletion_v2 = struct.Struct(">HHBBHIIQQQIx").pack
+_MUTATION_OP = int(Magic.REQUEST) << 8 | int(Opcode.DCP_MUTATION)
+_DELETION_OP = int(Magic.REQUEST) << 8 | int(Opcode.DCP_DELETION)
+_body_length = struct.Struct(">I").unpack_from
 _MARKER_V1_HEAD = struct.Struct(">BBHBBHIIQQQI")
 _MUT_FAST = struct.Struct(">xxHxBHIIQQQIIIxxB").unpack_from
 _DEL2_FAST = struct.Struct(">xxHxBHIIQQQIx").unpack_from
@@ -191,6 +200,42 @@ DOCUMENT_LAYOUTS: dict[tuple[int, int], dict[str, Field]] = {
     (Opcode.DCP_EXPIRATION, _EXPIRATION_EXTRAS.size): {**HEADER_FIELDS, **struct_fields(
         _EXPIRATION_EXTRAS, ("by_seqno", "rev_seqno", "delete_time"), HEADER_LEN)},
 }
+
+
+def pack_mutation_head(vbucket: int, by_seqno: int, rev_seqno: int, flags: int, expiration: int, key: bytes,
+                       value_len: int, cas: int, datatype: int, opaque: int) -> bytes:
+    """A DCP_MUTATION up to its value: header, extras and key (mutation.md; no stream-id, lock time,
+    nmeta and nru 0), for a value of `value_len` bytes that the caller appends or sends after it
+    uncopied. With the value, the bytes of `DcpMutation(...).encode()` (tests/protocol/
+    test_dcp_packers.py) in one struct call: a producer encodes millions of items, and building a
+    message object per item would cost more than the item's whole encoding."""
+    return _pack_mutation_head(_MUTATION_OP, len(key), 31, datatype, vbucket, 31 + len(key) + value_len, opaque, cas,
+                               by_seqno, rev_seqno, flags, expiration) + key
+
+
+def pack_deletion(vbucket: int, by_seqno: int, rev_seqno: int, key: bytes, value: bytes, cas: int, datatype: int,
+                  opaque: int, delete_time: int | None) -> bytes:
+    """A whole DCP_DELETION without stream-id (deletion.md): V1 (18-byte extras) when `delete_time`
+    is None, else V2 (21 bytes, with the delete time: IncludeDeleteTimes). The bytes of
+    `DcpDeletion(...).encode()`, in one struct call (see pack_mutation_head)."""
+    if delete_time is None:
+        return _pack_deletion_v1(_DELETION_OP, len(key), 18, datatype, vbucket, 18 + len(key) + len(value), opaque,
+                                 cas, by_seqno, rev_seqno) + key + value
+    return _pack_deletion_v2(_DELETION_OP, len(key), 21, datatype, vbucket, 21 + len(key) + len(value), opaque, cas,
+                             by_seqno, rev_seqno, delete_time) + key + value
+
+
+def whole_messages(data, nbytes: int) -> tuple[int, int]:
+    """(length, count) of the shortest run of whole messages at the start of `data` (encoded frames
+    back to back) that holds at least `nbytes` bytes and at least one message, or all of `data`.
+    A producer sends a prefix of an encoded backfill page up to its flow-control window this way,
+    never part of a message."""
+    pos = n = 0
+    total = len(data)
+    while pos < total and (pos < nbytes or n == 0):
+        pos += HEADER_LEN + _body_length(data, pos + 8)[0]
+        n += 1
+    return min(pos, total), n
 
 
 def encode_mutations_py(items: Sequence, start: int, vbucket: int, opaque: int, collections: bool,

@@ -47,14 +47,12 @@ from dcpflow.engine import Bucket, VBucketState
 from dcpflow.protocol import error_map
 from dcpflow.protocol.config import Node
 
-from . import consumer as _consumer  # noqa: F401  (importing the handler modules registers their commands)
-from . import kv as _kv  # noqa: F401
-from . import producer as _producer  # noqa: F401
-from . import session as _session  # noqa: F401
-from . import stats as _stats  # noqa: F401
 from .auth import UserDB
+from .backfill import BackfillScheduler
+from .commands import COMMANDS
 from .connection import Connection
 from .counters import Counters
+from .dcp_commands import DcpNames
 from .faults import Faults
 from .mgmt import ManagementListener
 from .session import SERVER_VERSION
@@ -205,10 +203,10 @@ class Server:
         self._maintenance: asyncio.Lock | None = None
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._error_maps: dict[int, bytes] = {}
-        self.dcp_names: dict = {}  # (bucket, DCP connection name) -> Connection (a reused name closes the older)
-        self.backfill_executor: concurrent.futures.ThreadPoolExecutor | None = None  # DCP backfill scans
-        self.backfill_read_lock: asyncio.Lock | None = None  # one continuation page read at a time
-        self.backfill_open_slots: asyncio.Semaphore | None = None  # backfill scans opening at once
+        self.commands = COMMANDS  # opcode -> Command: what every connection answers (commands.py)
+        self.dcp_names = DcpNames()  # a DCP connection name opened again closes the older connection
+        self.passive_streams: dict = {}  # (bucket, vbid) -> the live PassiveStream replicating it
+        self.backfills = BackfillScheduler()  # DCP backfill threads and their server-wide limits
         self.closed = False
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -310,8 +308,7 @@ class Server:
         self._wake.set()
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
-        if self.backfill_executor is not None:
-            self.backfill_executor.shutdown(wait=True)
+        self.backfills.close()
         gc.unfreeze()  # what start() froze may be garbage now (in-process servers come and go)
         async with self._maintenance:
             self._close_buckets(clean=True)

@@ -23,9 +23,10 @@ Fault injection (server/faults): a delay rule holds the requests of its opcodes 
 before they run (those opcodes are kept off the fast path while the rule lasts), and `drop()`
 cuts the connection as a network failure would.
 
-For the DCP work: DCP_OPEN registers in dispatch.py like any command and can set `self.dcp`
-(producer/consumer state), route responses from the peer via `response_handler`, and send
-messages with `self.writer.send()`, which batches them per event-loop pass as well.
+DCP: DCP_OPEN (dcp_commands.py) sets `self.dcp` (the producer or consumer shell), which routes
+responses from the peer via `response_handler` and sends messages with `self.writer.send()`,
+batched per event-loop pass as well. The command table is the server's (`server.commands`,
+built in commands.py).
 """
 
 import asyncio
@@ -56,10 +57,8 @@ from dcpflow.protocol.rules import opcode_name
 from dcpflow.protocol.status import Status
 
 from .auth import Privilege
-from .dispatch import COMMANDS
 
 if TYPE_CHECKING:
-    from .app import Server, ServerBucket
     from .auth import User
 
 log = logging.getLogger("dcpflow.server")
@@ -132,8 +131,11 @@ class Connection(asyncio.Protocol):
     """See the module docstring. Session state: `user`, `bucket`, `features`, and the per-bucket
     `privileges` of the user, recomputed whenever either changes."""
 
-    def __init__(self, server: "Server"):
+    def __init__(self, server):
+        # `server` is the app.Server this connection belongs to, and `bucket` below one of its
+        # app.ServerBuckets: app imports this module, so neither is named here
         self.server = server
+        self.commands = server.commands  # opcode -> Command (commands.py)
         self.debug = server.config.debug
         self.transport: asyncio.Transport | None = None
         self.writer: Writer | None = None
@@ -146,7 +148,7 @@ class Connection(asyncio.Protocol):
         self._reading_paused = False
         # session
         self.user: User | None = None
-        self.bucket: ServerBucket | None = None
+        self.bucket = None
         self.get_vbucket = None  # the selected bucket's engine.get_vbucket
         self.privileges = 0  # Privilege bits as a plain int (tested on every request)
         self.features: frozenset[int] = frozenset()
@@ -334,7 +336,7 @@ class Connection(asyncio.Protocol):
         privileges only change through set_user/select_bucket, which call this). Opcodes that
         delay rules hold are left to `_handle`, which holds them."""
         held = self.server.faults.delays.held
-        ready = {op: cmd[0] for op, cmd in COMMANDS.items()
+        ready = {op: cmd[0] for op, cmd in self.commands.items()
                  if (not cmd[1] or self.user is not None) and (not cmd[2] or self.bucket is not None)
                  and (self.privileges & cmd[3]) == cmd[3] and op not in held}
         self._ready.clear()
@@ -360,7 +362,7 @@ class Connection(asyncio.Protocol):
 
     def _run(self, frame: Frame):
         """A request through the session checks to its handler."""
-        cmd = COMMANDS.get(frame.opcode)
+        cmd = self.commands.get(frame.opcode)
         if cmd is None:
             return self._unknown_command(frame)
         handler, needs_auth, needs_bucket, privilege = cmd  # tuple unpacking: cheaper than 4 attribute reads
@@ -505,7 +507,7 @@ class Connection(asyncio.Protocol):
         self.user = user
         self.select_bucket(None)
 
-    def select_bucket(self, bucket: "ServerBucket | None") -> None:
+    def select_bucket(self, bucket) -> None:
         self.bucket = bucket
         self.known_config = None  # the map the client holds was another bucket's (or none)
         self.get_vbucket = bucket.engine.get_vbucket if bucket is not None else None  # hot-path shortcut

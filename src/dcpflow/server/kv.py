@@ -42,11 +42,8 @@ from dcpflow.protocol.keys import split_key
 from dcpflow.protocol.opcodes import Opcode
 from dcpflow.protocol.status import Status
 
-from .auth import Privilege
 from .connection import Connection
-from .dispatch import command
 
-_P = Privilege
 _U32 = struct.Struct(">I")
 _MUTATION_EXTRAS = struct.Struct(">QQ")
 MAX_KEY_LEN = 250  # memcached's key limit, without the collection prefix
@@ -165,7 +162,6 @@ _GET_QUIET = frozenset((int(Opcode.GET_Q), int(Opcode.GET_KQ)))  # plain ints, a
 _GET_WITH_KEY = frozenset((int(Opcode.GET_K), int(Opcode.GET_KQ)))
 
 
-@command(*kvproto.Get.OPCODES, privilege=_P.READ)
 def get(conn: Connection, frame: Frame) -> bytes | None:
     """GET / GETQ / GETK / GETKQ. The hottest read path: the frame is unpacked in one step (no
     property calls) and the common, valid shape skips the typed decoder."""
@@ -206,7 +202,6 @@ _QUIET_STORE_OPS = frozenset((_SET_Q, int(Opcode.ADD_Q), int(Opcode.REPLACE_Q)))
 _FLAGS_EXPIRY = struct.Struct(">II")
 
 
-@command(*kvproto.Store.OPCODES, privilege=_P.WRITE)
 def store(conn: Connection, frame: Frame) -> bytes | None:
     """SET / ADD / REPLACE and their quiet twins (silent on success).
 
@@ -258,7 +253,6 @@ def _current_expiry(vb: VBucket, key: bytes, default: int) -> int:
         raise
 
 
-@command(*kvproto.Delete.OPCODES, privilege=_P.WRITE)
 def delete(conn: Connection, frame: Frame) -> bytes | None:
     req = kvproto.Delete.from_frame(frame)
     vb = active_vbucket(conn, frame.vbucket)
@@ -269,7 +263,6 @@ def delete(conn: Connection, frame: Frame) -> bytes | None:
     return mutation_reply(conn, frame, vb, item.cas, item.by_seqno)
 
 
-@command(Opcode.TOUCH, privilege=_P.WRITE)
 def touch(conn: Connection, frame: Frame) -> bytes:
     """TOUCH replies with the new CAS only (no mutation extras, as memcached does)."""
     req = kvproto.Touch.from_frame(frame)
@@ -277,7 +270,6 @@ def touch(conn: Connection, frame: Frame) -> bytes:
     return response(frame.opcode, opaque=frame.opaque, cas=item.cas)
 
 
-@command(*kvproto.Gat.OPCODES, privilege=_P.READ | _P.WRITE)
 def get_and_touch(conn: Connection, frame: Frame) -> bytes | None:
     req = kvproto.Gat.from_frame(frame)
     try:
@@ -305,7 +297,6 @@ GETL_DEFAULT_TIMEOUT = 15
 GETL_MAX_TIMEOUT = 30
 
 
-@command(Opcode.GET_LOCKED, privilege=_P.READ)
 def get_locked(conn: Connection, frame: Frame) -> bytes:
     """GET_LOCKED (the SDK's get_and_lock): the document, with the lock's CAS."""
     req = kvproto.GetLocked.from_frame(frame)
@@ -317,7 +308,6 @@ def get_locked(conn: Connection, frame: Frame) -> bytes:
                     datatype=datatype)
 
 
-@command(Opcode.UNLOCK_KEY, privilege=_P.READ)
 def unlock_key(conn: Connection, frame: Frame) -> bytes:
     req = kvproto.Unlock.from_frame(frame)
     active_vbucket(conn, frame.vbucket).unlock(doc_key(conn, req.key), req.cas)
@@ -328,7 +318,6 @@ def unlock_key(conn: Connection, frame: Frame) -> bytes:
 # metadata commands (replication)
 
 
-@command(*metaproto.GetMeta.OPCODES, privilege=_P.META_READ)
 def get_meta(conn: Connection, frame: Frame) -> bytes | None:
     """GET_META reports tombstones too (deleted=1); GETQ_META is silent on a miss."""
     req = metaproto.GetMeta.from_frame(frame)
@@ -353,7 +342,6 @@ def _with_meta_datatype(conn: Connection, datatype: int) -> int:
     return datatype
 
 
-@command(*metaproto.SetWithMeta.OPCODES, privilege=_P.META_WRITE)
 def set_with_meta(conn: Connection, frame: Frame) -> bytes | None:
     req = metaproto.SetWithMeta.from_frame(frame)
     key = doc_key(conn, req.key)
@@ -367,7 +355,6 @@ def set_with_meta(conn: Connection, frame: Frame) -> bytes | None:
     return mutation_reply(conn, frame, vb, item.cas, item.by_seqno)
 
 
-@command(*metaproto.DelWithMeta.OPCODES, privilege=_P.META_WRITE)
 def del_with_meta(conn: Connection, frame: Frame) -> bytes | None:
     req = metaproto.DelWithMeta.from_frame(frame)
     key = doc_key(conn, req.key)
@@ -387,7 +374,6 @@ def del_with_meta(conn: Connection, frame: Frame) -> bytes | None:
 _ALIVE = (VBucketState.ACTIVE, VBucketState.REPLICA, VBucketState.PENDING)
 
 
-@command(Opcode.GET_ALL_VB_SEQNOS, privilege=_P.META_READ)
 def get_all_vb_seqnos(conn: Connection, frame: Frame) -> bytes:
     """(vbucket, high seqno) of every vbucket in the state filter (none or 0: alive), by vbucket. With a
     collection id, that collection's high seqno: only the default collection exists, so it is the
@@ -401,7 +387,6 @@ def get_all_vb_seqnos(conn: Connection, frame: Frame) -> bytes:
     return kvproto.GetAllVbSeqnosResponse(seqnos, frame.opaque).encode()
 
 
-@command(Opcode.GET_FAILOVER_LOG, privilege=_P.META_READ)
 def get_failover_log(conn: Connection, frame: Frame) -> bytes:
     """GET_FAILOVER_LOG 0x96: the header's vbucket's log, newest entry first."""
     dcpproto.DcpGetFailoverLog.from_frame(frame)  # same shape as 0x54: no extras, key or value
@@ -415,7 +400,6 @@ def active_or_any_vbucket(conn: Connection, vbid: int) -> VBucket:
     return conn.bucket.engine.vbucket(vbid)
 
 
-@command(Opcode.OBSERVE_SEQNO, privilege=_P.META_READ)
 def observe_seqno(conn: Connection, frame: Frame) -> bytes:
     """How far the vbucket has persisted. If the UUID asked about is an older entry of the failover
     log (a failover happened since the client's write), format 1 adds that UUID and the last seqno of
@@ -433,7 +417,6 @@ def observe_seqno(conn: Connection, frame: Frame) -> bytes:
                                         frame.opaque).encode()
 
 
-@command(Opcode.SET_VBUCKET, privilege=_P.NODE_MANAGEMENT)
 def set_vbucket(conn: Connection, frame: Frame):
     """SET_VBUCKET 0x3d (the cluster manager's command): create the vbucket or change its state. The
     optional JSON value (erratum 30) is accepted; its topology is not used yet.
@@ -453,14 +436,12 @@ def set_vbucket(conn: Connection, frame: Frame):
     return conn.server.when_no_flush(engine, apply)
 
 
-@command(Opcode.GET_VBUCKET, privilege=_P.META_READ)
 def get_vbucket(conn: Connection, frame: Frame) -> bytes:
     kvproto.GetVbucket.from_frame(frame)
     vb = active_or_any_vbucket(conn, frame.vbucket)
     return kvproto.GetVbucketResponse(int(vb.state), frame.opaque).encode()
 
 
-@command(Opcode.STOP_PERSISTENCE, privilege=_P.NODE_MANAGEMENT)
 def stop_persistence(conn: Connection, frame: Frame) -> bytes:
     """Pause the flusher of the selected bucket (ep-engine's stop_persistence; tests use it to have
     acknowledged but unpersisted writes). The reply comes once a batch already being written is
@@ -475,7 +456,6 @@ def stop_persistence(conn: Connection, frame: Frame) -> bytes:
     return settled()
 
 
-@command(Opcode.START_PERSISTENCE, privilege=_P.NODE_MANAGEMENT)
 def start_persistence(conn: Connection, frame: Frame) -> bytes:
     _check_empty(frame)
     conn.bucket.persistence_paused = False
@@ -488,7 +468,6 @@ def _check_empty(frame: Frame) -> None:
         raise ProtocolError(f"{Opcode(frame.opcode).name} takes no extras, key or value")
 
 
-@command(Opcode.SEQNO_PERSISTENCE)
 def seqno_persistence(conn: Connection, frame: Frame):
     """Reply once the vbucket has persisted up to the seqno (persist_seqno.md), or ETMPFAIL after
     SEQNO_PERSISTENCE_TIMEOUT. The connection processes nothing else meanwhile (replies stay in order)."""
@@ -521,7 +500,6 @@ _DECREMENTS = (Opcode.DECREMENT, Opcode.DECREMENT_Q)
 _U64_MASK = (1 << 64) - 1
 
 
-@command(*kvproto.Arithmetic.OPCODES, privilege=_P.READ | _P.WRITE)
 def arithmetic(conn: Connection, frame: Frame) -> bytes | None:
     """INCREMENT / DECREMENT (BinaryProtocol.md#0x05-increment): the value is the counter in ASCII
     decimal; a missing counter is created with `initial` unless expiry is 0xffffffff (KEY_ENOENT).
@@ -556,7 +534,6 @@ def arithmetic(conn: Connection, frame: Frame) -> bytes | None:
 _PREPENDS = (Opcode.PREPEND, Opcode.PREPEND_Q)
 
 
-@command(*kvproto.Concat.OPCODES, privilege=_P.WRITE)
 def concat(conn: Connection, frame: Frame) -> bytes | None:
     """APPEND / PREPEND (BinaryProtocol.md#0x0e-append): add bytes to an existing document's value
     (NOT_STORED if there is none); flags and expiry stay, the result is JSON only if it parses."""
@@ -606,7 +583,6 @@ def _unknown(status: Status, what: str, manifest: Manifest) -> EngineError:
     return EngineError(status, f"{what} (manifest uid {manifest.uid:x})")
 
 
-@command(Opcode.COLLECTIONS_GET_MANIFEST)
 def get_collections_manifest(conn: Connection, frame: Frame) -> bytes:
     if frame.extras or frame.key or frame.value or frame.cas:
         raise ProtocolError("COLLECTIONS_GET_MANIFEST has no extras, key, value or CAS (Collections.md)")
@@ -614,7 +590,6 @@ def get_collections_manifest(conn: Connection, frame: Frame) -> bytes:
                     value=json.dumps(conn.bucket.engine.manifest.to_json(), separators=(",", ":")).encode())
 
 
-@command(Opcode.COLLECTIONS_GET_ID)
 def get_collection_id(conn: Connection, frame: Frame) -> bytes:
     """`scope.collection`; an empty part means _default (`.` is _default._default)."""
     path = _collection_header_check(frame, True).decode("utf-8", "replace")
@@ -630,7 +605,6 @@ def get_collection_id(conn: Connection, frame: Frame) -> bytes:
     return response(frame.opcode, opaque=frame.opaque, extras=_MANIFEST_ID_CID.pack(manifest.uid, cid))
 
 
-@command(Opcode.COLLECTIONS_GET_SCOPE_ID)
 def get_scope_id(conn: Connection, frame: Frame) -> bytes:
     path = _collection_header_check(frame, False).decode("utf-8", "replace")
     if path.count(".") > 1:

@@ -19,7 +19,6 @@ from dcpflow.protocol.status import Status
 
 from .auth import MECHANISMS, SCRAM_MECHANISMS, AuthFailed, Privilege, ScramServer, plain_authenticate
 from .connection import Connection, log
-from .dispatch import command
 
 #: What the server version answers; clients enable features by it (SDK-BOOTSTRAP.md).
 SERVER_VERSION = "7.6.0-0000"
@@ -40,7 +39,6 @@ SUPPORTED_FEATURES = frozenset({
 })
 
 
-@command(Opcode.HELLO, auth=False, bucket=False)
 def hello(conn: Connection, frame: Frame) -> bytes:
     """HELLO replaces the connection's feature set with the subset of the request we implement."""
     req = kvproto.Hello.from_frame(frame)
@@ -59,7 +57,6 @@ def mechanisms(conn: Connection) -> tuple[str, ...]:
     return tuple(SCRAM_MECHANISMS)
 
 
-@command(Opcode.SASL_LIST_MECHS, auth=False, bucket=False)
 def sasl_list_mechs(conn: Connection, frame: Frame) -> bytes:
     kvproto.SaslListMechs.from_frame(frame)
     return kvproto.SaslListMechsResponse(mechanisms(conn), frame.opaque).encode()
@@ -74,7 +71,6 @@ def _sasl_failed(conn: Connection, frame: Frame, why: str, public: bool = False)
     return conn.error_reply(frame.opcode, frame.opaque, Status.AUTH_ERROR, why if public else "Authentication failed")
 
 
-@command(Opcode.SASL_AUTH, auth=False, bucket=False)
 def sasl_auth(conn: Connection, frame: Frame) -> bytes:
     """Start an exchange: PLAIN completes at once, SCRAM answers AUTH_CONTINUE with server-first."""
     req = kvproto.SaslAuth.from_frame(frame)
@@ -100,7 +96,6 @@ def sasl_auth(conn: Connection, frame: Frame) -> bytes:
     return kvproto.SaslResponse(server_first, Status.AUTH_CONTINUE, frame.opaque, frame.opcode).encode()
 
 
-@command(Opcode.SASL_STEP, auth=False, bucket=False)
 def sasl_step(conn: Connection, frame: Frame) -> bytes:
     req = kvproto.SaslAuth.from_frame(frame)
     mech = req.mechanism.decode("ascii", "replace")
@@ -116,7 +111,6 @@ def sasl_step(conn: Connection, frame: Frame) -> bytes:
     return kvproto.SaslResponse(server_final, Status.SUCCESS, frame.opaque, frame.opcode).encode()
 
 
-@command(Opcode.SELECT_BUCKET, bucket=False)
 def select_bucket(conn: Connection, frame: Frame) -> bytes:
     """Bind the connection to a bucket; "@no bucket@" unbinds it. A bucket the user has no role on
     answers EACCESS whether or not it exists (so users cannot probe for bucket names)."""
@@ -134,14 +128,12 @@ def select_bucket(conn: Connection, frame: Frame) -> bytes:
     return response(frame.opcode, opaque=frame.opaque)
 
 
-@command(Opcode.LIST_BUCKETS, bucket=False)
 def list_buckets(conn: Connection, frame: Frame) -> bytes:
     kvproto.ListBuckets.from_frame(frame)
     names = tuple(n for n in conn.server.buckets if conn.user.may_access(n))
     return kvproto.ListBucketsResponse(names, frame.opaque).encode()
 
 
-@command(Opcode.GET_CLUSTER_CONFIG, bucket=False)
 def get_cluster_config(conn: Connection, frame: Frame) -> bytes:
     """The selected bucket's map, or the cluster-level map with no bucket selected. With a known
     version in the extras, the map is sent only if ours is newer (empty success otherwise)."""
@@ -163,7 +155,6 @@ def get_cluster_config(conn: Connection, frame: Frame) -> bytes:
 _CONFIG_VERSION = struct.Struct(">qq")
 
 
-@command(Opcode.SET_CLUSTER_CONFIG, bucket=False)
 def set_cluster_config(conn: Connection, frame: Frame) -> bytes:
     """SET_CLUSTER_CONFIG 0xb4: the cluster manager pushes a bucket's map (key = bucket name, value =
     the map JSON, extras = its epoch and revision as two i64s). Every node then serves that map, with
@@ -197,26 +188,22 @@ def set_cluster_config(conn: Connection, frame: Frame) -> bytes:
     return response(frame.opcode, opaque=frame.opaque)
 
 
-@command(Opcode.GET_ERROR_MAP, auth=False, bucket=False)
 def get_error_map(conn: Connection, frame: Frame) -> bytes:
     req = kvproto.GetErrorMap.from_frame(frame)
     data = conn.server.error_map(min(req.version, error_map.MAX_VERSION))
     return kvproto.ErrorMapResponse(data, frame.opaque).encode()
 
 
-@command(Opcode.VERSION, auth=False, bucket=False)
 def version(conn: Connection, frame: Frame) -> bytes:
     kvproto.Version.from_frame(frame)
     return kvproto.VersionResponse(SERVER_VERSION, frame.opaque).encode()
 
 
-@command(Opcode.NOOP, auth=False, bucket=False)
 def noop(conn: Connection, frame: Frame) -> bytes:
     kvproto.Noop.from_frame(frame)
     return response(frame.opcode, opaque=frame.opaque)
 
 
-@command(Opcode.QUIT, Opcode.QUIT_Q, auth=False, bucket=False)
 def quit_(conn: Connection, frame: Frame) -> None:
     req = kvproto.Quit.from_frame(frame)
     if req.opcode == Opcode.QUIT:

@@ -5,6 +5,7 @@ Groups (the key; an optional vbucket id may follow after a space):
   "vbucket-seqno [vb]" high/persisted seqnos, uuid, purge seqno (stats-vbucket-seqno.md): what DCP
                        clients read before STREAM_REQ
   "vbucket-details [vb]", "failovers [vb]", "vbucket" (state of every vbucket)
+  "dcp"                every DCP connection of the bucket (dcp_commands.py)
 An unknown group answers KEY_ENOENT, as memcached does; a vbucket that is not here NOT_MY_VBUCKET.
 """
 
@@ -15,12 +16,11 @@ from collections.abc import Callable
 from dcpflow.protocol import kv as kvproto
 from dcpflow.protocol.errors import ProtocolError
 from dcpflow.protocol.frame import Frame
-from dcpflow.protocol.opcodes import Opcode
 from dcpflow.protocol.status import Status
 
 from .auth import Privilege
 from .connection import Connection
-from .dispatch import command
+from .dcp_commands import dcp_stats
 
 
 def server_stats(conn: Connection) -> dict:
@@ -53,6 +53,7 @@ GROUPS: dict[str, Callable[[Connection, int | None], dict]] = {
     "vbucket-details": lambda c, vb: c.bucket.engine.vbucket_details_stats(vb),
     "failovers": lambda c, vb: c.bucket.engine.failovers_stats(vb),
     "vbucket": _vbucket_states,
+    "dcp": dcp_stats,
 }
 
 
@@ -68,7 +69,6 @@ def parse_group(key: bytes) -> tuple[str, int | None]:
     return group, int(arg)
 
 
-@command(Opcode.STAT, bucket=False)
 def stat(conn: Connection, frame: Frame) -> bytes:
     req = kvproto.Stat.from_frame(frame)
     group, vbid = parse_group(req.group)

@@ -1,15 +1,16 @@
 """ActiveStream: what one DCP stream sends, as bytes in a ready queue - no sockets, no timers.
 
-Reference: docs/dcp/documentation/commands/stream-request.md, snapshot-marker.md ("Implementation
-notes"), stream-end.md, rebalance.md (takeover) and reference/README.md ("Memory vs disk",
-"Marker version", "Other behaviours"), TABLES.md 5.4/5.5.
+Pages (https://github.com/couchbase/kv_engine/blob/master/docs/dcp/documentation/): commands/
+stream-request.md, commands/snapshot-marker.md ("Implementation notes"), commands/stream-end.md,
+rebalance.md (takeover).
 
 A stream starts by registering a checkpoint cursor at its start seqno. If memory still holds
 start+1 it streams in-memory checkpoints right away; otherwise (or with DiskOnly) it first needs a
 *backfill* of [start+1, min(end, first seqno in memory - 1)] from the on-disk store, sent as one
-Disk|Checkpoint snapshot. The owner (the server's DcpProducer) runs the SQLite scan wherever it
-likes - a worker thread - and hands pages to `backfill_page`; the stream only turns items into
-messages. After the backfill the cursor continues exactly where the disk snapshot ended.
+Disk|Checkpoint snapshot. The owner (server/backfill.py) runs the SQLite scan wherever it likes -
+a worker thread - and hands pages to `backfill_page` / `backfill_rows` / `backfill_encoded`; the
+stream only turns items into messages. After the backfill the cursor continues exactly where the
+disk snapshot ended.
 
 Snapshot-marker start seqnos follow the implementation notes of snapshot-marker.md as the code
 behaves (reference/README.md): the first marker of a stream starts at min(requested snapshot
@@ -40,10 +41,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 
+from dcpflow.engine.checkpoint import CheckpointType, Cursor, CursorDropped, Snapshot
+from dcpflow.engine.item import DATATYPE_SNAPPY, DATATYPE_XATTR, Item
+from dcpflow.engine.store import ITEM_COLUMNS, LARGE_VALUE, EncodedPage, item_from_row
 from dcpflow.protocol.dcp import (
-    DELETION_V1_HEAD,
-    DELETION_V2_HEAD,
-    MUTATION_HEAD,
     DcpDeletion,
     DcpExpiration,
     DcpMutation,
@@ -57,11 +58,11 @@ from dcpflow.protocol.dcp import (
     StreamFlag,
     VBucketState,
     encode_mutations,
+    pack_deletion,
+    pack_mutation_head,
+    whole_messages,
 )
-
-from .checkpoint import CheckpointType, Cursor, CursorDropped, Snapshot
-from .item import DATATYPE_SNAPPY, DATATYPE_XATTR, Item
-from .store import ITEM_COLUMNS, LARGE_VALUE, EncodedPage, item_from_row
+from dcpflow.protocol.keys import DEFAULT_COLLECTION, encode_leb128
 
 assert ITEM_COLUMNS[:7] == ("key", "seqno", "rev_seqno", "cas", "flags", "expiry", "datatype")
 assert ITEM_COLUMNS[7] == "deleted" and ITEM_COLUMNS[10] == "value"
@@ -70,9 +71,8 @@ _U64 = 0xFFFFFFFFFFFFFFFF
 MAX_SEQNO = 0xFFFFFFFFFFFFFFFF
 _MEMORY, _DISK, _CHK, _ACK = (int(SnapshotFlag.MEMORY), int(SnapshotFlag.DISK), int(SnapshotFlag.CHECKPOINT),
                               int(SnapshotFlag.ACK))
-_pack_mutation = MUTATION_HEAD.pack  # the protocol's fused header+extras structs: the hot path
-_pack_deletion_v1 = DELETION_V1_HEAD.pack
-_pack_deletion_v2 = DELETION_V2_HEAD.pack
+#: What a key starts with on a connection with HELLO Collections: the default collection's id.
+_DEFAULT_COLLECTION_PREFIX = encode_leb128(DEFAULT_COLLECTION)
 #: Plain ints: `int & IntFlag` runs enum's Python __rand__.
 _TAKEOVER, _DISK_ONLY = int(StreamFlag.TAKEOVER), int(StreamFlag.DISK_ONLY)
 
@@ -92,12 +92,8 @@ class Frames:
     def split(self, nbytes: int) -> tuple["Frames", "Frames | None"]:
         """The shortest prefix of whole messages holding at least `nbytes` bytes, and the rest."""
         data = memoryview(self.data)
-        pos = n = 0
-        total = len(data)
-        while pos < total and (pos < nbytes or n == 0):
-            pos += 24 + int.from_bytes(data[pos + 8:pos + 12], "big")
-            n += 1
-        if pos >= total:
+        pos, n = whole_messages(data, nbytes)
+        if pos >= len(data):
             return self, None
         return Frames(data[:pos], n), Frames(data[pos:], self.count - n)
 
@@ -320,27 +316,31 @@ class ActiveStream:
         return value, datatype
 
     def _queue_item(self, item: Item) -> None:
-        """Encode one item. The common shapes (no stream-id) are packed with the protocol's fused
-        header structs - the same bytes as `DcpMutation(...).encode()` (tested), a third of the
-        cost; everything else goes through the message classes."""
+        """Encode one item. The common shapes (no stream-id) go through the protocol's packers -
+        the same bytes as `DcpMutation(...).encode()` / `DcpDeletion(...).encode()` (tested) with
+        no message object per item; everything else through the message classes."""
         opts = self.opts
-        key = b"\x00" + item.key if opts.collections else item.key
-        if item.datatype & DATATYPE_XATTR or opts.no_value or opts.no_value_underlying_datatype or item.deleted:
+        key = _DEFAULT_COLLECTION_PREFIX + item.key if opts.collections else item.key
+        deleted, datatype = item.deleted, item.datatype
+        if deleted and (not datatype & DATATYPE_XATTR or datatype & DATATYPE_SNAPPY):
+            value, datatype = b"", 0  # what _shape_value gives a deletion without readable xattrs
+        elif datatype & DATATYPE_XATTR or opts.no_value or opts.no_value_underlying_datatype or deleted:
             value, datatype = self._shape_value(item)
         else:
-            value, datatype = item.value, item.datatype
+            value = item.value
         seqno = item.by_seqno
         sid = self.stream_id
-        if not item.deleted:
+        if not deleted:
             if sid is None:
-                data = _pack_mutation(0x80, 0x57, len(key), 31, datatype, self.vbid, 31 + len(key) + len(value),
-                                      self.opaque, item.cas, seqno, item.rev_seqno, item.flags, item.expiry, 0, 0,
-                                      0) + key
-                if len(value) >= LARGE_VALUE:
+                vlen = len(value)
+                data = pack_mutation_head(self.vbid, seqno, item.rev_seqno, item.flags, item.expiry, key, vlen,
+                                          item.cas, datatype, self.opaque)
+                if vlen >= LARGE_VALUE:
                     # the value goes out as it is stored (no copy into the message): a continuation
-                    self.ready.append(data)
-                    self.ready.append(memoryview(value))
-                    self.ready_bytes += len(data) + len(value)
+                    ready = self.ready
+                    ready.append(data)
+                    ready.append(memoryview(value))
+                    self.ready_bytes += len(data) + vlen
                     self.last_sent_seqno = seqno
                     self.items_sent += 1
                     return
@@ -354,12 +354,9 @@ class ActiveStream:
         elif sid is not None:
             data = DcpDeletion(self.vbid, seqno, item.rev_seqno, key, value, item.cas, datatype, self.opaque,
                                item.delete_time if opts.delete_times else None, sid).encode()
-        elif opts.delete_times:
-            data = _pack_deletion_v2(0x80, 0x58, len(key), 21, datatype, self.vbid, 21 + len(key) + len(value),
-                                     self.opaque, item.cas, seqno, item.rev_seqno, item.delete_time, 0) + key + value
         else:
-            data = _pack_deletion_v1(0x80, 0x58, len(key), 18, datatype, self.vbid, 18 + len(key) + len(value),
-                                     self.opaque, item.cas, seqno, item.rev_seqno, 0) + key + value
+            data = pack_deletion(self.vbid, seqno, item.rev_seqno, key, value, item.cas, datatype, self.opaque,
+                                 item.delete_time if opts.delete_times else None)
         self.ready.append(data)
         self.ready_bytes += len(data)
         self.last_sent_seqno = seqno
@@ -427,8 +424,9 @@ class ActiveStream:
             return
         end, vbid, opaque = self.end_seqno, self.vbid, self.opaque
         prefix = opts.collections
-        ready = self.ready
-        pack = _pack_mutation
+        append = self.ready.append
+        pack, collection_prefix = pack_mutation_head, _DEFAULT_COLLECTION_PREFIX
+        u64, xattr, large = _U64, DATATYPE_XATTR, LARGE_VALUE  # locals: this loop runs per row
         nbytes = count = 0
         last = self.last_sent_seqno
         for r in rows:
@@ -436,7 +434,7 @@ class ActiveStream:
             if seqno > end:
                 break
             datatype = r[6]
-            if r[7] or datatype & DATATYPE_XATTR:
+            if r[7] or datatype & xattr:
                 if nbytes:
                     self.ready_bytes += nbytes
                     self.items_sent += count
@@ -448,16 +446,16 @@ class ActiveStream:
                 continue
             key, value = r[0], r[10]
             if prefix:
-                key = b"\x00" + key
-            data = pack(0x80, 0x57, len(key), 31, datatype, vbid, 31 + len(key) + len(value), opaque, r[3] & _U64,
-                        seqno, r[2] & _U64, r[4], r[5], 0, 0, 0) + key
-            if len(value) >= LARGE_VALUE:
-                ready.append(data)
-                ready.append(memoryview(value))
-                nbytes += len(data) + len(value)
+                key = collection_prefix + key
+            vlen = len(value)
+            data = pack(vbid, seqno, r[2] & u64, r[4], r[5], key, vlen, r[3] & u64, datatype, opaque)
+            if vlen >= large:
+                append(data)
+                append(memoryview(value))
+                nbytes += len(data) + vlen
             else:
                 data += value
-                ready.append(data)
+                append(data)
                 nbytes += len(data)
             count += 1
             last = seqno

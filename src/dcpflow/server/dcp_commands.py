@@ -1,0 +1,201 @@
+"""The DCP commands: DCP_OPEN makes a connection a producer or a consumer, and every other DCP
+opcode goes to the role its connection has.
+
+Pages: https://github.com/couchbase/kv_engine/blob/master/docs/dcp/documentation/commands/ (one per
+opcode: open-connection.md, add-stream.md, close-stream.md, stream-request.md, failover-log.md,
+buffer-ack.md, control.md, no-op.md and the stream messages).
+
+A command for the other role closes the connection ("Disconnect" in the pages: a producer sent
+ADD_STREAM, a consumer sent STREAM_REQ); one before DCP_OPEN is EINVAL. DCP_NOOP and
+DCP_CLOSE_STREAM are valid on both roles and are routed by it. The handlers are wired into the
+command table by commands.py.
+"""
+
+import logging
+from typing import TYPE_CHECKING
+
+from dcpflow.engine.errors import EngineError
+from dcpflow.protocol import dcp as dcpproto
+from dcpflow.protocol.errors import ProtocolError
+from dcpflow.protocol.frame import Frame, response
+from dcpflow.protocol.status import Status
+
+from .auth import Privilege
+from .consumer import DcpConsumer
+from .producer import DcpProducer
+
+if TYPE_CHECKING:
+    from .connection import Connection
+
+log = logging.getLogger("dcpflow.server.dcp")
+
+
+class DcpNames:
+    """The names of a server's DCP connections, per bucket: a name opened again closes the
+    connection that held it (open-connection.md: a reconnecting client reuses its name)."""
+
+    def __init__(self) -> None:
+        self._holders: dict[tuple[str, str], Connection] = {}
+
+    def claim(self, bucket: str, name: str, conn: "Connection") -> "Connection | None":
+        """`conn` holds the name now; the connection that held it before, if another."""
+        older = self._holders.get((bucket, name))
+        self._holders[(bucket, name)] = conn
+        return older if older is not conn else None
+
+    def release(self, bucket: str, name: str, conn: "Connection") -> None:
+        """`conn` is gone: the name is free, unless another connection took it since."""
+        if self._holders.get((bucket, name)) is conn:
+            del self._holders[(bucket, name)]
+
+    def __len__(self) -> int:
+        return len(self._holders)
+
+
+def _producer(conn: "Connection", frame: Frame) -> DcpProducer:
+    """The connection's producer; anything else is refused (a consumer connection is closed)."""
+    p = conn.dcp
+    if isinstance(p, DcpProducer):
+        return p
+    if p is not None:
+        conn.close()  # "Disconnect: if this command is sent to a consumer endpoint"
+        raise ProtocolError(f"opcode 0x{frame.opcode:02x} is not valid on a DCP consumer connection")
+    raise ProtocolError("not a DCP producer connection: send DCP_OPEN with the Producer flag first",
+                        Status.EINVAL)
+
+
+def _consumer(conn: "Connection", frame: Frame) -> DcpConsumer:
+    """The connection's consumer; a producer connection is disconnected (add-stream.md, "Disconnect")."""
+    c = conn.dcp
+    if isinstance(c, DcpConsumer):
+        return c
+    if c is not None:
+        conn.close()
+        raise ProtocolError(f"opcode 0x{frame.opcode:02x} is only valid on a DCP consumer connection")
+    raise ProtocolError("not a DCP consumer connection: send DCP_OPEN without the Producer flag first",
+                        Status.EINVAL)
+
+
+def dcp_open(conn: "Connection", frame: Frame) -> bytes:
+    """DCP_OPEN 0x50 (open-connection.md, TABLES.md 5.1, erratum 19): a producer with the Producer
+    flag, else a consumer; each needs its privilege on the bucket."""
+    req = dcpproto.DcpOpen.from_frame(frame)
+    if conn.dcp is not None:
+        return conn.error_reply(frame.opcode, frame.opaque, Status.EINVAL, "this connection is already open for DCP")
+    try:
+        name = req.name.decode("utf-8")
+    except UnicodeDecodeError:
+        return conn.error_reply(frame.opcode, frame.opaque, Status.EINVAL, "the connection name must be UTF-8")
+    needed, role = (Privilege.DCP_PRODUCER, "DcpProducer") if req.is_producer else \
+        (Privilege.DCP_CONSUMER, "DcpConsumer")
+    if not conn.privileges & needed:
+        return conn.error_reply(frame.opcode, frame.opaque, Status.EACCESS,
+                                f"user {conn.user.name!r} lacks {role} on this bucket")
+    older = conn.server.dcp_names.claim(conn.bucket.name, name, conn)
+    if older is not None:
+        log.info("DCP connection name %r reused: disconnecting the older connection %s", name, older.peer)
+        if isinstance(older.dcp, DcpProducer):
+            older.dcp.shutdown()
+        older.close()
+    if req.is_producer:
+        conn.dcp = DcpProducer(conn, name, req.flags)
+    else:
+        conn.dcp = DcpConsumer(conn, name, req.flags, req.consumer_name)
+    conn.agent = conn.agent or name
+    return response(frame.opcode, opaque=frame.opaque)
+
+
+def dcp_control(conn: "Connection", frame: Frame) -> bytes:
+    """DCP_CONTROL 0x5e (control.md, TABLES.md 5.3): dcp/controls.py."""
+    req = dcpproto.DcpControl.from_frame(frame)
+    p = _producer(conn, frame)
+    p.received()
+    key = req.key.decode("utf-8", "replace")
+    value = req.value.decode("utf-8", "replace")
+    status, reason = p.control(key, value)
+    if status != Status.SUCCESS:
+        return conn.error_reply(frame.opcode, frame.opaque, status, reason)
+    return response(frame.opcode, opaque=frame.opaque)
+
+
+def dcp_stream_req(conn: "Connection", frame: Frame) -> bytes:
+    """DCP_STREAM_REQ 0x53 (stream-request.md, stream-request-value.md, rollback.md)."""
+    p = _producer(conn, frame)
+    p.received()
+    req = dcpproto.DcpStreamRequest.from_frame(frame)
+    return p.stream_request(req, frame)
+
+
+def dcp_close_stream(conn: "Connection", frame: Frame) -> bytes:
+    """DCP_CLOSE_STREAM 0x52 (close-stream.md), on either role. In the table without a privilege
+    because both roles receive it; a producer needs DcpProducer."""
+    if isinstance(conn.dcp, DcpConsumer):
+        return conn.dcp.close_stream(frame)
+    p = _producer(conn, frame)
+    if not conn.privileges & Privilege.DCP_PRODUCER:
+        return conn.error_reply(frame.opcode, frame.opaque, Status.EACCESS,
+                                f"user {conn.user.name!r} lacks DcpProducer on this bucket")
+    p.received()
+    req = dcpproto.DcpCloseStream.from_frame(frame)
+    return p.close_stream(req, frame) or response(frame.opcode, opaque=frame.opaque)
+
+
+def dcp_get_failover_log(conn: "Connection", frame: Frame) -> bytes:
+    """DCP_GET_FAILOVER_LOG 0x54 (failover-log.md): entries newest first."""
+    req = dcpproto.DcpGetFailoverLog.from_frame(frame)
+    if not conn.privileges & (Privilege.DCP_PRODUCER | Privilege.META_READ):
+        return conn.error_reply(frame.opcode, frame.opaque, Status.EACCESS,
+                                "the failover log needs DcpProducer or MetaRead on this bucket")
+    if isinstance(conn.dcp, DcpProducer):
+        conn.dcp.received()
+    vb = conn.get_vbucket(req.vbucket)
+    if vb is None:
+        raise EngineError(Status.NOT_MY_VBUCKET, f"vbucket {req.vbucket} is not on this node")
+    return dcpproto.FailoverLogResponse(tuple(vb.failover.entries), frame.opaque).encode()
+
+
+def dcp_buffer_ack(conn: "Connection", frame: Frame) -> None:
+    """DCP_BUFFER_ACKNOWLEDGEMENT 0x5d (buffer-ack.md): no reply on success (erratum 38: any opaque)."""
+    req = dcpproto.DcpBufferAck.from_frame(frame)
+    _producer(conn, frame).buffer_ack(req.bytes_acked)
+    return None
+
+
+def dcp_noop(conn: "Connection", frame: Frame) -> bytes | None:
+    """DCP_NOOP 0x5c: a consumer answers the producer's keep-alive; a producer that receives a
+    noop *request* disconnects (no-op.md)."""
+    if isinstance(conn.dcp, DcpConsumer):
+        return conn.dcp.noop(frame)
+    _producer(conn, frame)
+    log.warning("DCP %s: the consumer sent a DCP_NOOP request (a producer only answers replies): "
+                "disconnecting", conn.dcp.name)
+    conn.close()
+    return None
+
+
+def dcp_add_stream(conn: "Connection", frame: Frame) -> bytes | None:
+    """DCP_ADD_STREAM 0x51 (add-stream.md, erratum 20)."""
+    consumer = _consumer(conn, frame)
+    req = dcpproto.DcpAddStream.from_frame(frame)  # EINVAL: malformed, unknown or removed (NoValue) flags
+    return consumer.add_stream(req, frame)
+
+
+def dcp_stream_message(conn: "Connection", frame: Frame) -> bytes | None:
+    """Messages a producer sends down a stream, applied by the consumer's PassiveStream."""
+    return _consumer(conn, frame).on_message(frame)
+
+
+def dcp_stats(conn: "Connection", vbid: int | None) -> dict:
+    """`stats dcp`: every DCP connection of the selected bucket (producers, then consumers)."""
+    out: dict = {}
+    for other in list(conn.server.connections):
+        p = other.dcp
+        if isinstance(p, DcpProducer) and p.bucket is conn.bucket and not p.closed:
+            out.update(p.stats())
+    out["ep_dcp_count"] = sum(1 for c in conn.server.connections if isinstance(c.dcp, DcpProducer))
+    for other in list(conn.server.connections):
+        c = other.dcp
+        if isinstance(c, DcpConsumer) and c.bucket is conn.bucket and not c.closed:
+            out.update(c.stats())
+    return out
+
