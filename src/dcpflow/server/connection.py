@@ -8,9 +8,11 @@ event-loop pass with a single `writelines`. A handler that must wait (returns an
 processing until it is done, so nothing overtakes it.
 
 Malformed input: a non-fatal ProtocolError concerns one frame the decoder already consumed, so
-the reply is its status (EINVAL, UNKNOWN_FRAME_INFO...) with that frame's opaque and the
-connection goes on; a fatal one (bad magic, oversize body) means the stream cannot be
-resynchronised: the connection is closed. Other connections never notice.
+the reply is its status with that frame's opaque and the connection goes on - E2BIG for a request
+over the 20 MiB document limit but within memcached's 30 MiB packet limit (its body is skipped,
+never buffered). A fatal one (bad magic, a frame over the packet limit, extras and key that run
+past the body) means the stream cannot be trusted: the connection is closed, as kv_engine closes
+it. Other connections never notice.
 
 Backpressure: when the transport's write buffer passes its high-water mark the connection stops
 reading (a client that does not read its replies cannot make the server buffer without bound);
@@ -44,6 +46,7 @@ from dcpflow.protocol import kv as kvproto
 from dcpflow.protocol.datatype import Datatype
 from dcpflow.protocol.errors import ProtocolError
 from dcpflow.protocol.frame import (
+    MAX_PACKET_LEN,
     Frame,
     FrameDecoder,
     Magic,
@@ -53,6 +56,7 @@ from dcpflow.protocol.frame import (
     response,
 )
 from dcpflow.protocol.hello import Feature
+from dcpflow.protocol.keys import check_document_key
 from dcpflow.protocol.rules import opcode_name
 from dcpflow.protocol.status import Status
 
@@ -141,7 +145,7 @@ class Connection(asyncio.Protocol):
         self.writer: Writer | None = None
         self.peer = "?"
         self.tls = False
-        self._decoder = FrameDecoder()
+        self._decoder = FrameDecoder(max_packet_len=MAX_PACKET_LEN, strict=True)
         self._waiting: asyncio.Future | None = None
         self._pass_scheduled = False
         self._closing = False
@@ -365,9 +369,14 @@ class Connection(asyncio.Protocol):
         cmd = self.commands.get(frame.opcode)
         if cmd is None:
             return self._unknown_command(frame)
-        handler, needs_auth, needs_bucket, privilege = cmd  # tuple unpacking: cheaper than 4 attribute reads
+        handler, needs_auth, needs_bucket, privilege, document_key = cmd  # unpacking: cheaper than attribute reads
         refused = self._refusal(frame, needs_auth, needs_bucket, privilege)
         if refused is not None:
+            if document_key:  # kv_engine validates the request before it looks at who sent it
+                try:
+                    check_document_key(frame.key, self.collections)
+                except ProtocolError as e:
+                    return self.error_reply(frame.opcode, frame.opaque, e.status, e.reason)
             return refused
         if frame.framing:
             refused = self._framing_refusal(frame)

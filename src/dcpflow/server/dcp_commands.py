@@ -141,8 +141,11 @@ def dcp_close_stream(conn: "Connection", frame: Frame) -> bytes:
 
 
 def dcp_get_failover_log(conn: "Connection", frame: Frame) -> bytes:
-    """DCP_GET_FAILOVER_LOG 0x54 (failover-log.md): entries newest first."""
+    """DCP_GET_FAILOVER_LOG 0x54 (failover-log.md): entries newest first, on a DCP connection only."""
     req = dcpproto.DcpGetFailoverLog.from_frame(frame)
+    if conn.dcp is None:  # kv_engine's verify_common_dcp_restrictions: GET_FAILOVER_LOG 0x96 is the command for that
+        raise ProtocolError("DCP_GET_FAILOVER_LOG can only be sent on a DCP connection (send DCP_OPEN first, or use "
+                            "GET_FAILOVER_LOG 0x96)")
     if not conn.privileges & (Privilege.DCP_PRODUCER | Privilege.META_READ):
         return conn.error_reply(frame.opcode, frame.opaque, Status.EACCESS,
                                 "the failover log needs DcpProducer or MetaRead on this bucket")

@@ -38,7 +38,7 @@ from dcpflow.protocol.frame import (
     decode_frame_infos,
     response,
 )
-from dcpflow.protocol.keys import split_key
+from dcpflow.protocol.keys import MAX_KEY_LEN, check_document_key
 from dcpflow.protocol.opcodes import Opcode
 from dcpflow.protocol.status import Status
 
@@ -46,7 +46,6 @@ from .connection import Connection
 
 _U32 = struct.Struct(">I")
 _MUTATION_EXTRAS = struct.Struct(">QQ")
-MAX_KEY_LEN = 250  # memcached's key limit, without the collection prefix
 _JSON, _SNAPPY, _XATTR = int(Datatype.JSON), int(Datatype.SNAPPY), int(Datatype.XATTR)  # ints: IntFlag ops are slow
 _NUMBER_CHARS = b"0123456789.eE+-"
 _JSON_WS = b" \t\r\n"
@@ -60,21 +59,13 @@ SEQNO_PERSISTENCE_TIMEOUT = 30.0
 
 
 def doc_key(conn: Connection, wire_key: bytes) -> bytes:
-    """The engine key: the wire key without its collection prefix (collections connections)."""
-    if conn.collections:
-        if wire_key[:1] == b"\x00":
-            key = wire_key[1:]
-        else:
-            cid, key = split_key(wire_key)
-            if cid != 0:
-                raise EngineError(Status.UNKNOWN_COLLECTION, f"unknown collection 0x{cid:x}: only the default "
-                                  "collection (0) exists")
-        if not key:
-            raise ProtocolError("the key is empty after its collection-id prefix (Collections.md)")
-    else:
-        key = wire_key
-    if len(key) > MAX_KEY_LEN:
-        raise ProtocolError(f"key is {len(key)} bytes; the limit is {MAX_KEY_LEN}")
+    """The engine key: the wire key without its collection prefix (collections connections). The
+    key's rules come first (EINVAL), the collection's existence after (UNKNOWN_COLLECTION), as in
+    kv_engine."""
+    cid, key = check_document_key(wire_key, conn.collections)
+    if cid != 0:
+        raise EngineError(Status.UNKNOWN_COLLECTION, f"unknown collection 0x{cid:x}: only the default "
+                          "collection (0) exists")
     return key
 
 
