@@ -46,7 +46,7 @@ def _cmd_server(args: argparse.Namespace) -> int:
                           expiry_interval=args.expiry_interval, users=args.users, debug=args.debug,
                           tls_cert=args.tls_cert, tls_key=args.tls_key, tls_port=args.tls_port,
                           plain_over_tcp=args.allow_plain_over_tcp, mgmt_port=args.mgmt_port,
-                          mgmt_tls_port=args.mgmt_tls_port)
+                          mgmt_tls_port=args.mgmt_tls_port, audit_log=args.audit_log)
     if (args.tls_cert is None) != (args.tls_key is None):
         print("dcpflow server: --tls-cert and --tls-key go together", file=sys.stderr)
         return 2
@@ -134,6 +134,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--allow-plain-over-tcp", action="store_true",
                    help="also offer SASL PLAIN on the plain-TCP port (by default only over TLS: it sends the "
                    "password in clear)")
+    p.add_argument("--audit-log", metavar="FILE",
+                   help="also write the audit trail of refusals (failed logins, EACCESS, invalid packets; always "
+                        "logged at WARNING, rate-limited) to FILE as JSON lines, Couchbase's audit event format")
     p.add_argument("--loop", choices=("auto", "asyncio", "uvloop"), default="auto",
                    help="event loop: uvloop if installed (auto, the default: faster socket I/O), or asyncio")
     p.add_argument("--debug", action="store_true", help="log to stderr, including unknown opcodes")

@@ -47,8 +47,10 @@ from dcpflow.engine import Bucket, VBucketState
 from dcpflow.protocol import error_map
 from dcpflow.protocol.config import Node
 
+from .audit import Audit
 from .auth import UserDB
 from .backfill import BackfillScheduler
+from .boundedlog import BoundedLog, RateLimiter, printable
 from .commands import COMMANDS
 from .connection import Connection
 from .counters import Counters
@@ -93,6 +95,7 @@ class ServerConfig:
     # port; 0 = a free port; any other number must be free. The map advertises what was bound.
     mgmt_port: int | None = None
     mgmt_tls_port: int | None = None
+    audit_log: str | Path | None = None  # also write the audit trail (audit.py) to this file, as JSON lines
 
 
 def _lower_thread_priority(steps: int) -> None:
@@ -117,6 +120,8 @@ def _lower_thread_priority(steps: int) -> None:
 SEAL_AFTER_IDLE = 1.0
 #: The buckets created through the management API (served again after a restart).
 CREATED_BUCKETS_FILE = "buckets.json"
+#: Seconds between two looks at the rate-limited logs (an interval that ended writes its summary).
+LOG_TICK = 1.0
 
 
 class ServerBucket:
@@ -207,6 +212,10 @@ class Server:
         self.dcp_names = DcpNames()  # a DCP connection name opened again closes the older connection
         self.passive_streams: dict = {}  # (bucket, vbid) -> the live PassiveStream replicating it
         self.backfills = BackfillScheduler()  # DCP backfill threads and their server-wide limits
+        # Per-request warnings and the audit trail of refusals, each rate-limited (boundedlog.py, audit.py)
+        self.log = BoundedLog(log)
+        self.audit = Audit(config.audit_log)
+        self._debug_limiter = None
         self.closed = False
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -266,6 +275,7 @@ class Server:
             asyncio.create_task(self._periodic(cfg.expiry_interval, self._run_expiry), name="dcpflow-expiry"),
             asyncio.create_task(self._periodic(cfg.compaction_interval, self._run_compaction),
                                 name="dcpflow-compaction"),
+            asyncio.create_task(self._periodic(LOG_TICK, self._tick_logs), name="dcpflow-log-summaries"),
         ]
         return self
 
@@ -313,6 +323,9 @@ class Server:
         async with self._maintenance:
             self._close_buckets(clean=True)
         self._executor.shutdown(wait=True)
+        self.log.tick()
+        self.audit.tick()
+        self.audit.close()
         if self._listener is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._listener.wait_closed(), 1.0)
@@ -438,6 +451,21 @@ class Server:
                 await fn()
             except Exception:
                 log.exception("%s failed", fn.__name__)
+
+    async def _tick_logs(self) -> None:
+        self.log.tick()
+        self.audit.tick()
+
+    def debug_print(self, kind: str, text: str) -> None:
+        """With `debug`: `text` on stderr, rate-limited per kind like every per-request line."""
+        if not self.config.debug:
+            return
+        if self._debug_limiter is None:
+            self._debug_limiter = RateLimiter(
+                lambda k, n, s: print(f"dcpflow server: {n} more {k} lines in the last {s:.0f} s were not printed",
+                                      file=sys.stderr, flush=True))
+        if self._debug_limiter.allow(kind):
+            print(f"dcpflow server: {printable(text)}", file=sys.stderr, flush=True)
 
     async def _run_expiry(self) -> None:
         for bucket in list(self.buckets.values()):

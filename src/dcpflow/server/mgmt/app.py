@@ -46,6 +46,7 @@ from aiohttp import web
 
 from dcpflow.protocol.config import DEFAULT_MGMT_PORT, DEFAULT_MGMT_SSL_PORT
 
+from ..audit import AUTHENTICATION_FAILED, COMMAND_ACCESS_FAILURE
 from ..auth import Privilege, User, parse_role
 from .observe import Observer
 
@@ -180,6 +181,8 @@ def require(request: web.Request, permission: str, bucket: str | None = None) ->
     if user is None:
         raise unauthorized()
     if not allowed(user, permission, bucket):
+        _audit(request, COMMAND_ACCESS_FAILURE, user.name, command=f"{request.method} {request.path}",
+               bucket=bucket or "", reason=f"lacks {PERMISSIONS[permission].format(bucket=bucket)}")
         raise _json_error(403, {"message": "Forbidden. User needs the following permissions",
                                 "permissions": [PERMISSIONS[permission].format(bucket=bucket)]})
     return user
@@ -255,11 +258,20 @@ async def _authenticate(request: web.Request, handler):
         creds = _basic_credentials(header)
         user = logins.check(*creds) if creds is not None else None
         if user is None:
+            _audit(request, AUTHENTICATION_FAILED, creds[0] if creds else "", mechanism="HTTP basic",
+                   reason="unknown user or wrong password" if creds else "malformed basic credentials")
             raise unauthorized()
         request[USER] = user
     elif request.method in ("GET", "HEAD") and (token := request.cookies.get(SESSION_COOKIE)):
         request[USER] = logins.session(token)
     return await handler(request)
+
+
+def _audit(request: web.Request, event, user: str, **fields) -> None:
+    """A refusal of the management port in the server's audit trail (server/audit.py)."""
+    sock = request.transport.get_extra_info("sockname") if request.transport is not None else None
+    request.app[SERVER].audit.record(event, peer=str(request.remote), sock=f"{sock[0]}:{sock[1]}" if sock else "?",
+                                     user=user, source="local", **fields)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -2,7 +2,9 @@
 (https://prometheus.io/docs/instrumenting/exposition_formats/), with names close to Couchbase's
 own (https://docs.couchbase.com/server/current/metrics-reference/data-service-metrics.html):
 
-node        kv_uptime_seconds, kv_curr_connections, kv_total_connections, process_resident_memory_bytes
+node        kv_uptime_seconds, kv_curr_connections, kv_total_connections, process_resident_memory_bytes,
+            kv_audit_events_total{event} (refusals, audit.py), kv_log_lines_suppressed_total{kind}
+            (per-request lines over the log's rate limit, boundedlog.py)
 bucket      kv_ops{op,result}, kv_curr_items, kv_curr_items_tot, kv_num_vbuckets{state},
             kv_ep_queue_size (the flusher's queue), kv_ep_total_persisted, kv_checkpoint_memory_bytes,
             kv_vb_high_seqno{vb,state}, kv_vb_persisted_seqno{vb},
@@ -27,6 +29,7 @@ import time
 
 from aiohttp import web
 
+from ..audit import EVENTS as AUDIT_EVENTS
 from . import dcpview
 from .app import SERVER, allowed, require
 
@@ -85,6 +88,13 @@ def collect(server, may_see=lambda bucket: True) -> Exposition:
     m.add("kv_total_connections", "counter", "KV connections accepted since the server started.",
           server.total_connections)
     m.add("process_resident_memory_bytes", "gauge", "Resident memory of the server process.", _resident_bytes())
+    for event in AUDIT_EVENTS:
+        m.add("kv_audit_events_total", "counter", "Refusals recorded in the audit trail since the server started "
+              "(written or over the rate limit).", server.audit.counts[event.name], event=event.name)
+    suppressed = server.log.limiter.suppressed + server.audit.limiter.suppressed
+    for kind, n in sorted(suppressed.items()):
+        m.add("kv_log_lines_suppressed_total", "counter", "Per-request log lines left out by the rate limit.", n,
+              kind=kind)
     observer = server.mgmt.observer
     buckets = [(name, b) for name, b in list(server.buckets.items()) if may_see(name)]
     for name, bucket in buckets:
