@@ -46,10 +46,12 @@ def _cmd_server(args: argparse.Namespace) -> int:
                           expiry_interval=args.expiry_interval, users=args.users, debug=args.debug,
                           tls_cert=args.tls_cert, tls_key=args.tls_key, tls_port=args.tls_port,
                           plain_over_tcp=args.allow_plain_over_tcp, mgmt_port=args.mgmt_port,
-                          mgmt_tls_port=args.mgmt_tls_port, audit_log=args.audit_log)
+                          mgmt_tls_port=args.mgmt_tls_port, audit_log=args.audit_log,
+                          max_connections=args.max_connections, system_connections=args.system_connections)
     if (args.tls_cert is None) != (args.tls_key is None):
         print("dcpflow server: --tls-cert and --tls-key go together", file=sys.stderr)
         return 2
+    _raise_descriptor_limit()
 
     async def serve() -> int:
         server = Server(config)
@@ -80,6 +82,18 @@ def _cmd_server(args: argparse.Namespace) -> int:
         else:
             return uvloop.run(serve())
     return asyncio.run(serve())
+
+
+def _raise_descriptor_limit() -> None:
+    """Use the hard limit on open files, as memcached does at start: every connection is one, and
+    the connection limit is derived from it (server/app.py connection_limit)."""
+    import contextlib
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or hard > soft:
+        with contextlib.suppress(OSError, ValueError):  # else kept: the connection limit follows the soft one
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard if hard != resource.RLIM_INFINITY else 1 << 20, hard))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -134,6 +148,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--allow-plain-over-tcp", action="store_true",
                    help="also offer SASL PLAIN on the plain-TCP port (by default only over TLS: it sends the "
                    "password in clear)")
+    p.add_argument("--max-connections", type=int, default=60_000, metavar="N",
+                   help="client connections admitted (default 60000, ns_server's; lowered to fit the open-files "
+                        "limit); beyond them and the reserve a connection is closed at once")
+    p.add_argument("--system-connections", type=int, default=16, metavar="N",
+                   help="connections kept beyond --max-connections for administrators and the cluster manager "
+                        "(default 16)")
     p.add_argument("--audit-log", metavar="FILE",
                    help="also write the audit trail of refusals (failed logins, EACCESS, invalid packets; always "
                         "logged at WARNING, rate-limited) to FILE as JSON lines, Couchbase's audit event format")

@@ -13,6 +13,15 @@ server runs three background tasks on it:
 
 A lock serialises a flush batch and compaction (compaction requires no batch in flight).
 
+Connections: the KV listeners accept for the server (listener.py), which admits up to
+`max_connections` client connections plus `system_connections` kept for administrators and the
+cluster manager (kv_engine keeps such a reserve: docs/Connections.md); beyond both a new connection
+is closed at once, as memcached's "disconnect" policy does. A connection admitted into the reserve
+must authenticate as an administrator or a user with node-management privileges (session.py).
+`max_connections` is lowered at start to what the descriptor limit (RLIMIT_NOFILE) leaves after
+FD_HEADROOM for the buckets' files, the management port and backfill readers. Running out of
+descriptors anyway pauses accepting and is logged once per interval (boundedlog.py).
+
 Beside the KV port the server runs its management listener (server/mgmt: the REST API the SDKs'
 management calls use, /metrics, the /ui/ page) on the port the map advertises as `mgmt`. Through
 it buckets come and go at run time (`create_bucket`, `drop_bucket`, `flush_bucket` below); the
@@ -34,7 +43,9 @@ import gc
 import json
 import logging
 import os
+import resource
 import shutil
+import socket
 import ssl
 import sys
 import threading
@@ -48,7 +59,7 @@ from dcpflow.protocol import error_map
 from dcpflow.protocol.config import Node
 
 from .audit import Audit
-from .auth import UserDB
+from .auth import Privilege, UserDB
 from .backfill import BackfillScheduler
 from .boundedlog import BoundedLog, RateLimiter, printable
 from .commands import COMMANDS
@@ -56,6 +67,7 @@ from .connection import Connection
 from .counters import Counters
 from .dcp_commands import DcpNames
 from .faults import Faults
+from .listener import Listener, listening_sockets
 from .mgmt import ManagementListener
 from .session import SERVER_VERSION
 from .topology import Topology
@@ -89,6 +101,10 @@ class ServerConfig:
     checkpoint_max_items: int = 10_000
     checkpoint_memory_quota: int | None = None  # bytes of checkpoint memory per vbucket; over it, cursors drop
     dcp_idle_timeout: float = 360.0  # a DCP producer with noops disconnects after this long without input
+    # Client connections, and the reserve beyond them for administrators and the cluster manager
+    # (ns_server's defaults are 60000 and 5000); lowered at start to fit the descriptor limit.
+    max_connections: int = 60_000
+    system_connections: int = 16
     # PLAIN sends the password in clear: like Couchbase Server, offer it only inside TLS unless allowed here.
     plain_over_tcp: bool = False
     # HTTP management (REST, /metrics, /ui/): None = 8091 (with TLS also 18091) when free, else a free
@@ -122,6 +138,19 @@ SEAL_AFTER_IDLE = 1.0
 CREATED_BUCKETS_FILE = "buckets.json"
 #: Seconds between two looks at the rate-limited logs (an interval that ended writes its summary).
 LOG_TICK = 1.0
+#: Descriptors kept for everything but client connections: each bucket's store (the database, its
+#: WAL and shared memory, pooled backfill readers), the management port and its clients, pipes.
+FD_HEADROOM = 128
+
+
+def connection_limit(requested: int, reserve: int, nofile: int | None = None) -> int:
+    """The client connections a server may admit: `requested`, lowered so that with the reserve
+    and FD_HEADROOM it fits the soft descriptor limit (at least 1)."""
+    if nofile is None:
+        nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if nofile == resource.RLIM_INFINITY:
+        return requested
+    return max(1, min(requested, nofile - FD_HEADROOM - reserve))
 
 
 class ServerBucket:
@@ -194,14 +223,18 @@ class Server:
         self.buckets: dict[str, ServerBucket] = {}
         self.connections: set[Connection] = set()
         self.total_connections = 0
+        self.max_connections = config.max_connections  # what start() admits (connection_limit)
+        self.system_count = 0  # connections authenticated as administrators (they use the reserve first)
+        self.refused_connections: dict[str, int] = {"limit": 0, "reserve": 0, "descriptors": 0}
+        self._opening: set[asyncio.Task] = set()  # accepted sockets whose Connection is being made (TLS)
         self.started = time.time()
         self.topology: Topology | None = None
         self.port: int | None = None
         self.tls_port: int | None = None
         self.mgmt = ManagementListener(self)  # its ports: mgmt.port, mgmt.tls_port
         self.faults = Faults(self)  # fault injection (server/faults), served by the management listener
-        self._listener: asyncio.AbstractServer | None = None
-        self._tls_listener: asyncio.AbstractServer | None = None
+        self._listener: Listener | None = None
+        self._tls_listener: Listener | None = None
         self._tasks: list[asyncio.Task] = []
         self._stopping: asyncio.Event | None = None
         self._wake: asyncio.Event | None = None
@@ -213,7 +246,7 @@ class Server:
         self.passive_streams: dict = {}  # (bucket, vbid) -> the live PassiveStream replicating it
         self.backfills = BackfillScheduler()  # DCP backfill threads and their server-wide limits
         # Per-request warnings and the audit trail of refusals, each rate-limited (boundedlog.py, audit.py)
-        self.log = BoundedLog(log)
+        self.log = BoundedLog(log, kind_samples={"descriptors": 1})  # running out of descriptors: once per interval
         self.audit = Audit(config.audit_log)
         self._debug_limiter = None
         self.closed = False
@@ -221,7 +254,6 @@ class Server:
     # -- lifecycle -------------------------------------------------------------------------------
     async def start(self) -> "Server":
         cfg = self.config
-        loop = asyncio.get_running_loop()
         self._stopping, self._wake, self._maintenance = asyncio.Event(), asyncio.Event(), asyncio.Lock()
         self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="dcpflow-flusher",
                                                                initializer=_lower_thread_priority,
@@ -229,12 +261,10 @@ class Server:
         try:
             # Bound first (a port in use fails before any bucket is created in the data dir), serving
             # only once the buckets are open and the map (which needs the bound ports) exists.
-            self._listener = await loop.create_server(lambda: Connection(self), cfg.host, cfg.port,
-                                                      reuse_address=True, start_serving=False)
+            self._listener = Listener(listening_sockets(cfg.host, cfg.port), None, self._admit, self._exhausted)
             if cfg.tls_cert is not None:
-                self._tls_listener = await loop.create_server(lambda: Connection(self), cfg.host, cfg.tls_port,
-                                                              reuse_address=True, ssl=self._tls_context(),
-                                                              start_serving=False)
+                self._tls_listener = Listener(listening_sockets(cfg.host, cfg.tls_port), self._tls_context(),
+                                              self._admit, self._exhausted)
             self.mgmt.bind(cfg.host, cfg.mgmt_port, cfg.mgmt_tls_port,
                            self._tls_context() if cfg.tls_cert is not None else None)
             for name in dict.fromkeys([*cfg.buckets, *self._created_buckets()]):
@@ -256,9 +286,13 @@ class Server:
         gc.freeze()
         gen0, gen1, _ = gc.get_threshold()
         gc.set_threshold(gen0, gen1, 100)
-        self.port = self._listener.sockets[0].getsockname()[1]
+        self.port = self._listener.port
         if self._tls_listener is not None:
-            self.tls_port = self._tls_listener.sockets[0].getsockname()[1]
+            self.tls_port = self._tls_listener.port
+        self.max_connections = connection_limit(cfg.max_connections, cfg.system_connections)
+        if self.max_connections < cfg.max_connections:
+            log.info("admitting at most %d client connections (and %d reserved): the descriptor limit is %d",
+                     self.max_connections, cfg.system_connections, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
         me = Node(self.port, kv_ssl_port=self.tls_port, mgmt_port=self.mgmt.port, mgmt_ssl_port=self.mgmt.tls_port)
         if cfg.nodes:  # this node's entry carries the management ports it bound (the others' come with the map)
             nodes = list(cfg.nodes)
@@ -268,7 +302,7 @@ class Server:
         self.topology = Topology(nodes, cfg.this_node)
         for listener in (self._listener, self._tls_listener):
             if listener is not None:
-                await listener.start_serving()
+                listener.start()
         await self.mgmt.start()
         self._tasks = [
             asyncio.create_task(self._flusher_task(), name="dcpflow-flusher"),
@@ -308,6 +342,8 @@ class Server:
         for listener in (self._listener, self._tls_listener):
             if listener is not None:
                 listener.close()
+        for task in list(self._opening):
+            task.cancel()
         await self.mgmt.close()
         self.faults.close()
         for conn in list(self.connections):
@@ -326,9 +362,6 @@ class Server:
         self.log.tick()
         self.audit.tick()
         self.audit.close()
-        if self._listener is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._listener.wait_closed(), 1.0)
 
     def _close_buckets(self, clean: bool) -> None:
         for bucket in self.buckets.values():
@@ -348,6 +381,57 @@ class Server:
         await self.close()
 
     # -- connections ---------------------------------------------------------------------------
+    def _admit(self, sock: socket.socket, tls: ssl.SSLContext | None) -> None:
+        """A listener accepted `sock`: make it a Connection, into the reserve beyond
+        max_connections, or close it at once beyond the reserve too."""
+        if self.closed:
+            sock.close()
+            return
+        n = len(self.connections) + len(self._opening)
+        if n >= self.max_connections + self.config.system_connections:
+            self.refused_connections["limit"] += 1
+            self.log.warning("connection-limit", "refused a connection from %s: %d connections are open, the limit "
+                             "(%d and %d reserved for administrators) is reached", _peer(sock), n,
+                             self.max_connections, self.config.system_connections)
+            sock.close()
+            return
+        reserved = n - self.system_count >= self.max_connections
+        task = asyncio.get_running_loop().create_task(self._open(sock, tls, reserved))
+        self._opening.add(task)
+        task.add_done_callback(self._opening.discard)
+
+    async def _open(self, sock: socket.socket, tls: ssl.SSLContext | None, reserved: bool) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.connect_accepted_socket(lambda: Connection(self, reserved=reserved), sock, ssl=tls)
+        except (OSError, ssl.SSLError, TimeoutError) as e:  # a TLS handshake that failed, a peer that left
+            self.log.warning("connection-setup", "a connection from %s failed before it was made: %s", _peer(sock), e)
+            sock.close()
+
+    def _exhausted(self, error: OSError) -> None:
+        """A listener could not accept for lack of descriptors (or memory): it pauses, we count."""
+        self.refused_connections["descriptors"] += 1
+        self.log.warning("descriptors", "cannot accept connections: %s (%d connections open; the descriptor "
+                         "limit is %d): accepting pauses and resumes when descriptors are free", error.strerror,
+                         len(self.connections), resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+
+    @staticmethod
+    def is_system_user(user) -> bool:
+        """Administrators and the cluster manager (node management on some bucket) may use the reserve."""
+        return user.is_admin or any(p & Privilege.NODE_MANAGEMENT for p in user.bucket_privileges.values())
+
+    def may_use_reserve(self, conn: Connection, user) -> bool:
+        """Whether `conn`, admitted into the reserve, may stay as `user`: an administrator may; anyone
+        else only if a client connection has closed meanwhile."""
+        others = len(self.connections) - self.system_count - (0 if conn.system else 1)
+        return self.is_system_user(user) or others < self.max_connections
+
+    def set_system(self, conn: Connection, system: bool) -> None:
+        """`conn` is (no longer) an administrator's: the count of the reserve follows."""
+        if system != conn.system and conn in self.connections:
+            self.system_count += 1 if system else -1
+        conn.system = system
+
     def connection_made(self, conn: Connection) -> None:
         if self.closed:
             conn.transport.close()
@@ -356,7 +440,17 @@ class Server:
         self.total_connections += 1
 
     def connection_lost(self, conn: Connection) -> None:
-        self.connections.discard(conn)
+        if conn in self.connections:
+            self.connections.discard(conn)
+            if conn.system:
+                self.system_count -= 1
+
+    def refuse_reserved(self, conn: Connection) -> None:
+        """`conn` authenticated into the reserve as a user it is not kept for: counted, logged."""
+        self.refused_connections["reserve"] += 1
+        self.log.warning("connection-limit", "closing a connection from %s: user %r is not an administrator and "
+                         "the %d client connections are in use (the rest are reserved)", conn.peer,
+                         conn.user.name if conn.user is not None else "", self.max_connections)
 
     def error_map(self, version: int) -> bytes:
         data = self._error_maps.get(version)
@@ -554,3 +648,11 @@ class Server:
                 raise KeyError(name)
             await asyncio.get_running_loop().run_in_executor(self._executor, engine.store.clear)
             return engine.reset(store_cleared=True)
+
+
+def _peer(sock: socket.socket) -> str:
+    try:
+        host, port = sock.getpeername()[:2]
+    except OSError:
+        return "?"
+    return f"{host}:{port}"

@@ -40,10 +40,12 @@ class RateLimiter:
     reported through `report(kind, count, seconds)` once their interval is over."""
 
     def __init__(self, report: Callable[[str, int, float], None], *, interval: float = INTERVAL,
-                 samples: int = SAMPLES, clock: Callable[[], float] = time.monotonic):
+                 samples: int = SAMPLES, clock: Callable[[], float] = time.monotonic,
+                 kind_samples: dict[str, int] | None = None):
         self._report = report
         self.interval = interval
         self.samples = samples
+        self.kind_samples = dict(kind_samples or {})  # kinds with their own number of samples
         self._clock = clock
         self._windows: dict[str, list] = {}  # kind -> [start, passed, suppressed]
         self.seen: Counter[str] = Counter()  # events per kind, passed or not
@@ -58,7 +60,7 @@ class RateLimiter:
             window = self._windows[kind] = [now, 0, 0]
         elif now - window[0] >= self.interval:
             self._close(kind, window, now)
-        if window[1] < self.samples:
+        if window[1] < self.kind_samples.get(kind, self.samples):
             window[1] += 1
             return True
         window[2] += 1
@@ -85,11 +87,13 @@ class BoundedLog:
     """A logger's per-request warnings under a RateLimiter (module docstring)."""
 
     def __init__(self, logger: logging.Logger, *, interval: float = INTERVAL, samples: int = SAMPLES,
-                 max_chars: int = MAX_CHARS, clock: Callable[[], float] = time.monotonic):
+                 max_chars: int = MAX_CHARS, clock: Callable[[], float] = time.monotonic,
+                 kind_samples: dict[str, int] | None = None):
         self.logger = logger
         self.max_chars = max_chars
         self._levels: dict[str, int] = {}
-        self.limiter = RateLimiter(self._summary, interval=interval, samples=samples, clock=clock)
+        self.limiter = RateLimiter(self._summary, interval=interval, samples=samples, clock=clock,
+                                   kind_samples=kind_samples)
 
     def warning(self, kind: str, msg: str, *args) -> bool:
         return self.log(logging.WARNING, kind, msg, *args)
@@ -115,5 +119,5 @@ class BoundedLog:
 
     def _summary(self, kind: str, count: int, seconds: float) -> None:
         self.logger.log(self._levels.get(kind, logging.WARNING), "%d more %s events in the last %.0f s were not "
-                        "logged (at most %d per %.0f s are)", count, kind, seconds, self.limiter.samples,
-                        self.limiter.interval)
+                        "logged (at most %d per %.0f s are)", count, kind, seconds,
+                        self.limiter.kind_samples.get(kind, self.limiter.samples), self.limiter.interval)

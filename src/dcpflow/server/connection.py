@@ -135,10 +135,12 @@ class Connection(asyncio.Protocol):
     """See the module docstring. Session state: `user`, `bucket`, `features`, and the per-bucket
     `privileges` of the user, recomputed whenever either changes."""
 
-    def __init__(self, server):
+    def __init__(self, server, reserved: bool = False):
         # `server` is the app.Server this connection belongs to, and `bucket` below one of its
         # app.ServerBuckets: app imports this module, so neither is named here
         self.server = server
+        self.reserved = reserved  # admitted beyond max_connections: kept only for an administrator (app.py)
+        self.system = False  # authenticated as an administrator (counted in the server's reserve)
         self.commands = server.commands  # opcode -> Command (commands.py)
         self.debug = server.config.debug
         self.transport: asyncio.Transport | None = None
@@ -538,6 +540,7 @@ class Connection(asyncio.Protocol):
             self.audit(PRIVILEGES_CHANGED, user=user.name, previous_user=self.user.name,
                        dcp=self.dcp is not None)
         self.user = user
+        self.server.set_system(self, user is not None and self.server.is_system_user(user))
         self.select_bucket(None)
 
     def select_bucket(self, bucket) -> None:

@@ -87,8 +87,7 @@ def sasl_auth(conn: Connection, frame: Frame) -> bytes:
                                     "port, or start the server with --allow-plain-over-tcp", public=True,
                                     user=_plain_user(req.payload), mechanism=mech)
             user = plain_authenticate(conn.server.users, req.payload)
-            conn.set_user(user)
-            return response(frame.opcode, opaque=frame.opaque)
+            return _authenticated(conn, frame, user, response(frame.opcode, opaque=frame.opaque))
         algorithm = SCRAM_MECHANISMS.get(mech)
         if algorithm is None:
             return _sasl_failed(conn, frame, f"unknown mechanism {mech!r} (we offer {' '.join(mechanisms(conn))})",
@@ -113,8 +112,23 @@ def sasl_step(conn: Connection, frame: Frame) -> bytes:
         server_final = exchange.step(req.payload)
     except AuthFailed as e:
         return _sasl_failed(conn, frame, str(e), user=exchange.username, mechanism=mech)
-    conn.set_user(exchange.user)
-    return kvproto.SaslResponse(server_final, Status.SUCCESS, frame.opaque, frame.opcode).encode()
+    return _authenticated(conn, frame, exchange.user,
+                          kvproto.SaslResponse(server_final, Status.SUCCESS, frame.opaque, frame.opcode).encode())
+
+
+def _authenticated(conn: Connection, frame: Frame, user, reply: bytes) -> bytes | None:
+    """The user proved who they are. A connection admitted into the reserve of connections (the
+    server was at its limit) stays only for an administrator or the cluster manager: anyone else
+    hears ETMPFAIL and is disconnected, as kv_engine keeps its system connections."""
+    if conn.reserved and not conn.server.may_use_reserve(conn, user):
+        conn.set_user(user)
+        conn.server.refuse_reserved(conn)
+        conn.writer.write(conn.error_reply(frame.opcode, frame.opaque, Status.ETMPFAIL,
+                                           "the server is at its connection limit: try again later"))
+        conn.close()
+        return None
+    conn.set_user(user)
+    return reply
 
 
 def _plain_user(payload: bytes) -> str:

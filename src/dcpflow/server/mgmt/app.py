@@ -27,6 +27,7 @@ one, write `mgmt/<name>.py` with `routes = web.RouteTableDef()`,
 handlers that start with `require(request, <permission>)`, and add the module to ROUTERS.
 """
 
+import asyncio
 import base64
 import binascii
 import errno
@@ -48,6 +49,7 @@ from dcpflow.protocol.config import DEFAULT_MGMT_PORT, DEFAULT_MGMT_SSL_PORT
 
 from ..audit import AUTHENTICATION_FAILED, COMMAND_ACCESS_FAILURE
 from ..auth import Privilege, User, parse_role
+from ..listener import LISTEN_BACKLOG, Listener
 from .observe import Observer
 
 log = logging.getLogger("dcpflow.server.mgmt")
@@ -325,7 +327,9 @@ def request_host(request: web.Request) -> str:
 
 def _listen(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    return socket.create_server((host, port), family=family, backlog=128)
+    sock = socket.create_server((host, port), family=family, backlog=LISTEN_BACKLOG)
+    sock.setblocking(False)
+    return sock
 
 
 def _bind(host: str, port: int | None, preferred: int) -> socket.socket:
@@ -353,6 +357,8 @@ class ManagementListener:
         self.observer = Observer(server)
         self._socks: list[tuple[socket.socket, ssl.SSLContext | None]] = []
         self._runner: web.AppRunner | None = None
+        self._listeners: list[Listener] = []
+        self._opening: set[asyncio.Task] = set()
 
     def bind(self, host: str, port: int | None, tls_port: int | None, tls: ssl.SSLContext | None) -> None:
         sock = _bind(host, port, DEFAULT_MGMT_PORT)
@@ -379,13 +385,34 @@ class ManagementListener:
         return app
 
     async def start(self) -> None:
+        """Serve: the KV port's accept loop (server/listener.py) hands each connection to aiohttp,
+        so running out of descriptors pauses this port too and is logged at a bounded rate."""
         self._runner = web.AppRunner(self.application(), access_log=None, shutdown_timeout=1.0)
         await self._runner.setup()
         for sock, tls in self._socks:
-            await web.SockSite(self._runner, sock, ssl_context=tls).start()
+            listener = Listener([sock], tls, self._accepted, self.server._exhausted)
+            listener.start()
+            self._listeners.append(listener)
         self.observer.start()
 
+    def _accepted(self, sock: socket.socket, tls: ssl.SSLContext | None) -> None:
+        loop = asyncio.get_running_loop()
+        task = loop.create_task(self._open(loop, sock, tls))
+        self._opening.add(task)
+        task.add_done_callback(self._opening.discard)
+
+    async def _open(self, loop: asyncio.AbstractEventLoop, sock: socket.socket, tls: ssl.SSLContext | None) -> None:
+        try:
+            await loop.connect_accepted_socket(self._runner.server, sock, ssl=tls)
+        except (OSError, ssl.SSLError, TimeoutError):  # a failed TLS handshake, a client that left
+            sock.close()
+
     async def close(self) -> None:
+        for listener in self._listeners:
+            listener.close()  # closes the sockets of _socks
+        self._listeners.clear()
+        for task in list(self._opening):
+            task.cancel()
         await self.observer.stop()
         if self._runner is not None:
             await self._runner.cleanup()

@@ -2,8 +2,10 @@
 (https://prometheus.io/docs/instrumenting/exposition_formats/), with names close to Couchbase's
 own (https://docs.couchbase.com/server/current/metrics-reference/data-service-metrics.html):
 
-node        kv_uptime_seconds, kv_curr_connections, kv_total_connections, process_resident_memory_bytes,
-            kv_audit_events_total{event} (refusals, audit.py), kv_log_lines_suppressed_total{kind}
+node        kv_uptime_seconds, kv_curr_connections, kv_total_connections, kv_max_connections{type} (client,
+            system), kv_connections_refused_total{reason} (limit, reserve, descriptors),
+            process_resident_memory_bytes,
+            kv_audit_events_total{event} (refusals, audit.py), kv_log_lines_suppressed_total{event}
             (per-request lines over the log's rate limit, boundedlog.py)
 bucket      kv_ops{op,result}, kv_curr_items, kv_curr_items_tot, kv_num_vbuckets{state},
             kv_ep_queue_size (the flusher's queue), kv_ep_total_persisted, kv_checkpoint_memory_bytes,
@@ -87,6 +89,14 @@ def collect(server, may_see=lambda bucket: True) -> Exposition:
     m.add("kv_curr_connections", "gauge", "Open KV connections.", len(server.connections))
     m.add("kv_total_connections", "counter", "KV connections accepted since the server started.",
           server.total_connections)
+    m.add("kv_max_connections", "gauge", "Client connections the server admits, and those it reserves beyond them "
+          "for administrators.", server.max_connections, type="client")
+    m.add("kv_max_connections", "gauge", "Client connections the server admits, and those it reserves beyond them "
+          "for administrators.", server.config.system_connections, type="system")
+    for reason, n in server.refused_connections.items():
+        m.add("kv_connections_refused_total", "counter", "Connections refused or closed unserved: over the limit and "
+              "the reserve, a reserved one that was not an administrator's, or accepts that failed for lack of "
+              "descriptors.", n, reason=reason)
     m.add("process_resident_memory_bytes", "gauge", "Resident memory of the server process.", _resident_bytes())
     for event in AUDIT_EVENTS:
         m.add("kv_audit_events_total", "counter", "Refusals recorded in the audit trail since the server started "
@@ -94,7 +104,7 @@ def collect(server, may_see=lambda bucket: True) -> Exposition:
     suppressed = server.log.limiter.suppressed + server.audit.limiter.suppressed
     for kind, n in sorted(suppressed.items()):
         m.add("kv_log_lines_suppressed_total", "counter", "Per-request log lines left out by the rate limit.", n,
-              kind=kind)
+              event=kind)
     observer = server.mgmt.observer
     buckets = [(name, b) for name, b in list(server.buckets.items()) if may_see(name)]
     for name, bucket in buckets:
