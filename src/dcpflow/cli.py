@@ -47,7 +47,8 @@ def _cmd_server(args: argparse.Namespace) -> int:
                           tls_cert=args.tls_cert, tls_key=args.tls_key, tls_port=args.tls_port,
                           plain_over_tcp=args.allow_plain_over_tcp, mgmt_port=args.mgmt_port,
                           mgmt_tls_port=args.mgmt_tls_port, audit_log=args.audit_log,
-                          max_connections=args.max_connections, system_connections=args.system_connections)
+                          max_connections=args.max_connections, system_connections=args.system_connections,
+                          memory_quota=args.memory_quota)
     if (args.tls_cert is None) != (args.tls_key is None):
         print("dcpflow server: --tls-cert and --tls-key go together", file=sys.stderr)
         return 2
@@ -94,6 +95,29 @@ def _raise_descriptor_limit() -> None:
     if hard == resource.RLIM_INFINITY or hard > soft:
         with contextlib.suppress(OSError, ValueError):  # else kept: the connection limit follows the soft one
             resource.setrlimit(resource.RLIMIT_NOFILE, (hard if hard != resource.RLIM_INFINITY else 1 << 20, hard))
+
+
+_SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def parse_size(text: str) -> int | None:
+    """A size as `--memory-quota` takes it: bytes, or with a k/m/g/t suffix (powers of 1024, an
+    optional trailing "b" or "ib"); `unlimited` for none."""
+    t = text.strip().lower()
+    if t in ("unlimited", "none"):
+        return None
+    for suffix in ("ib", "b"):
+        if t.endswith(suffix) and t[:-len(suffix)][-1:].isalpha():
+            t = t[:-len(suffix)]
+            break
+    unit = t[-1:] if t[-1:].isalpha() else ""
+    try:
+        value = float(t[:-1] if unit else t) * _SIZE_UNITS[unit]
+    except (KeyError, ValueError):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size (bytes, or with k, m, g, t: e.g. 100m, 1g)") from None
+    if value < 1 << 20:
+        raise argparse.ArgumentTypeError(f"{text!r} is less than 1 MiB")
+    return int(value)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -148,6 +172,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--allow-plain-over-tcp", action="store_true",
                    help="also offer SASL PLAIN on the plain-TCP port (by default only over TLS: it sends the "
                    "password in clear)")
+    p.add_argument("--memory-quota", type=parse_size, default=100 << 20, metavar="SIZE",
+                   help="each bucket's memory quota, as 100m or 2g (default 100m, Couchbase's; `unlimited` for "
+                        "none): near it values are evicted and writes get ETMPFAIL; a bucket created through the "
+                        "management API has its own ramQuotaMB")
     p.add_argument("--max-connections", type=int, default=60_000, metavar="N",
                    help="client connections admitted (default 60000, ns_server's; lowered to fit the open-files "
                         "limit); beyond them and the reserve a connection is closed at once")

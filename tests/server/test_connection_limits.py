@@ -133,9 +133,8 @@ def test_connection_limits_and_refusals_are_metrics(make_server):
     import base64
     import urllib.request
     server = make_server(max_connections=1, system_connections=0)
-    with server.login(), RawClient(server.port) as beyond:
-        with pytest.raises((Closed, ConnectionResetError)):
-            beyond.call(Opcode.NOOP)
+    with server.login(), RawClient(server.port) as beyond, pytest.raises((Closed, ConnectionResetError)):
+        beyond.call(Opcode.NOOP)
     req = urllib.request.Request(f"http://127.0.0.1:{server.mgmt_port}/metrics")
     req.add_header("Authorization", "Basic " + base64.b64encode(b"Administrator:password").decode())
     text = urllib.request.urlopen(req, timeout=10).read().decode()

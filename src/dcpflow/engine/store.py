@@ -650,6 +650,16 @@ class Store:
                                    (vb, key)).fetchone()
         return _item(row) if row else None
 
+    def read(self, vb: int, key: bytes) -> Item | None:
+        """`get` on a pooled read connection: for any thread, never waiting for a flush batch's
+        transaction (WAL readers see the last commit). What a bg fetch of an evicted value uses."""
+        db = self._readers.get()
+        try:
+            row = db.execute(f"SELECT {_ITEM_COLS} FROM items WHERE vb = ? AND key = ?", (vb, key)).fetchone()
+        finally:
+            self._readers.put(db)
+        return _item(row) if row else None
+
     def load_items(self, vb: int, page_size: int = 10_000) -> Iterator[Item]:
         """Every stored version of a vbucket (warm-up), streamed in seqno order."""
         with self.scan(vb, 0, (1 << 63) - 1, page_size=page_size) as scan:

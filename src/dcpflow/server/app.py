@@ -9,7 +9,10 @@ server runs three background tasks on it:
   flush for a second it seals the store's unfinished runs (store.py), so data at rest
   backfills from them;
 * the expiry pager - every `expiry_interval`, turn due documents into expirations;
-* compaction - every `compaction_interval`, purge tombstones older than `purge_interval`.
+* compaction - every `compaction_interval`, purge tombstones older than `purge_interval`;
+* the item pager - whenever a bucket is over its high watermark (checked every PAGER_INTERVAL,
+  after each flush batch, and at once when a write is refused for memory), evict values in passes
+  of a few thousand entries, yielding to the loop between them (engine/memory.py).
 
 A lock serialises a flush batch and compaction (compaction requires no batch in flight).
 
@@ -50,6 +53,7 @@ import ssl
 import sys
 import threading
 import time
+import traceback
 import uuid as uuidlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -100,6 +104,9 @@ class ServerConfig:
     tls_port: int = 11207
     checkpoint_max_items: int = 10_000
     checkpoint_memory_quota: int | None = None  # bytes of checkpoint memory per vbucket; over it, cursors drop
+    # Each bucket's memory quota (bytes; None: unlimited), unless the management API gave it one
+    # (ramQuotaMB): kv_engine's and ns_server's default of 100 MiB.
+    memory_quota: int | None = 100 * 1024 * 1024
     dcp_idle_timeout: float = 360.0  # a DCP producer with noops disconnects after this long without input
     # Client connections, and the reserve beyond them for administrators and the cluster manager
     # (ns_server's defaults are 60000 and 5000); lowered at start to fit the descriptor limit.
@@ -138,6 +145,8 @@ SEAL_AFTER_IDLE = 1.0
 CREATED_BUCKETS_FILE = "buckets.json"
 #: Seconds between two looks at the rate-limited logs (an interval that ended writes its summary).
 LOG_TICK = 1.0
+#: Seconds between two looks at whether a bucket is over its high watermark (engine/memory.py).
+PAGER_INTERVAL = 0.1
 #: Descriptors kept for everything but client connections: each bucket's store (the database, its
 #: WAL and shared memory, pooled backfill readers), the management port and its clients, pipes.
 FD_HEADROOM = 128
@@ -166,8 +175,12 @@ class ServerBucket:
             self.uuid = uuidlib.uuid4().hex
             engine.store.set_meta("bucket_uuid", self.uuid)
         self.counters = Counters()
-        # Settings the management API keeps for this bucket (server/mgmt/buckets.py owns their meaning).
+        # Settings the management API keeps for this bucket (server/mgmt/buckets.py owns their meaning);
+        # its RAM quota is the engine's memory quota.
         self.settings: dict = json.loads(engine.store.get_meta("mgmt_settings") or "{}")
+        if "ramQuotaMB" in self.settings:
+            engine.set_memory_quota(int(self.settings["ramQuotaMB"]) * 1024 * 1024)
+        engine.memory.on_high = server.wake_pager
         self.persistence_paused = False
         self.flushed_at = 0.0  # monotonic time of the last batch the flusher wrote (seal_runs waits)
         self._waiters: dict[int, list[tuple[int, asyncio.Future]]] = {}
@@ -179,6 +192,9 @@ class ServerBucket:
     def save_settings(self, settings: dict) -> None:
         self.engine.store.set_meta("mgmt_settings", json.dumps(settings, sort_keys=True))
         self.settings = dict(settings)
+        if "ramQuotaMB" in settings:
+            self.engine.set_memory_quota(int(settings["ramQuotaMB"]) * 1024 * 1024)
+            self.server.wake_pager()
 
     def _local_map(self) -> list[list[int]]:
         """Single-node map from local states: active vbuckets here, every other one without an active."""
@@ -238,6 +254,7 @@ class Server:
         self._tasks: list[asyncio.Task] = []
         self._stopping: asyncio.Event | None = None
         self._wake: asyncio.Event | None = None
+        self._wake_pager: asyncio.Event | None = None
         self._maintenance: asyncio.Lock | None = None
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._error_maps: dict[int, bytes] = {}
@@ -255,6 +272,7 @@ class Server:
     async def start(self) -> "Server":
         cfg = self.config
         self._stopping, self._wake, self._maintenance = asyncio.Event(), asyncio.Event(), asyncio.Lock()
+        self._wake_pager = asyncio.Event()
         self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="dcpflow-flusher",
                                                                initializer=_lower_thread_priority,
                                                                initargs=(cfg.flusher_nice,))
@@ -310,6 +328,7 @@ class Server:
             asyncio.create_task(self._periodic(cfg.compaction_interval, self._run_compaction),
                                 name="dcpflow-compaction"),
             asyncio.create_task(self._periodic(LOG_TICK, self._tick_logs), name="dcpflow-log-summaries"),
+            asyncio.create_task(self._pager_task(), name="dcpflow-item-pager"),
         ]
         return self
 
@@ -326,7 +345,7 @@ class Server:
                         conflict_resolution or cfg.conflict_resolution,
                         flush_interval=cfg.flush_interval, purge_interval=cfg.purge_interval,
                         synchronous=cfg.synchronous, checkpoint_max_items=cfg.checkpoint_max_items,
-                        checkpoint_memory_quota=cfg.checkpoint_memory_quota)
+                        checkpoint_memory_quota=cfg.checkpoint_memory_quota, memory_quota=cfg.memory_quota)
         if not engine.vbuckets and (cfg.nodes is None or len(cfg.nodes) == 1):
             engine.create_vbuckets(range(engine.num_vbuckets), VBucketState.ACTIVE)  # a new single node owns all
         return engine
@@ -352,6 +371,7 @@ class Server:
             conn.close()
         self._stopping.set()
         self._wake.set()
+        self._wake_pager.set()
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
         self.backfills.close()
@@ -481,6 +501,8 @@ class Server:
                     while not bucket.persistence_paused and await self.flush_batch(bucket) \
                             and not self._stopping.is_set():
                         bucket.flushed_at = time.monotonic()
+                        if bucket.engine.pager.wanted():
+                            self._wake_pager.set()
                     if time.monotonic() - bucket.flushed_at >= SEAL_AFTER_IDLE and bucket.engine.store.unsealed():
                         await self.seal_runs(bucket)
                 except Exception:
@@ -538,6 +560,26 @@ class Server:
         async with self._maintenance:
             if not engine.closed:
                 await asyncio.get_running_loop().run_in_executor(self._executor, engine.store.seal_runs)
+
+    def wake_pager(self) -> None:
+        if self._wake_pager is not None:
+            self._wake_pager.set()
+
+    async def _pager_task(self) -> None:
+        """Evict values of every bucket over its high watermark, a pass at a time (module docstring)."""
+        while await self._sleep(PAGER_INTERVAL, self._wake_pager):
+            self._wake_pager.clear()
+            for bucket in list(self.buckets.values()):
+                engine = bucket.engine
+                try:
+                    while not engine.closed and engine.pager.wanted() and not self._stopping.is_set():
+                        _, done = engine.evict()
+                        if done:
+                            break
+                        await asyncio.sleep(0)  # let requests run between passes
+                except Exception:
+                    self.log.error("pager-failure", "evicting values of bucket %s failed:\n%s", bucket.name,
+                                   traceback.format_exc(), keep_newlines=True)
 
     async def _periodic(self, interval: float, fn) -> None:
         while await self._sleep(interval, self._stopping):

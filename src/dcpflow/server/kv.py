@@ -12,6 +12,11 @@ KEY_EEXISTS for a CAS mismatch or an existing key, NOT_MY_VBUCKET, ETMPFAIL for 
 vbucket...). The engine decides the bucket-mode rules of *WithMeta. Quiet variants
 send nothing on success (mutations) or on a miss (gets).
 
+Evicted values (engine/memory.py): a GET of a document whose value the item pager evicted reads it
+back from the store on a worker thread (kv_engine's background fetch), so the event loop keeps
+serving; the connection's later requests wait behind it, as replies stay in order. The other
+commands that read a value (GAT, GET_LOCKED, APPEND, INCREMENT...) fetch it in the engine.
+
 Keys: with HELLO Collections a key starts with its LEB128 collection id; only the default
 collection (id 0) exists, so any other id answers UNKNOWN_COLLECTION. The engine stores keys
 without the prefix.
@@ -23,6 +28,7 @@ import struct
 
 from dcpflow.engine.collections import DEFAULT_SCOPE, Manifest, ManifestError
 from dcpflow.engine.errors import EngineError
+from dcpflow.engine.item import NOT_RESIDENT
 from dcpflow.engine.vbucket import VBucket, VBucketState
 from dcpflow.protocol import dcp as dcpproto
 from dcpflow.protocol import kv as kvproto
@@ -168,14 +174,20 @@ def get(conn: Connection, frame: Frame) -> bytes | None:
     if conn.collections or len(key) > MAX_KEY_LEN:
         key = doc_key(conn, key)
     try:
-        item = vb.get(key)
+        item = vb.get(key, False)
     except EngineError as e:
         if e.status == Status.KEY_ENOENT:
             counters.get_misses += 1
             if op in _GET_QUIET:
                 return None
         raise
+    if item.value is NOT_RESIDENT:
+        return _bg_fetch(conn, vb, key, wire_key, op, opaque)
     counters.get_hits += 1
+    return _get_reply(conn, vb, item, key, wire_key, op, opaque)
+
+
+def _get_reply(conn: Connection, vb: VBucket, item, key: bytes, wire_key: bytes, op: int, opaque: int) -> bytes:
     datatype = item.datatype
     if datatype & _XATTR or (datatype and not conn.json):
         value, datatype = outgoing_value(conn, item.value, datatype)
@@ -185,6 +197,26 @@ def get(conn: Connection, frame: Frame) -> bytes | None:
     key = wire_key if op in _GET_WITH_KEY else b""
     return b"".join((_pack_get_head(_RESPONSE, op, len(key), 4, datatype, 0, 4 + len(key) + len(value),
                                     opaque, cas, item.flags), key, value))
+
+
+async def _bg_fetch(conn: Connection, vb: VBucket, key: bytes, wire_key: bytes, op: int, opaque: int) -> bytes | None:
+    """The GET of an evicted value: read on a worker thread (Store.read: a pooled read connection
+    that no flush batch holds up), put back into the hash table here, then answered as the key
+    stands now (it may have changed meanwhile)."""
+    engine = conn.bucket.engine
+    stored = await asyncio.get_running_loop().run_in_executor(None, engine.store.read, vb.id, key)
+    vb.restore(key, stored)
+    counters = conn.bucket.counters
+    try:
+        item = vb.get(key)
+    except EngineError as e:
+        if e.status == Status.KEY_ENOENT:
+            counters.get_misses += 1
+            if op in _GET_QUIET:
+                return None
+        raise
+    counters.get_hits += 1
+    return _get_reply(conn, vb, item, key, wire_key, op, opaque)
 
 
 _SET, _SET_Q = int(Opcode.SET), int(Opcode.SET_Q)  # plain ints: IntEnum lookups cost on every request

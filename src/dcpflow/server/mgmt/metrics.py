@@ -9,6 +9,10 @@ node        kv_uptime_seconds, kv_curr_connections, kv_total_connections, kv_max
             (per-request lines over the log's rate limit, boundedlog.py)
 bucket      kv_ops{op,result}, kv_curr_items, kv_curr_items_tot, kv_num_vbuckets{state},
             kv_ep_queue_size (the flusher's queue), kv_ep_total_persisted, kv_checkpoint_memory_bytes,
+            memory (engine/memory.py): kv_mem_used_bytes, kv_ep_max_size_bytes, kv_ep_mem_high_wat_bytes,
+            kv_ep_mem_low_wat_bytes, kv_ep_value_size_bytes, kv_ep_meta_data_memory_bytes,
+            kv_ep_checkpoint_memory_quota_bytes, kv_ep_num_value_ejects_total, kv_ep_bg_fetched_total,
+            kv_ep_tmp_oom_errors_total, kv_ep_oom_errors_total, kv_ep_cursors_dropped_total,
             kv_vb_high_seqno{vb,state}, kv_vb_persisted_seqno{vb},
             kv_vb_rollbacks_total, kv_vb_failovers_total (since the server started)
 DCP         kv_dcp_connections{type}; per connection kv_dcp_items_remaining, kv_dcp_items_sent,
@@ -83,6 +87,26 @@ def _resident_bytes() -> int:
         return peak if sys.platform == "darwin" else peak * 1024
 
 
+#: Memory series of a bucket: (metric, engine stat, kind, help).
+_MEMORY = (
+    ("kv_mem_used_bytes", "mem_used", "gauge", "Memory the bucket counts against its quota (documents and "
+     "checkpoints)."),
+    ("kv_ep_max_size_bytes", "ep_max_size", "gauge", "The bucket's memory quota (0: unlimited)."),
+    ("kv_ep_mem_high_wat_bytes", "ep_mem_high_wat", "gauge", "Above this the item pager evicts values."),
+    ("kv_ep_mem_low_wat_bytes", "ep_mem_low_wat", "gauge", "The item pager evicts down to this."),
+    ("kv_ep_value_size_bytes", "ep_value_size", "gauge", "Resident values in the hash tables."),
+    ("kv_ep_meta_data_memory_bytes", "ep_meta_data_memory", "gauge", "Keys and metadata in the hash tables."),
+    ("kv_ep_checkpoint_memory_quota_bytes", "ep_checkpoint_memory_quota", "gauge",
+     "What checkpoints may hold before writes get ETMPFAIL."),
+    ("kv_ep_num_value_ejects_total", "ep_num_value_ejects", "counter", "Values evicted by the item pager."),
+    ("kv_ep_bg_fetched_total", "ep_bg_fetched", "counter", "Evicted values read back from disk."),
+    ("kv_ep_tmp_oom_errors_total", "ep_tmp_oom_errors", "counter", "Writes refused with ETMPFAIL for memory."),
+    ("kv_ep_oom_errors_total", "ep_oom_errors", "counter", "Writes refused with ENOMEM."),
+    ("kv_ep_cursors_dropped_total", "ep_cursors_dropped", "counter",
+     "DCP cursors dropped to release checkpoint memory."),
+)
+
+
 def collect(server, may_see=lambda bucket: True) -> Exposition:
     m = Exposition()
     m.add("kv_uptime_seconds", "gauge", "Seconds since the server started.", round(time.time() - server.started, 3))
@@ -130,6 +154,8 @@ def collect(server, may_see=lambda bucket: True) -> Exposition:
         vbuckets = sorted(engine.vbuckets.items())
         m.add("kv_checkpoint_memory_bytes", "gauge", "Memory held by the vbuckets' checkpoints.",
               sum(vb.checkpoint_manager.mem_usage for _, vb in vbuckets), bucket=name)
+        for metric, stat, kind, text in _MEMORY:
+            m.add(metric, kind, text, stats[stat], bucket=name)
         m.add("kv_vb_rollbacks_total", "counter", "Vbucket rollbacks applied on this node since it started.",
               observer.rollbacks[name], bucket=name)
         m.add("kv_vb_failovers_total", "counter",
