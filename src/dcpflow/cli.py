@@ -48,7 +48,8 @@ def _cmd_server(args: argparse.Namespace) -> int:
                           plain_over_tcp=args.allow_plain_over_tcp, mgmt_port=args.mgmt_port,
                           mgmt_tls_port=args.mgmt_tls_port, audit_log=args.audit_log,
                           max_connections=args.max_connections, system_connections=args.system_connections,
-                          memory_quota=args.memory_quota)
+                          memory_quota=args.memory_quota,
+                          fragmentation_threshold=args.fragmentation_threshold / 100 or None)
     if (args.tls_cert is None) != (args.tls_key is None):
         print("dcpflow server: --tls-cert and --tls-key go together", file=sys.stderr)
         return 2
@@ -158,6 +159,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="age after which compaction purges tombstones (default 3 days)")
     p.add_argument("--compaction-interval", type=float, default=3600.0, metavar="SECONDS",
                    help="how often compaction runs (default 3600)")
+    p.add_argument("--fragmentation-threshold", type=float, default=30.0, metavar="PERCENT",
+                   help="compact a bucket's store once this percentage of its rows are older versions kept for "
+                        "rollback, trimming them to a quarter of the documents (default 30, ns_server's "
+                        "auto-compaction threshold; 0: only --compaction-interval)")
     p.add_argument("--expiry-interval", type=float, default=10.0, metavar="SECONDS",
                    help="how often the expiry pager runs (default 10)")
     p.add_argument("--users", metavar="FILE", help="users file (JSON; default: Administrator/password, admin)")

@@ -72,7 +72,7 @@ def test_a_stalled_consumer_that_supports_cursor_dropping_cannot_grow_the_server
             _storm_round(w, keys, r)
             ckpt.append(srv.call(lambda: memory.checkpoint))
     grown = _rss_anon(os.getpid()) - base
-    assert max(ckpt) <= quota, ckpt
+    assert max(ckpt) <= quota + len(VALUE) + 200, ckpt  # (the last write accepted may take it over by itself)
     assert srv.call(lambda: memory.num_cursors_dropped) > 0
     assert grown <= quota + 64 * MiB + 32 * MiB, grown // MiB
     # the consumer was not cut off: it reads on, from disk then memory, to the last round's values

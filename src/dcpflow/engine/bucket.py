@@ -38,6 +38,7 @@ history as it would after a failover (an entry at the high seqno) or after a cra
 writes rolled back, an entry where warm-up would put it), without the process going away.
 """
 
+import math
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -364,25 +365,47 @@ class Bucket:
         self._notify_vbucket(vbid, "failover")
         return entry
 
-    def compact(self, vbid: int | None = None, now: float | None = None) -> dict[int, PurgeResult]:
+    def compact(self, vbid: int | None = None, now: float | None = None,
+                keep_history: float | None = None) -> dict[int, PurgeResult]:
         """Purge persisted tombstones older than `purge_interval`, advancing purge seqnos.
 
         Also trims rollback history older than `rollback_history_seqnos` below the persisted
-        high seqno (None keeps all of it).
+        high seqno (None keeps all of it), and with `keep_history` to at most that fraction of each
+        vbucket's documents (the compaction a fragmented store gets: a rollback further back than
+        what is kept resets the vbucket to 0, as a couchstore file's compacted headers do). The
+        three steps apart (`compaction_plan`, `store.compact` on any thread, `finish_compaction`)
+        let an owner keep serving while the store works.
         """
         self._check_idle()
+        results = self.store.compact(self.compaction_plan(vbid, now, keep_history))
+        self.finish_compaction(results)
+        return results
+
+    def compaction_plan(self, vbid: int | None = None, now: float | None = None,
+                        keep_history: float | None = None) -> list[tuple[int, int, int, int | None]]:
+        """(vb, deleted_before, history floor, history rows to keep) for `Store.compact`."""
+        self._check_open()
         now = self._clock() if now is None else now
         deleted_before = int(now - self.purge_interval)
         targets = [self.vbucket(vbid)] if vbid is not None else list(self._vbuckets.values())
-        results = {}
+        plan = []
         for vb in targets:
             floor = 0
             if self.rollback_history_seqnos is not None:
                 floor = max(0, vb.persisted_seqno - self.rollback_history_seqnos)
-            result = self.store.purge_tombstones(vb.id, deleted_before, history_floor=floor)
-            vb.on_purged(result)
-            results[vb.id] = result
-        return results
+            keep = None
+            if keep_history is not None:
+                keep = math.ceil(keep_history * (vb.num_items + vb.num_deleted))
+            plan.append((vb.id, deleted_before, floor, keep))
+        return plan
+
+    def finish_compaction(self, results: dict[int, PurgeResult]) -> None:
+        """The store purged tombstones: drop the same versions from memory (a vbucket gone meanwhile
+        is skipped)."""
+        for vbid, result in results.items():
+            vb = self._vbuckets.get(vbid)
+            if vb is not None:
+                vb.on_purged(result)
 
     # -- memory -------------------------------------------------------------------------------
     def set_memory_quota(self, quota: int | None) -> None:

@@ -9,7 +9,11 @@ server runs three background tasks on it:
   flush for a second it seals the store's unfinished runs (store.py), so data at rest
   backfills from them;
 * the expiry pager - every `expiry_interval`, turn due documents into expirations;
-* compaction - every `compaction_interval`, purge tombstones older than `purge_interval`;
+* compaction - every `compaction_interval`, purge tombstones older than `purge_interval`; and
+  whenever a bucket's store is fragmented - more than `fragmentation_threshold` of its rows are
+  older versions kept for rollback (checked every FRAGMENTATION_CHECK_INTERVAL after writes, as
+  ns_server's auto-compaction checks databaseFragmentationThreshold) - also trim that history to
+  HISTORY_KEPT of the documents. The store's work runs on the flusher's thread;
 * the item pager - whenever a bucket is over its high watermark (checked every PAGER_INTERVAL,
   after each flush batch, and at once when a write is refused for memory), evict values in passes
   of a few thousand entries, yielding to the loop between them (engine/memory.py).
@@ -93,6 +97,7 @@ class ServerConfig:
     flusher_nice: int = 10  # the flusher thread runs this many nice levels below the server (0: equal)
     purge_interval: float = 259_200.0  # tombstone purge age (seconds), ep-engine's 3 days
     compaction_interval: float = 3600.0
+    fragmentation_threshold: float | None = 0.3  # compact once this share of stored rows is history (None: never)
     expiry_interval: float = 10.0
     users: UserDB | str | Path | None = None
     synchronous: str = "FULL"  # SQLite: FULL survives power loss, NORMAL survives kill -9
@@ -147,6 +152,11 @@ CREATED_BUCKETS_FILE = "buckets.json"
 LOG_TICK = 1.0
 #: Seconds between two looks at whether a bucket is over its high watermark (engine/memory.py).
 PAGER_INTERVAL = 0.1
+#: Seconds between two measures of a bucket's fragmentation (only after the flusher wrote).
+FRAGMENTATION_CHECK_INTERVAL = 10.0
+#: The history a compaction for fragmentation keeps, as a fraction of each vbucket's documents:
+#: after it, fragmentation is at most about 20%, so the next one waits for new overwrites.
+HISTORY_KEPT = 0.25
 #: Descriptors kept for everything but client connections: each bucket's store (the database, its
 #: WAL and shared memory, pooled backfill readers), the management port and its clients, pipes.
 FD_HEADROOM = 128
@@ -182,6 +192,9 @@ class ServerBucket:
             engine.set_memory_quota(int(self.settings["ramQuotaMB"]) * 1024 * 1024)
         engine.memory.on_high = server.wake_pager
         self.persistence_paused = False
+        self.compactions = self.fragmentation_compactions = self.fragmentation_checks = 0
+        self.checked_at_items = -1  # the flusher's count when fragmentation was last measured
+        self.fragmentation = None  # the last Store.fragmentation() measured
         self.flushed_at = 0.0  # monotonic time of the last batch the flusher wrote (seal_runs waits)
         self._waiters: dict[int, list[tuple[int, asyncio.Future]]] = {}
         engine.add_persistence_listener(self._on_persisted)
@@ -330,6 +343,9 @@ class Server:
             asyncio.create_task(self._periodic(LOG_TICK, self._tick_logs), name="dcpflow-log-summaries"),
             asyncio.create_task(self._pager_task(), name="dcpflow-item-pager"),
         ]
+        if cfg.fragmentation_threshold is not None:
+            self._tasks.append(asyncio.create_task(
+                self._periodic(FRAGMENTATION_CHECK_INTERVAL, self._check_fragmentation), name="dcpflow-fragmentation"))
         return self
 
     def _tls_context(self) -> ssl.SSLContext:
@@ -609,9 +625,35 @@ class Server:
 
     async def _run_compaction(self) -> None:
         for bucket in list(self.buckets.values()):
-            async with self._maintenance:
-                if not bucket.engine.closed:  # dropped meanwhile
-                    bucket.engine.compact()
+            await self.compact(bucket)
+
+    async def compact(self, bucket: "ServerBucket", keep_history: float | None = None) -> None:
+        """One compaction of `bucket` (Bucket.compact's steps): planned here, the store's part on
+        the flusher's thread (no flush batch meanwhile), the engine's part here again."""
+        engine = bucket.engine
+        async with self._maintenance:
+            if engine.closed:  # dropped meanwhile
+                return
+            plan = engine.compaction_plan(keep_history=keep_history)
+            results = await asyncio.get_running_loop().run_in_executor(self._executor, engine.store.compact, plan)
+            engine.finish_compaction(results)
+        bucket.compactions += 1
+
+    async def _check_fragmentation(self) -> None:
+        """Measure each bucket the flusher wrote to since the last look; compact a fragmented one."""
+        threshold = self.config.fragmentation_threshold
+        for bucket in list(self.buckets.values()):
+            engine = bucket.engine
+            bucket.fragmentation_checks += 1  # looks, measured or not (one at a time: tests wait for two)
+            if engine.closed or engine.flusher.items_flushed == bucket.checked_at_items:
+                continue
+            bucket.checked_at_items = engine.flusher.items_flushed
+            bucket.fragmentation = await asyncio.get_running_loop().run_in_executor(None, engine.store.fragmentation)
+            if bucket.fragmentation.fraction > threshold:
+                await self.compact(bucket, keep_history=HISTORY_KEPT)
+                bucket.fragmentation_compactions += 1
+                bucket.fragmentation = await asyncio.get_running_loop().run_in_executor(
+                    None, engine.store.fragmentation)
 
     # -- buckets at run time (the management API) ----------------------------------------------
     @property

@@ -13,6 +13,8 @@ bucket      kv_ops{op,result}, kv_curr_items, kv_curr_items_tot, kv_num_vbuckets
             kv_ep_mem_low_wat_bytes, kv_ep_value_size_bytes, kv_ep_meta_data_memory_bytes,
             kv_ep_checkpoint_memory_quota_bytes, kv_ep_num_value_ejects_total, kv_ep_bg_fetched_total,
             kv_ep_tmp_oom_errors_total, kv_ep_oom_errors_total, kv_ep_cursors_dropped_total,
+            store: kv_ep_compactions_total{reason}, kv_couch_docs_fragmentation (percent),
+            kv_ep_db_file_size_bytes, kv_ep_db_history_rows,
             kv_vb_high_seqno{vb,state}, kv_vb_persisted_seqno{vb},
             kv_vb_rollbacks_total, kv_vb_failovers_total (since the server started)
 DCP         kv_dcp_connections{type}; per connection kv_dcp_items_remaining, kv_dcp_items_sent,
@@ -36,6 +38,7 @@ import time
 from aiohttp import web
 
 from ..audit import EVENTS as AUDIT_EVENTS
+from ..stats import fragmentation_stats
 from . import dcpview
 from .app import SERVER, allowed, require
 
@@ -156,6 +159,16 @@ def collect(server, may_see=lambda bucket: True) -> Exposition:
               sum(vb.checkpoint_manager.mem_usage for _, vb in vbuckets), bucket=name)
         for metric, stat, kind, text in _MEMORY:
             m.add(metric, kind, text, stats[stat], bucket=name)
+        store = fragmentation_stats(bucket)
+        for reason, key in (("any", "ep_compactions"), ("fragmentation", "ep_compactions_for_fragmentation")):
+            m.add("kv_ep_compactions_total", "counter", "Compactions of the bucket's store (any: every one; "
+                  "fragmentation: those its fragmentation started).", store[key], bucket=name, reason=reason)
+        if "couch_docs_fragmentation" in store:
+            m.add("kv_couch_docs_fragmentation", "gauge", "Percent of the store's rows that are older versions, as "
+                  "last measured.", store["couch_docs_fragmentation"], bucket=name)
+            m.add("kv_ep_db_file_size_bytes", "gauge", "The store's file.", store["ep_db_file_size"], bucket=name)
+            m.add("kv_ep_db_history_rows", "gauge", "Older versions kept for rollback, as last measured.",
+                  store["ep_db_history_rows"], bucket=name)
         m.add("kv_vb_rollbacks_total", "counter", "Vbucket rollbacks applied on this node since it started.",
               observer.rollbacks[name], bucket=name)
         m.add("kv_vb_failovers_total", "counter",
