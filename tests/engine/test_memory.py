@@ -215,6 +215,30 @@ def test_lagging_cursors_are_dropped_over_the_checkpoint_upper_mark(make_bucket)
     assert counters(bucket) == recount(bucket)
 
 
+def test_open_checkpoints_read_and_persisted_are_released_when_checkpoints_fill_their_quota(make_bucket):
+    """Many vbuckets, a small quota: each open checkpoint may reach MIN_CHECKPOINT_BYTES before it
+    closes, so open checkpoints alone can fill the checkpoint quota. Once the flusher has written
+    them, the recovery a refused write starts releases them: writes go on, none is refused forever."""
+    bucket = active(make_bucket(memory_quota=8 * MiB, num_vbuckets=64))
+    mem = bucket.memory
+    assert mem.checkpoint_quota < 64 * MIN_CHECKPOINT_BYTES
+    written = 0
+    for i in range(3000):
+        key = f"d{i}".encode()
+        try:
+            vb_of(bucket, key).set(key, VALUE)
+            written += 1
+        except EngineError as e:
+            assert e.status == Status.ETMPFAIL, e
+            bucket.flush_all()
+            bucket.evict()
+            vb_of(bucket, key).set(key, VALUE)  # room again, at once
+            written += 1
+    assert written == 3000
+    assert mem.checkpoint <= mem.checkpoint_quota + len(VALUE) + 200
+    assert counters(bucket) == recount(bucket)
+
+
 def test_open_checkpoints_close_at_the_buckets_checkpoint_max_size(make_bucket):
     bucket = active(make_bucket(memory_quota=4 * MiB, checkpoint_max_items=10_000))
     cm = bucket.vbucket(0).checkpoint_manager

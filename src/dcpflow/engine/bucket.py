@@ -131,7 +131,8 @@ class Bucket:
         self.memory.on_checkpoint_pressure = self.recover_checkpoint_memory
         self.pager = ItemPager(self.memory, self._vbuckets)
         self.store = Store(self.data_dir / name / "store.sqlite3", synchronous=synchronous)
-        self.flusher = Flusher(self.store, self._vbuckets, on_persisted=self._notify_persisted)
+        self.flusher = Flusher(self.store, self._vbuckets, on_persisted=self._notify_persisted,
+                               on_complete=self._after_flush)
         self.manifest = Manifest.default()  # scopes and collections (engine/collections.py)
         self.closed = False
         self.clean_shutdown = True  # how the previous run ended (True for a new bucket)
@@ -422,7 +423,9 @@ class Bucket:
         return self.pager.run() if budget is None else self.pager.run(budget)
 
     def recover_checkpoint_memory(self) -> int:
-        """Bring checkpoint memory back under its upper mark (memory.py): drop the droppable cursors
+        """Bring checkpoint memory back under its upper mark (memory.py): release open checkpoints
+        every cursor has read and the flusher has written (CheckpointManager.release_open_if_read),
+        then drop the droppable cursors
         pinning old checkpoints, the vbuckets with the most checkpoint memory first, down to the
         lower mark; if checkpoints still fill their quota (writes are refused meanwhile), the other
         DCP cursors pinning old checkpoints go too - their streams end with STREAM_END(SLOW),
@@ -434,6 +437,10 @@ class Bucket:
             managers = sorted((vb.checkpoint_manager for vb in self._vbuckets.values()),
                               key=lambda cm: cm.mem_usage, reverse=True)
             above_lower = lambda: mem.checkpoint > mem.checkpoint_lower  # noqa: E731
+            for cm in managers:  # first what costs no cursor: open checkpoints read and persisted
+                if not above_lower():
+                    break
+                cm.release_open_if_read()
             for cm in managers:
                 if not above_lower():
                     break
@@ -528,6 +535,13 @@ class Bucket:
     def _notify_seqno(self, vbid: int, seqno: int) -> None:
         for listener in self._seqno_listeners:
             listener(vbid, seqno)
+
+    def _after_flush(self) -> None:
+        """Checkpoints the flusher just wrote may be releasable now, not only at the next refused
+        write (a writer that was told ETMPFAIL finds room when it retries)."""
+        mem = self.memory
+        if mem.quota is not None and mem.checkpoint >= mem.checkpoint_upper:
+            self.recover_checkpoint_memory()
 
     def _notify_persisted(self, vbid: int, seqno: int) -> None:
         for listener in self._persistence_listeners:

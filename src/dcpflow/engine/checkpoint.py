@@ -440,6 +440,22 @@ class CheckpointManager:
         """Over this vbucket's quota: drop droppable cursors pinning the oldest checkpoints."""
         self.release_for_memory(lambda: self.mem_usage > self.memory_quota)
 
+    def release_open_if_read(self) -> int:
+        """Close the open checkpoint and release it when every cursor has read all of it and (for a
+        persistent vbucket) it is on disk: what an idle vbucket's open checkpoint holds would
+        otherwise stay until its next write, and with many vbuckets those open checkpoints alone
+        can fill the checkpoint quota (kv_engine's checkpoint remover expels such items too). Only
+        a growing (Memory, not fixed-range) checkpoint; returns the bytes released."""
+        cp = self.open_checkpoint
+        if not cp.num_items or cp.fixed_end:
+            return 0
+        top = self.high_seqno
+        if (self.persistent and self.persisted_seqno < top) or any(c.seqno < top for c in self.cursors.values()):
+            return 0
+        before = self.mem_usage
+        self.create_checkpoint()
+        return before - self.mem_usage
+
     def release_for_memory(self, wanted: Callable[[], bool], *, undroppable: bool = False) -> int:
         """Drop cursors that pin old checkpoints, the one pinning the oldest first, while `wanted()`;
         only droppable ones unless `undroppable` (then any but the persistence cursor: their owners
