@@ -22,6 +22,7 @@ FIGURE_LINES = {
     "codec.py": "decode to typed messages",
     "kv.py": "dcpflow    SET",
     "kv_instructions.py": "SET",
+    "kv_memory.py": "server RSS",
     "kv_persist.py": "all persisted",
     "producer.py": "in-memory producer",
     "replication.py": "ratio replicated/written",
