@@ -242,11 +242,12 @@ def encode_mutations_py(items: Sequence, start: int, vbucket: int, opaque: int, 
                         large_value: int) -> tuple[bytes, int]:
     """The DCP_MUTATION messages (mutation.md; no stream-id, lock time/nmeta/nru 0) of
     items[start:stop] joined, and stop: the index of the first item that is not a plain mutation
-    (deleted, xattrs, a value of `large_value` bytes or more), or len(items).
+    of the default collection (deleted, xattrs, a value of `large_value` bytes or more, a
+    collection id `cid` other than 0), or len(items).
 
     Items are anything with the attributes of engine.Item (key, value, cas, by_seqno, rev_seqno,
-    flags, expiry, datatype, deleted). With `collections` each key gets the default collection's
-    prefix 0x00. The specification of the compiled `encode_mutations` (_speedups.c), which also
+    flags, expiry, datatype, deleted, cid). With `collections` each key gets the default
+    collection's prefix 0x00. The specification of the compiled `encode_mutations` (_speedups.c), which also
     stops before an item whose fields do not fit the message, where this raises struct.error."""
     parts: list[bytes] = []
     append, pack = parts.append, MUTATION_HEAD.pack
@@ -254,7 +255,7 @@ def encode_mutations_py(items: Sequence, start: int, vbucket: int, opaque: int, 
     for stop in range(start, len(items)):
         item = items[stop]
         datatype, value = item.datatype, item.value
-        if item.deleted or datatype & Datatype.XATTR or len(value) >= large_value:
+        if item.deleted or datatype & Datatype.XATTR or len(value) >= large_value or item.cid:
             break
         key = b"\x00" + item.key if collections else item.key
         append(pack(0x80, 0x57, len(key), 31, datatype, vbucket, 31 + len(key) + len(value), opaque, item.cas,
