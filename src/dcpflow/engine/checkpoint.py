@@ -83,6 +83,7 @@ class Snapshot:
     checkpoint_snap_start: int = 0  # the checkpoint's own snapshot start (Disk markers start there)
     history: bool = False  # holds versions of a collection that keeps history (not de-duplicated)
     duplicates: bool = False  # ... and one of their keys more than once
+    others: bool = False  # holds items of other collections than the default one, or system events
 
     @property
     def max_visible_seqno(self) -> int:
@@ -95,7 +96,7 @@ class Checkpoint:
 
     __slots__ = ("id", "type", "first_seqno", "snap_start", "snap_end", "fixed_end", "continuation",
                  "is_open", "created", "deadline", "num_items", "mem_usage", "high_seqno", "_items",
-                 "_seqnos", "_index", "_holes", "history", "duplicates", "_history_keys")
+                 "_seqnos", "_index", "_holes", "history", "duplicates", "_history_keys", "others")
 
     def __init__(self, cid: int, ctype: CheckpointType, first_seqno: int, snap_start: int,
                  snap_end: int, *, fixed_end: bool, continuation: bool = False, created: float = 0.0):
@@ -116,7 +117,7 @@ class Checkpoint:
         self._seqnos: list[int] = []
         self._index: dict[bytes, int] | None = {}
         self._holes = 0
-        self.history = self.duplicates = False
+        self.history = self.duplicates = self.others = False
         self._history_keys: set | None = None
 
     def __repr__(self) -> str:
@@ -334,6 +335,7 @@ class CheckpointManager:
     def _other_key(self, cp: Checkpoint, item: Item):
         """The de-duplication key of an item of another collection than the default one, or None
         when it is kept whatever follows (a system event, a version of a collection with history)."""
+        cp.others = True
         cid = item.cid
         if cid == SYSTEM_CID:
             return None
@@ -507,7 +509,7 @@ class CheckpointManager:
             if items:
                 cursor.seqno = items[-1].by_seqno
                 out.append(Snapshot(start, end, cp.type, ckpt_start, new_marker, items, cp.snap_start, cp.history,
-                                    cp.duplicates))
+                                    cp.duplicates, cp.others))
                 total += len(items)
                 if cursor.seqno >= end:
                     cursor._snap_end = None

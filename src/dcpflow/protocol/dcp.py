@@ -1068,26 +1068,10 @@ class DcpSystemEvent(NamedTuple):
                    frame.stream_id)
 
     def decode_value(self) -> dict:
-        """The legacy (version 0/1) value structs of system_event.md (erratum 31: scope before
-        collection). Version 2 (FlatBuffers) is returned raw."""
-        v = self.value
-        if self.version >= 2:
-            return {"flatbuffers": v.hex()}
-        if self.event == SystemEventId.BEGIN_COLLECTION:
-            if self.version == 1 and len(v) == 20:
-                uid, sid, cid, ttl = struct.unpack(">QIII", v)
-                return {"manifest_uid": uid, "scope_id": sid, "collection_id": cid, "max_ttl": ttl}
-            if len(v) == 16:
-                uid, sid, cid = struct.unpack(">QII", v)
-                return {"manifest_uid": uid, "scope_id": sid, "collection_id": cid}
-        if self.event == SystemEventId.END_COLLECTION and len(v) == 16:
-            uid, sid, cid = struct.unpack(">QII", v)
-            return {"manifest_uid": uid, "scope_id": sid, "collection_id": cid}
-        if self.event in (SystemEventId.CREATE_SCOPE, SystemEventId.DROP_SCOPE) and len(v) == 12:
-            uid, sid = struct.unpack(">QI", v)
-            return {"manifest_uid": uid, "scope_id": sid}
-        raise ProtocolError(f"system event {self.event} version {self.version} value of {len(v)} bytes does "
-                            f"not match its struct (system_event.md)")
+        """The value's fields (system_events.py): the legacy structs of system_event.md (version 0
+        and 1, erratum 31: scope before collection) or the FlatBuffers table (version 2)."""
+        from .system_events import decode_event_value  # it builds on this module's types
+        return decode_event_value(self.event, self.version, self.value)
 
 
 rules.register(Opcode.DCP_SYSTEM_EVENT, Shape(_PAGES + "system_event.md", extras=(13,), key=MAY, value=MAY))
