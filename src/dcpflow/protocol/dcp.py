@@ -152,8 +152,12 @@ _STREAM_REQ_EXTRAS = struct.Struct(">IIQQQQQ")
 _MARKER_V1 = struct.Struct(">QQI")
 _MARKER_V20 = struct.Struct(">QQIQQ")
 _MARKER_V22 = struct.Struct(">QQIQQQQ")
-#: The value size of each V2.x snapshot marker, by its version byte (snapshot-marker.md, TABLES.md 5.4).
+#: V2.2 without the high prepared seqno: the layout snapshot-marker.md first gave (purge seqno last).
+_MARKER_V22_44 = struct.Struct(">QQIQQQ")
+#: The value size of each V2.x snapshot marker, by its version byte (snapshot-marker.md, TABLES.md 5.4):
+#: what an encoder writes. A V2.2 value of MARKER_V22_SHORT bytes is accepted too.
 MARKER_V2_VALUE_BYTES = {MarkerVersion.V2_0: _MARKER_V20.size, MarkerVersion.V2_2: _MARKER_V22.size}
+MARKER_V22_SHORT = _MARKER_V22_44.size
 _MUTATION_EXTRAS = struct.Struct(">QQIIIHB")
 _DELETION_V1_EXTRAS = struct.Struct(">QQH")
 _DELETION_V2_EXTRAS = struct.Struct(">QQIB")
@@ -792,8 +796,10 @@ class DcpSnapshotMarker(NamedTuple):
     """DCP_SNAPSHOT_MARKER 0x56 (snapshot-marker.md; TABLES.md 5.4, errata 1-5).
 
     V1: 20-byte extras. V2.0: 1-byte extras (version 0x00) + 36-byte value with max visible seqno
-    and high completed seqno. V2.2: version 0x02 + 52-byte value adding purge seqno and high
-    prepared seqno. Version 0x01 is invalid.
+    and high completed seqno. V2.2: version 0x02 + a value adding the purge seqno and the high
+    prepared seqno (52 bytes), or the purge seqno alone (44 bytes: the layout clients built from
+    the page's first text meet; `high_prepared_seqno` None, and encoded so). Version 0x01 is
+    invalid.
     """
 
     vbucket: int
@@ -804,7 +810,7 @@ class DcpSnapshotMarker(NamedTuple):
     max_visible_seqno: int = 0
     high_completed_seqno: int = 0
     purge_seqno: int = 0
-    high_prepared_seqno: int = 0
+    high_prepared_seqno: int | None = 0
     opaque: int = 0
     stream_id: int | None = None
 
@@ -819,8 +825,12 @@ class DcpSnapshotMarker(NamedTuple):
                                      self.high_completed_seqno)
         elif self.version == MarkerVersion.V2_2:
             extras = b"\x02"
-            value = _MARKER_V22.pack(self.start_seqno, self.end_seqno, self.flags, self.max_visible_seqno,
-                                     self.high_completed_seqno, self.purge_seqno, self.high_prepared_seqno)
+            if self.high_prepared_seqno is None:
+                value = _MARKER_V22_44.pack(self.start_seqno, self.end_seqno, self.flags, self.max_visible_seqno,
+                                            self.high_completed_seqno, self.purge_seqno)
+            else:
+                value = _MARKER_V22.pack(self.start_seqno, self.end_seqno, self.flags, self.max_visible_seqno,
+                                         self.high_completed_seqno, self.purge_seqno, self.high_prepared_seqno)
         else:
             raise ValueError(f"snapshot marker version {self.version} is not V1, V2.0 or V2.2")
         return _encode(self.opcode, self.vbucket, self.opaque, extras=extras, value=value,
@@ -841,7 +851,11 @@ class DcpSnapshotMarker(NamedTuple):
             start, end, flags, mvs, hcs = _MARKER_V20.unpack(frame.value)
             return cls(frame.vbucket, start, end, flags, MarkerVersion.V2_0, mvs, hcs, opaque=frame.opaque,
                        stream_id=sid)
-        start, end, flags, mvs, hcs, purge, hps = _MARKER_V22.unpack(frame.value)
+        if len(frame.value) == MARKER_V22_SHORT:
+            start, end, flags, mvs, hcs, purge = _MARKER_V22_44.unpack(frame.value)
+            hps = None
+        else:
+            start, end, flags, mvs, hcs, purge, hps = _MARKER_V22.unpack(frame.value)
         return cls(frame.vbucket, start, end, flags, MarkerVersion.V2_2, mvs, hcs, purge, hps, frame.opaque,
                    sid)
 
@@ -866,8 +880,10 @@ def _marker_rules(frame: Frame):
             yield ProtocolError(f"snapshot marker version 0x{version:02x} is invalid; V2.0 is 0x00 and V2.2 is "
                                 f"0x02 (erratum 5)")
             return
-        if len(frame.value) != want:
-            yield ProtocolError(f"a V2.{version} snapshot marker value must be {want} bytes; got "
+        v22 = version == MarkerVersion.V2_2
+        if len(frame.value) != want and not (v22 and len(frame.value) == MARKER_V22_SHORT):
+            short = f" (or {MARKER_V22_SHORT}, without the high prepared seqno)" if v22 else ""
+            yield ProtocolError(f"a V2.{version} snapshot marker value must be {want} bytes{short}; got "
                                 f"{len(frame.value)} ({page})")
             return
         start, end, flags = _MARKER_V1.unpack_from(frame.value)
@@ -1412,9 +1428,10 @@ def marker_fields(data, p: int) -> tuple[int, int, int] | None:
     if ext == _MARKER_V1.size and body == ext:
         start, end, flags = _MARKER_V1.unpack_from(data, at)
         purge = 0
-    elif ext == 1 and body > 1 and body - 1 == MARKER_V2_VALUE_BYTES.get(data[at]):
+    elif ext == 1 and body > 1 and (body - 1 == MARKER_V2_VALUE_BYTES.get(data[at]) or
+                                    (data[at] == MarkerVersion.V2_2 and body - 1 == MARKER_V22_SHORT)):
         if data[at] == MarkerVersion.V2_2:
-            start, end, flags, _, _, purge, _ = _MARKER_V22.unpack_from(data, at + 1)
+            start, end, flags, _, _, purge = _MARKER_V22_44.unpack_from(data, at + 1)
         else:
             start, end, flags, _, _ = _MARKER_V20.unpack_from(data, at + 1)
             purge = 0
@@ -1530,6 +1547,8 @@ def charged_size(message) -> int:
         size = base + len(getattr(message, "key", b"")) + len(getattr(message, "value", b""))
     elif cls is DcpSnapshotMarker:
         size = _MARKER_CHARGE[message.version]
+        if message.version == MarkerVersion.V2_2 and message.high_prepared_seqno is None:
+            size -= 8
     elif cls is DcpDeletion:
         size = (42 if message.delete_time is None else 45) + len(message.key) + len(message.value)
     elif cls is DcpNoop:
