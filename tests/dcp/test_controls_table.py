@@ -7,20 +7,10 @@ from dcpflow.dcp.controls import CONTROLS, PRIORITY_BATCH, Effect
 from dcpflow.dcp.errors import Refusal
 from dcpflow.dcp.noop import DEFAULT_NOOP_INTERVAL
 from dcpflow.dcp.producer import ProducerConnection, Started
-from dcpflow.engine import Bucket, VBucketState
 from dcpflow.protocol.dcp import DcpStreamRequest, OpenFlag
 from dcpflow.protocol.status import Status
 
 OK = Effect.NONE
-
-
-@pytest.fixture
-def engine(tmp_path):
-    bucket = Bucket("default", tmp_path, 4, synchronous="OFF")
-    for vb in range(4):
-        bucket.set_vbucket_state(vb, VBucketState.ACTIVE)
-    yield bucket
-    bucket.close(clean=False)
 
 
 @pytest.fixture
