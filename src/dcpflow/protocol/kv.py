@@ -1,8 +1,8 @@
 """Typed session and KV commands: what a client sends before and beside DCP, and what a server answers.
 
-Pages: reference/kv_engine/docs/BinaryProtocol.md (one section per opcode), docs/sasl.md,
-docs/ErrorMap.md, docs/Collections.md, docs/dcp/documentation/commands/get_seqno.md and
-persist_seqno.md; numbers from TABLES.md sections 2-5. The pattern is dcp.py's: every command is an
+Pages (under https://github.com/couchbase/kv_engine/blob/master/): docs/BinaryProtocol.md
+(one section per opcode), docs/sasl.md, docs/ErrorMap.md, docs/Collections.md,
+docs/dcp/documentation/commands/get_seqno.md and persist_seqno.md. The pattern is dcp.py's: every command is an
 immutable NamedTuple with `encode()` and `from_frame()` (which runs the page's rules first, see
 rules.py), and REQUEST_TYPES / RESPONSE_TYPES map opcodes to types.
 
@@ -45,9 +45,9 @@ _BP = "docs/BinaryProtocol.md"
 _SASL = "docs/sasl.md"
 _CMDS = "docs/dcp/documentation/commands/"
 
-#: Valid GET_ALL_VB_SEQNOS state filters (TABLES.md 5.8): 0 alive, 1 active, 2 replica, 3 pending, 4 dead.
+#: Valid GET_ALL_VB_SEQNOS state filters: 0 alive (active + replica + pending), 1 active, 2 replica, 3 pending, 4 dead.
 VB_STATE_FILTERS = range(0, 5)
-#: Valid vbucket states (TABLES.md 5.8).
+#: Valid vbucket states: 1 active, 2 replica, 3 pending, 4 dead.
 VB_STATES = range(1, 5)
 
 
@@ -67,7 +67,7 @@ _DUPLEX = (Magic.SERVER_REQUEST, Magic.SERVER_RESPONSE)
 def _check_opcode(frame: Frame, opcodes, cls: type, response_expected: bool) -> None:
     """A decoder handed the wrong frame is a caller bug, but it must still fail as a ProtocolError.
 
-    Duplex frames (magic 0x82/0x83) are refused too: their opcodes are another space (TABLES.md 3.2)
+    Duplex frames (magic 0x82/0x83) are refused too: their opcodes are another space
     and rules.problems() does not validate them, so unpacking their extras could fail in struct."""
     if frame.magic in _DUPLEX:
         raise ProtocolError(f"magic 0x{frame.magic:02x} is a duplex server command, not a {cls.__name__}",
@@ -108,7 +108,8 @@ def _json_value_problems(frame: Frame, what: str, page: str, object_only: bool =
 
 def _datatype_problems(frame: Frame, what: str):
     if frame.datatype & ~KNOWN_DATATYPE_BITS:
-        yield ProtocolError(f"{what} datatype 0x{frame.datatype:02x} has unknown bits (TABLES.md 1.4)")
+        yield ProtocolError(f"{what} datatype 0x{frame.datatype:02x} has unknown bits "
+                            f"(only JSON 0x01, Snappy 0x02 and XATTR 0x04 exist)")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -120,7 +121,7 @@ class RawResponse(NamedTuple):
 
     An error's value is free text ("Not found"), a JSON error context `{"error": {"context": ...,
     "ref": ...}}` (clients that negotiated XERROR), or, for NOT_MY_VBUCKET, the cluster map the client
-    should switch to (TABLES.md 2, ErrorMap.md)."""
+    should switch to (ErrorMap.md)."""
 
     opcode: int
     status: int
@@ -209,7 +210,7 @@ def not_my_vbucket(opcode: int, opaque: int = 0, config: bytes = b"") -> bytes:
 
 class Hello(NamedTuple):
     """HELLO 0x1f (BinaryProtocol.md#0x1f-helo): key = agent name, or JSON {"a": agent, "i": id};
-    value = the u16 features asked for (TABLES.md 4)."""
+    value = the u16 features asked for."""
 
     agent: bytes = b""
     features: tuple[int, ...] = ()
@@ -249,7 +250,8 @@ class Hello(NamedTuple):
 
     @property
     def retired_features(self) -> tuple[int, ...]:
-        """Asked-for codes no server grants (erratum 46: 0x0001 Datatype and 0x0005 TcpDelay are retired)."""
+        """Asked-for codes no server grants (0x0001 Datatype and 0x0005 TcpDelay are retired, though
+        BinaryProtocol.md's HELO example still sends them)."""
         return tuple(f for f in self.features if f in RETIRED)
 
 
@@ -277,8 +279,8 @@ class HelloResponse(NamedTuple):
 def negotiate(requested, supported) -> tuple[int, ...]:
     """The features a server grants: those asked for that it implements, in request order, once each.
 
-    Retired codes are never granted (erratum 46, TABLES.md 4), and the clustermap push notifications
-    need Duplex granted as well (TABLES.md 4: "requires Duplex").
+    Retired codes are never granted, and the clustermap push notifications need Duplex granted as
+    well (the server pushes maps as duplex requests).
     """
     supported = {int(f) for f in supported} - {int(f) for f in RETIRED}
     granted: list[int] = []
@@ -515,7 +517,7 @@ class GetClusterConfig(NamedTuple):
 
 
 class SetClusterConfig(NamedTuple):
-    """SET_CLUSTER_CONFIG 0xb4 (TABLES.md: "Push cluster map to memcached"): what a cluster
+    """SET_CLUSTER_CONFIG 0xb4 (KV-Engine: "Push cluster map to memcached"): what a cluster
     manager sends every node. Key = bucket name, value = the map JSON, extras = the map's (epoch,
     revision) as two signed i64s, as GET_CLUSTER_CONFIG carries them."""
 
@@ -654,7 +656,7 @@ class Version(NamedTuple):
 
 class VersionResponse(NamedTuple):
     """The version string in the value. Clients turn features on by it, so a server should answer an
-    `X.Y.Z-...` string such as `7.6.0-0000` (SDK-BOOTSTRAP.md)."""
+    `X.Y.Z-...` string such as `7.6.0-0000`."""
 
     version: str = ""
     opaque: int = 0
@@ -843,7 +845,8 @@ _GET_PAGE = _BP + "#0x00-get"
 
 class Get(NamedTuple):
     """GET 0x00 / GETQ 0x09 / GETK 0x0c / GETKQ 0x0d (BinaryProtocol.md#0x00-get): key only. The
-    quiet forms send nothing on a miss; the K forms return the key (erratum 44)."""
+    quiet forms send nothing on a miss; the K forms return the key (BinaryProtocol.md's GetK example
+    reuses opcode 0x00 and miscounts its body)."""
 
     key: bytes
     vbucket: int = 0
@@ -907,7 +910,7 @@ for _op in Get.OPCODES:
 def _getk_response_rules(frame: Frame):
     if frame.status == Status.SUCCESS and not frame.key:
         yield ProtocolError(f"a {rules.opcode_name(frame.opcode)} response must carry the key "
-                            f"({_GET_PAGE}, erratum 44)")
+                            f"(that is what the K forms add; {_GET_PAGE})")
 
 
 _STORE_PAGE = _BP + "#0x01-set"
@@ -1280,7 +1283,7 @@ rules.register(Opcode.UNLOCK_KEY, Shape(_UNLOCK_PAGE, key=MUST, cas=MUST), Shape
 class SetVbucket(NamedTuple):
     """SET_VBUCKET 0x3d (BinaryProtocol.md#0x3d-set-vbucket): 1-byte state extras and an optional JSON
     value (`topology`, `use_snapshot`, `next_expected_state`: set-vbucket-state-value.md, which belongs
-    to this command and not to DCP_SET_VBUCKET_STATE 0x5b - erratum 30). Sent by the cluster manager."""
+    to this command and not to DCP_SET_VBUCKET_STATE 0x5b, as that page's title says). Sent by the cluster manager."""
 
     vbucket: int
     state: int
@@ -1314,7 +1317,7 @@ def _set_vbucket_rules(frame: Frame):
         yield ProtocolError(f"vbucket state {frame.extras[0]} is not 1 (active), 2 (replica), 3 (pending) or "
                             f"4 (dead) ({_SETVB_PAGE})")
     if frame.value:
-        yield from _json_value_problems(frame, "SET_VBUCKET", _SETVB_PAGE + ", erratum 30", object_only=True)
+        yield from _json_value_problems(frame, "SET_VBUCKET", _SETVB_PAGE, object_only=True)
     elif frame.datatype:
         yield ProtocolError(f"SET_VBUCKET without a value must have datatype 0 ({_SETVB_PAGE})")
 
@@ -1373,7 +1376,7 @@ _SEQNOS_PAGE = _CMDS + "get_seqno.md"
 
 
 class GetAllVbSeqnos(NamedTuple):
-    """GET_ALL_VB_SEQNOS 0x48 (get_seqno.md, erratum 33): extras none (all alive vbuckets), 4 (a state
+    """GET_ALL_VB_SEQNOS 0x48 (get_seqno.md): extras none (all alive vbuckets), 4 (a state
     filter, 0 = alive) or 8 (state filter + collection id: the high seqno of that collection)."""
 
     state: int | None = None
@@ -1546,7 +1549,8 @@ _PERSIST_PAGE = _CMDS + "persist_seqno.md"
 
 
 class SeqnoPersistence(NamedTuple):
-    """SEQNO_PERSISTENCE 0xb7 (persist_seqno.md, erratum 34): reply once the header's vbucket has
+    """SEQNO_PERSISTENCE 0xb7 (persist_seqno.md; its example has a stray second
+    seqno): reply once the header's vbucket has
     persisted up to the u64 seqno in the extras (ETMPFAIL on timeout)."""
 
     vbucket: int
