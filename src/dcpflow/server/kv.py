@@ -94,7 +94,7 @@ def mutation_reply(conn: Connection, frame: Frame, vb: VBucket, cas: int, seqno:
     """Success reply of a mutation: CAS, plus (vbucket uuid, seqno) with HELLO MutationSeqno.
 
     The hot paths (GET, SET, DELETE) pack the 24-byte header directly with the protocol's HEADER
-    struct instead of calling `frame.response`: same bytes, about a microsecond less per reply."""
+    struct instead of calling `frame.response`: same bytes, without building a Frame per reply."""
     if conn.mutation_seqno:
         return _pack_header(_RESPONSE, frame.opcode, 0, 16, 0, 0, 16, frame.opaque, cas) + \
             _MUTATION_EXTRAS.pack(vb.uuid, seqno)
@@ -419,7 +419,8 @@ def observe_seqno(conn: Connection, frame: Frame) -> bytes:
 
 def set_vbucket(conn: Connection, frame: Frame):
     """SET_VBUCKET 0x3d (the cluster manager's command): create the vbucket or change its state. The
-    optional JSON value (erratum 30) is accepted; its topology is not used yet.
+    optional JSON value (`topology`, ...: set-vbucket-state-value.md, which belongs to this
+    command) is accepted; its topology is not used yet.
 
     The reply promises the new state (and a new failover entry) is on disk. While a flush batch is
     being written the engine can only queue the state row behind it (the batch carries the older

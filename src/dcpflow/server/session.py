@@ -1,5 +1,5 @@
 """Session commands: HELLO, SASL, SELECT_BUCKET, LIST_BUCKETS, GET_CLUSTER_CONFIG, GET_ERROR_MAP,
-VERSION, NOOP, QUIT - what a client sends before (and beside) KV traffic (SDK-BOOTSTRAP.md).
+VERSION, NOOP, QUIT - what a client sends before (and beside) KV traffic.
 
 Pages: BinaryProtocol.md (#0x1f-helo, #0x89-select-bucket, #0xb5-get-cluster-config,
 #0xfe-get-error-map, #0x0b-version, #0x0a-no-op, #0x07-quit), docs/sasl.md, docs/ErrorMap.md.
@@ -20,7 +20,8 @@ from dcpflow.protocol.status import Status
 from .auth import MECHANISMS, SCRAM_MECHANISMS, AuthFailed, Privilege, ScramServer, plain_authenticate
 from .connection import Connection, log
 
-#: What the server version answers; clients enable features by it (SDK-BOOTSTRAP.md).
+#: What the server version answers; the official SDKs enable features by it, so it must look like a
+#: real server's `X.Y.Z-build`.
 SERVER_VERSION = "7.6.0-0000"
 
 #: HELLO features this server implements; `kv.negotiate` grants the requested subset of these.
