@@ -146,6 +146,11 @@ class Frame(NamedTuple):
         return len(self.framing) + len(self.extras) + len(self.key) + len(self.value)
 
     @property
+    def wire_len(self) -> int:
+        """The frame's size on the wire: header and body."""
+        return HEADER_LEN + len(self.framing) + len(self.extras) + len(self.key) + len(self.value)
+
+    @property
     def frame_infos(self) -> list[tuple[int, bytes]]:
         return decode_frame_infos(self.framing)
 

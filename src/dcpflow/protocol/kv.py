@@ -23,7 +23,7 @@ from typing import NamedTuple
 from . import rules
 from .datatype import KNOWN_DATATYPE_BITS, Datatype
 from .errors import ProtocolError
-from .frame import Frame, Magic, request, response
+from .frame import HEADER, Frame, Magic, request, response
 from .hello import RETIRED, Feature, decode_features, encode_features
 from .opcodes import Opcode
 from .rules import MAY, MUST, MUST_NOT, Shape
@@ -32,7 +32,8 @@ from .status import Status
 _U16 = struct.Struct(">H")
 _U32 = struct.Struct(">I")
 _U64 = struct.Struct(">Q")
-_FLAGS_EXPIRY = struct.Struct(">II")
+#: SET/ADD/REPLACE extras: flags u32, expiry u32 (Store; the server's SET path unpacks them itself).
+STORE_EXTRAS = struct.Struct(">II")
 _MUTATION_EXTRAS = struct.Struct(">QQ")
 _ARITH_EXTRAS = struct.Struct(">QQI")
 _CONFIG_VERSION = struct.Struct(">qq")
@@ -905,6 +906,11 @@ class GetResponse(NamedTuple):
 for _op in Get.OPCODES:
     rules.register(_op, Shape(_GET_PAGE, key=MUST), Shape(_GET_PAGE, extras=(4,), key=MAY, value=MAY))
 
+#: A GetResponse's header and flags extras in one struct (key and value follow): (magic, opcode, key
+#: length, 4, datatype, 0, body length, opaque, cas, flags). For a server's GET path, which packs
+#: the reply without building a GetResponse; the bytes are GetResponse.encode()'s.
+GET_RESPONSE_HEAD = struct.Struct(HEADER.format + "I")
+
 
 @rules.response_check(Opcode.GET_K, Opcode.GET_KQ)
 def _getk_response_rules(frame: Frame):
@@ -936,7 +942,7 @@ class Store(NamedTuple):
     OPCODES = (Opcode.SET, Opcode.ADD, Opcode.REPLACE, Opcode.SET_Q, Opcode.ADD_Q, Opcode.REPLACE_Q)
 
     def encode(self) -> bytes:
-        return request(self.opcode, key=self.key, extras=_FLAGS_EXPIRY.pack(self.flags, self.expiry),
+        return request(self.opcode, key=self.key, extras=STORE_EXTRAS.pack(self.flags, self.expiry),
                        value=self.value, vbucket=self.vbucket, opaque=self.opaque, cas=self.cas,
                        datatype=self.datatype, framing=self.framing)
 
@@ -944,7 +950,7 @@ class Store(NamedTuple):
     def from_frame(cls, frame: Frame) -> "Store":
         _check_opcode(frame, cls.OPCODES, cls, False)
         rules.check(frame)
-        flags, expiry = _FLAGS_EXPIRY.unpack(frame.extras)
+        flags, expiry = STORE_EXTRAS.unpack(frame.extras)
         return cls(frame.key, frame.value, flags, expiry, frame.cas, frame.vbucket, frame.opaque,
                    frame.datatype, Opcode(frame.opcode), frame.framing)
 
@@ -994,6 +1000,12 @@ class MutationResponse(NamedTuple):
     def mutation_token(self) -> tuple[int, int] | None:
         """(vbucket uuid, seqno), what a client needs for read-your-writes or to resume DCP at."""
         return None if self.vbucket_uuid is None else (self.vbucket_uuid, self.seqno or 0)
+
+
+#: A MutationResponse with its mutation token in one struct: (magic, opcode, 0, 16, 0, 0, 16, opaque,
+#: cas, vbucket uuid, seqno). For a server's write paths, which pack the reply without building a
+#: MutationResponse (without the token the reply is the bare HEADER); the bytes are encode()'s.
+MUTATION_RESPONSE_WITH_TOKEN = struct.Struct(HEADER.format + "QQ")
 
 
 _DELETE_PAGE = _BP + "#0x04-delete"
@@ -1570,6 +1582,42 @@ class SeqnoPersistence(NamedTuple):
 
 
 rules.register(Opcode.SEQNO_PERSISTENCE, Shape(_PERSIST_PAGE, extras=(8,)), Shape(_PERSIST_PAGE))
+
+
+_COLLECTIONS_PAGE = "docs/Collections.md"
+#: COLLECTIONS_GET_ID / GET_SCOPE_ID reply extras: manifest uid u64, collection or scope id u32.
+_MANIFEST_ID = struct.Struct(">QI")
+
+
+class CollectionIdResponse(NamedTuple):
+    """The reply to COLLECTIONS_GET_ID 0xbb / COLLECTIONS_GET_SCOPE_ID 0xbc (Collections.md): 12 bytes
+    of extras, the uid of the manifest the lookup used and the collection's (or scope's) id; no key,
+    no value."""
+
+    manifest_uid: int = 0
+    id: int = 0
+    opaque: int = 0
+    status: int = Status.SUCCESS
+    opcode: int = Opcode.COLLECTIONS_GET_ID
+
+    OPCODES = (Opcode.COLLECTIONS_GET_ID, Opcode.COLLECTIONS_GET_SCOPE_ID)
+
+    def encode(self) -> bytes:
+        if self.status != Status.SUCCESS:
+            return response(self.opcode, self.status, opaque=self.opaque)
+        return response(self.opcode, extras=_MANIFEST_ID.pack(self.manifest_uid, self.id), opaque=self.opaque)
+
+    @classmethod
+    def from_frame(cls, frame: Frame) -> "CollectionIdResponse":
+        _check_opcode(frame, cls.OPCODES, cls, True)
+        if frame.status != Status.SUCCESS:
+            return cls(opaque=frame.opaque, status=frame.status, opcode=Opcode(frame.opcode))
+        if len(frame.extras) != _MANIFEST_ID.size or frame.key or frame.value:
+            raise ProtocolError(f"a {rules.opcode_name(frame.opcode)} reply has {_MANIFEST_ID.size} bytes of "
+                                f"extras (manifest uid, id) and no key or value ({_COLLECTIONS_PAGE})",
+                                opcode=frame.opcode, opaque=frame.opaque)
+        manifest_uid, id_ = _MANIFEST_ID.unpack(frame.extras)
+        return cls(manifest_uid, id_, frame.opaque, frame.status, Opcode(frame.opcode))
 
 
 # ---------------------------------------------------------------------------------------------

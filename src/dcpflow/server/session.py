@@ -5,7 +5,6 @@ Pages: BinaryProtocol.md (#0x1f-helo, #0x89-select-bucket, #0xb5-get-cluster-con
 #0xfe-get-error-map, #0x0b-version, #0x0a-no-op, #0x07-quit), docs/sasl.md, docs/ErrorMap.md.
 """
 
-import struct
 
 from dcpflow.protocol import error_map
 from dcpflow.protocol import kv as kvproto
@@ -153,9 +152,6 @@ def get_cluster_config(conn: Connection, frame: Frame) -> bytes:
     return response(frame.opcode, opaque=frame.opaque, value=conn.bucket.config(), datatype=Datatype.JSON)
 
 
-_CONFIG_VERSION = struct.Struct(">qq")
-
-
 def set_cluster_config(conn: Connection, frame: Frame) -> bytes:
     """SET_CLUSTER_CONFIG 0xb4: the cluster manager pushes a bucket's map (key = bucket name, value =
     the map JSON, extras = its epoch and revision as two i64s). Every node then serves that map, with
@@ -171,7 +167,8 @@ def set_cluster_config(conn: Connection, frame: Frame) -> bytes:
     bucket = conn.server.buckets.get(name)
     if bucket is None:
         return conn.error_reply(frame.opcode, frame.opaque, Status.KEY_ENOENT, f"no bucket named {name!r}")
-    epoch, rev = _CONFIG_VERSION.unpack(frame.extras)
+    req = kvproto.SetClusterConfig.from_frame(frame)  # the checks above leave it nothing to refuse
+    epoch, rev = req.epoch, req.revision
     try:
         cmap = parse_cluster_map(frame.value)
     except ProtocolError as e:
