@@ -1414,9 +1414,9 @@ def decode_dcp(frame: Frame):
 
 
 # -- the control frames of a stream, read in place -----------------------------------------------
-# Every stream brings a snapshot marker and a stream end, so with ~1000 documents a vbucket the
-# full decode (a Frame, the rules, a typed message) of those two is a tenth of a columnar reader's
-# work. These read the canonical shape in place and answer None for anything else, which
+# Every stream brings a snapshot marker and a stream end, so where vbuckets hold few documents the
+# full decode (a Frame, the rules, a typed message) of those two is a sizeable part of a columnar
+# reader's work. These read the canonical shape in place and answer None for anything else, which
 # decode_dcp then accepts or rejects with its own words: what they accept, it accepts the same.
 
 _HEAD = HEADER.unpack_from
