@@ -215,3 +215,14 @@ def held_flush(engine):
     finally:
         release.set()
         engine.flusher.write = write
+
+
+@pytest.fixture(scope="module")
+def sdk_server(tmp_path_factory):
+    """A `dcpflow server` subprocess that one module's official-SDK tests share."""
+    data = tmp_path_factory.mktemp("sdk")
+    proc = ServerProcess(["--data-dir", str(data), "--vbuckets", "64", "--flush-interval", "0.05"])
+    try:
+        yield proc
+    finally:
+        proc.cleanup()

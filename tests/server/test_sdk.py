@@ -45,17 +45,6 @@ def connect(port: int, query: str = "", user: str = "Administrator", password: s
 
 
 @pytest.fixture(scope="module")
-def sdk_server(tmp_path_factory):
-    from .conftest import ServerProcess
-    data = tmp_path_factory.mktemp("sdk")
-    proc = ServerProcess(["--data-dir", str(data), "--vbuckets", "64", "--flush-interval", "0.05"])
-    try:
-        yield proc
-    finally:
-        proc.cleanup()
-
-
-@pytest.fixture(scope="module")
 def collection(sdk_server):
     cluster = connect(sdk_server.port)
     try:

@@ -13,7 +13,7 @@ stream only turns items into messages. After the backfill the cursor continues e
 disk snapshot ended.
 
 Snapshot-marker start seqnos follow the implementation notes of snapshot-marker.md as the code
-behaves (reference/README.md): the first marker of a stream starts at min(requested snapshot
+behaves: the first marker of a stream starts at min(requested snapshot
 start, natural start); a backfill marker otherwise starts at the backfill's first seqno; a memory
 marker with the Checkpoint flag at the checkpoint's snapshot start; a memory marker without it at
 the seqno of the first item that follows it; a marker of a Disk checkpoint at the checkpoint's
@@ -40,7 +40,7 @@ legacy layouts or, with `flatbuffers_system_events`, as FlatBuffers (protocol/sy
 When the filter is left empty (its collections or scope dropped), the drop events are sent and
 the stream ends with STREAM_END(FILTER_EMPTY).
 
-Takeover (rebalance.md, reference/README.md): once caught up the stream enters TAKEOVER_SEND, in
+Takeover (rebalance.md, as KV-Engine's code behaves): once caught up the stream enters TAKEOVER_SEND, in
 which markers carry the Ack flag; when everything is sent and acknowledged it sends
 SET_VBUCKET_STATE(pending) and waits for the reply; then marks its own vbucket dead, drains what
 was written meanwhile, sends SET_VBUCKET_STATE(active), waits for that reply and ends with
@@ -132,7 +132,7 @@ class StreamOptions:
     no_value: bool = False
     no_value_underlying_datatype: bool = False
     delete_times: bool = False
-    expiry_opcode: bool = False  # effective only with delete_times (erratum 13): the producer checks
+    expiry_opcode: bool = False  # effective only with delete_times (as in KV-Engine): the producer checks
     collections: bool = False  # keys carry the LEB128 collection id; SEQNO_ADVANCED may be sent
     sync_replication: bool = False  # enable_sync_writes + consumer_name: markers at least V2.0
     marker_v22: bool = False  # max_marker_version=2.2: Disk markers carry the purge seqno

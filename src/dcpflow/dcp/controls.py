@@ -46,7 +46,7 @@ class ProducerSettings:
     stream_ids: bool = False  # enable_stream_id
     sync_writes: bool = False  # enable_sync_writes
     consumer_name: str = ""
-    expiry_opcode: bool = False  # enable_expiry_opcode (effective with IncludeDeleteTimes, erratum 13)
+    expiry_opcode: bool = False  # enable_expiry_opcode (effective only with IncludeDeleteTimes)
     send_stream_end_on_close: bool = False  # send_stream_end_on_client_close_stream
     cursor_dropping: bool = False  # supports_cursor_dropping(_vulcan)
     hifi_mfu: bool = False
@@ -270,7 +270,7 @@ def apply_control(p: Controlled, key: str, value: str, ctx: ControlContext) -> R
     """One DCP_CONTROL: the Refusal to answer, or the Effect of the change."""
     control = CONTROLS.get(key)
     if control is None:
-        return Refusal(Status.EINVAL, f"unknown DCP_CONTROL key {key!r} (TABLES.md 5.3)")
+        return Refusal(Status.EINVAL, f"unknown DCP_CONTROL key {key!r}")
     parsed = control.parse(value)
     if parsed.__class__ is Refusal:
         return parsed

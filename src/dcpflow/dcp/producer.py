@@ -58,7 +58,7 @@ _O_SKIP_DELETES_IN_INITIAL_BACKFILL = int(OpenFlag.SKIP_DELETES_IN_INITIAL_BACKF
 
 
 class Rollback(NamedTuple):
-    """The consumer must roll back to `seqno` first (a ROLLBACK reply carrying it, erratum 36)."""
+    """The consumer must roll back to `seqno` first (a ROLLBACK reply carrying only that u64)."""
 
     seqno: int
 

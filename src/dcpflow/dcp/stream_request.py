@@ -25,8 +25,8 @@ from dcpflow.protocol.status import Status
 from .active_stream import MAX_SEQNO, ActiveStream
 from .errors import Refusal
 
-# The flags as plain ints: `int & IntFlag` runs enum's __rand__ in Python (~1 us each, about
-# twenty per stream request).
+# The flags as plain ints: `int & IntFlag` runs enum's __rand__ in Python, about twenty times per
+# stream request.
 _S_ACTIVE_VB_ONLY = int(StreamFlag.ACTIVE_VB_ONLY)
 _S_DISK_ONLY = int(StreamFlag.DISK_ONLY)
 _S_FROM_LATEST = int(StreamFlag.FROM_LATEST)
@@ -102,11 +102,11 @@ def vbucket_refusal(vb, flags: int) -> Refusal | None:
 
 def resolve_range(vb, flags: int, start: int, end: int, vb_uuid: int, snap_start: int, snap_end: int,
                   stream_filter=None) -> StreamRange:
-    """The flags' meaning (stream-request.md, TABLES.md 5.2): FromLatest starts at the high seqno
-    (with its uuid if none was given), ToLatest ends there - for a stream filtered by collection,
-    at the highest seqno of its collections (not below its start) - Takeover never ends by seqno,
-    DiskOnly ends at the persisted seqno whatever was asked (the ERANGE checks see this end); a
-    replica stream ends at a complete snapshot."""
+    """The flags' meaning (stream-request.md, as KV-Engine's code applies them): FromLatest starts
+    at the high seqno (with its uuid if none was given), ToLatest ends there - for a stream
+    filtered by collection, at the highest seqno of its collections (not below its start) -
+    Takeover never ends by seqno, DiskOnly ends at the persisted seqno whatever was asked (the
+    ERANGE checks see this end); a replica stream ends at a complete snapshot."""
     if flags & _S_FROM_LATEST:
         start = snap_start = snap_end = vb.high_seqno
         if vb_uuid == 0:

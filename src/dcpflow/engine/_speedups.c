@@ -2,8 +2,8 @@
    specification; tests/engine/test_encoded_rows.py holds them equal).
 
    encoded_rows(vb, items, row_py) - store._encoded_row for each item: the flusher's row of every
-   version it writes, built while it holds the GIL (3 us per row in Python, taken from the thread
-   serving requests). It reads the documents' fields - the engine's Items are the protocol's
+   version it writes, built while it holds the GIL (time that, spent in Python per row, is taken from the
+   thread serving requests). It reads the documents' fields - the engine's Items are the protocol's
    Documents (dcpflow.protocol.document) - from their slots (_speedups.h) and writes bytes, ints
    and tuples only; an item that is not a Document, or whose fields do not fit their columns or
    the DCP head, is handed to row_py, so its errors stay Python's. */

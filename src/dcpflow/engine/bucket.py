@@ -14,8 +14,8 @@ included), high seqno, failover log, purge seqno and max CAS. A clean shutdown (
 flushes everything and then writes a "clean" mark. Without the mark (crash, `kill -9`,
 `close(clean=False)`), writes acknowledged but not yet flushed are lost, and every active vbucket
 starts a new branch of history: a failover entry at the persisted snapshot end if the persisted
-high seqno equals it, else at the persisted snapshot start (reference/README.md, failover
-entries (c)).
+high seqno equals it, else at the persisted snapshot start (as KV-Engine's warm-up does: only a
+complete snapshot is known to be whole).
 
 Rollback (`rollback(vb, seqno)`): the vbucket is flushed when `seqno` is above its persisted
 seqno, then the store rolls back to `seqno` exactly if its history reaches that far back (since

@@ -1,7 +1,9 @@
 """CheckpointManager: the in-memory, de-duplicated, seqno-ordered queue of a vbucket's changes.
 
-Reference: docs/dcp/documentation/concepts.md (point-in-time snapshots, de-duplication, cursor
-dropping) and reference/README.md "Memory vs disk".
+Reference: https://github.com/couchbase/kv_engine/blob/master/docs/dcp/documentation/concepts.md
+(point-in-time snapshots, de-duplication, cursor dropping). A stream reads memory while the
+checkpoints still hold its next seqno; otherwise it backfills from disk up to the first seqno
+memory holds, then switches to memory.
 
 Every mutation of a vbucket is queued into the *open* checkpoint. Within the open checkpoint a
 newer version of a key replaces the older one (the older slot becomes a hole), so a checkpoint

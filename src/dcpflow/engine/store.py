@@ -51,9 +51,9 @@ range - no expression per row, the GIL released, on another core, no Python obje
 collection-aware stream, the key prefix. Rows without it (tombstones, xattrs, large values) are
 found through a partial index and read as rows.
 
-Runs: a backfill that reads a row per document spends ~0.33 us of SQLite per 100-byte document
-(the B-tree walk, a record decode and an append per row), more than the loopback socket costs for
-the bytes. A run is a page of stored messages already concatenated, so a backfill reads ~256 KiB
+Runs: a backfill that reads a row per document spends more in SQLite per small document (the
+B-tree walk, a record decode and an append per row) than the loopback socket costs for its bytes.
+A run is a page of stored messages already concatenated, so a backfill reads ~256 KiB
 in one query: the bytes kept twice (the row's `dcp` and the run) buy a read that copies blob pages.
 The flusher cuts them as it writes (`_cut_runs`): a run ends when it reaches `run_bytes`, or just
 before a row that is not a plain mutation; what is left over at the vbucket's end waits for more
@@ -176,10 +176,9 @@ _NEXT_UNENCODED = ("SELECT seqno FROM items INDEXED BY items_unencoded_by_id WHE
                    "AND dcp IS NULL ORDER BY id LIMIT 1")
 _NEXT_ROW = "SELECT seqno FROM items WHERE id > ? AND id <= ? ORDER BY id LIMIT 1"
 _ROW_PAGE = f"SELECT {_ITEM_COLS}, dcp IS NOT NULL FROM items WHERE id > ? AND id <= ? ORDER BY id LIMIT ?"
-#: A page of stored messages: one column, so SQLite only appends (no expression per row, no
-#: subquery: ~290 ns per 100-byte document against ~950 for the previous five-part concatenation
-#: in a sorted subquery), and a rowid range, so one walk of adjacent table pages (~220 ns, where
-#: the same range through a (vb, seqno) index fetched each row apart). The rows come in seqno
+#: A page of stored messages: one column, so SQLite only appends (no expression per row and no
+#: subquery, which cost several times more per document), and a rowid range, so one walk of
+#: adjacent table pages (a (vb, seqno) index would fetch each row apart). The rows come in seqno
 #: order - which `stamp_mutations` checks rather than assumes.
 _ENCODED_PAGE = ("SELECT CAST(group_concat(dcp, x'') AS BLOB), count(dcp), max(seqno) FROM items "
                  "WHERE id > ? AND id <= ?")
@@ -292,30 +291,29 @@ _UPSERT_STATE = (
 #: message), so they reach the socket without being copied into a message first.
 LARGE_VALUE = 2048
 #: Plain mutations with values below this are stored as their whole message (`dcp`) and backfill
-#: as pages SQLite concatenates; bigger ones are read as rows and their values sent uncopied. At
-#: 4 KB, rows cost ~9 us per document in Python against ~2 in pages. The limit keeps a page small
-#: whatever the sizes: a first page (ENCODED_PAGE_ITEMS messages, before pages are sized by bytes)
-#: stays below ~17 MB, far below SQLite's 1 GB string limit.
+#: as pages SQLite concatenates; bigger ones are read as rows and their values sent uncopied.
+#: Below this size a row's Python work per document outweighs copying its value into a page; the
+#: limit also keeps a page small whatever the sizes: a first page (ENCODED_PAGE_ITEMS messages,
+#: before pages are sized by bytes) stays far below SQLite's 1 GB string limit.
 ENCODED_VALUE_LIMIT = 8192
 
 #: A run ends when it holds this many bytes of messages (`_cut_runs`); a piece before a row that is
 #: not a plain mutation, or at the end of a vbucket when sealed, becomes a run from RUN_MIN_BYTES.
-#: Reading 1M stored ~380-byte documents (1024 vbuckets) cost the server 0.31-0.335 s of CPU with
-#: 64 KiB runs, 0.27-0.29 s with 256 KiB and 0.25-0.28 s with 1 MiB: each run is a query, a stamp,
-#: a page queued and written, and with a worker thread reading beside the loop, GIL hand-offs.
-#: Bigger runs cost where keys are rewritten at random: a rewrite drops the run around the old
-#: version, and more rows with it (at 64 KiB, rewriting 1% of keys already drops most runs).
+#: Each run read is a query, a stamp, a page queued and written and, with a worker thread reading
+#: beside the loop, GIL hand-offs, so bigger runs cost less per document; but they cost where keys
+#: are rewritten at random: a rewrite drops the run around the old version, and more rows with it
+#: (a scattered 1% of rewritten keys already drops most small runs). 256 KiB sits between the two.
 RUN_BYTES = 256 * 1024
 RUN_MIN_BYTES = 8 * 1024
 
 #: The writer connection's page cache. SQLite's default (2 MiB) holds little of the by-key and
-#: history indexes a flush updates at random places: with 64 MiB a flush of rewrites (10k keys, 1024
-#: vbuckets) spent ~25% less time per row (/tmp micro-benchmark in the stop's note).
+#: history indexes a flush updates at random places, so a flush of rewrites would re-read the
+#: same index pages from the file.
 WRITER_CACHE_KIB = 64 * 1024
 #: Backfill scans read the file through a memory map of up to this size (SQLite caps it at its
 #: SQLITE_MAX_MMAP_SIZE, 2 GB in common builds): a page is then a pointer into the OS page cache,
-#: not a pread() into the connection's own cache. Scanning 1M stored documents (1024 vbuckets,
-#: runs) took 100-130 ns per item this way against 180-240 with pread. The writer keeps pread.
+#: not a pread() into the connection's own cache, which saves a copy of every page a scan reads.
+#: The writer keeps pread.
 READER_MMAP_BYTES = 1 << 31
 
 _SIGN = 1 << 63
@@ -336,8 +334,8 @@ def _row(vb: int, it: Item) -> tuple:
     add its `cid`).
 
     Blobs go to SQLite as bytearrays: Python 3.11's sqlite3 binds bytes only after a failed
-    adapter lookup that raises and clears an AttributeError (about 3,000 instructions per blob,
-    with the GIL held); a bytearray is bound directly. Large values skip the copy - next to
+    adapter lookup that raises and clears an AttributeError (with the GIL held, per blob); a
+    bytearray is bound directly. Large values skip the copy - next to
     their size the lookup does not matter."""
     value = it.value
     return (vb, bytearray(it.key), it.by_seqno, _s64(it.rev_seqno), _s64(it.cas), it.flags, it.expiry, it.datatype,
@@ -362,7 +360,7 @@ def _encoded_rows_py(vb: int, items: Iterable[Item]) -> list[tuple]:
 
 
 #: The flusher's rows, compiled (engine/_speedups.c; its twin is _encoded_rows_py): building them
-#: holds the GIL, about 3 us per row in Python, taken from the thread that serves requests.
+#: holds the GIL, so their time per row is taken from the thread that serves requests.
 _encoded_rows_c = compiled("encoded_rows", "dcpflow.engine._speedups")
 
 
@@ -856,7 +854,7 @@ def _reader(path: Path) -> sqlite3.Connection:
 
 class _ReaderPool:
     """Idle read connections for BackfillScans. Opening a SQLite connection and parsing the schema
-    costs ~0.3 ms, about what reading 200 items costs: a DCP client streaming 1024 vbuckets opens
+    costs about as much as reading a few hundred items: a DCP client streaming 1024 vbuckets opens
     1024 scans, so they reuse connections (each scan still has its own read transaction)."""
 
     MAX_IDLE = 16
@@ -965,8 +963,8 @@ class BackfillScan:
                 _, hi, count, last, data = run
                 if hi > end:
                     # The run goes past the range, as when a backfill stops where the checkpoints
-                    # begin: its head, measured on the stored messages. Reading those rows one by
-                    # one instead cost 1024 such backfills ~0.06 s more than whole vbuckets.
+                    # begin: its head, measured on the stored messages, so the run's blob is still
+                    # read in one query rather than as rows one by one.
                     nbytes, count, last = mutations_upto(data, end)
                     data, hi = memoryview(data)[:nbytes], end
                 self._pos = hi

@@ -571,7 +571,7 @@ class VBucket:
         return cas
 
     def _check_options(self, options: int, cas: int, *, deletion: bool) -> tuple[bool, bool]:
-        """Validate WithMeta options (TABLES.md 6.2); returns (skip conflict resolution, regenerate CAS)."""
+        """Validate WithMeta options (0x01..0x10); returns (skip conflict resolution, regenerate CAS)."""
         if options & ~_ALL_OPTIONS:
             raise EngineError(Status.EINVAL, f"unknown WithMeta option bits 0x{options & ~_ALL_OPTIONS:x}")
         if options & WithMetaOption.IS_EXPIRATION and not deletion:

@@ -1,9 +1,9 @@
 """Frames of the memcached binary protocol: the 24-byte header, flexible framing extras, an
 incremental decoder and the encoder.
 
-Reference: reference/kv_engine/docs/BinaryProtocol.md ("Packet Structure", "Request header with
-flexible framing extras") and TABLES.md section 1. Magic 0x08 (erratum 43: missing from the
-page's magic table) and 0x18 carry framing extras: byte 2 is their length and byte 3 the key
+Reference: https://github.com/couchbase/kv_engine/blob/master/docs/BinaryProtocol.md
+("Packet Structure", "Request header with flexible framing extras"). Magic 0x08 (used in the
+page's text, missing from its magic table) and 0x18 carry framing extras: byte 2 is their length and byte 3 the key
 length, so keys in such frames are at most 255 bytes.
 """
 
@@ -91,7 +91,7 @@ _MAGICS = frozenset(int(m) for m in Magic)
 
 
 class RequestFrameId(IntEnum):
-    """Framing-extras ids in requests (TABLES.md 1.3)."""
+    """Framing-extras ids in requests (magic 0x08): each object's first byte is id << 4 | length."""
 
     BARRIER = 0
     DURABILITY = 1
@@ -104,7 +104,7 @@ class RequestFrameId(IntEnum):
 
 
 class ResponseFrameId(IntEnum):
-    """Framing-extras ids in responses (TABLES.md 1.3)."""
+    """Framing-extras ids in responses (magic 0x18)."""
 
     SERVER_DURATION = 0
     READ_UNITS = 1
@@ -144,6 +144,11 @@ class Frame(NamedTuple):
     @property
     def body_len(self) -> int:
         return len(self.framing) + len(self.extras) + len(self.key) + len(self.value)
+
+    @property
+    def wire_len(self) -> int:
+        """The frame's size on the wire: header and body."""
+        return HEADER_LEN + len(self.framing) + len(self.extras) + len(self.key) + len(self.value)
 
     @property
     def frame_infos(self) -> list[tuple[int, bytes]]:

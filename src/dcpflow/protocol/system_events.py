@@ -1,7 +1,8 @@
 """The key and value of each DCP system event, in both layouts a consumer may ask for.
 
 Page: https://github.com/couchbase/kv_engine/blob/master/docs/dcp/documentation/commands/system_event.md
-(erratum 31: scope id before collection id). Versions 0 and 1 are fixed structs, network order:
+(scope id before collection id, as its structs say; its example swaps them). Versions 0 and 1 are
+fixed structs, network order:
 
 * create collection: key = its name; version 0 (manifest uid u64, scope id u32, collection id
   u32), or version 1 adding maxTTL u32 when the collection has one;

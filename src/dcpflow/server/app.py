@@ -100,11 +100,10 @@ def _lower_thread_priority(steps: int) -> None:
     """Make the calling thread `steps` nice levels nicer than it is (Linux: a thread is a task with
     its own nice value; elsewhere setpriority would change the whole process, so nothing is done).
 
-    The flusher runs this: a flushed row costs ~10 us of SQLite outside the GIL, on the cores that
-    also run the event loop and the clients on this host. At equal priority the scheduler took turns
-    between them and the loop was preempted mid-window (2 involuntary switches per 1000 SETs against
-    0.1 without the flusher); a nicer flusher takes what CPU is left, and under a write storm
-    checkpoint de-duplication absorbs what it has not written yet."""
+    The flusher runs this: its SQLite work runs outside the GIL, on the cores that also run the
+    event loop and the clients on this host. At equal priority the scheduler takes turns between
+    them and preempts the loop in the middle of serving requests; a nicer flusher takes what CPU is
+    left, and under a write storm checkpoint de-duplication absorbs what it has not written yet."""
     if steps <= 0 or not sys.platform.startswith("linux"):
         return
     tid = threading.get_native_id()
@@ -240,11 +239,11 @@ class Server:
             self._executor.shutdown(wait=True)
             raise
         # Warm-up loaded every document as a long-lived object; a full collection walks all of
-        # them (measured with 500k documents while streaming DCP: 60-230 ms loop stalls). Freeze
-        # them out of the collector's generations: only objects created from now on are walked.
-        # Freezing also makes the collector think the old generation is small, so consider a full
-        # collection only every 100 young collections (not 10), or a stream of new documents would
-        # trigger one every ~70k allocations.
+        # them and stalls the loop for as long. Freeze them out of the collector's generations:
+        # only objects created from now on are walked. Freezing also makes the collector think the
+        # old generation is small, so consider a full collection only every 100 young collections
+        # (not 10), or a stream of new documents would trigger one every few tens of thousands of
+        # allocations.
         gc.freeze()
         gen0, gen1, _ = gc.get_threshold()
         gc.set_threshold(gen0, gen1, 100)

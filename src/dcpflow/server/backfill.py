@@ -7,18 +7,16 @@ backfills open and how much they may read; this module runs the reads:
 * `BackfillScheduler` - one per server (created by Server, closed by Server.close): the thread pool
   that runs SQLite, the open slots (BACKFILL_OPENS group trips at once in the whole server) and the
   read lock (one continuation page read at a time in the whole server, FIFO, so connections take
-  turns page by page). Concurrent reads of large scans cost more than they give: two at once took
-  ~0.1 us/item more server CPU for 64 scans of 15k items; the loop sends the previous page meanwhile
-  anyway. The open trips have slots of their own: one at a time, every trip waited for the
-  previous one's round trip through the worker and the server was latency-bound (worker ~30% busy,
-  loop ~40%); with BACKFILL_OPENS queued on the pool's two threads, a thread starts the next trip as
-  soon as it finishes one, while the loop handles the pages it read (1024 vbuckets x 293
-  documents: ~500k items/s with one slot per thread, ~580k with four, ~600k with eight; the CPU per
-  item the same).
+  turns page by page). Concurrent reads of large scans cost more CPU per item than they give: the
+  loop sends the previous page meanwhile anyway. The open trips have slots of their own: one at a
+  time, every trip would wait for the previous one's round trip through the worker, leaving both
+  the worker and the loop idle part of the time; with BACKFILL_OPENS queued on the pool's two
+  threads, a thread starts the next trip as soon as it finishes one, while the loop handles the
+  pages it read (more throughput, the same CPU per item).
 * `ConnectionBackfills` - the asyncio side of one producer connection's backfills: `_open_group`
   opens the scans of a group in one trip to a worker, with their first pages (a trip per stream
-  cost the loop more than its items did: 1024 vbuckets of ~1000 documents spent a third of the
-  loop's time on executor round trips, tasks and slots); a stream whose scan has more to read goes
+  would cost the loop more in executor round trips, tasks and slots than its items do, for small
+  vbuckets); a stream whose scan has more to read goes
   on in `_continue_backfill`, a page at a time and only while dcp/backfills.py says there is room.
   Plain mutations come as pages SQLite encoded (`BackfillScan.next_chunk`), queued as one entry of
   whole messages each.

@@ -1,6 +1,6 @@
 """One client connection: framing, in-order pipelined replies, dispatch, and the session state.
 
-Clients pipeline: they write many requests before reading a reply (SDK-BOOTSTRAP.md), and the
+Clients pipeline: they write many requests before reading a reply (the official SDKs do), and the
 protocol promises replies in request order (BinaryProtocol.md, "Client Commands"). Each
 `data_received` feeds a FrameDecoder and runs every complete request through the dispatch table
 (dispatch.py) in order; replies go into the Writer, which sends everything produced in one
@@ -70,7 +70,8 @@ MAX_PENDING_INPUT = 4 * 1024 * 1024
 MAX_BATCH_OUTPUT = 1024 * 1024
 #: A connection's pipelined requests are run for at most about this long per event-loop pass (the
 #: clock is read every 64 requests); the rest wait for the next pass, so that one client's burst
-#: (1024 STREAM_REQs: ~40 ms) does not stall everyone else (memcached's reqs_per_event idea).
+#: (a STREAM_REQ for each of 1024 vbuckets, say) does not stall everyone else (memcached's
+#: reqs_per_event idea).
 MAX_PASS_SECONDS = 0.004
 _monotonic = time.monotonic
 _ALT_REQUEST = Magic.ALT_REQUEST

@@ -1,6 +1,6 @@
 """The cluster map this node serves (GET_CLUSTER_CONFIG, NOT_MY_VBUCKET), one revision at a time.
 
-Shape: reference/SDK-BOOTSTRAP.md ("Cluster map"), built by dcpflow.protocol.config. Hostnames stay
+Shape: the cluster map the official SDKs read, built by dcpflow.protocol.config. Hostnames stay
 the literal `$HOST` so each client substitutes the address it dialled.
 
 Designed for several nodes: `nodes` is the whole cluster and `this_node` the index of this one. A

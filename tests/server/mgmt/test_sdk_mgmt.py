@@ -20,17 +20,6 @@ from ..test_sdk import connect
 
 
 @pytest.fixture(scope="module")
-def sdk_server(tmp_path_factory):
-    from ..conftest import ServerProcess
-    data = tmp_path_factory.mktemp("sdk-mgmt")
-    proc = ServerProcess(["--data-dir", str(data), "--vbuckets", "64", "--flush-interval", "0.05"])
-    try:
-        yield proc
-    finally:
-        proc.cleanup()
-
-
-@pytest.fixture(scope="module")
 def cluster(sdk_server):
     c = connect(sdk_server.port)
     try:
