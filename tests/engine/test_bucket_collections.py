@@ -208,3 +208,27 @@ def test_rollback_keeps_the_collections_a_vbucket_had(two):
     vb = two.vbucket(0)
     assert ORDERS in vb.collections and vb.get((ORDERS, b"a")).value == b"1" and (ORDERS, b"b") not in vb.ht
     assert vb.collection_items(ORDERS) == 1
+
+
+def test_history_retention_by_age_purges_older_versions_and_moves_history_start(make_bucket, clock):
+    b = make_bucket(clock=clock, hlc_clock=lambda: int(clock() * 1e9))
+    b.set_vbucket_state(0, VBucketState.ACTIVE)
+    b.change_manifest(lambda m: m.add_scope("app"))
+    b.change_manifest(lambda m: m.add_collection("app", "events", history=True))  # id 8
+    vb = b.vbucket(0)
+    for i in range(3):
+        vb.set((8, b"e"), b"old%d" % i)  # seqnos 3, 4, 5
+        b.flush_all()
+    clock.advance(100)
+    vb.set((8, b"e"), b"new")  # 6
+    b.flush_all()
+    with b.store.scan(0, 0, 6, history=frozenset({8})) as scan:
+        assert [(i.by_seqno, i.value) for i in scan if i.cid == 8] == [(3, b"old0"), (4, b"old1"), (5, b"old2"),
+                                                                       (6, b"new")]
+    b.history_retention_seconds = 50
+    b.compact()
+    assert vb.history_start == 6  # old0..old2 were written 100 s ago
+    with b.store.scan(0, 0, 6, history=frozenset({8})) as scan:
+        assert [(i.by_seqno, i.value) for i in scan if i.cid == 8] == [(6, b"new")]
+    b.close()
+    assert make_bucket(clock=clock).vbucket(0).history_start == 6  # kept across a restart

@@ -37,6 +37,7 @@ def test_default_manifest_lookups():
     (lambda m: m.drop_collection("_default", "x"), "unknown_collection"),
     (lambda m: m.drop_collection("_default", "_default"), "unsupported"),
     (lambda m: m.update_collection("_default", "_default", history=True), "unsupported"),
+    (lambda m: m.update_collection("_default", "_default", max_ttl=5), "unsupported"),
     (lambda m: m.with_scopes({"app": []}), "invalid"),
     (lambda m: m.add_scope("_system"), "invalid"),
     (lambda m: m.add_scope("%x"), "invalid"),

@@ -184,6 +184,10 @@ def test_get_all_vb_seqnos_per_collection(app, sdk_server):
         assert all(default[vb] <= every[vb] for vb in every)
         assert c.call(Opcode.GET_ALL_VB_SEQNOS, extras=struct.pack(">II", 1, 0x77)).status == \
             Status.UNKNOWN_COLLECTION
+        stats = c.stats("collections")
+        p = f"0x8:0x{cid:x}:"
+        assert int(stats[p + "items"]) >= len(keys) and int(stats[p + "high_seqno"]) == max(per.values())
+        assert stats["manifest_uid"] == str(int(json.loads(c.call(Opcode.COLLECTIONS_GET_MANIFEST).value)["uid"], 16))
 
 
 def test_a_dropped_collection_is_gone_for_the_sdk(cluster, app):

@@ -40,6 +40,14 @@ legacy layouts or, with `flatbuffers_system_events`, as FlatBuffers (protocol/sy
 When the filter is left empty (its collections or scope dropped), the drop events are sent and
 the stream ends with STREAM_END(FILTER_EMPTY).
 
+Change streams (`change_streams`, snapshot-marker.md flags 0x10 History and 0x20 May Duplicate
+Keys): the checkpoints keep every version of a collection with history; a memory snapshot holding
+such versions is marked History, and May Duplicate Keys when one of its keys repeats. A backfill
+that starts where the store still has every version (`vb.history_start`) reads them all, as one
+Disk|Checkpoint|History|May Duplicate Keys snapshot; one that starts earlier is an ordinary,
+de-duplicated disk snapshot. A stream without `change_streams` keeps the unique-key promise: of
+a memory snapshot with repeated keys it sends each key's latest version.
+
 Takeover (rebalance.md, as KV-Engine's code behaves): once caught up the stream enters TAKEOVER_SEND, in
 which markers carry the Ack flag; when everything is sent and acknowledged it sends
 SET_VBUCKET_STATE(pending) and waits for the reply; then marks its own vbucket dead, drains what
@@ -88,6 +96,7 @@ _U64 = 0xFFFFFFFFFFFFFFFF
 MAX_SEQNO = 0xFFFFFFFFFFFFFFFF
 _MEMORY, _DISK, _CHK, _ACK = (int(SnapshotFlag.MEMORY), int(SnapshotFlag.DISK), int(SnapshotFlag.CHECKPOINT),
                               int(SnapshotFlag.ACK))
+_HISTORY, _MAY_DUPLICATE = int(SnapshotFlag.HISTORY), int(SnapshotFlag.MAY_CONTAIN_DUPLICATES)
 #: What a key starts with on a connection with HELLO Collections: the default collection's id.
 _DEFAULT_COLLECTION_PREFIX = encode_leb128(DEFAULT_COLLECTION)
 #: Plain ints: `int & IntFlag` runs enum's Python __rand__.
@@ -115,6 +124,15 @@ class Frames:
         return Frames(data[:pos], n), Frames(data[pos:], self.count - n)
 
 
+def _latest_versions(items: list[Item]) -> list[Item]:
+    """A snapshot's items with only the last version of each key (a stream without change streams)."""
+    last: dict = {}
+    for i, it in enumerate(items):
+        last[(it.cid, it.key)] = i
+    keep = set(last.values()) if len(last) < len(items) else None
+    return items if keep is None else [it for i, it in enumerate(items) if i in keep or it.cid == SYSTEM_CID]
+
+
 class StreamState(Enum):
     BACKFILLING = "backfilling"
     IN_MEMORY = "in-memory"
@@ -140,14 +158,17 @@ class StreamOptions:
     supports_cursor_dropping: bool = False
     send_stream_end_on_close: bool = False
     flatbuffers_events: bool = False  # flatbuffers_system_events: system event values as FlatBuffers
+    change_streams: bool = False  # history of the collections that keep it (module docstring)
 
 
 @dataclass(frozen=True, slots=True)
 class BackfillRange:
-    """Read items with start <= seqno <= end from disk (`Store.scan(vb, start - 1, end)`)."""
+    """Read items with start <= seqno <= end from disk (`Store.scan(vb, start - 1, end)`), and
+    every older version of the `history` collections."""
 
     start: int
     end: int
+    history: frozenset[int] = frozenset()
 
 
 class ActiveStream:
@@ -238,7 +259,10 @@ class ActiveStream:
 
     def _plan_backfill(self, start: int, end: int) -> None:
         self.state = StreamState.BACKFILLING
-        self.backfill = BackfillRange(start, end)
+        history = self.vb.collections.history
+        if not self.opts.change_streams or start < self.vb.history_start:
+            history = frozenset()
+        self.backfill = BackfillRange(start, end, history)
         self.backfill_running = False
 
     def _release_cursor(self) -> None:
@@ -464,7 +488,7 @@ class ActiveStream:
         rng = self.backfill
         self.backfill_running = True
         self._backfills += 1
-        self._marker(rng.start, rng.end, _DISK | _CHK, purge_seqno)
+        self._marker(rng.start, rng.end, _DISK | _CHK | (_HISTORY | _MAY_DUPLICATE if rng.history else 0), purge_seqno)
 
     def backfill_page(self, items: list[Item]) -> None:
         if self.dead:
@@ -553,7 +577,7 @@ class ActiveStream:
         (`BackfillScan.next_chunk`)?"""
         opts = self.opts
         return (self.stream_id is None and not opts.no_value and not opts.no_value_underlying_datatype
-                and self.filter.default)
+                and self.filter.default and not (self.backfill is not None and self.backfill.history))
 
     def backfill_encoded(self, page: EncodedPage) -> None:
         """A page SQLite encoded for this stream (opaque, key layout): queued as it is."""
@@ -633,9 +657,12 @@ class ActiveStream:
         if past_end:
             items = [it for it in items if it.by_seqno <= end]
         hidden = False
+        if snap.duplicates and not self.opts.change_streams:
+            items = _latest_versions(items)
+            hidden = True
         if items and (snap.others or not self.filter.default):
             admitted = self._admit(items)
-            hidden = len(admitted) < len(items)
+            hidden = hidden or len(admitted) < len(items)
             items = admitted
         read_upto = snap.items[-1].by_seqno  # not cursor.seqno: a batch may hold several snapshots
         if items or (hidden and snap.new_marker and self.opts.collections and read_upto >= snap.end):
@@ -647,6 +674,8 @@ class ActiveStream:
                     start = snap.start if snap.checkpoint_start or not items else items[0].by_seqno
                 if snap.checkpoint_start:
                     flags |= _CHK
+                if snap.history and self.opts.change_streams:
+                    flags |= _HISTORY | _MAY_DUPLICATE if snap.duplicates else _HISTORY
                 self._marker(start, snap.end, flags, self.vb.purge_seqno)
             self._queue_items(items)
             self.memory_items += len(items)

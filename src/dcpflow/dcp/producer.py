@@ -140,6 +140,7 @@ class ProducerConnection:
             supports_cursor_dropping=s.cursor_dropping,
             send_stream_end_on_close=s.send_stream_end_on_close,
             flatbuffers_events=s.flatbuffers_events,
+            change_streams=s.change_streams,
         )
 
     # -- DCP_STREAM_REQ -------------------------------------------------------------------------

@@ -56,7 +56,7 @@ from .errors import EngineError
 from .failover import FailoverEntry, FailoverTable
 from .flusher import Flusher
 from .hlc import HLC
-from .store import PurgeResult, Store
+from .store import HistoryRetention, PurgeResult, Store
 from .vbucket import VBucket, VBucketState
 
 DEFAULT_NUM_VBUCKETS = 1024
@@ -95,7 +95,9 @@ class Bucket:
     should call `flush()` (the engine has no timer), `flush_batch_items` bounds one flush.
     `purge_interval` is the tombstone purge age in seconds (0 purges every persisted tombstone);
     `rollback_history_seqnos` is how far below the persisted seqno compaction keeps rollback
-    history. `synchronous` is SQLite's: FULL survives power loss, NORMAL survives `kill -9`.
+    history; `history_retention_seconds` / `_bytes` how long and how much it keeps of the older
+    versions of collections with history (DCP change streams). `synchronous` is SQLite's: FULL
+    survives power loss, NORMAL survives `kill -9`.
     `clock` (unix seconds), `hlc_clock` (ns) and `rng` (failover UUIDs) are injectable for tests.
     """
 
@@ -105,6 +107,7 @@ class Bucket:
                  checkpoint_memory_quota: int | None = None, flush_interval: float = 0.1,
                  flush_batch_items: int = 10_000, purge_interval: float = DEFAULT_PURGE_INTERVAL,
                  rollback_history_seqnos: int | None = 1_000_000, synchronous: str = "FULL",
+                 history_retention_seconds: float = 0, history_retention_bytes: int = 0,
                  clock: Callable[[], float] = time.time, hlc_clock: Callable[[], int] = time.time_ns,
                  rng: Random | None = None):
         if num_vbuckets is not None and num_vbuckets < 1:
@@ -120,6 +123,10 @@ class Bucket:
         self.flush_batch_items = flush_batch_items
         self.purge_interval = purge_interval
         self.rollback_history_seqnos = rollback_history_seqnos
+        # how long / how much compaction keeps of the older versions of collections with history
+        # (0 and 0: only what rollback keeps anyway)
+        self.history_retention_seconds = history_retention_seconds
+        self.history_retention_bytes = history_retention_bytes
         self._clock = clock
         self._hlc_clock = hlc_clock
         self._rng = rng
@@ -174,7 +181,7 @@ class Bucket:
             self._vbuckets[vbid] = self._make_vbucket(
                 vbid, state, failover=failover, hlc=HLC(rec.max_cas, clock=self._hlc_clock),
                 high_seqno=rec.high_seqno, purge_seqno=rec.purge_seqno,
-                max_deleted_rev_seqno=rec.max_deleted_rev_seqno,
+                max_deleted_rev_seqno=rec.max_deleted_rev_seqno, history_start=rec.history_start,
                 persisted_snapshot=(rec.snap_start, rec.snap_end), items=self.store.load_items(vbid))
         if changed:
             self.store.save_vbucket_states([self._vbuckets[v].state_record() for v in changed])
@@ -453,7 +460,9 @@ class Bucket:
             floor = 0
             if self.rollback_history_seqnos is not None:
                 floor = max(0, vb.persisted_seqno - self.rollback_history_seqnos)
-            result = self.store.purge_tombstones(vb.id, deleted_before, history_floor=floor)
+            keep = HistoryRetention(tuple(sorted(vb.collections.history)), self.history_retention_seconds,
+                                    self.history_retention_bytes, now)
+            result = self.store.purge_tombstones(vb.id, deleted_before, history_floor=floor, keep=keep)
             vb.on_purged(result)
             results[vb.id] = result
         self.purge_dropped_collections()

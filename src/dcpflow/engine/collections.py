@@ -15,7 +15,7 @@ A `Manifest` never changes: each change (`add_scope`, `drop_scope`, `add_collect
 Ids come from two counters that only grow (scopes and collections, each from 8: 0 is `_default`,
 1-7 are reserved), so an id is never reused and a dropped collection's leftovers can never be
 mistaken for a newer collection's documents. The `_default` scope and collection cannot be dropped
-here, and only collections other than `_default` keep history.
+here, and only collections other than `_default` keep history or have a maxTTL.
 
 What a change means for a vbucket is a list of `Change`s (`changes`, from the manifest a vbucket
 knows to the bucket's): each becomes a *system event* in the vbucket, an Item with a seqno of its
@@ -194,6 +194,9 @@ class Manifest:
         if history and c.uid == 0:
             raise ManifestError("unsupported", "history cannot be kept for the _default collection here: "
                                 "create a collection with history=true")
+        if max_ttl is not None and c.uid == 0 and max_ttl != c.max_ttl:
+            raise ManifestError("unsupported", "the _default collection's maxTTL cannot be changed here: "
+                                "create a collection with maxTTL")
         if max_ttl is not None:
             _check_ttl(max_ttl)
         new = replace(c, max_ttl=c.max_ttl if max_ttl is None else max_ttl,

@@ -84,6 +84,7 @@ connection. Scans open their own connection (`BackfillScan`), so a backfill neve
 """
 
 import functools
+import heapq
 import sqlite3
 import threading
 from collections.abc import Iterable, Iterator, Sequence
@@ -459,6 +460,23 @@ class PurgeResult:
     purge_seqno: int
     max_deleted_rev_seqno: int
     history_floor: int
+    history_start: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryRetention:
+    """What compaction keeps of the older versions of the collections that keep history (DCP
+    change streams): those written in the last `seconds` and, of those, the newest `bytes` (0:
+    no limit of that kind; both 0: none kept beyond the rollback history)."""
+
+    cids: tuple[int, ...]
+    seconds: float = 0
+    bytes: int = 0
+    now: float = 0
+
+    @property
+    def active(self) -> bool:
+        return bool(self.cids) and bool(self.seconds or self.bytes)
 
 
 def _connect(path: Path, synchronous: str) -> sqlite3.Connection:
@@ -713,9 +731,12 @@ class Store:
         with self.scan(vb, 0, (1 << 63) - 1, page_size=page_size) as scan:
             yield from scan
 
-    def scan(self, vb: int, start: int, end: int, *, page_size: int = 1000) -> "BackfillScan":
-        """Items with start < seqno <= end, latest version per key, tombstones included."""
-        return BackfillScan(self.path, vb, start, end, page_size, pool=self._readers)
+    def scan(self, vb: int, start: int, end: int, *, page_size: int = 1000,
+             history: frozenset[int] = frozenset()) -> "BackfillScan":
+        """Items with start < seqno <= end, latest version per key, tombstones included; with
+        `history` (collection ids), also every older version of those collections the store still
+        has in that range (a change stream's backfill)."""
+        return BackfillScan(self.path, vb, start, end, page_size, pool=self._readers, history=history)
 
     def count(self, vb: int) -> tuple[int, int]:
         """(live documents, tombstones) on disk for a vbucket, in every collection (system events,
@@ -731,19 +752,23 @@ class Store:
             return self._db.execute("SELECT COUNT(*) FROM history WHERE vb = ?", (vb,)).fetchone()[0]
 
     # -- maintenance ------------------------------------------------------------------------
-    def purge_tombstones(self, vb: int, deleted_before: int, *, history_floor: int = 0) -> PurgeResult:
+    def purge_tombstones(self, vb: int, deleted_before: int, *, history_floor: int = 0,
+                         keep: "HistoryRetention | None" = None) -> PurgeResult:
         """Compaction: purge tombstones deleted at or before `deleted_before` (unix seconds).
 
         The purge seqno advances to the highest purged seqno. The rollback floor moves up to at
         least the purge seqno (a purged tombstone's key can no longer be rolled back past it) and
-        to `history_floor`, and history that only served seqnos below the floor is dropped.
+        to `history_floor`, and history that only served seqnos below the floor is dropped - but
+        the older versions of the collections `keep` names are kept for its retention instead:
+        those written longer ago than its seconds, and the oldest beyond its bytes, go, and
+        `history_start` moves past them (from there on every version is still here).
         """
         with self._txn() as db:
-            state = db.execute("SELECT purge_seqno, max_deleted_rev_seqno, history_floor FROM vbucket_state "
-                               "WHERE vb = ?", (vb,)).fetchone()
+            state = db.execute("SELECT purge_seqno, max_deleted_rev_seqno, history_floor, history_start "
+                               "FROM vbucket_state WHERE vb = ?", (vb,)).fetchone()
             if state is None:
                 raise KeyError(f"vbucket {vb} has no persisted state")
-            purge_seqno, max_rev, floor = state[0], _u64(state[1]), state[2]
+            purge_seqno, max_rev, floor, history_start = state[0], _u64(state[1]), state[2], state[3]
             rows = db.execute("SELECT key, seqno, rev_seqno, cid FROM items WHERE vb = ? AND deleted = 1 "
                               "AND delete_time <= ?", (vb, deleted_before)).fetchall()
             if rows:
@@ -752,11 +777,39 @@ class Store:
                 purge_seqno = max(purge_seqno, max(r[1] for r in rows))
                 max_rev = max(max_rev, max(_u64(r[2]) for r in rows))
             floor = max(floor, purge_seqno, history_floor)
-            db.execute("DELETE FROM history WHERE vb = ? AND superseded_by <= ?", (vb, floor))
+            kept = keep.cids if keep is not None and keep.active else ()
+            marks = ",".join("?" * len(kept))
+            if kept:
+                db.execute(f"DELETE FROM history WHERE vb = ? AND superseded_by <= ? AND cid NOT IN ({marks})",
+                           (vb, floor, *kept))
+                history_start = max(history_start, self._history_cut(db, vb, kept, keep))
+                db.execute(f"DELETE FROM history WHERE vb = ? AND seqno < ? AND cid IN ({marks})",
+                           (vb, history_start, *kept))
+            else:
+                db.execute("DELETE FROM history WHERE vb = ? AND superseded_by <= ?", (vb, floor))
             db.execute("DELETE FROM snapshots WHERE vb = ? AND snap_end < ?", (vb, floor))
             db.execute("UPDATE vbucket_state SET purge_seqno = ?, max_deleted_rev_seqno = ?, "
-                       "history_floor = ? WHERE vb = ?", (purge_seqno, _s64(max_rev), floor, vb))
-        return PurgeResult([(doc_key(r[3], r[0]), r[1]) for r in rows], purge_seqno, max_rev, floor)
+                       "history_floor = ?, history_start = ? WHERE vb = ?",
+                       (purge_seqno, _s64(max_rev), floor, history_start, vb))
+        return PurgeResult([(doc_key(r[3], r[0]), r[1]) for r in rows], purge_seqno, max_rev, floor,
+                           history_start)
+
+    @staticmethod
+    def _history_cut(db: sqlite3.Connection, vb: int, cids: tuple[int, ...], keep: "HistoryRetention") -> int:
+        """The lowest seqno the retention keeps the older versions of `cids` from."""
+        marks = ",".join("?" * len(cids))
+        cut = 0
+        if keep.seconds:
+            row = db.execute(f"SELECT max(seqno) FROM history WHERE vb = ? AND cid IN ({marks}) AND cas < ?",
+                             (vb, *cids, _s64(max(0, int((keep.now - keep.seconds) * 1e9))))).fetchone()
+            cut = max(cut, (row[0] or 0) + 1 if row[0] is not None else 0)
+        if keep.bytes:
+            row = db.execute(
+                f"SELECT max(seqno) FROM (SELECT seqno, sum(length(key) + length(value)) OVER (ORDER BY seqno DESC) "
+                f"AS newer FROM history WHERE vb = ? AND cid IN ({marks})) WHERE newer > ?",
+                (vb, *cids, keep.bytes)).fetchone()
+            cut = max(cut, row[0] + 1 if row[0] is not None else 0)
+        return cut
 
     def rollback(self, vb: int, seqno: int) -> "RollbackResult":
         """Discard everything after `seqno`; returns the seqno actually reached and its snapshot.
@@ -906,7 +959,7 @@ class BackfillScan:
     """
 
     def __init__(self, path: Path, vb: int, start: int, end: int, page_size: int, *,
-                 pool: _ReaderPool | None = None):
+                 pool: _ReaderPool | None = None, history: frozenset[int] = frozenset()):
         if page_size < 1:
             raise ValueError("page_size must be >= 1")
         self.vb, self.start, self.end, self.page_size = vb, start, end, page_size
@@ -926,6 +979,11 @@ class BackfillScan:
             raise
         self.disk_high_seqno, self.purge_seqno, self.max_visible_seqno = row if row else (0, 0, 0)
         self._pos = min(max(start, 0), MAX_STORED_SEQNO)
+        self.history = tuple(sorted(history))  # collections whose older versions come too
+        self._history_sql = (f"SELECT key, seqno, rev_seqno, cas, flags, expiry, datatype, deleted, delete_time, "
+                             f"delete_source, value, cid, 0 FROM history INDEXED BY history_by_seqno WHERE vb = ? "
+                             f"AND seqno > ? AND seqno <= ? AND cid IN ({','.join('?' * len(self.history))}) "
+                             f"ORDER BY seqno LIMIT ?") if self.history else ""
         self._base = _rowid(vb, 0)  # the rowid of (vb, seqno) is base | seqno
         self._top = self._base | min(max(end, 0), MAX_STORED_SEQNO)  # the last rowid in range
 
@@ -938,8 +996,25 @@ class BackfillScan:
         backfill): columns in ITEM_COLUMNS order, CAS and rev seqno as stored (signed 64-bit,
         two's complement; `item_from_row` converts), and a 13th: whether the row has an encoded
         head. At most page_size rows and about page_bytes of values (at least one row). []
-        when the range is exhausted."""
-        return self._row_page(None) if not self.closed else []
+        when the range is exhausted. With `history`, older versions of those collections come
+        among them, in seqno order."""
+        if self.closed:
+            return []
+        return self._history_page() if self.history else self._row_page(None)
+
+    def _history_page(self) -> list[tuple]:
+        """The next page of latest versions and older ones of the history collections, merged by
+        seqno (each read by its own index, a page of each at most)."""
+        n, pos = self.page_size, self._pos
+        end = self._top - self._base
+        latest = self._db.execute(_ROW_PAGE, (self._base | pos, self._top, n)).fetchall()
+        older = self._db.execute(self._history_sql, (self.vb, pos, end, *self.history, n)).fetchall()
+        rows = list(heapq.merge(latest, older, key=lambda r: r[1]))[:n]
+        if len(latest) < n and len(older) < n and len(rows) == len(latest) + len(older):
+            self.close()  # both read to the range's end
+        elif rows:
+            self._pos = rows[-1][1]
+        return rows
 
     def next_chunk(self, opaque: int, collections: bool) -> "EncodedPage | list[tuple]":
         """The next part of the range for a DCP stream that sends plain mutations unshaped, in
@@ -950,10 +1025,13 @@ class BackfillScan:
         page of raw rows (`next_rows`) that ends where such a run begins: where tombstones or
         xattr documents are scattered among plain ones, the plain ones in between come as rows
         rather than as many tiny queries. Encoded pages are restamped with this opaque and key
-        layout by `stamp_mutations`. [] when the range is exhausted.
+        layout by `stamp_mutations`. [] when the range is exhausted. A scan with `history` reads
+        rows only (`next_rows`).
 
         A page of rows' messages is a seqno range (the query has no LIMIT, which would cost a
         sorted subquery): page_size seqnos, widened up to 4x while de-duplication leaves them sparse."""
+        if self.history:
+            return self.next_rows()
         db, base, top = self._db, self._base, self._top
         end = top - base
         while not self.closed:

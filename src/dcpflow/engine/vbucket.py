@@ -60,12 +60,13 @@ class VBucket:
     __slots__ = ("id", "state", "conflict_resolution", "failover", "hlc", "high_seqno", "purge_seqno",
                  "max_deleted_rev_seqno", "persisted_seqno", "persisted_snapshot", "snapshot_start",
                  "snapshot_end", "_clock", "_on_seqno", "_dirty", "checkpoint_manager", "ht", "num_items",
-                 "num_deleted", "ops_create", "ops_update", "ops_delete", "_expiry_heap", "locks", "collections")
+                 "num_deleted", "ops_create", "ops_update", "ops_delete", "_expiry_heap", "locks", "collections",
+                 "history_start")
 
     def __init__(self, vbid: int, state: VBucketState = VBucketState.ACTIVE, *,
                  conflict_resolution: ConflictResolutionMode | str = ConflictResolutionMode.REV_SEQNO,
                  failover: FailoverTable | None = None, hlc: HLC | None = None, high_seqno: int = 0,
-                 purge_seqno: int = 0, max_deleted_rev_seqno: int = 0,
+                 purge_seqno: int = 0, max_deleted_rev_seqno: int = 0, history_start: int = 0,
                  persisted_snapshot: tuple[int, int] | None = None, items: Iterable[Item] = (),
                  checkpoint_max_items: int = 10_000, checkpoint_max_age: float | None = 5.0,
                  checkpoint_memory_quota: int | None = None, persistent: bool = True,
@@ -80,6 +81,9 @@ class VBucket:
         self.high_seqno = high_seqno
         self.purge_seqno = purge_seqno
         self.max_deleted_rev_seqno = max_deleted_rev_seqno
+        # every version of the collections that keep history is on disk from this seqno on
+        # (compaction moves it past what the bucket's history retention let go)
+        self.history_start = history_start
         self.persisted_seqno = high_seqno
         self.persisted_snapshot = persisted_snapshot or (high_seqno, high_seqno)
         # The snapshot the vbucket is in: a replica's last marker; an active is always complete.
@@ -706,6 +710,7 @@ class VBucket:
         """Compaction purged tombstones on disk: drop the same versions from memory."""
         self.purge_seqno = result.purge_seqno
         self.max_deleted_rev_seqno = max(self.max_deleted_rev_seqno, result.max_deleted_rev_seqno)
+        self.history_start = max(self.history_start, result.history_start)
         ht = self.ht
         for key, seqno in result.purged:
             item = ht.get(key)

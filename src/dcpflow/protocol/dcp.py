@@ -37,6 +37,7 @@ from .kv import RawResponse
 from .opcodes import Opcode
 from .rules import MAY, MUST, MUST_NOT, Shape
 from .status import Status
+from .system_events import SystemEventId, decode_event_value  # noqa: F401 (SystemEventId: re-exported, the DCP types live here)
 
 # ---------------------------------------------------------------------------------------------
 # Flags and enums: the values KV-Engine's code uses (its headers, not the pages, define them)
@@ -101,14 +102,6 @@ class VBucketState(IntEnum):
     REPLICA = 2
     PENDING = 3
     DEAD = 4
-
-
-class SystemEventId(IntEnum):
-    BEGIN_COLLECTION = 0
-    END_COLLECTION = 1
-    CREATE_SCOPE = 3
-    DROP_SCOPE = 4
-    MODIFY_COLLECTION = 5
 
 
 class DurabilityLevel(IntEnum):
@@ -1095,7 +1088,6 @@ class DcpSystemEvent(NamedTuple):
         """The value's fields (system_events.py): the legacy structs of system_event.md (version 0
         and 1: scope id before collection id, as its struct says; its example swaps them) or the
         FlatBuffers table (version 2)."""
-        from .system_events import decode_event_value  # it builds on this module's types
         return decode_event_value(self.event, self.version, self.value)
 
 

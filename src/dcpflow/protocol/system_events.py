@@ -17,10 +17,21 @@ are the same.
 """
 
 import struct
+from enum import IntEnum
 
-from .dcp import SystemEventId
 from .errors import ProtocolError
 from .flatbuffers import decode_table, encode_table
+
+
+class SystemEventId(IntEnum):
+    """The `event` of DCP_SYSTEM_EVENT's extras."""
+
+    BEGIN_COLLECTION = 0
+    END_COLLECTION = 1
+    CREATE_SCOPE = 3
+    DROP_SCOPE = 4
+    MODIFY_COLLECTION = 5
+
 
 _V0_COLLECTION = struct.Struct(">QII")
 _V1_COLLECTION = struct.Struct(">QIII")

@@ -134,6 +134,7 @@ class ServerBucket:
         self.counters = Counters()
         # Settings the management API keeps for this bucket (server/mgmt/buckets.py owns their meaning).
         self.settings: dict = json.loads(engine.store.get_meta("mgmt_settings") or "{}")
+        self._apply_settings()
         self.persistence_paused = False
         self.flushed_at = 0.0  # monotonic time of the last batch the flusher wrote (seal_runs waits)
         self._waiters: dict[int, list[tuple[int, asyncio.Future]]] = {}
@@ -145,6 +146,12 @@ class ServerBucket:
     def save_settings(self, settings: dict) -> None:
         self.engine.store.set_meta("mgmt_settings", json.dumps(settings, sort_keys=True))
         self.settings = dict(settings)
+        self._apply_settings()
+
+    def _apply_settings(self) -> None:
+        """The management settings the engine acts on: history retention (server/mgmt/buckets.py)."""
+        self.engine.history_retention_seconds = self.settings.get("historyRetentionSeconds", 0)
+        self.engine.history_retention_bytes = self.settings.get("historyRetentionBytes", 0)
 
     def _local_map(self) -> list[list[int]]:
         """Single-node map from local states: active vbuckets here, every other one without an active."""

@@ -124,7 +124,9 @@ async def create_collection(request: web.Request) -> web.Response:
         raise error(400, "Collection name is missing", field="name")
     scope = request.match_info["scope"]
     ttl, history = _ttl(form), _history(form)
-    return _change(request, bucket, lambda m: m.add_collection(scope, name, max_ttl=ttl or 0, history=bool(history)))
+    if history is None:  # the bucket's default for new collections (historyRetentionCollectionDefault)
+        history = bool(bucket.settings.get("historyRetentionCollectionDefault", False))
+    return _change(request, bucket, lambda m: m.add_collection(scope, name, max_ttl=ttl or 0, history=history))
 
 
 @routes.patch(_BASE + "/{scope}/collections/{collection}")
