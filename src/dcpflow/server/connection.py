@@ -36,7 +36,6 @@ import socket
 import sys
 import time
 import traceback
-from itertools import islice
 from typing import TYPE_CHECKING
 
 from dcpflow.engine.errors import EngineError
@@ -77,6 +76,14 @@ _monotonic = time.monotonic
 _ALT_REQUEST = Magic.ALT_REQUEST
 _REQUEST = Magic.REQUEST
 _LOCK_STATUSES = frozenset((Status.LOCKED, Status.NOT_LOCKED))
+
+
+def _ran(frames: list[Frame], frame: Frame) -> int:
+    """How many of `frames` have run when `frame` (one of them, by identity) is the last."""
+    for i, f in enumerate(frames):
+        if f is frame:
+            return i + 1
+    raise ValueError("the frame is not in the batch")
 
 
 class Writer:
@@ -257,43 +264,56 @@ class Connection(asyncio.Protocol):
         ready = self._ready  # updated in place when the session changes, so this stays current
         out = writer._buf  # Writer.write inlined below: one call less per request
         started = _monotonic()
+        taken = 0  # requests run since the clock was last read
         while not self._closing:
             try:
-                frames = iter(decoder)
                 while True:
-                    frame = None
-                    for frame in islice(frames, 64):  # the clock is read between slices, not per request
-                        # A classic request (no framing extras) whose command this session may run
-                        # goes straight to its handler: the checks of _handle were done when the
-                        # session last changed (tests/server/test_connection.py pins the equivalence).
-                        handler = ready.get(frame.opcode) if frame.magic == _REQUEST else None
-                        if handler is not None:
-                            try:
-                                reply = handler(self, frame)
-                            except Exception as e:
-                                reply = self._handler_failed(frame, e)
-                        else:
-                            reply = self._handle(frame)
-                        if reply is None:
-                            pass
-                        elif reply.__class__ is bytes:
-                            out.append(reply)
-                            writer._size += len(reply)
-                            if writer._size > MAX_BATCH_OUTPUT:
-                                writer.flush()
-                                if writer.paused:
-                                    return
-                        else:
-                            self._wait_for(frame, reply)
-                            return
-                        if self._closing:
-                            return
-                    if frame is None:
+                    # The frames come in lists, consumed once they have run (on the way out when
+                    # the loop stops early: a request that waits, raises, or ends the connection).
+                    frames = decoder.peek(64)
+                    if not frames:
                         return  # every buffered request has run
-                    if _monotonic() - started > MAX_PASS_SECONDS:
-                        if decoder.buffered:  # (none left: the next bytes may run as soon as they come)
-                            self._next_pass()
-                        return
+                    try:
+                        for frame in frames:
+                            # A classic request (no framing extras) whose command this session may run
+                            # goes straight to its handler: the checks of _handle were done when the
+                            # session last changed (tests/server/test_connection.py pins the equivalence).
+                            handler = ready.get(frame.opcode) if frame.magic == _REQUEST else None
+                            if handler is not None:
+                                try:
+                                    reply = handler(self, frame)
+                                except Exception as e:
+                                    reply = self._handler_failed(frame, e)
+                            else:
+                                reply = self._handle(frame)
+                            if reply is None:
+                                pass
+                            elif reply.__class__ is bytes:
+                                out.append(reply)
+                                writer._size += len(reply)
+                                if writer._size > MAX_BATCH_OUTPUT:
+                                    writer.flush()
+                                    if writer.paused:
+                                        decoder.consume(_ran(frames, frame))
+                                        return
+                            else:
+                                decoder.consume(_ran(frames, frame))
+                                self._wait_for(frame, reply)
+                                return
+                            if self._closing:
+                                decoder.consume(_ran(frames, frame))
+                                return
+                    except BaseException:
+                        decoder.consume(_ran(frames, frame))
+                        raise
+                    decoder.consume(len(frames))
+                    taken += len(frames)
+                    if taken >= 64:  # the clock is read every 64 requests or so, not per request
+                        taken = 0
+                        if _monotonic() - started > MAX_PASS_SECONDS:
+                            if decoder.buffered:  # (none left: the next bytes may run as soon as they come)
+                                self._next_pass()
+                            return
             except ProtocolError as e:
                 if e.fatal:
                     self._log_bad_input(e)
