@@ -375,6 +375,7 @@ class VBucket:
         item.deleted = False
         item.delete_time = 0
         item.delete_source = _EXPLICIT
+        item.cid = 0
         self.checkpoint_manager.queue(item)  # first: it validates the seqno before anything changes
         # _queue's accounting for a live version over `prev`
         if prev is None:
