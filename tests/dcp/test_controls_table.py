@@ -195,10 +195,15 @@ def test_include_deleted_user_xattrs_needs_the_open_flag(make):
     assert control(p, "include_deleted_user_xattrs", "true") is OK and p.settings.include_deleted_user_xattrs
 
 
-def test_change_streams_is_not_supported(make):
+def test_change_streams_needs_collections(make):
     assert control(make(), "change_streams", "false") == refusal(Status.EINVAL, "change_streams only accepts 'true'")
     assert control(make(), "change_streams", "true") == refusal(
-        Status.NOT_SUPPORTED, "this store keeps only the latest version of a key: no history")
+        Status.NOT_SUPPORTED, "change_streams needs HELLO Collections (history is per collection)")
+    p = make()
+    assert control(p, "change_streams", "true", collections=True) is OK and p.settings.change_streams
+    assert not isinstance(control(p, "enable_noop", "true", collections=True), Refusal)  # needed with collections
+    opts = p.stream_request(DcpStreamRequest(2, 0, 10, 0, 0, 0, 0), collections=True).stream.opts
+    assert opts.change_streams
 
 
 def test_max_marker_version_needs_collections(make):

@@ -263,7 +263,8 @@ def _items():
     """Documents as the engine has them: mostly plain mutations, some deletions, xattrs and large
     values (what the encoder leaves to the general path)."""
     return st.builds(Item, st.binary(min_size=1, max_size=40), st.binary(max_size=300), U32, U32, U64, U64, U64,
-                     st.integers(0, 7), st.sampled_from([False] * 6 + [True]))
+                     st.integers(0, 7), st.sampled_from([False] * 6 + [True]),
+                     cid=st.sampled_from([0] * 6 + [1, 8, 0x555]))
 
 
 @needs_encode
@@ -292,6 +293,8 @@ def test_encode_mutations_are_the_messages_dcp_mutation_encodes(collections):
     (Item(b"d", b"", by_seqno=1, deleted=True), "deleted"),
     (Item(b"x", b"v", datatype=4, by_seqno=1), "xattrs"),
     (Item(b"l", b"v" * 2048, by_seqno=1), "large value"),
+    (Item(b"n", b"v", by_seqno=1, cid=8), "another collection's document (its key needs another prefix)"),
+    (Item(b"s", b"v", by_seqno=1, cid=1), "a collections system event"),
     (Item(b"f", b"v", flags=2**32, by_seqno=1), "flags over 32 bits"),
     (Item(b"c", b"v", cas=2**64, by_seqno=1), "cas over 64 bits"),
     (Item(b"s", b"v", by_seqno=-1), "negative seqno"),
@@ -306,7 +309,8 @@ def test_encode_mutations_stops_before_what_it_leaves_to_the_general_path(bad, w
 
 @needs_encode
 def test_encode_mutations_reads_any_object_with_the_fields():
-    fields = dict(key=b"k", value=b"v", cas=5, by_seqno=6, rev_seqno=7, flags=8, expiry=9, datatype=1, deleted=False)
+    fields = dict(key=b"k", value=b"v", cas=5, by_seqno=6, rev_seqno=7, flags=8, expiry=9, datatype=1, deleted=False,
+                  cid=0)
     ns = SimpleNamespace(**fields)
     assert encode([ns, Item(**fields)], 0, 1, 2, True, 2048) == dcp.encode_mutations_py([ns, Item(**fields)], 0, 1, 2,
                                                                                         True, 2048)
@@ -321,7 +325,7 @@ def test_encode_mutations_survives_items_that_change_the_list_while_read():
 
     class Shrinking:
         reads = 0
-        key, cas, by_seqno, rev_seqno, flags, expiry, datatype, deleted = b"k", 0, 1, 1, 0, 0, 0, False
+        key, cas, by_seqno, rev_seqno, flags, expiry, datatype, deleted, cid = b"k", 0, 1, 1, 0, 0, 0, False, 0
 
         @property
         def value(self):
@@ -337,7 +341,7 @@ def test_encode_mutations_survives_items_that_change_the_list_while_read():
                                                          0, 0, 0, False, 2048)[0]
 
 
-FIELDS = ("key", "value", "cas", "by_seqno", "rev_seqno", "flags", "expiry", "datatype", "deleted")
+FIELDS = ("key", "value", "cas", "by_seqno", "rev_seqno", "flags", "expiry", "datatype", "deleted", "cid")
 
 
 def _both(items):

@@ -22,8 +22,10 @@ from .keys import vbucket_for_key
 HOST_PLACEHOLDER = "$HOST"
 DEFAULT_MGMT_PORT = 8091
 DEFAULT_MGMT_SSL_PORT = 18091
+#: "nonDedupedHistory": collections may keep history (DCP change streams); the SDKs' collection
+#: managers send `history` only to a bucket that says so.
 DEFAULT_BUCKET_CAPABILITIES = ("collections", "dcp", "cccp", "nodesExt", "xattr", "cbhello", "touch",
-                               "couchapi")
+                               "couchapi", "nonDedupedHistory")
 
 
 class Node(NamedTuple):

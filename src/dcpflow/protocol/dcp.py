@@ -37,6 +37,7 @@ from .kv import RawResponse
 from .opcodes import Opcode
 from .rules import MAY, MUST, MUST_NOT, Shape
 from .status import Status
+from .system_events import SystemEventId, decode_event_value  # noqa: F401 (SystemEventId: re-exported, the DCP types live here)
 
 # ---------------------------------------------------------------------------------------------
 # Flags and enums: the values KV-Engine's code uses (its headers, not the pages, define them)
@@ -103,14 +104,6 @@ class VBucketState(IntEnum):
     DEAD = 4
 
 
-class SystemEventId(IntEnum):
-    BEGIN_COLLECTION = 0
-    END_COLLECTION = 1
-    CREATE_SCOPE = 3
-    DROP_SCOPE = 4
-    MODIFY_COLLECTION = 5
-
-
 class DurabilityLevel(IntEnum):
     NONE = 0
     MAJORITY = 1
@@ -154,8 +147,12 @@ _STREAM_REQ_EXTRAS = struct.Struct(">IIQQQQQ")
 _MARKER_V1 = struct.Struct(">QQI")
 _MARKER_V20 = struct.Struct(">QQIQQ")
 _MARKER_V22 = struct.Struct(">QQIQQQQ")
-#: The value size of each V2.x snapshot marker, by its version byte (snapshot-marker.md).
+#: V2.2 without the high prepared seqno: the layout snapshot-marker.md first gave (purge seqno last).
+_MARKER_V22_44 = struct.Struct(">QQIQQQ")
+#: The value size of each V2.x snapshot marker, by its version byte (snapshot-marker.md):
+#: what an encoder writes. A V2.2 value of MARKER_V22_SHORT bytes is accepted too.
 MARKER_V2_VALUE_BYTES = {MarkerVersion.V2_0: _MARKER_V20.size, MarkerVersion.V2_2: _MARKER_V22.size}
+MARKER_V22_SHORT = _MARKER_V22_44.size
 _MUTATION_EXTRAS = struct.Struct(">QQIIIHB")
 _DELETION_V1_EXTRAS = struct.Struct(">QQH")
 _DELETION_V2_EXTRAS = struct.Struct(">QQIB")
@@ -244,11 +241,12 @@ def encode_mutations_py(items: Sequence, start: int, vbucket: int, opaque: int, 
                         large_value: int) -> tuple[bytes, int]:
     """The DCP_MUTATION messages (mutation.md; no stream-id, lock time/nmeta/nru 0) of
     items[start:stop] joined, and stop: the index of the first item that is not a plain mutation
-    (deleted, xattrs, a value of `large_value` bytes or more), or len(items).
+    of the default collection (deleted, xattrs, a value of `large_value` bytes or more, a
+    collection id `cid` other than 0), or len(items).
 
     Items are anything with the attributes of engine.Item (key, value, cas, by_seqno, rev_seqno,
-    flags, expiry, datatype, deleted). With `collections` each key gets the default collection's
-    prefix 0x00. The specification of the compiled `encode_mutations` (_speedups.c), which also
+    flags, expiry, datatype, deleted, cid). With `collections` each key gets the default
+    collection's prefix 0x00. The specification of the compiled `encode_mutations` (_speedups.c), which also
     stops before an item whose fields do not fit the message, where this raises struct.error."""
     parts: list[bytes] = []
     append, pack = parts.append, MUTATION_HEAD.pack
@@ -256,7 +254,7 @@ def encode_mutations_py(items: Sequence, start: int, vbucket: int, opaque: int, 
     for stop in range(start, len(items)):
         item = items[stop]
         datatype, value = item.datatype, item.value
-        if item.deleted or datatype & Datatype.XATTR or len(value) >= large_value:
+        if item.deleted or datatype & Datatype.XATTR or len(value) >= large_value or item.cid:
             break
         key = b"\x00" + item.key if collections else item.key
         append(pack(0x80, 0x57, len(key), 31, datatype, vbucket, 31 + len(key) + len(value), opaque, item.cas,
@@ -795,8 +793,10 @@ class DcpSnapshotMarker(NamedTuple):
     """DCP_SNAPSHOT_MARKER 0x56 (snapshot-marker.md, whose example bytes disagree with its tables).
 
     V1: 20-byte extras. V2.0: 1-byte extras (version 0x00) + 36-byte value with max visible seqno
-    and high completed seqno. V2.2: version 0x02 + 52-byte value adding purge seqno and high
-    prepared seqno. Version 0x01 is invalid.
+    and high completed seqno. V2.2: version 0x02 + a value adding the purge seqno and the high
+    prepared seqno (52 bytes), or the purge seqno alone (44 bytes: the layout clients built from
+    the page's first text meet; `high_prepared_seqno` None, and encoded so). Version 0x01 is
+    invalid.
     """
 
     vbucket: int
@@ -807,7 +807,7 @@ class DcpSnapshotMarker(NamedTuple):
     max_visible_seqno: int = 0
     high_completed_seqno: int = 0
     purge_seqno: int = 0
-    high_prepared_seqno: int = 0
+    high_prepared_seqno: int | None = 0
     opaque: int = 0
     stream_id: int | None = None
 
@@ -822,8 +822,12 @@ class DcpSnapshotMarker(NamedTuple):
                                      self.high_completed_seqno)
         elif self.version == MarkerVersion.V2_2:
             extras = b"\x02"
-            value = _MARKER_V22.pack(self.start_seqno, self.end_seqno, self.flags, self.max_visible_seqno,
-                                     self.high_completed_seqno, self.purge_seqno, self.high_prepared_seqno)
+            if self.high_prepared_seqno is None:
+                value = _MARKER_V22_44.pack(self.start_seqno, self.end_seqno, self.flags, self.max_visible_seqno,
+                                            self.high_completed_seqno, self.purge_seqno)
+            else:
+                value = _MARKER_V22.pack(self.start_seqno, self.end_seqno, self.flags, self.max_visible_seqno,
+                                         self.high_completed_seqno, self.purge_seqno, self.high_prepared_seqno)
         else:
             raise ValueError(f"snapshot marker version {self.version} is not V1, V2.0 or V2.2")
         return _encode(self.opcode, self.vbucket, self.opaque, extras=extras, value=value,
@@ -844,7 +848,11 @@ class DcpSnapshotMarker(NamedTuple):
             start, end, flags, mvs, hcs = _MARKER_V20.unpack(frame.value)
             return cls(frame.vbucket, start, end, flags, MarkerVersion.V2_0, mvs, hcs, opaque=frame.opaque,
                        stream_id=sid)
-        start, end, flags, mvs, hcs, purge, hps = _MARKER_V22.unpack(frame.value)
+        if len(frame.value) == MARKER_V22_SHORT:
+            start, end, flags, mvs, hcs, purge = _MARKER_V22_44.unpack(frame.value)
+            hps = None
+        else:
+            start, end, flags, mvs, hcs, purge, hps = _MARKER_V22.unpack(frame.value)
         return cls(frame.vbucket, start, end, flags, MarkerVersion.V2_2, mvs, hcs, purge, hps, frame.opaque,
                    sid)
 
@@ -869,8 +877,10 @@ def _marker_rules(frame: Frame):
             yield ProtocolError(f"snapshot marker version 0x{version:02x} is invalid; V2.0 is 0x00 and V2.2 is "
                                 f"0x02")
             return
-        if len(frame.value) != want:
-            yield ProtocolError(f"a V2.{version} snapshot marker value must be {want} bytes; got "
+        v22 = version == MarkerVersion.V2_2
+        if len(frame.value) != want and not (v22 and len(frame.value) == MARKER_V22_SHORT):
+            short = f" (or {MARKER_V22_SHORT}, without the high prepared seqno)" if v22 else ""
+            yield ProtocolError(f"a V2.{version} snapshot marker value must be {want} bytes{short}; got "
                                 f"{len(frame.value)} ({page})")
             return
         start, end, flags = _MARKER_V1.unpack_from(frame.value)
@@ -1075,26 +1085,10 @@ class DcpSystemEvent(NamedTuple):
                    frame.stream_id)
 
     def decode_value(self) -> dict:
-        """The legacy (version 0/1) value structs of system_event.md: scope id before collection
-        id, as its struct says (its example swaps them). Version 2 (FlatBuffers) is returned raw."""
-        v = self.value
-        if self.version >= 2:
-            return {"flatbuffers": v.hex()}
-        if self.event == SystemEventId.BEGIN_COLLECTION:
-            if self.version == 1 and len(v) == 20:
-                uid, sid, cid, ttl = struct.unpack(">QIII", v)
-                return {"manifest_uid": uid, "scope_id": sid, "collection_id": cid, "max_ttl": ttl}
-            if len(v) == 16:
-                uid, sid, cid = struct.unpack(">QII", v)
-                return {"manifest_uid": uid, "scope_id": sid, "collection_id": cid}
-        if self.event == SystemEventId.END_COLLECTION and len(v) == 16:
-            uid, sid, cid = struct.unpack(">QII", v)
-            return {"manifest_uid": uid, "scope_id": sid, "collection_id": cid}
-        if self.event in (SystemEventId.CREATE_SCOPE, SystemEventId.DROP_SCOPE) and len(v) == 12:
-            uid, sid = struct.unpack(">QI", v)
-            return {"manifest_uid": uid, "scope_id": sid}
-        raise ProtocolError(f"system event {self.event} version {self.version} value of {len(v)} bytes does "
-                            f"not match its struct (system_event.md)")
+        """The value's fields (system_events.py): the legacy structs of system_event.md (version 0
+        and 1: scope id before collection id, as its struct says; its example swaps them) or the
+        FlatBuffers table (version 2)."""
+        return decode_event_value(self.event, self.version, self.value)
 
 
 rules.register(Opcode.DCP_SYSTEM_EVENT, Shape(_PAGES + "system_event.md", extras=(13,), key=MAY, value=MAY))
@@ -1436,9 +1430,10 @@ def marker_fields(data, p: int) -> tuple[int, int, int] | None:
     if ext == _MARKER_V1.size and body == ext:
         start, end, flags = _MARKER_V1.unpack_from(data, at)
         purge = 0
-    elif ext == 1 and body > 1 and body - 1 == MARKER_V2_VALUE_BYTES.get(data[at]):
+    elif ext == 1 and body > 1 and (body - 1 == MARKER_V2_VALUE_BYTES.get(data[at]) or
+                                    (data[at] == MarkerVersion.V2_2 and body - 1 == MARKER_V22_SHORT)):
         if data[at] == MarkerVersion.V2_2:
-            start, end, flags, _, _, purge, _ = _MARKER_V22.unpack_from(data, at + 1)
+            start, end, flags, _, _, purge = _MARKER_V22_44.unpack_from(data, at + 1)
         else:
             start, end, flags, _, _ = _MARKER_V20.unpack_from(data, at + 1)
             purge = 0
@@ -1554,6 +1549,8 @@ def charged_size(message) -> int:
         size = base + len(getattr(message, "key", b"")) + len(getattr(message, "value", b""))
     elif cls is DcpSnapshotMarker:
         size = _MARKER_CHARGE[message.version]
+        if message.version == MarkerVersion.V2_2 and message.high_prepared_seqno is None:
+            size -= 8
     elif cls is DcpDeletion:
         size = (42 if message.delete_time is None else 45) + len(message.key) + len(message.value)
     elif cls is DcpNoop:

@@ -7,7 +7,8 @@ server runs three background tasks on it:
   the loop, written to SQLite on a worker thread (`Flusher.write` touches no engine state), and
   completed on the loop, so clients keep being served while the disk works; with nothing to
   flush for a second it seals the store's unfinished runs (store.py), so data at rest
-  backfills from them;
+  backfills from them; and once nothing is left to flush it purges the documents of dropped
+  collections from disk (their drop events are persisted by then);
 * the expiry pager - every `expiry_interval`, turn due documents into expirations;
 * compaction - every `compaction_interval`, purge tombstones older than `purge_interval`.
 
@@ -133,17 +134,24 @@ class ServerBucket:
         self.counters = Counters()
         # Settings the management API keeps for this bucket (server/mgmt/buckets.py owns their meaning).
         self.settings: dict = json.loads(engine.store.get_meta("mgmt_settings") or "{}")
+        self._apply_settings()
         self.persistence_paused = False
         self.flushed_at = 0.0  # monotonic time of the last batch the flusher wrote (seal_runs waits)
         self._waiters: dict[int, list[tuple[int, asyncio.Future]]] = {}
         engine.add_persistence_listener(self._on_persisted)
 
     def config(self) -> bytes:
-        return self.server.topology.bucket_config(self.name, self.uuid, self._local_map)
+        return self.server.topology.bucket_config(self.name, self.uuid, self._local_map, self.engine.manifest.uid)
 
     def save_settings(self, settings: dict) -> None:
         self.engine.store.set_meta("mgmt_settings", json.dumps(settings, sort_keys=True))
         self.settings = dict(settings)
+        self._apply_settings()
+
+    def _apply_settings(self) -> None:
+        """The management settings the engine acts on: history retention (server/mgmt/buckets.py)."""
+        self.engine.history_retention_seconds = self.settings.get("historyRetentionSeconds", 0)
+        self.engine.history_retention_bytes = self.settings.get("historyRetentionBytes", 0)
 
     def _local_map(self) -> list[list[int]]:
         """Single-node map from local states: active vbuckets here, every other one without an active."""
@@ -373,6 +381,8 @@ class Server:
                     while not bucket.persistence_paused and await self.flush_batch(bucket) \
                             and not self._stopping.is_set():
                         bucket.flushed_at = time.monotonic()
+                    if bucket.engine.dropped_collections and not bucket.persistence_paused:
+                        await self.purge_collections(bucket)
                     if time.monotonic() - bucket.flushed_at >= SEAL_AFTER_IDLE and bucket.engine.store.unsealed():
                         await self.seal_runs(bucket)
                 except Exception:
@@ -420,6 +430,14 @@ class Server:
                 raise
             engine.flusher.complete(batch)
             return batch.num_items
+
+    async def purge_collections(self, bucket: ServerBucket) -> None:
+        """Nothing is left to flush: delete dropped collections' documents from disk
+        (Bucket.purge_dropped_collections), between flush batches."""
+        engine = bucket.engine
+        async with self._maintenance:
+            if not engine.closed and engine.flusher.in_flight is None:
+                engine.purge_dropped_collections()
 
     async def seal_runs(self, bucket: ServerBucket) -> None:
         """The flusher has been idle for SEAL_AFTER_IDLE: make runs of the rows it left unfinished

@@ -87,19 +87,20 @@ def _read_page(scan, encoded: bool, opaque: int, collections: bool) -> tuple[lis
 
 def _open_scans(store, work: list[tuple], budget: int) -> list:
     """On a worker thread: open the scan of each (vbid, start, end, encoded, opaque, collections,
-    room) and read its first page when it has room - one trip, and a vbucket of a few hundred
+    history, room) and read its first page when it has room - one trip, and a vbucket of a few hundred
     items is read whole (the scan closes itself after a short page). Per entry: (scan, page or
     None), the exception that opening or reading raised, or None once the pages read reach
     `budget` (not opened; the caller queues it again)."""
     out: list = []
     used = 0
-    for vbid, start, end, encoded, opaque, collections, room in work:
+    for vbid, start, end, encoded, opaque, collections, history, room in work:
         if used >= budget:
             out.append(None)
             continue
         scan = None
         try:
-            scan = store.scan(vbid, start, end, page_size=ENCODED_PAGE_ITEMS if encoded else BACKFILL_PAGE_ITEMS)
+            scan = store.scan(vbid, start, end, page_size=ENCODED_PAGE_ITEMS if encoded else BACKFILL_PAGE_ITEMS,
+                              history=history)
             scan.page_bytes = BACKFILL_PAGE_BYTES  # rows of large documents: a page is bytes, not items
             page = _read_page(scan, encoded, opaque, collections) if room else None
         except Exception as e:
@@ -225,7 +226,7 @@ class ConnectionBackfills:
                     results = [None] * len(plans)
                 else:
                     work = [(stream.vbid, rng.start - 1, min(rng.end, stream.end_seqno), stream.takes_encoded_pages,
-                             stream.opaque, stream.opts.collections, room) for stream, rng, room in plans]
+                             stream.opaque, stream.opts.collections, rng.history, room) for stream, rng, room in plans]
                     cf = self.scheduler.executor.submit(_open_scans, producer.engine.store, work, budget)
                     queue.trips += 1
                     try:

@@ -490,8 +490,10 @@ class Connection(asyncio.Protocol):
             # BinaryProtocol.md#0x95-unlock-key: clients without XError get ETmpfail instead
             return response(frame.opcode, Status.ETMPFAIL, opaque=frame.opaque)
         if e.status in (Status.UNKNOWN_COLLECTION, Status.UNKNOWN_SCOPE):
-            # Collections.md: these carry the uid of the manifest the lookup used (only 0 exists here)
-            doc = {"manifest_uid": "0"}
+            # Collections.md: these carry the uid of the manifest the lookup used (the bucket's: the
+            # lookup ran on this thread just now)
+            uid = self.bucket.engine.manifest.uid if self.bucket is not None else 0
+            doc = {"manifest_uid": format(uid, "x")}
             if self.xerror:
                 doc["error"] = {"context": e.reason}
             return response(frame.opcode, e.status, opaque=frame.opaque, datatype=Datatype.JSON,

@@ -12,9 +12,11 @@ KEY_EEXISTS for a CAS mismatch or an existing key, NOT_MY_VBUCKET, ETMPFAIL for 
 vbucket...). The engine decides the bucket-mode rules of *WithMeta. Quiet variants
 send nothing on success (mutations) or on a miss (gets).
 
-Keys: with HELLO Collections a key starts with its LEB128 collection id; only the default
-collection (id 0) exists, so any other id answers UNKNOWN_COLLECTION. The engine stores keys
-without the prefix.
+Keys: with HELLO Collections a key starts with its LEB128 collection id (Collections.md). The
+engine's key is the key without the prefix in the default collection (id 0) and (collection id,
+key) in any other (engine/vbucket.py); an id the bucket's manifest does not have answers
+UNKNOWN_COLLECTION, with the manifest's uid in the reply (connection.py) so the SDKs refresh
+their collection ids and retry.
 """
 
 import asyncio
@@ -56,16 +58,21 @@ SEQNO_PERSISTENCE_TIMEOUT = 30.0
 # helpers
 
 
-def doc_key(conn: Connection, wire_key: bytes) -> bytes:
-    """The engine key: the wire key without its collection prefix (collections connections)."""
+def doc_key(conn: Connection, wire_key: bytes):
+    """The engine key of a request's key (module docstring): bytes in the default collection,
+    (collection id, key) in another collection of the bucket's manifest."""
     if conn.collections:
         if wire_key[:1] == b"\x00":
             key = wire_key[1:]
         else:
             cid, key = split_key(wire_key)
-            if cid != 0:
-                raise EngineError(Status.UNKNOWN_COLLECTION, f"unknown collection 0x{cid:x}: only the default "
-                                  "collection (0) exists")
+            if conn.bucket.engine.manifest.by_id(cid) is None:
+                raise EngineError(Status.UNKNOWN_COLLECTION, f"unknown collection 0x{cid:x}")
+            if not key:
+                raise ProtocolError("the key is empty after its collection-id prefix (Collections.md)")
+            if len(key) > MAX_KEY_LEN:
+                raise ProtocolError(f"key is {len(key)} bytes; the limit is {MAX_KEY_LEN}")
+            return (cid, key)
         if not key:
             raise ProtocolError("the key is empty after its collection-id prefix (Collections.md)")
     else:
@@ -371,14 +378,22 @@ _ALIVE = (VBucketState.ACTIVE, VBucketState.REPLICA, VBucketState.PENDING)
 
 def get_all_vb_seqnos(conn: Connection, frame: Frame) -> bytes:
     """(vbucket, high seqno) of every vbucket in the state filter (none or 0: alive), by vbucket. With a
-    collection id, that collection's high seqno: only the default collection exists, so it is the
-    vbucket's."""
+    collection id (get_seqno.md), that collection's high seqno in each: the seqno of its last
+    document or, before any, of its create event."""
     req = kvproto.GetAllVbSeqnos.from_frame(frame)
-    if req.collection_id is not None and req.collection_id != 0:
-        raise EngineError(Status.UNKNOWN_COLLECTION, f"unknown collection 0x{req.collection_id:x}")
     states = _ALIVE if not req.state else (VBucketState(req.state),)
-    vbs = conn.bucket.engine.vbuckets
-    seqnos = tuple((vbid, vbs[vbid].high_seqno) for vbid in sorted(vbs) if vbs[vbid].state in states)
+    engine = conn.bucket.engine
+    vbs = engine.vbuckets
+    cid = req.collection_id
+    if cid is not None and cid != 0:
+        if engine.manifest.by_id(cid) is None:
+            raise EngineError(Status.UNKNOWN_COLLECTION, f"unknown collection 0x{cid:x}")
+        seqnos = tuple((vbid, vbs[vbid].collection_high_seqno(cid)) for vbid in sorted(vbs)
+                       if vbs[vbid].state in states)
+    elif cid == 0:
+        seqnos = tuple((vbid, vbs[vbid].collection_high_seqno(0)) for vbid in sorted(vbs) if vbs[vbid].state in states)
+    else:
+        seqnos = tuple((vbid, vbs[vbid].high_seqno) for vbid in sorted(vbs) if vbs[vbid].state in states)
     return kvproto.GetAllVbSeqnosResponse(seqnos, frame.opaque).encode()
 
 
@@ -557,8 +572,7 @@ def concat(conn: Connection, frame: Frame) -> bytes | None:
 
 
 # ---------------------------------------------------------------------------------------------
-# collections (docs/Collections.md): the bucket's manifest (engine/collections.py) answers; today only
-# the default scope and collection exist, manifest uid 0
+# collections (docs/Collections.md): the bucket's manifest (engine/collections.py) answers
 
 def _collection_header_check(frame: Frame, path_required: bool) -> bytes:
     """The path of a collections lookup (in the value; older clients put it in the key)."""
