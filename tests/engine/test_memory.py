@@ -38,8 +38,8 @@ def recount(bucket) -> tuple[int, int, int]:
     """(values, meta, checkpoint) counted from scratch: what the running counters must equal."""
     values = meta = checkpoint = 0
     for vb in bucket.vbuckets.values():
-        for key, item in vb.ht.items():
-            meta += len(key) + HT_ITEM_OVERHEAD
+        for item in vb.ht.values():
+            meta += len(item.key) + HT_ITEM_OVERHEAD
             values += len(item.value)
         checkpoint += vb.checkpoint_manager.mem_usage
     return values, meta, checkpoint

@@ -239,8 +239,8 @@ class ItemPager:
             value = item.value
             if value is NOT_RESIDENT or item.deleted or item.by_seqno > persisted or not value or key in locks:
                 continue
-            ht[key] = Item(key, NOT_RESIDENT, item.flags, item.expiry, item.cas, item.rev_seqno, item.by_seqno,
-                           item.datatype)
+            ht[key] = Item(item.key, NOT_RESIDENT, item.flags, item.expiry, item.cas, item.rev_seqno, item.by_seqno,
+                           item.datatype, cid=item.cid)
             freed += len(value)
             n += 1
             if mem.values - freed + mem.meta + mem.checkpoint <= mem.low_wat:

@@ -20,7 +20,15 @@ ETMPFAIL or ENOMEM near the quota; deletions and replica writes are not. An entr
 pager evicted holds NOT_RESIDENT: `get` fetches the value back from the store through `fetch`
 (synchronously, or the caller does it off the owner thread and hands it to `restore`), and every
 other operation that reads a value (touch, GAT, GET_LOCKED, a tombstone keeping system xattrs,
-`writable`) fetches it first.
+`writable`) fetches it first. An entry's key counts as its bytes, in any collection.
+
+Collections (collections.py, vb_collections.py): a key of the default collection is its bytes, a
+key of any other collection is (collection id, bytes) - the `doc_key` every operation takes and
+the hash table, the locks and the expiry heap are keyed by; the Item itself keeps the bytes and
+its `cid`. Writes to other collections take the general path (their collection's maxTTL caps the
+expiry; their counts and high seqno are kept in `collections`). The collections a vbucket has
+change only through its system events (`apply_collection_changes`); dropping a collection
+forgets its documents from memory at once, and the bucket purges them from the store later.
 """
 
 import dataclasses
@@ -33,6 +41,7 @@ from dcpflow.protocol.meta import WITH_META_OPTIONS_KNOWN, WithMetaOption
 from dcpflow.protocol.status import Status
 
 from .checkpoint import CheckpointManager, CheckpointType
+from .collections import SYSTEM_CID, Change, SystemEvent, event_item
 from .conflict import ConflictResolutionMode, DocMeta, incoming_wins
 from .errors import EngineError
 from .expiry import to_absolute
@@ -41,6 +50,7 @@ from .hlc import HLC
 from .item import DATATYPE_XATTR, NOT_RESIDENT, DeleteSource, Item, retain_system_xattrs
 from .memory import HT_ITEM_OVERHEAD, BucketMemory
 from .store import PurgeResult, VBucketStateRecord
+from .vb_collections import VBCollections
 
 _ALL_OPTIONS = WITH_META_OPTIONS_KNOWN
 #: Metadata taken from elsewhere (*WithMeta, a DCP producer) must leave room for what local writes
@@ -51,6 +61,8 @@ MAX_REV_SEQNO = (1 << 48) - 1
 MAX_META_CAS = (1 << 64) - (1 << 32)
 _SKIP_CR = WithMetaOption.FORCE_WITH_META_OP | WithMetaOption.SKIP_CONFLICT_RESOLUTION
 _ACTIVE = VBucketState.ACTIVE
+_new_item = object.__new__  # VBucket.set builds its Item field by field
+_EXPLICIT = DeleteSource.EXPLICIT
 
 
 class VBucket:
@@ -59,12 +71,13 @@ class VBucket:
     __slots__ = ("id", "state", "conflict_resolution", "failover", "hlc", "high_seqno", "purge_seqno",
                  "max_deleted_rev_seqno", "persisted_seqno", "persisted_snapshot", "snapshot_start",
                  "snapshot_end", "_clock", "_on_seqno", "_dirty", "checkpoint_manager", "ht", "num_items",
-                 "num_deleted", "ops_create", "ops_update", "ops_delete", "_expiry_heap", "locks", "_mem", "_fetch")
+                 "num_deleted", "ops_create", "ops_update", "ops_delete", "_expiry_heap", "locks", "_mem", "_fetch",
+                 "collections", "history_start")
 
     def __init__(self, vbid: int, state: VBucketState = VBucketState.ACTIVE, *,
                  conflict_resolution: ConflictResolutionMode | str = ConflictResolutionMode.REV_SEQNO,
                  failover: FailoverTable | None = None, hlc: HLC | None = None, high_seqno: int = 0,
-                 purge_seqno: int = 0, max_deleted_rev_seqno: int = 0,
+                 purge_seqno: int = 0, max_deleted_rev_seqno: int = 0, history_start: int = 0,
                  persisted_snapshot: tuple[int, int] | None = None, items: Iterable[Item] = (),
                  checkpoint_max_items: int = 10_000, checkpoint_max_age: float | None = 5.0,
                  checkpoint_memory_quota: int | None = None, checkpoint_max_bytes: float = float("inf"),
@@ -80,6 +93,9 @@ class VBucket:
         self.high_seqno = high_seqno
         self.purge_seqno = purge_seqno
         self.max_deleted_rev_seqno = max_deleted_rev_seqno
+        # every version of the collections that keep history is on disk from this seqno on
+        # (compaction moves it past what the bucket's history retention let go)
+        self.history_start = history_start
         self.persisted_seqno = high_seqno
         self.persisted_snapshot = persisted_snapshot or (high_seqno, high_seqno)
         # The snapshot the vbucket is in: a replica's last marker; an active is always complete.
@@ -105,24 +121,44 @@ class VBucket:
         # a state change or a rollback forgets them. Empty on nearly every vbucket, so a write pays
         # one truth test for them.
         self.locks: dict[bytes, tuple[int, float]] = {}
+        self.collections = VBCollections()
         self._load(items)
 
     def __repr__(self) -> str:
         return f"<VBucket {self.id} {self.state.name.lower()} high_seqno={self.high_seqno}>"
 
     def _load(self, items: Iterable[Item]) -> None:
-        """Warm-up: every stored version into the hash table; once the bucket is past its low
-        watermark the values stay on disk (loaded as evicted), so warm-up keeps to the quota."""
+        """Warm-up (and a rollback's reload): the hash table, and the collections the system
+        events on disk describe (documents of collections dropped but not purged yet are left out);
+        once the bucket is past its low watermark the values stay on disk (loaded as evicted), so
+        warm-up keeps to the quota."""
         ht, heap, mem = self.ht, self._expiry_heap, self._mem
         live = deleted = 0
         meta = values = 0
         room = mem.low_wat - mem.used
+        default_high = 0
+        events: list[Item] = []
+        others: dict[int, list[int]] = {}  # cid -> [live documents, high seqno]
         for item in items:
-            key, value = item.key, item.value
-            meta += len(key) + HT_ITEM_OVERHEAD
+            key = item.key
+            cid = item.cid
+            if cid:
+                if cid == SYSTEM_CID:
+                    events.append(item)
+                    continue
+                key = (cid, key)
+                seen = others.get(cid)
+                if seen is None:
+                    seen = others[cid] = [0, 0]
+                seen[0] += not item.deleted
+                seen[1] = item.by_seqno
+            else:
+                default_high = item.by_seqno
+            value = item.value
+            meta += len(item.key) + HT_ITEM_OVERHEAD
             if values + meta + len(value) > room and value and not item.deleted:
-                item = Item(key, NOT_RESIDENT, item.flags, item.expiry, item.cas, item.rev_seqno, item.by_seqno,
-                            item.datatype)
+                item = Item(item.key, NOT_RESIDENT, item.flags, item.expiry, item.cas, item.rev_seqno, item.by_seqno,
+                            item.datatype, cid=cid)
             else:
                 values += len(value)
             ht[key] = item
@@ -131,19 +167,48 @@ class VBucket:
             else:
                 live += 1
                 if item.expiry:
-                    heap.append((item.expiry, item.by_seqno, item.key))
+                    heap.append((item.expiry, item.by_seqno, key))
+        colls = self.collections
+        for event in events:
+            colls.load_event(SystemEvent.of(event))
+        gone = [cid for cid in others if cid not in colls]
+        if gone:  # dropped collections whose documents the store still has
+            live, deleted = self._drop_from_memory(set(gone), live, deleted)
+            heap[:] = [e for e in heap if e[2] in ht]
         heapq.heapify(heap)
         self.num_items, self.num_deleted = live, deleted
         mem.meta += meta
         mem.values += values
+        for cid, (n, high) in others.items():
+            if cid in colls:
+                colls.items[cid] = n
+                colls.high[cid] = max(colls.high.get(cid, 0), high)
+        colls.default_high = default_high
+        colls.other_high = max([e.by_seqno for e in events] + [h for _, h in others.values()], default=0)
+        self.checkpoint_manager.history_cids = colls.history
 
     def forget_memory(self) -> None:
         """Take this vbucket's hash table out of the bucket's memory count (it is being dropped or
         reloaded)."""
         mem = self._mem
-        for key, item in self.ht.items():
-            mem.meta -= len(key) + HT_ITEM_OVERHEAD
+        for item in self.ht.values():
+            mem.meta -= len(item.key) + HT_ITEM_OVERHEAD
             mem.values -= len(item.value)
+
+    def _drop_from_memory(self, cids: set[int], live: int, deleted: int) -> tuple[int, int]:
+        """Forget the documents of these collections (and their locks), and their memory; returns
+        the counts left."""
+        ht, mem = self.ht, self._mem
+        for key in [k for k in ht if k.__class__ is tuple and k[0] in cids]:
+            item = ht.pop(key)
+            mem.meta -= len(item.key) + HT_ITEM_OVERHEAD
+            mem.values -= len(item.value)
+            if item.deleted:
+                deleted -= 1
+            else:
+                live -= 1
+            self.locks.pop(key, None)
+        return live, deleted
 
     @property
     def uuid(self) -> int:
@@ -198,8 +263,18 @@ class VBucket:
         """Queue a new version; `old` is the key's current hash-table entry when the caller has
         it already (False: look it up)."""
         self.checkpoint_manager.queue(item)  # first: it validates the seqno before anything changes
+        key, cid = item.key, item.cid
+        if cid:
+            key = (cid, key)
         if old is False:
-            old = self.ht.get(item.key)
+            old = self.ht.get(key)
+        if cid:
+            colls = self.collections
+            colls.note_other(item.by_seqno, self.high_seqno)
+            colls.high[cid] = item.by_seqno
+            delta = (not item.deleted) - (old is not None and not old.deleted)
+            if delta:
+                colls.items[cid] = colls.items.get(cid, 0) + delta
         mem = self._mem
         if old is None:
             mem.meta += len(item.key) + HT_ITEM_OVERHEAD
@@ -221,11 +296,11 @@ class VBucket:
         else:
             self.num_items += 1
             if item.expiry:
-                heapq.heappush(self._expiry_heap, (item.expiry, item.by_seqno, item.key))
-        self.ht[item.key] = item
+                heapq.heappush(self._expiry_heap, (item.expiry, item.by_seqno, key))
+        self.ht[key] = item
         self.high_seqno = item.by_seqno
         if self.locks:
-            self.locks.pop(item.key, None)  # a new version (delete, expiry, replication) ends the lock
+            self.locks.pop(key, None)  # a new version (delete, expiry, replication) ends the lock
         if self._dirty is not None:
             self._dirty[self.id] = None
         if self._on_seqno is not None:
@@ -237,17 +312,32 @@ class VBucket:
         # old deletion win conflict resolution against a re-created document.
         return prev.rev_seqno + 1 if prev is not None else self.max_deleted_rev_seqno + 1
 
-    def _mutate(self, key: bytes, value: bytes, flags: int, expiry: int, datatype: int) -> Item:
+    def _mutate(self, key, value: bytes, flags: int, expiry: int, datatype: int) -> Item:
         prev = self.ht.get(key)
+        cid = 0
+        if key.__class__ is tuple:
+            cid, key = key
         return self._queue(Item(key, value, flags, expiry, self.hlc.next(), self._next_rev(prev),
-                                self.high_seqno + 1, datatype))
+                                self.high_seqno + 1, datatype, cid=cid), prev)
 
     def _tombstone(self, item: Item, now: float, source: DeleteSource) -> Item:
         if item.datatype & DATATYPE_XATTR and item.value is NOT_RESIDENT:
             item = self._resident(item)  # its system xattrs are kept
         value, datatype = retain_system_xattrs(item.value, item.datatype)
         return self._queue(Item(item.key, value, item.flags, 0, self.hlc.next(), item.rev_seqno + 1,
-                                self.high_seqno + 1, datatype, True, int(now), source))
+                                self.high_seqno + 1, datatype, True, int(now), source, item.cid))
+
+    def _expiry(self, key, expiry: int, now: float) -> int:
+        """The absolute expiry of a write (expiry.py), capped by its collection's maxTTL: with one,
+        a document expires at the latest maxTTL seconds from now (Collections.md "maxTTL")."""
+        expiry = to_absolute(expiry, now)
+        if key.__class__ is tuple:
+            ttl = self.collections.max_ttl(key[0])
+            if ttl > 0:
+                cap = int(now) + ttl
+                if not expiry or expiry > cap:
+                    expiry = cap
+        return expiry
 
     def _live(self, key: bytes, now: float) -> Item | None:
         """The live document for `key`; an expired one is turned into an expiration first."""
@@ -336,6 +426,8 @@ class VBucket:
         mem = self._mem
         if mem.values + mem.meta + mem.checkpoint > mem.mutation_limit or mem.checkpoint >= mem.checkpoint_quota:
             raise mem.refusal()
+        if key.__class__ is tuple:  # another collection than the default one
+            return self._set_other(key, value, flags, expiry, datatype, cas)
         ht = self.ht
         prev = ht.get(key)
         if prev is not None:
@@ -353,8 +445,22 @@ class VBucket:
         if expiry:
             expiry = to_absolute(expiry, now)
         seqno = self.high_seqno + 1
-        item = Item(key, value, flags, expiry, self.hlc.next(),
-                    prev.rev_seqno + 1 if prev is not None else self.max_deleted_rev_seqno + 1, seqno, datatype)
+        # Item(...) without the class call, which costs more than all the fields together: every
+        # field of the dataclass is set, in its order (tests/engine/test_vbucket_set.py compares the
+        # result with the constructor's, field by field).
+        item = _new_item(Item)
+        item.key = key
+        item.value = value
+        item.flags = flags
+        item.expiry = expiry
+        item.cas = self.hlc.next()
+        item.rev_seqno = prev.rev_seqno + 1 if prev is not None else self.max_deleted_rev_seqno + 1
+        item.by_seqno = seqno
+        item.datatype = datatype
+        item.deleted = False
+        item.delete_time = 0
+        item.delete_source = _EXPLICIT
+        item.cid = 0
         self.checkpoint_manager.queue(item)  # first: it validates the seqno before anything changes
         # _queue's accounting for a live version over `prev`
         if prev is None:
@@ -382,6 +488,18 @@ class VBucket:
             self._on_seqno(self.id, seqno)
         return item
 
+    def _set_other(self, key: tuple, value: bytes, flags: int, expiry: int, datatype: int, cas: int) -> Item:
+        """`set` of a document of another collection than the default one: the general path."""
+        now = self._clock()
+        prev = self.ht.get(key)
+        if prev is not None and not prev.deleted and prev.expiry and prev.expiry <= now:
+            prev = self._tombstone(prev, now, DeleteSource.TTL)
+        if self.locks:
+            self._check_lock(key, cas, now)
+        if cas:
+            self._check_cas(key, None if prev is None or prev.deleted else prev, cas)
+        return self._mutate(key, value, flags, self._expiry(key, expiry, now), datatype)
+
     def add(self, key: bytes, value: bytes, *, flags: int = 0, expiry: int = 0, datatype: int = 0,
             cas: int = 0) -> Item:
         """Store only if there is no live document (a tombstone does not count)."""
@@ -392,7 +510,7 @@ class VBucket:
         now = self._clock()
         if self._live(key, now) is not None:
             raise EngineError(Status.KEY_EEXISTS, f"key {key!r} already exists")
-        return self._mutate(key, value, flags, to_absolute(expiry, now), datatype)
+        return self._mutate(key, value, flags, self._expiry(key, expiry, now), datatype)
 
     def replace(self, key: bytes, value: bytes, *, flags: int = 0, expiry: int = 0, datatype: int = 0,
                 cas: int = 0) -> Item:
@@ -401,7 +519,7 @@ class VBucket:
         self._check_memory()
         now = self._clock()
         self._writable(key, cas, now)
-        return self._mutate(key, value, flags, to_absolute(expiry, now), datatype)
+        return self._mutate(key, value, flags, self._expiry(key, expiry, now), datatype)
 
     def delete(self, key: bytes, *, cas: int = 0) -> Item:
         """Delete the live document, leaving a tombstone; returns the tombstone (its CAS is new)."""
@@ -415,7 +533,7 @@ class VBucket:
         self._check_memory()
         now = self._clock()
         live = self._resident(self._writable(key, 0, now))  # TOUCH and GAT carry no CAS: a locked one refuses them
-        return self._mutate(key, live.value, live.flags, to_absolute(expiry, now), live.datatype)
+        return self._mutate(key, live.value, live.flags, self._expiry(key, expiry, now), live.datatype)
 
     def get_and_touch(self, key: bytes, expiry: int) -> Item:
         """Touch and return the document with its value."""
@@ -529,15 +647,17 @@ class VBucket:
                                              check_cas, deletion=True)
         source = DeleteSource.TTL if options & WithMetaOption.IS_EXPIRATION else DeleteSource.EXPLICIT
         delete_time = delete_time or int(self._clock())
+        cid, key = key if key.__class__ is tuple else (0, key)
         return self._queue(Item(key, value, flags, 0, self._meta_cas(cas, regenerate), rev_seqno,
-                                self.high_seqno + 1, datatype, True, delete_time, source))
+                                self.high_seqno + 1, datatype, True, delete_time, source, cid))
 
     def _set_with_meta(self, key: bytes, value: bytes, cas: int, rev_seqno: int, flags: int, expiry: int,
                        datatype: int, options: int, check_cas: int, *, add: bool) -> Item:
         regenerate = self._resolve_with_meta(key, DocMeta(cas, rev_seqno, expiry, flags, datatype), options,
                                              check_cas, deletion=False, add=add)
+        cid, key = key if key.__class__ is tuple else (0, key)
         return self._queue(Item(key, value, flags, expiry, self._meta_cas(cas, regenerate), rev_seqno,
-                                self.high_seqno + 1, datatype))
+                                self.high_seqno + 1, datatype, cid=cid))
 
     def _resolve_with_meta(self, key: bytes, incoming: DocMeta, options: int, check_cas: int, *,
                            deletion: bool, add: bool = False) -> bool:
@@ -567,7 +687,7 @@ class VBucket:
         return cas
 
     def _check_options(self, options: int, cas: int, *, deletion: bool) -> tuple[bool, bool]:
-        """Validate WithMeta options (TABLES.md 6.2); returns (skip conflict resolution, regenerate CAS)."""
+        """Validate WithMeta options (0x01..0x10); returns (skip conflict resolution, regenerate CAS)."""
         if options & ~_ALL_OPTIONS:
             raise EngineError(Status.EINVAL, f"unknown WithMeta option bits 0x{options & ~_ALL_OPTIONS:x}")
         if options & WithMetaOption.IS_EXPIRATION and not deletion:
@@ -604,15 +724,17 @@ class VBucket:
     def apply_mutation(self, key: bytes, value: bytes, *, by_seqno: int, cas: int, rev_seqno: int,
                        flags: int = 0, expiry: int = 0, datatype: int = 0) -> Item:
         """Store a replicated mutation exactly as given (no conflict resolution, no new CAS)."""
-        return self._apply(Item(key, value, flags, expiry, cas, rev_seqno, by_seqno, datatype))
+        cid, key = key if key.__class__ is tuple else (0, key)
+        return self._apply(Item(key, value, flags, expiry, cas, rev_seqno, by_seqno, datatype, cid=cid))
 
     def apply_deletion(self, key: bytes, *, by_seqno: int, cas: int, rev_seqno: int, delete_time: int = 0,
                        value: bytes = b"", datatype: int = 0, flags: int = 0,
                        expiration: bool = False) -> Item:
         """Store a replicated deletion (or, with expiration=True, an expiration)."""
         source = DeleteSource.TTL if expiration else DeleteSource.EXPLICIT
+        cid, key = key if key.__class__ is tuple else (0, key)
         return self._apply(Item(key, value, flags, 0, cas, rev_seqno, by_seqno, datatype, True,
-                                delete_time or int(self._clock()), source))
+                                delete_time or int(self._clock()), source, cid))
 
     def apply_expiration(self, key: bytes, *, by_seqno: int, cas: int, rev_seqno: int,
                          delete_time: int = 0, value: bytes = b"", datatype: int = 0) -> Item:
@@ -654,6 +776,40 @@ class VBucket:
             heapq.heapify(self._expiry_heap)
         return done
 
+    # -- collections (vb_collections.py) --------------------------------------------------------
+    def apply_collection_changes(self, changes: list[Change], manifest_uid: int) -> list[Item]:
+        """Queue a system event per change (collections.py) and follow it: the last event carries
+        the new manifest uid, earlier ones the uid the vbucket had (system_event.md "Manifest
+        ID"). A dropped collection's documents leave memory at once. Returns the events."""
+        events = []
+        colls = self.collections
+        now = self._clock()
+        for i, change in enumerate(changes):
+            uid = manifest_uid if i == len(changes) - 1 else colls.uid
+            item = event_item(change, uid, seqno=self.high_seqno + 1, cas=self.hlc.next(), now=int(now))
+            self.checkpoint_manager.queue(item)
+            colls.note_other(item.by_seqno, self.high_seqno)
+            colls.apply(change, item.by_seqno)
+            if change.collection is not None and change.collection.uid not in colls:
+                self.num_items, self.num_deleted = self._drop_from_memory(
+                    {change.collection.uid}, self.num_items, self.num_deleted)
+            self.high_seqno = item.by_seqno
+            events.append(item)
+        if changes:
+            colls.uid = manifest_uid
+            self.checkpoint_manager.history_cids = colls.history
+            if self._dirty is not None:
+                self._dirty[self.id] = None
+            if self._on_seqno is not None:
+                self._on_seqno(self.id, self.high_seqno)
+        return events
+
+    def collection_high_seqno(self, cid: int) -> int:
+        return self.collections.high_seqno(cid, self.high_seqno)
+
+    def collection_items(self, cid: int) -> int:
+        return self.collections.count(cid, self.num_items)
+
     # -- persistence hooks (used by the flusher and the bucket) ---------------------------------
     def state_record(self) -> VBucketStateRecord:
         """The vbucket-state row as of the last flush (never ahead of what is on disk)."""
@@ -666,13 +822,14 @@ class VBucket:
         """Compaction purged tombstones on disk: drop the same versions from memory."""
         self.purge_seqno = result.purge_seqno
         self.max_deleted_rev_seqno = max(self.max_deleted_rev_seqno, result.max_deleted_rev_seqno)
+        self.history_start = max(self.history_start, result.history_start)
         ht, mem = self.ht, self._mem
         for key, seqno in result.purged:
             item = ht.get(key)
             if item is not None and item.deleted and item.by_seqno == seqno:
                 del ht[key]
                 self.num_deleted -= 1
-                mem.meta -= len(key) + HT_ITEM_OVERHEAD
+                mem.meta -= len(item.key) + HT_ITEM_OVERHEAD
                 mem.values -= len(item.value)
 
     def reset_to(self, seqno: int, items: Iterable[Item], *, purge_seqno: int,
@@ -683,6 +840,7 @@ class VBucket:
         self.ht = {}
         self._expiry_heap = []
         self.locks.clear()
+        self.collections = VBCollections()
         self._load(items)
         self.high_seqno = self.persisted_seqno = seqno
         self.persisted_snapshot = snapshot or (seqno, seqno)
