@@ -352,8 +352,6 @@ def path_text(comps) -> str:
 def operations(draw):
     op = draw(st.sampled_from(sorted(ENGINE_OPS)))
     comps = draw(st.lists(components, max_size=3))
-    if comps and comps[0][0] == "k" or not comps:
-        pass
     if op == "counter":
         values = [draw(st.integers(-(2**63), 2**63 - 1).filter(bool))]
     elif op in ("push_last", "push_first", "insert"):

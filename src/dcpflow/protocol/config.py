@@ -23,7 +23,9 @@ HOST_PLACEHOLDER = "$HOST"
 DEFAULT_MGMT_PORT = 8091
 DEFAULT_MGMT_SSL_PORT = 18091
 DEFAULT_BUCKET_CAPABILITIES = ("collections", "dcp", "cccp", "nodesExt", "xattr", "cbhello", "touch",
-                               "couchapi")
+                               "couchapi", "subdoc.ReplicaRead", "subdoc.AccessDeleted",
+                               "subdoc.ReplaceBodyWithXattr", "subdoc.DocumentMacroSupport",
+                               "subdoc.ReviveDocument", "tombstonedUserXAttrs", "preserve_expiry")
 _PAGE = "SDK-BOOTSTRAP.md"
 
 

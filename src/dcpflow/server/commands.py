@@ -13,10 +13,11 @@ from collections.abc import Iterable
 
 from dcpflow.protocol import kv as kvproto
 from dcpflow.protocol import meta as metaproto
+from dcpflow.protocol import subdoc as sdproto
 from dcpflow.protocol.opcodes import Opcode
 
 from . import dcp_commands as dcp
-from . import kv, session, stats
+from . import kv, session, stats, subdoc
 from .auth import Privilege as P
 from .dispatch import Command, Handler
 
@@ -67,6 +68,11 @@ COMMANDS: dict[int, Command] = build([
     _entry(metaproto.GetMeta.OPCODES, kv.get_meta, privilege=P.META_READ),
     _entry(metaproto.SetWithMeta.OPCODES, kv.set_with_meta, privilege=P.META_WRITE),
     _entry(metaproto.DelWithMeta.OPCODES, kv.del_with_meta, privilege=P.META_WRITE),
+    # sub-document lookups and mutations (subdoc.py)
+    _entry(sdproto.LOOKUP_OPCODES, subdoc.lookup_single, privilege=P.READ),
+    _entry(sdproto.MUTATION_OPCODES, subdoc.mutation_single, privilege=P.WRITE),
+    _entry([Opcode.SUBDOC_MULTI_LOOKUP], subdoc.multi_lookup, privilege=P.READ),
+    _entry([Opcode.SUBDOC_MULTI_MUTATION], subdoc.multi_mutation, privilege=P.WRITE),
     # vbuckets, seqnos and persistence (kv.py)
     _entry([Opcode.GET_ALL_VB_SEQNOS], kv.get_all_vb_seqnos, privilege=P.META_READ),
     _entry([Opcode.GET_FAILOVER_LOG], kv.get_failover_log, privilege=P.META_READ),

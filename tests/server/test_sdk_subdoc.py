@@ -1,0 +1,153 @@
+"""Sub-document operations through the official Couchbase Python SDK (4.6.x) against a real
+`dcpflow server` subprocess: lookup_in / mutate_in with every spec, their exceptions, store
+semantics, expiry and preserve_expiry, xattrs and macros, and the plain calls built on them
+(get with_expiry / project)."""
+
+import json
+import time
+from datetime import timedelta
+
+import couchbase.subdocument as SD
+import pytest
+from couchbase.exceptions import (
+    CasMismatchException,
+    DocumentExistsException,
+    DocumentNotFoundException,
+    InvalidArgumentException,
+    PathExistsException,
+    PathMismatchException,
+    PathNotFoundException,
+)
+from couchbase.options import GetOptions, LookupInOptions, MutateInOptions, UpsertOptions
+
+from dcpflow.protocol.meta import GetMetaResponse
+from dcpflow.protocol.opcodes import Opcode
+
+from .client import RawClient
+from .test_sdk import connect
+
+
+@pytest.fixture(scope="module")
+def sdk_server(tmp_path_factory):
+    from .conftest import ServerProcess
+    data = tmp_path_factory.mktemp("sdk-subdoc")
+    proc = ServerProcess(["--data-dir", str(data), "--vbuckets", "64", "--flush-interval", "0.05"])
+    try:
+        yield proc
+    finally:
+        proc.cleanup()
+
+
+@pytest.fixture(scope="module")
+def collection(sdk_server):
+    cluster = connect(sdk_server.port)
+    try:
+        yield cluster.bucket("default").default_collection()
+    finally:
+        cluster.close()
+
+
+def test_lookup_in_every_spec(collection):
+    collection.upsert("sd-l", {"name": "dcpflow", "tags": ["a", "b"], "nested": {"n": 1}})
+    result = collection.lookup_in("sd-l", [SD.get("name"), SD.exists("tags[1]"), SD.count("tags"),
+                                           SD.get("nested.n"), SD.exists("missing"), SD.get_full(),
+                                           SD.get("nope")])
+    assert result.content_as[str](0) == "dcpflow"
+    assert result.exists(1) and result.content_as[int](2) == 2 and result.content_as[int](3) == 1
+    assert not result.exists(4)
+    assert result.content_as[dict](5)["tags"] == ["a", "b"]
+    assert result.cas == collection.get("sd-l").cas
+    with pytest.raises(PathNotFoundException):
+        result.content_as[str](6)
+    with pytest.raises(DocumentNotFoundException):
+        collection.lookup_in("sd-missing", [SD.get("a")])
+
+
+def test_mutate_in_every_spec(collection):
+    collection.upsert("sd-m", {"count": 1, "list": [2], "gone": True})
+    result = collection.mutate_in("sd-m", [
+        SD.insert("added", "x"), SD.upsert("deep.path", 5, create_parents=True), SD.replace("count", 10),
+        SD.remove("gone"), SD.array_append("list", 3, 4), SD.array_prepend("list", 1),
+        SD.array_insert("list[1]", 1.5), SD.array_addunique("uniq", "u", create_parents=True),
+        SD.increment("counter", 5), SD.decrement("count", 3)])
+    assert result.cas and result.mutation_token().sequence_number > 0
+    assert result.content_as[int](8) == 5 and result.content_as[int](9) == 7
+    assert collection.get("sd-m").content_as[dict] == {
+        "count": 7, "list": [1, 1.5, 2, 3, 4], "added": "x", "deep": {"path": 5}, "uniq": ["u"], "counter": 5}
+
+
+def test_mutate_in_errors_leave_the_document_unchanged(collection):
+    collection.upsert("sd-e", {"a": 1, "arr": [1], "s": "text"})
+    before = collection.get("sd-e").content_as[dict]
+    with pytest.raises(PathExistsException):
+        collection.mutate_in("sd-e", [SD.upsert("b", 2), SD.insert("a", 2)])
+    with pytest.raises(PathNotFoundException):
+        collection.mutate_in("sd-e", [SD.replace("nope", 2)])
+    with pytest.raises(PathMismatchException):
+        collection.mutate_in("sd-e", [SD.upsert("s.x", 2)])
+    with pytest.raises(PathExistsException):
+        collection.mutate_in("sd-e", [SD.array_addunique("arr", 1)])
+    with pytest.raises(DocumentNotFoundException):
+        collection.mutate_in("sd-missing", [SD.upsert("a", 1)])
+    assert collection.get("sd-e").content_as[dict] == before
+    with pytest.raises(CasMismatchException):
+        collection.mutate_in("sd-e", [SD.upsert("a", 3)], MutateInOptions(cas=collection.get("sd-e").cas + 1))
+    with pytest.raises(InvalidArgumentException):
+        collection.mutate_in("sd-e", [SD.increment("a", 0)])
+
+
+def test_store_semantics(collection):
+    collection.mutate_in("sd-s", [SD.upsert("a.b", 1)], MutateInOptions(store_semantics=SD.StoreSemantics.UPSERT))
+    assert collection.get("sd-s").content_as[dict] == {"a": {"b": 1}}
+    with pytest.raises(DocumentExistsException):
+        collection.mutate_in("sd-s", [SD.upsert("c", 1)], MutateInOptions(store_semantics=SD.StoreSemantics.INSERT))
+    collection.mutate_in("sd-s2", [SD.upsert("c", 1)], MutateInOptions(store_semantics=SD.StoreSemantics.INSERT))
+    assert collection.get("sd-s2").content_as[dict] == {"c": 1}
+
+
+def _expiry(sdk_server, key: bytes) -> int:
+    with RawClient(sdk_server.port) as c:
+        c.login()
+        return GetMetaResponse.from_frame(c.call(Opcode.GET_META, key=key, vbucket=c.vbucket_of(key))).expiry
+
+
+def test_expiry_and_preserve_expiry(collection, sdk_server):
+    collection.upsert("sd-x", {"a": 1}, UpsertOptions(expiry=timedelta(hours=1)))
+    collection.mutate_in("sd-x", [SD.upsert("b", 1)], MutateInOptions(preserve_expiry=True))
+    assert 3500 < _expiry(sdk_server, b"sd-x") - time.time() <= 3600
+    collection.mutate_in("sd-x", [SD.upsert("b", 2)], MutateInOptions(expiry=timedelta(hours=2)))
+    assert 7100 < _expiry(sdk_server, b"sd-x") - time.time() <= 7200
+    collection.mutate_in("sd-x", [SD.upsert("b", 3)])
+    assert _expiry(sdk_server, b"sd-x") == 0
+    collection.upsert("sd-x", {"a": 2}, UpsertOptions(expiry=timedelta(hours=1)))
+    collection.upsert("sd-x", {"a": 3}, UpsertOptions(preserve_expiry=True))
+    assert 3500 < _expiry(sdk_server, b"sd-x") - time.time() <= 3600
+
+
+def test_get_with_expiry_and_projections(collection):
+    collection.upsert("sd-g", {"name": "n", "address": {"city": "c", "zip": "z"}, "tags": [1, 2]},
+                      UpsertOptions(expiry=timedelta(hours=1)))
+    got = collection.get("sd-g", GetOptions(with_expiry=True))
+    assert got.content_as[dict]["name"] == "n"
+    assert 3500 < got.expiry_time.timestamp() - time.time() <= 3600
+    projected = collection.get("sd-g", GetOptions(project=["name", "address.city"]))
+    assert projected.content_as[dict] == {"name": "n", "address": {"city": "c"}}
+
+
+def test_xattrs_and_macros_through_the_sdk(collection):
+    result = collection.mutate_in("sd-xa", [SD.upsert("txn.id", "t1", xattr=True, create_parents=True),
+                                            SD.upsert("txn.cas", SD.MutationMacro.cas(), xattr=True),
+                                            SD.upsert("body", 1)],
+                                  MutateInOptions(store_semantics=SD.StoreSemantics.UPSERT))
+    got = collection.lookup_in("sd-xa", [SD.get("txn", xattr=True), SD.get("$document.CAS", xattr=True),
+                                         SD.get("$document.revid", xattr=True), SD.get("body")])
+    txn = got.content_as[dict](0)
+    assert txn["id"] == "t1"
+    assert SD.convert_macro_cas_to_cas(txn["cas"]) == result.cas
+    assert int(got.content_as[str](1), 16) == result.cas == got.cas
+    assert got.content_as[str](2) == "1" and got.content_as[int](3) == 1
+    assert collection.get("sd-xa").content_as[dict] == {"body": 1}
+    exptime = collection.lookup_in("sd-xa", [SD.get(SD.LookupInMacro.expiry_time(), xattr=True)],
+                                   LookupInOptions())
+    assert exptime.content_as[int](0) == 0
+    assert json.loads(json.dumps(collection.get("sd-xa").content_as[dict])) == {"body": 1}
