@@ -63,6 +63,7 @@ COMMANDS: dict[int, Command] = build([
     _entry(kvproto.Gat.OPCODES, kv.get_and_touch, privilege=P.READ | P.WRITE),
     _entry([Opcode.GET_LOCKED], kv.get_locked, privilege=P.READ),
     _entry([Opcode.UNLOCK_KEY], kv.unlock_key, privilege=P.READ),
+    _entry([Opcode.GET_REPLICA], kv.get_replica, privilege=P.READ),
     _entry(kvproto.Arithmetic.OPCODES, kv.arithmetic, privilege=P.READ | P.WRITE),
     _entry(kvproto.Concat.OPCODES, kv.concat, privilege=P.WRITE),
     _entry(metaproto.GetMeta.OPCODES, kv.get_meta, privilege=P.META_READ),

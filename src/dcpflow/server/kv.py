@@ -314,6 +314,26 @@ def unlock_key(conn: Connection, frame: Frame) -> bytes:
     return response(frame.opcode, opaque=frame.opaque)
 
 
+def get_replica(conn: Connection, frame: Frame) -> bytes:
+    """GET_REPLICA 0x83: the document as this node's replica of the vbucket has it (NOT_MY_VBUCKET
+    if the copy here is not a replica, KEY_ENOENT for none or a tombstone)."""
+    req = kvproto.GetReplica.from_frame(frame)
+    key = doc_key(conn, req.key)
+    vb = conn.get_vbucket(frame.vbucket)
+    if vb is None:
+        raise EngineError(Status.NOT_MY_VBUCKET, f"vbucket {frame.vbucket} is not on this node")
+    item = vb.replica_version(key)
+    counters = conn.bucket.counters
+    counters.cmd_get += 1
+    if item is None or item.deleted:
+        counters.get_misses += 1
+        raise EngineError(Status.KEY_ENOENT, f"key {key!r} not found in replica vbucket {vb.id}")
+    counters.get_hits += 1
+    value, datatype = outgoing_value(conn, item.value, item.datatype)
+    return kvproto.GetResponse(item.flags, value, item.cas, datatype, opaque=frame.opaque,
+                               opcode=frame.opcode).encode()
+
+
 # ---------------------------------------------------------------------------------------------
 # metadata commands (replication)
 
