@@ -25,7 +25,7 @@ DEFAULT_MGMT_SSL_PORT = 18091
 DEFAULT_BUCKET_CAPABILITIES = ("collections", "dcp", "cccp", "nodesExt", "xattr", "cbhello", "touch",
                                "couchapi", "subdoc.ReplicaRead", "subdoc.AccessDeleted",
                                "subdoc.ReplaceBodyWithXattr", "subdoc.DocumentMacroSupport",
-                               "subdoc.ReviveDocument", "tombstonedUserXAttrs", "preserve_expiry")
+                               "subdoc.ReviveDocument", "tombstonedUserXAttrs", "preserve_expiry", "rangeScan")
 _PAGE = "SDK-BOOTSTRAP.md"
 
 

@@ -17,7 +17,7 @@ from dcpflow.protocol import subdoc as sdproto
 from dcpflow.protocol.opcodes import Opcode
 
 from . import dcp_commands as dcp
-from . import kv, session, stats, subdoc
+from . import kv, range_scan, session, stats, subdoc
 from .auth import Privilege as P
 from .dispatch import Command, Handler
 
@@ -74,6 +74,10 @@ COMMANDS: dict[int, Command] = build([
     _entry(sdproto.MUTATION_OPCODES, subdoc.mutation_single, privilege=P.WRITE),
     _entry([Opcode.SUBDOC_MULTI_LOOKUP], subdoc.multi_lookup, privilege=P.READ),
     _entry([Opcode.SUBDOC_MULTI_MUTATION], subdoc.multi_mutation, privilege=P.WRITE),
+    # KV range scans (range_scan.py)
+    _entry([Opcode.RANGE_SCAN_CREATE], range_scan.create, privilege=P.READ),
+    _entry([Opcode.RANGE_SCAN_CONTINUE], range_scan.continue_, privilege=P.READ),
+    _entry([Opcode.RANGE_SCAN_CANCEL], range_scan.cancel, privilege=P.READ),
     # vbuckets, seqnos and persistence (kv.py)
     _entry([Opcode.GET_ALL_VB_SEQNOS], kv.get_all_vb_seqnos, privilege=P.META_READ),
     _entry([Opcode.GET_FAILOVER_LOG], kv.get_failover_log, privilege=P.META_READ),

@@ -45,6 +45,7 @@ SUPPORTED_FEATURES = frozenset({
     Feature.SUBDOC_REPLICA_READ,
     Feature.SUBDOC_ALLOWS_ACCESS_ON_MULTIPLE_XATTR_KEYS,
     Feature.SUBDOC_BINARY_XATTR,
+    Feature.RANGE_SCAN_INCLUDE_XATTR,  # range scans may return documents with their xattrs (range_scan.py)
 })
 
 
