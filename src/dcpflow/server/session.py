@@ -34,6 +34,7 @@ SUPPORTED_FEATURES = frozenset({
     Feature.ALT_REQUEST_SUPPORT,  # magic 0x08 (framing extras) is decoded
     Feature.COLLECTIONS,  # keys carry the LEB128 collection id; only the default collection exists
     Feature.PRESERVE_TTL,  # the preserve-TTL frame on SET/REPLACE keeps the document's expiry
+    Feature.SNAPPY,  # values may arrive Snappy-compressed (kv.inflate); they are stored and served inflated
     Feature.GET_CLUSTER_CONFIG_WITH_KNOWN_VERSION,
     Feature.DEDUPE_NOT_MY_VBUCKET_CLUSTERMAP,
     # sub-document (subdoc.py): virtual xattrs, CREATE_AS_DELETED, ${$document} macros,
