@@ -68,3 +68,28 @@ def test_the_sdk_round_trips_compressible_documents(server):
         c.login()
         got = c.get(b"sdk-snappy")
         assert got.datatype == 0x01 and json.loads(got.value) == big
+
+
+def test_dcp_force_value_compression(server):
+    """control.md: with HELLO Snappy a consumer may ask for compressed values; every mutation then
+    carries the Snappy bit (memory and backfill alike) and inflates to the stored document."""
+    from dcpflow.protocol import dcp as dcpproto
+    with server.client() as c:
+        c.login(features=WITH_SNAPPY)
+        vb = c.vbucket_of(b"dz")
+        c.set(b"dz", DOC, datatype=1)
+    for features, status in (((Feature.XERROR, Feature.JSON), Status.EINVAL), (WITH_SNAPPY, Status.SUCCESS)):
+        with server.client() as d:
+            d.login(features=features)
+            d.send(dcpproto.DcpOpen(b"snappy-test", dcpproto.OpenFlag.PRODUCER, opaque=1).encode())
+            assert d.recv().status == Status.SUCCESS
+            d.send(dcpproto.DcpControl(b"force_value_compression", b"true", opaque=2).encode())
+            assert d.recv().status == status
+            if status != Status.SUCCESS:
+                continue
+            d.send(dcpproto.DcpStreamRequest(vb, 0, opaque=3).encode())
+            while True:
+                frame = d.recv()
+                if frame.opcode == Opcode.DCP_MUTATION and frame.key == b"dz":
+                    break
+            assert frame.datatype == 0x03 and snappy.decompress(frame.value) == DOC

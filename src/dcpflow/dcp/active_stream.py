@@ -44,6 +44,7 @@ from enum import Enum
 from dcpflow.engine.checkpoint import CheckpointType, Cursor, CursorDropped, Snapshot
 from dcpflow.engine.item import DATATYPE_SNAPPY, DATATYPE_XATTR, Item
 from dcpflow.engine.store import ITEM_COLUMNS, LARGE_VALUE, EncodedPage, item_from_row
+from dcpflow.protocol import snappy
 from dcpflow.protocol.dcp import (
     DcpDeletion,
     DcpExpiration,
@@ -122,6 +123,7 @@ class StreamOptions:
     skip_deletes_in_initial_backfill: bool = False
     supports_cursor_dropping: bool = False
     send_stream_end_on_close: bool = False
+    compress_values: bool = False  # force_value_compression: values go out Snappy-compressed
 
 
 @dataclass(frozen=True, slots=True)
@@ -328,6 +330,8 @@ class ActiveStream:
             value, datatype = self._shape_value(item)
         else:
             value = item.value
+        if opts.compress_values and value:
+            value, datatype = snappy.compress(value), datatype | DATATYPE_SNAPPY
         seqno = item.by_seqno
         sid = self.stream_id
         if not deleted:
@@ -367,7 +371,8 @@ class ActiveStream:
         `encode_mutations` into one Frames entry (the in-memory hot loop: compiled when built,
         one bytes object per run, not per item)."""
         opts = self.opts
-        if self.stream_id is not None or opts.no_value or opts.no_value_underlying_datatype:
+        if self.stream_id is not None or opts.no_value or opts.no_value_underlying_datatype or \
+                opts.compress_values:
             for item in items:
                 self._queue_item(item)
             return
@@ -419,7 +424,8 @@ class ActiveStream:
         """A page of raw store rows (`BackfillScan.next_rows`): plain mutations are encoded
         straight from the row - no Item is built - everything else via `backfill_page`."""
         opts = self.opts
-        if self.stream_id is not None or opts.no_value or opts.no_value_underlying_datatype:
+        if self.stream_id is not None or opts.no_value or opts.no_value_underlying_datatype or \
+                opts.compress_values:
             self.backfill_page([item_from_row(r) for r in rows])
             return
         end, vbid, opaque = self.end_seqno, self.vbid, self.opaque
@@ -472,7 +478,8 @@ class ActiveStream:
     def takes_encoded_pages(self) -> bool:
         """Does the stream send stored mutations as they are (`BackfillScan.next_chunk`)?"""
         opts = self.opts
-        return self.stream_id is None and not opts.no_value and not opts.no_value_underlying_datatype
+        return self.stream_id is None and not opts.no_value and not opts.no_value_underlying_datatype and \
+            not opts.compress_values
 
     def backfill_encoded(self, page: EncodedPage) -> None:
         """A page SQLite encoded for this stream (opaque, key layout): queued as it is."""
