@@ -49,3 +49,14 @@ def test_bench_smoke(script, tmp_path):
     report = f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
     assert proc.returncode == 0, f"bench/{script} --smoke exited {proc.returncode}\n{report}"
     assert FIGURE_LINES[script] in proc.stdout, f"bench/{script} --smoke printed no figure\n{report}"
+
+
+@pytest.mark.slow
+def test_kv_subdoc_smoke(tmp_path):
+    """bench/kv.py --subdoc (sub-document commands against GET/SET) runs end to end too."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               TMPDIR=str(tmp_path))
+    proc = subprocess.run([sys.executable, str(BENCH / "kv.py"), "--smoke", "--subdoc"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "ratio mutate_in/SET" in proc.stdout and "lookup_in/GET" in proc.stdout, proc.stdout

@@ -392,3 +392,25 @@ def test_random_mutation_sequences_match_a_python_model(initial, indent, ops):
         assert got == expected, (op, path, values, doc)
         doc = new
         assert json.dumps(json.loads(doc)) == json.dumps(model), (op, path, values)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(json_values, st.sampled_from([None, 1]), st.lists(components, max_size=3))
+def test_lookups_agree_with_the_mutation_walk(value, indent, comps):
+    """`get` finds values with a shortcut for compact objects; it must say what the walk the
+    mutations use says: the same text, or the same error."""
+    doc = json.dumps({"root": value, "a": value}, indent=indent, ensure_ascii=False)
+    path = path_text(comps)
+    try:
+        found = sd._walk(doc, sd.parse_path(path))
+        expected = doc[found.span[0]:found.span[1]] if found.complete else S.SUBDOC_PATH_ENOENT
+    except SubdocError as e:
+        expected = e.status
+    try:
+        got = sd.get(doc, path)
+    except SubdocError as e:
+        got = e.status
+    assert got == expected
+    model = json.loads(doc)
+    if isinstance(got, str):
+        assert json.loads(got) == _walk(model, sd.parse_path(path))[0]

@@ -369,3 +369,28 @@ def test_subdoc_writes_reach_dcp_consumers_that_asked_for_xattrs(c, server):
                 assert found == {"_meta": '{"by":"sd"}'} and json.loads(rest) == {"v": 1}
             else:
                 assert not mutation.datatype & 4 and json.loads(mutation.value) == {"v": 1}
+
+
+def test_the_one_spec_shortcuts_answer_as_the_general_path(c):
+    """One body lookup / mutation of a plain JSON document skips the decoder and the executor
+    (subdoc.multi_lookup / multi_mutation); a doc-flags byte of 0 in the extras sends the same
+    request down the general path: the replies and the documents must agree."""
+    doc = b'{"a":{"b":[1,2]},"n":5,"s":"x"}'
+    c.set(b"fast", doc, datatype=1)
+    vb = c.vbucket_of(b"fast")
+    for op in (O.SUBDOC_GET, O.SUBDOC_EXISTS):
+        for path in (b"a.b[1]", b"n", b"zz", b"a.b.c", b"a", b"s.x", b"a[0]"):
+            body = sd.SubdocSpec(op, path).encode(False)
+            fast = c.call(O.SUBDOC_MULTI_LOOKUP, key=b"fast", value=body, vbucket=vb)
+            slow = c.call(O.SUBDOC_MULTI_LOOKUP, key=b"fast", value=body, vbucket=vb, extras=b"\x00")
+            assert (fast.status, fast.value, fast.cas, fast.extras) == (slow.status, slow.value, slow.cas, slow.extras)
+    for op, path, value in ((O.SUBDOC_COUNTER, b"n", b"3"), (O.SUBDOC_DICT_UPSERT, b"a.c", b"[true]"),
+                            (O.SUBDOC_DICT_ADD, b"n", b"1"), (O.SUBDOC_ARRAY_PUSH_LAST, b"a.b", b"3"),
+                            (O.SUBDOC_REPLACE, b"zz", b"1"), (O.SUBDOC_DICT_UPSERT, b"x.y", b"1")):
+        replies = []
+        for key, extras in ((b"fast1", b""), (b"fast2", b"\x00")):
+            c.set(key, doc, datatype=1)
+            body = sd.SubdocSpec(op, path, value).encode(True)
+            reply = c.call(O.SUBDOC_MULTI_MUTATION, key=key, value=body, vbucket=c.vbucket_of(key), extras=extras)
+            replies.append((reply.status, reply.value, len(reply.extras), c.get(key).value))
+        assert replies[0] == replies[1], (op, path)

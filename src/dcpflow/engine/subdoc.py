@@ -16,6 +16,7 @@ the root at level 1 (DOC_E2DEEP; a value that would put anything deeper is VALUE
 counters are signed 64-bit integers.
 """
 
+import functools
 import json
 import re
 from json.decoder import scanstring as _scanstring
@@ -62,9 +63,22 @@ KEY, INDEX = "k", "i"
 # paths
 
 
-def parse_path(path: str) -> list[tuple[str, str | int]]:
+_PLAIN_PATH = re.compile(r"[^.\[\]`]+(?:\.[^.\[\]`]+)*\Z")
+
+
+@functools.lru_cache(maxsize=4096)
+def parse_path(path: str) -> tuple[tuple[str, str | int], ...]:
     """The components of a path (empty path: the root). PATH_EINVAL for bad syntax, PATH_E2BIG for
-    more than MAX_COMPONENTS components."""
+    more than MAX_COMPONENTS components. Applications use few distinct paths: they are cached."""
+    if _PLAIN_PATH.match(path):  # keys only, no quoting: the common case
+        comps = tuple((KEY, part) for part in path.split("."))
+        if len(comps) > MAX_COMPONENTS:
+            raise SubdocError(Status.SUBDOC_PATH_E2BIG, f"path has more than {MAX_COMPONENTS} components")
+        return comps
+    return tuple(_parse_path(path))
+
+
+def _parse_path(path: str) -> list[tuple[str, str | int]]:
     comps: list[tuple[str, str | int]] = []
     i, n = 0, len(path)
     expect_key = True  # at the start or after '.': a key (or, at the start only, an index)
@@ -160,60 +174,82 @@ def _value_end(s: str, i: int) -> int:
         raise SubdocError(Status.SUBDOC_DOC_E2DEEP, "the document nests too deeply") from None
 
 
-class _Child:
-    """One member of a container: its raw key (objects), where it starts (its key's quote, or the
-    value), and its value's span."""
-
-    __slots__ = ("key", "start", "vstart", "vend")
-
-    def __init__(self, key: str | None, start: int, vstart: int, vend: int):
-        self.key, self.start, self.vstart, self.vend = key, start, vstart, vend
+#: A member of a container, as a tuple (cheap to make): its raw key (objects; None in arrays),
+#: where it starts (its key's quote, or the value), where its value starts and ends.
+_Child = tuple
+_KEY, _START, _VSTART, _VEND = 0, 1, 2, 3
+_WS_CHARS = " \t\n\r"
 
 
-def _children(s: str, i: int) -> list[_Child]:
-    """The members of the container at s[i] ('{' or '[')."""
+def _children(s: str, i: int, kind: str | None = None, want: str | int | None = None) -> tuple[list[_Child], int]:
+    """The members of the container at s[i] ('{' or '['), read until the one a path component
+    names (`kind`, `want`: a key, or an index with -1 for the last) and its position; with no
+    component, or none matching, every member and -1. Whitespace is skipped only where there is
+    some (the regex call costs more than the test)."""
     out: list[_Child] = []
     obj = s[i] == "{"
     close = "}" if obj else "]"
-    j = _ws(s, i + 1).end()
+    ws, blank, scan, scanstring = _ws, _WS_CHARS, _scan, _scanstring
+    j = i + 1
+    if s[j:j + 1] in blank:
+        j = ws(s, j).end()
     if s[j:j + 1] == close:
-        return out
+        return out, -1
+    find_key = want if kind == KEY else None
+    find_index = want if kind == INDEX and want >= 0 else None
+    n = 0
     while True:
         start = j
         key = None
-        if obj:
-            if s[j:j + 1] != '"':
-                raise _not_json()
-            try:
-                _, kend = _scanstring(s, j + 1)
-            except ValueError:
-                raise _not_json() from None
-            key = s[j + 1:kend - 1]
-            j = _ws(s, kend).end()
-            if s[j:j + 1] != ":":
-                raise _not_json()
-            j = _ws(s, j + 1).end()
-        vend = _value_end(s, j)
-        out.append(_Child(key, start, j, vend))
-        j = _ws(s, vend).end()
+        try:
+            if obj:
+                if s[j] != '"':
+                    raise _not_json()
+                kend = scanstring(s, j + 1)[1]
+                key = s[j + 1:kend - 1]
+                j = kend
+                if s[j] != ":":
+                    j = ws(s, j).end()
+                    if s[j] != ":":
+                        raise _not_json()
+                j += 1
+                if s[j] in blank:
+                    j = ws(s, j).end()
+            vend = scan(s, j)[1]
+        except (StopIteration, ValueError, IndexError):
+            raise _not_json() from None
+        except RecursionError:
+            raise SubdocError(Status.SUBDOC_DOC_E2DEEP, "the document nests too deeply") from None
+        out.append((key, start, j, vend))
+        if (find_key is not None and key == find_key) or n == find_index:
+            return out, n
+        n += 1
+        j = vend
         c = s[j:j + 1]
+        if c in blank:
+            j = ws(s, j).end()
+            c = s[j:j + 1]
         if c == ",":
-            j = _ws(s, j + 1).end()
+            j += 1
+            if s[j:j + 1] in blank:
+                j = ws(s, j).end()
         elif c == close:
-            return out
+            return out, (n - 1 if kind == INDEX and want == -1 else -1)
         else:
             raise _not_json()
 
 
 def _close_of(s: str, i: int, children: list[_Child]) -> int:
     """Where the closing bracket of the container at s[i] is."""
-    j = children[-1].vend if children else i + 1
+    j = children[-1][_VEND] if children else i + 1
     return _ws(s, j).end()
 
 
 def _root(s: str) -> tuple[int, int]:
-    start = _ws(s).end()
-    end = len(s.rstrip(_JSON_WS))
+    start = _ws(s).end() if s[:1] in _WS_CHARS else 0
+    end = len(s)
+    while end and s[end - 1] in _WS_CHARS:
+        end -= 1
     if start >= end:
         raise _not_json("the document is empty")
     return start, end
@@ -250,7 +286,7 @@ class _Found:
     """Where a walk ended: `span` is the value at the full path when `complete`, else the deepest
     existing container (`level` components matched) with `children` listed."""
 
-    __slots__ = ("complete", "level", "span", "children", "parent", "parent_children", "index")
+    __slots__ = ("complete", "level", "span", "children", "parent", "index")
 
     def __init__(self):
         self.complete = False
@@ -258,8 +294,7 @@ class _Found:
         self.span = (0, 0)
         self.children: list[_Child] | None = None
         self.parent = (0, 0)  # the container holding the value at the full path
-        self.parent_children: list[_Child] | None = None
-        self.index = -1  # the value's position among parent_children
+        self.index = -1  # the value's position among the parent's members
 
 
 def _walk(s: str, comps) -> _Found:
@@ -274,27 +309,21 @@ def _walk(s: str, comps) -> _Found:
         if (kind == KEY) != (c == "{"):
             raise SubdocError(Status.SUBDOC_PATH_MISMATCH, "an index names a member of an object, or a key a "
                               "member of an array")
-        children = _children(s, start)
-        pos = -1
-        if kind == KEY:
-            for n, child in enumerate(children):
-                if child.key == want:
-                    pos = n
-                    break
-        elif want == -1:
-            pos = len(children) - 1
-        elif want < len(children):
-            pos = want
+        children, pos = _children(s, start, kind, want)
         if pos < 0:
             found.level, found.span, found.children = level, span, children
             return found
-        found.parent, found.parent_children, found.index = span, children, pos
+        found.parent, found.index = span, pos
         child = children[pos]
-        span = (child.vstart, child.vend)
+        span = (child[_VSTART], child[_VEND])
     found.complete = True
     found.level = len(comps)
     found.span = span
     return found
+
+
+def _all_children(s: str, container: tuple[int, int]) -> list[_Child]:
+    return _children(s, container[0])[0]
 
 
 def _enoent(path: str) -> SubdocError:
@@ -305,12 +334,63 @@ def _enoent(path: str) -> SubdocError:
 # lookups
 
 
+def _locate(doc: str, path: str) -> tuple[int, int]:
+    """Where the value at an existing path is (PATH_ENOENT if it is not there): `_walk` for the
+    lookups, without the bookkeeping a mutation needs (keys are matched without listing the
+    members before them)."""
+    start, end = _root(doc)
+    for kind, want in parse_path(path):
+        c = doc[start]
+        if c != "{" and c != "[":
+            raise SubdocError(Status.SUBDOC_PATH_MISMATCH, "a path component goes into a value that is not an "
+                              "object or an array")
+        if (kind == KEY) != (c == "{"):
+            raise SubdocError(Status.SUBDOC_PATH_MISMATCH, "an index names a member of an object, or a key a "
+                              "member of an array")
+        span = _member_span(doc, start, want) if kind == KEY else None
+        if span is None:
+            children, pos = _children(doc, start, kind, want)
+            if pos < 0:
+                raise _enoent(path)
+            span = children[pos][_VSTART], children[pos][_VEND]
+        elif span[0] < 0:
+            raise _enoent(path)
+        start, end = span
+    return start, end
+
+
+def _member_span(s: str, i: int, want: str) -> tuple[int, int] | None:
+    """The value span of key `want` in the object at s[i] ((-1, -1): no such key); None when the
+    object has whitespace between its tokens or something wrong (then `_children` reads it)."""
+    j = i + 1
+    if s[j] == "}":
+        return -1, -1
+    scan, scanstring = _scan, _scanstring
+    try:
+        while True:
+            if s[j] != '"':
+                return None
+            kend = scanstring(s, j + 1)[1]
+            if s[kend] != ":":
+                return None
+            vend = scan(s, kend + 1)[1]
+            if s[j + 1:kend - 1] == want:
+                return kend + 1, vend
+            c = s[vend]
+            if c == ",":
+                j = vend + 1
+            elif c == "}":
+                return -1, -1
+            else:
+                return None
+    except (StopIteration, ValueError, IndexError, RecursionError):
+        return None  # whitespace, or a problem `_children` reports with its status
+
+
 def get(doc: str, path: str) -> str:
     """SUBDOC_GET: the text of the value at `path` (as the document spells it)."""
-    found = _walk(doc, parse_path(path))
-    if not found.complete:
-        raise _enoent(path)
-    return doc[found.span[0]:found.span[1]]
+    start, end = _locate(doc, path)
+    return doc[start:end]
 
 
 def exists(doc: str, path: str) -> None:
@@ -319,13 +399,10 @@ def exists(doc: str, path: str) -> None:
 
 def get_count(doc: str, path: str) -> str:
     """SUBDOC_GET_COUNT: the number of members of the array or object at `path`, as text."""
-    found = _walk(doc, parse_path(path))
-    if not found.complete:
-        raise _enoent(path)
-    start = found.span[0]
+    start = _locate(doc, path)[0]
     if doc[start] not in "{[":
         raise SubdocError(Status.SUBDOC_PATH_MISMATCH, f"path {path[:64]!r} is not an array or an object")
-    return str(len(_children(doc, start)))
+    return str(len(_children(doc, start)[0]))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -372,10 +449,10 @@ def _insert_member(doc: str, container: tuple[int, int], children: list[_Child],
     (None: at the end)."""
     start = container[0]
     if at is not None and at < len(children):
-        pos = children[at].start
+        pos = children[at][_START]
         return f"{doc[:pos]}{text},{doc[pos:]}"
     if children:
-        pos = children[-1].vend
+        pos = children[-1][_VEND]
         return f"{doc[:pos]},{text}{doc[pos:]}"
     pos = _close_of(doc, start, children)
     return f"{doc[:start + 1]}{text}{doc[pos:]}"
@@ -453,13 +530,13 @@ def remove(doc: str, path: str) -> str:
     found = _walk(doc, comps)
     if not found.complete:
         raise _enoent(path)
-    children, pos = found.parent_children, found.index
+    children, pos = _all_children(doc, found.parent), found.index
     child = children[pos]
     if pos + 1 < len(children):
-        return doc[:child.start] + doc[children[pos + 1].start:]
+        return doc[:child[_START]] + doc[children[pos + 1][_START]:]
     if pos > 0:
-        return doc[:children[pos - 1].vend] + doc[child.vend:]
-    return doc[:child.start] + doc[child.vend:]
+        return doc[:children[pos - 1][_VEND]] + doc[child[_VEND]:]
+    return doc[:child[_START]] + doc[child[_VEND]:]
 
 
 _ARRAY_OPS = frozenset((Opcode.SUBDOC_ARRAY_PUSH_LAST, Opcode.SUBDOC_ARRAY_PUSH_FIRST,
@@ -488,8 +565,7 @@ def array_push(doc: str, path: str, value: str, mkdir_p: bool = False, *, first:
     created, found = _array_at(doc, comps, path, mkdir_p, text)
     if created is not None:
         return created
-    return _insert_member(doc, found.span, found.children or _children(doc, found.span[0]), text,
-                          0 if first else None)
+    return _insert_member(doc, found.span, _all_children(doc, found.span), text, 0 if first else None)
 
 
 def array_insert(doc: str, path: str, value: str) -> str:
@@ -509,7 +585,7 @@ def array_insert(doc: str, path: str, value: str) -> str:
     start = found.span[0]
     if doc[start] != "[":
         raise SubdocError(Status.SUBDOC_PATH_MISMATCH, "ARRAY_INSERT's parent is not an array")
-    children = _children(doc, start)
+    children = _all_children(doc, found.span)
     if index > len(children):
         raise _enoent(path)
     return _insert_member(doc, found.span, children, text, index)
@@ -526,9 +602,9 @@ def array_add_unique(doc: str, path: str, value: str, mkdir_p: bool = False) -> 
     created, found = _array_at(doc, comps, path, mkdir_p, text)
     if created is not None:
         return created
-    children = found.children or _children(doc, found.span[0])
+    children = _all_children(doc, found.span)
     for child in children:
-        element = doc[child.vstart:child.vend]
+        element = doc[child[_VSTART]:child[_VEND]]
         if element[0] in "[{":
             raise SubdocError(Status.SUBDOC_PATH_MISMATCH, "the array holds a non-primitive element: uniqueness "
                               "cannot be decided")
@@ -608,4 +684,4 @@ def members(doc: str) -> list[tuple[str, str]]:
     start, _ = _root(doc)
     if doc[start] != "{":
         raise _not_json("expected an object")
-    return [(c.key, doc[c.vstart:c.vend]) for c in _children(doc, start)]
+    return [(c[_KEY], doc[c[_VSTART]:c[_VEND]]) for c in _children(doc, start)[0]]

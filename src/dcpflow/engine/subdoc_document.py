@@ -43,6 +43,8 @@ from .crc32c import crc32c
 from .subdoc import SubdocError
 
 _JSON, _XATTR, _SNAPPY = int(Datatype.JSON), int(Datatype.XATTR), int(Datatype.SNAPPY)
+_XATTR_PATH, _BINARY_VALUE, _EXPAND_MACROS, _MKDIR_P = (int(PathFlag.XATTR_PATH), int(PathFlag.BINARY_VALUE),
+                                                       int(PathFlag.EXPAND_MACROS), int(PathFlag.MKDIR_P))
 _BASE64_PREFIX = "cb-content-base64-encoded:"
 _DATATYPE_NAMES = ("raw", "json", "snappy", "json,snappy", "xattr", "json,xattr", "snappy,xattr",
                    "json,snappy,xattr")
@@ -109,15 +111,28 @@ class _Document:
         self.vbucket_vattr = vbucket_vattr
         self.datatype = datatype
         if datatype & _XATTR:
-            pairs, self.body = split_xattrs(value)
+            end = 4 + int.from_bytes(value[:4], "big")
+            self._section: bytes | None = value[:end]  # the stored xattr section, as it is
+            self.body = value[end:]
         else:
-            pairs, self.body = {}, value
-        self.xattrs_text = "{" + ",".join(f'"{k}":{v}' for k, v in pairs.items()) + "}"
+            self._section = None
+            self.body = value
+        self._xattrs_text: str | None = None  # the xattrs as one JSON object, built when a spec needs it
         self.xattrs_changed = False
         self.body_text: str | None = None  # decoded lazily, only for body specs
         self.body_changed = False
-        self._document_vattr: dict | None = None
         self._crc: int | None = None
+
+    @property
+    def xattrs_text(self) -> str:
+        if self._xattrs_text is None:
+            pairs = split_xattrs(self._section)[0] if self._section is not None else {}
+            self._xattrs_text = "{" + ",".join(f'"{k}":{v}' for k, v in pairs.items()) + "}"
+        return self._xattrs_text
+
+    @xattrs_text.setter
+    def xattrs_text(self, text: str) -> None:
+        self._xattrs_text = text
 
     # -- virtual xattrs ------------------------------------------------------------------------
     def value_crc32c(self) -> int:
@@ -126,7 +141,11 @@ class _Document:
         return self._crc
 
     def document_fields(self, with_crc: bool) -> dict:
-        meta = self.meta or Meta()
+        meta = self.meta
+        if meta is None:
+            meta = Meta()
+        elif callable(meta):  # built only when a virtual xattr or macro needs it
+            meta = self.meta = meta()
         doc = {
             "CAS": _hex64(meta.cas),
             "vbucket_uuid": _hex64(meta.vbucket_uuid),
@@ -190,7 +209,11 @@ class _Document:
     def value(self) -> tuple[bytes, int]:
         """The whole value and datatype as they now stand."""
         body = self.body if self.body_text is None or not self.body_changed else self.body_text.encode("utf-8")
-        pairs = paths.members(self.xattrs_text) if self.xattrs_changed or self.datatype & _XATTR else []
+        if not self.xattrs_changed:  # the xattr section as it was
+            if self._section is None:
+                return body, self.datatype & ~_XATTR
+            return self._section + body, self.datatype | _XATTR
+        pairs = paths.members(self.xattrs_text)
         if not pairs:
             return body, self.datatype & ~_XATTR
         blob = b"".join(_pair(k.encode("utf-8"), v.encode("utf-8")) for k, v in pairs)
@@ -228,34 +251,35 @@ def _binary_set(value: bytes) -> str:
     return '"' + _BASE64_PREFIX + base64.b64encode(value).decode("ascii") + '"'
 
 
-def _xattr_access(spec: SubdocSpec, doc: _Document) -> bool:
-    key = xattr_key_of(spec.path)
-    return doc.system_xattrs or not key.startswith(b"_")
-
-
 # ---------------------------------------------------------------------------------------------
 # lookups
 
 
-def lookup(value: bytes, datatype: int, meta: Meta | None, specs: tuple[SubdocSpec, ...], *,
+def lookup(value: bytes, datatype: int, meta, specs: tuple[SubdocSpec, ...], *,
            system_xattrs: bool, vbucket_vattr: str | None = None) -> Lookup:
     """Run lookup specs on a document version (value uncompressed). EACCESS marks every xattr spec
-    when one names a system xattr the caller may not read (kv_engine checks the phase as a whole)."""
+    when one names a system xattr the caller may not read (kv_engine checks the phase as a whole).
+    `meta` is the version's Meta, or a callable that makes it (only `$document` needs it)."""
     doc = _Document(value, datatype, meta, system_xattrs=system_xattrs, vbucket_vattr=vbucket_vattr)
     results: list[Result] = []
-    denied = not all(_xattr_access(s, doc) for s in specs if s.xattr and not is_virtual(s.path))
+    denied = not system_xattrs and any(s.flags & _XATTR_PATH and s.path[:1] == b"_" for s in specs)
     failed = False
     for spec in specs:
-        if spec.xattr and denied:
-            results.append(Result(Status.EACCESS))
+        if denied and spec.flags & _XATTR_PATH:
+            results.append(_DENIED)
             failed = True
             continue
         try:
-            results.append(Result(Status.SUCCESS, _lookup_one(doc, spec)))
+            results.append(Result(_SUCCESS, _lookup_one(doc, spec)))
         except SubdocError as e:
             results.append(Result(e.status))
             failed = True
     return Lookup(tuple(results), failed)
+
+
+_SUCCESS = int(Status.SUCCESS)
+_DENIED = Result(Status.EACCESS)
+_GET_OPS = {int(Opcode.SUBDOC_GET): paths.get, int(Opcode.SUBDOC_GET_COUNT): paths.get_count}
 
 
 def _lookup_one(doc: _Document, spec: SubdocSpec) -> bytes:
@@ -265,15 +289,18 @@ def _lookup_one(doc: _Document, spec: SubdocSpec) -> bytes:
             raise SubdocError(Status.SUBDOC_PATH_ENOENT, "the document has no body")
         return doc.body
     path = spec.path.decode("utf-8", "replace")
-    if spec.xattr:
+    flags = spec.flags
+    if flags & _XATTR_PATH:
         key = xattr_key_of(spec.path)
         target = doc.virtual(key, spec.path) if is_virtual(key) else doc.xattrs_text
     else:
         target = doc.body_json()
-    _, found = paths.apply(op, target, path)
-    if found is None:
+    get = _GET_OPS.get(op)
+    if get is None:  # EXISTS
+        paths.exists(target, path)
         return b""
-    if spec.flags & PathFlag.BINARY_VALUE:
+    found = get(target, path)
+    if flags & _BINARY_VALUE:
         return _binary_get(found)
     return found.encode("utf-8")
 
@@ -288,15 +315,15 @@ def mutate(value: bytes, datatype: int, meta: Meta | None, specs: tuple[SubdocSp
     template body, "{}" or "[]", or b"" for whole-document SETs). `mkdir_p` is implied by the
     MKDOC / ADD doc flags."""
     doc = _Document(value, datatype, meta, system_xattrs=system_xattrs, vbucket_vattr=None)
-    if not all(_xattr_access(s, doc) for s in specs if s.xattr):  # kv_engine denies the whole xattr phase
-        first = next(i for i, s in enumerate(specs) if s.xattr)
+    if not system_xattrs and any(s.flags & _XATTR_PATH and s.path[:1] == b"_" for s in specs):
+        first = next(i for i, s in enumerate(specs) if s.flags & _XATTR_PATH)  # kv_engine denies the whole phase
         return Failure(first, Status.EACCESS, "system xattrs need the system xattr write privilege")
     macros: dict[bytes, bytes] = {}
     returned: list[tuple[int, bytes]] = []
     delete_document = False
     for index, spec in enumerate(specs):
         try:
-            result = _mutate_one(doc, spec, mkdir_p or bool(spec.flags & PathFlag.MKDIR_P), macros)
+            result = _mutate_one(doc, spec, mkdir_p or bool(spec.flags & _MKDIR_P), macros)
         except SubdocError as e:
             return Failure(index, e.status, e.reason)
         if spec.opcode == Opcode.DELETE:
@@ -321,18 +348,18 @@ def _mutate_one(doc: _Document, spec: SubdocSpec, mkdir_p: bool, macros: dict[by
     path = spec.path.decode("utf-8", "replace")
     if op == Opcode.SUBDOC_REPLACE_BODY_WITH_XATTR:
         found = paths.get(doc.xattrs_text, path)
-        if spec.flags & PathFlag.BINARY_VALUE:
+        if spec.flags & _BINARY_VALUE:
             doc.set_body(_binary_get(found))
         else:
             doc.set_body(found.encode("utf-8"), True)
         return None
-    if spec.flags & PathFlag.EXPAND_MACROS:
+    if spec.flags & _EXPAND_MACROS:
         text = _macro_value(doc, spec.value, macros)
-    elif spec.flags & PathFlag.BINARY_VALUE:
+    elif spec.flags & _BINARY_VALUE:
         text = _binary_set(spec.value)
     else:
         text = _text(spec.value)
-    if spec.xattr:
+    if spec.flags & _XATTR_PATH:
         new, result = paths.apply(op, doc.xattrs_text, path, text, mkdir_p)
         doc.xattrs_text, doc.xattrs_changed = new, True
     else:

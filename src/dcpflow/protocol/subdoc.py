@@ -31,7 +31,7 @@ from typing import NamedTuple
 from . import rules
 from .datatype import xattr_key_problem
 from .errors import ProtocolError
-from .frame import Frame, Magic, request, response
+from .frame import HEADER, Frame, Magic, request, response
 from .opcodes import Opcode
 from .rules import MAY, MUST, Shape
 from .status import Status
@@ -74,10 +74,11 @@ class DocFlag(IntFlag):
 
 
 KNOWN_DOC_FLAGS = 0x3F
-_ANY_PATH = PathFlag.MKDIR_P | PathFlag.XATTR_PATH | PathFlag.EXPAND_MACROS | PathFlag.BINARY_VALUE
-_D = DocFlag
-_READ_DOC_FLAGS = _D.ACCESS_DELETED | _D.REVIVE_DOCUMENT | _D.REPLICA_READ
-_CREATE_DOC_FLAGS = _D.MKDOC | _D.ACCESS_DELETED | _D.REVIVE_DOCUMENT | _D.ADD | _D.CREATE_AS_DELETED
+# Plain ints of the flags for the checks every request runs (IntFlag operators are slow).
+_MKDIR_P, _XATTR_PATH, _EXPAND, _BINARY = 0x01, 0x04, 0x10, 0x20
+_MKDOC, _ADD, _ACCESS_DELETED, _CREATE_AS_DELETED, _REVIVE, _REPLICA_READ = 0x01, 0x02, 0x04, 0x08, 0x10, 0x20
+_READ_DOC_FLAGS = _ACCESS_DELETED | _REVIVE | _REPLICA_READ
+_CREATE_DOC_FLAGS = _MKDOC | _ACCESS_DELETED | _REVIVE | _ADD | _CREATE_AS_DELETED
 
 
 class Traits(NamedTuple):
@@ -93,28 +94,26 @@ class Traits(NamedTuple):
     whole_doc: bool = False  # GET/SET/DELETE inside a multi: the path must be empty
 
 
-_X, _M, _E, _B = PathFlag.XATTR_PATH, PathFlag.MKDIR_P, PathFlag.EXPAND_MACROS, PathFlag.BINARY_VALUE
+_X, _M, _E, _B = _XATTR_PATH, _MKDIR_P, _EXPAND, _BINARY
 TRAITS: dict[int, Traits] = {
     Opcode.GET: Traits(False, False, True, 0, 0, _READ_DOC_FLAGS, True, True),
-    Opcode.SET: Traits(True, True, True, 0, 0, _D.MKDOC | _D.ADD, False, True),
-    Opcode.DELETE: Traits(True, False, True, 0, 0, _D.ACCESS_DELETED | _D.REVIVE_DOCUMENT, False, True),
+    Opcode.SET: Traits(True, True, True, 0, 0, _MKDOC | _ADD, False, True),
+    Opcode.DELETE: Traits(True, False, True, 0, 0, _ACCESS_DELETED | _REVIVE, False, True),
     Opcode.SUBDOC_GET: Traits(False, False, False, _X | _B, 0, _READ_DOC_FLAGS, True),
     Opcode.SUBDOC_EXISTS: Traits(False, False, False, _X, 0, _READ_DOC_FLAGS, False),
     Opcode.SUBDOC_GET_COUNT: Traits(False, False, True, _X, 0, _READ_DOC_FLAGS, True),
     Opcode.SUBDOC_DICT_ADD: Traits(True, True, False, _M | _X | _E | _B, 0, _CREATE_DOC_FLAGS, False),
     Opcode.SUBDOC_DICT_UPSERT: Traits(True, True, False, _M | _X | _E | _B, 0, _CREATE_DOC_FLAGS, False),
-    Opcode.SUBDOC_DELETE: Traits(True, False, False, _X, 0, _D.ACCESS_DELETED | _D.REVIVE_DOCUMENT, False),
-    Opcode.SUBDOC_REPLACE: Traits(True, True, False, _X | _E | _B, 0,
-                                  _D.ACCESS_DELETED | _D.REVIVE_DOCUMENT | _D.ADD, False),
+    Opcode.SUBDOC_DELETE: Traits(True, False, False, _X, 0, _ACCESS_DELETED | _REVIVE, False),
+    Opcode.SUBDOC_REPLACE: Traits(True, True, False, _X | _E | _B, 0, _ACCESS_DELETED | _REVIVE | _ADD, False),
     Opcode.SUBDOC_ARRAY_PUSH_LAST: Traits(True, True, True, _M | _X | _E, 0, _CREATE_DOC_FLAGS, False),
     Opcode.SUBDOC_ARRAY_PUSH_FIRST: Traits(True, True, True, _M | _X | _E, 0, _CREATE_DOC_FLAGS, False),
     Opcode.SUBDOC_ARRAY_INSERT: Traits(True, True, False, _X | _E, 0,
-                                       _D.ACCESS_DELETED | _D.REVIVE_DOCUMENT | _D.ADD | _D.CREATE_AS_DELETED,
-                                       False),
+                                       _ACCESS_DELETED | _REVIVE | _ADD | _CREATE_AS_DELETED, False),
     Opcode.SUBDOC_ARRAY_ADD_UNIQUE: Traits(True, True, True, _M | _X, 0, _CREATE_DOC_FLAGS, False),
     Opcode.SUBDOC_COUNTER: Traits(True, True, False, _M | _X, 0, _CREATE_DOC_FLAGS, True),
-    Opcode.SUBDOC_REPLACE_BODY_WITH_XATTR: Traits(True, False, False, _X | _B, _X,
-                                                  _D.ACCESS_DELETED | _D.REVIVE_DOCUMENT, False),
+    Opcode.SUBDOC_REPLACE_BODY_WITH_XATTR: Traits(True, False, False, _X | _B, _X, _ACCESS_DELETED | _REVIVE,
+                                                  False),
 }
 #: The single-path opcodes (everything in TRAITS but the whole-document specs).
 SINGLE_OPCODES = tuple(op for op in TRAITS if op >= Opcode.SUBDOC_GET)
@@ -171,15 +170,15 @@ def _spec_problem(op: int, flags: int, path: bytes, value: bytes, doc_flags: int
         return _fail(f"path is {len(path)} bytes; the limit is {MAX_PATH_LEN}")
     if multi and traits.whole_doc and path:
         return _fail(f"whole-document {rules.opcode_name(op)} must have an empty path")
-    if not multi and doc_flags & DocFlag.CREATE_AS_DELETED:
-        if not doc_flags & (DocFlag.ADD | DocFlag.MKDOC):
+    if not multi and doc_flags & _CREATE_AS_DELETED:
+        if not doc_flags & (_ADD | _MKDOC):
             return _fail("CREATE_AS_DELETED needs MKDOC or ADD")
-        if not flags & PathFlag.XATTR_PATH:
+        if not flags & _XATTR_PATH:
             return _fail("CREATE_AS_DELETED does not support a body path")
     problem = _xattr_problem(flags, path, value, mutator)
     if problem is not None:
         return problem
-    if not traits.empty_path and not path and not (multi and flags & PathFlag.XATTR_PATH):
+    if not traits.empty_path and not path and not (multi and flags & _XATTR_PATH):
         return _fail(f"{rules.opcode_name(op)} must have a path")
     if multi:
         if traits.has_value and not value:
@@ -190,13 +189,13 @@ def _spec_problem(op: int, flags: int, path: bytes, value: bytes, doc_flags: int
 
 
 def _xattr_problem(flags: int, path: bytes, value: bytes, mutator: bool) -> ProtocolError | None:
-    if not flags & PathFlag.XATTR_PATH:
-        if flags & PathFlag.EXPAND_MACROS:
+    if not flags & _XATTR_PATH:
+        if flags & _EXPAND:
             return _fail("EXPAND_MACROS needs XATTR_PATH", Status.SUBDOC_XATTR_INVALID_FLAG_COMBO)
-        if flags & PathFlag.BINARY_VALUE:
+        if flags & _BINARY:
             return _fail("BINARY_VALUE needs XATTR_PATH", Status.SUBDOC_XATTR_INVALID_FLAG_COMBO)
         return None
-    if flags & PathFlag.BINARY_VALUE and flags & PathFlag.EXPAND_MACROS:
+    if flags & _BINARY and flags & _EXPAND:
         return _fail("BINARY_VALUE cannot be combined with EXPAND_MACROS", Status.SUBDOC_XATTR_INVALID_FLAG_COMBO)
     key = xattr_key_of(path)
     problem = xattr_key_problem(key, allow_virtual=True)
@@ -205,7 +204,7 @@ def _xattr_problem(flags: int, path: bytes, value: bytes, mutator: bool) -> Prot
     if is_virtual(key) and mutator:
         return _fail(f"virtual xattr {key.decode('utf-8', 'replace')!r} is read-only",
                      Status.SUBDOC_XATTR_CANT_MODIFY_VATTR)
-    if flags & PathFlag.EXPAND_MACROS and value not in MACROS and not (
+    if flags & _EXPAND and value not in MACROS and not (
             value.startswith(b'"${$document') and value.endswith(b'}"')):
         return _fail(f"unknown macro {value[:40]!r} (known: {', '.join(m.decode() for m in MACROS)}, "
                      "\"${$document...}\")", Status.SUBDOC_XATTR_UNKNOWN_MACRO)
@@ -215,9 +214,9 @@ def _xattr_problem(flags: int, path: bytes, value: bytes, mutator: bool) -> Prot
 def _doc_flag_problem(doc_flags: int, cas: int) -> ProtocolError | None:
     if doc_flags & ~KNOWN_DOC_FLAGS:
         return _fail(f"unknown doc flag bits 0x{doc_flags & ~KNOWN_DOC_FLAGS:02x}")
-    if doc_flags & DocFlag.ADD and cas:
+    if doc_flags & _ADD and cas:
         return _fail("a request with the ADD doc flag must have CAS 0")
-    if doc_flags & DocFlag.ADD and doc_flags & DocFlag.MKDOC:
+    if doc_flags & _ADD and doc_flags & _MKDOC:
         return _fail("ADD and MKDOC cannot be combined")
     return None
 
@@ -236,7 +235,7 @@ class SubdocSpec(NamedTuple):
 
     @property
     def xattr(self) -> bool:
-        return bool(self.flags & PathFlag.XATTR_PATH)
+        return bool(self.flags & _XATTR_PATH)
 
     def encode(self, mutation: bool) -> bytes:
         if mutation:
@@ -371,9 +370,9 @@ class SubdocMultiLookup(NamedTuple):
     @classmethod
     def from_frame(cls, frame: Frame) -> "SubdocMultiLookup":
         _check_opcode(frame, (cls.opcode,), cls)
-        rules.check(frame)
-        return cls(frame.key, tuple(_split_specs(frame.value, False)), frame.extras[0] if frame.extras else 0,
-                   frame.vbucket, frame.opaque, frame.framing)
+        specs = _decode_multi(frame)
+        return cls(frame.key, specs, frame.extras[0] if frame.extras else 0, frame.vbucket, frame.opaque,
+                   frame.framing)
 
 
 class SubdocMultiMutation(NamedTuple):
@@ -406,94 +405,91 @@ class SubdocMultiMutation(NamedTuple):
     @classmethod
     def from_frame(cls, frame: Frame) -> "SubdocMultiMutation":
         _check_opcode(frame, (cls.opcode,), cls)
-        rules.check(frame)
+        specs = _decode_multi(frame)
         expiry, user_flags, doc_flags = _tail_fields(frame.extras, 0)
-        return cls(frame.key, tuple(_split_specs(frame.value, True)), doc_flags, expiry, user_flags, frame.cas,
-                   frame.vbucket, frame.opaque, frame.framing)
+        return cls(frame.key, specs, doc_flags, expiry, user_flags, frame.cas, frame.vbucket, frame.opaque,
+                   frame.framing)
 
 
-def _split_specs(value: bytes, mutation: bool):
-    """The specs of a multi-path value that `_multi_problems` accepted."""
-    pos, end = 0, len(value)
-    head = _MUTATION_SPEC if mutation else _LOOKUP_SPEC
-    while pos < end:
-        if mutation:
-            op, flags, path_len, value_len = head.unpack_from(value, pos)
-        else:
-            op, flags, path_len = head.unpack_from(value, pos)
-            value_len = 0
-        pos += head.size
-        path = value[pos:pos + path_len]
-        pos += path_len
-        yield SubdocSpec(op, path, value[pos:pos + value_len], flags)
-        pos += value_len
-
-
-def _multi_problems(frame: Frame):
+def _parse_multi(frame: Frame) -> tuple[list[SubdocSpec], ProtocolError | None]:
+    """The specs of a multi-path request and the first rule it breaks (None: none), checked in
+    kv_engine's order while the specs are read."""
+    specs: list[SubdocSpec] = []
     if frame.datatype:
-        yield _fail(f"a sub-document request has datatype 0 (raw), not 0x{frame.datatype:02x}")
-        return
+        return specs, _fail(f"a sub-document request has datatype 0 (raw), not 0x{frame.datatype:02x}")
     mutation = frame.opcode == Opcode.SUBDOC_MULTI_MUTATION
     extras = frame.extras
     if len(extras) not in _MULTI_EXTRAS[mutation]:
         allowed = ", ".join(str(n) for n in _MULTI_EXTRAS[mutation])
-        yield _fail(f"extras must be {allowed} bytes; got {len(extras)}")
-        return
-    doc_flags = _tail_fields(extras, 0)[2]
+        return specs, _fail(f"extras must be {allowed} bytes; got {len(extras)}")
+    doc_flags = extras[-1] if len(extras) in (1, 5, 9) else 0
     problem = _doc_flag_problem(doc_flags, frame.cas)
-    if problem is None and doc_flags & DocFlag.REVIVE_DOCUMENT:
-        if not doc_flags & DocFlag.ACCESS_DELETED:
+    if problem is None and doc_flags & _REVIVE:
+        if not doc_flags & _ACCESS_DELETED:
             problem = _fail("REVIVE_DOCUMENT needs ACCESS_DELETED")
-        elif doc_flags & DocFlag.CREATE_AS_DELETED:
+        elif doc_flags & _CREATE_AS_DELETED:
             problem = _fail("REVIVE_DOCUMENT cannot be combined with CREATE_AS_DELETED")
     if problem is not None:
-        yield problem
-        return
+        return specs, problem
     value, pos, end, count = frame.value, 0, len(frame.value), 0
     head = _MUTATION_SPEC if mutation else _LOOKUP_SPEC
+    head_size, unpack = head.size, head.unpack_from
     xattrs_allowed = body_allowed = True
     while pos < end and count < MAX_PATHS:
         if not body_allowed:
-            yield _fail("nothing may follow a whole-document DELETE", Status.SUBDOC_INVALID_COMBO)
-            return
-        if end - pos < head.size:
-            yield _fail(f"spec {count} is truncated")
-            return
+            return specs, _fail("nothing may follow a whole-document DELETE", Status.SUBDOC_INVALID_COMBO)
+        if end - pos < head_size:
+            return specs, _fail(f"spec {count} is truncated")
         if mutation:
-            op, flags, path_len, value_len = head.unpack_from(value, pos)
+            op, flags, path_len, value_len = unpack(value, pos)
         else:
-            op, flags, path_len = head.unpack_from(value, pos)
+            op, flags, path_len = unpack(value, pos)
             value_len = 0
-        start = pos + head.size
-        if start + path_len + value_len > end:
-            yield _fail(f"spec {count}: its path and value run past the end of the request")
-            return
+        start = pos + head_size
+        stop = start + path_len + value_len
+        if stop > end:
+            return specs, _fail(f"spec {count}: its path and value run past the end of the request")
         path = value[start:start + path_len]
-        spec_value = value[start + path_len:start + path_len + value_len]
+        spec_value = value[start + path_len:stop]
         problem = _spec_problem(op, flags, path, spec_value, doc_flags, mutation, multi=True)
         if problem is not None:
             problem.reason = f"spec {count}: {problem.reason}"
-            yield problem
-            return
-        is_xattr = bool(flags & PathFlag.XATTR_PATH)
+            return specs, problem
+        is_xattr = flags & _XATTR_PATH
         singleton = op == Opcode.DELETE
         if xattrs_allowed:
-            xattrs_allowed = is_xattr
+            xattrs_allowed = bool(is_xattr)
         elif is_xattr:
-            yield _fail(f"spec {count}: xattr specs must come before body specs", Status.SUBDOC_INVALID_XATTR_ORDER)
-            return
+            return specs, _fail(f"spec {count}: xattr specs must come before body specs",
+                                Status.SUBDOC_INVALID_XATTR_ORDER)
         elif singleton:
-            yield _fail(f"spec {count}: a whole-document DELETE cannot follow other body specs",
-                        Status.SUBDOC_INVALID_COMBO)
-            return
+            return specs, _fail(f"spec {count}: a whole-document DELETE cannot follow other body specs",
+                                Status.SUBDOC_INVALID_COMBO)
         if singleton:
             body_allowed = False
-        pos = start + path_len + value_len
+        specs.append(SubdocSpec(op, path, spec_value, flags))
+        pos = stop
         count += 1
     if count == 0:
-        yield _fail("a multi-path request needs at least one spec", Status.SUBDOC_INVALID_COMBO)
-    elif pos != end:
-        yield _fail(f"a multi-path request has at most {MAX_PATHS} specs", Status.SUBDOC_INVALID_COMBO)
+        return specs, _fail("a multi-path request needs at least one spec", Status.SUBDOC_INVALID_COMBO)
+    if pos != end:
+        return specs, _fail(f"a multi-path request has at most {MAX_PATHS} specs", Status.SUBDOC_INVALID_COMBO)
+    return specs, None
+
+
+def _multi_problems(frame: Frame):
+    problem = _parse_multi(frame)[1]
+    if problem is not None:
+        yield problem
+
+
+def _decode_multi(frame: Frame) -> tuple[SubdocSpec, ...]:
+    """The specs of a valid multi-path request: parsed and checked in one pass; a frame with
+    framing extras or without a key takes the registry's full check (frame infos, shape) first."""
+    specs, problem = _parse_multi(frame)
+    if problem is not None or frame.framing or not frame.key:
+        rules.check(frame)  # raises the first problem (inside rules.lenient(): what could be read is kept)
+    return tuple(specs)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -632,6 +628,31 @@ class SubdocMultiMutationResponse(NamedTuple):
             out.append(MutationResult(index, status, data))
         uuid, seqno = _token(frame.extras)
         return cls(tuple(out), frame.cas, uuid, seqno, frame.status, frame.opaque)
+
+
+_ONE_RESULT_REPLY = struct.Struct(HEADER.format + "HI")
+
+
+def one_lookup_reply(status: int, result_status: int, value: bytes, opaque: int, cas: int) -> bytes:
+    """The bytes of SubdocMultiLookupResponse((LookupResult(result_status, value),), cas, status,
+    opaque).encode(), packed in one call: the reply to the most common lookup, one spec."""
+    return _ONE_RESULT_REPLY.pack(Magic.RESPONSE, Opcode.SUBDOC_MULTI_LOOKUP, 0, 0, 0, status, 6 + len(value), opaque,
+                                  cas, result_status, len(value)) + value
+
+
+_TOKEN_REPLY = struct.Struct(HEADER.format + "QQ")
+_PLAIN_REPLY = HEADER
+
+
+def one_mutation_reply(opaque: int, cas: int, vbucket_uuid: int | None, seqno: int, value: bytes | None) -> bytes:
+    """The bytes of a successful SubdocMultiMutationResponse with at most one result (spec 0's
+    value, as COUNTER returns), packed directly: the reply to the most common mutation."""
+    body = b"" if value is None else _MUTATION_RESULT.pack(0, 0) + _U32.pack(len(value)) + value
+    if vbucket_uuid is None:
+        return _PLAIN_REPLY.pack(Magic.RESPONSE, Opcode.SUBDOC_MULTI_MUTATION, 0, 0, 0, 0, len(body), opaque,
+                                 cas) + body
+    return _TOKEN_REPLY.pack(Magic.RESPONSE, Opcode.SUBDOC_MULTI_MUTATION, 0, 16, 0, 0, 16 + len(body), opaque, cas,
+                             vbucket_uuid, seqno) + body
 
 
 def _lookup_body_problems(frame: Frame):
