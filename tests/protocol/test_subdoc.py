@@ -308,3 +308,16 @@ def test_xattr_keys_follow_extended_attributes_md():
     assert sd.xattr_key_of(b"a]b.c") == b"a]b"  # ']' has no meaning while scanning the key
     for key in (b"$", b"_", b"", b"k" * 16, b"#x", b"\x01x"):
         assert problem(single(O.SUBDOC_GET, key, flags=X)).status == Status.XATTR_EINVAL
+
+
+def test_decode_message_types_sub_document_and_range_scan_frames():
+    from dcpflow.protocol import range_scan as rs
+    from dcpflow.protocol.messages import decode_message
+    partial = sd.SubdocMultiLookupResponse((sd.LookupResult(0, b"1"), sd.LookupResult(0xC0)), 5,
+                                           Status.SUBDOC_MULTI_PATH_FAILURE, 3)
+    assert decode_message(one(partial.encode())) == partial
+    more = rs.RangeScanContinueResponse(True, (b"a", b"b"), (), Status.RANGE_SCAN_MORE, 4)
+    assert decode_message(one(more.encode())) == more
+    req = sd.SubdocMultiMutation(b"k", (sd.SubdocSpec(O.SUBDOC_COUNTER, b"n", b"1"),))
+    assert decode_message(one(req.encode())) == req
+    assert decode_message(one(rs.RangeScanCancel(1, b"\x00" * 16).encode())) == rs.RangeScanCancel(1, b"\x00" * 16)

@@ -386,3 +386,10 @@ rules.register(Opcode.RANGE_SCAN_CANCEL, Shape(_CANCEL_PAGE, extras=(16,)), Shap
 rules.request_check(Opcode.RANGE_SCAN_CREATE)(_create_problems)
 rules.response_check(Opcode.RANGE_SCAN_CREATE)(_create_response_problems)
 rules.response_check(Opcode.RANGE_SCAN_CONTINUE)(_continue_response_problems)
+
+#: Request opcode -> type, response opcode -> type (messages.decode_message).
+REQUEST_TYPES: dict[int, type] = {Opcode.RANGE_SCAN_CREATE: RangeScanCreate,
+                                  Opcode.RANGE_SCAN_CONTINUE: RangeScanContinue,
+                                  Opcode.RANGE_SCAN_CANCEL: RangeScanCancel}
+RESPONSE_TYPES: dict[int, type] = {Opcode.RANGE_SCAN_CREATE: RangeScanCreateResponse,
+                                   Opcode.RANGE_SCAN_CONTINUE: RangeScanContinueResponse}
