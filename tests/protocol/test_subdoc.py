@@ -1,5 +1,5 @@
 """The sub-document codec: single and multi-path requests and replies round-trip, and every rule of
-kv_engine's request validator answers its status (SubDocument.md, TABLES.md 2)."""
+kv_engine's request validator answers its status (SubDocument.md and kv_engine's status codes)."""
 
 import struct
 

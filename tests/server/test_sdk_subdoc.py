@@ -13,12 +13,20 @@ from couchbase.exceptions import (
     CasMismatchException,
     DocumentExistsException,
     DocumentNotFoundException,
+    DocumentNotJsonException,
     InvalidArgumentException,
+    InvalidValueException,
+    NumberTooBigException,
     PathExistsException,
+    PathInvalidException,
     PathMismatchException,
     PathNotFoundException,
+    PathTooBigException,
+    PathTooDeepException,
+    ValueTooDeepException,
 )
 from couchbase.options import GetOptions, LookupInOptions, MutateInOptions, UpsertOptions
+from couchbase.transcoder import RawStringTranscoder
 
 from dcpflow.protocol.meta import GetMetaResponse
 from dcpflow.protocol.opcodes import Opcode
@@ -94,6 +102,40 @@ def test_mutate_in_errors_leave_the_document_unchanged(collection):
         collection.mutate_in("sd-e", [SD.upsert("a", 3)], MutateInOptions(cas=collection.get("sd-e").cas + 1))
     with pytest.raises(InvalidArgumentException):
         collection.mutate_in("sd-e", [SD.increment("a", 0)])
+
+
+@pytest.mark.parametrize(("key", "call", "error"), [
+    # status 0xc6 SUBDOC_DOC_NOT_JSON, lookups and mutations
+    ("sd-text", lambda c: c.lookup_in("sd-text", [SD.get("a")]).content_as[int](0), DocumentNotJsonException),
+    ("sd-text", lambda c: c.mutate_in("sd-text", [SD.upsert("a", 1)]), DocumentNotJsonException),
+    # 0xc2 SUBDOC_PATH_EINVAL
+    ("sd-err", lambda c: c.lookup_in("sd-err", [SD.get("a[")]).content_as[int](0), PathInvalidException),
+    ("sd-err", lambda c: c.mutate_in("sd-err", [SD.upsert("a.`b", 1)]), PathInvalidException),
+    # 0xc3 SUBDOC_PATH_E2BIG: more than 32 components
+    ("sd-err", lambda c: c.lookup_in("sd-err", [SD.get(".".join(["a"] * 33))]).content_as[int](0),
+     PathTooBigException),
+    # 0xc4 SUBDOC_DOC_E2DEEP: the stored document nests deeper than 32 levels
+    ("sd-deep", lambda c: c.lookup_in("sd-deep", [SD.get("d")]).content_as[int](0), PathTooDeepException),
+    ("sd-deep", lambda c: c.mutate_in("sd-deep", [SD.upsert("x", 1)]), PathTooDeepException),
+    # 0xc5 SUBDOC_VALUE_CANTINSERT: add-unique of a non-primitive; a counter that would overflow int64
+    ("sd-err", lambda c: c.mutate_in("sd-err", [SD.array_addunique("arr", {"o": 1})]), InvalidValueException),
+    ("sd-err", lambda c: c.mutate_in("sd-err", [SD.increment("max", 1)]), InvalidValueException),
+    # 0xc7 SUBDOC_NUM_ERANGE: the existing number is not a signed 64-bit integer
+    ("sd-err", lambda c: c.mutate_in("sd-err", [SD.increment("huge", 1)]), NumberTooBigException),
+    # 0xca SUBDOC_VALUE_ETOODEEP: the value would nest the document deeper than 32 levels
+    ("sd-err", lambda c: c.mutate_in("sd-err", [SD.upsert("v", json.loads("[" * 40 + "]" * 40))]),
+     ValueTooDeepException),
+])
+def test_path_and_document_errors_raise_the_sdks_exceptions(collection, key, call, error):
+    raw = RawStringTranscoder()
+    collection.upsert("sd-text", "plain text", UpsertOptions(transcoder=raw))
+    collection.upsert("sd-deep", '{"d": ' + "[" * 40 + "]" * 40 + "}", UpsertOptions(transcoder=raw))
+    collection.upsert("sd-err", '{"arr": [1], "max": 9223372036854775807, "huge": 99999999999999999999}',
+                      UpsertOptions(transcoder=raw))
+    before = collection.get(key, GetOptions(transcoder=raw)).content_as[str]
+    with pytest.raises(error):
+        call(collection)
+    assert collection.get(key, GetOptions(transcoder=raw)).content_as[str] == before
 
 
 def test_store_semantics(collection):

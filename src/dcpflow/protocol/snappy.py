@@ -1,6 +1,6 @@
 """Snappy, the compression of datatype bit 0x02 (HELLO Snappy): raw Snappy blocks, the whole value
-(xattrs included) compressed as one (TABLES.md 1.4; https://github.com/google/snappy
-format_description.txt).
+(xattrs included) compressed as one (https://github.com/couchbase/kv_engine/blob/master/docs/BinaryProtocol.md
+"Data Types"; the format: https://github.com/google/snappy/blob/main/format_description.txt).
 
 The codec is cramjam's (a maintained binding of the reference Rust/C implementations with wheels
 for every platform; python-snappy itself now wraps it). A block starts with its uncompressed

@@ -3,7 +3,9 @@ their responses.
 
 Page: https://github.com/couchbase/kv_engine/blob/master/docs/SubDocument.md ("Wire Protocol
 Format"), with the flag values, extras lengths and per-command rules of kv_engine's request
-validator (the page lists fewer doc flags than the server accepts). Status codes: TABLES.md 2.
+validator (the page lists fewer doc flags than the server accepts). Status codes: the
+sub-document block of https://github.com/couchbase/kv_engine/blob/master/include/memcached/protocol_binary.h
+(0xc0-0xd8).
 
 Single path: extras = path length u16, path flags u8, then optionally expiry u32 (and after it
 the document's user flags u32), then optionally the doc flags u8; the value is the path followed
