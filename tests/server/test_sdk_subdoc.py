@@ -193,3 +193,33 @@ def test_xattrs_and_macros_through_the_sdk(collection):
                                    LookupInOptions())
     assert exptime.content_as[int](0) == 0
     assert json.loads(json.dumps(collection.get("sd-xa").content_as[dict])) == {"body": 1}
+
+
+def test_the_sdks_data_structures_built_on_sub_document(collection):
+    """couchbase_list / map / set / queue are sub-document lookups and mutations on one document."""
+    items = collection.couchbase_list("sd-list")
+    items.append("b")
+    items.prepend("a")
+    items.set_at(1, "c")
+    assert items.get_all() == ["a", "c"] and items.size() == 2 and items.index_of("c") == 1
+    assert collection.get("sd-list").content_as[list] == ["a", "c"]
+    mapping = collection.couchbase_map("sd-map")
+    mapping.add("k", 1)
+    mapping.add("j", {"n": 2})
+    assert mapping.get("j") == {"n": 2} and mapping.exists("k") and not mapping.exists("x")
+    mapping.remove("k")
+    assert collection.get("sd-map").content_as[dict] == {"j": {"n": 2}}
+    members = collection.couchbase_set("sd-set")
+    assert members.add(1) and members.add(2) and not members.add(1)  # add-unique: PATH_EEXISTS
+    assert members.contains(2) and members.size() == 2
+    queue = collection.couchbase_queue("sd-queue")
+    queue.push(1)
+    queue.push(2)
+    assert queue.pop() == 1 and queue.size() == 1
+
+
+def test_exists_and_get_and_touch(collection, sdk_server):
+    collection.upsert("sd-t", {"a": 1})
+    assert collection.exists("sd-t").exists and not collection.exists("sd-none").exists
+    assert collection.get_and_touch("sd-t", timedelta(hours=1)).content_as[dict] == {"a": 1}
+    assert 3500 < _expiry(sdk_server, b"sd-t") - time.time() <= 3600
