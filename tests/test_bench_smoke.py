@@ -24,6 +24,7 @@ FIGURE_LINES = {
     "kv_instructions.py": "SET",
     "kv_persist.py": "all persisted",
     "producer.py": "in-memory producer",
+    "producer_instructions.py": "instructions per streamed item",
     "replication.py": "ratio replicated/written",
     "spark_ingest.py": "dcp changelog / synthetic changelog",
 }

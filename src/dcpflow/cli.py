@@ -152,6 +152,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     from .fault import add_command as add_fault_command
     add_fault_command(sub)
+
+    from .collections_cli import add_command as add_collections_command
+    add_collections_command(sub)
     return parser
 
 

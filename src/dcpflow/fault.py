@@ -8,64 +8,17 @@ answer; a refusal prints the server's message on stderr and exits 1.
 """
 
 import argparse
-import base64
 import json
-import os
-import ssl
 import sys
-import urllib.error
 import urllib.parse
-import urllib.request
+
+from .rest_client import RestError, admin_arguments, call, password_of
 
 PROG = "dcpflow fault"
 
 
-class FaultCommandError(Exception):
-    """The server refused, or could not be reached: the message says which and why."""
-
-
-def base_url(url: str) -> str:
-    """`host:port` or a full http(s) URL, without a trailing slash."""
-    if "://" not in url:
-        url = "http://" + url
-    parts = urllib.parse.urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise FaultCommandError(f"--url {url!r} is not an http(s) URL of a management port (http://HOST:8091)")
-    return f"{parts.scheme}://{parts.netloc}"
-
-
-def call(url: str, user: str, password: str, method: str, path: str, params: dict | None = None,
-         timeout: float = 180.0):
-    """One request; the JSON answer, or FaultCommandError with the server's own words."""
-    body = None
-    headers = {"Authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()}
-    if params:
-        body = urllib.parse.urlencode({k: v for k, v in params.items() if v is not None}).encode()
-        headers["Content-Type"] = "application/x-www-form-urlencoded"
-    req = urllib.request.Request(base_url(url) + path, data=body, method=method, headers=headers)
-    try:
-        with urllib.request.urlopen(req, timeout=timeout, context=ssl.create_default_context()) as resp:
-            return json.loads(resp.read() or b"null")
-    except urllib.error.HTTPError as e:
-        raise FaultCommandError(_refusal(e.code, e.read())) from None
-    except (urllib.error.URLError, OSError) as e:
-        reason = getattr(e, "reason", e)
-        raise FaultCommandError(f"cannot reach {base_url(url)}: {reason}") from None
-
-
-def _refusal(status: int, body: bytes) -> str:
-    if status == 401:
-        return "401: wrong or missing user and password (-u/-p: an admin of the server)"
-    try:
-        doc = json.loads(body)
-    except ValueError:
-        return f"{status}: {body.decode('utf-8', 'replace').strip() or 'no details'}"
-    if isinstance(doc, dict) and isinstance(doc.get("errors"), dict):
-        return f"{status}: " + "; ".join(msg if field == "_" else f"{field}: {msg}"
-                                         for field, msg in doc["errors"].items())
-    if isinstance(doc, dict) and "message" in doc:
-        return f"{status}: {doc['message']} {', '.join(doc.get('permissions', []))}".rstrip()
-    return f"{status}: {doc}"
+#: The REST client's error (rest_client.py): the server refused, or could not be reached.
+FaultCommandError = RestError
 
 
 def _bucket_path(args, what: str) -> str:
@@ -106,7 +59,7 @@ def main(args: argparse.Namespace) -> int:
     if args.kind == "drop-connections" and args.all == bool(args.bucket or args.name):
         print(f"{PROG} drop-connections: say which: --bucket, --name, or --all alone", file=sys.stderr)
         return 2
-    password = args.password if args.password is not None else os.environ.get("DCPFLOW_PASSWORD", "password")
+    password = password_of(args)
     method, path, params = _request(args)
     try:
         answer = call(args.url, args.username, password, method, path, params)
@@ -119,11 +72,7 @@ def main(args: argparse.Namespace) -> int:
 
 def add_command(sub) -> None:
     """Register `dcpflow fault` on the CLI's subparsers."""
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--url", default="http://127.0.0.1:8091",
-                        help="the server's management port (default http://127.0.0.1:8091; HOST:PORT works)")
-    common.add_argument("-u", "--username", default="Administrator", help="an admin (default Administrator)")
-    common.add_argument("-p", "--password", help="default: $DCPFLOW_PASSWORD, else 'password'")
+    common = admin_arguments()
     bucket = argparse.ArgumentParser(add_help=False)
     bucket.add_argument("--bucket", default="default", help="the bucket (default: default)")
 

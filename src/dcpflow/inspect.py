@@ -1,15 +1,16 @@
 """`dcpflow inspect`: decode hex dumps of protocol traffic into one JSON object per frame.
 
 For a person debugging a DCP stream: every header field by name, the typed body with flags spelled
-as the reference spells them, and a `problems` list naming each rule a frame breaks. As in a
-dissector, a frame that breaks a rule still shows its body as the bytes read; only a body too short
-for its fields has none, and a problem says why.
+as KV-Engine's documentation spells them, and a `problems` list naming each rule a frame breaks.
+As in a dissector, a frame that breaks a rule still shows its body as the bytes read; only a body
+too short for its fields has none, and a problem says why.
 
-Input copied from a page or a packet capture is often slightly wrong (the upstream examples are:
-see the errata list), so framing is lenient: when the declared body length does not lead to a
-plausible next frame (its parts do not fit in it, or a full-size non-header follows), the frame is
-taken to run to the next plausible header (or the end), and the mismatch is reported as a problem
-rather than a crash. A tail too short for a header is reported on its own.
+Input copied from a page or a packet capture is often slightly wrong (several of KV-Engine's
+documented examples miscount their body lengths), so framing is lenient: when the declared body
+length does not lead to a plausible next frame (its parts do not fit in it, or a full-size
+non-header follows), the frame is taken to run to the next plausible header (or the end), and the
+mismatch is reported as a problem rather than a crash. A tail too short for a header is reported
+on its own.
 """
 
 import json

@@ -19,29 +19,6 @@ from tests.server.conftest import (  # noqa: F401
 USER, PASSWORD = "Administrator", "password"
 
 
-class FakeTransport:
-    """Stands in for the event loop's transport: records what the connection writes."""
-
-    def __init__(self):
-        self.written: list[bytes] = []
-        self.aborted = False
-
-    def write(self, data):
-        self.written.append(bytes(data))
-
-    def is_closing(self):
-        return self.aborted
-
-    def abort(self):
-        self.aborted = True
-
-    def close(self):
-        self.aborted = True
-
-    def get_extra_info(self, name, default=None):
-        return default
-
-
 def url(port: int, bucket: str = "default", **options) -> str:
     query = "&".join(f"{k}={v}" for k, v in options.items())
     return f"couchbase://127.0.0.1:{port}/{bucket}" + (f"?{query}" if query else "")

@@ -14,8 +14,9 @@ from dcpflow.protocol.frame import decode_all
 from dcpflow.protocol.kv import error_response
 from dcpflow.protocol.opcodes import Opcode
 from dcpflow.protocol.status import Status
+from tests.fakes import FakeTransport
 
-from .conftest import NUM_VBUCKETS, PASSWORD, USER, FakeTransport, run, url
+from .conftest import NUM_VBUCKETS, PASSWORD, USER, run, url
 
 
 def _opaques(data: bytes) -> list[int]:

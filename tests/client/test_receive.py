@@ -15,8 +15,7 @@ from dcpflow.protocol.frame import HEADER_LEN, MAGIC_OPCODE_BODY
 from dcpflow.protocol.kv import error_response
 from dcpflow.protocol.opcodes import Opcode
 from dcpflow.protocol.status import Status
-
-from .conftest import FakeTransport
+from tests.fakes import FakeTransport
 
 
 def _connection():

@@ -5,6 +5,7 @@ own loop, or a subprocess) plus `clients` (DCP producer connections) and a write
 
 import pytest
 
+from dcpflow.engine import Bucket, VBucketState
 from tests.server.conftest import (  # noqa: F401
     ServerThread,
     keys_in,
@@ -111,3 +112,13 @@ def server_dropped(srv, vb: int, timeout: float = 5.0) -> bool:
             return True
         time.sleep(0.02)
     return False
+
+
+@pytest.fixture
+def engine(tmp_path):
+    """A bucket of four active vbuckets without a server, for the sans-I/O state machines."""
+    bucket = Bucket("default", tmp_path, 4, synchronous="OFF")
+    for vb in range(4):
+        bucket.set_vbucket_state(vb, VBucketState.ACTIVE)
+    yield bucket
+    bucket.close(clean=False)

@@ -7,20 +7,10 @@ from dcpflow.dcp.controls import CONTROLS, PRIORITY_BATCH, Effect
 from dcpflow.dcp.errors import Refusal
 from dcpflow.dcp.noop import DEFAULT_NOOP_INTERVAL
 from dcpflow.dcp.producer import ProducerConnection, Started
-from dcpflow.engine import Bucket, VBucketState
 from dcpflow.protocol.dcp import DcpStreamRequest, OpenFlag
 from dcpflow.protocol.status import Status
 
 OK = Effect.NONE
-
-
-@pytest.fixture
-def engine(tmp_path):
-    bucket = Bucket("default", tmp_path, 4, synchronous="OFF")
-    for vb in range(4):
-        bucket.set_vbucket_state(vb, VBucketState.ACTIVE)
-    yield bucket
-    bucket.close(clean=False)
 
 
 @pytest.fixture
@@ -51,7 +41,7 @@ def test_the_table_has_every_key_of_control_md():
 def test_an_unknown_key_is_einval(make):
     p = make()
     assert control(p, "enable_time_travel", "true") == refusal(
-        Status.EINVAL, "unknown DCP_CONTROL key 'enable_time_travel' (TABLES.md 5.3)")
+        Status.EINVAL, "unknown DCP_CONTROL key 'enable_time_travel'")
 
 
 def test_enable_noop_any_value_and_the_timer(make):
@@ -205,10 +195,15 @@ def test_include_deleted_user_xattrs_needs_the_open_flag(make):
     assert control(p, "include_deleted_user_xattrs", "true") is OK and p.settings.include_deleted_user_xattrs
 
 
-def test_change_streams_is_not_supported(make):
+def test_change_streams_needs_collections(make):
     assert control(make(), "change_streams", "false") == refusal(Status.EINVAL, "change_streams only accepts 'true'")
     assert control(make(), "change_streams", "true") == refusal(
-        Status.NOT_SUPPORTED, "this store keeps only the latest version of a key: no history")
+        Status.NOT_SUPPORTED, "change_streams needs HELLO Collections (history is per collection)")
+    p = make()
+    assert control(p, "change_streams", "true", collections=True) is OK and p.settings.change_streams
+    assert not isinstance(control(p, "enable_noop", "true", collections=True), Refusal)  # needed with collections
+    opts = p.stream_request(DcpStreamRequest(2, 0, 10, 0, 0, 0, 0), collections=True).stream.opts
+    assert opts.change_streams
 
 
 def test_max_marker_version_needs_collections(make):

@@ -2,12 +2,10 @@
 every message its wire size, stops at the window with at most one message beyond it, resumes on
 an acknowledgement; the consumer acknowledges at a fifth of its buffer or after a deadline."""
 
-import pytest
 
 from dcpflow.dcp.flow_control import ACK_SECONDS, BufferAcker, FlowControlWindow
 from dcpflow.dcp.producer import ProducerConnection
 from dcpflow.dcp.send_pass import MAX_PASS_BYTES, TURN_MESSAGES
-from dcpflow.engine import Bucket, VBucketState
 from dcpflow.engine.store import LARGE_VALUE
 from dcpflow.protocol import dcp
 from dcpflow.protocol.dcp import DcpStreamRequest, OpenFlag
@@ -32,15 +30,6 @@ def test_window_charges_and_acks():
 
 
 # -- the send pass over real streams ------------------------------------------------------------------
-
-@pytest.fixture
-def engine(tmp_path):
-    bucket = Bucket("default", tmp_path, 4, synchronous="OFF")
-    for vb in range(4):
-        bucket.set_vbucket_state(vb, VBucketState.ACTIVE)
-    yield bucket
-    bucket.close(clean=False)
-
 
 def producer(engine, buffer_size: int, priority: str = "medium") -> ProducerConnection:
     p = ProducerConnection("t", OpenFlag.PRODUCER, engine, now=0.0, created=0.0)

@@ -151,7 +151,7 @@ def test_close_without_stream_end_control_sends_nothing():
 def as_row(it: Item) -> tuple:
     signed = lambda v: v - (1 << 64) if v >= 1 << 63 else v  # noqa: E731  (as the store keeps u64s)
     return (it.key, it.by_seqno, signed(it.rev_seqno), signed(it.cas), it.flags, it.expiry, it.datatype,
-            int(it.deleted), it.delete_time, int(it.delete_source), it.value)
+            int(it.deleted), it.delete_time, int(it.delete_source), it.value, it.cid)
 
 
 def seqno_ordered(page: list[Item], big: bool) -> list[Item]:

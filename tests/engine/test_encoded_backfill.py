@@ -52,7 +52,7 @@ def all_rows(store: Store, vb: int, start: int, end: int) -> list[tuple]:
 
 
 def is_plain(r: tuple) -> bool:
-    return not r[7] and not r[6] & DATATYPE_XATTR and len(r[10]) < ENCODED_VALUE_LIMIT
+    return not r[7] and not r[6] & DATATYPE_XATTR and len(r[10]) < ENCODED_VALUE_LIMIT and r[11] == 0
 
 
 def check(store: Store, vb: int, start: int, end: int, page_size: int, opaque: int, collections: bool,
@@ -61,7 +61,7 @@ def check(store: Store, vb: int, start: int, end: int, page_size: int, opaque: i
     protocol encodes them, everything else as its row (with min_run 1; a larger min_run lets
     short runs of plain rows come as rows too). Returns how many came encoded."""
     rows = all_rows(store, vb, start, end)
-    assert all(len(r) == 12 and bool(r[11]) == is_plain(r) for r in rows)  # 12th: has an encoded head
+    assert all(len(r) == 13 and bool(r[12]) == is_plain(r) for r in rows)  # 13th: has an encoded head
     got: list[tuple] = []
     encoded = 0
     for chunk in read_chunks(store, vb, start, end, page_size, opaque, collections, min_run, page_bytes):

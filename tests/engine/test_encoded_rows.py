@@ -31,7 +31,8 @@ items = st.builds(
     Item, key=st.binary(min_size=1, max_size=300), value=values_around_large,
     flags=wide, expiry=wide, cas=wide, rev_seqno=wide, by_seqno=wide, datatype=st.one_of(st.integers(0, 7), wide),
     deleted=st.booleans(), delete_time=st.integers(0, 1 << 40),
-    delete_source=st.sampled_from([DeleteSource.EXPLICIT, DeleteSource.TTL]))
+    delete_source=st.sampled_from([DeleteSource.EXPLICIT, DeleteSource.TTL]),
+    cid=st.one_of(st.just(0), st.integers(1, 9), st.sampled_from([0xFFFFFFFF, 1 << 32, -1])))
 
 
 def _row_outcome(fn, *args):
@@ -62,7 +63,10 @@ def test_rows_of_a_plain_mutation_carry_its_dcp_message():
     assert row[:12] == (3, bytearray(b"key"), 42, 9, 0x1122334455667788, 0x01020304, 0, 1, 0, 0, 0,
                         bytearray())  # the value lives in the message
     deleted = Item(b"key", b"", cas=1, by_seqno=43, deleted=True)
-    assert store_mod._encoded_rows(3, [deleted])[0][11:] == (bytearray(), None)
+    assert store_mod._encoded_rows(3, [deleted])[0][11:] == (bytearray(), None, 0)
+    # another collection's plain mutation is read as a row: a stored message has no collection prefix
+    named = Item(b"key", b"value", 0x01020304, 0, 0x1122334455667788, 9, 44, 1, cid=8)
+    assert store_mod._encoded_rows(3, [named])[0][11:] == (bytearray(b"value"), None, 8)
 
 
 @needs_rows
@@ -85,7 +89,7 @@ def test_an_object_that_is_not_a_document_is_left_to_the_python_row():
     """The compiled rows read Documents (the protocol's record, which Item is) from their slots;
     anything else with the same attributes is built by _encoded_row, through its attributes."""
     fields = {"key": b"key", "value": b"v", "flags": 1, "expiry": 2, "cas": 3, "rev_seqno": 4, "by_seqno": 5,
-              "datatype": 0, "deleted": False, "delete_time": 0, "delete_source": DeleteSource.EXPLICIT}
+              "datatype": 0, "deleted": False, "delete_time": 0, "delete_source": DeleteSource.EXPLICIT, "cid": 0}
     seen = []
 
     def row_py(vb, it):

@@ -361,8 +361,8 @@ def a_store_with_a_document(path) -> None:
     s.close()
 
 
-def test_a_new_store_is_schema_version_1(tmp_path):
-    assert SCHEMA_VERSION == 1
+def test_a_new_store_is_schema_version_2(tmp_path):
+    assert SCHEMA_VERSION == 2
     s = Store(tmp_path / "s.sqlite3", synchronous="NORMAL")
     s.close()
     assert user_version(tmp_path / "s.sqlite3") == SCHEMA_VERSION
@@ -371,14 +371,14 @@ def test_a_new_store_is_schema_version_1(tmp_path):
     assert user_version(tmp_path / "s.sqlite3") == SCHEMA_VERSION
 
 
-@pytest.mark.parametrize("version", [2, 7, -1])
+@pytest.mark.parametrize("version", [3, 7, -1])
 def test_a_store_of_another_version_is_refused_and_left_unchanged(tmp_path, version):
     path = tmp_path / "s.sqlite3"
     a_store_with_a_document(path)
     set_user_version(path, version)
     before = file_state(path)
     with pytest.raises(StoreVersionError, match=rf"has schema version {version}; this dcpflow reads schema "
-                                                rf"version 1 only") as e:
+                                                rf"versions 1 to 2") as e:
         Store(path, synchronous="NORMAL")
     assert ("a newer dcpflow wrote it" in str(e.value)) == (version > SCHEMA_VERSION)
     assert isinstance(e.value, ValueError)  # `dcpflow server` reports it as "cannot start: ..."
@@ -387,25 +387,78 @@ def test_a_store_of_another_version_is_refused_and_left_unchanged(tmp_path, vers
 
 def test_an_empty_file_of_a_newer_version_gets_no_tables(tmp_path):
     path = tmp_path / "s.sqlite3"
-    set_user_version(path, 2)
-    with pytest.raises(StoreVersionError, match="schema version 2"):
+    set_user_version(path, 3)
+    with pytest.raises(StoreVersionError, match="schema version 3"):
         Store(path, synchronous="NORMAL")
-    assert file_state(path) == (2, [], {})
+    assert file_state(path) == (3, [], {})
 
 
-def test_an_unversioned_store_laid_out_as_version_1_is_stamped_and_keeps_its_data(tmp_path):
-    """dcpflow stamped no version before this one; a store it wrote has version 1's layout."""
+def a_version_1_store(path, *, stamp: int = 1) -> None:
+    """A store as dcpflow wrote it before collections (schema version 1), by SQL alone: one
+    document in vbucket 0 with an older version in history, a tombstone, and the vbucket's state."""
+    from dcpflow.engine import store as store_module
+    db = sqlite3.connect(path)
+    for sql in store_module._SCHEMA_V1:
+        db.execute(sql)
+    cols = "vb, key, seqno, rev_seqno, cas, flags, expiry, datatype, deleted, delete_time, delete_source, value"
+    db.execute(f"INSERT INTO items (id, {cols}, dcp) VALUES (3, 0, x'6b', 3, 2, 30, 0, 0, 0, 0, 0, 0, x'7632', NULL)")
+    db.execute(f"INSERT INTO items (id, {cols}, dcp) VALUES (2, 0, x'64', 2, 2, 20, 0, 0, 0, 1, 99, 0, x'', NULL)")
+    db.execute(f"INSERT INTO history ({cols}, superseded_by) VALUES (0, x'6b', 1, 1, 10, 0, 0, 0, 0, 0, 0, "
+               "x'7631', 3)")
+    db.execute("INSERT INTO vbucket_state (vb, state, failover_log, high_seqno, snap_start, snap_end, purge_seqno, "
+               "max_cas, max_visible_seqno, max_deleted_rev_seqno) VALUES (0, 1, ?, 3, 3, 3, 0, 30, 3, 0)",
+               (FailoverTable([(1, 0)]).to_json(),))
+    db.execute(f"PRAGMA user_version = {stamp}")
+    db.commit()
+    db.close()
+
+
+@pytest.mark.parametrize("stamp", [1, 0], ids=["version 1", "unversioned, laid out as version 1"])
+def test_a_version_1_store_is_migrated_in_one_step_and_keeps_its_data(tmp_path, stamp):
+    """Version 1 had no collections: its documents are the default collection's, its history
+    still rolls back, and the file is laid out as a new version 2 store is."""
     path = tmp_path / "s.sqlite3"
-    a_store_with_a_document(path)
-    set_user_version(path, 0)
+    a_version_1_store(path, stamp=stamp)
     s = Store(path, synchronous="NORMAL")
     try:
-        assert user_version(path) == SCHEMA_VERSION
+        assert user_version(path) == SCHEMA_VERSION == 2
         got = s.get(0, b"k")
-        assert (got.value, got.cas, got.by_seqno) == (b"v", 7, 1)
-        assert s.load_vbucket_states()[0].high_seqno == 1
+        assert (got.value, got.cas, got.by_seqno, got.cid) == (b"v2", 30, 3, 0)
+        assert s.get(0, b"k", cid=8) is None
+        assert [(i.key, i.deleted, i.cid) for i in s.load_items(0)] == [(b"d", True, 0), (b"k", False, 0)]
+        assert s.load_vbucket_states()[0].high_seqno == 3
+        # a named collection's key beside the default collection's same key
+        s.write([(0, [Item(b"k", b"in 8", cas=40, by_seqno=4, cid=8)])],
+                [VBucketStateRecord(0, 1, FailoverTable([(1, 0)]).to_json(), 4, 4, 4)], [(0, 4, 4)])
+        assert (s.get(0, b"k").value, s.get(0, b"k", cid=8).value) == (b"v2", b"in 8")
+        assert s.rollback(0, 2).seqno == 2  # the migrated history row restores k@1
+        assert (s.get(0, b"k").value, s.get(0, b"k", cid=8)) == (b"v1", None)
     finally:
         s.close()
+    fresh = tmp_path / "fresh.sqlite3"
+    Store(fresh, synchronous="NORMAL").close()
+    from dcpflow.engine.store import _layout
+    layouts = []
+    for p in (path, fresh):
+        db = sqlite3.connect(p)
+        layouts.append(_layout(db))
+        db.close()
+    assert layouts[0] == layouts[1]
+
+
+def test_a_migration_that_fails_leaves_the_file_as_it_was(tmp_path):
+    """The step runs in one transaction with the new version number: a failure in its middle (here
+    an index of the name the step creates already there) changes nothing."""
+    path = tmp_path / "s.sqlite3"
+    a_version_1_store(path)
+    db = sqlite3.connect(path)
+    db.execute("CREATE INDEX history_by_seqno ON history (seqno)")
+    db.commit()
+    db.close()
+    before = file_state(path)
+    with pytest.raises(sqlite3.OperationalError, match="history_by_seqno already exists"):
+        Store(path, synchronous="NORMAL")
+    assert file_state(path) == before
 
 
 def _unclustered(db) -> None:

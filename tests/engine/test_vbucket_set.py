@@ -1,11 +1,14 @@
 """VBucket.set, the hottest write path: what it leaves in the hash table and the open checkpoint,
 its clocks, and its signature."""
 
+import dataclasses
 import time
 
 import pytest
 
+from dcpflow.engine.expiry import to_absolute
 from dcpflow.engine.hlc import HLC
+from dcpflow.engine.item import DeleteSource, Item
 from dcpflow.engine.vbucket import VBucket, VBucketState
 
 
@@ -31,6 +34,35 @@ def make(clocks: Clocks, max_items: int = 10_000) -> VBucket:
     vb.checkpoint_manager._clock = clocks.mono
     vb.checkpoint_manager.checkpoints[-1].deadline = clocks.mono() + 5.0
     return vb
+
+
+def test_the_item_set_builds_is_the_one_the_constructor_makes():
+    """set builds its Item field by field, not through Item(...): every field of the dataclass must
+    be set (a field added to Document and not to set would be missing here), and equal to what
+    the constructor makes of the same arguments: a new key, a rewrite, a key over a tombstone,
+    with flags, expiry, datatype and a CAS."""
+    clocks = Clocks()
+    vb = make(clocks)
+    vb.max_deleted_rev_seqno = 40
+
+    def stored(key: bytes, value: bytes, **kwargs) -> Item:
+        item = vb.set(key, value, **kwargs)
+        assert vb.ht[key] is item and vb.checkpoint_manager.open_checkpoint.items()[-1] is item
+        return item
+
+    made = [stored(b"new", b"v1")]
+    made.append(stored(b"new", b"v2", flags=0xDEADBEEF, expiry=30, datatype=1, cas=made[0].cas))
+    vb.set(b"gone", b"x")
+    vb.delete(b"gone")
+    made.append(stored(b"gone", b"back", expiry=int(clocks.t) + 100))
+    expected = [(b"new", b"v1", 0, 0, 41, 1, 0), (b"new", b"v2", 0xDEADBEEF, to_absolute(30, clocks.t), 42, 2, 1),
+                (b"gone", b"back", 0, int(clocks.t) + 100, 43, 5, 0)]
+    for item, (key, value, flags, expiry, rev, seqno, datatype) in zip(made, expected, strict=True):
+        assert type(item) is Item
+        assert all(hasattr(item, f.name) for f in dataclasses.fields(Item))
+        assert item == Item(key, value, flags, expiry, item.cas, rev, seqno, datatype)
+        assert item.delete_source is DeleteSource.EXPLICIT and item.deleted is False
+    assert made[0].cas < made[1].cas < made[2].cas
 
 
 def test_heavy_rewrites_compact_the_open_checkpoint():

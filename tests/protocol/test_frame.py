@@ -232,6 +232,27 @@ def test_a_backlog_is_not_copied_on_every_feed():
     assert sum(1 for _ in it) == 1001 and dec.buffered == 0
 
 
+def test_peek_leaves_the_frames_buffered_until_consume_says_they_are_done():
+    """The request loop's way in: the next frames in a list (up to the limit; one at a time
+    without the compiled splitter), consumed only as far as it ran them."""
+    frames = [fr.request(Opcode.NOOP, opaque=i) for i in range(5)]
+    dec = FrameDecoder()
+    dec.feed(b"".join(frames))
+    first = dec.peek(3)
+    assert 1 <= len(first) <= 3 and [f.opaque for f in first] == list(range(len(first)))
+    if fr._split is not None:
+        assert len(first) == 3
+        assert dec.peek(3) == first and dec.buffered == 5 * 24  # nothing consumed yet
+    dec.consume(1)
+    assert dec.buffered == 4 * 24
+    dec.feed(fr.request(Opcode.NOOP, opaque=5))  # fed while frames wait: they keep their place
+    seen = []
+    while batch := dec.peek(64):
+        seen += [f.opaque for f in batch]
+        dec.consume(len(batch))
+    assert seen == [1, 2, 3, 4, 5] and dec.buffered == 0
+
+
 def test_decode_all_rejects_trailing_bytes():
     with pytest.raises(ProtocolError, match="trailing"):
         decode_all(fr.request(Opcode.NOOP) + b"\x80")

@@ -1,8 +1,9 @@
 """The byte layouts the protocol hands to readers that address fields in place: the header's and
 the document messages' fields (taken from the codec's structs, checked here against what the
-codec encodes), the control frames read in place (marker_fields, stream_end_reason: what they
-accept, decode_dcp accepts the same), the header walker of receive loops (frame_head, with
-walk_stream's tables) and the set of stream messages."""
+codec encodes), the KV reply packers a server's hot paths use (against the typed replies'
+encode()), the control frames read in place (marker_fields, stream_end_reason: what they accept,
+decode_dcp accepts the same), the header walker of receive loops (frame_head, with walk_stream's
+tables) and the set of stream messages."""
 
 import struct
 
@@ -10,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dcpflow.protocol import dcp
+from dcpflow.protocol import dcp, kv
 from dcpflow.protocol import frame as fr
 from dcpflow.protocol.dcp import (
     DOCUMENT_LAYOUTS,
@@ -28,6 +29,7 @@ from dcpflow.protocol.dcp import (
 from dcpflow.protocol.errors import ProtocolError
 from dcpflow.protocol.frame import HEADER_FIELDS, HEADER_LEN, Field, FrameDecoder, decode_all, frame_head
 from dcpflow.protocol.opcodes import Opcode
+from dcpflow.protocol.status import Status
 
 U64, U32 = 2**64 - 1, 2**32 - 1
 
@@ -234,3 +236,61 @@ def test_walk_stream_and_frame_head_walk_a_receive_buffer_together():
     assert pos == len(data)
     assert seen == [("run", offsets[0]), ("run", offsets[1]), ("other", offsets[2], 0x81, Opcode.DCP_STREAM_REQ, 9),
                     ("run", offsets[3]), ("other", offsets[4], 0x80, Opcode.DCP_NOOP, 3)]
+
+
+# -- the KV reply packers a server's hot paths use ------------------------------------------------
+
+@settings(max_examples=60)
+@given(st.sampled_from(sorted(kv.GetResponse.OPCODES)), st.integers(0, U32), st.binary(max_size=20),
+       st.binary(max_size=40), st.integers(0, U64), st.integers(0, 7), st.integers(0, U32))
+def test_get_response_head_packs_what_get_response_encodes(op, flags, key, value, cas, datatype, opaque):
+    expected = kv.GetResponse(flags, value, cas, datatype, key, opaque, opcode=op).encode()
+    head = kv.GET_RESPONSE_HEAD.pack(0x81, op, len(key), 4, datatype, 0, 4 + len(key) + len(value), opaque,
+                                     cas, flags)
+    assert head + key + value == expected
+    assert kv.GET_RESPONSE_HEAD.size == HEADER_LEN + 4
+
+
+@settings(max_examples=60)
+@given(st.sampled_from(sorted(kv.MutationResponse.OPCODES)), st.integers(1, U64), st.integers(0, U64),
+       st.integers(0, U64), st.integers(0, U32))
+def test_mutation_response_with_token_packs_what_mutation_response_encodes(op, cas, uuid, seqno, opaque):
+    expected = kv.MutationResponse(cas, uuid, seqno, opaque, opcode=op).encode()
+    assert kv.MUTATION_RESPONSE_WITH_TOKEN.pack(0x81, op, 0, 16, 0, 0, 16, opaque, cas, uuid, seqno) == expected
+    assert kv.MutationResponse.from_frame(decode_all(expected)[0]).mutation_token == (uuid, seqno)
+
+
+@given(st.integers(0, U32), st.integers(0, U32))
+def test_store_extras_are_what_store_encodes(flags, expiry):
+    (frame,) = decode_all(kv.Store(b"k", b"v", flags, expiry).encode())
+    assert frame.extras == kv.STORE_EXTRAS.pack(flags, expiry)
+    assert kv.STORE_EXTRAS.unpack(frame.extras) == (flags, expiry)
+
+
+def test_collection_id_response_is_manifest_uid_then_id():
+    """Collections.md, 0xbb: extras u64 manifest id at offset 0, u32 collection id at 8; no key or value."""
+    data = kv.CollectionIdResponse(0x1234, 8, 7, opcode=Opcode.COLLECTIONS_GET_ID).encode()
+    assert data == bytes.fromhex("81bb0000 0c000000 0000000c 00000007 0000000000000000"
+                                 "0000000000001234 00000008")
+    (frame,) = decode_all(data)
+    assert kv.CollectionIdResponse.from_frame(frame) == kv.CollectionIdResponse(0x1234, 8, 7)
+    scope = kv.CollectionIdResponse(1, 0, opcode=Opcode.COLLECTIONS_GET_SCOPE_ID)
+    assert kv.CollectionIdResponse.from_frame(decode_all(scope.encode())[0]) == scope
+    error = kv.CollectionIdResponse(opaque=3, status=Status.UNKNOWN_COLLECTION)
+    assert kv.CollectionIdResponse.from_frame(decode_all(error.encode())[0]) == error
+
+
+def test_collection_id_response_refuses_another_shape():
+    short = fr.response(Opcode.COLLECTIONS_GET_ID, extras=b"\0" * 8)
+    with pytest.raises(ProtocolError, match="12 bytes of extras"):
+        kv.CollectionIdResponse.from_frame(decode_all(short)[0])
+    with pytest.raises(ProtocolError):
+        kv.CollectionIdResponse.from_frame(decode_all(kv.GetResponse(1, b"v").encode())[0])
+
+
+@given(st.sampled_from([0x80, 0x81, 0x08]), st.binary(max_size=9), st.binary(max_size=30), st.binary(max_size=50))
+def test_wire_len_is_the_encoded_size(magic, extras, key, value):
+    framing = fr.stream_id_frame(5) if magic == 0x08 else b""
+    data = fr.encode_frame(magic, Opcode.DCP_MUTATION, key=key, extras=extras, value=value, framing=framing)
+    (frame,) = decode_all(data)
+    assert frame.wire_len == len(data) == HEADER_LEN + frame.body_len

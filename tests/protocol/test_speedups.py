@@ -2,7 +2,8 @@
 
 split: both paths must give the same frames, the same errors (type, text, fatal or not) and leave
 the same bytes buffered, for any bytes fed in any chunks; and the splitter itself must stop before
-every frame it leaves to the Python loop.
+every frame it leaves to the Python loop. The request loop's `peek`/`consume` reading must decode
+as the frames iterator does, with either path.
 
 encode_mutations: the same bytes and the same stop as dcp.encode_mutations_py for any documents;
 an item whose fields do not fit stops the run (the Python twin raises there); items whose reads
@@ -84,6 +85,44 @@ def _decode(data: bytes, chunks: list[int], compiled: bool, max_body: int = 4096
         frame_mod._split = saved
 
 
+def _decode_peeking(data: bytes, chunks: list[int], compiled: bool, limit: int, runs: list[int]):
+    """What `_decode` records, read as the request loop reads: `peek(limit)`, run the first
+    `runs[i]` of those frames (at least one), `consume` them; the next chunk is fed between a
+    peek and its consume."""
+    saved = frame_mod._split
+    frame_mod._split = split if compiled else None
+    try:
+        dec = FrameDecoder(max_body_len=4096)
+        out: list = []
+        pos = i = r = 0
+        sizes = chunks or [len(data) or 1]
+        while pos < len(data) or i == 0:
+            n = sizes[i % len(sizes)]
+            i += 1
+            dec.feed(data[pos:pos + n])
+            pos += n
+            while True:
+                try:
+                    frames = dec.peek(limit)
+                except ProtocolError as e:
+                    out.append(("error", str(e), e.fatal, e.status, e.opcode, e.opaque))
+                    if e.fatal:
+                        return out, None
+                    continue
+                if not frames:
+                    break
+                ran = max(1, min(len(frames), runs[r % len(runs)]))
+                r += 1
+                out.extend(("frame", tuple(f), type(f)) for f in frames[:ran])
+                if pos < len(data):
+                    dec.feed(data[pos:pos + n])
+                    pos += n
+                dec.consume(ran)
+        return out, dec.buffered
+    finally:
+        frame_mod._split = saved
+
+
 @needs_split
 @EQUIV
 @given(near_valid_frames(), st.lists(st.integers(1, 700), min_size=1, max_size=5), st.integers(0, 3))
@@ -118,6 +157,18 @@ def test_well_formed_streams_decode_alike_and_whole(frames, chunks):
     assert compiled == _decode(data, chunks, False, max_body=1 << 20)
     assert [f[1] for f in compiled[0]] == [tuple(f) for f in map(_parse_one, frames)]
     assert compiled[1] == 0
+
+
+@EQUIV
+@given(st.one_of(near_valid_frames(), st.lists(_well_formed(), min_size=1, max_size=8).map(b"".join)),
+       st.lists(st.integers(1, 700), min_size=1, max_size=5), st.integers(1, 5),
+       st.lists(st.integers(0, 6), min_size=1, max_size=4), st.booleans())
+def test_peek_and_consume_decode_as_the_frames_iterator_does(data, chunks, limit, runs, compiled):
+    """Frames, errors and leftovers, however many of each peek run and whatever is fed meanwhile
+    (well-formed runs are what the compiled splitter returns several of at once)."""
+    if compiled and split is None:
+        compiled = False
+    assert _decode_peeking(data, chunks, compiled, limit, runs) == _decode(data, chunks, compiled)
 
 
 def _parse_one(data: bytes) -> Frame:
@@ -212,7 +263,8 @@ def _items():
     """Documents as the engine has them: mostly plain mutations, some deletions, xattrs and large
     values (what the encoder leaves to the general path)."""
     return st.builds(Item, st.binary(min_size=1, max_size=40), st.binary(max_size=300), U32, U32, U64, U64, U64,
-                     st.integers(0, 7), st.sampled_from([False] * 6 + [True]))
+                     st.integers(0, 7), st.sampled_from([False] * 6 + [True]),
+                     cid=st.sampled_from([0] * 6 + [1, 8, 0x555]))
 
 
 @needs_encode
@@ -241,6 +293,8 @@ def test_encode_mutations_are_the_messages_dcp_mutation_encodes(collections):
     (Item(b"d", b"", by_seqno=1, deleted=True), "deleted"),
     (Item(b"x", b"v", datatype=4, by_seqno=1), "xattrs"),
     (Item(b"l", b"v" * 2048, by_seqno=1), "large value"),
+    (Item(b"n", b"v", by_seqno=1, cid=8), "another collection's document (its key needs another prefix)"),
+    (Item(b"s", b"v", by_seqno=1, cid=1), "a collections system event"),
     (Item(b"f", b"v", flags=2**32, by_seqno=1), "flags over 32 bits"),
     (Item(b"c", b"v", cas=2**64, by_seqno=1), "cas over 64 bits"),
     (Item(b"s", b"v", by_seqno=-1), "negative seqno"),
@@ -255,7 +309,8 @@ def test_encode_mutations_stops_before_what_it_leaves_to_the_general_path(bad, w
 
 @needs_encode
 def test_encode_mutations_reads_any_object_with_the_fields():
-    fields = dict(key=b"k", value=b"v", cas=5, by_seqno=6, rev_seqno=7, flags=8, expiry=9, datatype=1, deleted=False)
+    fields = dict(key=b"k", value=b"v", cas=5, by_seqno=6, rev_seqno=7, flags=8, expiry=9, datatype=1, deleted=False,
+                  cid=0)
     ns = SimpleNamespace(**fields)
     assert encode([ns, Item(**fields)], 0, 1, 2, True, 2048) == dcp.encode_mutations_py([ns, Item(**fields)], 0, 1, 2,
                                                                                         True, 2048)
@@ -270,7 +325,7 @@ def test_encode_mutations_survives_items_that_change_the_list_while_read():
 
     class Shrinking:
         reads = 0
-        key, cas, by_seqno, rev_seqno, flags, expiry, datatype, deleted = b"k", 0, 1, 1, 0, 0, 0, False
+        key, cas, by_seqno, rev_seqno, flags, expiry, datatype, deleted, cid = b"k", 0, 1, 1, 0, 0, 0, False, 0
 
         @property
         def value(self):
@@ -286,7 +341,7 @@ def test_encode_mutations_survives_items_that_change_the_list_while_read():
                                                          0, 0, 0, False, 2048)[0]
 
 
-FIELDS = ("key", "value", "cas", "by_seqno", "rev_seqno", "flags", "expiry", "datatype", "deleted")
+FIELDS = ("key", "value", "cas", "by_seqno", "rev_seqno", "flags", "expiry", "datatype", "deleted", "cid")
 
 
 def _both(items):

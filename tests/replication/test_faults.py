@@ -10,7 +10,7 @@ import time
 from dcpflow.protocol.dcp import VBucketState
 from dcpflow.protocol.keys import vbucket_for_key
 from dcpflow.protocol.status import Status
-from dcpflow.replication.commands import ControlServer
+from dcpflow.replication.control import ControlServer
 from tests.server.mgmt.rest_client import Http
 
 from .helpers import ClientModel, high_seqnos, vb_contents

@@ -16,44 +16,13 @@ from dcpflow.protocol.frame import HEADER_LEN, decode_all, response
 from dcpflow.protocol.opcodes import Opcode
 from dcpflow.protocol.status import Status
 from dcpflow.replication.link import MAX_BODY, Link
-
-
-class Transport:
-    """The event loop's side of a Link that these tests drive by hand: what it is asked to write."""
-
-    def __init__(self):
-        self.written: list[bytes] = []
-        self.aborted = False
-
-    def write(self, data):
-        self.written.append(bytes(data))
-
-    def is_closing(self):
-        return self.aborted
-
-    def abort(self):
-        self.aborted = True
-
-    def close(self):
-        self.aborted = True
-
-    def get_extra_info(self, name, default=None):
-        return default
-
-    def set_write_buffer_limits(self, high=None, low=None):
-        pass
-
-    def pause_reading(self):
-        pass
-
-    def resume_reading(self):
-        pass
+from tests.fakes import FakeTransport
 
 
 def _pair() -> tuple[Link, Link]:
     link, peer = Link("node"), Link("peer")
-    link.connection_made(Transport())
-    peer.connection_made(Transport())
+    link.connection_made(FakeTransport())
+    peer.connection_made(FakeTransport())
     link.link(peer)
     return link, peer
 

@@ -215,3 +215,25 @@ def held_flush(engine):
     finally:
         release.set()
         engine.flusher.write = write
+
+
+@pytest.fixture(scope="module")
+def sdk_server(tmp_path_factory):
+    """A `dcpflow server` subprocess that one module's official-SDK tests share."""
+    data = tmp_path_factory.mktemp("sdk")
+    proc = ServerProcess(["--data-dir", str(data), "--vbuckets", "64", "--flush-interval", "0.05"])
+    try:
+        yield proc
+    finally:
+        proc.cleanup()
+
+
+@pytest.fixture(scope="module")
+def sdk_cluster(sdk_server):
+    """The official SDK's Cluster connected to the module's `sdk_server`."""
+    from .sdk import connect
+    cluster = connect(sdk_server.port)
+    try:
+        yield cluster
+    finally:
+        cluster.close()

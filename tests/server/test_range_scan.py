@@ -202,3 +202,38 @@ def test_sdk_collection_scan(sdk_collection):
     excl = {r.id for r in col.scan(RangeScan(ScanTerm("user::000", exclusive=True), ScanTerm("user::010")),
                                    ScanOptions(ids_only=True))}
     assert excl == {f"user::{i:03}" for i in range(1, 11)}
+
+
+def test_sdk_scan_of_a_named_collection(spawn_server, tmp_path):
+    """scope("s").collection("c").scan(...) returns exactly that collection's live keys; the default
+    collection's scan, with keys under the same prefix beside them, returns only its own."""
+    from .sdk import connect
+    proc = spawn_server("--data-dir", str(tmp_path), "--vbuckets", "64")
+    cluster = connect(proc.port)
+    try:
+        bucket = cluster.bucket("default")
+        bucket.collections().create_scope("s")
+        bucket.collections().create_collection("s", "c")
+        named, default = bucket.scope("s").collection("c"), bucket.default_collection()
+        for i in range(30):
+            named.upsert(f"n::{i:02}", {"i": i})
+        for i in range(8):
+            default.upsert(f"n::d{i}", {"d": i})
+        named.remove("n::05")
+        live = {f"n::{i:02}" for i in range(30)} - {"n::05"}
+        assert {r.id for r in named.scan(PrefixScan("n::"), ScanOptions(ids_only=True))} == live
+        assert {r.id for r in named.scan(RangeScan())} == live
+        rows = list(named.scan(RangeScan(ScanTerm("n::10"), ScanTerm("n::19"))))
+        assert {r.id: r.content_as[dict] for r in rows} == {f"n::{i}": {"i": i} for i in range(10, 20)}
+        assert {r.id for r in named.scan(SamplingScan(100, seed=1), ScanOptions(ids_only=True))} == live
+        assert {r.id for r in default.scan(PrefixScan("n::"), ScanOptions(ids_only=True))} == \
+            {f"n::d{i}" for i in range(8)}
+    finally:
+        cluster.close()
+
+
+def test_a_scan_of_an_unknown_collection_is_refused(server):
+    with login(server) as c:
+        c.set(b"k", b"{}", datatype=1)
+        reply = create(c, rs.ScanConfig(collection_id=0x99, key_only=True, start=b"\x00", end=b"\xff"))
+        assert reply.status == S.UNKNOWN_COLLECTION

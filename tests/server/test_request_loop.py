@@ -186,6 +186,25 @@ def test_a_handler_that_writes_or_flushes_itself_keeps_the_writers_count():
     _run(body)
 
 
+def test_a_transport_that_pauses_mid_batch_gets_the_rest_on_resume_none_lost_or_repeated(monkeypatch):
+    """Replies are handed to the transport mid-batch past MAX_BATCH_OUTPUT; when that makes the
+    transport pause writing, the requests after the one just run stay buffered until it resumes."""
+    monkeypatch.setattr(connection_module, "MAX_BATCH_OUTPUT", 24 * 3)
+
+    async def body(conn):
+        conn.transport.write.reset_mock()
+        conn.transport.write.side_effect = lambda data: conn.pause_writing()
+        conn.data_received(b"".join(_raw(0x80, Opcode.NOOP, opaque=i) for i in range(10)))
+        assert conn.writer.paused and len(_written(conn)) == 4 * 24  # the flush after the 4th reply
+        conn.transport.write.side_effect = None
+        conn.resume_writing()
+        await _settled(conn)
+        out = _written(conn)
+        assert [int.from_bytes(out[k + 12:k + 16], "big") for k in range(0, len(out), 24)] == list(range(10))
+
+    _run(body)
+
+
 def test_a_pass_out_of_time_with_nothing_left_schedules_no_next_pass(monkeypatch):
     """A pass that used up its time (MAX_PASS_SECONDS) leaves the requests after it to the next
     event-loop pass; when it ran every buffered request there is nothing to leave, and the next

@@ -32,27 +32,20 @@ from dcpflow.protocol.meta import GetMetaResponse
 from dcpflow.protocol.opcodes import Opcode
 
 from .client import RawClient
-from .test_sdk import connect
 
 
 @pytest.fixture(scope="module")
-def sdk_server(tmp_path_factory):
-    from .conftest import ServerProcess
-    data = tmp_path_factory.mktemp("sdk-subdoc")
-    proc = ServerProcess(["--data-dir", str(data), "--vbuckets", "64", "--flush-interval", "0.05"])
-    try:
-        yield proc
-    finally:
-        proc.cleanup()
+def collection(sdk_cluster):
+    return sdk_cluster.bucket("default").default_collection()
 
 
 @pytest.fixture(scope="module")
-def collection(sdk_server):
-    cluster = connect(sdk_server.port)
-    try:
-        yield cluster.bucket("default").default_collection()
-    finally:
-        cluster.close()
+def named(sdk_cluster):
+    """Collection `c` of scope `s`, made by the SDK's collection manager."""
+    manager = sdk_cluster.bucket("default").collections()
+    manager.create_scope("s")
+    manager.create_collection("s", "c")
+    return sdk_cluster.bucket("default").scope("s").collection("c")
 
 
 def test_lookup_in_every_spec(collection):
@@ -223,3 +216,28 @@ def test_exists_and_get_and_touch(collection, sdk_server):
     assert collection.exists("sd-t").exists and not collection.exists("sd-none").exists
     assert collection.get_and_touch("sd-t", timedelta(hours=1)).content_as[dict] == {"a": 1}
     assert 3500 < _expiry(sdk_server, b"sd-t") - time.time() <= 3600
+
+
+def test_sub_document_operations_in_a_named_collection(collection, named):
+    """The same key in `s.c` and in the default collection are two documents; lookup_in, mutate_in
+    and the calls built on them reach the named one."""
+    collection.upsert("sd-n", {"where": "default"})
+    named.upsert("sd-n", {"where": "s.c", "n": 1, "list": []}, UpsertOptions(expiry=timedelta(hours=1)))
+    result = named.mutate_in("sd-n", [SD.increment("n", 2), SD.array_append("list", "x"),
+                                      SD.upsert("meta.by", "sdk", xattr=True, create_parents=True)],
+                             MutateInOptions(preserve_expiry=True))
+    assert result.content_as[int](0) == 3
+    got = named.lookup_in("sd-n", [SD.get("where"), SD.count("list"), SD.get("meta.by", xattr=True),
+                                   SD.get("$document.exptime", xattr=True)])
+    assert got.content_as[str](0) == "s.c" and got.content_as[int](1) == 1 and got.content_as[str](2) == "sdk"
+    assert 3500 < got.content_as[int](3) - time.time() <= 3600
+    assert got.cas == result.cas == named.get("sd-n").cas
+    assert 3500 < named.get("sd-n", GetOptions(with_expiry=True)).expiry_time.timestamp() - time.time() <= 3600
+    assert named.get("sd-n", GetOptions(project=["n"])).content_as[dict] == {"n": 3}
+    assert named.get("sd-n").content_as[dict] == {"where": "s.c", "n": 3, "list": ["x"]}
+    assert collection.get("sd-n").content_as[dict] == {"where": "default"}
+    assert collection.lookup_in("sd-n", [SD.get("where")]).content_as[str](0) == "default"
+    named.mutate_in("sd-n2", [SD.upsert("a", 1)], MutateInOptions(store_semantics=SD.StoreSemantics.INSERT))
+    assert named.get("sd-n2").content_as[dict] == {"a": 1}
+    with pytest.raises(DocumentNotFoundException):
+        collection.get("sd-n2")

@@ -1,7 +1,7 @@
 """`DcpClient`: connect with a connection string, ask for seqnos and failover logs, and read
 changes as events (`events()`) or as Arrow record batches (`batches()`).
 
-Bootstrap follows SDK-BOOTSTRAP.md: the first seed that answers gets HELLO (collections, XERROR,
+Bootstrap follows the official SDKs: the first seed that answers gets HELLO (collections, XERROR,
 JSON...), SASL (SCRAM-SHA512 unless forced), SELECT_BUCKET and GET_CLUSTER_CONFIG; the map then
 says which node holds each vbucket. Metadata requests go to the node that owns the vbucket, on a
 KV connection kept per node; each read opens its own DCP connection per node (streams.py).

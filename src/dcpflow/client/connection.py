@@ -1,5 +1,5 @@
-"""One TCP (or TLS) connection to a node: requests matched to replies by opaque, the bootstrap of
-SDK-BOOTSTRAP.md, and - once DCP_OPEN made it a DCP connection - the byte path of the stream.
+"""One TCP (or TLS) connection to a node: requests matched to replies by opaque, the bootstrap the
+official SDKs do, and - once DCP_OPEN made it a DCP connection - the byte path of the stream.
 
 Reading (`buffer_updated`) only walks frame headers. Replies complete their request at once, a
 DCP_NOOP is answered at once (so a busy application never looks dead to the producer), and stream
@@ -440,7 +440,7 @@ class BootstrapResult(NamedTuple):
 async def bootstrap(conn: Connection, *, username: str, password: str, bucket: str | None,
                     mechanism: str = "SCRAM-SHA512", agent: str = "dcpflow", timeout: float = 10.0,
                     fetch_map: bool = True) -> BootstrapResult:
-    """HELLO, SASL, SELECT_BUCKET and GET_CLUSTER_CONFIG, pipelined as the SDKs do (SDK-BOOTSTRAP.md)."""
+    """HELLO, SASL, SELECT_BUCKET and GET_CLUSTER_CONFIG, pipelined as the official SDKs do."""
     agent_json = json.dumps({"a": f"{agent}/dcpflow-client", "i": os.urandom(8).hex()}).encode()
     hello = conn.request(kvproto.Hello(agent_json, FEATURES))
     if mechanism == "PLAIN":
@@ -499,13 +499,13 @@ async def bootstrap(conn: Connection, *, username: str, password: str, bucket: s
 
 
 #: DCP_OPEN flags: a producer for us, with delete times so that expirations arrive as their own
-#: opcode (`enable_expiry_opcode` needs IncludeDeleteTimes, erratum 13).
+#: opcode (`enable_expiry_opcode` has no effect without IncludeDeleteTimes).
 OPEN_FLAGS = OpenFlag.PRODUCER | OpenFlag.INCLUDE_DELETE_TIMES
 
 
 async def open_dcp(conn: Connection, name: str, *, buffer_size: int, noop_interval: float,
                    flags: int = OPEN_FLAGS, timeout: float = 10.0) -> dict[str, int]:
-    """DCP_OPEN and the controls a production client sends (recommended-apis.md, TABLES.md 5.3).
+    """DCP_OPEN and the controls a production client sends (https://github.com/couchbase/kv_engine/blob/master/docs/dcp/documentation/recommended-apis.md).
     Required controls failing is fatal; optional ones are reported in the returned dict."""
     reply = await conn.call(DcpOpen(name.encode(), flags), timeout)
     if reply.status != Status.SUCCESS:
@@ -531,5 +531,5 @@ async def open_dcp(conn: Connection, name: str, *, buffer_size: int, noop_interv
         if reply.status != Status.SUCCESS and (key, value) in required:
             raise _fail(f"DCP_CONTROL {key.decode()}={value.decode()}", conn, reply)
     conn.buffer_size = buffer_size
-    conn.ack_threshold = max(1, int(buffer_size * 0.2))  # kv_engine's consumers ack at 20% (TABLES.md 7)
+    conn.ack_threshold = max(1, int(buffer_size * 0.2))  # kv_engine's consumers ack at 20% of their buffer
     return results

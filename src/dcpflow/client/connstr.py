@@ -4,8 +4,8 @@
     couchbases://...      TLS; the default port becomes 11207
 
 Hosts are seeds: the client bootstraps from the first one that answers and then follows the
-cluster map. A port is the KV port (SDK-BOOTSTRAP.md: `couchbase://127.0.0.1:PORT` makes PORT
-the KV port); without one, 11210 (11207 with TLS). IPv6 literals go in brackets.
+cluster map. A port is the KV port (as in the official SDKs: `couchbase://127.0.0.1:PORT` makes
+PORT the KV port); without one, 11210 (11207 with TLS). IPv6 literals go in brackets.
 
 Options (unknown ones are an error, so a typo is not silently ignored):
 

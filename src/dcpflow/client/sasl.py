@@ -2,8 +2,9 @@
 
 Sans-I/O: `ScramClient.first()` gives the SASL_AUTH payload, `final(server_first)` the SASL_STEP
 payload, and `verify(server_final)` checks the server's signature (a server that cannot produce it
-does not know the password: we refuse to talk to it). Pages: reference/kv_engine/docs/sasl.md,
-cbsasl/CBSASL.md; SDK-BOOTSTRAP.md (official clients start with SCRAM-SHA512 over plain TCP).
+does not know the password: we refuse to talk to it).
+Pages: https://github.com/couchbase/kv_engine/blob/master/docs/sasl.md and cbsasl/CBSASL.md.
+The official clients start with SCRAM-SHA512 over plain TCP.
 """
 
 import base64

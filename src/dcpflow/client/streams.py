@@ -22,7 +22,8 @@ What it does (stream-request.md, stream-end.md, rollback.md, protocol-flow.md):
   after a short backoff). A lost connection reopens all its streams on a new one, with
   exponential backoff, for up to `reconnect_timeout`.
 * Dead-connection detection (dead-connections.md): the producer sends a noop every interval
-  whatever else it sends (erratum 37), so a connection that delivers nothing for
+  whatever else it sends (as KV-Engine's code does; the page says only when
+  idle), so a connection that delivers nothing for
   `dead_timeout` (default 2 x the noop interval + 5 s) is closed and treated as lost.
 
 Everything the consumer must see in order - the stream bytes (connection.Segment) and notices
@@ -80,7 +81,7 @@ FINISH, REOPEN = "finish", "reopen"
 
 
 def end_action(reason: int, closed_by_us: bool) -> tuple[str, bool, float]:
-    """What a STREAM_END means for the client (stream-end.md, TABLES.md 5.5): (FINISH or REOPEN,
+    """What a STREAM_END means for the client (stream-end.md): (FINISH or REOPEN,
     refresh the cluster map first?, seconds to wait before reopening).
 
     OK finishes (the end seqno was reached); Closed finishes only if we closed the stream. Every

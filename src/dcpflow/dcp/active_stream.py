@@ -13,7 +13,7 @@ stream only turns items into messages. After the backfill the cursor continues e
 disk snapshot ended.
 
 Snapshot-marker start seqnos follow the implementation notes of snapshot-marker.md as the code
-behaves (reference/README.md): the first marker of a stream starts at min(requested snapshot
+behaves: the first marker of a stream starts at min(requested snapshot
 start, natural start); a backfill marker otherwise starts at the backfill's first seqno; a memory
 marker with the Checkpoint flag at the checkpoint's snapshot start; a memory marker without it at
 the seqno of the first item that follows it; a marker of a Disk checkpoint at the checkpoint's
@@ -29,7 +29,26 @@ done). Other ends come from outside through `set_dead(reason)`: the queued messa
 (kv_engine clears the ready queue for any reason but OK) and STREAM_END(reason) is queued, except
 for a client CLOSE_STREAM without `send_stream_end_on_client_close_stream`, which sends nothing.
 
-Takeover (rebalance.md, reference/README.md): once caught up the stream enters TAKEOVER_SEND, in
+Collections (filter.py, commands/system_event.md, commands/seqno-advanced.md): a stream sends the
+documents and system events its filter admits - a connection without HELLO Collections only the
+default collection's documents. Memory's items and backfill pages go through the filter first
+(`_admit`) unless they can only be default-collection documents the filter sends anyway (the
+common case costs nothing per item); a snapshot that ends on items the filter hid is closed for a
+collection-aware consumer with DCP_SEQNO_ADVANCED at its end, and a snapshot of memory with nothing
+for the stream is sent as its marker and a SEQNO_ADVANCED alone. System events go out in the
+legacy layouts or, with `flatbuffers_system_events`, as FlatBuffers (protocol/system_events.py).
+When the filter is left empty (its collections or scope dropped), the drop events are sent and
+the stream ends with STREAM_END(FILTER_EMPTY).
+
+Change streams (`change_streams`, snapshot-marker.md flags 0x10 History and 0x20 May Duplicate
+Keys): the checkpoints keep every version of a collection with history; a memory snapshot holding
+such versions is marked History, and May Duplicate Keys when one of its keys repeats. A backfill
+that starts where the store still has every version (`vb.history_start`) reads them all, as one
+Disk|Checkpoint|History|May Duplicate Keys snapshot; one that starts earlier is an ordinary,
+de-duplicated disk snapshot. A stream without `change_streams` keeps the unique-key promise: of
+a memory snapshot with repeated keys it sends each key's latest version.
+
+Takeover (rebalance.md, as KV-Engine's code behaves): once caught up the stream enters TAKEOVER_SEND, in
 which markers carry the Ack flag; when everything is sent and acknowledged it sends
 SET_VBUCKET_STATE(pending) and waits for the reply; then marks its own vbucket dead, drains what
 was written meanwhile, sends SET_VBUCKET_STATE(active), waits for that reply and ends with
@@ -42,6 +61,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from dcpflow.engine.checkpoint import CheckpointType, Cursor, CursorDropped, Snapshot
+from dcpflow.engine.collections import SYSTEM_CID, SystemEvent
 from dcpflow.engine.item import DATATYPE_SNAPPY, DATATYPE_XATTR, Item
 from dcpflow.engine.store import ITEM_COLUMNS, LARGE_VALUE, EncodedPage, item_from_row
 from dcpflow.protocol import snappy
@@ -53,10 +73,12 @@ from dcpflow.protocol.dcp import (
     DcpSetVbucketState,
     DcpSnapshotMarker,
     DcpStreamEnd,
+    DcpSystemEvent,
     MarkerVersion,
     SnapshotFlag,
     StreamEndReason,
     StreamFlag,
+    SystemEventId,
     VBucketState,
     encode_mutations,
     pack_deletion,
@@ -64,14 +86,18 @@ from dcpflow.protocol.dcp import (
     whole_messages,
 )
 from dcpflow.protocol.keys import DEFAULT_COLLECTION, encode_leb128
+from dcpflow.protocol.system_events import event_body
+
+from .filter import StreamFilter
 
 assert ITEM_COLUMNS[:7] == ("key", "seqno", "rev_seqno", "cas", "flags", "expiry", "datatype")
-assert ITEM_COLUMNS[7] == "deleted" and ITEM_COLUMNS[10] == "value"
+assert ITEM_COLUMNS[7] == "deleted" and ITEM_COLUMNS[10] == "value" and ITEM_COLUMNS[11] == "cid"
 _U64 = 0xFFFFFFFFFFFFFFFF
 
 MAX_SEQNO = 0xFFFFFFFFFFFFFFFF
 _MEMORY, _DISK, _CHK, _ACK = (int(SnapshotFlag.MEMORY), int(SnapshotFlag.DISK), int(SnapshotFlag.CHECKPOINT),
                               int(SnapshotFlag.ACK))
+_HISTORY, _MAY_DUPLICATE = int(SnapshotFlag.HISTORY), int(SnapshotFlag.MAY_CONTAIN_DUPLICATES)
 #: What a key starts with on a connection with HELLO Collections: the default collection's id.
 _DEFAULT_COLLECTION_PREFIX = encode_leb128(DEFAULT_COLLECTION)
 #: Plain ints: `int & IntFlag` runs enum's Python __rand__.
@@ -99,6 +125,15 @@ class Frames:
         return Frames(data[:pos], n), Frames(data[pos:], self.count - n)
 
 
+def _latest_versions(items: list[Item]) -> list[Item]:
+    """A snapshot's items with only the last version of each key (a stream without change streams)."""
+    last: dict = {}
+    for i, it in enumerate(items):
+        last[(it.cid, it.key)] = i
+    keep = set(last.values()) if len(last) < len(items) else None
+    return items if keep is None else [it for i, it in enumerate(items) if i in keep or it.cid == SYSTEM_CID]
+
+
 class StreamState(Enum):
     BACKFILLING = "backfilling"
     IN_MEMORY = "in-memory"
@@ -116,7 +151,7 @@ class StreamOptions:
     no_value: bool = False
     no_value_underlying_datatype: bool = False
     delete_times: bool = False
-    expiry_opcode: bool = False  # effective only with delete_times (erratum 13): the producer checks
+    expiry_opcode: bool = False  # effective only with delete_times (as in KV-Engine): the producer checks
     collections: bool = False  # keys carry the LEB128 collection id; SEQNO_ADVANCED may be sent
     sync_replication: bool = False  # enable_sync_writes + consumer_name: markers at least V2.0
     marker_v22: bool = False  # max_marker_version=2.2: Disk markers carry the purge seqno
@@ -124,14 +159,18 @@ class StreamOptions:
     supports_cursor_dropping: bool = False
     send_stream_end_on_close: bool = False
     compress_values: bool = False  # force_value_compression: values go out Snappy-compressed
+    flatbuffers_events: bool = False  # flatbuffers_system_events: system event values as FlatBuffers
+    change_streams: bool = False  # history of the collections that keep it (module docstring)
 
 
 @dataclass(frozen=True, slots=True)
 class BackfillRange:
-    """Read items with start <= seqno <= end from disk (`Store.scan(vb, start - 1, end)`)."""
+    """Read items with start <= seqno <= end from disk (`Store.scan(vb, start - 1, end)`), and
+    every older version of the `history` collections."""
 
     start: int
     end: int
+    history: frozenset[int] = frozenset()
 
 
 class ActiveStream:
@@ -144,7 +183,7 @@ class ActiveStream:
 
     def __init__(self, vb, *, name: str, opaque: int, start_seqno: int, end_seqno: int, snap_start_seqno: int,
                  flags: int = 0, stream_id: int | None = None, options: StreamOptions | None = None,
-                 client_purge_seqno: int | None = None,
+                 client_purge_seqno: int | None = None, filter: StreamFilter | None = None,
                  set_vbucket_state: Callable[[int, VBucketState], object] | None = None,
                  wake: "Callable[[ActiveStream], None]" = lambda stream: None):
         self.vb = vb
@@ -154,6 +193,11 @@ class ActiveStream:
         self.flags = flags
         self.stream_id = stream_id
         self.opts = options or StreamOptions()
+        if filter is None:  # what a request without a JSON value gets
+            filter = StreamFilter.build({} if self.opts.collections else None, vb.collections)
+        self.filter = filter
+        self._emptied = False  # the filter was left empty: end with FILTER_EMPTY once queued
+        self._prefixes: dict[int, bytes] = {0: _DEFAULT_COLLECTION_PREFIX}
         self.start_seqno = start_seqno
         self.end_seqno = end_seqno
         self.snap_start_seqno = snap_start_seqno
@@ -217,7 +261,10 @@ class ActiveStream:
 
     def _plan_backfill(self, start: int, end: int) -> None:
         self.state = StreamState.BACKFILLING
-        self.backfill = BackfillRange(start, end)
+        history = self.vb.collections.history
+        if not self.opts.change_streams or start < self.vb.history_start:
+            history = frozenset()
+        self.backfill = BackfillRange(start, end, history)
         self.backfill_running = False
 
     def _release_cursor(self) -> None:
@@ -250,7 +297,7 @@ class ActiveStream:
     def _end(self, reason: StreamEndReason) -> None:
         self._release_cursor()
         self.backfill = None
-        if reason != StreamEndReason.OK:
+        if reason != StreamEndReason.OK and reason != StreamEndReason.FILTER_EMPTY:
             self.ready.clear()
             self.ready_bytes = 0
         self.state = StreamState.DEAD
@@ -322,7 +369,13 @@ class ActiveStream:
         the same bytes as `DcpMutation(...).encode()` / `DcpDeletion(...).encode()` (tested) with
         no message object per item; everything else through the message classes."""
         opts = self.opts
-        key = _DEFAULT_COLLECTION_PREFIX + item.key if opts.collections else item.key
+        key = item.key
+        if opts.collections:
+            cid = item.cid
+            prefix = self._prefixes.get(cid)
+            if prefix is None:
+                prefix = self._prefixes[cid] = encode_leb128(cid)
+            key = prefix + key
         deleted, datatype = item.deleted, item.datatype
         if deleted and (not datatype & DATATYPE_XATTR or datatype & DATATYPE_SNAPPY):
             value, datatype = b"", 0  # what _shape_value gives a deletion without readable xattrs
@@ -366,15 +419,53 @@ class ActiveStream:
         self.last_sent_seqno = seqno
         self.items_sent += 1
 
+    def _queue_one(self, item: Item) -> None:
+        """An admitted item (`_admit`): a system event, or a document."""
+        if item.cid == SYSTEM_CID:
+            self._queue_event(item)
+        else:
+            self._queue_item(item)
+
+    def _queue_event(self, item: Item) -> None:
+        """DCP_SYSTEM_EVENT (system_event.md) in the layout the connection asked for."""
+        ev = SystemEvent.of(item)
+        c = ev.collection
+        version, key, value = event_body(
+            ev.event, flatbuffers=self.opts.flatbuffers_events, manifest_uid=ev.manifest_uid, scope_id=ev.scope_id,
+            collection_id=c.uid if c else 0, name=c.name if c else ev.scope_name, max_ttl=c.max_ttl if c else 0,
+            history=c.history if c else False)
+        self._push(DcpSystemEvent(self.vbid, item.by_seqno, int(ev.event), version, key, value, self.opaque,
+                                  self.stream_id).encode())
+        self.last_sent_seqno = item.by_seqno
+        self.items_sent += 1
+
+    def _admit(self, items: list[Item]) -> list[Item]:
+        """What the stream's filter sends of these items (filter.py), in order; the filter follows
+        their system events. Stops after the event that leaves the filter empty."""
+        flt = self.filter
+        out = []
+        for item in items:
+            cid = item.cid
+            if cid == SYSTEM_CID:
+                ev = flt.event(item)
+                if ev is not None and (ev.event != SystemEventId.MODIFY_COLLECTION or self.opts.flatbuffers_events):
+                    out.append(item)
+                if flt.empty:
+                    self._emptied = True
+                    break
+            elif flt.allows(cid):
+                out.append(item)
+        return out
+
     def _queue_items(self, items: list[Item]) -> None:
-        """`_queue_item` for each, with runs of plain mutations encoded by the protocol's
-        `encode_mutations` into one Frames entry (the in-memory hot loop: compiled when built,
-        one bytes object per run, not per item)."""
+        """`_queue_one` for each admitted item, with runs of plain mutations encoded by the
+        protocol's `encode_mutations` into one Frames entry (the in-memory hot loop: compiled when
+        built, one bytes object per run, not per item)."""
         opts = self.opts
         if self.stream_id is not None or opts.no_value or opts.no_value_underlying_datatype or \
                 opts.compress_values:
             for item in items:
-                self._queue_item(item)
+                self._queue_one(item)
             return
         vbid, opaque, collections = self.vbid, self.opaque, opts.collections
         i, n = 0, len(items)
@@ -384,16 +475,15 @@ class ActiveStream:
                 self.ready.append(Frames(data, stop - i))
                 self.ready_bytes += len(data)
                 self.items_sent += stop - i
-            if stop < n:  # a deletion, xattrs, a large value: the general path
-                self._queue_item(items[stop])
+                self.last_sent_seqno = items[stop - 1].by_seqno
+            if stop < n:  # a deletion, xattrs, a large value, another collection, an event: the general path
+                self._queue_one(items[stop])
                 stop += 1
             i = stop
-        if items:
-            self.last_sent_seqno = items[-1].by_seqno
 
     def _seqno_advanced_if_needed(self) -> None:
         """A collection-aware consumer learns the snapshot end it did not see an item for."""
-        if self.opts.collections and self.last_sent_seqno < self._marker_end:
+        if self.opts.collections and self.last_sent_seqno < self._marker_end and not self.dead:
             self._push(DcpSeqnoAdvanced(self.vbid, self._marker_end, self.opaque, self.stream_id).encode())
             self.last_sent_seqno = self._marker_end
 
@@ -403,22 +493,28 @@ class ActiveStream:
         rng = self.backfill
         self.backfill_running = True
         self._backfills += 1
-        self._marker(rng.start, rng.end, _DISK | _CHK, purge_seqno)
+        self._marker(rng.start, rng.end, _DISK | _CHK | (_HISTORY | _MAY_DUPLICATE if rng.history else 0), purge_seqno)
 
     def backfill_page(self, items: list[Item]) -> None:
+        if self.dead:
+            return
         end = self.end_seqno
         skip_deletes = self.opts.skip_deletes_in_initial_backfill and self._initial_backfill
+        last = items[-1].by_seqno if items else 0
+        items = self._admit(items)
         for item in items:
             if item.by_seqno > end:
                 break
-            if skip_deletes and item.deleted:
+            if skip_deletes and item.deleted and item.cid != SYSTEM_CID:
                 continue
-            self._queue_item(item)
+            self._queue_one(item)
             self.backfill_items += 1
-        if items:
-            self.last_read_seqno = min(items[-1].by_seqno, end)
+        if last:
+            self.last_read_seqno = min(last, end)
         if self.ready_bytes > self.peak_ready_bytes:
             self.peak_ready_bytes = self.ready_bytes
+        if self._emptied:
+            self._end(StreamEndReason.FILTER_EMPTY)
 
     def backfill_rows(self, rows: list[tuple]) -> None:
         """A page of raw store rows (`BackfillScan.next_rows`): plain mutations are encoded
@@ -428,8 +524,11 @@ class ActiveStream:
                 opts.compress_values:
             self.backfill_page([item_from_row(r) for r in rows])
             return
+        if self.dead:
+            return
         end, vbid, opaque = self.end_seqno, self.vbid, self.opaque
         prefix = opts.collections
+        default = self.filter.default
         append = self.ready.append
         pack, collection_prefix = pack_mutation_head, _DEFAULT_COLLECTION_PREFIX
         u64, xattr, large = _U64, DATATYPE_XATTR, LARGE_VALUE  # locals: this loop runs per row
@@ -440,7 +539,9 @@ class ActiveStream:
             if seqno > end:
                 break
             datatype = r[6]
-            if r[7] or datatype & xattr:
+            if r[11] or not default or r[7] or datatype & xattr:  # another collection, an event, or shaped
+                if r[11] == 0 and not default:
+                    continue
                 if nbytes:
                     self.ready_bytes += nbytes
                     self.items_sent += count
@@ -449,6 +550,8 @@ class ActiveStream:
                 self.last_sent_seqno = last
                 self.backfill_page([item_from_row(r)])
                 last = self.last_sent_seqno
+                if self.dead:  # the filter was left empty
+                    return
                 continue
             key, value = r[0], r[10]
             if prefix:
@@ -476,10 +579,12 @@ class ActiveStream:
 
     @property
     def takes_encoded_pages(self) -> bool:
-        """Does the stream send stored mutations as they are (`BackfillScan.next_chunk`)?"""
+        """Does the stream send stored mutations - the default collection's - as they are
+        (`BackfillScan.next_chunk`)?"""
         opts = self.opts
-        return self.stream_id is None and not opts.no_value and not opts.no_value_underlying_datatype and \
-            not opts.compress_values
+        return (self.stream_id is None and not opts.no_value and not opts.no_value_underlying_datatype
+                and not opts.compress_values and self.filter.default
+                and not (self.backfill is not None and self.backfill.history))
 
     def backfill_encoded(self, page: EncodedPage) -> None:
         """A page SQLite encoded for this stream (opaque, key layout): queued as it is."""
@@ -552,30 +657,45 @@ class ActiveStream:
         return progressed
 
     def _queue_snapshot(self, snap: Snapshot) -> bool:
-        """Queue one cursor Snapshot; True if the stream reached its end seqno."""
+        """Queue one cursor Snapshot; True if the stream ended (its end seqno, or FILTER_EMPTY)."""
         items = snap.items
         end = self.end_seqno
         past_end = items[-1].by_seqno > end
         if past_end:
             items = [it for it in items if it.by_seqno <= end]
-        if items:
+        hidden = False
+        if snap.duplicates and not self.opts.change_streams:
+            items = _latest_versions(items)
+            hidden = True
+        if items and (snap.others or not self.filter.default):
+            admitted = self._admit(items)
+            hidden = hidden or len(admitted) < len(items)
+            items = admitted
+        read_upto = snap.items[-1].by_seqno  # not cursor.seqno: a batch may hold several snapshots
+        if items or (hidden and snap.new_marker and self.opts.collections and read_upto >= snap.end):
             if snap.new_marker:
                 if snap.type == CheckpointType.DISK:
                     flags, start = _DISK, snap.checkpoint_snap_start
                 else:
                     flags = _MEMORY
-                    start = snap.start if snap.checkpoint_start else items[0].by_seqno
+                    start = snap.start if snap.checkpoint_start or not items else items[0].by_seqno
                 if snap.checkpoint_start:
                     flags |= _CHK
+                if snap.history and self.opts.change_streams:
+                    flags |= _HISTORY | _MAY_DUPLICATE if snap.duplicates else _HISTORY
                 self._marker(start, snap.end, flags, self.vb.purge_seqno)
             self._queue_items(items)
             self.memory_items += len(items)
-        read_upto = snap.items[-1].by_seqno  # not cursor.seqno: a batch may hold several snapshots
         self.last_read_seqno = min(read_upto, end)
+        if self._emptied:
+            self._end(StreamEndReason.FILTER_EMPTY)
+            return True
         if past_end or read_upto >= end:
             self._seqno_advanced_if_needed()
             self._end(StreamEndReason.OK)
             return True
+        if hidden and read_upto >= snap.end:
+            self._seqno_advanced_if_needed()  # the snapshot ended on what the filter hid
         return False
 
     def _caught_up(self) -> bool:
@@ -643,4 +763,5 @@ class ActiveStream:
             "ready_queue_peak_bytes": self.peak_ready_bytes,
             "cursor_drops": self.cursor_drops,
             "backfills": self._backfills,
+            **self.filter.stats(),
         }

@@ -19,7 +19,7 @@ connection:
   the replica's high seqno, its vbucket UUID and its current snapshot range. The ADD_STREAM reply
   goes out only when the producer has answered (rebalance.md: out of order), with the stream
   opaque, or the producer's error status.
-* ROLLBACK (u64 seqno, erratum 36): the replica must be rolled back from disk to that seqno - the
+* ROLLBACK (a u64 seqno only, no failover log): the replica must be rolled back from disk to that seqno - the
   caller does it (`RollBack`) and asks again from the new position, until the producer says OK,
   giving up after MAX_ROLLBACKS answers in a row. OK carries the producer's failover log, which
   replaces the replica's (failure-scenarios.md, "Handshake").

@@ -9,11 +9,12 @@ timer, or run a send pass (a larger window may unblock streams).
 
 Keys this server accepts but that change nothing here are kept, so a client can tell "accepted"
 from "unknown": `supports_hifi_MFU`, `enable_out_of_order_snapshots` (every backfill is in seqno
-order, which an OSO-capable client must accept), `flatbuffers_system_events` (only the default
-collection exists: no system events are sent). Keys that would need what this server lacks are
-refused with NOT_SUPPORTED and a reason: per-stream buffers, change streams (history),
-cache transfer. `force_value_compression` needs HELLO Snappy on the connection (EINVAL without, as
-kv_engine answers); with it, streams requested afterwards send values Snappy-compressed.
+order, which an OSO-capable client must accept). `flatbuffers_system_events` makes system events
+FlatBuffers; `change_streams` (with HELLO Collections) gives streams requested afterwards the
+history of collections that keep it. Keys that would need what this server lacks are refused with
+NOT_SUPPORTED and a reason: per-stream buffers, cache transfer. `force_value_compression` needs
+HELLO Snappy on the connection (EINVAL without, as kv_engine answers); with it, streams requested
+afterwards send values Snappy-compressed.
 """
 
 from collections.abc import Callable
@@ -46,13 +47,14 @@ class ProducerSettings:
     stream_ids: bool = False  # enable_stream_id
     sync_writes: bool = False  # enable_sync_writes
     consumer_name: str = ""
-    expiry_opcode: bool = False  # enable_expiry_opcode (effective with IncludeDeleteTimes, erratum 13)
+    expiry_opcode: bool = False  # enable_expiry_opcode (effective only with IncludeDeleteTimes)
     send_stream_end_on_close: bool = False  # send_stream_end_on_client_close_stream
     cursor_dropping: bool = False  # supports_cursor_dropping(_vulcan)
     hifi_mfu: bool = False
     v7_status: bool = False  # v7_dcp_status_codes
     oso: str = ""  # enable_out_of_order_snapshots
     flatbuffers_events: bool = False
+    change_streams: bool = False  # history: every retained version, History / May Duplicate Keys markers
     marker_v22: bool = False  # max_marker_version=2.2
     backfill_order: str = "round-robin"
     include_deleted_user_xattrs: bool = False
@@ -221,8 +223,11 @@ def _apply_deleted_user_xattrs(p: Controlled, value, ctx: ControlContext) -> Ref
     return Refusal(Status.EINVAL, "include_deleted_user_xattrs needs DCP_OPEN flag IncludeDeletedUserXattrs")
 
 
-def _apply_change_streams(p: Controlled, on, ctx: ControlContext) -> Refusal:
-    return Refusal(Status.NOT_SUPPORTED, "this store keeps only the latest version of a key: no history")
+def _apply_change_streams(p: Controlled, on, ctx: ControlContext) -> Refusal | None:
+    if not ctx.collections:
+        return Refusal(Status.NOT_SUPPORTED, "change_streams needs HELLO Collections (history is per collection)")
+    p.settings.change_streams = True
+    return None
 
 
 def _apply_marker_version(p: Controlled, value, ctx: ControlContext) -> Refusal | None:
@@ -278,7 +283,7 @@ def apply_control(p: Controlled, key: str, value: str, ctx: ControlContext) -> R
     """One DCP_CONTROL: the Refusal to answer, or the Effect of the change."""
     control = CONTROLS.get(key)
     if control is None:
-        return Refusal(Status.EINVAL, f"unknown DCP_CONTROL key {key!r} (TABLES.md 5.3)")
+        return Refusal(Status.EINVAL, f"unknown DCP_CONTROL key {key!r}")
     parsed = control.parse(value)
     if parsed.__class__ is Refusal:
         return parsed

@@ -40,6 +40,7 @@ from .active_stream import ActiveStream, StreamOptions
 from .backfills import BackfillQueue
 from .controls import ControlContext, Effect, ProducerSettings, apply_control
 from .errors import Refusal
+from .filter import StreamFilter
 from .flow_control import FlowControlWindow
 from .noop import DEFAULT_IDLE_TIMEOUT, NoopPolicy
 from .send_pass import SendPass, send_pass
@@ -57,7 +58,7 @@ _O_SKIP_DELETES_IN_INITIAL_BACKFILL = int(OpenFlag.SKIP_DELETES_IN_INITIAL_BACKF
 
 
 class Rollback(NamedTuple):
-    """The consumer must roll back to `seqno` first (a ROLLBACK reply carrying it, erratum 36)."""
+    """The consumer must roll back to `seqno` first (a ROLLBACK reply carrying only that u64)."""
 
     seqno: int
 
@@ -140,6 +141,8 @@ class ProducerConnection:
             supports_cursor_dropping=s.cursor_dropping,
             send_stream_end_on_close=s.send_stream_end_on_close,
             compress_values=s.force_compression,
+            flatbuffers_events=s.flatbuffers_events,
+            change_streams=s.change_streams,
         )
 
     # -- DCP_STREAM_REQ -------------------------------------------------------------------------
@@ -165,6 +168,9 @@ class ProducerConnection:
         problem = rules.vbucket_refusal(vb, flags)
         if problem is not None:
             return problem
+        stream_filter = StreamFilter.build(doc if collections else None, vb.collections)
+        if stream_filter.__class__ is Refusal:
+            return stream_filter
         if (self.open_flags & _O_INCLUDE_XATTRS or collections) and not self.noop.enabled:
             return Refusal(Status.NOT_SUPPORTED, "enable_noop is mandatory for streams with xattrs or collections")
         existing = self.registry.streams.get((vbid, sid))
@@ -172,7 +178,7 @@ class ProducerConnection:
             return Refusal(Status.KEY_EEXISTS, f"a stream for vbucket {vbid} already exists on this connection"
                            + (f" with sid {sid}" if sid is not None else ""))
         rng = rules.resolve_range(vb, flags, req.start_seqno, req.end_seqno, req.vbucket_uuid,
-                                  req.snap_start_seqno, req.snap_end_seqno)
+                                  req.snap_start_seqno, req.snap_end_seqno, stream_filter)
         client_purge = int(doc["purge_seqno"]) if "purge_seqno" in doc else None
         decision = rules.rollback_decision(vb, flags, client_purge, rng, vb.purge_seqno)
         if decision.status == Status.ROLLBACK:
@@ -184,8 +190,8 @@ class ProducerConnection:
         stream = ActiveStream(vb, name=f"dcp:{self.name}:{vbid}:{sid}:{next(_cursor_ids)}", opaque=opaque,
                               start_seqno=rng.start, end_seqno=rng.end, snap_start_seqno=rng.snap_start, flags=flags,
                               stream_id=sid, options=self.stream_options(collections),
-                              client_purge_seqno=client_purge, set_vbucket_state=self._set_vbucket_state,
-                              wake=self.wake)
+                              client_purge_seqno=client_purge, filter=stream_filter,
+                              set_vbucket_state=self._set_vbucket_state, wake=self.wake)
         self.registry.add(stream)
         stream.start()
         self.wake(stream)

@@ -2,8 +2,8 @@
    specification; tests/engine/test_encoded_rows.py holds them equal).
 
    encoded_rows(vb, items, row_py) - store._encoded_row for each item: the flusher's row of every
-   version it writes, built while it holds the GIL (3 us per row in Python, taken from the thread
-   serving requests). It reads the documents' fields - the engine's Items are the protocol's
+   version it writes, built while it holds the GIL (time that, spent in Python per row, is taken from the
+   thread serving requests). It reads the documents' fields - the engine's Items are the protocol's
    Documents (dcpflow.protocol.document) - from their slots (_speedups.h) and writes bytes, ints
    and tuples only; an item that is not a Document, or whose fields do not fit their columns or
    the DCP head, is handed to row_py, so its errors stay Python's. */
@@ -13,11 +13,12 @@
 
 enum {
     I_KEY, I_VALUE, I_FLAGS, I_EXPIRY, I_CAS, I_REV, I_SEQNO, I_DATATYPE, I_DELETED, I_DELETE_TIME,
-    I_DELETE_SOURCE, N_FIELDS
+    I_DELETE_SOURCE, I_CID, N_FIELDS
 };
 static const char *const FIELD_NAMES[N_FIELDS] = {
     "key", "value", "flags", "expiry", "cas", "rev_seqno", "by_seqno", "datatype", "deleted", "delete_time",
-    "delete_source"};
+    "delete_source", "cid"};
+#define ROW_LEN 14  /* store._encoded_row: the 12 columns of _row, `dcp` and `cid` */
 static document_fields_t documents;
 
 /* u64 value of an exact int in [0, 2^64): 1, or 0 with no error set. The common values (below
@@ -61,25 +62,26 @@ static PyObject *encoded_row(PyObject *vb_obj, unsigned long long vb, PyObject *
     PyObject *key = F(it, I_KEY), *value = F(it, I_VALUE), *deleted = F(it, I_DELETED);
     if (!PyBytes_CheckExact(key) || !PyBytes_CheckExact(value) || (deleted != Py_True && deleted != Py_False))
         return NULL;
-    unsigned long long rev, cas, seqno, flags, expiry, datatype;
+    unsigned long long rev, cas, seqno, flags, expiry, datatype, cid;
     int ok = as_u64(F(it, I_REV), &rev) && as_u64(F(it, I_CAS), &cas) && as_u64(F(it, I_SEQNO), &seqno) &&
              as_u64(F(it, I_FLAGS), &flags) && as_u64(F(it, I_EXPIRY), &expiry) &&
-             as_u64(F(it, I_DATATYPE), &datatype);
+             as_u64(F(it, I_DATATYPE), &datatype) && as_u64(F(it, I_CID), &cid) && cid <= 0xFFFFFFFFULL;
     PyObject *source = F(it, I_DELETE_SOURCE);
     if (!ok || !PyLong_Check(source) || !PyLong_CheckExact(F(it, I_DELETE_TIME))) return NULL;
     Py_ssize_t klen = PyBytes_GET_SIZE(key), vlen = PyBytes_GET_SIZE(value);
-    int plain = deleted == Py_False && !(datatype & DATATYPE_XATTR) && vlen < ENCODED_VALUE_LIMIT;
+    /* only the default collection's: a stored message's key has no collection prefix */
+    int plain = deleted == Py_False && !(datatype & DATATYPE_XATTR) && vlen < ENCODED_VALUE_LIMIT && cid == 0;
     unsigned long long body = 31 + (unsigned long long)klen + (unsigned long long)vlen;
     if (plain && (klen + 1 > 0xFFFF || datatype > 0xFF || vb > 0xFFFF || flags > 0xFFFFFFFFULL ||
                   expiry > 0xFFFFFFFFULL || body + 1 > 0xFFFFFFFFULL))  /* +1: room for a collection prefix */
         return NULL;
-    PyObject *row = PyTuple_New(13);
+    PyObject *row = PyTuple_New(ROW_LEN);
     if (row == NULL) return NULL;
-    PyObject *v[13] = {
+    PyObject *v[ROW_LEN] = {
         Py_NewRef(vb_obj), copy_blob(key), Py_NewRef(F(it, I_SEQNO)), PyLong_FromLongLong((long long)rev),
         PyLong_FromLongLong((long long)cas), Py_NewRef(F(it, I_FLAGS)), Py_NewRef(F(it, I_EXPIRY)),
         Py_NewRef(F(it, I_DATATYPE)), PyLong_FromLong(deleted == Py_True), Py_NewRef(F(it, I_DELETE_TIME)),
-        PyNumber_Long(source), NULL, NULL};
+        PyNumber_Long(source), NULL, NULL, Py_NewRef(F(it, I_CID))};
     if (plain) {  /* the whole message in `dcp`, the value column empty */
         v[11] = PyByteArray_FromStringAndSize(NULL, 0);
         v[12] = PyByteArray_FromStringAndSize(NULL, MUTATION_FIXED + klen + vlen);
@@ -93,14 +95,14 @@ static PyObject *encoded_row(PyObject *vb_obj, unsigned long long vb, PyObject *
         v[11] = vlen < LARGE_VALUE ? copy_blob(value) : Py_NewRef(value);
         v[12] = Py_NewRef(Py_None);
     }
-    for (int i = 0; i < 13; i++) {
+    for (int i = 0; i < ROW_LEN; i++) {
         if (v[i] == NULL) {
-            for (int j = 0; j < 13; j++) Py_XDECREF(v[j]);
+            for (int j = 0; j < ROW_LEN; j++) Py_XDECREF(v[j]);
             Py_DECREF(row);
             return NULL;  /* with the error set: a failed allocation is not row_py's to handle */
         }
     }
-    for (int i = 0; i < 13; i++) PyTuple_SET_ITEM(row, i, v[i]);
+    for (int i = 0; i < ROW_LEN; i++) PyTuple_SET_ITEM(row, i, v[i]);
     return row;
 }
 

@@ -14,8 +14,8 @@ included), high seqno, failover log, purge seqno and max CAS. A clean shutdown (
 flushes everything and then writes a "clean" mark. Without the mark (crash, `kill -9`,
 `close(clean=False)`), writes acknowledged but not yet flushed are lost, and every active vbucket
 starts a new branch of history: a failover entry at the persisted snapshot end if the persisted
-high seqno equals it, else at the persisted snapshot start (reference/README.md, failover
-entries (c)).
+high seqno equals it, else at the persisted snapshot start (as KV-Engine's warm-up does: only a
+complete snapshot is known to be whole).
 
 Rollback (`rollback(vb, seqno)`): the vbucket is flushed when `seqno` is above its persisted
 seqno, then the store rolls back to `seqno` exactly if its history reaches that far back (since
@@ -30,8 +30,18 @@ dropped (a reset gets a fresh failover log) and cursors other than the flusher's
 Failover (`failover(vb, unclean=...)`, fault injection): an active vbucket starts a new branch of
 history as it would after a failover (an entry at the high seqno) or after a crash (unpersisted
 writes rolled back, an entry where warm-up would put it), without the process going away.
+
+Collections (collections.py): `change_manifest(fn)` makes the bucket's next manifest, writes it to
+the store at once, and has every active vbucket follow it with its system events (vb_collections.py).
+A vbucket that becomes active, is created, rolled back or warmed up follows the manifest the same
+way, with the events it is still owed - after a crash, those whose events were not persisted yet.
+A dropped collection's documents leave memory at once; the store keeps them until
+`purge_dropped_collections` (compaction, or the server soon after the drop) deletes them, vbucket
+by vbucket once its drop event is persisted. The ids of collections dropped but not purged are kept
+in the store too, so a restart purges them.
 """
 
+import json
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -40,16 +50,18 @@ from random import Random
 from dcpflow.protocol import keys
 from dcpflow.protocol.status import Status
 
-from .collections import Manifest
+from .collections import Manifest, changes
 from .conflict import ConflictResolutionMode
 from .errors import EngineError
 from .failover import FailoverEntry, FailoverTable
 from .flusher import Flusher
 from .hlc import HLC
-from .store import PurgeResult, Store
+from .store import HistoryRetention, PurgeResult, Store
 from .vbucket import VBucket, VBucketState
 
 DEFAULT_NUM_VBUCKETS = 1024
+MANIFEST_META = "collections_manifest"  # the store's meta rows of the collections
+DROPPED_META = "dropped_collections"
 DEFAULT_PURGE_INTERVAL = 259_200  # persistent_metadata_purge_age, 3 days
 
 SeqnoListener = Callable[[int, int], None]
@@ -83,7 +95,9 @@ class Bucket:
     should call `flush()` (the engine has no timer), `flush_batch_items` bounds one flush.
     `purge_interval` is the tombstone purge age in seconds (0 purges every persisted tombstone);
     `rollback_history_seqnos` is how far below the persisted seqno compaction keeps rollback
-    history. `synchronous` is SQLite's: FULL survives power loss, NORMAL survives `kill -9`.
+    history; `history_retention_seconds` / `_bytes` how long and how much it keeps of the older
+    versions of collections with history (DCP change streams). `synchronous` is SQLite's: FULL
+    survives power loss, NORMAL survives `kill -9`.
     `clock` (unix seconds), `hlc_clock` (ns) and `rng` (failover UUIDs) are injectable for tests.
     """
 
@@ -93,6 +107,7 @@ class Bucket:
                  checkpoint_memory_quota: int | None = None, flush_interval: float = 0.1,
                  flush_batch_items: int = 10_000, purge_interval: float = DEFAULT_PURGE_INTERVAL,
                  rollback_history_seqnos: int | None = 1_000_000, synchronous: str = "FULL",
+                 history_retention_seconds: float = 0, history_retention_bytes: int = 0,
                  clock: Callable[[], float] = time.time, hlc_clock: Callable[[], int] = time.time_ns,
                  rng: Random | None = None):
         if num_vbuckets is not None and num_vbuckets < 1:
@@ -108,6 +123,10 @@ class Bucket:
         self.flush_batch_items = flush_batch_items
         self.purge_interval = purge_interval
         self.rollback_history_seqnos = rollback_history_seqnos
+        # how long / how much compaction keeps of the older versions of collections with history
+        # (0 and 0: only what rollback keeps anyway)
+        self.history_retention_seconds = history_retention_seconds
+        self.history_retention_bytes = history_retention_bytes
         self._clock = clock
         self._hlc_clock = hlc_clock
         self._rng = rng
@@ -120,7 +139,8 @@ class Bucket:
         self.get_vbucket: Callable[[int], VBucket | None] = self._vbuckets.get
         self.store = Store(self.data_dir / name / "store.sqlite3", synchronous=synchronous)
         self.flusher = Flusher(self.store, self._vbuckets, on_persisted=self._notify_persisted)
-        self.manifest = Manifest.default()  # scopes and collections (engine/collections.py)
+        self.manifest = Manifest.default()  # scopes and collections (engine/collections.py); from the store
+        self.dropped_collections: set[int] = set()  # dropped, not purged from the store yet
         self.closed = False
         self.clean_shutdown = True  # how the previous run ended (True for a new bucket)
         self._warmup()
@@ -147,6 +167,10 @@ class Bucket:
             ConflictResolutionMode.REV_SEQNO.value))
         self.clean_shutdown = self.store.get_meta("clean_shutdown") != "0"
         self.store.set_meta("clean_shutdown", "0")  # a crash from now on is unclean
+        text = self.store.get_meta(MANIFEST_META)
+        if text is not None:
+            self.manifest = Manifest.loads(text)
+        self.dropped_collections = set(json.loads(self.store.get_meta(DROPPED_META) or "[]"))
         changed = []
         for vbid, rec in sorted(self.store.load_vbucket_states().items()):
             failover = FailoverTable.from_json(rec.failover_log, rng=self._rng)
@@ -157,10 +181,12 @@ class Bucket:
             self._vbuckets[vbid] = self._make_vbucket(
                 vbid, state, failover=failover, hlc=HLC(rec.max_cas, clock=self._hlc_clock),
                 high_seqno=rec.high_seqno, purge_seqno=rec.purge_seqno,
-                max_deleted_rev_seqno=rec.max_deleted_rev_seqno,
+                max_deleted_rev_seqno=rec.max_deleted_rev_seqno, history_start=rec.history_start,
                 persisted_snapshot=(rec.snap_start, rec.snap_end), items=self.store.load_items(vbid))
         if changed:
             self.store.save_vbucket_states([self._vbuckets[v].state_record() for v in changed])
+        for vb in self._vbuckets.values():
+            self._follow_manifest(vb)
 
     def _make_vbucket(self, vbid: int, state: VBucketState, **kwargs) -> VBucket:
         return VBucket(vbid, state, conflict_resolution=self.conflict_resolution,
@@ -206,10 +232,12 @@ class Bucket:
                                     hlc=HLC(clock=self._hlc_clock))
             self._vbuckets[vbid] = vb
             self.flusher.persist_state(vb)
+            self._follow_manifest(vb)
             return vb
         old = vb.state
         vb.set_state(state, by_takeover=by_takeover)
         self.flusher.persist_state(vb)
+        self._follow_manifest(vb)
         if vb.state != old:
             self._notify_vbucket(vbid, "state")
         return vb
@@ -230,6 +258,8 @@ class Bucket:
                                                            hlc=HLC(clock=self._hlc_clock))
             made.append(vb)
         self.store.save_vbucket_states([vb.state_record() for vb in made])
+        for vb in made:
+            self._follow_manifest(vb)
 
     def delete_vbucket(self, vbid: int) -> None:
         """Drop a vbucket and its data (after it moved away)."""
@@ -264,6 +294,8 @@ class Bucket:
             self._vbuckets[vbid] = self._make_vbucket(vbid, vb.state, failover=FailoverTable(rng=self._rng),
                                                       hlc=HLC(clock=self._hlc_clock))
         self.store.save_vbucket_states([vb.state_record() for vb in self._vbuckets.values()])
+        for vb in self._vbuckets.values():
+            self._follow_manifest(vb)
         return sum(vb.num_items for vb in old.values())
 
     # -- persistence ----------------------------------------------------------------------------
@@ -307,6 +339,7 @@ class Bucket:
         vb.reset_to(result.seqno, self.store.load_items(vb.id), purge_seqno=rec.purge_seqno,
                     snapshot=(result.snap_start, result.snap_end), rng=self._rng)
         self.store.save_vbucket_states([vb.state_record()])
+        self._follow_manifest(vb)
         return result.seqno
 
     def _branch_after_rewind(self, vb: VBucket) -> FailoverEntry:
@@ -350,6 +383,68 @@ class Bucket:
         self._notify_vbucket(vbid, "failover")
         return entry
 
+    # -- collections ----------------------------------------------------------------------------
+    def change_manifest(self, change: Callable[[Manifest], Manifest]) -> Manifest:
+        """Make the next manifest with `change` (a Manifest method, e.g. `lambda m:
+        m.add_scope("app")`; its ManifestError is raised unchanged), persist it, and have every
+        active vbucket follow it (module docstring). Returns the manifest now in force."""
+        self._check_open()
+        old = self.manifest
+        new = change(old)
+        if new is old:
+            return old
+        gone = {c.uid for s in old.scopes for c in s.collections if new.by_id(c.uid) is None}
+        self.store.set_meta(MANIFEST_META, new.dumps())
+        if gone:
+            self.dropped_collections |= gone
+            self.store.set_meta(DROPPED_META, json.dumps(sorted(self.dropped_collections)))
+        self.manifest = new
+        for vb in self._vbuckets.values():
+            self._follow_manifest(vb)
+        return new
+
+    def _follow_manifest(self, vb: VBucket) -> None:
+        """An active vbucket takes the system events that bring it to the bucket's manifest
+        (replicas receive theirs from their active, over DCP)."""
+        if vb.state == VBucketState.ACTIVE:
+            todo = changes(vb.collections.as_manifest(), self.manifest)
+            if todo:
+                vb.apply_collection_changes(todo, self.manifest.uid)
+
+    def purge_dropped_collections(self) -> int:
+        """Delete dropped collections' documents from the store, in every vbucket whose drop event
+        is persisted (the others wait for a later call); returns how many documents. A collection
+        purged everywhere is forgotten."""
+        self._check_idle()
+        if not self.dropped_collections:
+            return 0
+        pairs, waiting = [], set()
+        for vb in self._vbuckets.values():
+            dropped_at = vb.collections.dropped_at
+            for cid in self.dropped_collections:
+                if dropped_at.get(cid, 0) > vb.persisted_seqno:
+                    waiting.add(cid)
+                else:
+                    pairs.append((vb.id, cid))
+        n = self.store.purge_collections(pairs)
+        if waiting != self.dropped_collections:
+            self.dropped_collections = waiting
+            self.store.set_meta(DROPPED_META, json.dumps(sorted(waiting)))
+        return n
+
+    def collection_stats(self) -> dict[str, int]:
+        """Per collection over the vbuckets (kv_engine's `stats collections` keys): live documents
+        in active vbuckets and the highest seqno in any."""
+        out: dict[str, int] = {"manifest_uid": self.manifest.uid}
+        for scope in self.manifest.scopes:
+            for c in scope.collections:
+                p = f"0x{scope.uid:x}:0x{c.uid:x}:"
+                out[p + "items"] = sum(vb.collection_items(c.uid) for vb in self._vbuckets.values()
+                                       if vb.state == VBucketState.ACTIVE)
+                out[p + "high_seqno"] = max((vb.collection_high_seqno(c.uid) for vb in self._vbuckets.values()),
+                                            default=0)
+        return out
+
     def compact(self, vbid: int | None = None, now: float | None = None) -> dict[int, PurgeResult]:
         """Purge persisted tombstones older than `purge_interval`, advancing purge seqnos.
 
@@ -365,9 +460,12 @@ class Bucket:
             floor = 0
             if self.rollback_history_seqnos is not None:
                 floor = max(0, vb.persisted_seqno - self.rollback_history_seqnos)
-            result = self.store.purge_tombstones(vb.id, deleted_before, history_floor=floor)
+            keep = HistoryRetention(tuple(sorted(vb.collections.history)), self.history_retention_seconds,
+                                    self.history_retention_bytes, now)
+            result = self.store.purge_tombstones(vb.id, deleted_before, history_floor=floor, keep=keep)
             vb.on_purged(result)
             results[vb.id] = result
+        self.purge_dropped_collections()
         return results
 
     def run_expiry_pager(self, now: float | None = None, limit: int | None = None) -> int:

@@ -1,11 +1,18 @@
 """CheckpointManager: the in-memory, de-duplicated, seqno-ordered queue of a vbucket's changes.
 
-Reference: docs/dcp/documentation/concepts.md (point-in-time snapshots, de-duplication, cursor
-dropping) and reference/README.md "Memory vs disk".
+Reference: https://github.com/couchbase/kv_engine/blob/master/docs/dcp/documentation/concepts.md
+(point-in-time snapshots, de-duplication, cursor dropping). A stream reads memory while the
+checkpoints still hold its next seqno; otherwise it backfills from disk up to the first seqno
+memory holds, then switches to memory.
 
 Every mutation of a vbucket is queued into the *open* checkpoint. Within the open checkpoint a
 newer version of a key replaces the older one (the older slot becomes a hole), so a checkpoint
-holds at most one version per key, in seqno order. The open checkpoint is closed (and a new one
+holds at most one version per key, in seqno order - a key of its collection: (cid, key) for any
+collection but the default one. Two kinds are never de-duplicated: the collections system events
+(engine/collections.py) and the documents of collections that keep history (`history_cids`, DCP
+change streams): a checkpoint holding those says so (`Snapshot.history`), and whether one of their
+keys came more than once (`Snapshot.duplicates`), which a change stream's snapshot marker carries
+as its History and May Duplicate Keys flags (snapshot-marker.md). The open checkpoint is closed (and a new one
 opened) when it holds `max_items` items, when it is older than `max_age` seconds, or on demand
 (a replica closes one per snapshot marker). Closed checkpoints never change.
 
@@ -46,6 +53,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import IntEnum
 
+from .collections import SYSTEM_CID
 from .item import ITEM_OVERHEAD, Item
 
 _NEVER = float("inf")
@@ -75,6 +83,9 @@ class Snapshot:
     new_marker: bool  # False: continues a snapshot whose marker an earlier batch already produced
     items: list[Item] = field(default_factory=list)
     checkpoint_snap_start: int = 0  # the checkpoint's own snapshot start (Disk markers start there)
+    history: bool = False  # holds versions of a collection that keeps history (not de-duplicated)
+    duplicates: bool = False  # ... and one of their keys more than once
+    others: bool = False  # holds items of other collections than the default one, or system events
 
     @property
     def max_visible_seqno(self) -> int:
@@ -87,7 +98,7 @@ class Checkpoint:
 
     __slots__ = ("id", "type", "first_seqno", "snap_start", "snap_end", "fixed_end", "continuation",
                  "is_open", "created", "deadline", "num_items", "mem_usage", "high_seqno", "_items",
-                 "_seqnos", "_index", "_holes")
+                 "_seqnos", "_index", "_holes", "history", "duplicates", "_history_keys", "others")
 
     def __init__(self, cid: int, ctype: CheckpointType, first_seqno: int, snap_start: int,
                  snap_end: int, *, fixed_end: bool, continuation: bool = False, created: float = 0.0):
@@ -108,6 +119,8 @@ class Checkpoint:
         self._seqnos: list[int] = []
         self._index: dict[bytes, int] | None = {}
         self._holes = 0
+        self.history = self.duplicates = self.others = False
+        self._history_keys: set | None = None
 
     def __repr__(self) -> str:
         state = "open" if self.is_open else "closed"
@@ -119,7 +132,8 @@ class Checkpoint:
         self._items = [it for it in self._items if it is not None]
         self._seqnos = [it.by_seqno for it in self._items]
         if self._index is not None:
-            self._index = {it.key: i for i, it in enumerate(self._items)}
+            self._index = {(it.key if not it.cid else (it.cid, it.key)): i for i, it in enumerate(self._items)
+                           if it.cid != SYSTEM_CID}
         self._holes = 0
 
     def close(self) -> None:
@@ -204,7 +218,7 @@ class CheckpointManager:
 
     __slots__ = ("max_items", "max_age", "memory_quota", "persistent", "_clock", "_next_id", "checkpoints",
                  "cursors", "high_seqno", "mem_usage", "num_dropped_cursors", "persisted_seqno",
-                 "persistence_cursor")
+                 "persistence_cursor", "history_cids")
 
     def __init__(self, *, high_seqno: int = 0, max_items: int = 10_000, max_age: float | None = 5.0,
                  memory_quota: int | None = None, persistent: bool = True,
@@ -223,6 +237,7 @@ class CheckpointManager:
         self.mem_usage = 0
         self.num_dropped_cursors = 0
         self.persisted_seqno = high_seqno  # closed checkpoints above this are kept for the flusher
+        self.history_cids: frozenset[int] = frozenset()  # collections whose versions are all kept
         self._open(CheckpointType.MEMORY, high_seqno + 1, high_seqno + 1, high_seqno, fixed_end=False)
         self.persistence_cursor: Cursor | None = None
         if persistent:
@@ -291,10 +306,15 @@ class CheckpointManager:
             cp = self._roll_over(cp)
             n = cp.num_items
         key = item.key
+        if item.cid:
+            key = self._other_key(cp, item)
         items = cp._items
-        index = cp._index
-        pos = index.get(key)
-        index[key] = len(items)
+        if key is None:
+            pos = None
+        else:
+            index = cp._index
+            pos = index.get(key)
+            index[key] = len(items)
         items.append(item)
         cp._seqnos.append(seqno)
         cp.high_seqno = self.high_seqno = seqno
@@ -302,7 +322,7 @@ class CheckpointManager:
             cp.snap_end = seqno
         if pos is None:
             cp.num_items = n + 1
-            size = len(key) + len(item.value) + ITEM_OVERHEAD
+            size = len(item.key) + len(item.value) + ITEM_OVERHEAD
         else:  # de-duplicate: the older version's slot becomes a hole (same key, so only values differ)
             size = len(item.value) - len(items[pos].value)
             items[pos] = None
@@ -313,6 +333,26 @@ class CheckpointManager:
         self.mem_usage += size
         if self.memory_quota is not None and self.mem_usage > self.memory_quota:
             self._drop_cursors()
+
+    def _other_key(self, cp: Checkpoint, item: Item):
+        """The de-duplication key of an item of another collection than the default one, or None
+        when it is kept whatever follows (a system event, a version of a collection with history)."""
+        cp.others = True
+        cid = item.cid
+        if cid == SYSTEM_CID:
+            return None
+        key = (cid, item.key)
+        if cid not in self.history_cids:
+            return key
+        cp.history = True
+        seen = cp._history_keys
+        if seen is None:
+            seen = cp._history_keys = set()
+        if key in seen:
+            cp.duplicates = True
+        else:
+            seen.add(key)
+        return None
 
     def _roll_over(self, cp: Checkpoint) -> Checkpoint:
         """Close a full (or old) checkpoint; a replica's continues the same snapshot."""
@@ -470,7 +510,8 @@ class CheckpointManager:
             items = cp.read(cursor.seqno, end, max(limit - total, 1) if splittable else None)
             if items:
                 cursor.seqno = items[-1].by_seqno
-                out.append(Snapshot(start, end, cp.type, ckpt_start, new_marker, items, cp.snap_start))
+                out.append(Snapshot(start, end, cp.type, ckpt_start, new_marker, items, cp.snap_start, cp.history,
+                                    cp.duplicates, cp.others))
                 total += len(items)
                 if cursor.seqno >= end:
                     cursor._snap_end = None

@@ -1,6 +1,7 @@
 """Conflict resolution for *WithMeta writes, as pure functions (one place orders conflicts).
 
-Reference: engines/ep/docs/protocol/set_with_meta.md, del_with_meta.md and TABLES.md section 6.
+Reference: https://github.com/couchbase/kv_engine/blob/master/engines/ep/docs/protocol/set_with_meta.md
+and del_with_meta.md, as KV-Engine's code behaves (the pages' pseudo-code differs in the tie-breaks).
 The code compares tuples and the incoming version wins only if its tuple is strictly greater:
 
 * rev-seqno ("seqno") buckets: mutations `(rev_seqno, cas, expiry, flags)`, deletions `(rev_seqno, cas)`

@@ -1,8 +1,9 @@
 """The failover log (FailoverTable) and THE rollback decision for DCP stream requests.
 
-Reference: docs/dcp/documentation/failure-scenarios.md, rollback.md, commands/failover-log.md and
-the "Failover entries" / "Rollback seqno" bullets of reference/README.md (authoritative; errata
-17, 36 and 41 apply).
+Reference: https://github.com/couchbase/kv_engine/blob/master/docs/dcp/documentation/
+(failure-scenarios.md, rollback.md, commands/failover-log.md), as KV-Engine's code behaves where
+the pages differ: the log is newest-first on the wire (failure-scenarios.md lists it oldest-first),
+start == end is a valid request, and the rollback rule is the one `rollback_decision` states.
 
 A failover entry is (vbucket UUID, seqno): a random non-zero 48-bit UUID naming a branch of
 history and the seqno at which that branch began. Entries are kept newest first, capped at 25
@@ -129,7 +130,7 @@ class RollbackDecision:
     """Outcome of checking a stream request against the failover log.
 
     status is SUCCESS (stream may start), ROLLBACK (the consumer must roll back to
-    `rollback_seqno`; the ROLLBACK response body is only that u64, erratum 36) or ERANGE
+    `rollback_seqno`; the ROLLBACK response body is only that u64) or ERANGE
     (the request is invalid; `reason` says which rule it broke).
     """
 
@@ -149,10 +150,10 @@ def rollback_decision(entries: Iterable[tuple[int, int]], *, start_seqno: int, e
                       purge_check_exempt: bool = False) -> RollbackDecision:
     """Decide whether a DCP stream request may start, must roll back, or is out of range.
 
-    Follows reference/README.md "Rollback seqno" (which is how the code behaves; rollback.md
-    differs, erratum 36):
+    As KV-Engine's code decides (rollback.md differs: its wild-card purge compares the snapshot
+    start, and its case 1.b applies only with StrictVbUuid):
 
-    0. Validation: start <= end (start == end is fine, erratum 17) and
+    0. Validation: start <= end (start == end is fine: the stream ends at once) and
        snap_start <= start <= snap_end, else ERANGE.
     1. start == 0 and (not StrictVbUuid or uuid == 0): no rollback.
     2. start != 0, start < purge seqno and the client's purge_seqno (stream-request value) is not

@@ -32,12 +32,13 @@ DEFAULT_MAX_SCANS = 128
 class RangeScan:
     """One open scan: its snapshot and how far continues have read it."""
 
-    __slots__ = ("id", "vbucket", "items", "position", "key_only", "include_xattrs", "created")
+    __slots__ = ("id", "vbucket", "items", "position", "key_only", "include_xattrs", "created", "cid")
 
     def __init__(self, scan_id: bytes, vbucket: int, items: list[Item], *, key_only: bool, include_xattrs: bool,
-                 created: float):
+                 created: float, cid: int = 0):
         self.id = scan_id
         self.vbucket = vbucket
+        self.cid = cid
         self.items = items
         self.position = 0
         self.key_only = key_only
@@ -67,18 +68,19 @@ class RangeScan:
             yield item
 
 
-def live_items(vb: VBucket, now: float) -> Iterator[Item]:
-    """The vbucket's live versions (expired documents are left out; the pager deletes them)."""
+def live_items(vb: VBucket, now: float, cid: int = 0) -> Iterator[Item]:
+    """The live versions of collection `cid` in the vbucket (expired documents are left out; the
+    pager deletes them). A scan covers one collection, so the range compares the keys' bytes."""
     for item in vb.ht.values():
-        if not item.deleted and not (item.expiry and item.expiry <= now):
+        if item.cid == cid and not item.deleted and not (item.expiry and item.expiry <= now):
             yield item
 
 
-def range_snapshot(vb: VBucket, start: bytes, end: bytes, *, excl_start: bool = False, excl_end: bool = False,
-                   now: float | None = None) -> list[Item]:
+def range_snapshot(vb: VBucket, start: bytes, end: bytes, *, cid: int = 0, excl_start: bool = False,
+                   excl_end: bool = False, now: float | None = None) -> list[Item]:
     now = time.time() if now is None else now
     chosen = []
-    for item in live_items(vb, now):
+    for item in live_items(vb, now, cid):
         key = item.key
         if key < start or key > end or (excl_start and key == start) or (excl_end and key == end):
             continue
@@ -87,9 +89,9 @@ def range_snapshot(vb: VBucket, start: bytes, end: bytes, *, excl_start: bool = 
     return chosen
 
 
-def sample_snapshot(vb: VBucket, samples: int, seed: int, *, now: float | None = None) -> list[Item]:
+def sample_snapshot(vb: VBucket, samples: int, seed: int, *, cid: int = 0, now: float | None = None) -> list[Item]:
     now = time.time() if now is None else now
-    every = sorted(live_items(vb, now), key=_by_key)
+    every = sorted(live_items(vb, now, cid), key=_by_key)
     if len(every) <= samples:
         return every
     rng = random.Random(seed)
@@ -119,7 +121,7 @@ class RangeScans:
         for scan_id in [s.id for s in self._scans.values() if s.created < oldest]:
             del self._scans[scan_id]
 
-    def add(self, vbucket: int, items: list[Item], *, key_only: bool, include_xattrs: bool) -> RangeScan:
+    def add(self, vbucket: int, items: list[Item], *, key_only: bool, include_xattrs: bool, cid: int = 0) -> RangeScan:
         self._expire()
         if len(self._scans) >= self.max_scans:
             raise EngineError(Status.EBUSY, f"{self.max_scans} range scans are open: continue or cancel one first")
@@ -127,7 +129,7 @@ class RangeScans:
         while scan_id in self._scans:
             scan_id = secrets.token_bytes(16)
         scan = RangeScan(scan_id, vbucket, items, key_only=key_only, include_xattrs=include_xattrs,
-                         created=self._clock())
+                         created=self._clock(), cid=cid)
         self._scans[scan_id] = scan
         return scan
 

@@ -13,18 +13,24 @@ and make a batch 1024 commits. Every table is keyed by vbucket first, so per-vbu
 purge, rollback, delete) is an index range.
 
 Layout:
-* `items` - the latest version of every key of every vbucket (tombstones included until purged),
-  *clustered by seqno*: the rowid is `vb << 48 | seqno` (`id`), so a vbucket's items lie in
-  seqno order in the table's own B-tree and a by-seqno range is one sequential walk with no index
-  between (a flush that replaces a key moves its row to the vbucket's end, as couchstore appends
-  to its by-seqno tree); plus a unique index (vb, key). Only the latest version is kept, so a
-  by-seqno scan is naturally de-duplicated, as a Couchbase disk snapshot is.
+* `items` - the latest version of every key of every collection of every vbucket (tombstones
+  included until purged), *clustered by seqno*: the rowid is `vb << 48 | seqno` (`id`), so a
+  vbucket's items lie in seqno order in the table's own B-tree and a by-seqno range is one
+  sequential walk with no index between (a flush that replaces a key moves its row to the
+  vbucket's end, as couchstore appends to its by-seqno tree); plus a unique index (vb, cid, key):
+  a key is unique within its collection (`cid`, 0 the default collection, 1 the collections
+  system events of engine/collections.py), and one collection's rows are an index range (what a
+  dropped collection's purge deletes). Only the latest version is kept, so a by-seqno scan is
+  naturally de-duplicated, as a Couchbase disk snapshot is.
 * `vbucket_state` - per vbucket: state, failover log (JSON), persisted high seqno, persisted
   snapshot start/end, purge seqno, max CAS, max visible seqno, max deleted rev seqno, and the
   rollback floor.
 * `history` - versions the flusher overwrote, with the seqno that superseded them (moved there by
   a trigger as the flusher's upsert replaces them, see `_HISTORY_TRIGGER`). This is what
-  makes rollback possible with latest-only items (the role couchstore's older file headers play):
+  makes rollback possible with latest-only items, and what a change stream's backfill reads for
+  the collections that keep history (`scan(..., history=...)`; compaction keeps their versions for
+  the bucket's history retention and records from which seqno on every version is still there,
+  `history_start`) (the role couchstore's older file headers play):
   rolling back to R restores, for each key changed after R, the version current at R. Compaction
   trims history up to the *rollback floor*; rolling back below the floor is impossible, and then
   we do what Couchbase does when no older disk snapshot exists: reset the vbucket to seqno 0.
@@ -45,9 +51,9 @@ range - no expression per row, the GIL released, on another core, no Python obje
 collection-aware stream, the key prefix. Rows without it (tombstones, xattrs, large values) are
 found through a partial index and read as rows.
 
-Runs: a backfill that reads a row per document spends ~0.33 us of SQLite per 100-byte document
-(the B-tree walk, a record decode and an append per row), more than the loopback socket costs for
-the bytes. A run is a page of stored messages already concatenated, so a backfill reads ~256 KiB
+Runs: a backfill that reads a row per document spends more in SQLite per small document (the
+B-tree walk, a record decode and an append per row) than the loopback socket costs for its bytes.
+A run is a page of stored messages already concatenated, so a backfill reads ~256 KiB
 in one query: the bytes kept twice (the row's `dcp` and the run) buy a read that copies blob pages.
 The flusher cuts them as it writes (`_cut_runs`): a run ends when it reaches `run_bytes`, or just
 before a row that is not a plain mutation; what is left over at the vbucket's end waits for more
@@ -58,12 +64,17 @@ and triggers in the file drop a run when any row in its range changes, whoever c
 (`_RUN_TRIGGERS`).
 
 Schema version: the file's layout is numbered in SQLite's `user_version` header field
-(SCHEMA_VERSION, 1 today), written in the transaction that creates the tables. A store of another
-version is refused with a StoreVersionError naming both versions, and left unchanged: a later
-layout is converted by a step from one version to the next, at open. A file without a version
-(user_version 0) that is laid out exactly as version 1 was written by dcpflow before the version
-was stamped, and is stamped 1; the layouts of development builds before it (values apart from
-their messages, items not clustered by seqno, no runs) were never released and are refused.
+(SCHEMA_VERSION, 2 today), written in the transaction that creates the tables. An older layout is
+converted by one step per version, at open, in one transaction with the new number: version 1 had
+no collections, and `_MIGRATE_1_TO_2` gives items and history a `cid` column (0: the default
+collection, where every document of version 1 was), makes the key unique per collection, adds the
+history index by seqno and the vbucket's `history_start`. A new store is made the same way -
+version 1's tables, then the step - so a migrated file and a new one have one layout (tested). A
+store of a version this dcpflow does not know is refused with a StoreVersionError naming both
+versions, and left unchanged. A file without a version (user_version 0) that is laid out exactly
+as version 1 was written by dcpflow before the version was stamped, and is migrated as version 1;
+the layouts of development builds before it (values apart from their messages, items not
+clustered by seqno, no runs) were never released and are refused.
 
 CAS and rev seqno are u64 on the wire but SQLite integers are signed 64-bit, so they are stored
 two's-complement and converted back on read.
@@ -73,6 +84,7 @@ connection. Scans open their own connection (`BackfillScan`), so a backfill neve
 """
 
 import functools
+import heapq
 import sqlite3
 import threading
 from collections.abc import Iterable, Iterator, Sequence
@@ -145,7 +157,9 @@ def _vb_rowids(vb: int) -> tuple[int, int]:
 _ITEM_INDEXES = ("CREATE UNIQUE INDEX items_by_key ON items (vb, key)",
                  "CREATE INDEX items_unencoded_by_id ON items (id) WHERE dcp IS NULL")
 
-_COLS = "vb, key, seqno, rev_seqno, cas, flags, expiry, datatype, deleted, delete_time, delete_source, value"
+#: The 12 columns `_row` binds, then the collection id: the items and history tables have both.
+_BASE_COLS = "vb, key, seqno, rev_seqno, cas, flags, expiry, datatype, deleted, delete_time, delete_source, value"
+_COLS = _BASE_COLS + ", cid"
 
 
 def _value_of(row: str = "") -> str:
@@ -156,27 +170,27 @@ def _value_of(row: str = "") -> str:
 
 
 _VALUE = _value_of()
-_ITEM_COLS = f"key, seqno, rev_seqno, cas, flags, expiry, datatype, deleted, delete_time, delete_source, {_VALUE}"
+_ITEM_COLS = (f"key, seqno, rev_seqno, cas, flags, expiry, datatype, deleted, delete_time, delete_source, {_VALUE}, "
+              "cid")
 # Range queries by seqno take rowids: (_rowid(vb, start), _rowid(vb, end)].
 _NEXT_UNENCODED = ("SELECT seqno FROM items INDEXED BY items_unencoded_by_id WHERE id > ? AND id <= ? "
                    "AND dcp IS NULL ORDER BY id LIMIT 1")
 _NEXT_ROW = "SELECT seqno FROM items WHERE id > ? AND id <= ? ORDER BY id LIMIT 1"
 _ROW_PAGE = f"SELECT {_ITEM_COLS}, dcp IS NOT NULL FROM items WHERE id > ? AND id <= ? ORDER BY id LIMIT ?"
-#: A page of stored messages: one column, so SQLite only appends (no expression per row, no
-#: subquery: ~290 ns per 100-byte document against ~950 for the previous five-part concatenation
-#: in a sorted subquery), and a rowid range, so one walk of adjacent table pages (~220 ns, where
-#: the same range through a (vb, seqno) index fetched each row apart). The rows come in seqno
+#: A page of stored messages: one column, so SQLite only appends (no expression per row and no
+#: subquery, which cost several times more per document), and a rowid range, so one walk of
+#: adjacent table pages (a (vb, seqno) index would fetch each row apart). The rows come in seqno
 #: order - which `stamp_mutations` checks rather than assumes.
 _ENCODED_PAGE = ("SELECT CAST(group_concat(dcp, x'') AS BLOB), count(dcp), max(seqno) FROM items "
                  "WHERE id > ? AND id <= ?")
 _INSERT_HISTORY = (f"INSERT OR REPLACE INTO history ({_COLS}, superseded_by) "
-                   "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)")
+                   "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)")
 #: The writer's upsert keeps the key's row and moves it to its new seqno's rowid; the history
 #: trigger below sees the version it replaces.
-_UPSERT_ITEM = (f"INSERT INTO items (id, {_COLS}, dcp) "
-                f"VALUES (?1 << {SEQNO_BITS} | ?3, ?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13) "
-                "ON CONFLICT (vb, key) DO UPDATE SET id = excluded.id, " +
-                ", ".join(f"{c} = excluded.{c}" for c in (*_COLS.split(", ")[2:], "dcp")))
+_UPSERT_ITEM = (f"INSERT INTO items (id, {_BASE_COLS}, dcp, cid) "
+                f"VALUES (?1 << {SEQNO_BITS} | ?3, ?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14) "
+                "ON CONFLICT (vb, cid, key) DO UPDATE SET id = excluded.id, " +
+                ", ".join(f"{c} = excluded.{c}" for c in (*_BASE_COLS.split(", ")[2:], "dcp")))
 #: History kept by SQLite itself: each version the flusher overwrites moves to `history` inside
 #: the upsert's step, with the GIL released and no statement of its own. TEMP: it lives on the
 #: writer connection only, so a store opened with keep_history=False has none, and the schema on
@@ -184,8 +198,8 @@ _UPSERT_ITEM = (f"INSERT INTO items (id, {_COLS}, dcp) "
 _HISTORY_TRIGGER = (
     "CREATE TEMP TRIGGER IF NOT EXISTS items_to_history AFTER UPDATE OF seqno ON main.items BEGIN "
     f"INSERT OR REPLACE INTO history ({_COLS}, superseded_by) VALUES "
-    f"({', '.join('OLD.' + c for c in _COLS.split(', ')[:-1])}, "
-    f"{_value_of('OLD.')}, NEW.seqno); END")
+    f"({', '.join('OLD.' + c for c in _BASE_COLS.split(', ')[:-1])}, "
+    f"{_value_of('OLD.')}, OLD.cid, NEW.seqno); END")
 #: A run of the rows in (?1, ?2] (rowids; ?3 = its hi seqno), only if every row there is encoded.
 _BUILD_RUN = ("INSERT OR REPLACE INTO runs (id, hi, count, last, data) "
               "SELECT ?1, ?3, count(*), max(seqno), CAST(group_concat(dcp, x'') AS BLOB) FROM items "
@@ -212,8 +226,21 @@ _RUN_TRIGGERS = (
 
 #: The version of the file's layout, in SQLite's `user_version` (module docstring, "Schema
 #: version"), and what a store of that version holds.
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 _SCHEMA_V1 = (*_TABLES, *_ITEM_INDEXES, *_RUN_TRIGGERS)
+#: Version 1 -> 2: collections. Every row of version 1 is the default collection's (cid 0).
+_MIGRATE_1_TO_2 = (
+    "ALTER TABLE items ADD COLUMN cid INTEGER NOT NULL DEFAULT 0",
+    "ALTER TABLE history ADD COLUMN cid INTEGER NOT NULL DEFAULT 0",
+    "ALTER TABLE vbucket_state ADD COLUMN history_start INTEGER NOT NULL DEFAULT 0",
+    "DROP INDEX items_by_key",
+    "CREATE UNIQUE INDEX items_by_key ON items (vb, cid, key)",
+    "DROP INDEX history_by_key",
+    "CREATE UNIQUE INDEX history_by_key ON history (vb, cid, key, seqno)",
+    "CREATE INDEX history_by_seqno ON history (vb, seqno)",
+)
+#: The steps from version N to N + 1, by N.
+_MIGRATIONS = {1: _MIGRATE_1_TO_2}
 
 
 class StoreVersionError(ValueError):
@@ -265,30 +292,29 @@ _UPSERT_STATE = (
 #: message), so they reach the socket without being copied into a message first.
 LARGE_VALUE = 2048
 #: Plain mutations with values below this are stored as their whole message (`dcp`) and backfill
-#: as pages SQLite concatenates; bigger ones are read as rows and their values sent uncopied. At
-#: 4 KB, rows cost ~9 us per document in Python against ~2 in pages. The limit keeps a page small
-#: whatever the sizes: a first page (ENCODED_PAGE_ITEMS messages, before pages are sized by bytes)
-#: stays below ~17 MB, far below SQLite's 1 GB string limit.
+#: as pages SQLite concatenates; bigger ones are read as rows and their values sent uncopied.
+#: Below this size a row's Python work per document outweighs copying its value into a page; the
+#: limit also keeps a page small whatever the sizes: a first page (ENCODED_PAGE_ITEMS messages,
+#: before pages are sized by bytes) stays far below SQLite's 1 GB string limit.
 ENCODED_VALUE_LIMIT = 8192
 
 #: A run ends when it holds this many bytes of messages (`_cut_runs`); a piece before a row that is
 #: not a plain mutation, or at the end of a vbucket when sealed, becomes a run from RUN_MIN_BYTES.
-#: Reading 1M stored ~380-byte documents (1024 vbuckets) cost the server 0.31-0.335 s of CPU with
-#: 64 KiB runs, 0.27-0.29 s with 256 KiB and 0.25-0.28 s with 1 MiB: each run is a query, a stamp,
-#: a page queued and written, and with a worker thread reading beside the loop, GIL hand-offs.
-#: Bigger runs cost where keys are rewritten at random: a rewrite drops the run around the old
-#: version, and more rows with it (at 64 KiB, rewriting 1% of keys already drops most runs).
+#: Each run read is a query, a stamp, a page queued and written and, with a worker thread reading
+#: beside the loop, GIL hand-offs, so bigger runs cost less per document; but they cost where keys
+#: are rewritten at random: a rewrite drops the run around the old version, and more rows with it
+#: (a scattered 1% of rewritten keys already drops most small runs). 256 KiB sits between the two.
 RUN_BYTES = 256 * 1024
 RUN_MIN_BYTES = 8 * 1024
 
 #: The writer connection's page cache. SQLite's default (2 MiB) holds little of the by-key and
-#: history indexes a flush updates at random places: with 64 MiB a flush of rewrites (10k keys, 1024
-#: vbuckets) spent ~25% less time per row (/tmp micro-benchmark in the stop's note).
+#: history indexes a flush updates at random places, so a flush of rewrites would re-read the
+#: same index pages from the file.
 WRITER_CACHE_KIB = 64 * 1024
 #: Backfill scans read the file through a memory map of up to this size (SQLite caps it at its
 #: SQLITE_MAX_MMAP_SIZE, 2 GB in common builds): a page is then a pointer into the OS page cache,
-#: not a pread() into the connection's own cache. Scanning 1M stored documents (1024 vbuckets,
-#: runs) took 100-130 ns per item this way against 180-240 with pread. The writer keeps pread.
+#: not a pread() into the connection's own cache, which saves a copy of every page a scan reads.
+#: The writer keeps pread.
 READER_MMAP_BYTES = 1 << 31
 
 _SIGN = 1 << 63
@@ -305,11 +331,12 @@ def _u64(v: int) -> int:
 
 
 def _row(vb: int, it: Item) -> tuple:
-    """The item's columns in `_COLS` order, as bound for the items and history tables.
+    """The item's columns in `_BASE_COLS` order, as bound for the items and history tables (which
+    add its `cid`).
 
     Blobs go to SQLite as bytearrays: Python 3.11's sqlite3 binds bytes only after a failed
-    adapter lookup that raises and clears an AttributeError (about 3,000 instructions per blob,
-    with the GIL held); a bytearray is bound directly. Large values skip the copy - next to
+    adapter lookup that raises and clears an AttributeError (with the GIL held, per blob); a
+    bytearray is bound directly. Large values skip the copy - next to
     their size the lookup does not matter."""
     value = it.value
     return (vb, bytearray(it.key), it.by_seqno, _s64(it.rev_seqno), _s64(it.cas), it.flags, it.expiry, it.datatype,
@@ -318,14 +345,15 @@ def _row(vb: int, it: Item) -> tuple:
 
 
 def _encoded_row(vb: int, it: Item) -> tuple:
-    """The items table's row: `_row` and the `dcp` column. A plain mutation with a value below
-    ENCODED_VALUE_LIMIT keeps its whole DCP_MUTATION there (opaque 0, no collection prefix) and an empty
-    `value`; anything a backfill must shape or sends without a copy has `dcp` NULL."""
+    """The items table's row (`_UPSERT_ITEM`): `_row`, the `dcp` column and the collection id. A
+    plain mutation of the default collection with a value below ENCODED_VALUE_LIMIT keeps its whole
+    DCP_MUTATION there (opaque 0, no collection prefix) and an empty `value`; anything a backfill
+    must shape, filter by collection or send without a copy has `dcp` NULL."""
     row = _row(vb, it)
     if len(it.key) + 1 > 0xFFFF:  # a collection-aware stream's key has a prefix byte
-        return row + (None,)
+        return row + (None, it.cid)
     msg, encoded = encode_mutations_py((it,), 0, vb, 0, False, ENCODED_VALUE_LIMIT)  # 0: not a plain mutation
-    return row[:11] + (bytearray(), bytearray(msg)) if encoded else row + (None,)
+    return row[:11] + (bytearray(), bytearray(msg), it.cid) if encoded else row + (None, it.cid)
 
 
 def _encoded_rows_py(vb: int, items: Iterable[Item]) -> list[tuple]:
@@ -333,7 +361,7 @@ def _encoded_rows_py(vb: int, items: Iterable[Item]) -> list[tuple]:
 
 
 #: The flusher's rows, compiled (engine/_speedups.c; its twin is _encoded_rows_py): building them
-#: holds the GIL, about 3 us per row in Python, taken from the thread that serves requests.
+#: holds the GIL, so their time per row is taken from the thread that serves requests.
 _encoded_rows_c = compiled("encoded_rows", "dcpflow.engine._speedups")
 
 
@@ -345,12 +373,19 @@ def _encoded_rows(vb: int, items: Iterable[Item]) -> list[tuple]:
 
 def _item(r: Sequence) -> Item:
     """Build an Item from a row in `_ITEM_COLS` order."""
-    return Item(r[0], r[10], r[4], r[5], _u64(r[3]), _u64(r[2]), r[1], r[6], bool(r[7]), r[8], _SOURCES[r[9]])
+    return Item(r[0], r[10], r[4], r[5], _u64(r[3]), _u64(r[2]), r[1], r[6], bool(r[7]), r[8], _SOURCES[r[9]],
+                r[11])
+
+
+def doc_key(cid: int, key: bytes):
+    """The engine's key of a document (engine/collections.py): the key itself in the default
+    collection, (cid, key) in any other."""
+    return (cid, key) if cid else key
 
 
 #: Column order of `BackfillScan.next_rows`.
 ITEM_COLUMNS = ("key", "seqno", "rev_seqno", "cas", "flags", "expiry", "datatype", "deleted", "delete_time",
-                "delete_source", "value")
+                "delete_source", "value", "cid")
 item_from_row = _item
 
 
@@ -395,8 +430,9 @@ class _Tail:
 class VBucketStateRecord:
     """The persisted state of one vbucket.
 
-    `history_floor` is managed by the store alone, and a write never lowers `purge_seqno`
-    (only a rollback to 0 resets it).
+    `history_floor` and `history_start` (from which seqno on compaction kept every version of
+    the collections with history) are managed by the store alone, and a write never lowers
+    `purge_seqno` (only a rollback to 0 resets it).
     """
 
     vb: int
@@ -410,6 +446,7 @@ class VBucketStateRecord:
     max_visible_seqno: int = 0
     max_deleted_rev_seqno: int = 0
     history_floor: int = 0
+    history_start: int = 0
 
     def _params(self) -> tuple:
         return (self.vb, self.state, self.failover_log, self.high_seqno, self.snap_start, self.snap_end,
@@ -419,10 +456,27 @@ class VBucketStateRecord:
 
 @dataclass(frozen=True, slots=True)
 class PurgeResult:
-    purged: list[tuple[bytes, int]]  # (key, seqno) of each purged tombstone
+    purged: list[tuple]  # (doc_key, seqno) of each purged tombstone
     purge_seqno: int
     max_deleted_rev_seqno: int
     history_floor: int
+    history_start: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryRetention:
+    """What compaction keeps of the older versions of the collections that keep history (DCP
+    change streams): those written in the last `seconds` and, of those, the newest `bytes` (0:
+    no limit of that kind; both 0: none kept beyond the rollback history)."""
+
+    cids: tuple[int, ...]
+    seconds: float = 0
+    bytes: int = 0
+    now: float = 0
+
+    @property
+    def active(self) -> bool:
+        return bool(self.cids) and bool(self.seconds or self.bytes)
 
 
 def _connect(path: Path, synchronous: str) -> sqlite3.Connection:
@@ -466,26 +520,32 @@ class Store:
         return self._keep_history
 
     def _open_schema(self) -> None:
-        """Create schema version 1 in an empty file, or check the file's version (module
-        docstring, "Schema version"), in one transaction: a refused file is left as it was, and a
-        crash while creating leaves an empty file, not half a schema."""
+        """Create the schema in an empty file, or check the file's version and migrate an older
+        one (module docstring, "Schema version"), in one transaction: a refused file is left as it
+        was, and a crash while creating or migrating leaves the file as it was, not half a schema."""
         with self._txn() as db:
             version = db.execute("PRAGMA user_version").fetchone()[0]
             if version == SCHEMA_VERSION:
                 return
-            if version != 0:
+            if version not in _MIGRATIONS and version != 0:
                 newer = " (a newer dcpflow wrote it: open it with that one)" if version > SCHEMA_VERSION else ""
                 raise StoreVersionError(f"store {self.path} has schema version {version}; this dcpflow reads "
-                                        f"schema version {SCHEMA_VERSION} only{newer}")
-            layout = _layout(db)
-            if not layout:
-                for sql in _SCHEMA_V1:
+                                        f"schema versions 1 to {SCHEMA_VERSION}{newer}")
+            if version == 0:
+                layout = _layout(db)
+                if not layout:
+                    for sql in _SCHEMA_V1:
+                        db.execute(sql)
+                elif layout != _layout_v1():
+                    raise StoreVersionError(
+                        f"store {self.path} has no schema version and is not laid out as schema version 1, "
+                        "the only one this dcpflow reads without a version: it was written by an unreleased "
+                        "development build (or is not a dcpflow store); move it aside to start the bucket empty")
+                version = 1
+            while version < SCHEMA_VERSION:
+                for sql in _MIGRATIONS[version]:
                     db.execute(sql)
-            elif layout != _layout_v1():
-                raise StoreVersionError(
-                    f"store {self.path} has no schema version and is not laid out as schema version "
-                    f"{SCHEMA_VERSION}, the only one this dcpflow reads: it was written by an unreleased "
-                    "development build (or is not a dcpflow store); move it aside to start the bucket empty")
+                version += 1
             db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
     def close(self) -> None:
@@ -510,11 +570,11 @@ class Store:
     # -- vbucket state ----------------------------------------------------------------------
     def load_vbucket_states(self) -> dict[int, VBucketStateRecord]:
         with self._lock:
-            rows = self._db.execute(f"SELECT {_STATE_COLS}, history_floor FROM vbucket_state").fetchall()
+            rows = self._db.execute(f"SELECT {_STATE_COLS}, history_floor, history_start FROM vbucket_state").fetchall()
         out = {}
         for r in rows:
             out[r[0]] = VBucketStateRecord(r[0], r[1], r[2], r[3], r[4], r[5], r[6], _u64(r[7]), r[8],
-                                           _u64(r[9]), r[10])
+                                           _u64(r[9]), r[10], r[11])
         return out
 
     def save_vbucket_states(self, records: Iterable[VBucketStateRecord]) -> None:
@@ -533,6 +593,18 @@ class Store:
             self._forget_runs(db, vb)
             for table in ("items", "history", "snapshots", "vbucket_state"):
                 db.execute(f"DELETE FROM {table} WHERE vb = ?", (vb,))
+
+    def purge_collections(self, pairs: Iterable[tuple[int, int]]) -> int:
+        """Delete the rows of dropped collections, (vbucket, collection id) pairs - their items and
+        older versions - in one transaction (the indexes by (vb, cid, key) hold a collection's
+        rows together); returns how many items. The caller purges a vbucket's collection only once
+        its drop event is persisted: nothing of the collection can be written after that."""
+        n = 0
+        with self._txn() as db:
+            for vb, cid in pairs:
+                n += db.execute("DELETE FROM items WHERE vb = ? AND cid = ?", (vb, cid)).rowcount
+                db.execute("DELETE FROM history WHERE vb = ? AND cid = ?", (vb, cid))
+        return n
 
     # -- runs (module docstring) --------------------------------------------------------------
     def _tail(self, db: sqlite3.Connection, vb: int) -> _Tail:
@@ -608,13 +680,14 @@ class Store:
         ranges the items belong to, in one transaction."""
         with self._txn() as db:
             for vb, items in batches:
-                latest: dict[bytes, Item] = {}
+                latest: dict = {}  # by doc_key
                 older: list[Item] = []  # versions of this batch that a later one replaces
                 for it in items:
-                    prev = latest.get(it.key)
+                    key = it.key if not it.cid else (it.cid, it.key)
+                    prev = latest.get(key)
                     if prev is not None:
                         older.append(prev)
-                    latest[it.key] = it
+                    latest[key] = it
                 # Only the latest version of each key is upserted; the trigger files the version it
                 # replaces on disk, superseded by the latest one's seqno.
                 rows = _encoded_rows(vb, latest.values())
@@ -627,27 +700,30 @@ class Store:
                            list(snapshot_ranges))
 
     @staticmethod
-    def _file_older_versions(db: sqlite3.Connection, vb: int, older: list[Item], latest: dict[bytes, Item]) -> None:
+    def _file_older_versions(db: sqlite3.Connection, vb: int, older: list[Item], latest: dict) -> None:
         """A key with several versions in one batch: each version but the latest goes to history,
         superseded by the next; and the version on disk before the batch was superseded by the
         batch's first one, not by the latest one the trigger saw (a later rollback between the two
         must keep it)."""
-        following: dict[bytes, int] = {}  # key -> seqno of the version after the one being filed
-        first: dict[bytes, int] = {}
+        following: dict = {}  # doc_key -> seqno of the version after the one being filed
+        first: dict = {}
         rows = []
         for it in reversed(older):
-            nxt = following.get(it.key, latest[it.key].by_seqno)
-            rows.append((*_row(vb, it), nxt))
-            following[it.key] = first[it.key] = it.by_seqno
+            key = doc_key(it.cid, it.key)
+            nxt = following.get(key, latest[key].by_seqno)
+            rows.append((*_row(vb, it), it.cid, nxt))
+            following[key] = first[key] = it.by_seqno
         db.executemany(_INSERT_HISTORY, rows)
-        db.executemany("UPDATE history SET superseded_by = ? WHERE vb = ? AND key = ? AND superseded_by = ? "
-                       "AND seqno < ?", [(s, vb, key, latest[key].by_seqno, s) for key, s in first.items()])
+        db.executemany("UPDATE history SET superseded_by = ? WHERE vb = ? AND cid = ? AND key = ? "
+                       "AND superseded_by = ? AND seqno < ?",
+                       [(s, vb, latest[key].cid, latest[key].key, latest[key].by_seqno, s)
+                        for key, s in first.items()])
 
     # -- reads ------------------------------------------------------------------------------
-    def get(self, vb: int, key: bytes) -> Item | None:
+    def get(self, vb: int, key: bytes, cid: int = 0) -> Item | None:
         with self._lock:
-            row = self._db.execute(f"SELECT {_ITEM_COLS} FROM items WHERE vb = ? AND key = ?",
-                                   (vb, key)).fetchone()
+            row = self._db.execute(f"SELECT {_ITEM_COLS} FROM items WHERE vb = ? AND cid = ? AND key = ?",
+                                   (vb, cid, key)).fetchone()
         return _item(row) if row else None
 
     def load_items(self, vb: int, page_size: int = 10_000) -> Iterator[Item]:
@@ -655,14 +731,18 @@ class Store:
         with self.scan(vb, 0, (1 << 63) - 1, page_size=page_size) as scan:
             yield from scan
 
-    def scan(self, vb: int, start: int, end: int, *, page_size: int = 1000) -> "BackfillScan":
-        """Items with start < seqno <= end, latest version per key, tombstones included."""
-        return BackfillScan(self.path, vb, start, end, page_size, pool=self._readers)
+    def scan(self, vb: int, start: int, end: int, *, page_size: int = 1000,
+             history: frozenset[int] = frozenset()) -> "BackfillScan":
+        """Items with start < seqno <= end, latest version per key, tombstones included; with
+        `history` (collection ids), also every older version of those collections the store still
+        has in that range (a change stream's backfill)."""
+        return BackfillScan(self.path, vb, start, end, page_size, pool=self._readers, history=history)
 
     def count(self, vb: int) -> tuple[int, int]:
-        """(live documents, tombstones) on disk for a vbucket."""
+        """(live documents, tombstones) on disk for a vbucket, in every collection (system events,
+        cid 1, are not documents)."""
         with self._lock:
-            rows = self._db.execute("SELECT deleted, COUNT(*) FROM items WHERE vb = ? GROUP BY deleted",
+            rows = self._db.execute("SELECT deleted, COUNT(*) FROM items WHERE vb = ? AND cid != 1 GROUP BY deleted",
                                     (vb,)).fetchall()
         counts = dict(rows)
         return counts.get(0, 0), counts.get(1, 0)
@@ -672,31 +752,64 @@ class Store:
             return self._db.execute("SELECT COUNT(*) FROM history WHERE vb = ?", (vb,)).fetchone()[0]
 
     # -- maintenance ------------------------------------------------------------------------
-    def purge_tombstones(self, vb: int, deleted_before: int, *, history_floor: int = 0) -> PurgeResult:
+    def purge_tombstones(self, vb: int, deleted_before: int, *, history_floor: int = 0,
+                         keep: "HistoryRetention | None" = None) -> PurgeResult:
         """Compaction: purge tombstones deleted at or before `deleted_before` (unix seconds).
 
         The purge seqno advances to the highest purged seqno. The rollback floor moves up to at
         least the purge seqno (a purged tombstone's key can no longer be rolled back past it) and
-        to `history_floor`, and history that only served seqnos below the floor is dropped.
+        to `history_floor`, and history that only served seqnos below the floor is dropped - but
+        the older versions of the collections `keep` names are kept for its retention instead:
+        those written longer ago than its seconds, and the oldest beyond its bytes, go, and
+        `history_start` moves past them (from there on every version is still here).
         """
         with self._txn() as db:
-            state = db.execute("SELECT purge_seqno, max_deleted_rev_seqno, history_floor FROM vbucket_state "
-                               "WHERE vb = ?", (vb,)).fetchone()
+            state = db.execute("SELECT purge_seqno, max_deleted_rev_seqno, history_floor, history_start "
+                               "FROM vbucket_state WHERE vb = ?", (vb,)).fetchone()
             if state is None:
                 raise KeyError(f"vbucket {vb} has no persisted state")
-            purge_seqno, max_rev, floor = state[0], _u64(state[1]), state[2]
-            rows = db.execute("SELECT key, seqno, rev_seqno FROM items WHERE vb = ? AND deleted = 1 "
+            purge_seqno, max_rev, floor, history_start = state[0], _u64(state[1]), state[2], state[3]
+            rows = db.execute("SELECT key, seqno, rev_seqno, cid FROM items WHERE vb = ? AND deleted = 1 "
                               "AND delete_time <= ?", (vb, deleted_before)).fetchall()
             if rows:
-                db.executemany("DELETE FROM items WHERE vb = ? AND key = ?", [(vb, r[0]) for r in rows])
+                db.executemany("DELETE FROM items WHERE vb = ? AND cid = ? AND key = ?",
+                               [(vb, r[3], r[0]) for r in rows])
                 purge_seqno = max(purge_seqno, max(r[1] for r in rows))
                 max_rev = max(max_rev, max(_u64(r[2]) for r in rows))
             floor = max(floor, purge_seqno, history_floor)
-            db.execute("DELETE FROM history WHERE vb = ? AND superseded_by <= ?", (vb, floor))
+            kept = keep.cids if keep is not None and keep.active else ()
+            marks = ",".join("?" * len(kept))
+            if kept:
+                db.execute(f"DELETE FROM history WHERE vb = ? AND superseded_by <= ? AND cid NOT IN ({marks})",
+                           (vb, floor, *kept))
+                history_start = max(history_start, self._history_cut(db, vb, kept, keep))
+                db.execute(f"DELETE FROM history WHERE vb = ? AND seqno < ? AND cid IN ({marks})",
+                           (vb, history_start, *kept))
+            else:
+                db.execute("DELETE FROM history WHERE vb = ? AND superseded_by <= ?", (vb, floor))
             db.execute("DELETE FROM snapshots WHERE vb = ? AND snap_end < ?", (vb, floor))
             db.execute("UPDATE vbucket_state SET purge_seqno = ?, max_deleted_rev_seqno = ?, "
-                       "history_floor = ? WHERE vb = ?", (purge_seqno, _s64(max_rev), floor, vb))
-        return PurgeResult([(r[0], r[1]) for r in rows], purge_seqno, max_rev, floor)
+                       "history_floor = ?, history_start = ? WHERE vb = ?",
+                       (purge_seqno, _s64(max_rev), floor, history_start, vb))
+        return PurgeResult([(doc_key(r[3], r[0]), r[1]) for r in rows], purge_seqno, max_rev, floor,
+                           history_start)
+
+    @staticmethod
+    def _history_cut(db: sqlite3.Connection, vb: int, cids: tuple[int, ...], keep: "HistoryRetention") -> int:
+        """The lowest seqno the retention keeps the older versions of `cids` from."""
+        marks = ",".join("?" * len(cids))
+        cut = 0
+        if keep.seconds:
+            row = db.execute(f"SELECT max(seqno) FROM history WHERE vb = ? AND cid IN ({marks}) AND cas < ?",
+                             (vb, *cids, _s64(max(0, int((keep.now - keep.seconds) * 1e9))))).fetchone()
+            cut = max(cut, (row[0] or 0) + 1 if row[0] is not None else 0)
+        if keep.bytes:
+            row = db.execute(
+                f"SELECT max(seqno) FROM (SELECT seqno, sum(length(key) + length(value)) OVER (ORDER BY seqno DESC) "
+                f"AS newer FROM history WHERE vb = ? AND cid IN ({marks})) WHERE newer > ?",
+                (vb, *cids, keep.bytes)).fetchone()
+            cut = max(cut, row[0] + 1 if row[0] is not None else 0)
+        return cut
 
     def rollback(self, vb: int, seqno: int) -> "RollbackResult":
         """Discard everything after `seqno`; returns the seqno actually reached and its snapshot.
@@ -726,13 +839,13 @@ class Store:
                 db.execute("UPDATE vbucket_state SET high_seqno = 0, snap_start = 0, snap_end = 0, "
                            "purge_seqno = 0, max_visible_seqno = 0, history_floor = 0 WHERE vb = ?", (vb,))
                 return RollbackResult(0, 0, 0)
-            keys = [r[0] for r in db.execute("SELECT key FROM items WHERE id > ? AND id <= ?",
-                                             (_rowid(vb, seqno), _rowid(vb, MAX_STORED_SEQNO)))]
+            keys = db.execute("SELECT cid, key FROM items WHERE id > ? AND id <= ?",
+                              (_rowid(vb, seqno), _rowid(vb, MAX_STORED_SEQNO))).fetchall()
             self._tails.pop(vb, None)  # the triggers drop the runs around what changes here
-            for key in keys:
-                prev = db.execute(f"SELECT {_COLS} FROM history WHERE vb = ? AND key = ? AND seqno <= ? "
-                                  "ORDER BY seqno DESC LIMIT 1", (vb, key, seqno)).fetchone()
-                db.execute("DELETE FROM items WHERE vb = ? AND key = ?", (vb, key))
+            for cid, key in keys:
+                prev = db.execute(f"SELECT {_COLS} FROM history WHERE vb = ? AND cid = ? AND key = ? AND seqno <= ? "
+                                  "ORDER BY seqno DESC LIMIT 1", (vb, cid, key, seqno)).fetchone()
+                db.execute("DELETE FROM items WHERE vb = ? AND cid = ? AND key = ?", (vb, cid, key))
                 if prev is not None:  # with its encoded head, so backfills keep the fast path
                     db.execute(_UPSERT_ITEM, _encoded_row(vb, _item(prev[1:])))
             db.execute("DELETE FROM history WHERE vb = ? AND superseded_by > ?", (vb, seqno))
@@ -794,7 +907,7 @@ def _reader(path: Path) -> sqlite3.Connection:
 
 class _ReaderPool:
     """Idle read connections for BackfillScans. Opening a SQLite connection and parsing the schema
-    costs ~0.3 ms, about what reading 200 items costs: a DCP client streaming 1024 vbuckets opens
+    costs about as much as reading a few hundred items: a DCP client streaming 1024 vbuckets opens
     1024 scans, so they reuse connections (each scan still has its own read transaction)."""
 
     MAX_IDLE = 16
@@ -846,7 +959,7 @@ class BackfillScan:
     """
 
     def __init__(self, path: Path, vb: int, start: int, end: int, page_size: int, *,
-                 pool: _ReaderPool | None = None):
+                 pool: _ReaderPool | None = None, history: frozenset[int] = frozenset()):
         if page_size < 1:
             raise ValueError("page_size must be >= 1")
         self.vb, self.start, self.end, self.page_size = vb, start, end, page_size
@@ -866,6 +979,11 @@ class BackfillScan:
             raise
         self.disk_high_seqno, self.purge_seqno, self.max_visible_seqno = row if row else (0, 0, 0)
         self._pos = min(max(start, 0), MAX_STORED_SEQNO)
+        self.history = tuple(sorted(history))  # collections whose older versions come too
+        self._history_sql = (f"SELECT key, seqno, rev_seqno, cas, flags, expiry, datatype, deleted, delete_time, "
+                             f"delete_source, value, cid, 0 FROM history INDEXED BY history_by_seqno WHERE vb = ? "
+                             f"AND seqno > ? AND seqno <= ? AND cid IN ({','.join('?' * len(self.history))}) "
+                             f"ORDER BY seqno LIMIT ?") if self.history else ""
         self._base = _rowid(vb, 0)  # the rowid of (vb, seqno) is base | seqno
         self._top = self._base | min(max(end, 0), MAX_STORED_SEQNO)  # the last rowid in range
 
@@ -876,10 +994,27 @@ class BackfillScan:
     def next_rows(self) -> list[tuple]:
         """The next page as raw rows, for a reader that encodes straight from them (a DCP
         backfill): columns in ITEM_COLUMNS order, CAS and rev seqno as stored (signed 64-bit,
-        two's complement; `item_from_row` converts), and a 12th: whether the row has an encoded
+        two's complement; `item_from_row` converts), and a 13th: whether the row has an encoded
         head. At most page_size rows and about page_bytes of values (at least one row). []
-        when the range is exhausted."""
-        return self._row_page(None) if not self.closed else []
+        when the range is exhausted. With `history`, older versions of those collections come
+        among them, in seqno order."""
+        if self.closed:
+            return []
+        return self._history_page() if self.history else self._row_page(None)
+
+    def _history_page(self) -> list[tuple]:
+        """The next page of latest versions and older ones of the history collections, merged by
+        seqno (each read by its own index, a page of each at most)."""
+        n, pos = self.page_size, self._pos
+        end = self._top - self._base
+        latest = self._db.execute(_ROW_PAGE, (self._base | pos, self._top, n)).fetchall()
+        older = self._db.execute(self._history_sql, (self.vb, pos, end, *self.history, n)).fetchall()
+        rows = list(heapq.merge(latest, older, key=lambda r: r[1]))[:n]
+        if len(latest) < n and len(older) < n and len(rows) == len(latest) + len(older):
+            self.close()  # both read to the range's end
+        elif rows:
+            self._pos = rows[-1][1]
+        return rows
 
     def next_chunk(self, opaque: int, collections: bool) -> "EncodedPage | list[tuple]":
         """The next part of the range for a DCP stream that sends plain mutations unshaped, in
@@ -890,10 +1025,13 @@ class BackfillScan:
         page of raw rows (`next_rows`) that ends where such a run begins: where tombstones or
         xattr documents are scattered among plain ones, the plain ones in between come as rows
         rather than as many tiny queries. Encoded pages are restamped with this opaque and key
-        layout by `stamp_mutations`. [] when the range is exhausted.
+        layout by `stamp_mutations`. [] when the range is exhausted. A scan with `history` reads
+        rows only (`next_rows`).
 
         A page of rows' messages is a seqno range (the query has no LIMIT, which would cost a
         sorted subquery): page_size seqnos, widened up to 4x while de-duplication leaves them sparse."""
+        if self.history:
+            return self.next_rows()
         db, base, top = self._db, self._base, self._top
         end = top - base
         while not self.closed:
@@ -903,8 +1041,8 @@ class BackfillScan:
                 _, hi, count, last, data = run
                 if hi > end:
                     # The run goes past the range, as when a backfill stops where the checkpoints
-                    # begin: its head, measured on the stored messages. Reading those rows one by
-                    # one instead cost 1024 such backfills ~0.06 s more than whole vbuckets.
+                    # begin: its head, measured on the stored messages, so the run's blob is still
+                    # read in one query rather than as rows one by one.
                     nbytes, count, last = mutations_upto(data, end)
                     data, hi = memoryview(data)[:nbytes], end
                 self._pos = hi
@@ -950,7 +1088,7 @@ class BackfillScan:
         nbytes = streak = 0
         more = False
         for r in cur:
-            if stop_at_run is not None and r[11]:
+            if stop_at_run is not None and r[12]:
                 streak += 1
                 if streak >= stop_at_run:
                     del rows[len(rows) - (streak - 1):]  # the run's first rows: they come encoded

@@ -13,6 +13,14 @@ the metadata it is given unchanged - that is what a DCP consumer (PassiveStream)
 
 Expiry times passed to client operations are what the client sent (<= 30 days is relative, see
 expiry.py); WithMeta and replica operations carry absolute times.
+
+Collections (collections.py, vb_collections.py): a key of the default collection is its bytes, a
+key of any other collection is (collection id, bytes) - the `doc_key` every operation takes and
+the hash table, the locks and the expiry heap are keyed by; the Item itself keeps the bytes and
+its `cid`. Writes to other collections take the general path (their collection's maxTTL caps the
+expiry; their counts and high seqno are kept in `collections`). The collections a vbucket has
+change only through its system events (`apply_collection_changes`); dropping a collection
+forgets its documents from memory at once, and the bucket purges them from the store later.
 """
 
 import dataclasses
@@ -25,6 +33,7 @@ from dcpflow.protocol.meta import WITH_META_OPTIONS_KNOWN, WithMetaOption
 from dcpflow.protocol.status import Status
 
 from .checkpoint import CheckpointManager, CheckpointType
+from .collections import SYSTEM_CID, Change, SystemEvent, event_item
 from .conflict import ConflictResolutionMode, DocMeta, incoming_wins
 from .errors import EngineError
 from .expiry import to_absolute
@@ -32,6 +41,7 @@ from .failover import FailoverEntry, FailoverTable
 from .hlc import HLC
 from .item import DeleteSource, Item, retain_system_xattrs
 from .store import PurgeResult, VBucketStateRecord
+from .vb_collections import VBCollections
 
 _ALL_OPTIONS = WITH_META_OPTIONS_KNOWN
 #: Metadata taken from elsewhere (*WithMeta, a DCP producer) must leave room for what local writes
@@ -42,6 +52,8 @@ MAX_REV_SEQNO = (1 << 48) - 1
 MAX_META_CAS = (1 << 64) - (1 << 32)
 _SKIP_CR = WithMetaOption.FORCE_WITH_META_OP | WithMetaOption.SKIP_CONFLICT_RESOLUTION
 _ACTIVE = VBucketState.ACTIVE
+_new_item = object.__new__  # VBucket.set builds its Item field by field
+_EXPLICIT = DeleteSource.EXPLICIT
 
 
 class VBucket:
@@ -50,12 +62,13 @@ class VBucket:
     __slots__ = ("id", "state", "conflict_resolution", "failover", "hlc", "high_seqno", "purge_seqno",
                  "max_deleted_rev_seqno", "persisted_seqno", "persisted_snapshot", "snapshot_start",
                  "snapshot_end", "_clock", "_on_seqno", "_dirty", "checkpoint_manager", "ht", "num_items",
-                 "num_deleted", "ops_create", "ops_update", "ops_delete", "_expiry_heap", "locks")
+                 "num_deleted", "ops_create", "ops_update", "ops_delete", "_expiry_heap", "locks", "collections",
+                 "history_start")
 
     def __init__(self, vbid: int, state: VBucketState = VBucketState.ACTIVE, *,
                  conflict_resolution: ConflictResolutionMode | str = ConflictResolutionMode.REV_SEQNO,
                  failover: FailoverTable | None = None, hlc: HLC | None = None, high_seqno: int = 0,
-                 purge_seqno: int = 0, max_deleted_rev_seqno: int = 0,
+                 purge_seqno: int = 0, max_deleted_rev_seqno: int = 0, history_start: int = 0,
                  persisted_snapshot: tuple[int, int] | None = None, items: Iterable[Item] = (),
                  checkpoint_max_items: int = 10_000, checkpoint_max_age: float | None = 5.0,
                  checkpoint_memory_quota: int | None = None, persistent: bool = True,
@@ -70,6 +83,9 @@ class VBucket:
         self.high_seqno = high_seqno
         self.purge_seqno = purge_seqno
         self.max_deleted_rev_seqno = max_deleted_rev_seqno
+        # every version of the collections that keep history is on disk from this seqno on
+        # (compaction moves it past what the bucket's history retention let go)
+        self.history_start = history_start
         self.persisted_seqno = high_seqno
         self.persisted_snapshot = persisted_snapshot or (high_seqno, high_seqno)
         # The snapshot the vbucket is in: a replica's last marker; an active is always complete.
@@ -92,24 +108,69 @@ class VBucket:
         # a state change or a rollback forgets them. Empty on nearly every vbucket, so a write pays
         # one truth test for them.
         self.locks: dict[bytes, tuple[int, float]] = {}
+        self.collections = VBCollections()
         self._load(items)
 
     def __repr__(self) -> str:
         return f"<VBucket {self.id} {self.state.name.lower()} high_seqno={self.high_seqno}>"
 
     def _load(self, items: Iterable[Item]) -> None:
+        """Warm-up (and a rollback's reload): the hash table, and the collections the system
+        events on disk describe (documents of collections dropped but not purged yet are left out)."""
         ht, heap = self.ht, self._expiry_heap
         live = deleted = 0
+        default_high = 0
+        events: list[Item] = []
+        others: dict[int, list[int]] = {}  # cid -> [live documents, high seqno]
         for item in items:
-            ht[item.key] = item
+            key = item.key
+            cid = item.cid
+            if cid:
+                if cid == SYSTEM_CID:
+                    events.append(item)
+                    continue
+                key = (cid, key)
+                seen = others.get(cid)
+                if seen is None:
+                    seen = others[cid] = [0, 0]
+                seen[0] += not item.deleted
+                seen[1] = item.by_seqno
+            else:
+                default_high = item.by_seqno
+            ht[key] = item
             if item.deleted:
                 deleted += 1
             else:
                 live += 1
                 if item.expiry:
-                    heap.append((item.expiry, item.by_seqno, item.key))
+                    heap.append((item.expiry, item.by_seqno, key))
+        colls = self.collections
+        for event in events:
+            colls.load_event(SystemEvent.of(event))
+        gone = [cid for cid in others if cid not in colls]
+        if gone:  # dropped collections whose documents the store still has
+            live, deleted = self._drop_from_memory(set(gone), live, deleted)
+            heap[:] = [e for e in heap if e[2] in ht]
         heapq.heapify(heap)
         self.num_items, self.num_deleted = live, deleted
+        for cid, (n, high) in others.items():
+            if cid in colls:
+                colls.items[cid] = n
+                colls.high[cid] = max(colls.high.get(cid, 0), high)
+        colls.default_high = default_high
+        colls.other_high = max([e.by_seqno for e in events] + [h for _, h in others.values()], default=0)
+        self.checkpoint_manager.history_cids = colls.history
+
+    def _drop_from_memory(self, cids: set[int], live: int, deleted: int) -> tuple[int, int]:
+        """Forget the documents of these collections (and their locks); returns the counts left."""
+        ht = self.ht
+        for key in [k for k in ht if k.__class__ is tuple and k[0] in cids]:
+            if ht.pop(key).deleted:
+                deleted -= 1
+            else:
+                live -= 1
+            self.locks.pop(key, None)
+        return live, deleted
 
     @property
     def uuid(self) -> int:
@@ -164,8 +225,18 @@ class VBucket:
         """Queue a new version; `old` is the key's current hash-table entry when the caller has
         it already (False: look it up)."""
         self.checkpoint_manager.queue(item)  # first: it validates the seqno before anything changes
+        key, cid = item.key, item.cid
+        if cid:
+            key = (cid, key)
         if old is False:
-            old = self.ht.get(item.key)
+            old = self.ht.get(key)
+        if cid:
+            colls = self.collections
+            colls.note_other(item.by_seqno, self.high_seqno)
+            colls.high[cid] = item.by_seqno
+            delta = (not item.deleted) - (old is not None and not old.deleted)
+            if delta:
+                colls.items[cid] = colls.items.get(cid, 0) + delta
         if old is None:
             if not item.deleted:
                 self.ops_create += 1
@@ -182,11 +253,11 @@ class VBucket:
         else:
             self.num_items += 1
             if item.expiry:
-                heapq.heappush(self._expiry_heap, (item.expiry, item.by_seqno, item.key))
-        self.ht[item.key] = item
+                heapq.heappush(self._expiry_heap, (item.expiry, item.by_seqno, key))
+        self.ht[key] = item
         self.high_seqno = item.by_seqno
         if self.locks:
-            self.locks.pop(item.key, None)  # a new version (delete, expiry, replication) ends the lock
+            self.locks.pop(key, None)  # a new version (delete, expiry, replication) ends the lock
         if self._dirty is not None:
             self._dirty[self.id] = None
         if self._on_seqno is not None:
@@ -198,15 +269,30 @@ class VBucket:
         # old deletion win conflict resolution against a re-created document.
         return prev.rev_seqno + 1 if prev is not None else self.max_deleted_rev_seqno + 1
 
-    def _mutate(self, key: bytes, value: bytes, flags: int, expiry: int, datatype: int) -> Item:
+    def _mutate(self, key, value: bytes, flags: int, expiry: int, datatype: int) -> Item:
         prev = self.ht.get(key)
+        cid = 0
+        if key.__class__ is tuple:
+            cid, key = key
         return self._queue(Item(key, value, flags, expiry, self.hlc.next(), self._next_rev(prev),
-                                self.high_seqno + 1, datatype))
+                                self.high_seqno + 1, datatype, cid=cid), prev)
 
     def _tombstone(self, item: Item, now: float, source: DeleteSource) -> Item:
         value, datatype = retain_system_xattrs(item.value, item.datatype)
         return self._queue(Item(item.key, value, item.flags, 0, self.hlc.next(), item.rev_seqno + 1,
-                                self.high_seqno + 1, datatype, True, int(now), source))
+                                self.high_seqno + 1, datatype, True, int(now), source, item.cid))
+
+    def _expiry(self, key, expiry: int, now: float) -> int:
+        """The absolute expiry of a write (expiry.py), capped by its collection's maxTTL: with one,
+        a document expires at the latest maxTTL seconds from now (Collections.md "maxTTL")."""
+        expiry = to_absolute(expiry, now)
+        if key.__class__ is tuple:
+            ttl = self.collections.max_ttl(key[0])
+            if ttl > 0:
+                cap = int(now) + ttl
+                if not expiry or expiry > cap:
+                    expiry = cap
+        return expiry
 
     def _live(self, key: bytes, now: float) -> Item | None:
         """The live document for `key`; an expired one is turned into an expiration first."""
@@ -255,6 +341,8 @@ class VBucket:
         clock is read only for an expiry or a lock)."""
         if self.state != _ACTIVE:
             self._check_active()
+        if key.__class__ is tuple:  # another collection than the default one
+            return self._set_other(key, value, flags, expiry, datatype, cas)
         ht = self.ht
         prev = ht.get(key)
         if prev is not None:
@@ -272,8 +360,22 @@ class VBucket:
         if expiry:
             expiry = to_absolute(expiry, now)
         seqno = self.high_seqno + 1
-        item = Item(key, value, flags, expiry, self.hlc.next(),
-                    prev.rev_seqno + 1 if prev is not None else self.max_deleted_rev_seqno + 1, seqno, datatype)
+        # Item(...) without the class call, which costs more than all the fields together: every
+        # field of the dataclass is set, in its order (tests/engine/test_vbucket_set.py compares the
+        # result with the constructor's, field by field).
+        item = _new_item(Item)
+        item.key = key
+        item.value = value
+        item.flags = flags
+        item.expiry = expiry
+        item.cas = self.hlc.next()
+        item.rev_seqno = prev.rev_seqno + 1 if prev is not None else self.max_deleted_rev_seqno + 1
+        item.by_seqno = seqno
+        item.datatype = datatype
+        item.deleted = False
+        item.delete_time = 0
+        item.delete_source = _EXPLICIT
+        item.cid = 0
         self.checkpoint_manager.queue(item)  # first: it validates the seqno before anything changes
         # _queue's accounting for a live version over `prev`
         if prev is None:
@@ -297,6 +399,18 @@ class VBucket:
             self._on_seqno(self.id, seqno)
         return item
 
+    def _set_other(self, key: tuple, value: bytes, flags: int, expiry: int, datatype: int, cas: int) -> Item:
+        """`set` of a document of another collection than the default one: the general path."""
+        now = self._clock()
+        prev = self.ht.get(key)
+        if prev is not None and not prev.deleted and prev.expiry and prev.expiry <= now:
+            prev = self._tombstone(prev, now, DeleteSource.TTL)
+        if self.locks:
+            self._check_lock(key, cas, now)
+        if cas:
+            self._check_cas(key, None if prev is None or prev.deleted else prev, cas)
+        return self._mutate(key, value, flags, self._expiry(key, expiry, now), datatype)
+
     def add(self, key: bytes, value: bytes, *, flags: int = 0, expiry: int = 0, datatype: int = 0,
             cas: int = 0) -> Item:
         """Store only if there is no live document (a tombstone does not count)."""
@@ -306,7 +420,7 @@ class VBucket:
         now = self._clock()
         if self._live(key, now) is not None:
             raise EngineError(Status.KEY_EEXISTS, f"key {key!r} already exists")
-        return self._mutate(key, value, flags, to_absolute(expiry, now), datatype)
+        return self._mutate(key, value, flags, self._expiry(key, expiry, now), datatype)
 
     def replace(self, key: bytes, value: bytes, *, flags: int = 0, expiry: int = 0, datatype: int = 0,
                 cas: int = 0) -> Item:
@@ -314,7 +428,7 @@ class VBucket:
         self._check_active()
         now = self._clock()
         self._writable(key, cas, now)
-        return self._mutate(key, value, flags, to_absolute(expiry, now), datatype)
+        return self._mutate(key, value, flags, self._expiry(key, expiry, now), datatype)
 
     def delete(self, key: bytes, *, cas: int = 0) -> Item:
         """Delete the live document, leaving a tombstone; returns the tombstone (its CAS is new)."""
@@ -327,7 +441,7 @@ class VBucket:
         self._check_active()
         now = self._clock()
         live = self._writable(key, 0, now)  # TOUCH and GAT carry no CAS: a locked document refuses them
-        return self._mutate(key, live.value, live.flags, to_absolute(expiry, now), live.datatype)
+        return self._mutate(key, live.value, live.flags, self._expiry(key, expiry, now), live.datatype)
 
     def get_and_touch(self, key: bytes, expiry: int) -> Item:
         """Touch and return the document with its value."""
@@ -357,14 +471,15 @@ class VBucket:
         return live
 
     # -- read-modify-write of a whole version (sub-document commands: server/subdoc.py) ----------
-    def current(self, key: bytes) -> Item | None:
-        """The key's current version, live or tombstone (a due expiry is turned into an expiration
-        first), or None for an unknown key. Active only."""
+    def current(self, key) -> Item | None:
+        """The key's current version (`key` as everywhere: bytes, or (collection id, bytes)), live
+        or tombstone (a due expiry is turned into an expiration first), or None for an unknown key.
+        Active only."""
         self._check_active()
         self._live(key, self._clock())
         return self.ht.get(key)
 
-    def write_version(self, key: bytes, prev: Item | None, value: bytes, *, flags: int = 0, expiry: int = 0,
+    def write_version(self, key, prev: Item | None, value: bytes, *, flags: int = 0, expiry: int = 0,
                       datatype: int = 0, deleted: bool = False, cas: int = 0,
                       finish: Callable[[int, int], bytes] | None = None) -> Item:
         """Store the version a read-modify-write built from `prev` (what `current` returned; None:
@@ -381,14 +496,15 @@ class VBucket:
         new_cas, seqno = self.hlc.next(), self.high_seqno + 1
         if finish is not None:
             value = finish(new_cas, seqno)
-        rev = prev.rev_seqno + 1 if prev is not None else self.max_deleted_rev_seqno + 1
+        rev = self._next_rev(prev)
+        cid, doc = key if key.__class__ is tuple else (0, key)
         if deleted:
-            item = Item(key, value, flags, 0, new_cas, rev, seqno, datatype, True, int(now), DeleteSource.EXPLICIT)
+            item = Item(doc, value, flags, 0, new_cas, rev, seqno, datatype, True, int(now), DeleteSource.EXPLICIT, cid)
         else:
-            item = Item(key, value, flags, to_absolute(expiry, now) if expiry else 0, new_cas, rev, seqno, datatype)
+            item = Item(doc, value, flags, self._expiry(key, expiry, now), new_cas, rev, seqno, datatype, cid=cid)
         return self._queue(item, prev)
 
-    def replica_version(self, key: bytes) -> Item | None:
+    def replica_version(self, key) -> Item | None:
         """The key's version on a replica vbucket (GET_REPLICA, sub-document replica reads): live
         or tombstone, None if unknown or expired (a replica never expires anything itself)."""
         if self.state != VBucketState.REPLICA:
@@ -481,15 +597,17 @@ class VBucket:
                                              check_cas, deletion=True)
         source = DeleteSource.TTL if options & WithMetaOption.IS_EXPIRATION else DeleteSource.EXPLICIT
         delete_time = delete_time or int(self._clock())
+        cid, key = key if key.__class__ is tuple else (0, key)
         return self._queue(Item(key, value, flags, 0, self._meta_cas(cas, regenerate), rev_seqno,
-                                self.high_seqno + 1, datatype, True, delete_time, source))
+                                self.high_seqno + 1, datatype, True, delete_time, source, cid))
 
     def _set_with_meta(self, key: bytes, value: bytes, cas: int, rev_seqno: int, flags: int, expiry: int,
                        datatype: int, options: int, check_cas: int, *, add: bool) -> Item:
         regenerate = self._resolve_with_meta(key, DocMeta(cas, rev_seqno, expiry, flags, datatype), options,
                                              check_cas, deletion=False, add=add)
+        cid, key = key if key.__class__ is tuple else (0, key)
         return self._queue(Item(key, value, flags, expiry, self._meta_cas(cas, regenerate), rev_seqno,
-                                self.high_seqno + 1, datatype))
+                                self.high_seqno + 1, datatype, cid=cid))
 
     def _resolve_with_meta(self, key: bytes, incoming: DocMeta, options: int, check_cas: int, *,
                            deletion: bool, add: bool = False) -> bool:
@@ -517,7 +635,7 @@ class VBucket:
         return cas
 
     def _check_options(self, options: int, cas: int, *, deletion: bool) -> tuple[bool, bool]:
-        """Validate WithMeta options (TABLES.md 6.2); returns (skip conflict resolution, regenerate CAS)."""
+        """Validate WithMeta options (0x01..0x10); returns (skip conflict resolution, regenerate CAS)."""
         if options & ~_ALL_OPTIONS:
             raise EngineError(Status.EINVAL, f"unknown WithMeta option bits 0x{options & ~_ALL_OPTIONS:x}")
         if options & WithMetaOption.IS_EXPIRATION and not deletion:
@@ -554,15 +672,17 @@ class VBucket:
     def apply_mutation(self, key: bytes, value: bytes, *, by_seqno: int, cas: int, rev_seqno: int,
                        flags: int = 0, expiry: int = 0, datatype: int = 0) -> Item:
         """Store a replicated mutation exactly as given (no conflict resolution, no new CAS)."""
-        return self._apply(Item(key, value, flags, expiry, cas, rev_seqno, by_seqno, datatype))
+        cid, key = key if key.__class__ is tuple else (0, key)
+        return self._apply(Item(key, value, flags, expiry, cas, rev_seqno, by_seqno, datatype, cid=cid))
 
     def apply_deletion(self, key: bytes, *, by_seqno: int, cas: int, rev_seqno: int, delete_time: int = 0,
                        value: bytes = b"", datatype: int = 0, flags: int = 0,
                        expiration: bool = False) -> Item:
         """Store a replicated deletion (or, with expiration=True, an expiration)."""
         source = DeleteSource.TTL if expiration else DeleteSource.EXPLICIT
+        cid, key = key if key.__class__ is tuple else (0, key)
         return self._apply(Item(key, value, flags, 0, cas, rev_seqno, by_seqno, datatype, True,
-                                delete_time or int(self._clock()), source))
+                                delete_time or int(self._clock()), source, cid))
 
     def apply_expiration(self, key: bytes, *, by_seqno: int, cas: int, rev_seqno: int,
                          delete_time: int = 0, value: bytes = b"", datatype: int = 0) -> Item:
@@ -604,6 +724,40 @@ class VBucket:
             heapq.heapify(self._expiry_heap)
         return done
 
+    # -- collections (vb_collections.py) --------------------------------------------------------
+    def apply_collection_changes(self, changes: list[Change], manifest_uid: int) -> list[Item]:
+        """Queue a system event per change (collections.py) and follow it: the last event carries
+        the new manifest uid, earlier ones the uid the vbucket had (system_event.md "Manifest
+        ID"). A dropped collection's documents leave memory at once. Returns the events."""
+        events = []
+        colls = self.collections
+        now = self._clock()
+        for i, change in enumerate(changes):
+            uid = manifest_uid if i == len(changes) - 1 else colls.uid
+            item = event_item(change, uid, seqno=self.high_seqno + 1, cas=self.hlc.next(), now=int(now))
+            self.checkpoint_manager.queue(item)
+            colls.note_other(item.by_seqno, self.high_seqno)
+            colls.apply(change, item.by_seqno)
+            if change.collection is not None and change.collection.uid not in colls:
+                self.num_items, self.num_deleted = self._drop_from_memory(
+                    {change.collection.uid}, self.num_items, self.num_deleted)
+            self.high_seqno = item.by_seqno
+            events.append(item)
+        if changes:
+            colls.uid = manifest_uid
+            self.checkpoint_manager.history_cids = colls.history
+            if self._dirty is not None:
+                self._dirty[self.id] = None
+            if self._on_seqno is not None:
+                self._on_seqno(self.id, self.high_seqno)
+        return events
+
+    def collection_high_seqno(self, cid: int) -> int:
+        return self.collections.high_seqno(cid, self.high_seqno)
+
+    def collection_items(self, cid: int) -> int:
+        return self.collections.count(cid, self.num_items)
+
     # -- persistence hooks (used by the flusher and the bucket) ---------------------------------
     def state_record(self) -> VBucketStateRecord:
         """The vbucket-state row as of the last flush (never ahead of what is on disk)."""
@@ -616,6 +770,7 @@ class VBucket:
         """Compaction purged tombstones on disk: drop the same versions from memory."""
         self.purge_seqno = result.purge_seqno
         self.max_deleted_rev_seqno = max(self.max_deleted_rev_seqno, result.max_deleted_rev_seqno)
+        self.history_start = max(self.history_start, result.history_start)
         ht = self.ht
         for key, seqno in result.purged:
             item = ht.get(key)
@@ -630,6 +785,7 @@ class VBucket:
         self.ht = {}
         self._expiry_heap = []
         self.locks.clear()
+        self.collections = VBCollections()
         self._load(items)
         self.high_seqno = self.persisted_seqno = seqno
         self.persisted_snapshot = snapshot or (seqno, seqno)

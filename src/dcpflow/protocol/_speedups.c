@@ -149,9 +149,9 @@ fail:
 
 /* -- encode_mutations ------------------------------------------------------------------------ */
 
-enum { F_KEY, F_VALUE, F_CAS, F_BY_SEQNO, F_REV_SEQNO, F_FLAGS, F_EXPIRY, F_DATATYPE, F_DELETED, N_FIELDS };
+enum { F_KEY, F_VALUE, F_CAS, F_BY_SEQNO, F_REV_SEQNO, F_FLAGS, F_EXPIRY, F_DATATYPE, F_DELETED, F_CID, N_FIELDS };
 static const char *const FIELD_NAMES[N_FIELDS] = {
-    "key", "value", "cas", "by_seqno", "rev_seqno", "flags", "expiry", "datatype", "deleted",
+    "key", "value", "cas", "by_seqno", "rev_seqno", "flags", "expiry", "datatype", "deleted", "cid",
 };
 /* The fields a mutation needs, read from a Document's slots (_speedups.h). */
 static document_fields_t documents;
@@ -207,6 +207,8 @@ typedef struct {
 /* Whether the fields make a plain mutation that fits the message; if so, fill *m. */
 static int plain_mutation(PyObject *f[N_FIELDS], int collections, Py_ssize_t large_value, Mutation *m) {
     if (!PyBytes_Check(f[F_KEY]) || !PyBytes_Check(f[F_VALUE]) || f[F_DELETED] != Py_False) return 0;
+    unsigned long long cid;
+    if (!as_unsigned(f[F_CID], 0, &cid)) return 0;  /* only the default collection's documents */
     if (!as_unsigned(f[F_DATATYPE], 0xFF, &m->datatype) || (m->datatype & 0x04)) return 0;  /* 0x04: xattrs */
     Py_ssize_t klen = PyBytes_GET_SIZE(f[F_KEY]) + collections, vlen = PyBytes_GET_SIZE(f[F_VALUE]);
     if (vlen >= large_value || klen > 0xFFFF || 31 + klen + vlen > 0xFFFFFFFFLL) return 0;
@@ -245,7 +247,8 @@ static void release(PyObject *f[N_FIELDS]) {
 PyDoc_STRVAR(encode_mutations_doc,
 "encode_mutations(items, start, vbucket, opaque, collections, large_value) -> (data, stop)\n\n"
 "The DCP_MUTATION messages of items[start:stop] joined, where stop is the index of the first item\n"
-"that is not a plain mutation (deleted, xattrs, a value of at least large_value bytes) or whose\n"
+"that is not a plain mutation of the default collection (deleted, xattrs, a value of at least\n"
+"large_value bytes, a collection id other than 0) or whose\n"
 "fields do not fit the message (or len(items)). Same bytes as dcp.encode_mutations_py.");
 
 static PyObject *encode_mutations(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {

@@ -24,9 +24,9 @@ static inline void put32(unsigned char *p, uint64_t v) { put16(p, v >> 16); put1
 static inline void put64(unsigned char *p, uint64_t v) { put32(p, v >> 32); put32(p + 4, v); }
 
 /* Ask for the cache line at p (a hint: p may be anything, nothing faults). As an asm statement
-   because GCC 12 at -O2 -DNDEBUG (setuptools' flags) emitted none of encode_mutations'
-   __builtin_prefetch calls - objdump showed no prefetch in it - which made it ~1.7x slower on
-   items that have left the caches. */
+   because GCC at setuptools' flags (-O2 -DNDEBUG) may drop __builtin_prefetch calls altogether,
+   and encode_mutations relies on the prefetch to hide cache misses on items that have left the
+   caches. */
 static inline void prefetch(const void *p) {
 #if defined(__GNUC__) && defined(__x86_64__)
     __asm__ volatile("prefetcht0 (%0)" : : "r"(p));

@@ -1,6 +1,6 @@
 """The cluster map ("bucket config") JSON: build it as a server, parse it and route with it as a client.
 
-Shape per reference/SDK-BOOTSTRAP.md ("Cluster map"): rev, revEpoch, name, uuid, bucketType,
+The shape the official SDKs read: rev, revEpoch, name, uuid, bucketType,
 nodeLocator, bucketCapabilities, collectionsManifestUid (hex string), nodes[] index-aligned with
 nodesExt[] (services kv / mgmt / kvSSL, hostname, thisNode), and vBucketServerMap {numReplicas,
 serverList, vBucketMap}. `mgmt` (and `mgmtSSL` with TLS) is the node's HTTP management port, which
@@ -22,11 +22,12 @@ from .keys import vbucket_for_key
 HOST_PLACEHOLDER = "$HOST"
 DEFAULT_MGMT_PORT = 8091
 DEFAULT_MGMT_SSL_PORT = 18091
+#: "nonDedupedHistory": collections may keep history (DCP change streams); the SDKs' collection
+#: managers send `history` only to a bucket that says so.
 DEFAULT_BUCKET_CAPABILITIES = ("collections", "dcp", "cccp", "nodesExt", "xattr", "cbhello", "touch",
-                               "couchapi", "subdoc.ReplicaRead", "subdoc.AccessDeleted",
+                               "couchapi", "nonDedupedHistory", "subdoc.ReplicaRead", "subdoc.AccessDeleted",
                                "subdoc.ReplaceBodyWithXattr", "subdoc.DocumentMacroSupport",
                                "subdoc.ReviveDocument", "tombstonedUserXAttrs", "preserve_expiry", "rangeScan")
-_PAGE = "SDK-BOOTSTRAP.md"
 
 
 class Node(NamedTuple):
@@ -223,11 +224,11 @@ def parse_cluster_map(data, host: str | None = None) -> ClusterMap:
     else:
         doc = data
     if not isinstance(doc, dict):
-        raise ProtocolError(f"cluster map must be a JSON object ({_PAGE})")
+        raise ProtocolError("cluster map must be a JSON object")
     try:
         return _parse(doc)
     except (KeyError, TypeError, ValueError, AttributeError) as e:
-        raise ProtocolError(f"cluster map is malformed: {type(e).__name__}: {e} ({_PAGE})") from None
+        raise ProtocolError(f"cluster map is malformed: {type(e).__name__}: {e}") from None
 
 
 def _split_host_port(address: str) -> tuple[str, int]:

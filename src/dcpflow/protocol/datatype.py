@@ -1,7 +1,7 @@
 """Datatype bits (header byte 5) and the XATTR blob that may prefix a value.
 
-Layout per reference/kv_engine/docs/Document.md: u32 total length of the xattr section, then
-pairs of (u32 pair length, key NUL, value NUL), then the document body.
+Layout per https://github.com/couchbase/kv_engine/blob/master/docs/Document.md: u32 total length of
+the xattr section, then pairs of (u32 pair length, key NUL, value NUL), then the document body.
 """
 
 import json

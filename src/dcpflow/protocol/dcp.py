@@ -1,6 +1,8 @@
 """Typed bodies of every DCP message (opcodes 0x50-0x67), with their rules and a fast decoder.
 
-Pages: reference/kv_engine/docs/dcp/documentation/commands/*.md; numbers from TABLES.md section 5.
+Pages: https://github.com/couchbase/kv_engine/tree/master/docs/dcp/documentation/commands (one per
+opcode, named below by file name). Where a page's example bytes and its field table disagree, the
+field table and KV-Engine's validators win, and the rule is stated where it is checked.
 Each message is an immutable NamedTuple: cheap to build (the producer makes millions), equal by
 value (tests round-trip them), and `encode()` gives its wire bytes. `from_frame()` checks the
 page's structural rules first (see rules.py) and raises ProtocolError with the status to answer.
@@ -35,9 +37,10 @@ from .kv import RawResponse
 from .opcodes import Opcode
 from .rules import MAY, MUST, MUST_NOT, Shape
 from .status import Status
+from .system_events import SystemEventId, decode_event_value  # noqa: F401 (SystemEventId: re-exported, the DCP types live here)
 
 # ---------------------------------------------------------------------------------------------
-# Flags and enums (TABLES.md 5.1, 5.2, 5.4, 5.5, 5.7, 5.8)
+# Flags and enums: the values KV-Engine's code uses (its headers, not the pages, define them)
 
 
 class OpenFlag(IntFlag):
@@ -101,14 +104,6 @@ class VBucketState(IntEnum):
     DEAD = 4
 
 
-class SystemEventId(IntEnum):
-    BEGIN_COLLECTION = 0
-    END_COLLECTION = 1
-    CREATE_SCOPE = 3
-    DROP_SCOPE = 4
-    MODIFY_COLLECTION = 5
-
-
 class DurabilityLevel(IntEnum):
     NONE = 0
     MAJORITY = 1
@@ -152,8 +147,12 @@ _STREAM_REQ_EXTRAS = struct.Struct(">IIQQQQQ")
 _MARKER_V1 = struct.Struct(">QQI")
 _MARKER_V20 = struct.Struct(">QQIQQ")
 _MARKER_V22 = struct.Struct(">QQIQQQQ")
-#: The value size of each V2.x snapshot marker, by its version byte (snapshot-marker.md, TABLES.md 5.4).
+#: V2.2 without the high prepared seqno: the layout snapshot-marker.md first gave (purge seqno last).
+_MARKER_V22_44 = struct.Struct(">QQIQQQ")
+#: The value size of each V2.x snapshot marker, by its version byte (snapshot-marker.md):
+#: what an encoder writes. A V2.2 value of MARKER_V22_SHORT bytes is accepted too.
 MARKER_V2_VALUE_BYTES = {MarkerVersion.V2_0: _MARKER_V20.size, MarkerVersion.V2_2: _MARKER_V22.size}
+MARKER_V22_SHORT = _MARKER_V22_44.size
 _MUTATION_EXTRAS = struct.Struct(">QQIIIHB")
 _DELETION_V1_EXTRAS = struct.Struct(">QQH")
 _DELETION_V2_EXTRAS = struct.Struct(">QQIB")
@@ -242,11 +241,12 @@ def encode_mutations_py(items: Sequence, start: int, vbucket: int, opaque: int, 
                         large_value: int) -> tuple[bytes, int]:
     """The DCP_MUTATION messages (mutation.md; no stream-id, lock time/nmeta/nru 0) of
     items[start:stop] joined, and stop: the index of the first item that is not a plain mutation
-    (deleted, xattrs, a value of `large_value` bytes or more), or len(items).
+    of the default collection (deleted, xattrs, a value of `large_value` bytes or more, a
+    collection id `cid` other than 0), or len(items).
 
     Items are anything with the attributes of engine.Item (key, value, cas, by_seqno, rev_seqno,
-    flags, expiry, datatype, deleted). With `collections` each key gets the default collection's
-    prefix 0x00. The specification of the compiled `encode_mutations` (_speedups.c), which also
+    flags, expiry, datatype, deleted, cid). With `collections` each key gets the default
+    collection's prefix 0x00. The specification of the compiled `encode_mutations` (_speedups.c), which also
     stops before an item whose fields do not fit the message, where this raises struct.error."""
     parts: list[bytes] = []
     append, pack = parts.append, MUTATION_HEAD.pack
@@ -254,7 +254,7 @@ def encode_mutations_py(items: Sequence, start: int, vbucket: int, opaque: int, 
     for stop in range(start, len(items)):
         item = items[stop]
         datatype, value = item.datatype, item.value
-        if item.deleted or datatype & Datatype.XATTR or len(value) >= large_value:
+        if item.deleted or datatype & Datatype.XATTR or len(value) >= large_value or item.cid:
             break
         key = b"\x00" + item.key if collections else item.key
         append(pack(0x80, 0x57, len(key), 31, datatype, vbucket, 31 + len(key) + len(value), opaque, item.cas,
@@ -403,7 +403,7 @@ def _open_rules(frame: Frame):
     if len(frame.extras) != 8:
         return
     _, flags = _OPEN_EXTRAS.unpack(frame.extras)
-    page = "(TABLES.md 5.1, erratum 19)"
+    page = "(open-connection.md)"
     if flags & OPEN_FLAGS_REJECTED:
         yield ProtocolError(f"DCP_OPEN flags {spell_flags(flags & OPEN_FLAGS_REJECTED, OpenFlag)} "
                             f"are invalid {page}")
@@ -432,7 +432,8 @@ def _open_rules(frame: Frame):
 
 
 class DcpControl(NamedTuple):
-    """DCP_CONTROL 0x5e (control.md; keys in TABLES.md 5.3): key and value are plain strings."""
+    """DCP_CONTROL 0x5e (control.md): key and value are plain strings. The keys a producer accepts
+    are dcpflow.dcp.controls's table."""
 
     key: bytes
     value: bytes
@@ -563,7 +564,7 @@ rules.register(Opcode.DCP_ADD_STREAM, Shape(_PAGES + "add-stream.md", extras=(4,
 def _add_stream_rules(frame: Frame):
     if len(frame.extras) == 4:
         yield from _stream_flag_problems(_U32.unpack(frame.extras)[0], "DCP_ADD_STREAM",
-                                         "add-stream.md, erratum 20")
+                                         "add-stream.md")
 
 
 class DcpStreamRequest(NamedTuple):
@@ -601,7 +602,8 @@ class DcpStreamRequest(NamedTuple):
                    reserved)
 
     def seqno_problem(self) -> ProtocolError | None:
-        """The ERANGE rule of stream-request.md as the code applies it (erratum 17)."""
+        """The ERANGE rule of stream-request.md as the code applies it: only start > end is refused (the
+        page says start must be less than end; start == end is accepted and ends at once)."""
         if self.start_seqno > self.end_seqno:
             return ProtocolError(f"start seqno {self.start_seqno} is greater than end seqno {self.end_seqno}",
                                  Status.ERANGE)
@@ -619,7 +621,7 @@ rules.register(Opcode.DCP_STREAM_REQ, Shape(_PAGES + "stream-request.md", extras
 def _stream_req_rules(frame: Frame):
     if len(frame.extras) == 48:
         flags = _U32.unpack_from(frame.extras)[0]
-        yield from _stream_flag_problems(flags, "DCP_STREAM_REQ", "TABLES.md 5.2")
+        yield from _stream_flag_problems(flags, "DCP_STREAM_REQ", "stream-request.md")
     if frame.value:
         try:
             doc = json.loads(frame.value)
@@ -632,7 +634,7 @@ def _stream_req_rules(frame: Frame):
         sid = doc.get("sid")
         # type(...) is int: JSON true/false are Python bools (an int subclass), and null is no id either
         if "sid" in doc and (type(sid) is not int or not 1 <= sid <= 0xFFFF):
-            yield ProtocolError(f"stream id 'sid' must be 1..65535, got {sid!r} (erratum 18)",
+            yield ProtocolError(f"stream id 'sid' must be 1..65535, got {sid!r}",
                                 Status.DCP_STREAM_ID_INVALID)
         if "collections" in doc and "scope" in doc:
             yield ProtocolError("stream-request value may name 'collections' or 'scope', not both "
@@ -652,7 +654,7 @@ def decode_failover_log(value: bytes) -> list[tuple[int, int]]:
 
 class DcpStreamRequestResponse(NamedTuple):
     """The reply to STREAM_REQ: OK with the failover log, or ROLLBACK (0x23) with only a u64 seqno
-    (erratum 36), or another error status."""
+    (not the failover log rollback.md mentions), or another error status."""
 
     status: int = Status.SUCCESS
     failover_log: tuple[tuple[int, int], ...] = ()
@@ -690,10 +692,10 @@ def _failover_log_response_rules(frame: Frame):
     if frame.status == Status.SUCCESS and len(frame.value) >= 32:
         seqnos = [s for _, s in _FAILOVER_ENTRY.iter_unpack(frame.value[: len(frame.value) // 16 * 16])]
         if any(a < b for a, b in zip(seqnos, seqnos[1:], strict=False)):
-            yield ProtocolError(f"failover log is not newest-first: seqnos {seqnos} increase (erratum 16)")
+            yield ProtocolError(f"failover log is not newest-first: seqnos {seqnos} increase")
     if frame.status == Status.ROLLBACK and frame.opcode == Opcode.DCP_STREAM_REQ and len(frame.value) != 8:
         yield ProtocolError(f"ROLLBACK response must carry exactly a u64 rollback seqno; got "
-                            f"{len(frame.value)} bytes (erratum 36)")
+                            f"{len(frame.value)} bytes")
 
 
 class DcpGetFailoverLog(NamedTuple):
@@ -788,11 +790,13 @@ rules.register(Opcode.DCP_STREAM_END, Shape(_PAGES + "stream-end.md", extras=(4,
 
 
 class DcpSnapshotMarker(NamedTuple):
-    """DCP_SNAPSHOT_MARKER 0x56 (snapshot-marker.md; TABLES.md 5.4, errata 1-5).
+    """DCP_SNAPSHOT_MARKER 0x56 (snapshot-marker.md, whose example bytes disagree with its tables).
 
     V1: 20-byte extras. V2.0: 1-byte extras (version 0x00) + 36-byte value with max visible seqno
-    and high completed seqno. V2.2: version 0x02 + 52-byte value adding purge seqno and high
-    prepared seqno. Version 0x01 is invalid.
+    and high completed seqno. V2.2: version 0x02 + a value adding the purge seqno and the high
+    prepared seqno (52 bytes), or the purge seqno alone (44 bytes: the layout clients built from
+    the page's first text meet; `high_prepared_seqno` None, and encoded so). Version 0x01 is
+    invalid.
     """
 
     vbucket: int
@@ -803,7 +807,7 @@ class DcpSnapshotMarker(NamedTuple):
     max_visible_seqno: int = 0
     high_completed_seqno: int = 0
     purge_seqno: int = 0
-    high_prepared_seqno: int = 0
+    high_prepared_seqno: int | None = 0
     opaque: int = 0
     stream_id: int | None = None
 
@@ -818,8 +822,12 @@ class DcpSnapshotMarker(NamedTuple):
                                      self.high_completed_seqno)
         elif self.version == MarkerVersion.V2_2:
             extras = b"\x02"
-            value = _MARKER_V22.pack(self.start_seqno, self.end_seqno, self.flags, self.max_visible_seqno,
-                                     self.high_completed_seqno, self.purge_seqno, self.high_prepared_seqno)
+            if self.high_prepared_seqno is None:
+                value = _MARKER_V22_44.pack(self.start_seqno, self.end_seqno, self.flags, self.max_visible_seqno,
+                                            self.high_completed_seqno, self.purge_seqno)
+            else:
+                value = _MARKER_V22.pack(self.start_seqno, self.end_seqno, self.flags, self.max_visible_seqno,
+                                         self.high_completed_seqno, self.purge_seqno, self.high_prepared_seqno)
         else:
             raise ValueError(f"snapshot marker version {self.version} is not V1, V2.0 or V2.2")
         return _encode(self.opcode, self.vbucket, self.opaque, extras=extras, value=value,
@@ -840,7 +848,11 @@ class DcpSnapshotMarker(NamedTuple):
             start, end, flags, mvs, hcs = _MARKER_V20.unpack(frame.value)
             return cls(frame.vbucket, start, end, flags, MarkerVersion.V2_0, mvs, hcs, opaque=frame.opaque,
                        stream_id=sid)
-        start, end, flags, mvs, hcs, purge, hps = _MARKER_V22.unpack(frame.value)
+        if len(frame.value) == MARKER_V22_SHORT:
+            start, end, flags, mvs, hcs, purge = _MARKER_V22_44.unpack(frame.value)
+            hps = None
+        else:
+            start, end, flags, mvs, hcs, purge, hps = _MARKER_V22.unpack(frame.value)
         return cls(frame.vbucket, start, end, flags, MarkerVersion.V2_2, mvs, hcs, purge, hps, frame.opaque,
                    sid)
 
@@ -852,7 +864,7 @@ rules.register(Opcode.DCP_SNAPSHOT_MARKER,
 
 @rules.request_check(Opcode.DCP_SNAPSHOT_MARKER)
 def _marker_rules(frame: Frame):
-    page = "snapshot-marker.md, TABLES.md 5.4"
+    page = "snapshot-marker.md"
     n = len(frame.extras)
     if n == 20:
         if frame.value:
@@ -863,10 +875,12 @@ def _marker_rules(frame: Frame):
         want = MARKER_V2_VALUE_BYTES.get(version)
         if want is None:
             yield ProtocolError(f"snapshot marker version 0x{version:02x} is invalid; V2.0 is 0x00 and V2.2 is "
-                                f"0x02 (erratum 5)")
+                                f"0x02")
             return
-        if len(frame.value) != want:
-            yield ProtocolError(f"a V2.{version} snapshot marker value must be {want} bytes; got "
+        v22 = version == MarkerVersion.V2_2
+        if len(frame.value) != want and not (v22 and len(frame.value) == MARKER_V22_SHORT):
+            short = f" (or {MARKER_V22_SHORT}, without the high prepared seqno)" if v22 else ""
+            yield ProtocolError(f"a V2.{version} snapshot marker value must be {want} bytes{short}; got "
                                 f"{len(frame.value)} ({page})")
             return
         start, end, flags = _MARKER_V1.unpack_from(frame.value)
@@ -881,7 +895,8 @@ def _marker_rules(frame: Frame):
 
 
 class DcpMutation(NamedTuple):
-    """DCP_MUTATION 0x57 (mutation.md): 31-byte extras (erratum 21: no 'clen'; nmeta must be 0)."""
+    """DCP_MUTATION 0x57 (mutation.md): 31-byte extras (nmeta u16 + nru u8 at the end,
+    no 'clen' as the page's diagram shows; nmeta must be 0)."""
 
     vbucket: int
     by_seqno: int
@@ -926,12 +941,13 @@ rules.register(Opcode.DCP_MUTATION, Shape(_PAGES + "mutation.md", extras=(31,), 
 @rules.request_check(Opcode.DCP_MUTATION)
 def _mutation_rules(frame: Frame):
     if len(frame.extras) == 31 and _MUTATION_EXTRAS.unpack(frame.extras)[5]:
-        yield ProtocolError("DCP_MUTATION nmeta must be 0: extended metadata is rejected (erratum 21)")
+        yield ProtocolError("DCP_MUTATION nmeta must be 0: extended metadata is rejected")
 
 
 class DcpDeletion(NamedTuple):
     """DCP_DELETION 0x58 (deletion.md): V1 (18-byte extras) or, with IncludeDeleteTimes, V2
-    (21 bytes with delete time). A value may carry xattrs (erratum 23). `delete_time` None = V1."""
+    (21 bytes with delete time). A value may carry xattrs (the page
+    says "must not have value"; with IncludeXattrs it may). `delete_time` None = V1."""
 
     vbucket: int
     by_seqno: int
@@ -976,7 +992,8 @@ def _deletion_rules(frame: Frame):
 
 
 class DcpExpiration(NamedTuple):
-    """DCP_EXPIRATION 0x59 (expiration.md, erratum 24): 20-byte extras with the delete time."""
+    """DCP_EXPIRATION 0x59 (expiration.md): 20-byte extras with the delete time (the page's example
+    header says 18)."""
 
     vbucket: int
     by_seqno: int
@@ -1009,7 +1026,8 @@ rules.register(Opcode.DCP_EXPIRATION, Shape(_PAGES + "expiration.md", extras=(20
 
 class DcpSetVbucketState(NamedTuple):
     """DCP_SET_VBUCKET_STATE 0x5b (set-vbucket-state.md): takeover; 1-byte state, no value
-    (erratum 30: the validator rejects any value). The consumer answers it."""
+    (KV-Engine's validator rejects any value; the JSON value the page mentions belongs to SET_VBUCKET
+    0x3d). The consumer answers it."""
 
     vbucket: int
     state: int
@@ -1037,7 +1055,7 @@ rules.register(Opcode.DCP_SET_VBUCKET_STATE, Shape(_PAGES + "set-vbucket-state.m
 def _set_vb_state_rules(frame: Frame):
     if len(frame.extras) == 1 and not 1 <= frame.extras[0] <= 4:
         yield ProtocolError(f"vbucket state {frame.extras[0]} is not 1 (active), 2 (replica), 3 (pending) "
-                            f"or 4 (dead) (TABLES.md 5.8)")
+                            f"or 4 (dead)")
 
 
 class DcpSystemEvent(NamedTuple):
@@ -1067,33 +1085,18 @@ class DcpSystemEvent(NamedTuple):
                    frame.stream_id)
 
     def decode_value(self) -> dict:
-        """The legacy (version 0/1) value structs of system_event.md (erratum 31: scope before
-        collection). Version 2 (FlatBuffers) is returned raw."""
-        v = self.value
-        if self.version >= 2:
-            return {"flatbuffers": v.hex()}
-        if self.event == SystemEventId.BEGIN_COLLECTION:
-            if self.version == 1 and len(v) == 20:
-                uid, sid, cid, ttl = struct.unpack(">QIII", v)
-                return {"manifest_uid": uid, "scope_id": sid, "collection_id": cid, "max_ttl": ttl}
-            if len(v) == 16:
-                uid, sid, cid = struct.unpack(">QII", v)
-                return {"manifest_uid": uid, "scope_id": sid, "collection_id": cid}
-        if self.event == SystemEventId.END_COLLECTION and len(v) == 16:
-            uid, sid, cid = struct.unpack(">QII", v)
-            return {"manifest_uid": uid, "scope_id": sid, "collection_id": cid}
-        if self.event in (SystemEventId.CREATE_SCOPE, SystemEventId.DROP_SCOPE) and len(v) == 12:
-            uid, sid = struct.unpack(">QI", v)
-            return {"manifest_uid": uid, "scope_id": sid}
-        raise ProtocolError(f"system event {self.event} version {self.version} value of {len(v)} bytes does "
-                            f"not match its struct (system_event.md)")
+        """The value's fields (system_events.py): the legacy structs of system_event.md (version 0
+        and 1: scope id before collection id, as its struct says; its example swaps them) or the
+        FlatBuffers table (version 2)."""
+        return decode_event_value(self.event, self.version, self.value)
 
 
 rules.register(Opcode.DCP_SYSTEM_EVENT, Shape(_PAGES + "system_event.md", extras=(13,), key=MAY, value=MAY))
 
 
 class DcpPrepare(NamedTuple):
-    """DCP_PREPARE 0x60 (prepare.md, erratum 25): 31-byte extras; CAS must be non-zero."""
+    """DCP_PREPARE 0x60 (prepare.md): 31-byte extras; CAS must be non-zero (the page's
+    example has 0, KV-Engine's validator refuses it)."""
 
     vbucket: int
     by_seqno: int
@@ -1134,7 +1137,7 @@ rules.register(Opcode.DCP_PREPARE,
 @rules.request_check(Opcode.DCP_PREPARE)
 def _prepare_rules(frame: Frame):
     if len(frame.extras) == 31 and not 1 <= frame.extras[30] <= 3:
-        yield ProtocolError(f"DCP_PREPARE durability level {frame.extras[30]} is not 1..3 (TABLES.md 5.8)",
+        yield ProtocolError(f"DCP_PREPARE durability level {frame.extras[30]} is not 1..3",
                             Status.DURABILITY_INVALID_LEVEL)
 
 
@@ -1213,7 +1216,7 @@ rules.register(Opcode.DCP_ABORT, Shape(_PAGES + "abort.md", extras=(16,), key=MU
 
 
 class DcpSeqnoAdvanced(NamedTuple):
-    """DCP_SEQNO_ADVANCED 0x64 (seqno-advanced.md, erratum 26): 8-byte seqno."""
+    """DCP_SEQNO_ADVANCED 0x64 (seqno-advanced.md; its example bytes are wrong): 8-byte seqno."""
 
     vbucket: int
     by_seqno: int
@@ -1236,7 +1239,7 @@ rules.register(Opcode.DCP_SEQNO_ADVANCED, Shape(_PAGES + "seqno-advanced.md", ex
 
 
 class DcpOsoSnapshot(NamedTuple):
-    """DCP_OSO_SNAPSHOT 0x65 (oso_snapshot.md, erratum 27): u32 flags, 0x01 start / 0x02 end."""
+    """DCP_OSO_SNAPSHOT 0x65 (oso_snapshot.md): u32 flags, 0x01 start / 0x02 end."""
 
     vbucket: int
     flags: int
@@ -1268,7 +1271,8 @@ def _oso_rules(frame: Frame):
 
 
 class CacheTransferRecord(NamedTuple):
-    """One item of a DCP_CACHE_TRANSFER batch (cache-transfer.md, erratum 32)."""
+    """One item of a DCP_CACHE_TRANSFER batch (cache-transfer.md: the field table's 40-byte header;
+    the page's example grid drops 4 bytes)."""
 
     cas: int
     by_seqno: int
@@ -1391,9 +1395,8 @@ RESPONSE_TYPES: dict[int, type] = {
 def decode_dcp(frame: Frame):
     """The typed message for a frame seen on a DCP connection (raises ProtocolError if malformed)."""
     if frame.magic in (Magic.SERVER_REQUEST, Magic.SERVER_RESPONSE):
-        raise ProtocolError(f"magic 0x{frame.magic:02x} is a duplex server command (TABLES.md 3.2), not a DCP "
-                            f"message", Status.UNKNOWN_COMMAND, opcode=frame.opcode, opaque=frame.opaque,
-                            magic=frame.magic)
+        raise ProtocolError(f"magic 0x{frame.magic:02x} is a duplex server command, not a DCP message",
+                            Status.UNKNOWN_COMMAND, opcode=frame.opcode, opaque=frame.opaque, magic=frame.magic)
     if frame.is_response:
         return RESPONSE_TYPES.get(frame.opcode, RawResponse).from_frame(frame)
     cls = REQUEST_TYPES.get(frame.opcode)
@@ -1405,9 +1408,9 @@ def decode_dcp(frame: Frame):
 
 
 # -- the control frames of a stream, read in place -----------------------------------------------
-# Every stream brings a snapshot marker and a stream end, so with ~1000 documents a vbucket the
-# full decode (a Frame, the rules, a typed message) of those two is a tenth of a columnar reader's
-# work. These read the canonical shape in place and answer None for anything else, which
+# Every stream brings a snapshot marker and a stream end, so where vbuckets hold few documents the
+# full decode (a Frame, the rules, a typed message) of those two is a sizeable part of a columnar
+# reader's work. These read the canonical shape in place and answer None for anything else, which
 # decode_dcp then accepts or rejects with its own words: what they accept, it accepts the same.
 
 _HEAD = HEADER.unpack_from
@@ -1427,9 +1430,10 @@ def marker_fields(data, p: int) -> tuple[int, int, int] | None:
     if ext == _MARKER_V1.size and body == ext:
         start, end, flags = _MARKER_V1.unpack_from(data, at)
         purge = 0
-    elif ext == 1 and body > 1 and body - 1 == MARKER_V2_VALUE_BYTES.get(data[at]):
+    elif ext == 1 and body > 1 and (body - 1 == MARKER_V2_VALUE_BYTES.get(data[at]) or
+                                    (data[at] == MarkerVersion.V2_2 and body - 1 == MARKER_V22_SHORT)):
         if data[at] == MarkerVersion.V2_2:
-            start, end, flags, _, _, purge, _ = _MARKER_V22.unpack_from(data, at + 1)
+            start, end, flags, _, _, purge = _MARKER_V22_44.unpack_from(data, at + 1)
         else:
             start, end, flags, _, _ = _MARKER_V20.unpack_from(data, at + 1)
             purge = 0
@@ -1524,7 +1528,7 @@ class DcpDecoder(FrameDecoder):
             yield decode_dcp(frame)
 
 
-#: Fixed part of each stream message's flow-control charge: header + extras (TABLES.md 5.9).
+#: Fixed part of each stream message's flow-control charge: header + extras (noops are free).
 _CHARGE_BASE = {
     DcpMutation: 55, DcpExpiration: 44, DcpPrepare: 57, DcpCommit: 40, DcpAbort: 40, DcpStreamEnd: 28,
     DcpSetVbucketState: 25, DcpOsoSnapshot: 28, DcpSeqnoAdvanced: 32, DcpSystemEvent: 37,
@@ -1534,7 +1538,7 @@ _MARKER_CHARGE = {MarkerVersion.V1: 44, MarkerVersion.V2_0: 61, MarkerVersion.V2
 
 
 def charged_size(message) -> int:
-    """Bytes a producer charges against the flow-control buffer for a message (TABLES.md 5.9).
+    """Bytes a producer charges against the flow-control buffer for a message.
 
     The wire size (header, stream-id frame, extras, key, value), computed without encoding, except
     that a Prepare costs 2 bytes more (MB-46634) and noops are free.
@@ -1545,6 +1549,8 @@ def charged_size(message) -> int:
         size = base + len(getattr(message, "key", b"")) + len(getattr(message, "value", b""))
     elif cls is DcpSnapshotMarker:
         size = _MARKER_CHARGE[message.version]
+        if message.version == MarkerVersion.V2_2 and message.high_prepared_seqno is None:
+            size -= 8
     elif cls is DcpDeletion:
         size = (42 if message.delete_time is None else 45) + len(message.key) + len(message.value)
     elif cls is DcpNoop:

@@ -3,7 +3,9 @@
 A DCP_MUTATION carries a document's key, value, datatype, flags, expiry, CAS, rev seqno and
 by-seqno (https://github.com/couchbase/kv_engine/blob/master/docs/dcp/documentation/commands/mutation.md);
 a DCP_DELETION or DCP_EXPIRATION carries the same for a tombstone, with its delete time
-(deletion.md, expiration.md). `Document` holds exactly those fields. It is the protocol's type for
+(deletion.md, expiration.md), and the collection it belongs to, whose id a collection-aware stream
+sends as the key's LEB128 prefix (https://github.com/couchbase/kv_engine/blob/master/docs/Collections.md).
+`Document` holds exactly those fields. It is the protocol's type for
 a run of documents to encode (`dcp.encode_mutations`): the compiled encoder reads its fields at the
 offsets of this class's own slots, and reads any other object's through getattr, as the Python does.
 The engine keeps its document versions as Documents.
@@ -37,6 +39,7 @@ class Document:
     deleted: bool = False
     delete_time: int = 0  # unix seconds, tombstones only
     delete_source: DeleteSource = DeleteSource.EXPLICIT
+    cid: int = 0  # the collection id; 0 is the default collection
 
     @property
     def is_expiration(self) -> bool:

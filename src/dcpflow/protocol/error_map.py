@@ -1,7 +1,8 @@
 """The error map a server returns to GET_ERROR_MAP, built from status.py rather than loaded from a file.
 
-Format and attribute meanings: reference/kv_engine/docs/ErrorMap.md. A client that negotiated XERROR
-fetches the map at bootstrap (the official SDK aborts if the command fails, SDK-BOOTSTRAP.md) and uses
+Format and attribute meanings:
+https://github.com/couchbase/kv_engine/blob/master/docs/ErrorMap.md. A client that negotiated XERROR
+fetches the map at bootstrap (the official SDKs abort the bootstrap if the command fails) and uses
 each code's attributes to decide what to do with a status it does not know: retry now or later,
 refresh the cluster map, reconnect, or hand the error to the user.
 

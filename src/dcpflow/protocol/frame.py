@@ -1,9 +1,9 @@
 """Frames of the memcached binary protocol: the 24-byte header, flexible framing extras, an
 incremental decoder and the encoder.
 
-Reference: reference/kv_engine/docs/BinaryProtocol.md ("Packet Structure", "Request header with
-flexible framing extras") and TABLES.md section 1. Magic 0x08 (erratum 43: missing from the
-page's magic table) and 0x18 carry framing extras: byte 2 is their length and byte 3 the key
+Reference: https://github.com/couchbase/kv_engine/blob/master/docs/BinaryProtocol.md
+("Packet Structure", "Request header with flexible framing extras"). Magic 0x08 (used in the
+page's text, missing from its magic table) and 0x18 carry framing extras: byte 2 is their length and byte 3 the key
 length, so keys in such frames are at most 255 bytes.
 """
 
@@ -91,7 +91,7 @@ _MAGICS = frozenset(int(m) for m in Magic)
 
 
 class RequestFrameId(IntEnum):
-    """Framing-extras ids in requests (TABLES.md 1.3)."""
+    """Framing-extras ids in requests (magic 0x08): each object's first byte is id << 4 | length."""
 
     BARRIER = 0
     DURABILITY = 1
@@ -104,7 +104,7 @@ class RequestFrameId(IntEnum):
 
 
 class ResponseFrameId(IntEnum):
-    """Framing-extras ids in responses (TABLES.md 1.3)."""
+    """Framing-extras ids in responses (magic 0x18)."""
 
     SERVER_DURATION = 0
     READ_UNITS = 1
@@ -144,6 +144,11 @@ class Frame(NamedTuple):
     @property
     def body_len(self) -> int:
         return len(self.framing) + len(self.extras) + len(self.key) + len(self.value)
+
+    @property
+    def wire_len(self) -> int:
+        """The frame's size on the wire: header and body."""
+        return HEADER_LEN + len(self.framing) + len(self.extras) + len(self.key) + len(self.value)
 
     @property
     def frame_infos(self) -> list[tuple[int, bytes]]:
@@ -393,10 +398,15 @@ class FrameDecoder:
     while unread frames are buffered wait in a list (`_tail`) that `frames()` joins once, rather
     than each `feed` copying the whole backlog (a client pipelining faster than the server runs
     its requests made that quadratic).
+
+    A request loop takes frames in lists instead: `peek(limit)` returns the next frames without
+    consuming them, and `consume(n)` marks the first n as done, so that a loop that stops early
+    (a request must wait) leaves the rest buffered, and one that runs them all pays for neither a
+    generator step nor a consumed-offset update per frame.
     """
 
     __slots__ = ("max_body_len", "_buf", "_pos", "_tail", "_tail_len", "_chunks", "_chunk_len", "_need",
-                 "_broken")
+                 "_broken", "_ends")
 
     def __init__(self, max_body_len: int = DEFAULT_MAX_BODY_LEN):
         self.max_body_len = max_body_len
@@ -408,6 +418,7 @@ class FrameDecoder:
         self._chunk_len = 0
         self._need = 0
         self._broken: ProtocolError | None = None
+        self._ends: list[int] | None = None  # offset past each frame the last peek() left buffered
 
     @property
     def buffered(self) -> int:
@@ -450,6 +461,34 @@ class FrameDecoder:
             self._chunks, self._chunk_len, self._need = [rest], len(rest), need
         else:
             self._buf = rest
+
+    def peek(self, limit: int) -> list[Frame]:
+        """Up to `limit` complete frames from the next one on, in order, still buffered: `consume`
+        says how many of them are done. [] when no whole frame is buffered. Raises what `frames()`
+        raises, for the frame it concerns (consumed, as there).
+
+        The compiled splitter takes the run of well-formed frames; anything else (no compiled
+        splitter, a malformed or incomplete frame next, a body collected in chunks) goes through
+        `frames()` one frame at a time, that frame already consumed."""
+        if self._broken is None and self._chunks is None:
+            if self._tail:
+                self._absorb(self._pos)
+            max_body = self.max_body_len
+            if _split is not None and max_body.__class__ is int and 0 <= max_body < 1 << 64:
+                frames, ends = _split(self._buf, self._pos, max_body, Frame, limit)
+                if frames:
+                    self._ends = ends
+                    return frames
+        self._ends = None
+        for frame in self._frames(1):
+            return [frame]
+        return []
+
+    def consume(self, n: int) -> None:
+        """The first `n` (>= 1) frames of the last `peek` are done: the next starts after them."""
+        ends = self._ends
+        if ends is not None:
+            self._pos = ends[n - 1]
 
     def __iter__(self):
         return self._frames(64)

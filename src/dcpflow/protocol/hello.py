@@ -1,5 +1,6 @@
 """HELLO (0x1f) feature negotiation: the request value is a list of u16 feature codes, and so is
-the response (the subset the server granted). Codes restate TABLES.md section 4."""
+the response (the subset the server granted). Codes are KV-Engine's
+(its headers define them; BinaryProtocol.md's HELO section lists some)."""
 
 import struct
 from enum import IntEnum

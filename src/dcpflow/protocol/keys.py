@@ -1,5 +1,6 @@
-"""Document keys on the wire: the LEB128 collection-id prefix (reference/kv_engine/docs/Collections.md)
-and the key → vbucket mapping clients use (SDK-BOOTSTRAP.md)."""
+"""Document keys on the wire: the LEB128 collection-id prefix
+(https://github.com/couchbase/kv_engine/blob/master/docs/Collections.md) and the key → vbucket
+mapping the official SDKs use (CRC32 of the key)."""
 
 import zlib
 

@@ -1,8 +1,8 @@
 """Typed session and KV commands: what a client sends before and beside DCP, and what a server answers.
 
-Pages: reference/kv_engine/docs/BinaryProtocol.md (one section per opcode), docs/sasl.md,
-docs/ErrorMap.md, docs/Collections.md, docs/dcp/documentation/commands/get_seqno.md and
-persist_seqno.md; numbers from TABLES.md sections 2-5. The pattern is dcp.py's: every command is an
+Pages (under https://github.com/couchbase/kv_engine/blob/master/): docs/BinaryProtocol.md
+(one section per opcode), docs/sasl.md, docs/ErrorMap.md, docs/Collections.md,
+docs/dcp/documentation/commands/get_seqno.md and persist_seqno.md. The pattern is dcp.py's: every command is an
 immutable NamedTuple with `encode()` and `from_frame()` (which runs the page's rules first, see
 rules.py), and REQUEST_TYPES / RESPONSE_TYPES map opcodes to types.
 
@@ -23,7 +23,7 @@ from typing import NamedTuple
 from . import rules
 from .datatype import KNOWN_DATATYPE_BITS, Datatype
 from .errors import ProtocolError
-from .frame import Frame, Magic, request, response
+from .frame import HEADER, Frame, Magic, request, response
 from .hello import RETIRED, Feature, decode_features, encode_features
 from .opcodes import Opcode
 from .rules import MAY, MUST, MUST_NOT, Shape
@@ -32,7 +32,8 @@ from .status import Status
 _U16 = struct.Struct(">H")
 _U32 = struct.Struct(">I")
 _U64 = struct.Struct(">Q")
-_FLAGS_EXPIRY = struct.Struct(">II")
+#: SET/ADD/REPLACE extras: flags u32, expiry u32 (Store; the server's SET path unpacks them itself).
+STORE_EXTRAS = struct.Struct(">II")
 _MUTATION_EXTRAS = struct.Struct(">QQ")
 _ARITH_EXTRAS = struct.Struct(">QQI")
 _CONFIG_VERSION = struct.Struct(">qq")
@@ -45,9 +46,9 @@ _BP = "docs/BinaryProtocol.md"
 _SASL = "docs/sasl.md"
 _CMDS = "docs/dcp/documentation/commands/"
 
-#: Valid GET_ALL_VB_SEQNOS state filters (TABLES.md 5.8): 0 alive, 1 active, 2 replica, 3 pending, 4 dead.
+#: Valid GET_ALL_VB_SEQNOS state filters: 0 alive (active + replica + pending), 1 active, 2 replica, 3 pending, 4 dead.
 VB_STATE_FILTERS = range(0, 5)
-#: Valid vbucket states (TABLES.md 5.8).
+#: Valid vbucket states: 1 active, 2 replica, 3 pending, 4 dead.
 VB_STATES = range(1, 5)
 
 
@@ -67,7 +68,7 @@ _DUPLEX = (Magic.SERVER_REQUEST, Magic.SERVER_RESPONSE)
 def _check_opcode(frame: Frame, opcodes, cls: type, response_expected: bool) -> None:
     """A decoder handed the wrong frame is a caller bug, but it must still fail as a ProtocolError.
 
-    Duplex frames (magic 0x82/0x83) are refused too: their opcodes are another space (TABLES.md 3.2)
+    Duplex frames (magic 0x82/0x83) are refused too: their opcodes are another space
     and rules.problems() does not validate them, so unpacking their extras could fail in struct."""
     if frame.magic in _DUPLEX:
         raise ProtocolError(f"magic 0x{frame.magic:02x} is a duplex server command, not a {cls.__name__}",
@@ -108,7 +109,8 @@ def _json_value_problems(frame: Frame, what: str, page: str, object_only: bool =
 
 def _datatype_problems(frame: Frame, what: str):
     if frame.datatype & ~KNOWN_DATATYPE_BITS:
-        yield ProtocolError(f"{what} datatype 0x{frame.datatype:02x} has unknown bits (TABLES.md 1.4)")
+        yield ProtocolError(f"{what} datatype 0x{frame.datatype:02x} has unknown bits "
+                            f"(only JSON 0x01, Snappy 0x02 and XATTR 0x04 exist)")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -120,7 +122,7 @@ class RawResponse(NamedTuple):
 
     An error's value is free text ("Not found"), a JSON error context `{"error": {"context": ...,
     "ref": ...}}` (clients that negotiated XERROR), or, for NOT_MY_VBUCKET, the cluster map the client
-    should switch to (TABLES.md 2, ErrorMap.md)."""
+    should switch to (ErrorMap.md)."""
 
     opcode: int
     status: int
@@ -209,7 +211,7 @@ def not_my_vbucket(opcode: int, opaque: int = 0, config: bytes = b"") -> bytes:
 
 class Hello(NamedTuple):
     """HELLO 0x1f (BinaryProtocol.md#0x1f-helo): key = agent name, or JSON {"a": agent, "i": id};
-    value = the u16 features asked for (TABLES.md 4)."""
+    value = the u16 features asked for."""
 
     agent: bytes = b""
     features: tuple[int, ...] = ()
@@ -249,7 +251,8 @@ class Hello(NamedTuple):
 
     @property
     def retired_features(self) -> tuple[int, ...]:
-        """Asked-for codes no server grants (erratum 46: 0x0001 Datatype and 0x0005 TcpDelay are retired)."""
+        """Asked-for codes no server grants (0x0001 Datatype and 0x0005 TcpDelay are retired, though
+        BinaryProtocol.md's HELO example still sends them)."""
         return tuple(f for f in self.features if f in RETIRED)
 
 
@@ -277,8 +280,8 @@ class HelloResponse(NamedTuple):
 def negotiate(requested, supported) -> tuple[int, ...]:
     """The features a server grants: those asked for that it implements, in request order, once each.
 
-    Retired codes are never granted (erratum 46, TABLES.md 4), and the clustermap push notifications
-    need Duplex granted as well (TABLES.md 4: "requires Duplex").
+    Retired codes are never granted, and the clustermap push notifications need Duplex granted as
+    well (the server pushes maps as duplex requests).
     """
     supported = {int(f) for f in supported} - {int(f) for f in RETIRED}
     granted: list[int] = []
@@ -515,7 +518,7 @@ class GetClusterConfig(NamedTuple):
 
 
 class SetClusterConfig(NamedTuple):
-    """SET_CLUSTER_CONFIG 0xb4 (TABLES.md: "Push cluster map to memcached"): what a cluster
+    """SET_CLUSTER_CONFIG 0xb4 (KV-Engine: "Push cluster map to memcached"): what a cluster
     manager sends every node. Key = bucket name, value = the map JSON, extras = the map's (epoch,
     revision) as two signed i64s, as GET_CLUSTER_CONFIG carries them."""
 
@@ -654,7 +657,7 @@ class Version(NamedTuple):
 
 class VersionResponse(NamedTuple):
     """The version string in the value. Clients turn features on by it, so a server should answer an
-    `X.Y.Z-...` string such as `7.6.0-0000` (SDK-BOOTSTRAP.md)."""
+    `X.Y.Z-...` string such as `7.6.0-0000`."""
 
     version: str = ""
     opaque: int = 0
@@ -843,7 +846,8 @@ _GET_PAGE = _BP + "#0x00-get"
 
 class Get(NamedTuple):
     """GET 0x00 / GETQ 0x09 / GETK 0x0c / GETKQ 0x0d (BinaryProtocol.md#0x00-get): key only. The
-    quiet forms send nothing on a miss; the K forms return the key (erratum 44)."""
+    quiet forms send nothing on a miss; the K forms return the key (BinaryProtocol.md's GetK example
+    reuses opcode 0x00 and miscounts its body)."""
 
     key: bytes
     vbucket: int = 0
@@ -902,12 +906,17 @@ class GetResponse(NamedTuple):
 for _op in Get.OPCODES:
     rules.register(_op, Shape(_GET_PAGE, key=MUST), Shape(_GET_PAGE, extras=(4,), key=MAY, value=MAY))
 
+#: A GetResponse's header and flags extras in one struct (key and value follow): (magic, opcode, key
+#: length, 4, datatype, 0, body length, opaque, cas, flags). For a server's GET path, which packs
+#: the reply without building a GetResponse; the bytes are GetResponse.encode()'s.
+GET_RESPONSE_HEAD = struct.Struct(HEADER.format + "I")
+
 
 @rules.response_check(Opcode.GET_K, Opcode.GET_KQ)
 def _getk_response_rules(frame: Frame):
     if frame.status == Status.SUCCESS and not frame.key:
         yield ProtocolError(f"a {rules.opcode_name(frame.opcode)} response must carry the key "
-                            f"({_GET_PAGE}, erratum 44)")
+                            f"(that is what the K forms add; {_GET_PAGE})")
 
 
 _STORE_PAGE = _BP + "#0x01-set"
@@ -933,7 +942,7 @@ class Store(NamedTuple):
     OPCODES = (Opcode.SET, Opcode.ADD, Opcode.REPLACE, Opcode.SET_Q, Opcode.ADD_Q, Opcode.REPLACE_Q)
 
     def encode(self) -> bytes:
-        return request(self.opcode, key=self.key, extras=_FLAGS_EXPIRY.pack(self.flags, self.expiry),
+        return request(self.opcode, key=self.key, extras=STORE_EXTRAS.pack(self.flags, self.expiry),
                        value=self.value, vbucket=self.vbucket, opaque=self.opaque, cas=self.cas,
                        datatype=self.datatype, framing=self.framing)
 
@@ -941,7 +950,7 @@ class Store(NamedTuple):
     def from_frame(cls, frame: Frame) -> "Store":
         _check_opcode(frame, cls.OPCODES, cls, False)
         rules.check(frame)
-        flags, expiry = _FLAGS_EXPIRY.unpack(frame.extras)
+        flags, expiry = STORE_EXTRAS.unpack(frame.extras)
         return cls(frame.key, frame.value, flags, expiry, frame.cas, frame.vbucket, frame.opaque,
                    frame.datatype, Opcode(frame.opcode), frame.framing)
 
@@ -991,6 +1000,12 @@ class MutationResponse(NamedTuple):
     def mutation_token(self) -> tuple[int, int] | None:
         """(vbucket uuid, seqno), what a client needs for read-your-writes or to resume DCP at."""
         return None if self.vbucket_uuid is None else (self.vbucket_uuid, self.seqno or 0)
+
+
+#: A MutationResponse with its mutation token in one struct: (magic, opcode, 0, 16, 0, 0, 16, opaque,
+#: cas, vbucket uuid, seqno). For a server's write paths, which pack the reply without building a
+#: MutationResponse (without the token the reply is the bare HEADER); the bytes are encode()'s.
+MUTATION_RESPONSE_WITH_TOKEN = struct.Struct(HEADER.format + "QQ")
 
 
 _DELETE_PAGE = _BP + "#0x04-delete"
@@ -1308,7 +1323,7 @@ rules.register(Opcode.GET_REPLICA, Shape(_REPLICA_PAGE, key=MUST), Shape(_REPLIC
 class SetVbucket(NamedTuple):
     """SET_VBUCKET 0x3d (BinaryProtocol.md#0x3d-set-vbucket): 1-byte state extras and an optional JSON
     value (`topology`, `use_snapshot`, `next_expected_state`: set-vbucket-state-value.md, which belongs
-    to this command and not to DCP_SET_VBUCKET_STATE 0x5b - erratum 30). Sent by the cluster manager."""
+    to this command and not to DCP_SET_VBUCKET_STATE 0x5b, as that page's title says). Sent by the cluster manager."""
 
     vbucket: int
     state: int
@@ -1342,7 +1357,7 @@ def _set_vbucket_rules(frame: Frame):
         yield ProtocolError(f"vbucket state {frame.extras[0]} is not 1 (active), 2 (replica), 3 (pending) or "
                             f"4 (dead) ({_SETVB_PAGE})")
     if frame.value:
-        yield from _json_value_problems(frame, "SET_VBUCKET", _SETVB_PAGE + ", erratum 30", object_only=True)
+        yield from _json_value_problems(frame, "SET_VBUCKET", _SETVB_PAGE, object_only=True)
     elif frame.datatype:
         yield ProtocolError(f"SET_VBUCKET without a value must have datatype 0 ({_SETVB_PAGE})")
 
@@ -1401,7 +1416,7 @@ _SEQNOS_PAGE = _CMDS + "get_seqno.md"
 
 
 class GetAllVbSeqnos(NamedTuple):
-    """GET_ALL_VB_SEQNOS 0x48 (get_seqno.md, erratum 33): extras none (all alive vbuckets), 4 (a state
+    """GET_ALL_VB_SEQNOS 0x48 (get_seqno.md): extras none (all alive vbuckets), 4 (a state
     filter, 0 = alive) or 8 (state filter + collection id: the high seqno of that collection)."""
 
     state: int | None = None
@@ -1574,7 +1589,8 @@ _PERSIST_PAGE = _CMDS + "persist_seqno.md"
 
 
 class SeqnoPersistence(NamedTuple):
-    """SEQNO_PERSISTENCE 0xb7 (persist_seqno.md, erratum 34): reply once the header's vbucket has
+    """SEQNO_PERSISTENCE 0xb7 (persist_seqno.md; its example has a stray second
+    seqno): reply once the header's vbucket has
     persisted up to the u64 seqno in the extras (ETMPFAIL on timeout)."""
 
     vbucket: int
@@ -1594,6 +1610,42 @@ class SeqnoPersistence(NamedTuple):
 
 
 rules.register(Opcode.SEQNO_PERSISTENCE, Shape(_PERSIST_PAGE, extras=(8,)), Shape(_PERSIST_PAGE))
+
+
+_COLLECTIONS_PAGE = "docs/Collections.md"
+#: COLLECTIONS_GET_ID / GET_SCOPE_ID reply extras: manifest uid u64, collection or scope id u32.
+_MANIFEST_ID = struct.Struct(">QI")
+
+
+class CollectionIdResponse(NamedTuple):
+    """The reply to COLLECTIONS_GET_ID 0xbb / COLLECTIONS_GET_SCOPE_ID 0xbc (Collections.md): 12 bytes
+    of extras, the uid of the manifest the lookup used and the collection's (or scope's) id; no key,
+    no value."""
+
+    manifest_uid: int = 0
+    id: int = 0
+    opaque: int = 0
+    status: int = Status.SUCCESS
+    opcode: int = Opcode.COLLECTIONS_GET_ID
+
+    OPCODES = (Opcode.COLLECTIONS_GET_ID, Opcode.COLLECTIONS_GET_SCOPE_ID)
+
+    def encode(self) -> bytes:
+        if self.status != Status.SUCCESS:
+            return response(self.opcode, self.status, opaque=self.opaque)
+        return response(self.opcode, extras=_MANIFEST_ID.pack(self.manifest_uid, self.id), opaque=self.opaque)
+
+    @classmethod
+    def from_frame(cls, frame: Frame) -> "CollectionIdResponse":
+        _check_opcode(frame, cls.OPCODES, cls, True)
+        if frame.status != Status.SUCCESS:
+            return cls(opaque=frame.opaque, status=frame.status, opcode=Opcode(frame.opcode))
+        if len(frame.extras) != _MANIFEST_ID.size or frame.key or frame.value:
+            raise ProtocolError(f"a {rules.opcode_name(frame.opcode)} reply has {_MANIFEST_ID.size} bytes of "
+                                f"extras (manifest uid, id) and no key or value ({_COLLECTIONS_PAGE})",
+                                opcode=frame.opcode, opaque=frame.opaque)
+        manifest_uid, id_ = _MANIFEST_ID.unpack(frame.extras)
+        return cls(manifest_uid, id_, frame.opaque, frame.status, Opcode(frame.opcode))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ def decode_message(frame: Frame):
     unknown (UNKNOWN_COMMAND). Error responses keep their body (text, error context, or the cluster
     map of NOT_MY_VBUCKET) as `kv.RawResponse`."""
     if frame.magic in (Magic.SERVER_REQUEST, Magic.SERVER_RESPONSE):
-        raise ProtocolError(f"magic 0x{frame.magic:02x} is a duplex server command (TABLES.md 3.2)",
+        raise ProtocolError(f"magic 0x{frame.magic:02x} is a duplex server command",
                             Status.UNKNOWN_COMMAND, opcode=frame.opcode, opaque=frame.opaque, magic=frame.magic)
     if frame.is_response and frame.opcode in dcp.RESPONSE_TYPES:
         return dcp.RESPONSE_TYPES[frame.opcode].from_frame(frame)  # these type their error statuses too

@@ -1,9 +1,10 @@
 """Commands that carry a document's metadata explicitly: what XDCR-style replication writes with, and
 how it reads metadata back.
 
-Pages: reference/kv_engine/engines/ep/docs/protocol/set_with_meta.md, del_with_meta.md, get_meta.md,
-addrm.md / setrm.md / delrm.md, and docs/mutate-with-meta.md; TABLES.md section 6 restates the extras
-layouts and option bits as the code has them (errata 49, 50, 52, 53, 55).
+Pages: https://github.com/couchbase/kv_engine/blob/master/engines/ep/docs/protocol/ (set_with_meta.md,
+del_with_meta.md, get_meta.md, addrm.md / setrm.md / delrm.md) and https://github.com/couchbase/kv_engine/blob/master/docs/mutate-with-meta.md.
+Their example bytes miscount extras and body lengths; the extras layouts and option bits here are
+the ones KV-Engine's code uses.
 
 Only structural rules live here: extras lengths, option combinations that are invalid whatever the
 bucket (REGENERATE_CAS without skipping conflict resolution), what a value may hold. Rules that depend
@@ -45,14 +46,14 @@ _GET_META_21 = struct.Struct(">IIIQB")
 _RETURN_META_REQ = struct.Struct(">III")
 _RETURN_META_RESP = struct.Struct(">IIQ")
 
-#: Valid *WithMeta extras lengths (TABLES.md 6.1): 24 + optional options u32 + optional nmeta u16.
+#: Valid *WithMeta extras lengths: 24 + optional options u32 + optional nmeta u16.
 WITH_META_EXTRAS = (24, 26, 28, 30)
 
 
 class WithMetaOption(IntFlag):
-    """*WithMeta option bits (TABLES.md 6.2; erratum 55: FORCE_ACCEPT_WITH_META_OPS is 0x02)."""
+    """*WithMeta option bits (FORCE_ACCEPT_WITH_META_OPS is 0x02; mutate-with-meta.md says 0x20)."""
 
-    FORCE_WITH_META_OP = 0x01  # now only "skip conflict resolution" (MB-67207, erratum 50)
+    FORCE_WITH_META_OP = 0x01  # only "skip conflict resolution" since MB-67207 (del_with_meta.md still says more)
     FORCE_ACCEPT_WITH_META_OPS = 0x02
     REGENERATE_CAS = 0x04
     SKIP_CONFLICT_RESOLUTION = 0x08
@@ -64,7 +65,7 @@ _SKIPS_CR = int(WithMetaOption.SKIP_CONFLICT_RESOLUTION | WithMetaOption.FORCE_W
 
 
 def skips_conflict_resolution(options: int | None) -> bool:
-    """Both SKIP_CONFLICT_RESOLUTION and (since MB-67207) FORCE_WITH_META_OP skip it (TABLES.md 6.2)."""
+    """Both SKIP_CONFLICT_RESOLUTION and (since MB-67207) FORCE_WITH_META_OP skip it."""
     return bool((options or 0) & _SKIPS_CR)
 
 
@@ -80,7 +81,7 @@ def _pack_meta_extras(flags: int, exptime: int, rev_seqno: int, meta_cas: int, o
 
 
 def _unpack_meta_extras(extras: bytes) -> tuple[int, int, int, int, int | None, int | None]:
-    """(flags, exptime, rev seqno, cas, options or None, nmeta or None) by extras length (TABLES.md 6.1)."""
+    """(flags, exptime, rev seqno, cas, options or None, nmeta or None) by extras length."""
     n = len(extras)
     if n == 24:
         return (*_META_24.unpack(extras), None, None)
@@ -102,7 +103,7 @@ def _split_ext_meta(value: bytes, nmeta: int | None) -> tuple[bytes, bytes | Non
 
 
 class SetWithMeta(NamedTuple):
-    """SET_WITH_META 0xa2 / SETQ 0xa3 / ADD_WITH_META 0xa4 / ADDQ 0xa5 (set_with_meta.md, erratum 49).
+    """SET_WITH_META 0xa2 / SETQ 0xa3 / ADD_WITH_META 0xa4 / ADDQ 0xa5 (set_with_meta.md).
 
     Extras: flags, expiration (absolute), rev seqno, the document's CAS (`meta_cas`), then optionally
     options u32 and nmeta u16: `options` / `ext_meta` None means the field is absent, which fixes the
@@ -152,7 +153,7 @@ class SetWithMeta(NamedTuple):
 
 
 class DelWithMeta(NamedTuple):
-    """DEL_WITH_META 0xa8 / DELQ_WITH_META 0xa9 (del_with_meta.md, erratum 50): the same extras, with
+    """DEL_WITH_META 0xa8 / DELQ_WITH_META 0xa9 (del_with_meta.md): the same extras, with
     the delete time in place of the expiration. The value, if any, may only hold xattrs (a tombstone
     keeps its system/user xattrs); `ext_meta` as for SetWithMeta."""
 
@@ -220,7 +221,7 @@ def _with_meta_rules(frame: Frame):
     if options is not None:
         if options & ~WITH_META_OPTIONS_KNOWN:
             yield ProtocolError(f"{name} has unknown option bits 0x{options & ~WITH_META_OPTIONS_KNOWN:x}; "
-                                f"the options are 0x01..0x10 (TABLES.md 6.2, erratum 55)")
+                                f"the options are 0x01..0x10 (FORCE_ACCEPT_WITH_META_OPS is 0x02)")
         if options & WithMetaOption.REGENERATE_CAS and not options & _SKIPS_CR:
             yield ProtocolError(f"{name} option REGENERATE_CAS requires SKIP_CONFLICT_RESOLUTION ({page})")
     if is_del:
@@ -229,7 +230,7 @@ def _with_meta_rules(frame: Frame):
 
 
 def _xattrs_only_problems(datatype: int, body: bytes, name: str, page: str):
-    """A deletion's value may carry only xattrs (erratum 23 / del_with_meta.md)."""
+    """A deletion's value may carry only xattrs (del_with_meta.md)."""
     if not body:
         return
     if not datatype & Datatype.XATTR:
@@ -248,7 +249,7 @@ def _xattrs_only_problems(datatype: int, body: bytes, name: str, page: str):
 
 
 class GetMeta(NamedTuple):
-    """GET_META 0xa0 / GETQ_META 0xa1 (get_meta.md, erratum 52): key, optional 1-byte version extras:
+    """GET_META 0xa0 / GETQ_META 0xa1 (get_meta.md): key, optional 1-byte version extras:
     1 (ignored since 4.6) or 2 (also return the datatype). `version` None = no extras."""
 
     key: bytes
@@ -326,7 +327,7 @@ for _op in GetMeta.OPCODES:
 def _get_meta_rules(frame: Frame):
     if len(frame.extras) == 1 and frame.extras[0] not in (1, 2):
         yield ProtocolError(f"{rules.opcode_name(frame.opcode)} version byte must be 1 or 2; got "
-                            f"{frame.extras[0]} ({_GM_PAGE}, TABLES.md 6.3)")
+                            f"{frame.extras[0]} ({_GM_PAGE})")
 
 
 class ReturnMetaType(IntEnum):
@@ -338,7 +339,7 @@ class ReturnMetaType(IntEnum):
 
 
 class ReturnMeta(NamedTuple):
-    """RETURN_META 0xb2 (setrm.md, addrm.md, delrm.md; erratum 53): a set/add/delete that returns the
+    """RETURN_META 0xb2 (setrm.md, addrm.md, delrm.md): a set/add/delete that returns the
     resulting metadata. Extras: op type u32, flags u32, expiration u32 (unused for delete)."""
 
     op_type: int
@@ -415,7 +416,7 @@ class MutateWithMeta(NamedTuple):
     """MUTATE_WITH_META 0x4b (mutate-with-meta.md): the document, then a JSON metadata segment
     (`command`, `cas`, `expiration`, `flags`, `rev_seqno`, `options`, `cas_offsets`, `seqno_offsets`)
     at the end of the value; extras = u32 size of that segment. Options use the WithMetaOption bits
-    (erratum 55: FORCE_ACCEPT_WITH_META_OPS is 0x02, not 0x20)."""
+    (FORCE_ACCEPT_WITH_META_OPS is 0x02, not the page's 0x20)."""
 
     key: bytes
     document: bytes
@@ -492,8 +493,8 @@ def _mutate_with_meta_rules(frame: Frame):
         return
     if options & ~WITH_META_OPTIONS_KNOWN:
         unknown = options & ~WITH_META_OPTIONS_KNOWN
-        yield ProtocolError(f"MUTATE_WITH_META has unknown option bits 0x{unknown:x} (erratum 55: "
-                            f"FORCE_ACCEPT_WITH_META_OPS is 0x02)")
+        yield ProtocolError(f"MUTATE_WITH_META has unknown option bits 0x{unknown:x} (the options "
+                            f"are 0x01..0x10; FORCE_ACCEPT_WITH_META_OPS is 0x02)")
     if doc.get("cas_offsets") and not options & WithMetaOption.REGENERATE_CAS:
         yield ProtocolError(f"MUTATE_WITH_META 'cas_offsets' requires option REGENERATE_CAS ({_MWM_PAGE})")
     if options & WithMetaOption.REGENERATE_CAS and "cas" in doc:

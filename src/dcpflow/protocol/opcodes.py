@@ -1,7 +1,8 @@
 """Opcodes of the memcached binary protocol with Couchbase's extensions.
 
-Values and meanings restate reference/kv_engine/TABLES.md section 3 (generated once
-from that table, then kept by hand).
+Values and meanings are KV-Engine's (its headers define them; the opcode table of
+https://github.com/couchbase/kv_engine/blob/master/docs/BinaryProtocol.md
+omits some, such as 0x66/0x67).
 """
 
 from enum import IntEnum

@@ -1,6 +1,7 @@
 """Response status codes (header bytes 6-7 of a response).
 
-Restates reference/kv_engine/TABLES.md section 2.
+Values are KV-Engine's: BinaryProtocol.md only references its status header; names and
+descriptions match the server's error map (https://github.com/couchbase/kv_engine/blob/master/etc/couchbase/kv/error_maps/error_map_v2.json).
 """
 
 from enum import IntEnum

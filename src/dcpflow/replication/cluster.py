@@ -1,8 +1,10 @@
 """ClusterManager: the ns_server role for a dcpflow cluster on one machine.
 
-Reference: docs/dcp/documentation/rebalance.md, failure-scenarios.md, commands/add-stream.md,
-set-vbucket-state.md (and set-vbucket-state-value.md, which belongs to SET_VBUCKET, erratum 30),
-and the "Failover entries" bullet of reference/README.md.
+Reference: https://github.com/couchbase/kv_engine/tree/master/docs/dcp/documentation (rebalance.md,
+failure-scenarios.md, commands/add-stream.md, commands/set-vbucket-state.md, and
+set-vbucket-state-value.md, whose JSON value belongs to SET_VBUCKET 0x3d, not to the DCP command).
+A vbucket that becomes active other than by a DCP takeover starts a new failover entry; a takeover
+keeps the log the new active received in its stream-request reply.
 
 What it owns:
 

@@ -242,7 +242,7 @@ class Link(asyncio.Protocol):
 
     async def login(self, user: str, password: str, bucket: str | None, *, agent: str = "dcpflow-cluster",
                     timeout: float = 10.0) -> None:
-        """HELLO, SASL SCRAM-SHA512 and SELECT_BUCKET (SDK-BOOTSTRAP.md), pipelined."""
+        """HELLO, SASL SCRAM-SHA512 and SELECT_BUCKET, pipelined as the official SDKs do."""
         agent_json = json.dumps({"a": agent, "i": os.urandom(8).hex()}).encode()
         hello = self.request(kvproto.Hello(agent_json, FEATURES))
         scram = ScramClient("SCRAM-SHA512", user, password)

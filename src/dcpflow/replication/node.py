@@ -101,7 +101,7 @@ def manager_failover(cluster_dir: str | Path):
     from dcpflow.server.faults import FaultError
 
     from .cluster import ClusterError
-    from .commands import control
+    from .control import control
 
     async def failover(address: str) -> dict:
         try:

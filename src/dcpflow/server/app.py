@@ -7,7 +7,8 @@ server runs three background tasks on it:
   the loop, written to SQLite on a worker thread (`Flusher.write` touches no engine state), and
   completed on the loop, so clients keep being served while the disk works; with nothing to
   flush for a second it seals the store's unfinished runs (store.py), so data at rest
-  backfills from them;
+  backfills from them; and once nothing is left to flush it purges the documents of dropped
+  collections from disk (their drop events are persisted by then);
 * the expiry pager - every `expiry_interval`, turn due documents into expirations;
 * compaction - every `compaction_interval`, purge tombstones older than `purge_interval`.
 
@@ -99,11 +100,10 @@ def _lower_thread_priority(steps: int) -> None:
     """Make the calling thread `steps` nice levels nicer than it is (Linux: a thread is a task with
     its own nice value; elsewhere setpriority would change the whole process, so nothing is done).
 
-    The flusher runs this: a flushed row costs ~10 us of SQLite outside the GIL, on the cores that
-    also run the event loop and the clients on this host. At equal priority the scheduler took turns
-    between them and the loop was preempted mid-window (2 involuntary switches per 1000 SETs against
-    0.1 without the flusher); a nicer flusher takes what CPU is left, and under a write storm
-    checkpoint de-duplication absorbs what it has not written yet."""
+    The flusher runs this: its SQLite work runs outside the GIL, on the cores that also run the
+    event loop and the clients on this host. At equal priority the scheduler takes turns between
+    them and preempts the loop in the middle of serving requests; a nicer flusher takes what CPU is
+    left, and under a write storm checkpoint de-duplication absorbs what it has not written yet."""
     if steps <= 0 or not sys.platform.startswith("linux"):
         return
     tid = threading.get_native_id()
@@ -134,17 +134,24 @@ class ServerBucket:
         self.counters = Counters()
         # Settings the management API keeps for this bucket (server/mgmt/buckets.py owns their meaning).
         self.settings: dict = json.loads(engine.store.get_meta("mgmt_settings") or "{}")
+        self._apply_settings()
         self.persistence_paused = False
         self.flushed_at = 0.0  # monotonic time of the last batch the flusher wrote (seal_runs waits)
         self._waiters: dict[int, list[tuple[int, asyncio.Future]]] = {}
         engine.add_persistence_listener(self._on_persisted)
 
     def config(self) -> bytes:
-        return self.server.topology.bucket_config(self.name, self.uuid, self._local_map)
+        return self.server.topology.bucket_config(self.name, self.uuid, self._local_map, self.engine.manifest.uid)
 
     def save_settings(self, settings: dict) -> None:
         self.engine.store.set_meta("mgmt_settings", json.dumps(settings, sort_keys=True))
         self.settings = dict(settings)
+        self._apply_settings()
+
+    def _apply_settings(self) -> None:
+        """The management settings the engine acts on: history retention (server/mgmt/buckets.py)."""
+        self.engine.history_retention_seconds = self.settings.get("historyRetentionSeconds", 0)
+        self.engine.history_retention_bytes = self.settings.get("historyRetentionBytes", 0)
 
     def _local_map(self) -> list[list[int]]:
         """Single-node map from local states: active vbuckets here, every other one without an active."""
@@ -239,11 +246,11 @@ class Server:
             self._executor.shutdown(wait=True)
             raise
         # Warm-up loaded every document as a long-lived object; a full collection walks all of
-        # them (measured with 500k documents while streaming DCP: 60-230 ms loop stalls). Freeze
-        # them out of the collector's generations: only objects created from now on are walked.
-        # Freezing also makes the collector think the old generation is small, so consider a full
-        # collection only every 100 young collections (not 10), or a stream of new documents would
-        # trigger one every ~70k allocations.
+        # them and stalls the loop for as long. Freeze them out of the collector's generations:
+        # only objects created from now on are walked. Freezing also makes the collector think the
+        # old generation is small, so consider a full collection only every 100 young collections
+        # (not 10), or a stream of new documents would trigger one every few tens of thousands of
+        # allocations.
         gc.freeze()
         gen0, gen1, _ = gc.get_threshold()
         gc.set_threshold(gen0, gen1, 100)
@@ -374,6 +381,8 @@ class Server:
                     while not bucket.persistence_paused and await self.flush_batch(bucket) \
                             and not self._stopping.is_set():
                         bucket.flushed_at = time.monotonic()
+                    if bucket.engine.dropped_collections and not bucket.persistence_paused:
+                        await self.purge_collections(bucket)
                     if time.monotonic() - bucket.flushed_at >= SEAL_AFTER_IDLE and bucket.engine.store.unsealed():
                         await self.seal_runs(bucket)
                 except Exception:
@@ -421,6 +430,14 @@ class Server:
                 raise
             engine.flusher.complete(batch)
             return batch.num_items
+
+    async def purge_collections(self, bucket: ServerBucket) -> None:
+        """Nothing is left to flush: delete dropped collections' documents from disk
+        (Bucket.purge_dropped_collections), between flush batches."""
+        engine = bucket.engine
+        async with self._maintenance:
+            if not engine.closed and engine.flusher.in_flight is None:
+                engine.purge_dropped_collections()
 
     async def seal_runs(self, bucket: ServerBucket) -> None:
         """The flusher has been idle for SEAL_AFTER_IDLE: make runs of the rows it left unfinished

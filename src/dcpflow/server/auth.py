@@ -1,9 +1,10 @@
 """Users, roles and SASL for the server: PLAIN and SCRAM-SHA1/256/512 (RFC 5802), server side.
 
-References: reference/kv_engine/docs/sasl.md (LIST_MECHS / AUTH / STEP framing and example
-sessions), cbsasl/CBSASL.md (mechanisms; the password database keeps only salted SCRAM keys),
-docs/rbac.md (privileges are per bucket, checked per command), SDK-BOOTSTRAP.md (the official SDK
-always starts SCRAM-SHA512 over plain TCP; its nonce may contain spaces).
+References (under https://github.com/couchbase/kv_engine/blob/master/): docs/sasl.md
+(LIST_MECHS / AUTH / STEP framing and example exchanges), cbsasl/CBSASL.md (mechanisms; the
+password database keeps only salted SCRAM keys), docs/rbac.md (privileges are per bucket, checked
+per command). The official SDKs always start SCRAM-SHA512 over plain TCP, and their nonce may
+contain spaces.
 
 The users file is JSON::
 

@@ -7,18 +7,16 @@ backfills open and how much they may read; this module runs the reads:
 * `BackfillScheduler` - one per server (created by Server, closed by Server.close): the thread pool
   that runs SQLite, the open slots (BACKFILL_OPENS group trips at once in the whole server) and the
   read lock (one continuation page read at a time in the whole server, FIFO, so connections take
-  turns page by page). Concurrent reads of large scans cost more than they give: two at once took
-  ~0.1 us/item more server CPU for 64 scans of 15k items; the loop sends the previous page meanwhile
-  anyway. The open trips have slots of their own: one at a time, every trip waited for the
-  previous one's round trip through the worker and the server was latency-bound (worker ~30% busy,
-  loop ~40%); with BACKFILL_OPENS queued on the pool's two threads, a thread starts the next trip as
-  soon as it finishes one, while the loop handles the pages it read (1024 vbuckets x 293
-  documents: ~500k items/s with one slot per thread, ~580k with four, ~600k with eight; the CPU per
-  item the same).
+  turns page by page). Concurrent reads of large scans cost more CPU per item than they give: the
+  loop sends the previous page meanwhile anyway. The open trips have slots of their own: one at a
+  time, every trip would wait for the previous one's round trip through the worker, leaving both
+  the worker and the loop idle part of the time; with BACKFILL_OPENS queued on the pool's two
+  threads, a thread starts the next trip as soon as it finishes one, while the loop handles the
+  pages it read (more throughput, the same CPU per item).
 * `ConnectionBackfills` - the asyncio side of one producer connection's backfills: `_open_group`
   opens the scans of a group in one trip to a worker, with their first pages (a trip per stream
-  cost the loop more than its items did: 1024 vbuckets of ~1000 documents spent a third of the
-  loop's time on executor round trips, tasks and slots); a stream whose scan has more to read goes
+  would cost the loop more in executor round trips, tasks and slots than its items do, for small
+  vbuckets); a stream whose scan has more to read goes
   on in `_continue_backfill`, a page at a time and only while dcp/backfills.py says there is room.
   Plain mutations come as pages SQLite encoded (`BackfillScan.next_chunk`), queued as one entry of
   whole messages each.
@@ -89,19 +87,20 @@ def _read_page(scan, encoded: bool, opaque: int, collections: bool) -> tuple[lis
 
 def _open_scans(store, work: list[tuple], budget: int) -> list:
     """On a worker thread: open the scan of each (vbid, start, end, encoded, opaque, collections,
-    room) and read its first page when it has room - one trip, and a vbucket of a few hundred
+    history, room) and read its first page when it has room - one trip, and a vbucket of a few hundred
     items is read whole (the scan closes itself after a short page). Per entry: (scan, page or
     None), the exception that opening or reading raised, or None once the pages read reach
     `budget` (not opened; the caller queues it again)."""
     out: list = []
     used = 0
-    for vbid, start, end, encoded, opaque, collections, room in work:
+    for vbid, start, end, encoded, opaque, collections, history, room in work:
         if used >= budget:
             out.append(None)
             continue
         scan = None
         try:
-            scan = store.scan(vbid, start, end, page_size=ENCODED_PAGE_ITEMS if encoded else BACKFILL_PAGE_ITEMS)
+            scan = store.scan(vbid, start, end, page_size=ENCODED_PAGE_ITEMS if encoded else BACKFILL_PAGE_ITEMS,
+                              history=history)
             scan.page_bytes = BACKFILL_PAGE_BYTES  # rows of large documents: a page is bytes, not items
             page = _read_page(scan, encoded, opaque, collections) if room else None
         except Exception as e:
@@ -227,7 +226,7 @@ class ConnectionBackfills:
                     results = [None] * len(plans)
                 else:
                     work = [(stream.vbid, rng.start - 1, min(rng.end, stream.end_seqno), stream.takes_encoded_pages,
-                             stream.opaque, stream.opts.collections, room) for stream, rng, room in plans]
+                             stream.opaque, stream.opts.collections, rng.history, room) for stream, rng, room in plans]
                     cf = self.scheduler.executor.submit(_open_scans, producer.engine.store, work, budget)
                     queue.trips += 1
                     try:

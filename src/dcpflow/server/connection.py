@@ -1,6 +1,6 @@
 """One client connection: framing, in-order pipelined replies, dispatch, and the session state.
 
-Clients pipeline: they write many requests before reading a reply (SDK-BOOTSTRAP.md), and the
+Clients pipeline: they write many requests before reading a reply (the official SDKs do), and the
 protocol promises replies in request order (BinaryProtocol.md, "Client Commands"). Each
 `data_received` feeds a FrameDecoder and runs every complete request through the dispatch table
 (dispatch.py) in order; replies go into the Writer, which sends everything produced in one
@@ -36,7 +36,6 @@ import socket
 import sys
 import time
 import traceback
-from itertools import islice
 from typing import TYPE_CHECKING
 
 from dcpflow.engine.errors import EngineError
@@ -70,12 +69,21 @@ MAX_PENDING_INPUT = 4 * 1024 * 1024
 MAX_BATCH_OUTPUT = 1024 * 1024
 #: A connection's pipelined requests are run for at most about this long per event-loop pass (the
 #: clock is read every 64 requests); the rest wait for the next pass, so that one client's burst
-#: (1024 STREAM_REQs: ~40 ms) does not stall everyone else (memcached's reqs_per_event idea).
+#: (a STREAM_REQ for each of 1024 vbuckets, say) does not stall everyone else (memcached's
+#: reqs_per_event idea).
 MAX_PASS_SECONDS = 0.004
 _monotonic = time.monotonic
 _ALT_REQUEST = Magic.ALT_REQUEST
 _REQUEST = Magic.REQUEST
 _LOCK_STATUSES = frozenset((Status.LOCKED, Status.NOT_LOCKED))
+
+
+def _ran(frames: list[Frame], frame: Frame) -> int:
+    """How many of `frames` have run when `frame` (one of them, by identity) is the last."""
+    for i, f in enumerate(frames):
+        if f is frame:
+            return i + 1
+    raise ValueError("the frame is not in the batch")
 
 
 class Writer:
@@ -256,43 +264,56 @@ class Connection(asyncio.Protocol):
         ready = self._ready  # updated in place when the session changes, so this stays current
         out = writer._buf  # Writer.write inlined below: one call less per request
         started = _monotonic()
+        taken = 0  # requests run since the clock was last read
         while not self._closing:
             try:
-                frames = iter(decoder)
                 while True:
-                    frame = None
-                    for frame in islice(frames, 64):  # the clock is read between slices, not per request
-                        # A classic request (no framing extras) whose command this session may run
-                        # goes straight to its handler: the checks of _handle were done when the
-                        # session last changed (tests/server/test_connection.py pins the equivalence).
-                        handler = ready.get(frame.opcode) if frame.magic == _REQUEST else None
-                        if handler is not None:
-                            try:
-                                reply = handler(self, frame)
-                            except Exception as e:
-                                reply = self._handler_failed(frame, e)
-                        else:
-                            reply = self._handle(frame)
-                        if reply is None:
-                            pass
-                        elif reply.__class__ is bytes:
-                            out.append(reply)
-                            writer._size += len(reply)
-                            if writer._size > MAX_BATCH_OUTPUT:
-                                writer.flush()
-                                if writer.paused:
-                                    return
-                        else:
-                            self._wait_for(frame, reply)
-                            return
-                        if self._closing:
-                            return
-                    if frame is None:
+                    # The frames come in lists, consumed once they have run (on the way out when
+                    # the loop stops early: a request that waits, raises, or ends the connection).
+                    frames = decoder.peek(64)
+                    if not frames:
                         return  # every buffered request has run
-                    if _monotonic() - started > MAX_PASS_SECONDS:
-                        if decoder.buffered:  # (none left: the next bytes may run as soon as they come)
-                            self._next_pass()
-                        return
+                    try:
+                        for frame in frames:
+                            # A classic request (no framing extras) whose command this session may run
+                            # goes straight to its handler: the checks of _handle were done when the
+                            # session last changed (tests/server/test_connection.py pins the equivalence).
+                            handler = ready.get(frame.opcode) if frame.magic == _REQUEST else None
+                            if handler is not None:
+                                try:
+                                    reply = handler(self, frame)
+                                except Exception as e:
+                                    reply = self._handler_failed(frame, e)
+                            else:
+                                reply = self._handle(frame)
+                            if reply is None:
+                                pass
+                            elif reply.__class__ is bytes:
+                                out.append(reply)
+                                writer._size += len(reply)
+                                if writer._size > MAX_BATCH_OUTPUT:
+                                    writer.flush()
+                                    if writer.paused:
+                                        decoder.consume(_ran(frames, frame))
+                                        return
+                            else:
+                                decoder.consume(_ran(frames, frame))
+                                self._wait_for(frame, reply)
+                                return
+                            if self._closing:
+                                decoder.consume(_ran(frames, frame))
+                                return
+                    except BaseException:
+                        decoder.consume(_ran(frames, frame))
+                        raise
+                    decoder.consume(len(frames))
+                    taken += len(frames)
+                    if taken >= 64:  # the clock is read every 64 requests or so, not per request
+                        taken = 0
+                        if _monotonic() - started > MAX_PASS_SECONDS:
+                            if decoder.buffered:  # (none left: the next bytes may run as soon as they come)
+                                self._next_pass()
+                            return
             except ProtocolError as e:
                 if e.fatal:
                     self._log_bad_input(e)
@@ -469,8 +490,10 @@ class Connection(asyncio.Protocol):
             # BinaryProtocol.md#0x95-unlock-key: clients without XError get ETmpfail instead
             return response(frame.opcode, Status.ETMPFAIL, opaque=frame.opaque)
         if e.status in (Status.UNKNOWN_COLLECTION, Status.UNKNOWN_SCOPE):
-            # Collections.md: these carry the uid of the manifest the lookup used (only 0 exists here)
-            doc = {"manifest_uid": "0"}
+            # Collections.md: these carry the uid of the manifest the lookup used (the bucket's: the
+            # lookup ran on this thread just now)
+            uid = self.bucket.engine.manifest.uid if self.bucket is not None else 0
+            doc = {"manifest_uid": format(uid, "x")}
             if self.xerror:
                 doc["error"] = {"context": e.reason}
             return response(frame.opcode, e.status, opaque=frame.opaque, datatype=Datatype.JSON,

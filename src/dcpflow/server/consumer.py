@@ -111,7 +111,7 @@ class DcpConsumer:
         try:
             msg = dcpproto.decode_dcp(frame)
         except ProtocolError as e:
-            self._consumed(24 + frame.body_len, now)
+            self._consumed(frame.wire_len, now)
             return self.conn.error_reply(frame.opcode, frame.opaque, e.status, e.reason)
         self._consumed(dcpproto.charged_size(msg), now)
         outcome = state.message(msg, frame.opaque, self.conn.collections)

@@ -77,7 +77,7 @@ def _consumer(conn: "Connection", frame: Frame) -> DcpConsumer:
 
 
 def dcp_open(conn: "Connection", frame: Frame) -> bytes:
-    """DCP_OPEN 0x50 (open-connection.md, TABLES.md 5.1, erratum 19): a producer with the Producer
+    """DCP_OPEN 0x50 (open-connection.md): a producer with the Producer
     flag, else a consumer; each needs its privilege on the bucket."""
     req = dcpproto.DcpOpen.from_frame(frame)
     if conn.dcp is not None:
@@ -106,7 +106,7 @@ def dcp_open(conn: "Connection", frame: Frame) -> bytes:
 
 
 def dcp_control(conn: "Connection", frame: Frame) -> bytes:
-    """DCP_CONTROL 0x5e (control.md, TABLES.md 5.3): dcp/controls.py."""
+    """DCP_CONTROL 0x5e (control.md): the keys and their rules are dcp/controls.py's table."""
     req = dcpproto.DcpControl.from_frame(frame)
     p = _producer(conn, frame)
     p.received()
@@ -155,7 +155,8 @@ def dcp_get_failover_log(conn: "Connection", frame: Frame) -> bytes:
 
 
 def dcp_buffer_ack(conn: "Connection", frame: Frame) -> None:
-    """DCP_BUFFER_ACKNOWLEDGEMENT 0x5d (buffer-ack.md): no reply on success (erratum 38: any opaque)."""
+    """DCP_BUFFER_ACKNOWLEDGEMENT 0x5d (buffer-ack.md): no reply on success, and any opaque
+    is accepted (the page's "opaque 0 = connection" convention is not checked)."""
     req = dcpproto.DcpBufferAck.from_frame(frame)
     _producer(conn, frame).buffer_ack(req.bytes_acked)
     return None
@@ -174,7 +175,7 @@ def dcp_noop(conn: "Connection", frame: Frame) -> bytes | None:
 
 
 def dcp_add_stream(conn: "Connection", frame: Frame) -> bytes | None:
-    """DCP_ADD_STREAM 0x51 (add-stream.md, erratum 20)."""
+    """DCP_ADD_STREAM 0x51 (add-stream.md; the removed NoValue flag 0x08 is EINVAL)."""
     consumer = _consumer(conn, frame)
     req = dcpproto.DcpAddStream.from_frame(frame)  # EINVAL: malformed, unknown or removed (NoValue) flags
     return consumer.add_stream(req, frame)

@@ -12,14 +12,15 @@ KEY_EEXISTS for a CAS mismatch or an existing key, NOT_MY_VBUCKET, ETMPFAIL for 
 vbucket...). The engine decides the bucket-mode rules of *WithMeta. Quiet variants
 send nothing on success (mutations) or on a miss (gets).
 
-Keys: with HELLO Collections a key starts with its LEB128 collection id; only the default
-collection (id 0) exists, so any other id answers UNKNOWN_COLLECTION. The engine stores keys
-without the prefix.
+Keys: with HELLO Collections a key starts with its LEB128 collection id (Collections.md). The
+engine's key is the key without the prefix in the default collection (id 0) and (collection id,
+key) in any other (engine/vbucket.py); an id the bucket's manifest does not have answers
+UNKNOWN_COLLECTION, with the manifest's uid in the reply (connection.py) so the SDKs refresh
+their collection ids and retry.
 """
 
 import asyncio
 import json
-import struct
 
 from dcpflow.engine.collections import DEFAULT_SCOPE, Manifest, ManifestError
 from dcpflow.engine.errors import EngineError
@@ -46,8 +47,6 @@ from dcpflow.protocol.status import Status
 
 from .connection import Connection
 
-_U32 = struct.Struct(">I")
-_MUTATION_EXTRAS = struct.Struct(">QQ")
 MAX_KEY_LEN = 250  # memcached's key limit, without the collection prefix
 _JSON, _SNAPPY, _XATTR = int(Datatype.JSON), int(Datatype.SNAPPY), int(Datatype.XATTR)  # ints: IntFlag ops are slow
 _NUMBER_CHARS = b"0123456789.eE+-"
@@ -61,16 +60,21 @@ SEQNO_PERSISTENCE_TIMEOUT = 30.0
 # helpers
 
 
-def doc_key(conn: Connection, wire_key: bytes) -> bytes:
-    """The engine key: the wire key without its collection prefix (collections connections)."""
+def doc_key(conn: Connection, wire_key: bytes):
+    """The engine key of a request's key (module docstring): bytes in the default collection,
+    (collection id, key) in another collection of the bucket's manifest."""
     if conn.collections:
         if wire_key[:1] == b"\x00":
             key = wire_key[1:]
         else:
             cid, key = split_key(wire_key)
-            if cid != 0:
-                raise EngineError(Status.UNKNOWN_COLLECTION, f"unknown collection 0x{cid:x}: only the default "
-                                  "collection (0) exists")
+            if conn.bucket.engine.manifest.by_id(cid) is None:
+                raise EngineError(Status.UNKNOWN_COLLECTION, f"unknown collection 0x{cid:x}")
+            if not key:
+                raise ProtocolError("the key is empty after its collection-id prefix (Collections.md)")
+            if len(key) > MAX_KEY_LEN:
+                raise ProtocolError(f"key is {len(key)} bytes; the limit is {MAX_KEY_LEN}")
+            return (cid, key)
         if not key:
             raise ProtocolError("the key is empty after its collection-id prefix (Collections.md)")
     else:
@@ -88,18 +92,19 @@ def active_vbucket(conn: Connection, vbid: int) -> VBucket:
 
 
 _RESPONSE = int(Magic.RESPONSE)
-_pack_header = HEADER.pack
-_pack_get_head = struct.Struct(HEADER.format + "I").pack  # a GET reply's header and flags extras in one call
+_pack_header = HEADER.pack  # a reply with no body: the mutation replies without a token
+_pack_mutation_reply = kvproto.MUTATION_RESPONSE_WITH_TOKEN.pack
+_pack_get_head = kvproto.GET_RESPONSE_HEAD.pack  # key and value follow
 
 
 def mutation_reply(conn: Connection, frame: Frame, vb: VBucket, cas: int, seqno: int) -> bytes:
     """Success reply of a mutation: CAS, plus (vbucket uuid, seqno) with HELLO MutationSeqno.
 
-    The hot paths (GET, SET, DELETE) pack the 24-byte header directly with the protocol's HEADER
-    struct instead of calling `frame.response`: same bytes, about a microsecond less per reply."""
+    The hot paths (GET, SET, DELETE) pack whole replies with the protocol's structs (HEADER,
+    MUTATION_RESPONSE_WITH_TOKEN, GET_RESPONSE_HEAD) instead of encoding a typed response: same
+    bytes, without building a message per reply."""
     if conn.mutation_seqno:
-        return _pack_header(_RESPONSE, frame.opcode, 0, 16, 0, 0, 16, frame.opaque, cas) + \
-            _MUTATION_EXTRAS.pack(vb.uuid, seqno)
+        return _pack_mutation_reply(_RESPONSE, frame.opcode, 0, 16, 0, 0, 16, frame.opaque, cas, vb.uuid, seqno)
     return _pack_header(_RESPONSE, frame.opcode, 0, 0, 0, 0, 0, frame.opaque, cas)
 
 
@@ -210,7 +215,7 @@ def get(conn: Connection, frame: Frame) -> bytes | None:
 _SET, _SET_Q = int(Opcode.SET), int(Opcode.SET_Q)  # plain ints: IntEnum lookups cost on every request
 _ADD_OPS = frozenset((int(Opcode.ADD), int(Opcode.ADD_Q)))
 _QUIET_STORE_OPS = frozenset((_SET_Q, int(Opcode.ADD_Q), int(Opcode.REPLACE_Q)))
-_FLAGS_EXPIRY = struct.Struct(">II")
+_unpack_store_extras = kvproto.STORE_EXTRAS.unpack
 
 
 def store(conn: Connection, frame: Frame) -> bytes | None:
@@ -221,7 +226,7 @@ def store(conn: Connection, frame: Frame) -> bytes | None:
     _, op, datatype, vbid, opaque, cas, framing, extras, key, value = frame
     if len(extras) != 8 or not key or datatype > 7:  # the common, valid shape skips the decoder
         kvproto.Store.from_frame(frame)
-    flags, expiry = _FLAGS_EXPIRY.unpack(extras)
+    flags, expiry = _unpack_store_extras(extras)
     if len(value) > MAX_VALUE_LEN:
         raise EngineError(Status.E2BIG, f"value is {len(value)} bytes; the limit is {MAX_VALUE_LEN}")
     if conn.collections or len(key) > MAX_KEY_LEN:
@@ -251,8 +256,7 @@ def store(conn: Connection, frame: Frame) -> bytes | None:
     if op in _QUIET_STORE_OPS:
         return None
     if conn.mutation_seqno:
-        return _pack_header(_RESPONSE, op, 0, 16, 0, 0, 16, opaque, item.cas) + \
-            _MUTATION_EXTRAS.pack(vb.uuid, item.by_seqno)
+        return _pack_mutation_reply(_RESPONSE, op, 0, 16, 0, 0, 16, opaque, item.cas, vb.uuid, item.by_seqno)
     return _pack_header(_RESPONSE, op, 0, 0, 0, 0, 0, opaque, item.cas)
 
 
@@ -292,8 +296,7 @@ def get_and_touch(conn: Connection, frame: Frame) -> bytes | None:
             return None
         raise
     value, datatype = outgoing_value(conn, item.value, item.datatype)
-    return response(frame.opcode, extras=_U32.pack(item.flags), value=value, opaque=frame.opaque, cas=item.cas,
-                    datatype=datatype)
+    return kvproto.GetResponse(item.flags, value, item.cas, datatype, opaque=frame.opaque, opcode=frame.opcode).encode()
 
 
 #: The CAS a GET reports for a locked document (Document.md: -1).
@@ -317,8 +320,7 @@ def get_locked(conn: Connection, frame: Frame) -> bytes:
     item = active_vbucket(conn, frame.vbucket).get_locked(doc_key(conn, req.key), lock_time)
     conn.bucket.counters.cmd_get += 1
     value, datatype = outgoing_value(conn, item.value, item.datatype)
-    return response(frame.opcode, extras=_U32.pack(item.flags), value=value, opaque=frame.opaque, cas=item.cas,
-                    datatype=datatype)
+    return kvproto.GetResponse(item.flags, value, item.cas, datatype, opaque=frame.opaque, opcode=frame.opcode).encode()
 
 
 def unlock_key(conn: Connection, frame: Frame) -> bytes:
@@ -409,14 +411,22 @@ _ALIVE = (VBucketState.ACTIVE, VBucketState.REPLICA, VBucketState.PENDING)
 
 def get_all_vb_seqnos(conn: Connection, frame: Frame) -> bytes:
     """(vbucket, high seqno) of every vbucket in the state filter (none or 0: alive), by vbucket. With a
-    collection id, that collection's high seqno: only the default collection exists, so it is the
-    vbucket's."""
+    collection id (get_seqno.md), that collection's high seqno in each: the seqno of its last
+    document or, before any, of its create event."""
     req = kvproto.GetAllVbSeqnos.from_frame(frame)
-    if req.collection_id is not None and req.collection_id != 0:
-        raise EngineError(Status.UNKNOWN_COLLECTION, f"unknown collection 0x{req.collection_id:x}")
     states = _ALIVE if not req.state else (VBucketState(req.state),)
-    vbs = conn.bucket.engine.vbuckets
-    seqnos = tuple((vbid, vbs[vbid].high_seqno) for vbid in sorted(vbs) if vbs[vbid].state in states)
+    engine = conn.bucket.engine
+    vbs = engine.vbuckets
+    cid = req.collection_id
+    if cid is not None and cid != 0:
+        if engine.manifest.by_id(cid) is None:
+            raise EngineError(Status.UNKNOWN_COLLECTION, f"unknown collection 0x{cid:x}")
+        seqnos = tuple((vbid, vbs[vbid].collection_high_seqno(cid)) for vbid in sorted(vbs)
+                       if vbs[vbid].state in states)
+    elif cid == 0:
+        seqnos = tuple((vbid, vbs[vbid].collection_high_seqno(0)) for vbid in sorted(vbs) if vbs[vbid].state in states)
+    else:
+        seqnos = tuple((vbid, vbs[vbid].high_seqno) for vbid in sorted(vbs) if vbs[vbid].state in states)
     return kvproto.GetAllVbSeqnosResponse(seqnos, frame.opaque).encode()
 
 
@@ -452,7 +462,8 @@ def observe_seqno(conn: Connection, frame: Frame) -> bytes:
 
 def set_vbucket(conn: Connection, frame: Frame):
     """SET_VBUCKET 0x3d (the cluster manager's command): create the vbucket or change its state. The
-    optional JSON value (erratum 30) is accepted; its topology is not used yet.
+    optional JSON value (`topology`, ...: set-vbucket-state-value.md, which belongs to this
+    command) is accepted; its topology is not used yet.
 
     The reply promises the new state (and a new failover entry) is on disk. While a flush batch is
     being written the engine can only queue the state row behind it (the batch carries the older
@@ -596,11 +607,7 @@ def concat(conn: Connection, frame: Frame) -> bytes | None:
 
 
 # ---------------------------------------------------------------------------------------------
-# collections (docs/Collections.md): the bucket's manifest (engine/collections.py) answers; today only
-# the default scope and collection exist, manifest uid 0
-
-_MANIFEST_ID_CID = struct.Struct(">QI")
-
+# collections (docs/Collections.md): the bucket's manifest (engine/collections.py) answers
 
 def _collection_header_check(frame: Frame, path_required: bool) -> bytes:
     """The path of a collections lookup (in the value; older clients put it in the key)."""
@@ -637,7 +644,7 @@ def get_collection_id(conn: Connection, frame: Frame) -> bytes:
     except ManifestError as e:
         status = Status.UNKNOWN_SCOPE if e.kind == "unknown_scope" else Status.UNKNOWN_COLLECTION
         raise _unknown(status, str(e), manifest) from None
-    return response(frame.opcode, opaque=frame.opaque, extras=_MANIFEST_ID_CID.pack(manifest.uid, cid))
+    return kvproto.CollectionIdResponse(manifest.uid, cid, frame.opaque, opcode=frame.opcode).encode()
 
 
 def get_scope_id(conn: Connection, frame: Frame) -> bytes:
@@ -650,4 +657,4 @@ def get_scope_id(conn: Connection, frame: Frame) -> bytes:
         sid = manifest.scope(scope).uid
     except ManifestError as e:
         raise _unknown(Status.UNKNOWN_SCOPE, str(e), manifest) from None
-    return response(frame.opcode, opaque=frame.opaque, extras=_MANIFEST_ID_CID.pack(manifest.uid, sid))
+    return kvproto.CollectionIdResponse(manifest.uid, sid, frame.opaque, opcode=frame.opcode).encode()

@@ -5,8 +5,10 @@ range_scan_continue.md, range_scan_cancel.md. The snapshot and the registry of o
 engine's (engine/range_scan.py); here the request is checked against the vbucket: it must be
 active (NOT_MY_VBUCKET), its uuid the required one (VB_UUID_NOT_EQUAL), the required seqno
 persisted, waiting up to `timeout_ms` (ETMPFAIL), and still stored with `seqno_exists`
-(NOT_STORED); an empty range is KEY_ENOENT. A continue answers in frames of about FRAME_BYTES,
-the last one RANGE_SCAN_MORE or RANGE_SCAN_COMPLETE; one continue returns at most
+(NOT_STORED); an empty range is KEY_ENOENT. A scan covers one collection: the CREATE's
+`collection` (UNKNOWN_COLLECTION if the manifest lacks it, and on a continue once it is dropped).
+A continue answers in frames of about FRAME_BYTES, the last one RANGE_SCAN_MORE or
+RANGE_SCAN_COMPLETE; one continue returns at most
 CONTINUE_BYTES (then MORE), so a scan without limits cannot make one huge reply. A vbucket that
 stopped being active cancels its scans (NOT_MY_VBUCKET).
 """
@@ -55,9 +57,7 @@ def _active(conn: Connection, vbid: int) -> VBucket:
 def create(conn: Connection, frame: Frame):
     req = rsproto.RangeScanCreate.from_frame(frame)
     cfg = req.config
-    if cfg.collection_id != 0:
-        raise EngineError(Status.UNKNOWN_COLLECTION, f"unknown collection 0x{cfg.collection_id:x}: only the default "
-                          "collection (0) exists")
+    _check_collection(conn, cfg.collection_id)
     vb = _active(conn, frame.vbucket)
     snap = cfg.snapshot
     if snap is not None:
@@ -82,8 +82,15 @@ async def _create_when_persisted(conn: Connection, frame: Frame, req: rsproto.Ra
     return _create(conn, frame, req)
 
 
+def _check_collection(conn: Connection, cid: int) -> None:
+    """UNKNOWN_COLLECTION for a collection the bucket's manifest lacks (created, or dropped since)."""
+    if cid and conn.bucket.engine.manifest.by_id(cid) is None:
+        raise EngineError(Status.UNKNOWN_COLLECTION, f"unknown collection 0x{cid:x}")
+
+
 def _create(conn: Connection, frame: Frame, req: rsproto.RangeScanCreate) -> bytes:
     cfg = req.config
+    _check_collection(conn, cfg.collection_id)  # again: it may have been dropped while the create waited
     vb = _active(conn, frame.vbucket)
     snap = cfg.snapshot
     if snap is not None:
@@ -92,13 +99,15 @@ def _create(conn: Connection, frame: Frame, req: rsproto.RangeScanCreate) -> byt
         if snap.seqno_exists and not any(item.by_seqno == snap.seqno for item in vb.ht.values()):
             raise EngineError(Status.NOT_STORED, f"no document version with seqno {snap.seqno} is stored")
     if cfg.sampling:
-        items = sample_snapshot(vb, cfg.samples, cfg.seed)
+        items = sample_snapshot(vb, cfg.samples, cfg.seed, cid=cfg.collection_id)
     else:
-        items = range_snapshot(vb, cfg.start, cfg.end, excl_start=cfg.excl_start, excl_end=cfg.excl_end)
+        items = range_snapshot(vb, cfg.start, cfg.end, cid=cfg.collection_id, excl_start=cfg.excl_start,
+                               excl_end=cfg.excl_end)
     if not items:
         raise EngineError(Status.KEY_ENOENT, "the range holds no document")
     include_xattrs = cfg.include_xattrs and conn.xattr
-    scan = scans_of(conn).add(vb.id, items, key_only=cfg.key_only, include_xattrs=include_xattrs)
+    scan = scans_of(conn).add(vb.id, items, key_only=cfg.key_only, include_xattrs=include_xattrs,
+                              cid=cfg.collection_id)
     return rsproto.RangeScanCreateResponse(scan.id, frame.opaque).encode()
 
 
@@ -129,6 +138,9 @@ def continue_(conn: Connection, frame: Frame) -> bytes:
         scans.remove(scan.id)
         raise EngineError(Status.NOT_MY_VBUCKET, f"vbucket {frame.vbucket} is no longer active here: the scan is "
                           "cancelled")
+    if scan.cid and conn.bucket.engine.manifest.by_id(scan.cid) is None:
+        scans.remove(scan.id)
+        raise EngineError(Status.UNKNOWN_COLLECTION, f"collection 0x{scan.cid:x} was dropped: the scan is cancelled")
     byte_limit = min(req.byte_limit or CONTINUE_BYTES, CONTINUE_BYTES)
     frames: list[bytes] = []
     batch: list = []

@@ -1,11 +1,10 @@
 """Session commands: HELLO, SASL, SELECT_BUCKET, LIST_BUCKETS, GET_CLUSTER_CONFIG, GET_ERROR_MAP,
-VERSION, NOOP, QUIT - what a client sends before (and beside) KV traffic (SDK-BOOTSTRAP.md).
+VERSION, NOOP, QUIT - what a client sends before (and beside) KV traffic.
 
 Pages: BinaryProtocol.md (#0x1f-helo, #0x89-select-bucket, #0xb5-get-cluster-config,
 #0xfe-get-error-map, #0x0b-version, #0x0a-no-op, #0x07-quit), docs/sasl.md, docs/ErrorMap.md.
 """
 
-import struct
 
 from dcpflow.protocol import error_map
 from dcpflow.protocol import kv as kvproto
@@ -20,7 +19,8 @@ from dcpflow.protocol.status import Status
 from .auth import MECHANISMS, SCRAM_MECHANISMS, AuthFailed, Privilege, ScramServer, plain_authenticate
 from .connection import Connection, log
 
-#: What the server version answers; clients enable features by it (SDK-BOOTSTRAP.md).
+#: What the server version answers; the official SDKs enable features by it, so it must look like a
+#: real server's `X.Y.Z-build`.
 SERVER_VERSION = "7.6.0-0000"
 
 #: HELLO features this server implements; `kv.negotiate` grants the requested subset of these.
@@ -163,9 +163,6 @@ def get_cluster_config(conn: Connection, frame: Frame) -> bytes:
     return response(frame.opcode, opaque=frame.opaque, value=conn.bucket.config(), datatype=Datatype.JSON)
 
 
-_CONFIG_VERSION = struct.Struct(">qq")
-
-
 def set_cluster_config(conn: Connection, frame: Frame) -> bytes:
     """SET_CLUSTER_CONFIG 0xb4: the cluster manager pushes a bucket's map (key = bucket name, value =
     the map JSON, extras = its epoch and revision as two i64s). Every node then serves that map, with
@@ -181,7 +178,8 @@ def set_cluster_config(conn: Connection, frame: Frame) -> bytes:
     bucket = conn.server.buckets.get(name)
     if bucket is None:
         return conn.error_reply(frame.opcode, frame.opaque, Status.KEY_ENOENT, f"no bucket named {name!r}")
-    epoch, rev = _CONFIG_VERSION.unpack(frame.extras)
+    req = kvproto.SetClusterConfig.from_frame(frame)  # the checks above leave it nothing to refuse
+    epoch, rev = req.epoch, req.revision
     try:
         cmap = parse_cluster_map(frame.value)
     except ProtocolError as e:

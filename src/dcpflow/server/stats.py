@@ -6,6 +6,8 @@ Groups (the key; an optional vbucket id may follow after a space):
                        clients read before STREAM_REQ
   "vbucket-details [vb]", "failovers [vb]", "vbucket" (state of every vbucket)
   "dcp"                every DCP connection of the bucket (dcp_commands.py)
+  "collections"        the manifest uid, and per collection (0x<scope id>:0x<collection id>:) its
+                       live documents in active vbuckets and its highest seqno
 An unknown group answers KEY_ENOENT, as memcached does; a vbucket that is not here NOT_MY_VBUCKET.
 """
 
@@ -54,6 +56,7 @@ GROUPS: dict[str, Callable[[Connection, int | None], dict]] = {
     "failovers": lambda c, vb: c.bucket.engine.failovers_stats(vb),
     "vbucket": _vbucket_states,
     "dcp": dcp_stats,
+    "collections": lambda c, vb: c.bucket.engine.collection_stats(),
 }
 
 

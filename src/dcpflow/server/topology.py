@@ -1,6 +1,6 @@
 """The cluster map this node serves (GET_CLUSTER_CONFIG, NOT_MY_VBUCKET), one revision at a time.
 
-Shape: reference/SDK-BOOTSTRAP.md ("Cluster map"), built by dcpflow.protocol.config. Hostnames stay
+Shape: the cluster map the official SDKs read, built by dcpflow.protocol.config. Hostnames stay
 the literal `$HOST` so each client substitutes the address it dialled.
 
 Designed for several nodes: `nodes` is the whole cluster and `this_node` the index of this one. A
@@ -67,9 +67,11 @@ class Topology:
         self._num_replicas[bucket] = num_replicas
         self.bump()
 
-    def bucket_config(self, name: str, uuid: str, local_states: Callable[[], list[list[int]]]) -> bytes:
+    def bucket_config(self, name: str, uuid: str, local_states: Callable[[], list[list[int]]],
+                      manifest_uid: int = 0) -> bytes:
         """The bucket's map as JSON bytes; `local_states()` derives a single-node map when none was set.
-        Cached per revision: clients fetch it every 2.5 s and with every NOT_MY_VBUCKET."""
+        Cached per revision: clients fetch it every 2.5 s and with every NOT_MY_VBUCKET (a change
+        of the collections manifest bumps the revision, so its uid is never stale here)."""
         cached = self._cache.get(name)
         if cached is not None and cached[0] == self.rev:
             return cached[1]
@@ -78,7 +80,7 @@ class Topology:
             vbucket_map = local_states()
         config = build_bucket_config(name, self.nodes, vbucket_map=vbucket_map,
                                      num_replicas=self._num_replicas.get(name, 0), rev=self.rev,
-                                     rev_epoch=self.rev_epoch, uuid=uuid)
+                                     rev_epoch=self.rev_epoch, uuid=uuid, collections_manifest_uid=manifest_uid)
         data = encode_config(config)
         self._cache[name] = (self.rev, data)
         return data

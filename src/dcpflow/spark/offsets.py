@@ -11,8 +11,8 @@ A vbucket's offset is the client's `Offset` in its compact JSON form (dcpflow.cl
 [vbuuid, seqno], or [vbuuid, seqno, snapshot_start, snapshot_end] when the read stopped inside a
 snapshot. Compact on purpose: Spark writes every end offset to the offset log and puts three
 (start, end, latest) in each progress report, and the driver parses them in every planning call;
-with 1024 vbuckets the object form ({"vbuuid": ..., "seqno": ..., ...}, still accepted) made the
-first batch's end offset 172 KB instead of 33 KB, and parsing one took 4.5 ms instead of 1.3.
+with 1024 vbuckets the object form ({"vbuuid": ..., "seqno": ..., ...}, still accepted) is
+several times larger to write, and to parse.
 
 Per vbucket the range of a batch is (start seqno, end seqno] on the history named by the vbuuid.
 `batch` only grows, so ordering rows by (_commit_version, seqno) orders them per key even across a
@@ -248,8 +248,8 @@ class VbRange:
         return self.end_seqno - (0 if self.reset else self.start.seqno)
 
     def __reduce__(self):
-        # Spark pickles every range of a batch into its tasks: as field tuples, 1024 ranges took
-        # 0.55 ms instead of 1.56 with the dataclass default (a state per object, via fields()).
+        # Spark pickles every range of a batch into its tasks: as field tuples, not with the
+        # dataclass default, which builds a state per object via fields().
         return _range, (self.vbucket, *self.start, self.end_seqno, self.end_vbuuid, self.reset)
 
 
@@ -275,8 +275,9 @@ def ranges(start: SourceOffset, end: SourceOffset) -> list[VbRange]:
 
 def group(work: list[VbRange], n: int) -> list[list[VbRange]]:
     """Put vbucket ranges into at most `n` groups of about equal weight (largest first onto the
-    lightest group). One Spark task costs ~40 ms, so a micro-batch wants about one task per core,
-    not one per vbucket (SPARK-NOTES.md §2). Deterministic for the same input."""
+    lightest group). Every Spark task has a fixed cost (a Python worker round trip, and a file per task per batch
+    in a file sink) far above a small vbucket's reading, so a micro-batch wants about one task per
+    core, not one per vbucket. Deterministic for the same input."""
     if not work:
         return []
     n = max(1, min(n, len(work)))

@@ -1,7 +1,7 @@
 """Options of the `dcp` source: strings in, one validated `DcpOptions` out, parsed once.
 
-Spark hands options over as a case-insensitive map whose keys come back lower-cased
-(SPARK-NOTES.md §5.3), so every name is matched lower-cased, and an unknown name is an error that
+Spark hands options over as a case-insensitive map whose keys come back lower-cased,
+so every name is matched lower-cased, and an unknown name is an error that
 suggests the closest known one: a typo such as `maxSeqnoPerTrigger` would otherwise be ignored
 and the query would quietly run without its limit.
 """

@@ -145,8 +145,8 @@ class ProgressReader:
 
     Reads `lastProgress` when it is the next batch's report, and every recent report only after a
     gap (several batches between two reads, a batch reported twice): each report is one py4j
-    answer, which stalls ~44 ms once it is over ~8 KB (docs/spark.md, "Offsets") - as a dcp report
-    of 1024 vbuckets is - so reading all of them at every poll cost N x 44 ms by the N-th batch.
+    answer, which stalls once it is over a few KB (docs/spark.md, "Offsets") - as a dcp report of
+    1024 vbuckets is - so reading all of them at every poll would cost N stalls by the N-th batch.
     After an idle trigger's report (no rows, under the id of the batch to come) the next batch's
     report is no proof of no gap: the batch that ran under the idle report's id may lie between."""
 

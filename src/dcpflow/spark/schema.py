@@ -1,9 +1,9 @@
 """The columns of the `dcp` source and the conversion of client batches into them.
 
 Spark checks the Arrow schema of the first batch a reader yields against the Spark schema
-converted to Arrow, *exactly* (SPARK-NOTES.md §2: `string`, not `large_string`; `int32` for
-`int`; nullability). So the Arrow schema is always derived from the Spark schema with Spark's own
-converter, and every batch is built against it.
+converted to Arrow, *exactly* (`string`, not `large_string`; `int32` for `int`; nullability), and
+fails the query with DATA_SOURCE_RETURN_SCHEMA_MISMATCH otherwise. So the Arrow schema is always
+derived from the Spark schema with Spark's own converter, and every batch is built against it.
 
 Values: `binary` passes the bytes through, `string` decodes UTF-8, `json` parses into a struct
 (a user schema, or one inferred from a sample). JSON parsing is vectorised with Arrow's JSON

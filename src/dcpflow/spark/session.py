@@ -1,4 +1,4 @@
-"""A quiet, fast local SparkSession for dcpflow (SPARK-NOTES.md §1, §5).
+"""A quiet, fast local SparkSession for dcpflow.
 
 Why each setting: the UI and the console progress bar cost start-up time and print over our own
 progress; log4j at ERROR removes the INFO/WARN flood; Python workers must run *this* interpreter
@@ -50,8 +50,9 @@ def local_session(app_name: str = "dcpflow", *, cores: int | None = None, driver
     """Return (or create) a local SparkSession with dcpflow's data sources registered.
 
     `cores` defaults to every core (`local[*]`); shuffle partitions follow it, since the default
-    200 would mean 200 tiny tasks at ~40 ms each per micro-batch. `fast_start` adds the JVM flag
-    that trims ~1 s of start-up at the price of peak JIT speed: for tests, not for benchmarks.
+    200 would mean 200 tiny tasks per micro-batch, each with a Python worker's fixed cost.
+    `fast_start` adds the JVM flag (-XX:TieredStopAtLevel=1) that shortens start-up at the price of
+    peak JIT speed: for tests, not for benchmarks.
     """
     prepare_environment()
     from pyspark.sql import SparkSession

@@ -4,7 +4,7 @@ A thin layer over the asyncio DCP client (dcpflow.client): planning (which vbuck
 ranges, how many Spark tasks) happens on the driver in offsets.py; each Spark task opens one
 client connection and streams its group of vbucket ranges as Arrow record batches (schema.py).
 
-Where things run (SPARK-NOTES.md §2): `schema()`, `partitions()`, `initialOffset()`,
+Where things run: `schema()`, `partitions()`, `initialOffset()`,
 `latestOffset()` and `commit()` run in a long-lived Python process on the driver, so the stream
 reader keeps one client connection open across micro-batches; `read()` runs in executor workers,
 which get the pickled reader and import this module by name.
@@ -226,8 +226,8 @@ class DcpStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     (maxSeqnosPerTrigger / maxBytesPerTrigger), Trigger.AvailableNow and rollback repair."""
 
     #: Spark asks for the starting point three or four times in a row when a query starts
-    #: (prepareForTriggerAvailableNow, initialOffset, latestOffset, initialOffset again), each
-    #: asking the server costs ~0.1 s at 1024 vbuckets, and a view this young is as good as a new one.
+    #: (prepareForTriggerAvailableNow, initialOffset, latestOffset, initialOffset again); asking the
+    #: server is a request per vbucket each time, and a view this young is as good as a new one.
     STATE_REUSE_SECONDS = 0.5
 
     def __init__(self, opts: DcpOptions, schema):
@@ -292,7 +292,7 @@ class DcpStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         start_off = off.SourceOffset.from_json(start)
         if self._reached_target(start_off):
             # AvailableNow has read everything up to its target, planned from this view: asking
-            # the server again (~0.05-0.07 s at 1024 vbuckets, on the query's critical path) could
+            # the server again (a request per vbucket, on the query's critical path) could
             # only find a rollback newer than the data read, which the next query's first plan
             # finds all the same.
             high, logs, _ = self._seen[1]
@@ -417,7 +417,7 @@ class _RangeReader:
         try:
             vbs = [r.vbucket for r in self.partition.ranges]
             # a range from seqno 0 has no history to check: only the others need their failover
-            # logs (a request per vbucket: ~20 ms for 512 on an idle machine, at every task start)
+            # logs (a request per vbucket, at every task start)
             high, logs = await server_state(client, vbs, [r.vbucket for r in self.partition.ranges
                                                           if not r.reset and r.start.seqno > 0])
             normal: dict[int, tuple[Offset, int]] = {}

@@ -41,6 +41,9 @@ DEFAULTS = {
     "durabilityMinLevel": "none",
     "storageBackend": "couchstore",
     "replicaIndex": False,
+    "historyRetentionSeconds": 0,
+    "historyRetentionBytes": 0,
+    "historyRetentionCollectionDefault": False,
 }
 MIN_RAM_QUOTA_MB = 100
 MAX_TTL = 2_147_483_647
@@ -135,11 +138,15 @@ def parse_settings(form: dict, *, creating: bool) -> tuple[dict, dict]:
         value = _choice(form, key, supported, known, problems)
         if value is not None:
             settings[key] = value
+    # history retention (DCP change streams): what compaction keeps of the older versions of
+    # collections with history; the default `history` of new collections
     for key in ("historyRetentionBytes", "historyRetentionSeconds"):
-        if form.get(key) not in (None, "0"):
-            problems[key] = f"{key}: history retention {_UNSUPPORTED}"
-    if form.get("historyRetentionCollectionDefault") not in (None, "false", "0"):
-        problems["historyRetentionCollectionDefault"] = f"history retention {_UNSUPPORTED}"
+        value = _int(form, key, 0, 1 << 62, problems, f"{key} must be a non-negative integer")
+        if value is not None:
+            settings[key] = value
+    value = _flag(form, "historyRetentionCollectionDefault", problems)
+    if value is not None:
+        settings["historyRetentionCollectionDefault"] = value
     creation: dict = {}
     _choice(form, "bucketType", ("couchbase", "membase"), ("couchbase", "membase", "ephemeral", "memcached"),
             problems)

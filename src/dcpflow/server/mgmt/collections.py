@@ -9,12 +9,15 @@ https://docs.couchbase.com/server/current/rest-api/scopes-and-collections-api.ht
     PATCH  /pools/default/buckets/<b>/scopes/<s>/collections/<c>      update a collection (maxTTL=, history=)
     DELETE /pools/default/buckets/<b>/scopes/<s>/collections/<c>      drop a collection
 
-The manifest is the engine's (engine/collections.py); each route asks it for the change and
-answers ns_server's way: 200 {"uid": "<new manifest uid>"} on success; 404 "Scope with name ... is
-not found" / "Collection with name ... is not found"; 400 "... already exists"; and, while only
-`_default._default` exists, 400 for a change, whose message starts with ns_server's "Not allowed
-on this version of cluster" - the SDKs raise FeatureNotAvailable (or their invalid-argument and
-unsupported-operation errors) from it - and says why.
+The manifest is the engine's (engine/collections.py): each route asks the bucket for the change
+(`Bucket.change_manifest`: persisted, then followed by every active vbucket with its system
+events) and answers ns_server's way: 200 {"uid": "<new manifest uid>"} on success (the official
+SDKs' collection manager waits for that uid to reach the KV nodes); 404 "Scope with name ... is not
+found" / "Collection with name ... is not found"; 400 "... already exists" or why a name, a maxTTL
+or a change is not valid; and for what this server does not do (dropping the `_default`
+collection, history on it) 400 with ns_server's "Not allowed on this version of cluster" first, from
+which the SDKs raise FeatureNotAvailable. A dropped collection's documents are purged from disk by
+the server once the drop is persisted (Server._flush_loop).
 """
 
 from aiohttp import web
@@ -26,7 +29,7 @@ from .app import SERVER, error, not_found, read_form, read_json, reply_json, req
 routes = web.RouteTableDef()
 
 _BASE = "/pools/default/buckets/{bucket}/scopes"
-_STATUS = {"unknown_scope": 404, "unknown_collection": 404, "exists": 400, "unsupported": 400}
+_STATUS = {"unknown_scope": 404, "unknown_collection": 404, "exists": 400, "invalid": 400, "unsupported": 400}
 
 
 def _bucket(request: web.Request, permission: str):
@@ -38,16 +41,19 @@ def _bucket(request: web.Request, permission: str):
     return bucket
 
 
-def _change(bucket, fn) -> web.Response:
-    """Apply a manifest change; the answer carries the new manifest uid."""
+def _change(request: web.Request, bucket, fn) -> web.Response:
+    """Apply a manifest change; the answer carries the new manifest uid (so does the cluster map
+    from now on: its revision moves)."""
+    before = bucket.engine.manifest
     try:
-        manifest: Manifest = fn(bucket.engine.manifest)
+        manifest: Manifest = bucket.engine.change_manifest(fn)
     except ManifestError as e:
         message = str(e)
         if e.kind == "unsupported":
             message = f"Not allowed on this version of cluster: {message}"
         raise error(_STATUS[e.kind], message) from None
-    bucket.engine.manifest = manifest
+    if manifest is not before:
+        request.app[SERVER].topology.bump()
     return reply_json({"uid": format(manifest.uid, "x")})
 
 
@@ -79,8 +85,8 @@ async def get_scopes(request: web.Request) -> web.Response:
 
 @routes.put(_BASE)
 async def set_manifest(request: web.Request) -> web.Response:
-    """The whole manifest at once: accepted when it asks for what exists (the scopes and their
-    collections by name), otherwise a change that is not supported yet."""
+    """The whole manifest at once, by name: scopes and collections it lacks are dropped, new ones
+    created (Manifest.with_scopes)."""
     bucket = _bucket(request, "bucket.write")
     doc = await read_json(request)
     if not isinstance(doc, dict) or not isinstance(doc.get("scopes"), list):
@@ -89,7 +95,7 @@ async def set_manifest(request: web.Request) -> web.Response:
         wanted = {s["name"]: [c["name"] for c in s.get("collections", [])] for s in doc["scopes"]}
     except (TypeError, KeyError, AttributeError):
         raise error(400, "Every scope and collection of the manifest needs a name") from None
-    return _change(bucket, lambda m: m.with_scopes(wanted))
+    return _change(request, bucket, lambda m: m.with_scopes(wanted))
 
 
 @routes.post(_BASE)
@@ -99,14 +105,14 @@ async def create_scope(request: web.Request) -> web.Response:
     name = form.get("name")
     if not name:
         raise error(400, "Scope name is missing", field="name")
-    return _change(bucket, lambda m: m.add_scope(name))
+    return _change(request, bucket, lambda m: m.add_scope(name))
 
 
 @routes.delete(_BASE + "/{scope}")
 async def drop_scope(request: web.Request) -> web.Response:
     bucket = _bucket(request, "bucket.write")
     scope = request.match_info["scope"]
-    return _change(bucket, lambda m: m.drop_scope(scope))
+    return _change(request, bucket, lambda m: m.drop_scope(scope))
 
 
 @routes.post(_BASE + "/{scope}/collections")
@@ -118,7 +124,9 @@ async def create_collection(request: web.Request) -> web.Response:
         raise error(400, "Collection name is missing", field="name")
     scope = request.match_info["scope"]
     ttl, history = _ttl(form), _history(form)
-    return _change(bucket, lambda m: m.add_collection(scope, name, max_ttl=ttl or 0, history=bool(history)))
+    if history is None:  # the bucket's default for new collections (historyRetentionCollectionDefault)
+        history = bool(bucket.settings.get("historyRetentionCollectionDefault", False))
+    return _change(request, bucket, lambda m: m.add_collection(scope, name, max_ttl=ttl or 0, history=history))
 
 
 @routes.patch(_BASE + "/{scope}/collections/{collection}")
@@ -127,11 +135,11 @@ async def update_collection(request: web.Request) -> web.Response:
     form = await read_form(request)
     scope, name = request.match_info["scope"], request.match_info["collection"]
     ttl, history = _ttl(form), _history(form)
-    return _change(bucket, lambda m: m.update_collection(scope, name, max_ttl=ttl, history=history))
+    return _change(request, bucket, lambda m: m.update_collection(scope, name, max_ttl=ttl, history=history))
 
 
 @routes.delete(_BASE + "/{scope}/collections/{collection}")
 async def drop_collection(request: web.Request) -> web.Response:
     bucket = _bucket(request, "bucket.write")
     scope, name = request.match_info["scope"], request.match_info["collection"]
-    return _change(bucket, lambda m: m.drop_collection(scope, name))
+    return _change(request, bucket, lambda m: m.drop_collection(scope, name))
