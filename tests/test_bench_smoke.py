@@ -53,11 +53,15 @@ def test_bench_smoke(script, tmp_path):
 
 
 @pytest.mark.slow
-def test_kv_subdoc_smoke(tmp_path):
-    """bench/kv.py --subdoc (sub-document commands against GET/SET) runs end to end too."""
+@pytest.mark.parametrize(("script", "lines"), [
+    ("kv.py", ("ratio mutate_in/SET", "lookup_in/GET")),
+    ("kv_instructions.py", ("MUTATE_IN workload", "LOOKUP_IN workload")),
+])
+def test_subdoc_smoke(script, lines, tmp_path):
+    """The --subdoc figures (sub-document commands against GET/SET) run end to end too."""
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""),
                TMPDIR=str(tmp_path))
-    proc = subprocess.run([sys.executable, str(BENCH / "kv.py"), "--smoke", "--subdoc"], cwd=ROOT, env=env,
+    proc = subprocess.run([sys.executable, str(BENCH / script), "--smoke", "--subdoc"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "ratio mutate_in/SET" in proc.stdout and "lookup_in/GET" in proc.stdout, proc.stdout
+    assert all(line in proc.stdout for line in lines), proc.stdout
