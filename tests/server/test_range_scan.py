@@ -237,3 +237,38 @@ def test_a_scan_of_an_unknown_collection_is_refused(server):
         c.set(b"k", b"{}", datatype=1)
         reply = create(c, rs.ScanConfig(collection_id=0x99, key_only=True, start=b"\x00", end=b"\xff"))
         assert reply.status == S.UNKNOWN_COLLECTION
+
+
+def test_a_scan_covers_its_collection_and_ends_when_it_is_dropped(server):
+    """Keys of a named collection are scanned by a CREATE naming it, not by the default
+    collection's; once the collection is dropped a continue answers UNKNOWN_COLLECTION and the
+    scan is gone."""
+    from dcpflow.protocol.keys import encode_leb128
+    from dcpflow.protocol.opcodes import Opcode
+    engine = server.server.buckets["default"].engine
+
+    def add() -> int:
+        engine.change_manifest(lambda m: m.add_scope("rs"))
+        m = engine.change_manifest(lambda m: m.add_collection("rs", "c"))
+        return next(c.uid for s in m.scopes if s.name == "rs" for c in s.collections if c.name == "c")
+
+    cid = server.call(add)
+    named, default = keys_in(VB, 6, prefix="nc"), keys_in(VB, 3, prefix="nd")
+    with server.client() as c:
+        c.login(features=(Feature.XERROR, Feature.JSON, Feature.COLLECTIONS))
+        for k in named:
+            assert c.call(Opcode.SET, key=encode_leb128(cid) + k, extras=bytes(8), value=b"{}", vbucket=VB,
+                          datatype=1).status == S.SUCCESS
+        for k in default:
+            assert c.set(k, b"{}", vbucket=VB, datatype=1).status == S.SUCCESS
+        assert scan_all(c, ALL._replace(key_only=True, collection_id=cid)) == sorted(named)
+        assert set(scan_all(c, ALL._replace(key_only=True))) >= set(default)
+        assert not set(scan_all(c, ALL._replace(key_only=True))) & set(named)
+        reply = create(c, ALL._replace(key_only=True, collection_id=cid))
+        scan_id = rs.RangeScanCreateResponse.from_frame(reply).scan_id
+        got, frames = continue_all(c, scan_id, item_limit=2)
+        assert got == sorted(named)[:2] and frames[-1].status == S.RANGE_SCAN_MORE
+        server.call(lambda: engine.change_manifest(lambda m: m.drop_collection("rs", "c")))
+        assert continue_all(c, scan_id)[1][-1].status == S.UNKNOWN_COLLECTION
+        assert continue_all(c, scan_id)[1][-1].status == S.KEY_ENOENT  # the scan was cancelled
+        assert create(c, ALL._replace(key_only=True, collection_id=cid)).status == S.UNKNOWN_COLLECTION
