@@ -152,7 +152,8 @@ def test_json_lines_from_batches_match_the_per_row_format():
         base.update(kw)
         return base
     rows = [row(), row(key="é".encode()), row(key=b'q"uote\\'), row(key=b"\xff\xfe"),
-            row(value=b"\x00\x01", datatype=0), row(value=b"plain text", datatype=0), row(value=b'{\n "a": [1, 2]\n}'), row(value=b"", datatype=0),
+            row(value=b"\x00\x01", datatype=0), row(value=b"plain text", datatype=0),
+            row(value=b'{\n "a": [1, 2]\n}'), row(value=b"", datatype=0),
             row(event="deletion", value=None, datatype=0, delete_time=77, flags=0, expiry=0),
             row(event="expiration", value=None, datatype=0, delete_time=78, collection_id=0, flags=0, expiry=0)]
     batch = pa.RecordBatch.from_pylist(rows, schema=SCHEMA)
