@@ -6,9 +6,10 @@ four ways:
 
 * batches  - `DcpClient.batches()`: Arrow record batches (max_rows 65536), rows counted;
 * events   - `DcpClient.events()`: one Mutation object per document;
-* tail     - `dcpflow tail URL --until now` as a user runs it (a subprocess, its start-up
-             included), its JSON lines written to a file and counted; shown against the batch
-             API's drain of the same run (the target is within 1.5x);
+* tail     - `dcpflow tail URL --until now`: in this process (the `tail()` coroutine, JSON lines
+             to a file) against the batch API's drain of the same run (the target is within
+             1.5x), and as a user runs it (a subprocess: Python's start-up and the imports of
+             pyarrow and numpy included); the lines are counted both times;
 * raw      - a plain socket with the same DCP_OPEN / controls / stream requests that reads the same
              number of stream bytes without decoding anything (it acks what it reads): the limit
              of server + loopback for this workload;
@@ -88,7 +89,28 @@ async def read_events(port: int, highs: dict[int, int], buffer: int) -> tuple[fl
         return time.perf_counter() - t0, n
 
 
+def _count_lines(path: str) -> int:
+    with open(path, "rb") as f:
+        n = sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 20), b""))
+    os.unlink(path)
+    return n
+
+
 def run_tail(port: int, buffer: int, out_dir: str) -> tuple[float, int]:
+    """`tail --until now` in this process, lines to a file: (seconds, JSON lines)."""
+    from dcpflow.client.tail import tail
+    path = os.path.join(out_dir, "tail.jsonl")
+    with open(path, "w") as out, open(os.devnull, "w") as err:
+        t0 = time.perf_counter()
+        code = asyncio.run(tail(connstr(port, buffer), username=USER, password=PASSWORD, start="beginning",
+                                state_path=None, vbuckets=None, fmt="jsonl", until="now", progress=False,
+                                save_interval=5.0, out=out, err=err))
+        secs = time.perf_counter() - t0
+    assert code == 0
+    return secs, _count_lines(path)
+
+
+def run_tail_process(port: int, buffer: int, out_dir: str) -> tuple[float, int]:
     """`dcpflow tail --until now` in a subprocess, stdout to a file: (seconds, JSON lines)."""
     path = os.path.join(out_dir, "tail.jsonl")
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""))
@@ -97,10 +119,7 @@ def run_tail(port: int, buffer: int, out_dir: str) -> tuple[float, int]:
         subprocess.run([sys.executable, "-m", "dcpflow.cli", "tail", connstr(port, buffer), "--until", "now",
                         "--no-progress"], stdout=out, stderr=subprocess.PIPE, check=True, env=env)
         secs = time.perf_counter() - t0
-    with open(path, "rb") as f:
-        lines = sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 20), b""))
-    os.unlink(path)
-    return secs, lines
+    return secs, _count_lines(path)
 
 
 def read_raw(port: int, highs: dict[int, int], buffer: int, expect: int) -> tuple[float, int, list[bytes]]:
@@ -271,7 +290,7 @@ def main() -> int:
         print(f"built {args.docs:,} docs ({args.value_size}-byte values, {args.vbuckets} vbuckets) in "
               f"{time.perf_counter() - t:.1f}s", flush=True)
         proc, port = start_server(os.path.join(tmp, "data"), args.vbuckets)
-        b_secs = e_secs = r_secs = t_secs = float("inf")
+        b_secs = e_secs = r_secs = t_secs = p_secs = float("inf")
         cpu = {"batch": float("inf"), "event": float("inf"), "raw": float("inf")}
         try:
             for _ in range(args.repeat):  # interleaved, best of each: the server's caches warm up alike
@@ -286,10 +305,13 @@ def main() -> int:
                 r_secs, cpu["raw"] = min(r_secs, secs), min(cpu["raw"], time.process_time() - c2)
                 secs, tail_lines = run_tail(port, args.buffer, tmp)
                 t_secs = min(t_secs, secs)
+                secs, process_lines = run_tail_process(port, args.buffer, tmp)
+                p_secs = min(p_secs, secs)
         finally:
             stop(proc)
         d_secs, d_rows = decode_only(record, highs)
-        assert rows == events == args.docs == d_rows == tail_lines, (rows, events, d_rows, tail_lines)
+        assert rows == events == args.docs == d_rows == tail_lines == process_lines, (
+            rows, events, d_rows, tail_lines, process_lines)
         limit = args.docs / r_secs
         print(f"stream bytes {stream_bytes / 1e6:.1f} MB, {args.docs:,} mutations, buffer {args.buffer:,} bytes, "
               f"best of {args.repeat}")
@@ -301,7 +323,9 @@ def main() -> int:
             print(f"{name:<22} {rate:>12,.0f} items/s  {stream_bytes / secs / 1e6:8.1f} MB/s   "
                   f"{rate / limit:.2f}x of limit  client CPU {us[key]:.2f} us/item")
         print(f"{'tail (JSON lines)':<22} {args.docs / t_secs:>12,.0f} items/s  {t_secs:8.2f} s      "
-              f"{t_secs / b_secs:.2f}x the batch API's drain time (start-up included)")
+              f"{t_secs / b_secs:.2f}x the batch API's drain time ({b_secs:.2f} s)")
+        print(f"{'dcpflow tail (process)':<22} {args.docs / p_secs:>12,.0f} items/s  {p_secs:8.2f} s      "
+              f"{p_secs / b_secs:.2f}x, with Python's start-up and imports")
         print(f"{'decode only (no I/O)':<22} {args.docs / d_secs:>12,.0f} items/s  "
               f"{r_bytes / d_secs / 1e6:8.1f} MB/s   client CPU alone; {args.docs / d_secs / limit:.2f}x of limit")
         print(f"batch API / event API: {e_secs / b_secs:.2f}x in items/s, {us['event'] / us['batch']:.2f}x in client "

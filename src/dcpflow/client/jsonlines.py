@@ -19,8 +19,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-_NEEDS_ESCAPE = r'["\\\x00-\x1f]'
-
 
 def _text(data: bytes) -> str:
     try:
@@ -52,10 +50,6 @@ def row_json(event: str, vbucket: int, seqno: int, key: bytes, value: bytes | No
     return doc
 
 
-def _s(arr: pa.Array) -> pa.Array:
-    return pc.cast(arr, pa.string())
-
-
 def _as_text(arr: pa.Array) -> tuple[pa.Array, pa.Array]:
     """(arr as string with invalid UTF-8 rows null, the rows that were valid)."""
     try:
@@ -75,6 +69,27 @@ def _valid_utf8(b) -> bool:
         return False
 
 
+def _join(parts: list) -> pa.Array:
+    """binary_join_element_wise over `parts` (arrays and str constants), adjacent constants merged
+    first: every argument is a pass over the rows."""
+    merged: list = []
+    for p in parts:
+        if isinstance(p, str) and merged and isinstance(merged[-1], str):
+            merged[-1] += p
+        else:
+            merged.append(p)
+    return pc.binary_join_element_wise(*merged, "")
+
+
+def _printable_key(key: pa.Array) -> pa.Array:
+    """Keys that go into a JSON string as they are: printable (no control characters) and
+    without a quote or a backslash."""
+    ok = pc.utf8_is_printable(key)
+    for c in ('"', "\\"):
+        ok = pc.and_(ok, pc.invert(pc.match_substring(key, c)))
+    return ok
+
+
 def format_batch(batch: pa.RecordBatch, names) -> memoryview:
     """The batch's rows as JSON lines (each ends with a newline). `names(cid)` -> (scope,
     collection) names of a collection id."""
@@ -82,41 +97,47 @@ def format_batch(batch: pa.RecordBatch, names) -> memoryview:
     if not n:
         return memoryview(b"")
     col = batch.column
-    event = col(batch.schema.get_field_index("event"))
-    key, ok_key = _as_text(col(batch.schema.get_field_index("key")))
-    value = col(batch.schema.get_field_index("value"))
-    datatype = col(batch.schema.get_field_index("datatype"))
-    cid = col(batch.schema.get_field_index("collection_id"))
+    index = batch.schema.get_field_index
+
+    def num(name: str) -> pa.Array:
+        return pc.cast(col(index(name)), pa.string())
+
+    event = col(index("event"))
+    key, ok_key = _as_text(col(index("key")))
+    value = col(index("value"))
+    datatype = col(index("datatype"))
+    cid = col(index("collection_id"))
     is_mut = pc.equal(event, "mutation")
+    all_mut = pc.all(is_mut).as_py()
     # which rows can go as they are
-    fast = pc.invert(pc.match_substring_regex(key, _NEEDS_ESCAPE))
+    fast = _printable_key(key)
     if ok_key is not None:
         fast = pc.and_(fast, ok_key)
     vtext, ok_value = _as_text(pc.fill_null(value, b""))
-    json_value = pc.and_(pc.not_equal(pc.bit_wise_and(datatype, 1), 0),
-                         pc.invert(pc.match_substring_regex(vtext, "[\r\n]")))
-    json_value = pc.and_(json_value, pc.greater(pc.binary_length(vtext), 0))
+    json_value = pc.and_(pc.not_equal(pc.bit_wise_and(datatype, 1), 0), pc.greater(pc.binary_length(vtext), 0))
+    for c in ("\n", "\r"):
+        json_value = pc.and_(json_value, pc.invert(pc.match_substring(vtext, c)))
     if ok_value is not None:
         json_value = pc.and_(json_value, ok_value)
-    fast = pc.and_(fast, pc.or_(pc.invert(is_mut), json_value))
-    # collection names: a few distinct ids per batch
+    fast = pc.and_(fast, json_value if all_mut else pc.or_(pc.invert(is_mut), json_value))
+    # collection names: a few distinct ids per batch, often one
     uniq = pc.unique(cid)
     pairs = [names(int(c)) for c in uniq.to_pylist()]
-    where = pc.index_in(cid, value_set=uniq)
-    scope = pc.take(pa.array([json.dumps(p[0]) for p in pairs], pa.string()), where)
-    coll = pc.take(pa.array([json.dumps(p[1]) for p in pairs], pa.string()), where)
-    cas = _s(col(batch.schema.get_field_index("cas")).view(pa.uint64()))
-    common_head = ['{"event":"', event, '","vbucket":', _s(col(0)), ',"seqno":',
-                   _s(col(batch.schema.get_field_index("seqno"))), ',"key":"', key, '"']
-    tail = [',"collection_id":', _s(cid), ',"scope":', scope, ',"collection":', coll, "}\n"]
-    mut = pc.binary_join_element_wise(
-        *common_head, ',"value":', vtext, ',"cas":', cas, ',"rev_seqno":',
-        _s(col(batch.schema.get_field_index("rev_seqno"))), ',"flags":', _s(col(batch.schema.get_field_index("flags"))),
-        ',"expiry":', _s(col(batch.schema.get_field_index("expiry"))), ',"datatype":', _s(datatype), *tail, "")
-    other = pc.binary_join_element_wise(
-        *common_head, ',"cas":', cas, ',"rev_seqno":', _s(col(batch.schema.get_field_index("rev_seqno"))),
-        ',"delete_time":', _s(col(batch.schema.get_field_index("delete_time"))), *tail, "")
-    lines = pc.if_else(is_mut, mut, other)
+    if len(pairs) == 1:
+        scope, coll = json.dumps(pairs[0][0]), json.dumps(pairs[0][1])
+    else:
+        where = pc.index_in(cid, value_set=uniq)
+        scope = pc.take(pa.array([json.dumps(p[0]) for p in pairs], pa.string()), where)
+        coll = pc.take(pa.array([json.dumps(p[1]) for p in pairs], pa.string()), where)
+    cas = pc.cast(col(index("cas")).view(pa.uint64()), pa.string())
+    head = ['{"event":"', event, '","vbucket":', num("vbucket"), ',"seqno":', num("seqno"), ',"key":"', key, '"']
+    tail = [',"collection_id":', pc.cast(cid, pa.string()), ',"scope":', scope, ',"collection":', coll, "}\n"]
+    rev = num("rev_seqno")
+    lines = _join([*head, ',"value":', vtext, ',"cas":', cas, ',"rev_seqno":', rev, ',"flags":', num("flags"),
+                   ',"expiry":', num("expiry"), ',"datatype":', pc.cast(datatype, pa.string()), *tail])
+    if not all_mut:
+        other = _join([*head, ',"cas":', cas, ',"rev_seqno":', rev, ',"delete_time":', num("delete_time"), *tail])
+        lines = pc.if_else(is_mut, lines, other)
     slow = pc.invert(fast)
     if pc.any(slow).as_py():
         idx = pc.indices_nonzero(slow).to_pylist()

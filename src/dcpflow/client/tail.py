@@ -190,31 +190,49 @@ async def tail_jsonl(client: DcpClient, *, start: str, store, vbuckets, until: s
             state = client.state_for(reader.offsets, reader.purge_seqnos, loaded)
             await asyncio.to_thread(store.save, state)
 
+    def side_lines() -> bytes:
+        """The rollbacks and system events seen up to the batch just yielded, as lines."""
+        docs = [as_json(r) for r in reader.rollbacks] + [as_json(e) for e in reader.system_events]
+        reader.rollbacks.clear()
+        reader.system_events.clear()
+        return "".join(json.dumps(d, separators=(",", ":")) + "\n" for d in docs).encode()
+
     async def consume():
+        # A batch is formatted in a thread (Arrow's kernels release the GIL) while the next one is
+        # read and decoded; it is written before anything after it, and before the offsets are saved.
         bar = None
         last_save = time.monotonic()
-        async for batch in reader:
-            if bar is None:
-                targets = reader.ends or await client.high_seqnos(vbs)
-                bar = Progress(_BatchProgress(reader, starts, targets), err,
-                               err.isatty() if progress is None else progress)
-            extra = []
-            if reader.rollbacks:
-                extra += [as_json(r) for r in reader.rollbacks]
-                reader.rollbacks.clear()
-            if reader.system_events:
-                extra += [as_json(e) for e in reader.system_events]
-                reader.system_events.clear()
-            if extra:
-                _write(out, "".join(json.dumps(d, separators=(",", ":")) + "\n" for d in extra).encode())
-            _write(out, format_batch(batch, names))
-            bar.update()
-            if store is not None and time.monotonic() - last_save >= save_interval:
-                await save()
-                last_save = time.monotonic()
-        if reader.system_events or reader.rollbacks:
-            rest = [as_json(r) for r in reader.rollbacks] + [as_json(e) for e in reader.system_events]
-            _write(out, "".join(json.dumps(d, separators=(",", ":")) + "\n" for d in rest).encode())
+        written = None  # the task writing the last batch (each waits for the one before it)
+
+        async def write(before: bytes, fut, previous) -> None:
+            if previous is not None:
+                await previous
+            if before:
+                _write(out, before)
+            _write(out, await fut)
+
+        async def flushed() -> None:
+            if written is not None:
+                await asyncio.shield(written)
+
+        try:
+            async for batch in reader:
+                if bar is None:
+                    targets = reader.ends or await client.high_seqnos(vbs)
+                    bar = Progress(_BatchProgress(reader, starts, targets), err,
+                                   err.isatty() if progress is None else progress)
+                fut = loop.run_in_executor(None, format_batch, batch, names)
+                written = asyncio.ensure_future(write(side_lines(), fut, written))
+                bar.update()
+                if store is not None and time.monotonic() - last_save >= save_interval:
+                    await flushed()
+                    await save()
+                    last_save = time.monotonic()
+        finally:
+            await flushed()
+        rest = side_lines()
+        if rest:
+            _write(out, rest)
         if bar is None:
             targets = reader.ends or await client.high_seqnos(vbs)
             bar = Progress(_BatchProgress(reader, starts, targets), err, err.isatty() if progress is None else progress)
