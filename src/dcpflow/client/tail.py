@@ -197,6 +197,12 @@ async def tail_jsonl(client: DcpClient, *, start: str, store, vbuckets, until: s
         reader.system_events.clear()
         return "".join(json.dumps(d, separators=(",", ":")) + "\n" for d in docs).encode()
 
+    async def make_bar() -> Progress:
+        enabled = err.isatty() if progress is None else progress
+        # the targets are the high seqnos at the start: asked for only when there is a bar to draw
+        targets = (reader.ends or await client.high_seqnos(vbs)) if enabled else {}
+        return Progress(_BatchProgress(reader, starts, targets), err, enabled)
+
     async def consume():
         # A batch is formatted in a thread (Arrow's kernels release the GIL) while the next one is
         # read and decoded; it is written before anything after it, and before the offsets are saved.
@@ -218,9 +224,7 @@ async def tail_jsonl(client: DcpClient, *, start: str, store, vbuckets, until: s
         try:
             async for batch in reader:
                 if bar is None:
-                    targets = reader.ends or await client.high_seqnos(vbs)
-                    bar = Progress(_BatchProgress(reader, starts, targets), err,
-                                   err.isatty() if progress is None else progress)
+                    bar = await make_bar()
                 fut = loop.run_in_executor(None, format_batch, batch, names)
                 written = asyncio.ensure_future(write(side_lines(), fut, written))
                 bar.update()
@@ -234,8 +238,7 @@ async def tail_jsonl(client: DcpClient, *, start: str, store, vbuckets, until: s
         if rest:
             _write(out, rest)
         if bar is None:
-            targets = reader.ends or await client.high_seqnos(vbs)
-            bar = Progress(_BatchProgress(reader, starts, targets), err, err.isatty() if progress is None else progress)
+            bar = await make_bar()
         bar.update(force=True)
 
     task = asyncio.ensure_future(consume())
