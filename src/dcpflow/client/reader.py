@@ -94,8 +94,10 @@ class _Reader:
 class EventStream(_Reader):
     """`async for event in client.events(...)`; see DcpClient.events."""
 
-    def __init__(self, client, vbuckets, start, end, state, rollback, markers, save_interval, ignore_purged):
+    def __init__(self, client, vbuckets, start, end, state, rollback, markers, save_interval, ignore_purged,
+                 include_xattrs: bool = False):
         self._args = (vbuckets, start, end, state, rollback, ignore_purged)
+        self._include_xattrs = include_xattrs
         self.state = state
         self.markers = markers
         self.save_interval = save_interval
@@ -133,7 +135,8 @@ class EventStream(_Reader):
 
     async def _run(self):
         vbuckets, start, end, state, rollback, ignore_purged = self._args
-        self._loaded = await self._open(vbuckets, start, end, state, rollback, ignore_purged)
+        self._loaded = await self._open(vbuckets, start, end, state, rollback, ignore_purged,
+                                        include_xattrs=self._include_xattrs)
         # the ends themselves when bounded: a read bounded by "now" may lower them (streams.NewEnd)
         self.targets = self.ends if self.ends else await self.client.high_seqnos(list(self.starts))
         feed = self.feed

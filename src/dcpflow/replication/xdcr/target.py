@@ -1,0 +1,163 @@
+"""Writing changes to the target bucket with their metadata: SetWithMeta for mutations, DelWithMeta
+for deletions and expirations (option IS_EXPIRATION), each carrying the source's CAS, revision
+seqno, flags, expiry (or delete time) and xattrs, so the target stores the same version and its
+conflict resolution can compare versions from both sides
+(https://github.com/couchbase/kv_engine/blob/master/engines/ep/docs/protocol/set_with_meta.md,
+del_with_meta.md).
+
+A batch is split by the target node that holds each key's vbucket (the target's own map: the
+two buckets may differ in vbucket count) and pipelined, one write per node, replies matched in
+order. NOT_MY_VBUCKET (a vbucket moved, a node failed over) refreshes the map and sends the
+change again to the new owner; temporary failures and lost connections are retried with backoff
+for as long as it takes, since a replication must not drop a change: an outcome is final only
+when the target said SUCCESS, KEY_EEXISTS (its version won conflict resolution: counted, not
+retried, as goxdcr does) or refused the change for good (an error naming it).
+
+HELLO MutationSeqno makes every success carry the target's vbucket UUID and seqno: the
+checkpoints record them (checkpoints.py), and a UUID that changed tells the replicator the target
+failed over or restarted uncleanly.
+"""
+
+import asyncio
+import contextlib
+import logging
+from typing import NamedTuple
+
+from dcpflow.client import DcpClient
+from dcpflow.client.connection import FEATURES
+from dcpflow.client.errors import ClientError, ConnectError
+from dcpflow.protocol import kv as kvproto
+from dcpflow.protocol.errors import ProtocolError
+from dcpflow.protocol.hello import Feature
+from dcpflow.protocol.keys import make_key
+from dcpflow.protocol.meta import DelWithMeta, GetMeta, GetMetaResponse, SetWithMeta, WithMetaOption
+from dcpflow.protocol.status import Status
+
+log = logging.getLogger("dcpflow.xdcr")
+
+WRITER_FEATURES = FEATURES + (Feature.MUTATION_SEQNO,)
+SET, DELETE, EXPIRE = "set", "delete", "expire"
+#: Statuses after which the same request is sent again (after a pause, or a map refresh).
+_AGAIN = frozenset({Status.ETMPFAIL, Status.EBUSY, Status.ENOMEM, Status.NOT_INITIALIZED, Status.NOT_MY_VBUCKET})
+MAX_BACKOFF = 2.0
+
+
+class Change(NamedTuple):
+    """One change to write: what the source's DCP stream said about it."""
+
+    kind: str  # SET, DELETE or EXPIRE
+    key: bytes
+    value: bytes
+    cas: int
+    rev_seqno: int
+    flags: int
+    expiry: int  # a mutation's absolute expiry, a deletion's delete time
+    datatype: int
+
+
+class Outcome(NamedTuple):
+    status: int  # SUCCESS, KEY_EEXISTS (the target's version won) or the refusal
+    vbucket: int  # the target vbucket
+    vbuuid: int | None = None
+    seqno: int | None = None
+
+
+def _key(item) -> bytes:
+    return item.key if isinstance(item, Change) else item
+
+
+class Target:
+    """The target bucket, through a DcpClient's cluster map and KV connections."""
+
+    def __init__(self, client: DcpClient, lww: bool, timeout: float = 30.0):
+        self.client = client
+        self.lww = lww
+        self.timeout = timeout
+        self.retries = 0  # requests sent again (moved vbucket, temporary failure, lost connection)
+
+    @classmethod
+    async def connect(cls, url: str, username: str, password: str, lww: bool | None = None) -> "Target":
+        client = await DcpClient.connect(url, username, password, agent="dcpflow-xdcr", features=WRITER_FEATURES)
+        return cls(client, bool(lww))
+
+    async def close(self) -> None:
+        await self.client.close()
+
+    def vbucket_of(self, key: bytes) -> int:
+        return self.client.cluster_map.vbucket_for_key(key)
+
+    def _request(self, change: Change, vbucket: int, collections: bool):
+        key = make_key(change.key) if collections else change.key
+        if change.kind == SET:
+            options = WithMetaOption.FORCE_ACCEPT_WITH_META_OPS if self.lww else None
+            return SetWithMeta(key, change.value, change.flags, change.expiry, change.rev_seqno, change.cas,
+                               options, vbucket=vbucket, datatype=change.datatype)
+        options = WithMetaOption.FORCE_ACCEPT_WITH_META_OPS if self.lww else 0
+        if change.kind == EXPIRE:
+            options |= WithMetaOption.IS_EXPIRATION
+        return DelWithMeta(key, change.flags, change.expiry, change.rev_seqno, change.cas, options or None,
+                           value=change.value, vbucket=vbucket, datatype=change.datatype if change.value else 0)
+
+    async def write(self, changes: list[Change]) -> list[Outcome]:
+        """Write every change; returns each one's final outcome, in order."""
+        return await self._each(changes, lambda c, vb, coll: self._request(c, vb, coll), self._outcome)
+
+    async def get_metas(self, keys: list[bytes]) -> list[GetMetaResponse]:
+        """GET_META (version 2) of each key on the target, pipelined per node."""
+        return await self._each(keys, lambda k, vb, coll: GetMeta(make_key(k) if coll else k, 2, vb),
+                                lambda frame, vb: GetMetaResponse.from_frame(frame))
+
+    @staticmethod
+    def _outcome(frame, vb: int) -> Outcome:
+        if frame.status == Status.SUCCESS:
+            reply = kvproto.MutationResponse.from_frame(frame)
+            return Outcome(Status.SUCCESS, vb, reply.vbucket_uuid, reply.seqno)
+        return Outcome(frame.status, vb)
+
+    async def _each(self, items: list, make, interpret) -> list:
+        """Send make(item, vbucket, collections) for every item to the node owning its vbucket and
+        return interpret(reply, vbucket) for each, retrying what may succeed later."""
+        results: list = [None] * len(items)
+        pending = list(range(len(items)))
+        backoff = 0.05
+        while pending:
+            groups: dict[tuple[str, int] | None, list[int]] = {}
+            for i in pending:
+                groups.setdefault(self.client.node_for_vbucket(self.vbucket_of(_key(items[i]))), []).append(i)
+            parts = await asyncio.gather(*(self._send(a, idx, items, make, interpret, results)
+                                           for a, idx in groups.items()))
+            retry = sorted(i for part, _ in parts for i in part)
+            if not retry:
+                break
+            self.retries += len(retry)
+            pending = retry
+            await asyncio.sleep(backoff)  # the target is moving a vbucket or restarting: give it a moment
+            backoff = min(backoff * 2, MAX_BACKOFF)
+            if any(refresh for _, refresh in parts):
+                with contextlib.suppress(ConnectError, ProtocolError, ClientError, OSError):
+                    await self.client.refresh_map()
+        return results
+
+    async def _send(self, address, idx: list[int], items: list, make, interpret, results: list):
+        """One node's share, pipelined; (indexes to send again, whether the map needs a refresh)."""
+        if address is None:  # no active copy in the map right now (failover under way)
+            return idx, True
+        try:
+            conn = await self.client.kv_connection(address)
+            coll = conn.collections
+            requests = [make(items[i], self.vbucket_of(_key(items[i])), coll) for i in idx]
+            replies = await conn.call_many(requests, self.timeout)
+        except (ClientError, TimeoutError, OSError) as e:
+            log.info("target %s:%d: %s; sending %d requests again", address[0], address[1], e, len(idx))
+            return idx, True
+        retry, refresh = [], False
+        for i, req, frame in zip(idx, requests, replies, strict=True):
+            if frame.status in _AGAIN:
+                refresh |= frame.status == Status.NOT_MY_VBUCKET
+                retry.append(i)
+            else:
+                results[i] = interpret(frame, req.vbucket)
+        return retry, refresh
+
+    async def failover_logs(self, vbuckets) -> dict[int, list[tuple[int, int]]]:
+        return await self.client.failover_logs(vbuckets)
