@@ -87,7 +87,9 @@ class XdcrReplicator:
         self.target: Target | None = None
         self.mode: ConflictResolutionMode | None = None
         self.positions: dict[int, Offset] = {}
-        self.target_pos: dict[int, tuple[int, int]] = {}
+        #: per target vbucket: (vbuuid, highest seqno) of our writes since the last checkpoint
+        self._written: dict[int, tuple[int, int]] = {}
+        self._target_uuids: dict[int, int] = {}  # the branch each target vbucket was last seen on
         self._sent_high: dict[int, int] = {}  # per source vbucket: the highest seqno sent this run
         self._generations: Generations | None = None
         self._store = CheckpointStore(self.state_dir)
@@ -106,8 +108,10 @@ class XdcrReplicator:
         self._generations = await asyncio.to_thread(self._store.load, identity)
         newest = self._generations.newest
         self.positions = {vb: newest.source.get(vb, Offset()) for vb in range(self.source.num_vbuckets)}
-        self.target_pos = dict(newest.target)
-        await self._validate_target(list(self.target_pos))
+        self._target_uuids = {vb: u for vb, (u, _) in newest.target.items()}
+        lost = await self._lost_target_vbuckets(range(self.target.client.num_vbuckets))
+        if lost:
+            self._rewind(lost)
 
     async def _conflict_mode(self) -> ConflictResolutionMode:
         wanted = self.settings.conflict_resolution
@@ -217,18 +221,14 @@ class XdcrReplicator:
             stats["latency_ms_max"] = max(stats["latency_ms_max"], round(latency, 3))
         else:
             outcomes = []
-        moved = {o.vbucket for o in outcomes if o.vbuuid is not None and o.vbucket in self.target_pos
-                 and self.target_pos[o.vbucket][0] != o.vbuuid}
-        lost = await self._lost_target_vbuckets(moved) if moved else {}
         for change, o in zip(changes, outcomes, strict=True):
             if o.status == 0:
                 stats["docs_written"] += 1
                 stats[{SET: "sets_written", DELETE: "deletions_written", EXPIRE: "expirations_written"}[change.kind]] \
                     += 1
-                if o.vbucket not in lost:
-                    old = self.target_pos.get(o.vbucket)
-                    seqno = o.seqno if old is None or old[0] != o.vbuuid else max(old[1], o.seqno)
-                    self.target_pos[o.vbucket] = (o.vbuuid, seqno)
+                old = self._written.get(o.vbucket)
+                if o.vbuuid is not None and (old is None or old[0] != o.vbuuid or old[1] < o.seqno):
+                    self._written[o.vbucket] = (o.vbuuid, o.seqno)
             elif o.status == 0x02:  # KEY_EEXISTS: the target's version won (or is this very one)
                 stats["failed_cr_target"] += 1
             else:
@@ -237,25 +237,35 @@ class XdcrReplicator:
                             o.status)
         for vb, offset in after:
             self.positions[vb] = offset
+        # A reply from another branch than we knew: the target failed over or restarted, and may
+        # have lost what we wrote before.
+        moved = {o.vbucket for o in outcomes if o.vbuuid is not None
+                 and self._target_uuids.setdefault(o.vbucket, o.vbuuid) != o.vbuuid}
+        lost = await self._lost_target_vbuckets(moved) if moved else {}
         if lost:
             self._rewind(lost)
             return True
         return False
 
     # -- the target's history ----------------------------------------------------------------
-    async def _lost_target_vbuckets(self, vbuckets) -> dict[int, list[tuple[int, int]]]:
-        """{target vbucket: failover log} of those where our recorded writes are no longer there."""
-        vbuckets = [vb for vb in vbuckets if vb in self.target_pos]
+    async def _lost_target_vbuckets(self, vbuckets, logs=None) -> dict[int, list[tuple[int, int]]]:
+        """{target vbucket: failover log} of those that no longer hold what the newest checkpoint
+        recorded there, or what we wrote since (target_survives)."""
+        vbuckets = list(vbuckets)
         if not vbuckets:
             return {}
-        logs = await self.target.failover_logs(vbuckets)
-        return {vb: logs[vb] for vb in vbuckets if not target_survives(self.target_pos[vb], logs[vb])}
-
-    async def _validate_target(self, vbuckets) -> bool:
-        lost = await self._lost_target_vbuckets(vbuckets)
-        if lost:
-            self._rewind(lost)
-        return bool(lost)
+        if logs is None:
+            logs = await self.target.failover_logs(vbuckets)
+        newest = self._generations.newest.target
+        lost = {}
+        for vb in vbuckets:
+            log_ = logs[vb]
+            if (vb in newest and not target_survives(newest[vb], log_)) or \
+                    (vb in self._written and not target_survives(self._written[vb], log_)):
+                lost[vb] = log_
+            if log_:
+                self._target_uuids[vb] = log_[0][0]
+        return lost
 
     def _rewind(self, lost: dict[int, list[tuple[int, int]]]) -> None:
         """Send again, from the newest checkpoint still whole on the target, what the target lost."""
@@ -263,30 +273,41 @@ class XdcrReplicator:
         safe = gens.safe_for(lost)
         same_layout = self.source.num_vbuckets == self.target.client.num_vbuckets
         affected = set(lost) if same_layout else set(self.positions)
-        for vb in affected:
+        for vb in sorted(affected):
             back = safe.source.get(vb, Offset())
             if back.seqno < self.positions[vb].seqno:
-                log.warning("target vbucket %s lost writes: source vbucket %d goes back from seqno %d to %d",
-                            sorted(lost)[:8], vb, self.positions[vb].seqno, back.seqno)
+                log.warning("target vbucket %d lost writes (failover log %s): source vbucket %d goes back from "
+                            "seqno %d to %d", vb if same_layout else -1, lost.get(vb, "?"), vb,
+                            self.positions[vb].seqno, back.seqno)
             self.positions[vb] = back
         for tvb in lost:
-            if tvb in safe.target:
-                self.target_pos[tvb] = safe.target[tvb]
-            else:
-                self.target_pos.pop(tvb, None)
+            self._written.pop(tvb, None)
         gens.drop_newer_than(safe)
         self.stats["target_rewinds"] += 1
 
     # -- checkpoints and status ---------------------------------------------------------------
     async def _checkpoint(self, final: bool = False) -> bool:
-        """Validate the target positions, then save a generation and the status; True if the target
-        lost writes (the caller reopens the streams from the rewound positions)."""
+        """Check the target kept what we wrote, then save a generation (the source positions, and
+        each target vbucket's branch and high seqno now) and the status; True if the target lost
+        writes (the caller reopens the streams from the rewound positions)."""
         self._next_checkpoint = time.monotonic() + self.settings.checkpoint_interval
         if self.source is None or self._generations is None:
             return False
-        if await self._validate_target(list(self.target_pos)) and not final:
-            return True
-        self._generations.add(Generation(dict(self.positions), dict(self.target_pos)))
+        vbuckets = list(range(self.target.client.num_vbuckets))
+        try:
+            logs, highs = await asyncio.gather(self.target.failover_logs(vbuckets),
+                                               self.target.client.high_seqnos(vbuckets))
+        except Exception as e:  # the target is away: no checkpoint now (the previous one stays valid)
+            log.log(logging.WARNING if final else logging.INFO, "no checkpoint: the target did not answer (%s)", e)
+            return False
+        lost = await self._lost_target_vbuckets(vbuckets, logs)
+        if lost:
+            self._rewind(lost)
+            if not final:
+                return True
+        target = {vb: (logs[vb][0][0], highs[vb]) for vb in vbuckets if logs[vb]}
+        self._generations.add(Generation(dict(self.positions), target))
+        self._written.clear()
         await asyncio.to_thread(self._store.save, self._generations)
         self.stats["checkpoints"] += 1
         with contextlib.suppress(Exception):  # the source may be down: "changes left" waits for it
