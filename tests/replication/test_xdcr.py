@@ -1,15 +1,17 @@
 """Cross-cluster replication (dcpflow.replication.xdcr) between real dcpflow servers over sockets."""
 
+import signal
+
 import pytest
 
+from dcpflow.protocol.meta import GetMeta, GetMetaResponse
 from dcpflow.protocol.status import Status
-from dcpflow.replication.xdcr import Filters, Settings
-
 from dcpflow.replication.commands import free_ports
-
+from dcpflow.replication.xdcr import Filters, Settings
 from tests.server.client import RawClient
 
-from .xdcr_helpers import InProcess, bucket_view, wait_for
+from .test_cluster import wait_replicated
+from .xdcr_helpers import InProcess, XdcrProcess, bucket_view, wait_for
 
 
 def url(srv) -> str:
@@ -127,3 +129,206 @@ def test_bidirectional_conflicts_and_a_kill9_converge_to_identical_buckets(spawn
     assert stats_ba["source_rollbacks"] >= 1, stats_ba  # B's history was gone
     for stats in (stats_ab, stats_ba):
         assert stats["docs_failed"] == 0 and stats["failed_cr_target"] > 0  # echoes rejected: no loop
+
+
+# ---------------------------------------------------------------------------------------------
+# restarts of the replicator
+
+
+def _write(srv, keys, value: bytes) -> None:
+    with srv.login() as c:
+        for key in keys:
+            assert c.set(key, value).status == Status.SUCCESS
+
+
+def test_restart_resumes_from_checkpoints_and_counts_what_was_resent(two, tmp_path):
+    """`dcpflow xdcr` exits 0 on SIGTERM after a last checkpoint; the next run sends only what
+    changed since. After a kill -9 the next run resends at most what followed the last
+    checkpoint: the target rejects those as identical versions, which is how they are counted."""
+    a, b = two
+    state = tmp_path / "state"
+    first = [b"r%d" % i for i in range(100)]
+    _write(a, first, b'{"run":1}')
+    args = (url(a), url(b), state, "--checkpoint-interval", "0.2")
+    p = XdcrProcess(*args)
+    try:
+        wait_for(lambda: same(a, b, first), what="the first run to copy everything")
+        rc, out = p.terminate(signal.SIGTERM)
+    finally:
+        p.cleanup()
+    assert rc == 0 and "dcpflow xdcr stopped" in out
+    assert p.status()["stats"]["docs_written"] == 100
+
+    second = first[:30] + [b"s%d" % i for i in range(20)]
+    _write(a, second, b'{"run":2}')
+    p = XdcrProcess(*args)
+    try:
+        wait_for(lambda: same(a, b, first + second), what="the second run to copy the changes")
+        rc, _ = p.terminate(signal.SIGINT)
+    finally:
+        p.cleanup()
+    stats = p.status()["stats"]
+    assert rc == 0
+    assert stats["docs_written"] == 50 and stats["failed_cr_target"] == 0 and stats["docs_resent"] == 0
+
+    third = [b"t%d" % i for i in range(40)]
+    p = XdcrProcess(*args)
+    try:
+        _write(a, third[:20], b'{"run":3}')
+        wait_for(lambda: (p.status() or {}).get("stats", {}).get("docs_written") == 20
+                 and p.status()["stats"]["changes_left"] == 0, what="a checkpoint after the first 20")
+        _write(a, third[20:], b'{"run":3}')
+        wait_for(lambda: same(a, b, first + second + third), what="the third run to copy the changes")
+        p.proc.kill()  # kill -9: no last checkpoint
+        p.proc.wait(30)
+    finally:
+        p.cleanup()
+    p = XdcrProcess(*args)
+    try:
+        wait_for(lambda: (p.status() or {}).get("stats", {}).get("changes_left") == 0
+                 and p.status()["stats"]["checkpoints"] >= 2, what="the fourth run to catch up")
+        rc, _ = p.terminate(signal.SIGTERM)
+    finally:
+        p.cleanup()
+    stats = p.status()["stats"]
+    assert rc == 0 and stats["docs_written"] == 0  # everything was on the target already
+    resent = stats["failed_cr_target"]
+    assert resent <= 20, stats  # at most what followed the checkpoint taken after the first 20
+    print(f"re-sent after kill -9: {resent} of the 20 changes written after the last known checkpoint")
+
+
+# ---------------------------------------------------------------------------------------------
+# a source cluster fails over
+
+
+def _cluster_write(cluster, keys, value: bytes) -> None:
+    from dcpflow.protocol.keys import vbucket_for_key
+    by_node: dict[int, list[bytes]] = {}
+    for key in keys:
+        by_node.setdefault(cluster.manager.map[vbucket_for_key(key, cluster.vbuckets)][0], []).append(key)
+    for node, group in by_node.items():
+        with cluster.client(node) as c:
+            for key in group:
+                assert c.set(key, value).status == Status.SUCCESS
+
+
+def _cluster_view(cluster, keys) -> dict:
+    from dcpflow.protocol.keys import vbucket_for_key
+    by_node: dict[int, list[bytes]] = {}
+    for key in keys:
+        by_node.setdefault(cluster.manager.map[vbucket_for_key(key, cluster.vbuckets)][0], []).append(key)
+    out = {}
+    for node, group in by_node.items():
+        out.update(bucket_view(cluster.ports[node], group, cluster.vbuckets))
+    return out
+
+
+def test_source_failover_in_a_three_node_cluster_mid_replication_converges(make_cluster, make_server, tmp_path):
+    """A 3-node source cluster (16 vbuckets, one replica) replicates into a 64-vbucket server; a
+    node is killed -9 and failed over while the replicator streams from it. The replicator follows
+    the new map to the promoted replicas, and the target ends equal to the cluster."""
+    cluster = make_cluster()
+    target = make_server(data_dir=tmp_path / "target")
+    before = [b"f%d" % i for i in range(300)]
+    _cluster_write(cluster, before, b'{"phase":1}')
+    rep = InProcess(cluster.connstr + "/default", url(target), tmp_path / "state",
+                    Settings(checkpoint_interval=0.2, conflict_resolution="seqno"))
+    try:
+        wait_for(lambda: rep.stats["docs_written"] >= 50, what="replication under way")
+        wait_replicated(cluster)  # the replicas hold what the replicator may have read from node 0
+        cluster.procs[0].kill()
+        result = cluster.run(cluster.manager.failover(cluster.address(0)))
+        assert result["promoted"] > 0 and result["without_copy"] == 0
+        after = before[:100] + [b"g%d" % i for i in range(100)]
+        _cluster_write(cluster, after, b'{"phase":2}')
+        keys = before + after[100:]
+
+        def equal():
+            source, copy = _cluster_view(cluster, keys), bucket_view(target.port, keys)
+            return source == copy and source
+
+        view = wait_for(equal, what="the target to equal the cluster")
+    finally:
+        stats = rep.stop()
+    assert len(view) == 400 and stats["docs_failed"] == 0
+    assert sum(1 for v in view.values() if v[4] == b'{"phase":2}') == 200
+
+
+# ---------------------------------------------------------------------------------------------
+# filters, conflict resolution at the source, LWW buckets
+
+
+def test_filters_choose_keys_and_skip_deletions_and_ttls(two, tmp_path):
+    a, b = two
+    with a.login() as c:
+        for i in range(20):
+            assert c.set(b"user::%d" % i, b"{}", expiry=3600).status == Status.SUCCESS
+            assert c.set(b"temp::%d" % i, b"{}").status == Status.SUCCESS
+        assert c.set(b"user::gone", b"{}").status == Status.SUCCESS
+    settings = Settings(checkpoint_interval=0.2, filters=Filters(key_regex="^user::", skip_deletions=True,
+                                                                  strip_ttl=True))
+    rep = InProcess(url(a), url(b), tmp_path / "state", settings)
+    try:
+        users = [b"user::%d" % i for i in range(20)] + [b"user::gone"]
+        wait_for(lambda: len(bucket_view(b.port, users)) == 21, what="the users to arrive")
+        with a.login() as c:
+            assert c.delete(b"user::gone").status == Status.SUCCESS
+            assert c.set(b"user::last", b"{}").status == Status.SUCCESS
+        wait_for(lambda: bucket_view(b.port, [b"user::last"]), what="a later change to arrive")
+        view = bucket_view(b.port, users + [b"temp::%d" % i for i in range(20)])
+    finally:
+        stats = rep.stop()
+    assert set(view) == set(users) and not view[b"user::gone"][0]  # the deletion was not sent
+    with b.login() as c:
+        c.send(GetMeta(b"user::3", 2, c.vbucket_of(b"user::3"), c.next_opaque()).encode())
+        assert GetMetaResponse.from_frame(c.recv()).expiry == 0  # the TTL was stripped
+    assert stats["docs_filtered"] == 21 and stats["docs_written"] == 22
+
+
+def test_large_documents_the_target_beats_are_not_sent(two, tmp_path):
+    """Above the optimistic threshold the replicator asks the target (GET_META) first: a document
+    whose version loses there is counted as failed at the source and never sent; a small one is
+    sent and refused by the target (failed at the target)."""
+    a, b = two
+    big, small = b"x" * 1000, b"y" * 10
+    with b.login() as c:  # the target's versions have higher rev seqnos
+        for _ in range(3):
+            assert c.set(b"big", big).status == Status.SUCCESS
+            assert c.set(b"small", small).status == Status.SUCCESS
+    with a.login() as c:
+        assert c.set(b"big", b"a" * 1000).status == Status.SUCCESS
+        assert c.set(b"small", b"a").status == Status.SUCCESS
+        assert c.set(b"new", b"a" * 1000).status == Status.SUCCESS
+    rep = InProcess(url(a), url(b), tmp_path / "state", Settings(checkpoint_interval=0.2, optimistic_threshold=256))
+    try:
+        wait_for(lambda: bucket_view(b.port, [b"new"]), what="the new document")
+        wait_for(lambda: rep.stats["failed_cr_target"] == 1, what="the small loser")
+    finally:
+        stats = rep.stop()
+    assert stats["failed_cr_source"] == 1 and stats["failed_cr_target"] == 1 and stats["docs_written"] == 1
+    view = bucket_view(b.port, [b"big", b"small"])
+    assert view[b"big"][4] == big and view[b"small"][4] == small
+
+
+def test_lww_buckets_replicate_both_ways_with_force_accept(make_server, tmp_path):
+    """LWW buckets need FORCE_ACCEPT_WITH_META_OPS on every *WithMeta write; the mode is read from
+    both clusters' REST API. The newest write (highest CAS) wins on both sides."""
+    a = make_server(data_dir=tmp_path / "a", conflict_resolution="lww")
+    b = make_server(data_dir=tmp_path / "b", conflict_resolution="lww")
+    keys = [b"k%d" % i for i in range(30)]
+    with b.login() as c:
+        for key in keys:
+            assert c.set(key, b"b" * 5).status == Status.SUCCESS  # more revisions, older CAS
+            assert c.set(key, b"b").status == Status.SUCCESS
+    with a.login() as c:
+        for key in keys:
+            assert c.set(key, b"a").status == Status.SUCCESS
+    ab = InProcess(url(a), url(b), tmp_path / "ab", Settings(checkpoint_interval=0.2))
+    ba = InProcess(url(b), url(a), tmp_path / "ba", Settings(checkpoint_interval=0.2))
+    try:
+        assert ab.replicator.mode == "lww"
+        view = wait_for(lambda: same(a, b, keys), what="convergence")
+    finally:
+        ab.stop()
+        ba.stop()
+    assert all(v[4] == b"a" for v in view.values())
