@@ -1,6 +1,7 @@
 """Cross-cluster replication (dcpflow.replication.xdcr) between real dcpflow servers over sockets."""
 
 import signal
+import urllib.request
 
 import pytest
 
@@ -150,9 +151,11 @@ def test_restart_resumes_from_checkpoints_and_counts_what_was_resent(two, tmp_pa
     first = [b"r%d" % i for i in range(100)]
     _write(a, first, b'{"run":1}')
     args = (url(a), url(b), state, "--checkpoint-interval", "0.2")
-    p = XdcrProcess(*args)
+    p = XdcrProcess(*args, "--metrics-port", "0")
     try:
         wait_for(lambda: same(a, b, first), what="the first run to copy everything")
+        wait_for(lambda: 'xdcr_docs_written_total{sourceBucketName="default",targetBucketName="default"} 100\n'
+                 in urllib.request.urlopen(p.metrics_url, timeout=10).read().decode(), what="the metrics")
         rc, out = p.terminate(signal.SIGTERM)
     finally:
         p.cleanup()

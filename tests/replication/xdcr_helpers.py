@@ -115,7 +115,11 @@ class XdcrProcess:
         self.proc = subprocess.Popen([sys.executable, "-m", "dcpflow.cli", "xdcr", source_url, target_url,
                                       "-u", "Administrator", "-p", "password", "--state-dir", str(state_dir), *args],
                                      stdout=subprocess.PIPE, stderr=self.log, env=env, text=True)
+        self.metrics_url = None
         line = self.proc.stdout.readline()
+        if line.startswith("dcpflow xdcr metrics: "):
+            self.metrics_url = line.split(": ", 1)[1].strip()
+            line = self.proc.stdout.readline()
         if "dcpflow xdcr ready" not in line:
             self.proc.kill()
             self.proc.wait(30)

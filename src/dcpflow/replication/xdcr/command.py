@@ -27,6 +27,12 @@ async def _run(args) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    runner = None
+    if args.metrics_port is not None:
+        from .metrics import serve
+        runner = await serve(replicator, args.metrics_host, args.metrics_port)
+        port = runner.addresses[0][1]
+        print(f"dcpflow xdcr metrics: http://{args.metrics_host}:{port}/metrics", flush=True)
     task = asyncio.create_task(replicator.run(stop))
     ready = asyncio.create_task(replicator.ready.wait())
     await asyncio.wait({task, ready}, return_when=asyncio.FIRST_COMPLETED)
@@ -35,7 +41,11 @@ async def _run(args) -> int:
               f"conflict_resolution={replicator.mode.value} state_dir={args.state_dir}", flush=True)
     else:
         ready.cancel()
-    await task
+    try:
+        await task
+    finally:
+        if runner is not None:
+            await runner.cleanup()
     stats = replicator.stats
     print(f"dcpflow xdcr stopped: docs_written={stats['docs_written']} failed_cr_target={stats['failed_cr_target']} "
           f"failed_cr_source={stats['failed_cr_source']} checkpoints={stats['checkpoints']}", flush=True)
@@ -83,5 +93,8 @@ def add_command(sub) -> None:
     p.add_argument("--checkpoint-interval", type=float, default=5.0, metavar="SECONDS",
                    help="checkpoint this often (default 5)")
     p.add_argument("--batch-size", type=int, default=512, help="changes per pipelined batch (default 512)")
+    p.add_argument("--metrics-port", type=int, metavar="PORT",
+                   help="serve the replicator's stats as Prometheus /metrics on this port (0: any free one)")
+    p.add_argument("--metrics-host", default="127.0.0.1", help="address of --metrics-port (default 127.0.0.1)")
     p.add_argument("--debug", action="store_true", help="log more")
     p.set_defaults(func=main)
