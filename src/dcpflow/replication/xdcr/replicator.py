@@ -151,6 +151,7 @@ class XdcrReplicator:
                 await queue.put(event)
 
         reader = asyncio.create_task(read())
+        inflight: asyncio.Task | None = None
         try:
             while not stop.is_set():
                 if reader.done():
@@ -164,18 +165,39 @@ class XdcrReplicator:
                 batch = [] if first is None else [first]
                 while len(batch) < self.settings.batch_size and not queue.empty():
                     batch.append(queue.get_nowait())
-                if batch and await self._replicate(batch):
-                    return  # rewound: reopen the streams from the new positions
-                if time.monotonic() >= self._next_checkpoint and await self._checkpoint():
-                    return
+                if batch:
+                    # Two batches in flight: the next is written while the previous one's replies
+                    # come back. Positions still advance in batch order (after each one's writes),
+                    # and a change of a key that overtakes an older one is harmless: conflict
+                    # resolution keeps the newer version whichever arrives last.
+                    sending = asyncio.create_task(self._write_batch(batch))
+                    if inflight is not None and await self._apply(await inflight):
+                        inflight = None
+                        await asyncio.gather(sending, return_exceptions=True)
+                        return  # rewound: reopen the streams from the new positions
+                    inflight = sending
+                if time.monotonic() >= self._next_checkpoint or (inflight is not None and queue.empty()):
+                    if inflight is not None:
+                        done, inflight = inflight, None
+                        if await self._apply(await done):
+                            return
+                    if time.monotonic() >= self._next_checkpoint and await self._checkpoint():
+                        return
+            if inflight is not None:
+                done, inflight = inflight, None
+                await self._apply(await done)
         finally:
+            if inflight is not None:
+                inflight.cancel()
+                with contextlib.suppress(BaseException):
+                    await inflight
             reader.cancel()
             with contextlib.suppress(BaseException):
                 await reader
             await stream.aclose()
 
-    async def _replicate(self, batch: list) -> bool:
-        """Write one batch and advance the positions; True if the target lost writes (rewound)."""
+    async def _write_batch(self, batch: list):
+        """Write one batch; what `_apply` needs to count it and advance the positions."""
         stats = self.stats
         changes: list[Change] = []
         after: list[tuple[int, Offset]] = []
@@ -221,6 +243,12 @@ class XdcrReplicator:
             stats["latency_ms_max"] = max(stats["latency_ms_max"], round(latency, 3))
         else:
             outcomes = []
+        return changes, outcomes, after
+
+    async def _apply(self, written) -> bool:
+        """Count a written batch and advance the positions; True if the target lost writes (rewound)."""
+        changes, outcomes, after = written
+        stats = self.stats
         for change, o in zip(changes, outcomes, strict=True):
             if o.status == 0:
                 stats["docs_written"] += 1

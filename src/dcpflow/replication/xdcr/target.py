@@ -21,12 +21,12 @@ failed over or restarted uncleanly.
 import asyncio
 import contextlib
 import logging
+import struct
 from typing import NamedTuple
 
 from dcpflow.client import DcpClient
 from dcpflow.client.connection import FEATURES
 from dcpflow.client.errors import ClientError, ConnectError
-from dcpflow.protocol import kv as kvproto
 from dcpflow.protocol.errors import ProtocolError
 from dcpflow.protocol.hello import Feature
 from dcpflow.protocol.keys import make_key
@@ -40,6 +40,7 @@ SET, DELETE, EXPIRE = "set", "delete", "expire"
 #: Statuses after which the same request is sent again (after a pause, or a map refresh).
 _AGAIN = frozenset({Status.ETMPFAIL, Status.EBUSY, Status.ENOMEM, Status.NOT_INITIALIZED, Status.NOT_MY_VBUCKET})
 MAX_BACKOFF = 2.0
+_TOKEN = struct.Struct(">QQ")
 
 
 class Change(NamedTuple):
@@ -109,9 +110,14 @@ class Target:
 
     @staticmethod
     def _outcome(frame, vb: int) -> Outcome:
+        # A reply per change: its mutation token is read in place (BinaryProtocol.md #0x01-set:
+        # 16 bytes of extras, vbucket UUID then seqno), not through the validating decoder.
         if frame.status == Status.SUCCESS:
-            reply = kvproto.MutationResponse.from_frame(frame)
-            return Outcome(Status.SUCCESS, vb, reply.vbucket_uuid, reply.seqno)
+            extras = frame.extras
+            if len(extras) == 16:
+                vbuuid, seqno = _TOKEN.unpack(extras)
+                return Outcome(Status.SUCCESS, vb, vbuuid, seqno)
+            return Outcome(Status.SUCCESS, vb)
         return Outcome(frame.status, vb)
 
     async def _each(self, items: list, make, interpret) -> list:
@@ -119,12 +125,18 @@ class Target:
         return interpret(reply, vbucket) for each, retrying what may succeed later."""
         results: list = [None] * len(items)
         pending = list(range(len(items)))
+        vbs = [self.vbucket_of(_key(item)) for item in items]
         backoff = 0.05
         while pending:
             groups: dict[tuple[str, int] | None, list[int]] = {}
+            nodes: dict[int, tuple[str, int] | None] = {}
             for i in pending:
-                groups.setdefault(self.client.node_for_vbucket(self.vbucket_of(_key(items[i]))), []).append(i)
-            parts = await asyncio.gather(*(self._send(a, idx, items, make, interpret, results)
+                vb = vbs[i]
+                node = nodes.get(vb, 0)
+                if node == 0:
+                    node = nodes[vb] = self.client.node_for_vbucket(vb)
+                groups.setdefault(node, []).append(i)
+            parts = await asyncio.gather(*(self._send(a, idx, items, vbs, make, interpret, results)
                                            for a, idx in groups.items()))
             retry = sorted(i for part, _ in parts for i in part)
             if not retry:
@@ -138,14 +150,14 @@ class Target:
                     await self.client.refresh_map()
         return results
 
-    async def _send(self, address, idx: list[int], items: list, make, interpret, results: list):
+    async def _send(self, address, idx: list[int], items: list, vbs: list[int], make, interpret, results: list):
         """One node's share, pipelined; (indexes to send again, whether the map needs a refresh)."""
         if address is None:  # no active copy in the map right now (failover under way)
             return idx, True
         try:
             conn = await self.client.kv_connection(address)
             coll = conn.collections
-            requests = [make(items[i], self.vbucket_of(_key(items[i])), coll) for i in idx]
+            requests = [make(items[i], vbs[i], coll) for i in idx]
             replies = await conn.call_many(requests, self.timeout)
         except (ClientError, TimeoutError, OSError) as e:
             log.info("target %s:%d: %s; sending %d requests again", address[0], address[1], e, len(idx))
