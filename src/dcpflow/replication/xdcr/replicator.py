@@ -46,7 +46,7 @@ from dcpflow.engine.conflict import ConflictResolutionMode
 from .checkpoints import CheckpointStore, Generation, Generations, target_survives, write_atomically
 from .conflict import DEFAULT_OPTIMISTIC_THRESHOLD, source_side_losers
 from .filters import Filters
-from .target import DELETE, EXPIRE, SET, Change, Target
+from .target import DELETE, EXPIRE, SET, Change, ReplicationError, Target, bucket_conflict_mode
 
 log = logging.getLogger("dcpflow.xdcr")
 
@@ -63,10 +63,6 @@ class Settings(NamedTuple):
     batch_size: int = 512
     #: "auto" (ask both clusters, they must agree), "seqno" or "lww"
     conflict_resolution: str = "auto"
-
-
-class ReplicationError(Exception):
-    """The replication cannot run as asked (the message says why)."""
 
 
 class XdcrReplicator:
@@ -119,7 +115,7 @@ class XdcrReplicator:
             return ConflictResolutionMode(wanted)
         modes = []
         for client, auth in ((self.source, self._src_auth), (self.target.client, self._dst_auth)):
-            modes.append(await _bucket_conflict_mode(client, *auth))
+            modes.append(await bucket_conflict_mode(client, *auth))
         if modes[0] != modes[1]:
             raise ReplicationError(f"the source bucket resolves conflicts by {modes[0]} and the target by "
                                    f"{modes[1]}: replication needs both buckets of the same type")
@@ -359,24 +355,3 @@ class XdcrReplicator:
 def _redact(url: str) -> str:
     parts = urllib.parse.urlsplit(url)
     return url if "@" not in parts.netloc else url.replace(parts.netloc, parts.netloc.rpartition("@")[2])
-
-
-async def _bucket_conflict_mode(client: DcpClient, username: str, password: str) -> str:
-    """The bucket's conflictResolutionType, from the REST API of any node of its cluster."""
-    from dcpflow import rest_client
-    path = "/pools/default/buckets/" + urllib.parse.quote(client.bucket, safe="")
-    errors = []
-    for node in client.cluster_map.nodes:
-        url = f"http://{node.hostname}:{node.mgmt_port}"
-        try:
-            doc = await asyncio.to_thread(rest_client.call, url, username, password, "GET", path, None, 10.0)
-        except rest_client.RestError as e:
-            errors.append(f"{url}: {e}")
-            continue
-        mode = doc.get("conflictResolutionType", "seqno") if isinstance(doc, dict) else None
-        if mode not in ("seqno", "lww"):
-            raise ReplicationError(f"bucket {client.bucket!r} resolves conflicts by {mode!r}; "
-                                   f"only seqno and lww buckets can be replicated")
-        return mode
-    raise ReplicationError(f"cannot learn bucket {client.bucket!r}'s conflict resolution type from its REST API "
-                           f"({'; '.join(errors) or 'no node in the map'}); give it with --conflict-resolution")

@@ -22,15 +22,18 @@ import asyncio
 import contextlib
 import logging
 import struct
+import urllib.parse
 from typing import NamedTuple
 
 from dcpflow.client import DcpClient
 from dcpflow.client.connection import FEATURES
 from dcpflow.client.errors import ClientError, ConnectError
+from dcpflow.protocol import kv as kvproto
 from dcpflow.protocol.errors import ProtocolError
 from dcpflow.protocol.hello import Feature
 from dcpflow.protocol.keys import make_key
 from dcpflow.protocol.meta import DelWithMeta, GetMeta, GetMetaResponse, SetWithMeta, WithMetaOption
+from dcpflow.protocol.opcodes import Opcode
 from dcpflow.protocol.status import Status
 
 log = logging.getLogger("dcpflow.xdcr")
@@ -61,6 +64,10 @@ class Outcome(NamedTuple):
     vbucket: int  # the target vbucket
     vbuuid: int | None = None
     seqno: int | None = None
+
+
+class ReplicationError(Exception):
+    """The replication (or a write with metadata) cannot run as asked (the message says why)."""
 
 
 def _key(item) -> bytes:
@@ -102,6 +109,23 @@ class Target:
     async def write(self, changes: list[Change]) -> list[Outcome]:
         """Write every change; returns each one's final outcome, in order."""
         return await self._each(changes, lambda c, vb, coll: self._request(c, vb, coll), self._outcome)
+
+    async def write_plain(self, changes: list[Change]) -> list[Outcome]:
+        """Write without metadata: SET for a mutation (flags, expiry and datatype kept; the target
+        gives it a new CAS), DELETE for a deletion or expiration (one of a missing key counts as
+        done). What a plain upsert/remove of a Spark DataFrame does."""
+        def make(c: Change, vb: int, coll: bool):
+            key = make_key(c.key) if coll else c.key
+            if c.kind == SET:
+                return kvproto.Store(key, c.value, c.flags, c.expiry, vbucket=vb, datatype=c.datatype)
+            return kvproto.Delete(key, vbucket=vb)
+
+        def interpret(frame, vb: int) -> Outcome:
+            if frame.status == Status.KEY_ENOENT and frame.opcode == Opcode.DELETE:
+                return Outcome(Status.SUCCESS, vb)
+            return self._outcome(frame, vb)
+
+        return await self._each(changes, make, interpret)
 
     async def get_metas(self, keys: list[bytes]) -> list[GetMetaResponse]:
         """GET_META (version 2) of each key on the target, pipelined per node."""
@@ -173,3 +197,24 @@ class Target:
 
     async def failover_logs(self, vbuckets) -> dict[int, list[tuple[int, int]]]:
         return await self.client.failover_logs(vbuckets)
+
+
+async def bucket_conflict_mode(client: DcpClient, username: str, password: str) -> str:
+    """The bucket's conflictResolutionType, from the REST API of any node of its cluster."""
+    from dcpflow import rest_client
+    path = "/pools/default/buckets/" + urllib.parse.quote(client.bucket, safe="")
+    errors = []
+    for node in client.cluster_map.nodes:
+        url = f"http://{node.hostname}:{node.mgmt_port}"
+        try:
+            doc = await asyncio.to_thread(rest_client.call, url, username, password, "GET", path, None, 10.0)
+        except rest_client.RestError as e:
+            errors.append(f"{url}: {e}")
+            continue
+        mode = doc.get("conflictResolutionType", "seqno") if isinstance(doc, dict) else None
+        if mode not in ("seqno", "lww"):
+            raise ReplicationError(f"bucket {client.bucket!r} resolves conflicts by {mode!r}; "
+                                   f"only seqno and lww buckets can be replicated")
+        return mode
+    raise ReplicationError(f"cannot learn bucket {client.bucket!r}'s conflict resolution type from its REST API "
+                           f"({'; '.join(errors) or 'no node in the map'}); give it with --conflict-resolution")
