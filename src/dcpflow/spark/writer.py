@@ -103,13 +103,7 @@ class DcpWriter(DataSourceWriter):
         self.with_meta, self.batch_size = write_settings(raw)
 
     def write(self, iterator) -> WriteResult:
-        from .source import new_loop
-
-        loop = new_loop()
-        try:
-            return loop.run_until_complete(self._write(iterator))
-        finally:
-            loop.close()
+        return asyncio.run(self._write(iterator))
 
     async def _write(self, iterator) -> WriteResult:
         from dcpflow.replication.xdcr.target import Target
