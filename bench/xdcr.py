@@ -33,7 +33,7 @@ from dcpflow.protocol.keys import vbucket_for_key
 from dcpflow.protocol.meta import GetMeta, GetMetaResponse, SetWithMeta
 from dcpflow.protocol.opcodes import Opcode
 from dcpflow.protocol.status import Status
-from serverproc import build_data, call, next_frame, start_server, stop
+from serverproc import build_data, call, cpu_seconds, next_frame, start_server, stop
 
 WINDOW = 512
 
@@ -128,9 +128,22 @@ def main() -> int:
                                      "--bucket", "raw")
         procs.append(dst)
         frames = source_frames(src_port, args.docs, value, args.vbuckets)
+        dst_cpu = cpu_seconds(dst.pid)
         raw = raw_load(dst_port, frames)
-        rate = asyncio.run(replicate(src_port, dst_port, args.docs, os.path.join(root, "state")))
+        raw_target_cpu = cpu_seconds(dst.pid) - dst_cpu
+        cpu = (cpu_seconds(src.pid), cpu_seconds(dst.pid), sum(os.times()[:2]))
+        try:  # the event loop `dcpflow xdcr` runs on when uvloop is installed
+            import uvloop
+            run = uvloop.run
+        except ImportError:
+            run = asyncio.run
+        rate = run(replicate(src_port, dst_port, args.docs, os.path.join(root, "state")))
+        used = [after - before for before, after in
+                zip(cpu, (cpu_seconds(src.pid), cpu_seconds(dst.pid), sum(os.times()[:2])), strict=True)]
         print(f"{args.docs} documents of {len(value)} bytes, {args.vbuckets} vbuckets")
+        per = 1e6 / args.docs
+        print(f"CPU µs per document: raw load target {raw_target_cpu * per:.0f}; replication source "
+              f"{used[0] * per:.0f}, replicator {used[2] * per:.0f}, target {used[1] * per:.0f}")
         print(f"raw pipelined SetWithMeta into the target: {raw:,.0f} items/s")
         print(f"dcpflow xdcr dcpflow->dcpflow:            {rate:,.0f} items/s")
         print(f"ratio xdcr / raw SetWithMeta: {rate / raw:.2f}")
