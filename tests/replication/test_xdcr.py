@@ -335,3 +335,34 @@ def test_lww_buckets_replicate_both_ways_with_force_accept(make_server, tmp_path
         ab.stop()
         ba.stop()
     assert all(v[4] == b"a" for v in view.values())
+
+
+def test_target_cluster_failover_mid_replication_is_followed_and_revalidated(make_cluster, make_server, tmp_path):
+    """The target is a 3-node cluster (16 vbuckets, one replica); one of its nodes is killed -9
+    and failed over while the replicator writes to it, without waiting for its replicas to catch
+    up. The replicator follows NOT_MY_VBUCKET to the promoted replicas, checks their failover logs
+    against its checkpoints, sends again whatever the promotion lost, and the target cluster ends
+    equal to the source."""
+    source = make_server(data_dir=tmp_path / "source")
+    cluster = make_cluster()
+    keys = [b"t%d" % i for i in range(400)]
+    _write(source, keys[:200], b'{"phase":1}')
+    rep = InProcess(url(source), cluster.connstr + "/default", tmp_path / "state",
+                    Settings(checkpoint_interval=0.2, conflict_resolution="seqno"))
+    try:
+        wait_for(lambda: rep.stats["docs_written"] >= 100, what="replication under way")
+        _write(source, keys[200:], b'{"phase":2}')
+        cluster.procs[0].kill()
+        result = cluster.run(cluster.manager.failover(cluster.address(0)))
+        assert result["promoted"] > 0
+        _write(source, keys[:50], b'{"phase":3}')
+
+        def equal():
+            wanted, copy = bucket_view(source.port, keys), _cluster_view(cluster, keys)
+            return wanted == copy and wanted
+
+        view = wait_for(equal, what="the target cluster to equal the source")
+    finally:
+        stats = rep.stop()
+    assert len(view) == 400 and stats["docs_failed"] == 0
+    assert stats["target_retries"] > 0  # writes to the dead node were sent again to the new owners
