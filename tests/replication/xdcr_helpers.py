@@ -83,6 +83,9 @@ class InProcess:
         except BaseException as e:  # kept for the test to see
             self.error = e
             self._started.set()
+        finally:  # no thread of this loop outlives the test
+            self.loop.run_until_complete(self.loop.shutdown_default_executor())
+            self.loop.close()
 
     def run(self, coro, timeout: float = 60.0):
         if self.error is not None:
