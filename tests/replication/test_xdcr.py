@@ -6,6 +6,7 @@ import urllib.request
 import pytest
 
 from dcpflow.protocol.meta import GetMeta, GetMetaResponse
+from dcpflow.protocol.opcodes import Opcode
 from dcpflow.protocol.status import Status
 from dcpflow.replication.commands import free_ports
 from dcpflow.replication.xdcr import Filters, Settings
@@ -366,3 +367,67 @@ def test_target_cluster_failover_mid_replication_is_followed_and_revalidated(mak
         stats = rep.stop()
     assert len(view) == 400 and stats["docs_failed"] == 0
     assert stats["target_retries"] > 0  # writes to the dead node were sent again to the new owners
+
+
+# ---------------------------------------------------------------------------------------------
+# collections
+
+
+def _make_collections(srv, *paths: str) -> dict[str, int]:
+    from dcpflow import rest_client
+    mgmt = f"http://127.0.0.1:{srv.mgmt_port}"
+    engine = srv.server.buckets["default"].engine
+    scopes = set(srv.call(lambda: [x.name for x in engine.manifest.scopes]))
+    for path in paths:
+        scope, coll = path.split(".")
+        if scope not in scopes:
+            rest_client.call(mgmt, "Administrator", "password", "POST", "/pools/default/buckets/default/scopes",
+                             {"name": scope})
+        scopes.add(scope)
+        rest_client.call(mgmt, "Administrator", "password", "POST",
+                         f"/pools/default/buckets/default/scopes/{scope}/collections", {"name": coll})
+    return {p: srv.call(lambda p=p: engine.manifest.collection(*p.split(".")).uid) for p in paths}
+
+
+def _collection_view(srv, cid: int, keys) -> dict:
+    from dcpflow.protocol.hello import Feature
+    from dcpflow.protocol.keys import make_key
+    out = {}
+    c = RawClient(srv.port)
+    with c.login(features=(Feature.XERROR, Feature.JSON, Feature.COLLECTIONS)):
+        for key in keys:
+            c.send(GetMeta(make_key(key, cid), 2, c.vbucket_of(key), c.next_opaque()).encode())
+            meta = GetMetaResponse.from_frame(c.recv())
+            if meta.status == Status.SUCCESS:
+                got = c.call(Opcode.GET, key=make_key(key, cid), vbucket=c.vbucket_of(key))
+                out[key] = (meta.is_deleted, meta.cas, meta.rev_seqno, got.value if got.status == 0 else None)
+    return out
+
+
+def test_collections_go_to_the_target_collection_of_the_same_name(two, tmp_path):
+    """Collection ids differ between buckets: a document goes to the target's collection of the
+    same scope and collection name; one of a collection the target lacks is skipped and counted."""
+    from dcpflow.protocol.hello import Feature
+    from dcpflow.protocol.keys import make_key
+    a, b = two
+    _make_collections(b, "app.padding")  # the target's ids are not the source's
+    src = _make_collections(a, "app.orders", "app.only_here")
+    dst = _make_collections(b, "app.orders")
+    assert src["app.orders"] != dst["app.orders"]
+    keys = [b"o%d" % i for i in range(30)]
+    c = RawClient(a.port)
+    with c.login(features=(Feature.XERROR, Feature.JSON, Feature.COLLECTIONS)):
+        for key in keys:
+            for cid in (src["app.orders"], src["app.only_here"]):
+                reply = c.call(Opcode.SET, key=make_key(key, cid), extras=b"\0" * 8, value=b'{"o":1}',
+                               vbucket=c.vbucket_of(key))
+                assert reply.status == Status.SUCCESS
+    rep = InProcess(url(a), url(b), tmp_path / "state", Settings(checkpoint_interval=0.2))
+    try:
+        view = wait_for(lambda: (lambda s, t: s == t and t)(_collection_view(a, src["app.orders"], keys),
+                                                            _collection_view(b, dst["app.orders"], keys)),
+                        what="the collection to arrive")
+    finally:
+        stats = rep.stop()
+    assert len(view) == 30 and stats["docs_other_collections"] == 30
+    assert _collection_view(b, src["app.orders"], keys) == {}  # nothing under the source's id

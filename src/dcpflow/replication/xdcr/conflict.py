@@ -22,7 +22,7 @@ async def source_side_losers(target: Target, changes: list[Change], mode: Confli
     big = [i for i, c in enumerate(changes) if c.kind == SET and len(c.value) > threshold]
     if not big:
         return set()
-    metas = await target.get_metas([changes[i].key for i in big])
+    metas = await target.get_metas([changes[i] for i in big])
     losers = set()
     for i, meta in zip(big, metas, strict=True):
         if meta.status != Status.SUCCESS:

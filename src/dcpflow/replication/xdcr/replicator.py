@@ -46,6 +46,7 @@ from dcpflow.engine.conflict import ConflictResolutionMode
 from .checkpoints import CheckpointStore, Generation, Generations, target_survives, write_atomically
 from .conflict import DEFAULT_OPTIMISTIC_THRESHOLD, source_side_losers
 from .filters import Filters
+from .namespaces import CollectionMapping
 from .target import DELETE, EXPIRE, SET, Change, ReplicationError, Target, bucket_conflict_mode
 
 log = logging.getLogger("dcpflow.xdcr")
@@ -97,6 +98,7 @@ class XdcrReplicator:
         self.source = await DcpClient.connect(self.source_url, *self._src_auth, agent="dcpflow-xdcr",
                                               reconnect_timeout=0)
         self.target = await Target.connect(self.target_url, *self._dst_auth)
+        self._collections = CollectionMapping(self.source, self.target.client)
         self.mode = await self._conflict_mode()
         self.target.lww = self.mode == ConflictResolutionMode.LWW
         identity = {"source_bucket": self.source.bucket, "source_uuid": self.source.bucket_uuid,
@@ -207,14 +209,12 @@ class XdcrReplicator:
                 continue  # system events, stream ends: nothing to write, and no snapshot to resume in
             stats["docs_received"] += 1
             after.append((ev.vbucket, Offset(ev.vbuuid, ev.seqno, ev.snapshot_start, ev.snapshot_end)))
-            if ev.collection_id:
-                stats["docs_other_collections"] += 1  # only the default collection is replicated
-                continue
             if kind == "mutation":
-                change = Change(SET, ev.key, ev.value, ev.cas, ev.rev_seqno, ev.flags, ev.expiry, ev.datatype)
+                change = Change(SET, ev.key, ev.value, ev.cas, ev.rev_seqno, ev.flags, ev.expiry, ev.datatype,
+                                ev.collection_id)
             else:
                 change = Change(DELETE if kind == "deletion" else EXPIRE, ev.key, ev.value, ev.cas, ev.rev_seqno,
-                                0, ev.delete_time, ev.datatype)
+                                0, ev.delete_time, ev.datatype, ev.collection_id)
             change = self._filters.apply(change)
             if change is None:
                 stats["docs_filtered"] += 1
@@ -224,6 +224,11 @@ class XdcrReplicator:
             else:
                 self._sent_high[ev.vbucket] = ev.seqno
             changes.append(change)
+        if any(c.collection for c in changes):
+            ids = await self._collections.target_ids({c.collection for c in changes})
+            mapped = [c._replace(collection=ids[c.collection]) for c in changes if ids[c.collection] is not None]
+            stats["docs_other_collections"] += len(changes) - len(mapped)
+            changes = mapped
         began = time.monotonic()
         if changes:
             losers = await source_side_losers(self.target, changes, self.mode, self.settings.optimistic_threshold)

@@ -57,6 +57,7 @@ class Change(NamedTuple):
     flags: int
     expiry: int  # a mutation's absolute expiry, a deletion's delete time
     datatype: int
+    collection: int = 0  # the collection id (the target's, once mapped: namespaces.py)
 
 
 class Outcome(NamedTuple):
@@ -68,6 +69,17 @@ class Outcome(NamedTuple):
 
 class ReplicationError(Exception):
     """The replication (or a write with metadata) cannot run as asked (the message says why)."""
+
+
+def _wire_key(change: Change, collections: bool) -> bytes:
+    """The key as the connection takes it: with its collection's LEB128 prefix when HELLO granted
+    collections (Collections.md), else only the default collection can be named."""
+    if collections:
+        return make_key(change.key, change.collection)
+    if change.collection:
+        raise ReplicationError(f"the target does not speak collections; {change.key!r} is in collection "
+                               f"0x{change.collection:x}")
+    return change.key
 
 
 def _key(item) -> bytes:
@@ -95,7 +107,7 @@ class Target:
         return self.client.cluster_map.vbucket_for_key(key)
 
     def _request(self, change: Change, vbucket: int, collections: bool):
-        key = make_key(change.key) if collections else change.key
+        key = _wire_key(change, collections)
         if change.kind == SET:
             options = WithMetaOption.FORCE_ACCEPT_WITH_META_OPS if self.lww else None
             return SetWithMeta(key, change.value, change.flags, change.expiry, change.rev_seqno, change.cas,
@@ -115,7 +127,7 @@ class Target:
         gives it a new CAS), DELETE for a deletion or expiration (one of a missing key counts as
         done). What a plain upsert/remove of a Spark DataFrame does."""
         def make(c: Change, vb: int, coll: bool):
-            key = make_key(c.key) if coll else c.key
+            key = _wire_key(c, coll)
             if c.kind == SET:
                 return kvproto.Store(key, c.value, c.flags, c.expiry, vbucket=vb, datatype=c.datatype)
             return kvproto.Delete(key, vbucket=vb)
@@ -127,9 +139,9 @@ class Target:
 
         return await self._each(changes, make, interpret)
 
-    async def get_metas(self, keys: list[bytes]) -> list[GetMetaResponse]:
-        """GET_META (version 2) of each key on the target, pipelined per node."""
-        return await self._each(keys, lambda k, vb, coll: GetMeta(make_key(k) if coll else k, 2, vb),
+    async def get_metas(self, changes: list[Change]) -> list[GetMetaResponse]:
+        """GET_META (version 2) of each change's document on the target, pipelined per node."""
+        return await self._each(changes, lambda c, vb, coll: GetMeta(_wire_key(c, coll), 2, vb),
                                 lambda frame, vb: GetMetaResponse.from_frame(frame))
 
     @staticmethod
