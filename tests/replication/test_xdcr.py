@@ -431,3 +431,36 @@ def test_collections_go_to_the_target_collection_of_the_same_name(two, tmp_path)
         stats = rep.stop()
     assert len(view) == 30 and stats["docs_other_collections"] == 30
     assert _collection_view(b, src["app.orders"], keys) == {}  # nothing under the source's id
+
+
+def test_sigterm_while_the_target_is_down_exits_0_and_keeps_the_last_checkpoint(make_server, spawn_server,
+                                                                                tmp_path):
+    """Writes to a target that is down are retried without end; SIGTERM still stops the
+    replicator at once (exit 0), and the next run, once the target is back, sends what was left."""
+    a = make_server(data_dir=tmp_path / "a")
+    (pb,) = free_ports(1)
+    b = spawn_server("--port", str(pb), "--data-dir", str(tmp_path / "b"), "--vbuckets", "64")
+    first = [b"d%d" % i for i in range(50)]
+    _write(a, first, b"{}")
+    args = (url(a), f"couchbase://127.0.0.1:{pb}/default", tmp_path / "state", "--checkpoint-interval", "0.2",
+            "--conflict-resolution", "seqno")
+    p = XdcrProcess(*args)
+    try:
+        wait_for(lambda: same(a, b, first) and (p.status() or {}).get("stats", {}).get("docs_written") == 50,
+                 what="a checkpoint of the first 50")
+        b.terminate()
+        later = [b"e%d" % i for i in range(50)]
+        _write(a, later, b"{}")
+        wait_for(lambda: p.proc.poll() is None and (tmp_path / "state.log").read_text().count("sending") > 0,
+                 what="writes retried against the stopped target")
+        rc, out = p.terminate(signal.SIGTERM)
+    finally:
+        p.cleanup()
+    assert rc == 0 and "dcpflow xdcr stopped" in out
+    b = spawn_server("--port", str(pb), "--data-dir", str(tmp_path / "b"), "--vbuckets", "64")
+    p = XdcrProcess(*args)
+    try:
+        wait_for(lambda: same(a, b, first + later), what="the next run to send the rest")
+    finally:
+        p.terminate(signal.SIGTERM)
+        p.cleanup()

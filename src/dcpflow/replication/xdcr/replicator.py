@@ -169,7 +169,7 @@ class XdcrReplicator:
                     # and a change of a key that overtakes an older one is harmless: conflict
                     # resolution keeps the newer version whichever arrives last.
                     sending = asyncio.create_task(self._write_batch(batch))
-                    if inflight is not None and await self._apply(await inflight):
+                    if inflight is not None and await self._apply(await _until(inflight, stop, sending)):
                         inflight = None
                         await asyncio.gather(sending, return_exceptions=True)
                         return  # rewound: reopen the streams from the new positions
@@ -177,13 +177,15 @@ class XdcrReplicator:
                 if time.monotonic() >= self._next_checkpoint or (inflight is not None and queue.empty()):
                     if inflight is not None:
                         done, inflight = inflight, None
-                        if await self._apply(await done):
+                        if await self._apply(await _until(done, stop)):
                             return
                     if time.monotonic() >= self._next_checkpoint and await self._checkpoint():
                         return
             if inflight is not None:
                 done, inflight = inflight, None
-                await self._apply(await done)
+                await self._apply(await _until(done, stop))
+        except _Stopped:
+            return  # writes still waiting for the target are dropped: their changes were not checkpointed
         finally:
             if inflight is not None:
                 inflight.cancel()
@@ -355,6 +357,27 @@ class XdcrReplicator:
     def write_status(self) -> None:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         write_atomically(self.state_dir / "status.json", json.dumps(self.status(), indent=1))
+
+
+class _Stopped(Exception):
+    """Stop was asked while writes waited for a target that does not answer."""
+
+
+async def _until(task: asyncio.Task, stop: asyncio.Event, *also: asyncio.Task):
+    """The task's result, unless `stop` is set first (a target that is down retries forever): then
+    the task and `also` are cancelled and _Stopped raised."""
+    stopper = asyncio.ensure_future(stop.wait())
+    try:
+        done, _ = await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopper.cancel()
+    if task in done:
+        return task.result()
+    for t in (task, *also):
+        t.cancel()
+        with contextlib.suppress(BaseException):
+            await t
+    raise _Stopped
 
 
 def _redact(url: str) -> str:
