@@ -3,7 +3,6 @@ another in the foreground until SIGTERM or SIGINT, which take a last checkpoint 
 
 import asyncio
 import logging
-import os
 import signal
 import sys
 
@@ -14,7 +13,8 @@ from .replicator import ReplicationError, Settings, XdcrReplicator
 
 
 async def _run(args) -> int:
-    password = args.password if args.password is not None else os.environ.get("DCPFLOW_PASSWORD", "password")
+    from dcpflow.rest_client import password_of
+    password = password_of(args)
     settings = Settings(
         filters=Filters(args.filter_key, args.skip_deletions, args.skip_expirations, args.strip_ttl),
         optimistic_threshold=args.optimistic_threshold, checkpoint_interval=args.checkpoint_interval,
