@@ -464,3 +464,28 @@ def test_sigterm_while_the_target_is_down_exits_0_and_keeps_the_last_checkpoint(
     finally:
         p.terminate(signal.SIGTERM)
         p.cleanup()
+
+
+def test_writes_lost_by_a_target_restart_between_checkpoints_are_sent_again(make_server, spawn_server, tmp_path):
+    """No checkpoint is taken during this run, so only the replies tell: the target, killed -9
+    with nothing persisted, answers on new vbucket UUIDs, and what the replicator wrote on the old
+    ones (its own record since the last checkpoint) is gone, so it is sent again."""
+    from tests.server.conftest import keys_in
+    a = make_server(data_dir=tmp_path / "a")
+    (pb,) = free_ports(1)
+    target_args = ("--port", str(pb), "--data-dir", str(tmp_path / "b"), "--vbuckets", "64")
+    b = spawn_server(*target_args, "--flush-interval", "3600")
+    first = [b"x%d" % i for i in range(100)]
+    _write(a, first, b'{"n":1}')
+    rep = InProcess(url(a), f"couchbase://127.0.0.1:{pb}/default", tmp_path / "state",
+                    Settings(checkpoint_interval=3600, conflict_resolution="seqno"))
+    try:
+        wait_for(lambda: same(a, b, first), what="the first writes")
+        b.kill9()
+        b = spawn_server(*target_args)
+        second = [keys_in(vb, 1, prefix="y")[0] for vb in range(64)]  # a write to every vbucket
+        _write(a, second, b'{"n":2}')
+        view = wait_for(lambda: same(a, b, first + second), what="the lost writes to be sent again")
+    finally:
+        stats = rep.stop()
+    assert len(view) == 164 and stats["target_rewinds"] >= 1 and stats["docs_resent"] >= 100, stats

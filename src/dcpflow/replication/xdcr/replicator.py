@@ -252,6 +252,12 @@ class XdcrReplicator:
         """Count a written batch and advance the positions; True if the target lost writes (rewound)."""
         changes, outcomes, after = written
         stats = self.stats
+        # A reply from another branch than we knew: the target failed over or restarted, and may
+        # have lost what we wrote before. Checked before this batch's writes are recorded, which
+        # are on the new branch.
+        moved = {o.vbucket for o in outcomes if o.vbuuid is not None
+                 and self._target_uuids.setdefault(o.vbucket, o.vbuuid) != o.vbuuid}
+        lost = await self._lost_target_vbuckets(moved) if moved else {}
         for change, o in zip(changes, outcomes, strict=True):
             if o.status == 0:
                 stats["docs_written"] += 1
@@ -268,11 +274,6 @@ class XdcrReplicator:
                             o.status)
         for vb, offset in after:
             self.positions[vb] = offset
-        # A reply from another branch than we knew: the target failed over or restarted, and may
-        # have lost what we wrote before.
-        moved = {o.vbucket for o in outcomes if o.vbuuid is not None
-                 and self._target_uuids.setdefault(o.vbucket, o.vbuuid) != o.vbuuid}
-        lost = await self._lost_target_vbuckets(moved) if moved else {}
         if lost:
             self._rewind(lost)
             return True
