@@ -470,6 +470,50 @@ class VBucket:
             self._check_cas(key, live, cas)
         return live
 
+    # -- read-modify-write of a whole version (sub-document commands: server/subdoc.py) ----------
+    def current(self, key) -> Item | None:
+        """The key's current version (`key` as everywhere: bytes, or (collection id, bytes)), live
+        or tombstone (a due expiry is turned into an expiration first), or None for an unknown key.
+        Active only."""
+        self._check_active()
+        self._live(key, self._clock())
+        return self.ht.get(key)
+
+    def write_version(self, key, prev: Item | None, value: bytes, *, flags: int = 0, expiry: int = 0,
+                      datatype: int = 0, deleted: bool = False, cas: int = 0,
+                      finish: Callable[[int, int], bytes] | None = None) -> Item:
+        """Store the version a read-modify-write built from `prev` (what `current` returned; None:
+        the key was unknown), live or as a tombstone carrying `value` (xattrs). `cas` is the
+        request's, which a GET_LOCKED lock needs. `finish(cas, seqno)` gives the final value once the
+        new version's CAS and seqno are known (macro expansion). KEY_EEXISTS if `prev` is no longer
+        the current version."""
+        self._check_active()
+        if self.ht.get(key) is not prev:
+            raise EngineError(Status.KEY_EEXISTS, f"key {key!r} changed during the read-modify-write")
+        now = self._clock()
+        if self.locks:
+            self._check_lock(key, cas, now)
+        new_cas, seqno = self.hlc.next(), self.high_seqno + 1
+        if finish is not None:
+            value = finish(new_cas, seqno)
+        rev = self._next_rev(prev)
+        cid, doc = key if key.__class__ is tuple else (0, key)
+        if deleted:
+            item = Item(doc, value, flags, 0, new_cas, rev, seqno, datatype, True, int(now), DeleteSource.EXPLICIT, cid)
+        else:
+            item = Item(doc, value, flags, self._expiry(key, expiry, now), new_cas, rev, seqno, datatype, cid=cid)
+        return self._queue(item, prev)
+
+    def replica_version(self, key) -> Item | None:
+        """The key's version on a replica vbucket (GET_REPLICA, sub-document replica reads): live
+        or tombstone, None if unknown or expired (a replica never expires anything itself)."""
+        if self.state != VBucketState.REPLICA:
+            raise EngineError(Status.NOT_MY_VBUCKET, f"vbucket {self.id} is {self.state.name.lower()}, not a replica")
+        item = self.ht.get(key)
+        if item is not None and not item.deleted and item.expiry and item.expiry <= self._clock():
+            return None
+        return item
+
     # -- GET_LOCKED / UNLOCK_KEY (BinaryProtocol.md#0x94-get-locked) ----------------------------
     def lock_cas(self, key: bytes, now: float | None = None) -> int | None:
         """The CAS of the key's unexpired lock, or None; an expired lock is released here (lazily,
