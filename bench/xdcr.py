@@ -5,8 +5,8 @@ takes *WithMeta writes), measured in the same run.
 
 * The source serves N documents built on disk before it starts (bench/serverproc.build_data).
 * The target serves two empty buckets: `raw` takes the baseline, `default` the replication.
-* Baseline: the documents' SetWithMeta frames (flags, expiry, rev seqno, CAS as the source holds
-  them), encoded beforehand, sent over one connection in windows of 512 with two in flight;
+* Baseline: the documents' SetWithMeta frames (flags, expiry, rev seqno, CAS and datatype as the
+  source holds them), encoded beforehand, sent over one connection in windows of 512 with two in flight;
   items/s from the first send to the last reply.
 * Replication: an XdcrReplicator in this process, from a fresh state directory; items/s from its
   start (connect, streams, first writes included) until the target acknowledged all N.
@@ -42,7 +42,8 @@ def connect(port: int, bucket: str):
     sock = socket.create_connection(("127.0.0.1", port), timeout=120)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     d = FrameDecoder()
-    call(sock, d, request(Opcode.HELLO, key=b"bench/xdcr", value=int(Feature.TCP_NODELAY).to_bytes(2, "big")))
+    features = (Feature.TCP_NODELAY, Feature.JSON)  # the documents are sent with their JSON datatype
+    call(sock, d, request(Opcode.HELLO, key=b"bench/xdcr", value=b"".join(int(f).to_bytes(2, "big") for f in features)))
     from dcpflow.client.sasl import ScramClient
     scram = ScramClient("SCRAM-SHA512", "Administrator", "password")
     reply = call(sock, d, kv.SaslAuth(b"SCRAM-SHA512", scram.first()).encode())
@@ -64,7 +65,7 @@ def source_frames(port: int, docs: int, value: bytes, vbuckets: int) -> list[byt
                 meta = GetMetaResponse.from_frame(next_frame(sock, d))
                 assert meta.status == Status.SUCCESS, (key, meta)
                 frames.append(SetWithMeta(key, value, meta.flags, meta.expiry, meta.rev_seqno, meta.cas,
-                                          vbucket=vbucket_for_key(key, vbuckets)).encode())
+                                          vbucket=vbucket_for_key(key, vbuckets), datatype=meta.datatype or 0).encode())
     finally:
         sock.close()
     return frames
