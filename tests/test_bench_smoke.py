@@ -27,6 +27,7 @@ FIGURE_LINES = {
     "producer_instructions.py": "instructions per streamed item",
     "replication.py": "ratio replicated/written",
     "spark_ingest.py": "dcp changelog / synthetic changelog",
+    "xdcr.py": "ratio xdcr / raw SetWithMeta",
 }
 
 

@@ -47,13 +47,14 @@ from dcpflow.protocol.dcp import (
     DcpStreamRequest,
     DcpStreamRequestResponse,
     FailoverLogResponse,
+    OpenFlag,
     StreamEndReason,
     StreamFlag,
 )
 from dcpflow.protocol.kv import error_context
 from dcpflow.protocol.status import Status
 
-from .connection import Connection, Segment, open_dcp
+from .connection import OPEN_FLAGS, Connection, Segment, open_dcp
 from .errors import (
     ClientError,
     ConnectError,
@@ -184,6 +185,7 @@ class FeedOptions(NamedTuple):
     dead_timeout: float | None = None
     reconnect_timeout: float = 120.0  # 0 = forever
     max_queued_bytes: int = 0  # pause reading above this (0: 2 x buffer, at least 8 MiB)
+    include_xattrs: bool = False  # documents arrive with their xattrs (a replicator copies them)
 
 
 class Feed:
@@ -473,7 +475,8 @@ class Feed:
                                   f"it cannot " + ("filter by " + self.options.filter.describe()
                                                    if self.resolved is not None else "send history"))
             await open_dcp(conn, f"{self.name}:{address[0]}:{address[1]}", buffer_size=self.options.buffer_size,
-                           noop_interval=self.options.noop_interval, history=self.options.history)
+                           noop_interval=self.options.noop_interval, history=self.options.history,
+                           flags=OPEN_FLAGS | OpenFlag.INCLUDE_XATTRS if self.options.include_xattrs else OPEN_FLAGS)
         except BaseException:
             conn.close()
             raise
