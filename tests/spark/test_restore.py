@@ -80,3 +80,25 @@ def test_with_meta_needs_cas_and_rev_seqno(spark, server):
     with pytest.raises(Exception, match="withMeta=true needs 'cas' and 'rev_seqno' columns"):
         df.write.format("dcp").mode("append").options(connection=url(server), username="Administrator",
                                                       password="password", withMeta="true").save()
+
+
+def test_restore_refuses_a_change_log_of_named_collections(spark, make_server, tmp_path):
+    """Restore writes into the default collection: documents of other collections would merge
+    there, so such a lake is refused with a clear error and the target is left untouched."""
+    from dcpflow.spark.pipeline import Pipeline, PipelineConfig
+    from dcpflow.spark.restore import RestoreError, restore
+    from tests.client.test_collections import FEATURES, change, cid_of, put
+
+    source = make_server(data_dir=tmp_path / "source")
+    change(source, lambda m: m.add_scope("shop"))
+    change(source, lambda m: m.add_collection("shop", "orders"))
+    with source.login(features=FEATURES) as w:
+        put(w, cid_of(source, "shop", "orders"), b"order1", b'{"n":1}')
+        put(w, 0, b"plain", b'{"n":2}')
+    lake = tmp_path / "lake"
+    Pipeline(spark, PipelineConfig(connection=url(source), username="Administrator", password="password",
+                                   lake=lake, state_format="snapshot")).run_available_now()
+    target = make_server(data_dir=tmp_path / "target")
+    with pytest.raises(RestoreError, match="named collections"):
+        restore(spark, lake, url(target), "Administrator", "password")
+    assert bucket_view(target.port, [b"order1", b"plain"]) == {}

@@ -19,7 +19,7 @@ from dcpflow.protocol.errors import ProtocolError
 from dcpflow.protocol.opcodes import Opcode
 from dcpflow.protocol.status import Status
 
-from .connection import FEATURES, Connection, RawRequest, bootstrap, open_connection, tls_context
+from .connection import Connection, RawRequest, bootstrap, open_connection, tls_context
 from .connstr import ConnSpec, parse_connection_string
 from .errors import (
     AuthenticationError,
@@ -51,14 +51,14 @@ class DcpClient:
     """A client of one bucket. Use `await DcpClient.connect(...)`, or `async with` it."""
 
     def __init__(self, spec: ConnSpec, username: str, password: str, bucket: str, options: dict,
-                 agent: str = "dcpflow", features: tuple[int, ...] = FEATURES):
+                 agent: str = "dcpflow", features: tuple[int, ...] | None = None):
         self.spec = spec
         self.username = username
         self.password = password
         self.bucket = bucket
         self.options = {**DEFAULTS, **options}
         self.agent = agent
-        self.features = tuple(features)
+        self.features = None if features is None else tuple(features)  # None: connection.FEATURES
         self.cluster_map: ClusterMap | None = None
         self._tls = tls_context(self.options["ca_file"], self.options["tls_verify"]) if spec.tls else None
         self._kv: dict[tuple[str, int], Connection] = {}
@@ -73,7 +73,7 @@ class DcpClient:
     # -- connecting --------------------------------------------------------------------------
     @classmethod
     async def connect(cls, connstr: str, username: str | None = None, password: str | None = None, *,
-                      bucket: str | None = None, agent: str = "dcpflow", features: tuple[int, ...] = FEATURES,
+                      bucket: str | None = None, agent: str = "dcpflow", features: tuple[int, ...] | None = None,
                       **options) -> "DcpClient":
         """Connect and bootstrap. Keyword `options` override the connection string's (buffer_size,
         noop_interval, connect_timeout, reconnect_timeout, sasl_mech_force, ca_file, tls_verify).

@@ -439,11 +439,12 @@ class BootstrapResult(NamedTuple):
 
 async def bootstrap(conn: Connection, *, username: str, password: str, bucket: str | None,
                     mechanism: str = "SCRAM-SHA512", agent: str = "dcpflow", timeout: float = 10.0,
-                    fetch_map: bool = True, features: tuple[int, ...] = FEATURES) -> BootstrapResult:
+                    fetch_map: bool = True, features: tuple[int, ...] | None = None) -> BootstrapResult:
     """HELLO, SASL, SELECT_BUCKET and GET_CLUSTER_CONFIG, pipelined as the official SDKs do.
-    `features` are what HELLO asks for (a writer adds MUTATION_SEQNO to learn where its writes landed)."""
+    `features` are what HELLO asks for (default FEATURES, read at call time; a writer adds
+    MUTATION_SEQNO to learn where its writes landed)."""
     agent_json = json.dumps({"a": f"{agent}/dcpflow-client", "i": os.urandom(8).hex()}).encode()
-    hello = conn.request(kvproto.Hello(agent_json, tuple(features)))
+    hello = conn.request(kvproto.Hello(agent_json, tuple(FEATURES if features is None else features)))
     if mechanism == "PLAIN":
         auth = conn.request(kvproto.SaslAuth(b"PLAIN", plain_payload(username, password)))
         scram = None

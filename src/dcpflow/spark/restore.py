@@ -53,7 +53,11 @@ def restore(spark, lake, to: str, username: str, password: str, as_of: int | Non
     if not lo <= version <= hi:
         raise RestoreError(f"--as-of {version}: the change log holds versions {lo}..{hi}")
     changes = _changelog(spark, lake).filter(F.col(COMMIT_VERSION) <= version)
-    latest, _ = latest_changes(changes)
+    if "collection_id" in changes.columns and changes.filter(F.col("collection_id") != 0).limit(1).count():
+        raise RestoreError("the change log holds documents of named collections; restore writes into the "
+                           "default collection only, so it would merge them: restore from a lake of the "
+                           "default collection")
+    latest, _, _ = latest_changes(changes)
     latest = latest.repartition(partitions or spark.sparkContext.defaultParallelism, "vbucket").cache()
     counts = latest.groupBy((F.col("_change_type") == "delete").alias("d")).count().collect()
     (latest.write.format("dcp").mode("append")
