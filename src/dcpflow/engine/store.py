@@ -293,7 +293,8 @@ _STATE_COLS = ("vb, state, failover_log, high_seqno, snap_start, snap_end, purge
                "max_visible_seqno, max_deleted_rev_seqno, hps, hcs")
 _UPSERT_STATE = (
     f"INSERT INTO vbucket_state ({_STATE_COLS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?) "
-    "ON CONFLICT (vb) DO UPDATE SET hps = excluded.hps, hcs = excluded.hcs, state = excluded.state, failover_log = excluded.failover_log, "
+    "ON CONFLICT (vb) DO UPDATE SET hps = excluded.hps, hcs = excluded.hcs, state = excluded.state, "
+    "failover_log = excluded.failover_log, "
     "high_seqno = excluded.high_seqno, snap_start = excluded.snap_start, snap_end = excluded.snap_end, "
     "purge_seqno = MAX(purge_seqno, excluded.purge_seqno), max_cas = excluded.max_cas, "
     "max_visible_seqno = excluded.max_visible_seqno, max_deleted_rev_seqno = excluded.max_deleted_rev_seqno")

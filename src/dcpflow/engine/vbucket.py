@@ -36,14 +36,14 @@ from dcpflow.protocol.status import Status
 from .checkpoint import CheckpointManager, CheckpointType
 from .collections import SYSTEM_CID, Change, SystemEvent, event_item
 from .conflict import ConflictResolutionMode, DocMeta, incoming_wins
+from .durability import DEFAULT_TIMEOUT, ActiveDurabilityMonitor, Outcome, PassiveDurabilityMonitor, Topology
+from .durability.items import Abort, Commit, Prepare, make_abort, make_commit, make_prepare
+from .durability.requirements import Level
 from .errors import EngineError
 from .expiry import to_absolute
 from .failover import FailoverEntry, FailoverTable
 from .hlc import HLC
 from .item import DeleteSource, Item, retain_system_xattrs
-from .durability import DEFAULT_TIMEOUT, ActiveDurabilityMonitor, Outcome, PassiveDurabilityMonitor, Topology
-from .durability.items import Abort, Commit, Prepare, make_abort, make_commit, make_prepare
-from .durability.requirements import Level
 from .store import PurgeResult, VBucketStateRecord
 from .vb_collections import VBCollections
 
