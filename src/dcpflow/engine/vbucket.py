@@ -843,10 +843,7 @@ class VBucket:
                 flags, deleted, delete_time = prev.flags, True, int(now)
         else:
             raise ValueError(f"unknown sync write mode {mode!r}")
-        if not deleted:
-            expiry = self._expiry(key, expiry, now)
-        else:
-            expiry = 0
+        expiry = self._expiry(key, expiry, now) if not deleted else 0
         cid, bkey = key if key.__class__ is tuple else (0, key)
         prepare = make_prepare(Item(bkey, value, flags, expiry, self.hlc.next(), self._next_rev(prev),
                                     self.high_seqno + 1, datatype, deleted, delete_time, DeleteSource.EXPLICIT, cid),
