@@ -8,8 +8,8 @@ import pytest
 from couchbase.durability import DurabilityLevel, ServerDurability
 from couchbase.exceptions import (
     DocumentNotFoundException,
-    DurabilitySyncWriteAmbiguousException,
     DurabilityImpossibleException,
+    DurabilitySyncWriteAmbiguousException,
 )
 from couchbase.options import (
     DecrementOptions,
