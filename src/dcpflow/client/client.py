@@ -356,7 +356,7 @@ class DcpClient:
 
     def events(self, vbuckets=None, *, start="beginning", end=None, state: StateStore | None = None,
                rollback: str = "resume", markers: bool = False, save_interval: float | None = None,
-               ignore_purged_tombstones: bool = False) -> EventStream:
+               ignore_purged_tombstones: bool = False, sync_writes: bool = False) -> EventStream:
         """Changes one by one (events.py): `async for event in client.events(...)`.
 
         start: "beginning", "now", "saved" (from `state`), or {vbucket: Offset}; end: None
@@ -369,9 +369,14 @@ class DcpClient:
         chose (a planned range), and silently ending short would return less than was asked for.
         rollback: "resume" (yield a Rollback event, then continue from the rollback point) or
         "raise" (RollbackError). With `state`, offsets are saved every `save_interval` seconds
-        (if given) and when the stream ends; `await stream.save()` saves on demand."""
+        (if given) and when the stream ends; `await stream.save()` saves on demand.
+        The events are the committed versions only (what a GET can read): a sync write's value
+        arrives once committed, as a Mutation or Deletion. `sync_writes=True` (for tools that
+        watch sync replication) adds its Prepare, Commit and Abort events (events.py); the saved
+        offsets then stay at the last safe point before an open prepare, so a resumed read gets
+        the prepare again rather than a commit of a value it never saw."""
         return EventStream(self, vbuckets, start, end, state, rollback, markers, save_interval,
-                           ignore_purged_tombstones)
+                           ignore_purged_tombstones, sync_writes)
 
     def batches(self, ranges: dict | None = None, end=None, max_rows: int = 65536, *, vbuckets=None,
                 start=None, rollback: str = "raise", flush_interval: float | None = None,

@@ -13,10 +13,13 @@ import contextlib
 import time
 
 from dcpflow.protocol.dcp import (
+    DcpAbort,
+    DcpCommit,
     DcpDecoder,
     DcpDeletion,
     DcpExpiration,
     DcpMutation,
+    DcpPrepare,
     DcpSeqnoAdvanced,
     DcpSnapshotMarker,
     DcpStreamEnd,
@@ -25,7 +28,7 @@ from dcpflow.protocol.dcp import (
 from dcpflow.protocol.keys import decode_leb128
 
 from .connection import Segment
-from .events import Deletion, Expiration, Mutation, SnapshotMarker, SystemEvent
+from .events import Abort, Commit, Deletion, Expiration, Mutation, Prepare, SnapshotMarker, SystemEvent
 from .offsets import Offset
 from .streams import TIMEOUT, ConnLost, Feed, NewEnd, replay
 
@@ -94,8 +97,10 @@ class _Reader:
 class EventStream(_Reader):
     """`async for event in client.events(...)`; see DcpClient.events."""
 
-    def __init__(self, client, vbuckets, start, end, state, rollback, markers, save_interval, ignore_purged):
+    def __init__(self, client, vbuckets, start, end, state, rollback, markers, save_interval, ignore_purged,
+                 sync_writes: bool = False):
         self._args = (vbuckets, start, end, state, rollback, ignore_purged)
+        self.sync_writes = sync_writes
         self.state = state
         self.markers = markers
         self.save_interval = save_interval
@@ -109,7 +114,7 @@ class EventStream(_Reader):
         """The committed offset of each vbucket: a safe point at or before what was consumed."""
         if self.feed is None:
             return dict(self.starts)
-        return {vb: vs.consumed.committed for vb, vs in self.feed.streams.items()}
+        return {vb: vs.held if vs.held is not None else vs.consumed.committed for vb, vs in self.feed.streams.items()}
 
     def progress(self) -> tuple[int, int]:
         """(seqnos consumed, seqnos to reach) toward the high seqnos seen at the start."""
@@ -133,7 +138,8 @@ class EventStream(_Reader):
 
     async def _run(self):
         vbuckets, start, end, state, rollback, ignore_purged = self._args
-        self._loaded = await self._open(vbuckets, start, end, state, rollback, ignore_purged)
+        self._loaded = await self._open(vbuckets, start, end, state, rollback, ignore_purged,
+                                        sync_writes=self.sync_writes)
         # the ends themselves when bounded: a read bounded by "now" may lower them (streams.NewEnd)
         self.targets = self.ends if self.ends else await self.client.high_seqnos(list(self.starts))
         feed = self.feed
@@ -188,6 +194,30 @@ class EventStream(_Reader):
                                           msg.value))
                         tr.item(seq)
                         yield event
+                        vs.consumed.item(seq)
+                    elif t is DcpPrepare or t is DcpCommit or t is DcpAbort:
+                        vs = streams[msg.vbucket]
+                        tr = vs.decoded
+                        cid, key = _split_key(msg.key) if coll else (0, msg.key)
+                        if t is DcpPrepare:
+                            seq = msg.by_seqno
+                            event = Prepare(msg.vbucket, seq, key, msg.value, msg.cas, msg.rev_seqno, msg.flags,
+                                            msg.expiration, msg.datatype, msg.durability_level, msg.deleted,
+                                            tr.vbuuid, cid)
+                        else:
+                            seq = msg.commit_seqno if t is DcpCommit else msg.abort_seqno
+                            event = (Commit if t is DcpCommit else Abort)(msg.vbucket, seq, key, msg.prepared_seqno,
+                                                                          tr.vbuuid, cid)
+                        tr.item(seq)
+                        yield event
+                        if t is DcpPrepare:
+                            if not vs.open_prepares:
+                                vs.held = vs.consumed.committed
+                            vs.open_prepares.add(seq)
+                        else:
+                            vs.open_prepares.discard(msg.prepared_seqno)
+                            if not vs.open_prepares:
+                                vs.held = None
                         vs.consumed.item(seq)
                     elif t is DcpSnapshotMarker:
                         vs = streams[msg.vbucket]

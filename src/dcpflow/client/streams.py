@@ -129,7 +129,7 @@ class SeqnosUnavailable(ServerError):
 
 class VbStream:
     __slots__ = ("vbucket", "decoded", "consumed", "start", "end", "state", "conn", "closing", "failover_log",
-                 "retry_since", "opens")
+                 "retry_since", "opens", "open_prepares", "held")
 
     def __init__(self, vbucket: int, start: Offset, end: int):
         self.vbucket = vbucket
@@ -143,6 +143,11 @@ class VbStream:
         self.failover_log: tuple = ()
         self.retry_since: float | None = None
         self.opens = 0
+        # With sync writes: prepares consumed whose commit or abort was not (seqnos), and the
+        # committed offset from before the first of them - the safe point while they are open:
+        # resuming past a prepare would get its commit without the value it commits.
+        self.open_prepares: set[int] = set()
+        self.held: Offset | None = None
 
 
 def replay(streams: dict[int, VbStream], steps) -> None:
@@ -172,6 +177,7 @@ class FeedOptions(NamedTuple):
     dead_timeout: float | None = None
     reconnect_timeout: float = 120.0  # 0 = forever
     max_queued_bytes: int = 0  # pause reading above this (0: 2 x buffer, at least 8 MiB)
+    sync_writes: bool = False  # DCP_PREPARE / COMMIT / ABORT as well as the committed versions
 
 
 class Feed:
@@ -443,7 +449,7 @@ class Feed:
             conn.sink = self._on_segment
             conn.on_lost = self._on_conn_lost
             await open_dcp(conn, f"{self.name}:{address[0]}:{address[1]}", buffer_size=self.options.buffer_size,
-                           noop_interval=self.options.noop_interval)
+                           noop_interval=self.options.noop_interval, sync_writes=self.options.sync_writes)
         except BaseException:
             conn.close()
             raise
