@@ -73,3 +73,25 @@ async def _read_to(server, vb: int, end: int):
         stream = c.events(vbuckets=[vb], end={vb: end}, sync_writes=True)
         events = [e async for e in stream if hasattr(e, "seqno")]
         return events, stream.offsets[vb]
+
+
+def test_arrow_batches_hold_committed_versions_only(server):
+    """The batch reader (and the Spark source built on it) reads committed data: a prepare, open or
+    completed, and an abort make no row; a commit is the row of the version it made."""
+    from dcpflow.client import Offset
+    vb = 5
+    done, open_ = keys_in(vb, 2, prefix="ab")
+    set_topology(server, vb, ["self"])
+    with server.login() as w:
+        durable_set(w, done, b'{"v":1}', vb)
+        assert w.recv().status == Status.SUCCESS  # prepare 1, commit 2
+        set_topology(server, vb, ["self", "peer"])
+        durable_set(w, open_, b'{"v":2}', vb)  # prepare 3, open
+
+        async def go():
+            async with await DcpClient.connect(url(server.port), USER, PASSWORD) as c:
+                rows = []
+                async for batch in c.batches({vb: Offset()}, end={vb: 3}):
+                    rows += batch.select(["key", "value", "event", "seqno"]).to_pylist()
+                return rows
+        assert run(go()) == [{"key": done, "value": b'{"v":1}', "event": "mutation", "seqno": 2}]
