@@ -158,6 +158,11 @@ def test_in_flight_prepares_hps_and_hcs_survive_a_crash_and_are_driven_to_commit
     inflight = vb.prepare(b"k", b"pending", level=PERSIST)
     b.flush()
     high, hcs = vb.high_seqno, vb.hcs
+    # done: prepare 1, commit 4; gone: prepare 2, abort 3; k: prepare 5 - visible up to 4
+    assert (high, hcs, inflight.by_seqno) == (5, 2, 5)
+    assert b.store.load_vbucket_states()[0].max_visible_seqno == 4
+    stats = vb.stats()
+    assert (stats["max_visible_seqno"], stats["high_prepared_seqno"], stats["high_completed_seqno"]) == (4, 5, 2)
     b.close(clean=False)
     again = make_bucket(checkpoint_max_age=None)
     vb2 = again.vbucket(0)

@@ -38,6 +38,7 @@ class VBucketFlush:
     sync_items: list[Item] = field(default_factory=list)  # prepares, commits, aborts (durability/items.py)
     hps: int = 0  # the high prepared / completed seqnos once the batch is on disk
     hcs: int = 0
+    mvs: int = 0  # with sync items: the highest seqno of a visible version in the batch (0: none)
 
     @property
     def high_seqno(self) -> int:
@@ -61,6 +62,8 @@ def _split_sync(entry: VBucketFlush) -> None:
         elif cls is Commit or cls is Abort:
             entry.sync_items.append(it)
             entry.hcs = max(entry.hcs, it.prepared_seqno)
+        if cls is not Prepare and cls is not Abort:
+            entry.mvs = it.by_seqno
 
 
 @dataclass(slots=True)
@@ -137,6 +140,9 @@ class Flusher:
             record.high_seqno = record.max_visible_seqno = entry.high_seqno
             record.snap_start, record.snap_end = entry.snap_start, entry.snap_end
             record.hps, record.hcs = entry.hps, entry.hcs
+            if entry.sync_items:
+                record.max_visible_seqno = entry.mvs or vb.persisted_mvs
+            vb.persisted_mvs = record.max_visible_seqno
             states.append(record)
             n += len(items)
             if n >= max_items:

@@ -72,8 +72,8 @@ class VBucket:
                  "max_deleted_rev_seqno", "persisted_seqno", "persisted_snapshot", "snapshot_start",
                  "snapshot_end", "_clock", "_on_seqno", "_dirty", "checkpoint_manager", "ht", "num_items",
                  "num_deleted", "ops_create", "ops_update", "ops_delete", "_expiry_heap", "locks", "collections",
-                 "history_start", "prepares", "hps", "hcs", "persisted_hps", "persisted_hcs", "topology", "adm",
-                 "pdm")
+                 "history_start", "prepares", "hps", "hcs", "persisted_hps", "persisted_hcs", "persisted_mvs",
+                 "topology", "adm", "pdm")
 
     def __init__(self, vbid: int, state: VBucketState = VBucketState.ACTIVE, *,
                  conflict_resolution: ConflictResolutionMode | str = ConflictResolutionMode.REV_SEQNO,
@@ -126,6 +126,7 @@ class VBucket:
         self.prepares: dict = {}
         self.hps = self.persisted_hps = hps
         self.hcs = self.persisted_hcs = hcs
+        self.persisted_mvs = high_seqno  # the max visible seqno of the last flush (vbucket_state)
         self.topology: Topology | None = None
         self.adm: ActiveDurabilityMonitor | None = None
         self.pdm: PassiveDurabilityMonitor | None = None
@@ -995,7 +996,8 @@ class VBucket:
         snap_start, snap_end = self.persisted_snapshot
         return VBucketStateRecord(self.id, int(self.state), self.failover.to_json(), self.persisted_seqno,
                                   snap_start, snap_end, self.purge_seqno, self.hlc.max_cas,
-                                  self.persisted_seqno, self.max_deleted_rev_seqno, hps=self.persisted_hps,
+                                  min(self.persisted_mvs, self.persisted_seqno), self.max_deleted_rev_seqno,
+                                  hps=self.persisted_hps,
                                   hcs=self.persisted_hcs)
 
     def on_purged(self, result: PurgeResult) -> None:
@@ -1053,6 +1055,10 @@ class VBucket:
             "logical_clock_ticks": self.hlc.logical_ticks,
             "drift_ahead_threshold_exceeded": self.hlc.drift_ahead_exceeded,
             "drift_behind_threshold_exceeded": self.hlc.drift_behind_exceeded,
+            "high_prepared_seqno": self.hps,
+            "high_completed_seqno": self.hcs,
+            "max_visible_seqno": self.max_visible_seqno,
+            "sync_write_prepares": len(self.prepares),
         }
 
 
