@@ -226,3 +226,23 @@ def test_a_vbucket_leaving_active_tells_waiting_writers_their_outcome_is_unknown
     vb.on_complete(vb.prepare(b"k", b"v", level=MAJ), outcomes.append)
     b.set_vbucket_state(0, VBucketState.REPLICA)
     assert outcomes == [Outcome.ABORTED]
+
+
+def test_a_rollback_between_a_prepare_and_its_commit_brings_the_prepare_back(make_bucket):
+    """A replica that flushed a prepare and its commit, then rolls back between the two (its
+    active failed over), holds the prepare again: the new active's DCP_COMMIT finds it."""
+    b = make_bucket(checkpoint_max_age=None)
+    vb = b.set_vbucket_state(0, VBucketState.REPLICA)
+    vb.snapshot_marker(1, 2)
+    vb.apply_prepare(b"k", b"v", by_seqno=1, cas=10, rev_seqno=1, level=MAJ)
+    vb.apply_mutation(b"x", b"1", by_seqno=2, cas=11, rev_seqno=1)
+    b.flush()
+    vb.snapshot_marker(3, 3)
+    vb.apply_commit(b"k", prepared_seqno=1, commit_seqno=3)
+    b.flush()
+    assert vb.prepares == {} and b.store.load_prepares(0) == []
+    assert b.rollback(0, 2) == 2
+    assert list(vb.prepares) == [b"k"] and b"k" not in vb.ht and vb.hcs == 0
+    vb.snapshot_marker(3, 3)
+    vb.apply_commit(b"k", prepared_seqno=1, commit_seqno=3)
+    assert vb.ht[b"k"].value == b"v"

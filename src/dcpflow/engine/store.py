@@ -239,14 +239,15 @@ _MIGRATE_1_TO_2 = (
     "CREATE UNIQUE INDEX history_by_key ON history (vb, cid, key, seqno)",
     "CREATE INDEX history_by_seqno ON history (vb, seqno)",
 )
-#: Version 2 -> 3: sync writes. The in-flight prepares of each vbucket (a prepare leaves when its
-#: commit or abort is flushed), and the vbucket's persisted high prepared / high completed seqnos.
+#: Version 2 -> 3: sync writes. The prepares of each vbucket (`completed`: the seqno of the commit or
+#: abort that completed it, 0 while in flight; completed ones are kept for rollback until compaction
+#: passes the rollback floor), and the vbucket's persisted high prepared / high completed seqnos.
 _MIGRATE_2_TO_3 = (
     """CREATE TABLE prepares (
-    vb INTEGER NOT NULL, cid INTEGER NOT NULL, key BLOB NOT NULL, seqno INTEGER NOT NULL, level INTEGER NOT NULL,
+    vb INTEGER NOT NULL, seqno INTEGER NOT NULL, cid INTEGER NOT NULL, key BLOB NOT NULL, level INTEGER NOT NULL,
     rev_seqno INTEGER NOT NULL, cas INTEGER NOT NULL, flags INTEGER NOT NULL, expiry INTEGER NOT NULL,
     datatype INTEGER NOT NULL, deleted INTEGER NOT NULL, delete_time INTEGER NOT NULL, value BLOB NOT NULL,
-    PRIMARY KEY (vb, cid, key))""",
+    completed INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (vb, seqno))""",
     "ALTER TABLE vbucket_state ADD COLUMN hps INTEGER NOT NULL DEFAULT 0",
     "ALTER TABLE vbucket_state ADD COLUMN hcs INTEGER NOT NULL DEFAULT 0",
 )
@@ -694,7 +695,8 @@ class Store:
         """Persist items (seqno order per vbucket), state rows and the (vb, snap_start, snap_end)
         ranges the items belong to, in one transaction. `sync_batches` are the prepares, commits
         and aborts (durability/items.py) of the same batch, in seqno order: a prepare is stored in
-        `prepares` until its commit or abort is flushed (a commit's version is among the items)."""
+        `prepares`, and marked completed by its commit or abort (a commit's version is among the
+        items)."""
         with self._txn() as db:
             for vb, items in batches:
                 latest: dict = {}  # by doc_key
@@ -728,15 +730,15 @@ class Store:
                            (vb, it.cid, it.key, it.by_seqno, it.level, _s64(it.rev_seqno), _s64(it.cas), it.flags,
                             it.expiry, it.datatype, int(it.deleted), it.delete_time, it.value))
             else:
-                db.execute("DELETE FROM prepares WHERE vb = ? AND cid = ? AND key = ? AND seqno = ?",
-                           (vb, it.cid, it.key, prepared))
+                db.execute("UPDATE prepares SET completed = ? WHERE vb = ? AND seqno = ?", (it.by_seqno, vb, prepared))
 
     def load_prepares(self, vb: int) -> list[tuple]:
         """The vbucket's in-flight prepares as rows (cid, key, seqno, level, rev_seqno, cas, flags,
         expiry, datatype, deleted, delete_time, value), in seqno order; CAS and rev seqno unsigned."""
         with self._lock:
             rows = self._db.execute("SELECT cid, key, seqno, level, rev_seqno, cas, flags, expiry, datatype, deleted, "
-                                    "delete_time, value FROM prepares WHERE vb = ? ORDER BY seqno", (vb,)).fetchall()
+                                    "delete_time, value FROM prepares WHERE vb = ? AND completed = 0 ORDER BY seqno",
+                                    (vb,)).fetchall()
         return [(r[0], r[1], r[2], r[3], _u64(r[4]), _u64(r[5]), *r[6:]) for r in rows]
 
     @staticmethod
@@ -828,6 +830,8 @@ class Store:
             else:
                 db.execute("DELETE FROM history WHERE vb = ? AND superseded_by <= ?", (vb, floor))
             db.execute("DELETE FROM snapshots WHERE vb = ? AND snap_end < ?", (vb, floor))
+            # completed prepares only a rollback below the floor could bring back
+            db.execute("DELETE FROM prepares WHERE vb = ? AND completed > 0 AND completed <= ?", (vb, floor))
             db.execute("UPDATE vbucket_state SET purge_seqno = ?, max_deleted_rev_seqno = ?, "
                        "history_floor = ?, history_start = ? WHERE vb = ?",
                        (purge_seqno, _s64(max_rev), floor, history_start, vb))
@@ -894,12 +898,16 @@ class Store:
                              "ORDER BY snap_start DESC, snap_end DESC LIMIT 1", (vb, seqno)).fetchone()
             snap = row if row is not None and row[1] > seqno else (seqno, seqno)
             db.execute("DELETE FROM snapshots WHERE vb = ? AND snap_start > ?", (vb, seqno))
-            # Prepares made after the seqno go; one completed after it stays completed (its row is
-            # not restored): the consumer that rolls back receives the outcome again from the active.
+            # Prepares made after the seqno go; those completed after it are in flight again (the
+            # stream that follows sends their commit or abort again). The high completed seqno is
+            # that of the completed prepares left (compaction dropped only those completed below
+            # the floor, whose seqnos the old value bounds there).
             db.execute("DELETE FROM prepares WHERE vb = ? AND seqno > ?", (vb, seqno))
-            db.execute("UPDATE vbucket_state SET high_seqno = ?, snap_start = ?, snap_end = ?, "
-                       "max_visible_seqno = ?, hps = MIN(hps, ?), hcs = MIN(hcs, ?) WHERE vb = ?",
-                       (seqno, snap[0], snap[1], seqno, seqno, seqno, vb))
+            db.execute("UPDATE prepares SET completed = 0 WHERE vb = ? AND completed > ?", (vb, seqno))
+            db.execute("UPDATE vbucket_state SET high_seqno = ?, snap_start = ?, snap_end = ?, max_visible_seqno = ?, "
+                       "hps = MIN(hps, ?), hcs = MAX(COALESCE((SELECT MAX(seqno) FROM prepares WHERE vb = ? AND "
+                       "completed > 0), 0), MIN(hcs, history_floor)) WHERE vb = ?",
+                       (seqno, snap[0], snap[1], seqno, seqno, vb, vb))
             return RollbackResult(seqno, snap[0], snap[1])
 
 
