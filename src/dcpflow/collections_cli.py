@@ -15,11 +15,10 @@ prints the server's message on stderr and exits 1.
 
 import argparse
 import json
-import os
 import sys
 import urllib.parse
 
-from .rest_client import RestError, call
+from .rest_client import RestError, admin_arguments, call, password_of
 
 PROG = "dcpflow collections"
 
@@ -59,7 +58,7 @@ def format_manifest(doc: dict) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
-    password = args.password if args.password is not None else os.environ.get("DCPFLOW_PASSWORD", "password")
+    password = password_of(args)
     try:
         if args.action == "list":
             doc = call(args.url, args.username, password, "GET", _path(args.bucket))
@@ -93,11 +92,7 @@ def main(args: argparse.Namespace) -> int:
 
 def add_command(sub) -> None:
     """Register `dcpflow collections` on the CLI's subparsers."""
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--url", default="http://127.0.0.1:8091",
-                        help="the server's management port (default http://127.0.0.1:8091; HOST:PORT works)")
-    common.add_argument("-u", "--username", default="Administrator", help="an admin (default Administrator)")
-    common.add_argument("-p", "--password", help="default: $DCPFLOW_PASSWORD, else 'password'")
+    common = admin_arguments()
     common.add_argument("--bucket", default="default", help="the bucket (default: default)")
     p = sub.add_parser("collections", help="list, create and drop a bucket's scopes and collections",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

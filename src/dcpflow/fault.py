@@ -9,11 +9,10 @@ answer; a refusal prints the server's message on stderr and exits 1.
 
 import argparse
 import json
-import os
 import sys
 import urllib.parse
 
-from .rest_client import RestError, call
+from .rest_client import RestError, admin_arguments, call, password_of
 
 PROG = "dcpflow fault"
 
@@ -60,7 +59,7 @@ def main(args: argparse.Namespace) -> int:
     if args.kind == "drop-connections" and args.all == bool(args.bucket or args.name):
         print(f"{PROG} drop-connections: say which: --bucket, --name, or --all alone", file=sys.stderr)
         return 2
-    password = args.password if args.password is not None else os.environ.get("DCPFLOW_PASSWORD", "password")
+    password = password_of(args)
     method, path, params = _request(args)
     try:
         answer = call(args.url, args.username, password, method, path, params)
@@ -73,11 +72,7 @@ def main(args: argparse.Namespace) -> int:
 
 def add_command(sub) -> None:
     """Register `dcpflow fault` on the CLI's subparsers."""
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--url", default="http://127.0.0.1:8091",
-                        help="the server's management port (default http://127.0.0.1:8091; HOST:PORT works)")
-    common.add_argument("-u", "--username", default="Administrator", help="an admin (default Administrator)")
-    common.add_argument("-p", "--password", help="default: $DCPFLOW_PASSWORD, else 'password'")
+    common = admin_arguments()
     bucket = argparse.ArgumentParser(add_help=False)
     bucket.add_argument("--bucket", default="default", help="the bucket (default: default)")
 

@@ -3,12 +3,29 @@ collections`), with the standard library only: Basic authentication, form parame
 answer, and ns_server's refusals turned into one line a person can act on.
 """
 
+import argparse
 import base64
 import json
+import os
 import ssl
 import urllib.error
 import urllib.parse
 import urllib.request
+
+
+def admin_arguments() -> argparse.ArgumentParser:
+    """The options every management-port command takes: where (`--url`) and who (`-u`/`-p`)."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--url", default="http://127.0.0.1:8091",
+                        help="the server's management port (default http://127.0.0.1:8091; HOST:PORT works)")
+    common.add_argument("-u", "--username", default="Administrator", help="an admin (default Administrator)")
+    common.add_argument("-p", "--password", help="default: $DCPFLOW_PASSWORD, else 'password'")
+    return common
+
+
+def password_of(args: argparse.Namespace) -> str:
+    """`-p`, else $DCPFLOW_PASSWORD, else the demo's 'password'."""
+    return args.password if args.password is not None else os.environ.get("DCPFLOW_PASSWORD", "password")
 
 
 class RestError(Exception):

@@ -226,3 +226,14 @@ def sdk_server(tmp_path_factory):
         yield proc
     finally:
         proc.cleanup()
+
+
+@pytest.fixture(scope="module")
+def sdk_cluster(sdk_server):
+    """The official SDK's Cluster connected to the module's `sdk_server`."""
+    from .sdk import connect
+    cluster = connect(sdk_server.port)
+    try:
+        yield cluster
+    finally:
+        cluster.close()

@@ -6,8 +6,6 @@ import time
 from datetime import timedelta
 
 import pytest
-from couchbase.auth import PasswordAuthenticator
-from couchbase.cluster import Cluster
 from couchbase.exceptions import (
     AuthenticationException,
     CasMismatchException,
@@ -18,8 +16,6 @@ from couchbase.exceptions import (
     UnAmbiguousTimeoutException,
 )
 from couchbase.options import (
-    ClusterOptions,
-    ClusterTimeoutOptions,
     DecrementOptions,
     DeltaValue,
     GetOptions,
@@ -34,14 +30,7 @@ from dcpflow.protocol.meta import GetMetaResponse
 from dcpflow.protocol.opcodes import Opcode
 
 from .client import RawClient
-
-
-def connect(port: int, query: str = "", user: str = "Administrator", password: str = "password",
-            scheme: str = "couchbase") -> Cluster:
-    timeouts = ClusterTimeoutOptions(kv_timeout=timedelta(seconds=5), connect_timeout=timedelta(seconds=10),
-                                     bootstrap_timeout=timedelta(seconds=10))
-    return Cluster(f"{scheme}://127.0.0.1:{port}{query}",
-                   ClusterOptions(PasswordAuthenticator(user, password), timeout_options=timeouts))
+from .sdk import connect  # noqa: F401 (other modules import it from here)
 
 
 @pytest.fixture(scope="module")

@@ -30,37 +30,16 @@ from dcpflow.protocol.opcodes import Opcode
 from dcpflow.protocol.status import Status
 
 from .client import RawClient
-from .test_sdk import connect
 
 
 @pytest.fixture(scope="module")
-def sdk_server(tmp_path_factory):
-    from .conftest import ServerProcess
-    data = tmp_path_factory.mktemp("sdk-collections")
-    proc = ServerProcess(["--data-dir", str(data), "--vbuckets", "64", "--flush-interval", "0.05"])
-    try:
-        yield proc
-    finally:
-        proc.cleanup()
-
-
-@pytest.fixture(scope="module")
-def cluster(sdk_server):
-    c = connect(sdk_server.port)
-    try:
-        yield c
-    finally:
-        c.close()
-
-
-@pytest.fixture(scope="module")
-def app(cluster):
+def app(sdk_cluster):
     """Scope `app` with `orders` (maxTTL 60 s) and `events` (history), made by the SDK's manager."""
-    manager = cluster.bucket("default").collections()
+    manager = sdk_cluster.bucket("default").collections()
     manager.create_scope("app")
     manager.create_collection("app", "orders", CreateCollectionSettings(max_expiry=timedelta(seconds=60)))
     manager.create_collection("app", "events", CreateCollectionSettings(history=True))
-    return cluster.bucket("default").scope("app")
+    return sdk_cluster.bucket("default").scope("app")
 
 
 def raw(sdk_server) -> RawClient:
@@ -70,8 +49,8 @@ def raw(sdk_server) -> RawClient:
     return c.login(features=(Feature.XERROR, Feature.JSON, Feature.MUTATION_SEQNO, Feature.COLLECTIONS))
 
 
-def test_the_collection_manager_creates_lists_updates_and_refuses(cluster, app):
-    manager = cluster.bucket("default").collections()
+def test_the_collection_manager_creates_lists_updates_and_refuses(sdk_cluster, app):
+    manager = sdk_cluster.bucket("default").collections()
     scopes = {s.name: {c.name: (c.max_expiry, c.history) for c in s.collections} for s in manager.get_all_scopes()}
     assert scopes["_default"] == {"_default": (timedelta(0), False)}
     assert scopes["app"] == {"orders": (timedelta(seconds=60), False), "events": (timedelta(0), True)}
@@ -95,9 +74,9 @@ def test_the_collection_manager_creates_lists_updates_and_refuses(cluster, app):
     assert "tmp" not in [c.name for s in manager.get_all_scopes() for c in s.collections]
 
 
-def test_kv_on_named_collections(app, cluster, sdk_server):
+def test_kv_on_named_collections(app, sdk_cluster, sdk_server):
     orders, events = app.collection("orders"), app.collection("events")
-    default = cluster.bucket("default").default_collection()
+    default = sdk_cluster.bucket("default").default_collection()
     orders.upsert("k", {"in": "orders"})
     events.upsert("k", {"in": "events"})
     default.upsert("k", {"in": "_default"})
@@ -190,10 +169,10 @@ def test_get_all_vb_seqnos_per_collection(app, sdk_server):
         assert stats["manifest_uid"] == str(int(json.loads(c.call(Opcode.COLLECTIONS_GET_MANIFEST).value)["uid"], 16))
 
 
-def test_a_dropped_collection_is_gone_for_the_sdk(cluster, app):
-    manager = cluster.bucket("default").collections()
+def test_a_dropped_collection_is_gone_for_the_sdk(sdk_cluster, app):
+    manager = sdk_cluster.bucket("default").collections()
     manager.create_collection("app", "doomed")
-    doomed = cluster.bucket("default").scope("app").collection("doomed")
+    doomed = sdk_cluster.bucket("default").scope("app").collection("doomed")
     doomed.upsert("x", {"v": 1})
     manager.drop_collection("app", "doomed")
     # the SDK's cached id answers UNKNOWN_COLLECTION; it looks the id up again and learns the name is gone

@@ -97,8 +97,9 @@ def test_dcp_flow_control_and_items_remaining(make_server):
         assert c.stream_request(VB).status == Status.SUCCESS
         labels = {"bucket": "default", "connection": name}
 
-        def blocked(s):
-            return value(s, "kv_dcp_flow_control_unacked_bytes", **labels) >= 300
+        def blocked(s):  # flow control holds the stream and its queue has filled up to its bound
+            return (value(s, "kv_dcp_flow_control_unacked_bytes", **labels) >= 300
+                    and value(s, "kv_dcp_stream_ready_queue_bytes", vb=VB, **labels) > 200_000)
 
         samples = wait_for(http, blocked)
         assert value(samples, "kv_dcp_flow_control_buffer_bytes", **labels) == 300
@@ -106,7 +107,6 @@ def test_dcp_flow_control_and_items_remaining(make_server):
         assert 0 < remaining < n
         assert value(samples, "kv_dcp_items_remaining", type="producer", **labels) == remaining
         assert value(samples, "kv_dcp_stream_last_seqno", vb=VB, **labels) == n - remaining
-        assert value(samples, "kv_dcp_stream_ready_queue_bytes", vb=VB, **labels) > 200_000
         assert value(samples, "kv_dcp_connections", bucket="default", type="producer") == 1
         c.messages_until(lambda m: isinstance(m, dcp.DcpMutation) and m.by_seqno == n, ack=True)
         done = wait_for(http, lambda s: value(s, "kv_dcp_stream_items_remaining", vb=VB, **labels) == 0 and

@@ -19,15 +19,6 @@ from couchbase.management.buckets import ConflictResolutionType, CreateBucketSet
 from ..test_sdk import connect
 
 
-@pytest.fixture(scope="module")
-def cluster(sdk_server):
-    c = connect(sdk_server.port)
-    try:
-        yield c
-    finally:
-        c.close()
-
-
 def test_wait_until_ready_returns_at_once_and_ping_reports_every_service_ok(sdk_server):
     cluster = connect(sdk_server.port)
     try:
@@ -46,8 +37,8 @@ def test_wait_until_ready_returns_at_once_and_ping_reports_every_service_ok(sdk_
         cluster.close()
 
 
-def test_the_bucket_manager_lists_creates_flushes_and_drops(cluster):
-    buckets = cluster.buckets()
+def test_the_bucket_manager_lists_creates_flushes_and_drops(sdk_cluster):
+    buckets = sdk_cluster.buckets()
     assert [b.name for b in buckets.get_all_buckets()] == ["default"]
     buckets.create_bucket(CreateBucketSettings(name="sdk-made", ram_quota_mb=128, flush_enabled=True, num_replicas=1,
                                                conflict_resolution_type=ConflictResolutionType.TIMESTAMP))
@@ -58,7 +49,7 @@ def test_the_bucket_manager_lists_creates_flushes_and_drops(cluster):
     assert got.get("conflict_resolution_type") == ConflictResolutionType.TIMESTAMP
     assert sorted(b.name for b in buckets.get_all_buckets()) == ["default", "sdk-made"]
 
-    collection = cluster.bucket("sdk-made").default_collection()
+    collection = sdk_cluster.bucket("sdk-made").default_collection()
     collection.upsert("doc", {"made": "by the sdk"})
     assert collection.get("doc").content_as[dict] == {"made": "by the sdk"}
     buckets.flush_bucket("sdk-made")
@@ -75,8 +66,8 @@ def test_the_bucket_manager_lists_creates_flushes_and_drops(cluster):
     assert [b.name for b in buckets.get_all_buckets()] == ["default"]
 
 
-def test_the_collection_manager_sees_the_default_scope(cluster):
-    manager = cluster.bucket("default").collections()
+def test_the_collection_manager_sees_the_default_scope(sdk_cluster):
+    manager = sdk_cluster.bucket("default").collections()
     scopes = manager.get_all_scopes()
     assert [(s.name, [c.name for c in s.collections]) for s in scopes] == [("_default", ["_default"])]
     manager.create_scope("inventory")  # (tests/server/test_sdk_collections.py has the rest)
