@@ -1,6 +1,8 @@
 """Sync writes on a real `dcpflow cluster` (node processes, the cluster manager, the official SDK):
-every durability level succeeds with one and two replicas, the replicas hold the committed
-versions, and a single node without a replication chain answers DurabilityImpossible."""
+every durability level succeeds with one and two replicas for upsert, replace, insert, remove,
+increment, decrement, append and prepend, the replicas hold the committed versions, a write its
+replica cannot acknowledge ends ambiguous, and a single node without a replication chain answers
+DurabilityImpossible."""
 
 from datetime import timedelta
 
@@ -12,10 +14,12 @@ from couchbase.exceptions import (
     DurabilitySyncWriteAmbiguousException,
 )
 from couchbase.options import (
+    AppendOptions,
     DecrementOptions,
     DeltaValue,
     IncrementOptions,
     InsertOptions,
+    PrependOptions,
     RemoveOptions,
     ReplaceOptions,
     UpsertOptions,
@@ -79,6 +83,9 @@ def test_every_level_succeeds_with_the_sdk_and_replicas_hold_the_commits(make_cl
             got = counter.increment(f"count-{n}", IncrementOptions(durability=d, timeout=TIMEOUT, delta=DeltaValue(5)))
             assert got.content == 5
             assert counter.decrement(f"count-{n}", DecrementOptions(durability=d, timeout=TIMEOUT)).content == 4
+            counter.append(f"count-{n}", b"0", AppendOptions(durability=d, timeout=TIMEOUT))  # "40"
+            counter.prepend(f"count-{n}", b"1", PrependOptions(durability=d, timeout=TIMEOUT))  # "140"
+            assert counter.increment(f"count-{n}", IncrementOptions(durability=d, timeout=TIMEOUT)).content == 141
     finally:
         sdk.close()
     cluster.run(cluster.manager.wait_replicated(60), 70)
