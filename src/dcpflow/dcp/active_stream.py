@@ -48,6 +48,16 @@ Disk|Checkpoint|History|May Duplicate Keys snapshot; one that starts earlier is 
 de-duplicated disk snapshot. A stream without `change_streams` keeps the unique-key promise: of
 a memory snapshot with repeated keys it sends each key's latest version.
 
+Sync writes (engine/durability/; prepare.md, commit.md, abort.md): a stream whose connection
+enabled `enable_sync_writes` gets each prepare as DCP_PREPARE, its commit as DCP_COMMIT and its
+abort as DCP_ABORT, one by one (never through the mutation encoder); with a `consumer_name` too its
+markers are V2.0, carrying the snapshot's max visible seqno, and on Disk snapshots the vbucket's
+persisted high completed seqno. Any other stream sees committed versions only - a commit is the
+mutation or deletion it made - and its memory snapshots end at their max visible seqno, so an
+offset taken at a marker's end is never a prepare. A backfill reads committed versions from the
+store; for a sync-write stream the vbucket's in-flight prepares in the range are merged into it by
+seqno (the store keeps them apart).
+
 Takeover (rebalance.md, as KV-Engine's code behaves): once caught up the stream enters TAKEOVER_SEND, in
 which markers carry the Ack flag; when everything is sent and acknowledged it sends
 SET_VBUCKET_STATE(pending) and waits for the reply; then marks its own vbucket dead, drains what

@@ -14,7 +14,11 @@ change streams): a checkpoint holding those says so (`Snapshot.history`), and wh
 keys came more than once (`Snapshot.duplicates`), which a change stream's snapshot marker carries
 as its History and May Duplicate Keys flags (snapshot-marker.md). The open checkpoint is closed (and a new one
 opened) when it holds `max_items` items, when it is older than `max_age` seconds, or on demand
-(a replica closes one per snapshot marker). Closed checkpoints never change.
+(a replica closes one per snapshot marker). Closed checkpoints never change. Sync-write items
+(durability/items.py) are queued too: prepares and aborts with `queue_sync`, never
+de-duplicated and never replacing the key's version; a checkpoint holding any (or a commit) says
+so (`Snapshot.sync`), with the highest seqno readers without sync writes see
+(`Snapshot.visible_end`, the max visible seqno of its snapshot).
 
 Consumers read through named **cursors**: the flusher's persistence cursor and one per DCP
 stream. `register_cursor(name, start_seqno)` places a cursor so that its first read returns

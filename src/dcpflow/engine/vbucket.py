@@ -21,6 +21,14 @@ its `cid`. Writes to other collections take the general path (their collection's
 expiry; their counts and high seqno are kept in `collections`). The collections a vbucket has
 change only through its system events (`apply_collection_changes`); dropping a collection
 forgets its documents from memory at once, and the bucket purges them from the store later.
+
+Sync writes (durability/): `prepare` queues a prepare that takes a seqno but not the hash table,
+and blocks its key (a SYNC_BLOCK entry in `locks`, which every write path already consults) until
+the active's monitor commits it (`seqno_ack`, the flusher, `complete_sync_writes`) or aborts it at
+its deadline; the commit is the key's new version at a seqno of its own. A replica applies
+prepares, commits and aborts (`apply_prepare` / `apply_commit` / `apply_abort`) and its passive
+monitor moves the high prepared seqno (`hps`) it acknowledges. Becoming active adopts the
+prepares held, without deadlines. `hps`, `hcs` and the prepares persist through the flusher.
 """
 
 import dataclasses
