@@ -129,3 +129,22 @@ def test_seqno_ack_needs_sync_writes_and_a_consumer_name(server, clients):
     c.send(dcp.DcpSeqnoAcknowledged(0, 1, 0).encode())
     reply = c.recv_frame()
     assert reply.status == Status.EINVAL
+
+
+def test_a_durable_set_nobody_acknowledges_is_aborted_at_its_timeout_as_ambiguous(server, clients):
+    vb = 2
+    (key,) = keys_in(vb, 1, prefix="to")
+    set_topology(server, vb, ["self", "absent"])
+    sync = clients(name="to-sync")
+    sync.controls(enable_sync_writes="true")
+    assert sync.stream_request(vb, 0).status == Status.SUCCESS
+    with server.login() as w:
+        assert w.set(key, b"old", vbucket=vb).status == Status.SUCCESS  # 1
+        send_durable_set(w, key, b"new", vb, timeout_ms=200)  # prepare 2
+        assert w.recv().status == Status.SYNC_WRITE_AMBIGUOUS  # aborted at 3 when its timeout passed
+        assert w.get(key, vbucket=vb).value == b"old"
+        assert w.set(key, b"later", vbucket=vb).status == Status.SUCCESS  # the key takes writes again
+    got = sync.messages_until(lambda m: isinstance(m, dcp.DcpMutation) and m.by_seqno == 4)
+    abort = next(m for m in got if isinstance(m, dcp.DcpAbort))
+    assert (abort.key, abort.prepared_seqno, abort.abort_seqno) == (key, 2, 3)
+    assert vbucket(server, vb).hcs == 2 and pending(server, vb) == []

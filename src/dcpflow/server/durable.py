@@ -13,6 +13,7 @@ Writes without the frame info never come here, so the plain path costs nothing m
 """
 
 import asyncio
+import math
 
 from dcpflow.engine.durability import DEFAULT_TIMEOUT, Outcome
 from dcpflow.engine.errors import EngineError
@@ -29,6 +30,7 @@ DURABLE_OPCODES = frozenset(int(op) for op in (
 #: How long past its own timeout a writer waits for the outcome before answering ambiguous anyway
 #: (the vbucket moved away, or the node stopped driving it).
 GRACE = 5.0
+EXPIRY_RECHECK = 0.05
 
 
 def requirement(payload: bytes) -> tuple[int, float]:
@@ -60,21 +62,26 @@ def run(conn, frame: Frame, handler, payload: bytes):
     vb.complete_sync_writes()  # a chain of one meets Majority at once
     if outcome.done():
         return _answer(outcome.result(), reply, prepare)
-    timer = loop.call_later(timeout + 0.001, _expire, vb)
-    return _wait(outcome, timer, reply, prepare, timeout)
+    loop.call_later(timeout, _expire, loop, vb, prepare.by_seqno)
+    return _wait(outcome, reply, prepare, timeout)
 
 
-def _expire(vb) -> None:
+def _expire(loop, vb, seqno: int) -> None:
+    """At the prepare's deadline: abort it if nothing completed it. The vbucket's clock (wall time)
+    and the loop's (monotonic) may disagree by a little: until the vbucket agrees the deadline
+    passed, look again shortly. A prepare no longer tracked (completed, or the vbucket moved) or
+    one without a deadline (adopted on promotion) needs nothing more."""
     vb.complete_sync_writes()
+    sw = vb.adm.tracked.get(seqno) if vb.adm is not None else None
+    if sw is not None and sw.deadline != math.inf:
+        loop.call_later(EXPIRY_RECHECK, _expire, loop, vb, seqno)
 
 
-async def _wait(outcome: asyncio.Future, timer: asyncio.TimerHandle, reply, prepare, timeout: float):
+async def _wait(outcome: asyncio.Future, reply, prepare, timeout: float):
     try:
         result = await asyncio.wait_for(outcome, timeout + GRACE)
     except TimeoutError:
         result = Outcome.ABORTED
-    finally:
-        timer.cancel()
     return _answer(result, reply, prepare)
 
 
