@@ -54,3 +54,18 @@ def test_bench_smoke(script, tmp_path):
     report = f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
     assert proc.returncode == 0, f"bench/{script} --smoke exited {proc.returncode}\n{report}"
     assert FIGURE_LINES[script] in proc.stdout, f"bench/{script} --smoke printed no figure\n{report}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("script", "lines"), [
+    ("kv.py", ("ratio mutate_in/SET", "lookup_in/GET")),
+    ("kv_instructions.py", ("MUTATE_IN workload", "LOOKUP_IN workload")),
+])
+def test_subdoc_smoke(script, lines, tmp_path):
+    """The --subdoc figures (sub-document commands against GET/SET) run end to end too."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               TMPDIR=str(tmp_path))
+    proc = subprocess.run([sys.executable, str(BENCH / script), "--smoke", "--subdoc"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert all(line in proc.stdout for line in lines), proc.stdout

@@ -75,6 +75,7 @@ from dcpflow.engine.collections import SYSTEM_CID, SystemEvent
 from dcpflow.engine.durability.items import Abort, Commit, Prepare, is_sync_item
 from dcpflow.engine.item import DATATYPE_SNAPPY, DATATYPE_XATTR, Item
 from dcpflow.engine.store import ITEM_COLUMNS, LARGE_VALUE, EncodedPage, item_from_row
+from dcpflow.protocol import snappy
 from dcpflow.protocol.dcp import (
     DcpAbort,
     DcpCommit,
@@ -172,6 +173,7 @@ class StreamOptions:
     skip_deletes_in_initial_backfill: bool = False
     supports_cursor_dropping: bool = False
     send_stream_end_on_close: bool = False
+    compress_values: bool = False  # force_value_compression: values go out Snappy-compressed
     flatbuffers_events: bool = False  # flatbuffers_system_events: system event values as FlatBuffers
     change_streams: bool = False  # history of the collections that keep it (module docstring)
 
@@ -409,6 +411,8 @@ class ActiveStream:
             value, datatype = self._shape_value(item)
         else:
             value = item.value
+        if opts.compress_values and value:
+            value, datatype = snappy.compress(value), datatype | DATATYPE_SNAPPY
         seqno = item.by_seqno
         sid = self.stream_id
         if not deleted:
@@ -512,7 +516,8 @@ class ActiveStream:
         protocol's `encode_mutations` into one Frames entry (the in-memory hot loop: compiled when
         built, one bytes object per run, not per item)."""
         opts = self.opts
-        if self.stream_id is not None or opts.no_value or opts.no_value_underlying_datatype or sync:
+        if self.stream_id is not None or opts.no_value or opts.no_value_underlying_datatype or \
+                opts.compress_values or sync:
             for item in items:
                 self._queue_one(item)
             return
@@ -578,7 +583,8 @@ class ActiveStream:
         """A page of raw store rows (`BackfillScan.next_rows`): plain mutations are encoded
         straight from the row - no Item is built - everything else via `backfill_page`."""
         opts = self.opts
-        if self.stream_id is not None or opts.no_value or opts.no_value_underlying_datatype or self._backfill_prepares:
+        if self.stream_id is not None or opts.no_value or opts.no_value_underlying_datatype or \
+                opts.compress_values or self._backfill_prepares:
             self.backfill_page([item_from_row(r) for r in rows])
             return
         if self.dead:
@@ -640,8 +646,8 @@ class ActiveStream:
         (`BackfillScan.next_chunk`)?"""
         opts = self.opts
         return (self.stream_id is None and not opts.no_value and not opts.no_value_underlying_datatype
-                and self.filter.default and not (self.backfill is not None and self.backfill.history)
-                and not self._backfill_prepares)
+                and not opts.compress_values and self.filter.default
+                and not (self.backfill is not None and self.backfill.history) and not self._backfill_prepares)
 
     def backfill_encoded(self, page: EncodedPage) -> None:
         """A page SQLite encoded for this stream (opaque, key layout): queued as it is."""

@@ -47,6 +47,8 @@ from typing import NamedTuple
 
 from dcpflow.engine.errors import EngineError
 from dcpflow.protocol import dcp as dcpproto
+from dcpflow.protocol import snappy
+from dcpflow.protocol.datatype import Datatype
 from dcpflow.protocol.dcp import SnapshotFlag, StreamEndReason, StreamFlag, VBucketState
 from dcpflow.protocol.errors import ProtocolError
 from dcpflow.protocol.frame import Frame, response
@@ -70,6 +72,7 @@ MAX_ROLLBACKS = 16
 STREAM_ENDS_TO_RETRY = frozenset({StreamEndReason.SLOW, StreamEndReason.BACKFILL_FAIL, StreamEndReason.ROLLBACK})
 _REPLICA_STATES = (VBucketState.REPLICA, VBucketState.PENDING)
 _STRICT_VBUUID = int(StreamFlag.STRICT_VBUUID)
+_SNAPPY = int(Datatype.SNAPPY)
 
 
 class RollBack(NamedTuple):
@@ -371,6 +374,8 @@ class ConsumerConnection:
         if vb is None:
             raise EngineError(Status.NOT_MY_VBUCKET, f"vbucket {stream.vbid} is gone")
         key = self._key(msg.key, collections)
+        if msg.datatype & _SNAPPY:  # a producer that compresses: the engine keeps values inflated
+            msg = msg._replace(value=snappy.decompress(msg.value), datatype=msg.datatype & ~_SNAPPY)
         if msg.opcode == Opcode.DCP_MUTATION:
             vb.apply_mutation(key, msg.value, by_seqno=msg.by_seqno, cas=msg.cas, rev_seqno=msg.rev_seqno,
                               flags=msg.flags, expiry=msg.expiration, datatype=msg.datatype)

@@ -508,6 +508,50 @@ class VBucket:
             self._check_cas(key, live, cas)
         return live
 
+    # -- read-modify-write of a whole version (sub-document commands: server/subdoc.py) ----------
+    def current(self, key) -> Item | None:
+        """The key's current version (`key` as everywhere: bytes, or (collection id, bytes)), live
+        or tombstone (a due expiry is turned into an expiration first), or None for an unknown key.
+        Active only."""
+        self._check_active()
+        self._live(key, self._clock())
+        return self.ht.get(key)
+
+    def write_version(self, key, prev: Item | None, value: bytes, *, flags: int = 0, expiry: int = 0,
+                      datatype: int = 0, deleted: bool = False, cas: int = 0,
+                      finish: Callable[[int, int], bytes] | None = None) -> Item:
+        """Store the version a read-modify-write built from `prev` (what `current` returned; None:
+        the key was unknown), live or as a tombstone carrying `value` (xattrs). `cas` is the
+        request's, which a GET_LOCKED lock needs. `finish(cas, seqno)` gives the final value once the
+        new version's CAS and seqno are known (macro expansion). KEY_EEXISTS if `prev` is no longer
+        the current version."""
+        self._check_active()
+        if self.ht.get(key) is not prev:
+            raise EngineError(Status.KEY_EEXISTS, f"key {key!r} changed during the read-modify-write")
+        now = self._clock()
+        if self.locks:
+            self._check_lock(key, cas, now)
+        new_cas, seqno = self.hlc.next(), self.high_seqno + 1
+        if finish is not None:
+            value = finish(new_cas, seqno)
+        rev = self._next_rev(prev)
+        cid, doc = key if key.__class__ is tuple else (0, key)
+        if deleted:
+            item = Item(doc, value, flags, 0, new_cas, rev, seqno, datatype, True, int(now), DeleteSource.EXPLICIT, cid)
+        else:
+            item = Item(doc, value, flags, self._expiry(key, expiry, now), new_cas, rev, seqno, datatype, cid=cid)
+        return self._queue(item, prev)
+
+    def replica_version(self, key) -> Item | None:
+        """The key's version on a replica vbucket (GET_REPLICA, sub-document replica reads): live
+        or tombstone, None if unknown or expired (a replica never expires anything itself)."""
+        if self.state != VBucketState.REPLICA:
+            raise EngineError(Status.NOT_MY_VBUCKET, f"vbucket {self.id} is {self.state.name.lower()}, not a replica")
+        item = self.ht.get(key)
+        if item is not None and not item.deleted and item.expiry and item.expiry <= self._clock():
+            return None
+        return item
+
     # -- GET_LOCKED / UNLOCK_KEY (BinaryProtocol.md#0x94-get-locked) ----------------------------
     def lock_cas(self, key: bytes, now: float | None = None) -> int | None:
         """The CAS of the key's unexpired lock, or None; an expired lock is released here (lazily,
@@ -817,18 +861,7 @@ class VBucket:
 
         The prepare is queued and tracked; the caller learns the outcome with `on_complete`.
         DURABILITY_IMPOSSIBLE when the chain has too few nodes for a majority."""
-        self._check_active()
-        if level not in _LEVELS:
-            raise EngineError(Status.DURABILITY_INVALID_LEVEL, f"durability level {level} is not 1..3")
-        adm = self.adm
-        if not adm.possible:
-            why = ("no replication chain is set for it" if self.topology is None else
-                   f"its chain has {1 + len(self.topology.replicas)} of the {self.topology.majority} nodes "
-                   "a majority needs")
-            raise EngineError(Status.DURABILITY_IMPOSSIBLE, f"vbucket {self.id} cannot meet a durability level: "
-                              f"{why}")
-        if key in self.prepares:
-            raise _in_progress(key)
+        self._check_sync_write(key, level)
         now = self._clock()
         deleted = False
         delete_time = 0
@@ -854,13 +887,51 @@ class VBucket:
             raise ValueError(f"unknown sync write mode {mode!r}")
         expiry = self._expiry(key, expiry, now) if not deleted else 0
         cid, bkey = key if key.__class__ is tuple else (0, key)
-        prepare = make_prepare(Item(bkey, value, flags, expiry, self.hlc.next(), self._next_rev(prev),
-                                    self.high_seqno + 1, datatype, deleted, delete_time, DeleteSource.EXPLICIT, cid),
-                               level)
+        item = Item(bkey, value, flags, expiry, self.hlc.next(), self._next_rev(prev), self.high_seqno + 1, datatype,
+                    deleted, delete_time, DeleteSource.EXPLICIT, cid)
+        return self._begin_sync_write(key, item, level, timeout, now)
+
+    def prepare_version(self, key, prev: Item | None, value: bytes, *, level: int, timeout: float | None = None,
+                        flags: int = 0, expiry: int = 0, datatype: int = 0, deleted: bool = False, cas: int = 0,
+                        finish: Callable[[int, int], bytes] | None = None) -> Prepare:
+        """`write_version` as a sync write (a durable sub-document mutation): the version is prepared."""
+        self._check_sync_write(key, level)
+        if self.ht.get(key) is not prev:
+            raise EngineError(Status.KEY_EEXISTS, f"key {key!r} changed during the read-modify-write")
+        now = self._clock()
+        if self.locks:
+            self._check_lock(key, cas, now)
+        new_cas, seqno = self.hlc.next(), self.high_seqno + 1
+        if finish is not None:
+            value = finish(new_cas, seqno)
+        cid, doc = key if key.__class__ is tuple else (0, key)
+        if deleted:
+            item = Item(doc, value, flags, 0, new_cas, self._next_rev(prev), seqno, datatype, True, int(now),
+                        DeleteSource.EXPLICIT, cid)
+        else:
+            item = Item(doc, value, flags, self._expiry(key, expiry, now), new_cas, self._next_rev(prev), seqno,
+                        datatype, cid=cid)
+        return self._begin_sync_write(key, item, level, timeout, now)
+
+    def _check_sync_write(self, key, level: int) -> None:
+        self._check_active()
+        if level not in _LEVELS:
+            raise EngineError(Status.DURABILITY_INVALID_LEVEL, f"durability level {level} is not 1..3")
+        if not self.adm.possible:
+            why = ("no replication chain is set for it" if self.topology is None else
+                   f"its chain has {1 + len(self.topology.replicas)} of the {self.topology.majority} nodes "
+                   "a majority needs")
+            raise EngineError(Status.DURABILITY_IMPOSSIBLE, f"vbucket {self.id} cannot meet a durability level: "
+                              f"{why}")
+        if key in self.prepares:
+            raise _in_progress(key)
+
+    def _begin_sync_write(self, key, item: Item, level: int, timeout: float | None, now: float) -> Prepare:
+        prepare = make_prepare(item, level)
         self._queue_sync(prepare)
         self.prepares[key] = prepare
         self.locks[key] = SYNC_BLOCK
-        adm.track(prepare, level, now + (DEFAULT_TIMEOUT if timeout is None else timeout))
+        self.adm.track(prepare, level, now + (DEFAULT_TIMEOUT if timeout is None else timeout))
         return prepare
 
     def on_complete(self, prepare: Prepare, callback: Callable[[Outcome], None]) -> None:

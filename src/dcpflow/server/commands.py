@@ -13,10 +13,11 @@ from collections.abc import Iterable
 
 from dcpflow.protocol import kv as kvproto
 from dcpflow.protocol import meta as metaproto
+from dcpflow.protocol import subdoc as sdproto
 from dcpflow.protocol.opcodes import Opcode
 
 from . import dcp_commands as dcp
-from . import kv, session, stats
+from . import kv, range_scan, session, stats, subdoc
 from .auth import Privilege as P
 from .dispatch import Command, Handler
 
@@ -62,11 +63,21 @@ COMMANDS: dict[int, Command] = build([
     _entry(kvproto.Gat.OPCODES, kv.get_and_touch, privilege=P.READ | P.WRITE),
     _entry([Opcode.GET_LOCKED], kv.get_locked, privilege=P.READ),
     _entry([Opcode.UNLOCK_KEY], kv.unlock_key, privilege=P.READ),
+    _entry([Opcode.GET_REPLICA], kv.get_replica, privilege=P.READ),
     _entry(kvproto.Arithmetic.OPCODES, kv.arithmetic, privilege=P.READ | P.WRITE),
     _entry(kvproto.Concat.OPCODES, kv.concat, privilege=P.WRITE),
     _entry(metaproto.GetMeta.OPCODES, kv.get_meta, privilege=P.META_READ),
     _entry(metaproto.SetWithMeta.OPCODES, kv.set_with_meta, privilege=P.META_WRITE),
     _entry(metaproto.DelWithMeta.OPCODES, kv.del_with_meta, privilege=P.META_WRITE),
+    # sub-document lookups and mutations (subdoc.py)
+    _entry(sdproto.LOOKUP_OPCODES, subdoc.lookup_single, privilege=P.READ),
+    _entry(sdproto.MUTATION_OPCODES, subdoc.mutation_single, privilege=P.WRITE),
+    _entry([Opcode.SUBDOC_MULTI_LOOKUP], subdoc.multi_lookup, privilege=P.READ),
+    _entry([Opcode.SUBDOC_MULTI_MUTATION], subdoc.multi_mutation, privilege=P.WRITE),
+    # KV range scans (range_scan.py)
+    _entry([Opcode.RANGE_SCAN_CREATE], range_scan.create, privilege=P.READ),
+    _entry([Opcode.RANGE_SCAN_CONTINUE], range_scan.continue_, privilege=P.READ),
+    _entry([Opcode.RANGE_SCAN_CANCEL], range_scan.cancel, privilege=P.READ),
     # vbuckets, seqnos and persistence (kv.py)
     _entry([Opcode.GET_ALL_VB_SEQNOS], kv.get_all_vb_seqnos, privilege=P.META_READ),
     _entry([Opcode.GET_FAILOVER_LOG], kv.get_failover_log, privilege=P.META_READ),

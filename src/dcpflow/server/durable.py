@@ -4,8 +4,9 @@ Pages: https://github.com/couchbase/kv_engine/blob/master/docs/BinaryProtocol.md
 info 0x01 "Durability Requirement": a level, and optionally a timeout in milliseconds) and the
 durability design in kv_engine's engines/ep/src/durability.
 
-The command's own handler (kv.py) runs unchanged against a view of the connection whose vbuckets
-turn the one write the handler makes (set / add / replace / delete) into a prepare
+The command's own handler (kv.py, subdoc.py) runs unchanged against a view of the connection whose
+vbuckets turn the one write the handler makes (set / add / replace / delete / write_version) into a
+prepare
 (engine/durability/): the handler's checks, its decoding and its reply are exactly those of the
 plain command. The reply is held until the prepare completes - sent as built once committed,
 SYNC_WRITE_AMBIGUOUS once aborted at its timeout (the write may still surface: replicas held it).
@@ -17,16 +18,19 @@ import math
 
 from dcpflow.engine.durability import DEFAULT_TIMEOUT, Outcome
 from dcpflow.engine.errors import EngineError
+from dcpflow.protocol import subdoc as sdproto
 from dcpflow.protocol.errors import ProtocolError
 from dcpflow.protocol.frame import Frame
 from dcpflow.protocol.opcodes import Opcode
 from dcpflow.protocol.status import Status
 
-#: The commands a durability requirement may accompany (their quiet twins too).
+#: The commands a durability requirement may accompany (their quiet twins too, and the
+#: sub-document mutations).
 DURABLE_OPCODES = frozenset(int(op) for op in (
     Opcode.SET, Opcode.SET_Q, Opcode.ADD, Opcode.ADD_Q, Opcode.REPLACE, Opcode.REPLACE_Q, Opcode.DELETE,
     Opcode.DELETE_Q, Opcode.APPEND, Opcode.APPEND_Q, Opcode.PREPEND, Opcode.PREPEND_Q, Opcode.INCREMENT,
-    Opcode.INCREMENT_Q, Opcode.DECREMENT, Opcode.DECREMENT_Q))
+    Opcode.INCREMENT_Q, Opcode.DECREMENT, Opcode.DECREMENT_Q, Opcode.SUBDOC_MULTI_MUTATION,
+    *sdproto.MUTATION_OPCODES))
 #: How long past its own timeout a writer waits for the outcome before answering ambiguous anyway
 #: (the vbucket moved away, or the node stopped driving it).
 GRACE = 5.0
@@ -138,3 +142,11 @@ class _DurableVBucket:
 
     def delete(self, key, *, cas: int = 0):
         return self._prepare(key, b"", "delete", cas=cas)
+
+    def write_version(self, key, prev, value: bytes, **kwargs):  # sub-document mutations
+        owner = self._owner
+        if owner.prepared is not None:
+            raise RuntimeError("a durable request makes one write")
+        prepare = self._vb.prepare_version(key, prev, value, level=owner._level, timeout=owner._timeout, **kwargs)
+        owner.prepared = (self._vb, prepare)
+        return prepare

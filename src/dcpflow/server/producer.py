@@ -35,6 +35,7 @@ from dcpflow.protocol import dcp as dcpproto
 from dcpflow.protocol.dcp import StreamEndReason, VBucketState
 from dcpflow.protocol.errors import ProtocolError
 from dcpflow.protocol.frame import Frame
+from dcpflow.protocol.hello import Feature
 from dcpflow.protocol.opcodes import Opcode
 from dcpflow.protocol.status import Status
 
@@ -100,7 +101,8 @@ class DcpProducer:
     # -- requests (server/dcp_commands.py) ------------------------------------------------------
     def control(self, key: str, value: str) -> tuple[int, str]:
         """One DCP_CONTROL; (status, reason)."""
-        outcome = self.state.control(key, value, now=_monotonic(), collections=self.conn.collections)
+        outcome = self.state.control(key, value, now=_monotonic(), collections=self.conn.collections,
+                                     snappy=Feature.SNAPPY in self.conn.features)
         if outcome.__class__ is Refusal:
             return outcome.status, outcome.reason
         if outcome is Effect.NOOP_TIMER:
