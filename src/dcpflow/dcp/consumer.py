@@ -400,6 +400,8 @@ class ConsumerConnection:
             raise EngineError(Status.NOT_MY_VBUCKET, f"vbucket {stream.vbid} is gone")
         key = self._key(msg.key, collections)
         if msg.opcode == Opcode.DCP_PREPARE:
+            if msg.datatype & _SNAPPY:  # as for mutations: the engine keeps values inflated
+                msg = msg._replace(value=snappy.decompress(msg.value), datatype=msg.datatype & ~_SNAPPY)
             vb.apply_prepare(key, msg.value, by_seqno=msg.by_seqno, cas=msg.cas, rev_seqno=msg.rev_seqno,
                              flags=msg.flags, expiry=msg.expiration, datatype=msg.datatype, deleted=msg.deleted,
                              level=msg.durability_level)
