@@ -1,11 +1,13 @@
 """Sync writes on a real `dcpflow cluster` (node processes, the cluster manager, the official SDK):
 every durability level succeeds with one and two replicas for upsert, replace, insert, remove,
-increment, decrement, append and prepend, the replicas hold the committed versions, a write its
+increment, decrement, append, prepend and mutate_in, the replicas hold the committed versions, a write its
 replica cannot acknowledge ends ambiguous, and a single node without a replication chain answers
 DurabilityImpossible."""
 
+import json
 from datetime import timedelta
 
+import couchbase.subdocument as SD
 import pytest
 from couchbase.durability import DurabilityLevel, ServerDurability
 from couchbase.exceptions import (
@@ -19,6 +21,7 @@ from couchbase.options import (
     DeltaValue,
     IncrementOptions,
     InsertOptions,
+    MutateInOptions,
     PrependOptions,
     RemoveOptions,
     ReplaceOptions,
@@ -76,6 +79,9 @@ def test_every_level_succeeds_with_the_sdk_and_replicas_hold_the_commits(make_cl
             r = col.replace(key, b'{"v":2}', ReplaceOptions(durability=d, transcoder=RAW_JSON, timeout=TIMEOUT))
             assert r.cas
             assert col.get(key).content_as[dict] == {"v": 2}
+            col.mutate_in(key, [SD.upsert("sub", n), SD.increment("v", 1)],
+                          MutateInOptions(durability=d, timeout=TIMEOUT))
+            assert col.get(key).content_as[dict] == {"v": 3, "sub": n}
             col.insert(f"new-{n}", {"x": n}, InsertOptions(durability=d, timeout=TIMEOUT))
             col.remove(f"new-{n}", RemoveOptions(durability=d, timeout=TIMEOUT))
             counter = col.binary()
@@ -90,7 +96,8 @@ def test_every_level_succeeds_with_the_sdk_and_replicas_hold_the_commits(make_cl
         sdk.close()
     cluster.run(cluster.manager.wait_replicated(60), 70)
     for n in range(len(LEVELS)):
-        assert set(replica_contents(cluster, f"doc-{n}")) == {(b'{"v":2}', False)}
+        held = replica_contents(cluster, f"doc-{n}")
+        assert [(json.loads(v), deleted) for v, deleted in held] == [({"v": 3, "sub": n}, False)] * replicas
         assert set(replica_contents(cluster, f"new-{n}")) == {(b"", True)}
 
 
