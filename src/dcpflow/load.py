@@ -96,7 +96,7 @@ class Loader:
     """An SDK connection to one bucket that writes and reads raw JSON bytes in bulk."""
 
     def __init__(self, connection: str, username: str, password: str, bucket: str = "default",
-                 timeout: float = 30.0):
+                 timeout: float = 30.0, scope: str | None = None, collection: str | None = None):
         try:
             from couchbase.auth import PasswordAuthenticator
             from couchbase.cluster import Cluster
@@ -113,7 +113,11 @@ class Loader:
         hosts = rest.split("/", 1)[0]
         self.cluster = Cluster(f"{scheme}://{hosts}",
                                ClusterOptions(PasswordAuthenticator(username, password), timeout_options=timeouts))
-        self.collection = self.cluster.bucket(bucket).default_collection()
+        self.bucket = self.cluster.bucket(bucket)
+        if collection is None:
+            self.collection = self.bucket.default_collection()
+        else:  # a named collection (`scope` defaults to _default)
+            self.collection = self.bucket.scope(scope or "_default").collection(collection)
 
     def close(self) -> None:
         self.cluster.close()

@@ -3,6 +3,8 @@
 import subprocess
 import sys
 
+import pytest
+
 from dcpflow.cli import main
 
 
@@ -30,3 +32,22 @@ def test_pipeline_rejects_bad_options_before_starting_spark(capsys):
     assert main(["pipeline", "--connection", "couchbase://h/b", "--lake", "/x", "--option", "novalue"]) == 2
     assert "NAME=VALUE" in capsys.readouterr().err
     assert main(["demo", "--docs", "0"]) == 2
+
+
+def test_pipeline_collection_flags_become_source_options(capsys):
+    assert main(["pipeline", "--connection", "couchbase://h/b", "--lake", "/x", "--collection", "a.b.c"]) == 2
+    assert "option 'collections'" in capsys.readouterr().err
+    assert main(["pipeline", "--connection", "couchbase://h/b", "--lake", "/x", "--scope", "shop",
+                 "--collection", "other.c"]) == 2
+    assert "not in scope 'shop'" in capsys.readouterr().err
+
+
+def test_collection_options_parse():
+    from dcpflow.spark.options import DcpOptionError, parse_options
+
+    base = {"connection": "couchbase://h/b", "username": "u", "password": "p"}
+    opts = parse_options({**base, "scope": "shop", "collections": "orders, users", "history": "TRUE"})
+    assert opts.filters == {"scope": "shop", "collections": ["orders", "users"], "history": True}
+    assert parse_options(base).filters == {"scope": None, "collections": None, "history": False}
+    with pytest.raises(DcpOptionError, match="history"):
+        parse_options({**base, "history": "yes"})

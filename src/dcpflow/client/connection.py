@@ -504,9 +504,13 @@ OPEN_FLAGS = OpenFlag.PRODUCER | OpenFlag.INCLUDE_DELETE_TIMES
 
 
 async def open_dcp(conn: Connection, name: str, *, buffer_size: int, noop_interval: float,
-                   flags: int = OPEN_FLAGS, timeout: float = 10.0, sync_writes: bool = False) -> dict[str, int]:
+                   flags: int = OPEN_FLAGS, timeout: float = 10.0, history: bool = False,
+                   sync_writes: bool = False) -> dict[str, int]:
     """DCP_OPEN and the controls a production client sends (https://github.com/couchbase/kv_engine/blob/master/docs/dcp/documentation/recommended-apis.md).
-    Required controls failing is fatal; optional ones are reported in the returned dict."""
+    Required controls failing is fatal; optional ones are reported in the returned dict. With
+    collections, system events are asked for as FlatBuffers (they then include modify-collection
+    and the history setting; a server that refuses sends the legacy structs), and `history` asks
+    for change streams (`change_streams`, 7.2+), which is then required."""
     reply = await conn.call(DcpOpen(name.encode(), flags), timeout)
     if reply.status != Status.SUCCESS:
         if reply.status == Status.EACCESS:
@@ -524,6 +528,9 @@ async def open_dcp(conn: Connection, name: str, *, buffer_size: int, noop_interv
     optional = [(b"set_priority", b"medium"), (b"supports_cursor_dropping_vulcan", b"true")]
     if conn.collections:
         optional.append((b"max_marker_version", b"2.2"))
+        optional.append((b"flatbuffers_system_events", b"true"))
+        if history:
+            required.append((b"change_streams", b"true"))
     with conn.corked():
         futures = [(k, v, conn.request(DcpControl(k, v))) for k, v in required + optional]
     results = {}

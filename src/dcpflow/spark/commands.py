@@ -37,6 +37,11 @@ def add_commands(sub) -> None:
     p.add_argument("--trigger", default=None, metavar="INTERVAL",
                    help="keep running with this processing-time trigger (e.g. '5 seconds'); "
                    "default: AvailableNow, i.e. catch up and stop")
+    p.add_argument("--scope", metavar="NAME", help="only this scope's collections (those created later too)")
+    p.add_argument("--collection", action="append", default=[], metavar="SCOPE.COLLECTION",
+                   help="only this collection (repeatable); a bare name is in --scope")
+    p.add_argument("--history", action="store_true",
+                   help="change streams: every retained version of collections with history into the change log")
     p.add_argument("--option", action="append", default=[], metavar="NAME=VALUE",
                    help="any other option of the dcp source (repeatable)")
     p.set_defaults(func=_cmd_pipeline)
@@ -64,6 +69,12 @@ def _cmd_pipeline(args: argparse.Namespace) -> int:
             print(f"dcpflow pipeline: --option {item!r} must be NAME=VALUE", file=sys.stderr)
             return 2
         extra[name] = value
+    if args.scope:
+        extra["scope"] = args.scope
+    if args.collection:
+        extra["collections"] = ",".join(args.collection)
+    if args.history:
+        extra["history"] = "true"
     config = PipelineConfig(connection=args.connection, username=args.username, password=args.password,
                             lake=args.lake, state_format=args.state_format, value_format=args.value_format,
                             max_seqnos_per_trigger=args.max_seqnos_per_trigger, partitions=args.partitions,
