@@ -401,7 +401,7 @@ class DcpClient:
     def events(self, vbuckets=None, *, start="beginning", end=None, state: StateStore | None = None,
                rollback: str = "resume", markers: bool = False, save_interval: float | None = None,
                ignore_purged_tombstones: bool = False, scope: str | None = None, collections=None,
-               history: bool = False, include_xattrs: bool = False) -> EventStream:
+               history: bool = False, include_xattrs: bool = False, sync_writes: bool = False) -> EventStream:
         """Changes one by one (events.py): `async for event in client.events(...)`.
 
         start: "beginning", "now", "saved" (from `state`), or {vbucket: Offset}; end: None
@@ -422,10 +422,18 @@ class DcpClient:
         are all dropped ends with a StreamEnd whose reason is FILTER_EMPTY. history: change streams
         - collections with history=true send every retained version (document events say so in
         `history` and `may_duplicate_keys`); needs a 7.2+ server.
-        include_xattrs: values carry their xattrs (datatype XATTR), as a replicator needs them."""
+        include_xattrs: values carry their xattrs (datatype XATTR), as a replicator needs them.
+
+        The events are the committed versions only (what a GET can read): a sync write's value
+        arrives once committed, as a Mutation or Deletion. `sync_writes=True` (for tools that
+        watch sync replication) adds its Prepare, Commit and Abort events (events.py); the saved
+        offsets then stay at the last safe point before an open prepare, so a resumed read gets
+        the prepare again rather than a commit of a value it never saw."""
+        extra = self._filter_options(scope, collections, history)
+        extra["sync_writes"] = bool(sync_writes)
+        extra["include_xattrs"] = bool(include_xattrs)
         return EventStream(self, vbuckets, start, end, state, rollback, markers, save_interval,
-                           ignore_purged_tombstones, dict(self._filter_options(scope, collections, history),
-                                                   include_xattrs=include_xattrs))
+                           ignore_purged_tombstones, extra)
 
     def batches(self, ranges: dict | None = None, end=None, max_rows: int = 65536, *, vbuckets=None,
                 start=None, rollback: str = "raise", flush_interval: float | None = None,

@@ -506,7 +506,8 @@ OPEN_FLAGS = OpenFlag.PRODUCER | OpenFlag.INCLUDE_DELETE_TIMES
 
 
 async def open_dcp(conn: Connection, name: str, *, buffer_size: int, noop_interval: float,
-                   flags: int = OPEN_FLAGS, timeout: float = 10.0, history: bool = False) -> dict[str, int]:
+                   flags: int = OPEN_FLAGS, timeout: float = 10.0, history: bool = False,
+                   sync_writes: bool = False) -> dict[str, int]:
     """DCP_OPEN and the controls a production client sends (https://github.com/couchbase/kv_engine/blob/master/docs/dcp/documentation/recommended-apis.md).
     Required controls failing is fatal; optional ones are reported in the returned dict. With
     collections, system events are asked for as FlatBuffers (they then include modify-collection
@@ -522,6 +523,8 @@ async def open_dcp(conn: Connection, name: str, *, buffer_size: int, noop_interv
                 (b"set_noop_interval", f"{noop_interval:g}".encode()),
                 (b"send_stream_end_on_client_close_stream", b"true"),
                 (b"enable_expiry_opcode", b"true")]
+    if sync_writes:  # prepares, commits and aborts too (a tool's choice: readers see committed data by default)
+        required.append((b"enable_sync_writes", b"true"))
     # A slow reader may have its checkpoint cursor dropped (its stream goes back to disk, which the
     # client handles like any disk snapshot) rather than pin the server's checkpoint memory.
     optional = [(b"set_priority", b"medium"), (b"supports_cursor_dropping_vulcan", b"true")]

@@ -138,7 +138,7 @@ class SeqnosUnavailable(ServerError):
 
 class VbStream:
     __slots__ = ("vbucket", "decoded", "consumed", "start", "end", "state", "conn", "closing", "failover_log",
-                 "retry_since", "opens")
+                 "retry_since", "opens", "open_prepares", "held")
 
     def __init__(self, vbucket: int, start: Offset, end: int):
         self.vbucket = vbucket
@@ -152,6 +152,11 @@ class VbStream:
         self.failover_log: tuple = ()
         self.retry_since: float | None = None
         self.opens = 0
+        # With sync writes: prepares consumed whose commit or abort was not (seqnos), and the
+        # committed offset from before the first of them - the safe point while they are open:
+        # resuming past a prepare would get its commit without the value it commits.
+        self.open_prepares: set[int] = set()
+        self.held: Offset | None = None
 
 
 def replay(streams: dict[int, VbStream], steps) -> None:
@@ -186,6 +191,7 @@ class FeedOptions(NamedTuple):
     reconnect_timeout: float = 120.0  # 0 = forever
     max_queued_bytes: int = 0  # pause reading above this (0: 2 x buffer, at least 8 MiB)
     include_xattrs: bool = False  # documents arrive with their xattrs (a replicator copies them)
+    sync_writes: bool = False  # DCP_PREPARE / COMMIT / ABORT as well as the committed versions
 
 
 class Feed:
@@ -476,6 +482,7 @@ class Feed:
                                                    if self.resolved is not None else "send history"))
             await open_dcp(conn, f"{self.name}:{address[0]}:{address[1]}", buffer_size=self.options.buffer_size,
                            noop_interval=self.options.noop_interval, history=self.options.history,
+                           sync_writes=self.options.sync_writes,
                            flags=OPEN_FLAGS | OpenFlag.INCLUDE_XATTRS if self.options.include_xattrs else OPEN_FLAGS)
         except BaseException:
             conn.close()
