@@ -155,6 +155,7 @@ class Connection(asyncio.BufferedProtocol):
             if isinstance(waiter, asyncio.Future):
                 if not waiter.done():
                     waiter.set_exception(err)
+                    waiter.exception()  # seen: whoever awaits it gets the loss; on_lost reports it
             else:
                 try:
                     waiter(None)

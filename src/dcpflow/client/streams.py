@@ -366,9 +366,15 @@ class Feed:
         self.stats[f"stream_end_{name.lower()}"] += 1
         if vs is None or vs.state == DONE:
             return None
+        if reason == StreamEndReason.FILTER_EMPTY and self.resolved is not None:
+            # The filter's collections are gone from this vbucket: the manifest says which are
+            # left (finish if none, reopen with the rest). A stream without a filter cannot be
+            # emptied, so there the reason is handled like any other end (reopen).
+            vs.state = WAITING
+            vs.conn = None
+            self._spawn(self._refilter(vs))
+            return None
         action, remap, delay = end_action(reason, vs.closing)
-        if reason == StreamEndReason.FILTER_EMPTY:
-            action = FINISH  # every collection of the filter is gone from this vbucket
         if action == FINISH:
             if reason == StreamEndReason.OK:
                 vs.decoded.stream_end_ok()
