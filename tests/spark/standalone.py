@@ -1,6 +1,7 @@
-"""A Spark standalone cluster on 127.0.0.1, started from the installed PySpark distribution: one
-master and N workers, each a `bin/spark-class` JVM in its own process group, so that stopping the
-cluster also ends the executors and Python workers they launched.
+"""Spark as users run it beyond local mode, started from the installed PySpark distribution on
+127.0.0.1: a standalone cluster (one master and N workers, each a `bin/spark-class` JVM in its own
+process group, so that stopping the cluster also ends the executors and Python workers they
+launched) and a Spark Connect server.
 
 Readiness is a condition: the master's JSON page (`http://127.0.0.1:<webui>/json/`) lists every
 worker ALIVE. The cluster processes get no PYTHONPATH of ours: what an executor imports is what the
@@ -15,12 +16,14 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
 
 import pyspark
 
+import dcpflow
 from dcpflow.spark.session import log4j2_file
 
 SPARK_HOME = Path(pyspark.__file__).resolve().parent
@@ -141,6 +144,66 @@ class StandaloneCluster:
         stop_groups(self.procs)
 
     def __enter__(self) -> StandaloneCluster:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+class ConnectServer:
+    """A Spark Connect server (`SparkConnectServer` through `bin/spark-submit`, as
+    `sbin/start-connect-server.sh` runs it) on 127.0.0.1, in its own process group.
+
+    It is the driver of the clients' queries, so the Python it runs - for data sources and
+    `foreachBatch` functions - must import dcpflow: its PYTHONPATH holds the directory `dcpflow`
+    is imported from here. Ready when its gRPC port accepts connections."""
+
+    def __init__(self, workdir: Path, master: str = "local[2]"):
+        self.workdir = workdir
+        self.master = master
+        self.port = 0
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> ConnectServer:
+        self.port = free_port()
+        java_opts = f"-Dlog4j2.configurationFile=file:{log4j2_file()} -XX:TieredStopAtLevel=1"
+        env = cluster_env(self.workdir)
+        # the launcher sizes a Connect server like a daemon: 256m is too small for a driver
+        del env["SPARK_DAEMON_MEMORY"], env["SPARK_DAEMON_JAVA_OPTS"]
+        env.update(SPARK_CONNECT_MODE="0", PYSPARK_PYTHON=sys.executable,
+                   PYTHONPATH=str(Path(dcpflow.__file__).resolve().parents[1]))
+        log_path = self.workdir / "connect.log"
+        with open(log_path, "wb") as log:
+            self.proc = subprocess.Popen(
+                [str(SPARK_HOME / "bin" / "spark-submit"), "--class",
+                 "org.apache.spark.sql.connect.service.SparkConnectServer", "--master", self.master,
+                 "--driver-memory", "1g", "--conf", f"spark.connect.grpc.binding.port={self.port}",
+                 "--conf", "spark.connect.grpc.binding.address=127.0.0.1", "--conf", "spark.ui.enabled=false",
+                 "--conf", "spark.sql.shuffle.partitions=2", "--conf", f"spark.driver.extraJavaOptions={java_opts}"],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        try:
+            deadline = time.monotonic() + 90
+            while True:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"the Connect server exited ({self.proc.returncode})\n"
+                                       f"{log_path.read_text(errors='replace')[-3000:]}")
+                with socket.socket() as s:
+                    if s.connect_ex(("127.0.0.1", self.port)) == 0:
+                        break
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"the Connect server did not listen in 90s\n"
+                                       f"{log_path.read_text(errors='replace')[-3000:]}")
+                time.sleep(0.2)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            stop_groups([self.proc])
+
+    def __enter__(self) -> ConnectServer:
         return self.start()
 
     def __exit__(self, *exc) -> None:
