@@ -16,6 +16,12 @@ GET and the flusher never runs beside memcached's phases; --no-settle starts eac
     .venv/bin/python bench/kv.py --ops 500000 --value-size 1000
     .venv/bin/python bench/kv.py --smoke        # seconds: 2,000 ops per phase, 200 keys, one round
 
+    .venv/bin/python bench/kv.py --durability majority          # durable vs plain SETs, 3-node cluster
+    .venv/bin/python bench/kv.py --durability majority --smoke
+
+--durability LEVEL (majority, majority_and_persist_active, persist_to_majority) measures something
+else: durable SETs against plain SETs on the same `dcpflow cluster` of 3 nodes (bench/kv_durable.py).
+
 --subdoc measures the sub-document commands against plain GET/SET on the same dcpflow server in
 the same run (memcached has no sub-document commands): the documents are JSON of about
 --value-size bytes; `mutate_in` is a SUBDOC_MULTI_MUTATION with one DICT_UPSERT spec and
@@ -38,6 +44,7 @@ import sys
 import tempfile
 import time
 
+import kv_durable
 from dcpflow.protocol.frame import FrameDecoder, request
 from dcpflow.protocol.hello import Feature
 from dcpflow.protocol.keys import vbucket_for_key
@@ -238,7 +245,19 @@ def main() -> int:
                    help="also measure single-spec mutate_in / lookup_in against SET / GET (dcpflow only)")
     p.add_argument("--smoke", action="store_true",
                    help="a seconds-long run that checks the bench works (dcpflow alone if memcached is missing)")
+    p.add_argument("--durability", choices=sorted(kv_durable.LEVELS),
+                   help="durable against plain SETs on a 3-node cluster (bench/kv_durable.py)")
+    p.add_argument("--replicas", type=int, default=1, help="with --durability: replicas per vbucket (default 1)")
+    p.add_argument("--conns", type=int, default=8, help="with --durability: connections per node (default 8)")
+    p.add_argument("--durable-ops", type=int, default=20_000,
+                   help="with --durability: durable SETs per round (default 20000)")
     args = p.parse_args()
+    if args.durability:
+        if args.smoke:
+            args.ops, args.durable_ops, args.keys, args.repeat, args.vbuckets = 2_000, 500, 200, 1, 16
+        elif args.vbuckets == 1024:
+            args.vbuckets = 64
+        return kv_durable.run(args)
     if args.subdoc:
         args.no_memcached = True
     if args.smoke:

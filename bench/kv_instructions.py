@@ -121,11 +121,11 @@ def count(src: str, mode: str, passes: int, args) -> int:
                               *child_command(mode, passes, args), "--data-dir", tmp],
                              env=env, capture_output=True, text=True)
     match = re.search(r"Collected : (\d+)", out.stderr)
+    if out.returncode != 0:  # callgrind counts a workload that failed too: that count means nothing
+        raise RuntimeError(f"the {mode} x{passes} workload failed under {src}:\n{out.stderr[-2000:]}")
     if not match:
         raise RuntimeError(f"callgrind gave no count for {mode} x{passes} ({src}):\n{out.stderr[-2000:]}")
     return int(match.group(1))
-
-
 
 
 def smoke(args, modes: tuple[str, ...]) -> int:

@@ -51,13 +51,14 @@ class DcpClient:
     """A client of one bucket. Use `await DcpClient.connect(...)`, or `async with` it."""
 
     def __init__(self, spec: ConnSpec, username: str, password: str, bucket: str, options: dict,
-                 agent: str = "dcpflow"):
+                 agent: str = "dcpflow", features: tuple[int, ...] | None = None):
         self.spec = spec
         self.username = username
         self.password = password
         self.bucket = bucket
         self.options = {**DEFAULTS, **options}
         self.agent = agent
+        self.features = None if features is None else tuple(features)  # None: connection.FEATURES
         self.cluster_map: ClusterMap | None = None
         self._tls = tls_context(self.options["ca_file"], self.options["tls_verify"]) if spec.tls else None
         self._kv: dict[tuple[str, int], Connection] = {}
@@ -72,9 +73,11 @@ class DcpClient:
     # -- connecting --------------------------------------------------------------------------
     @classmethod
     async def connect(cls, connstr: str, username: str | None = None, password: str | None = None, *,
-                      bucket: str | None = None, agent: str = "dcpflow", **options) -> "DcpClient":
+                      bucket: str | None = None, agent: str = "dcpflow", features: tuple[int, ...] | None = None,
+                      **options) -> "DcpClient":
         """Connect and bootstrap. Keyword `options` override the connection string's (buffer_size,
-        noop_interval, connect_timeout, reconnect_timeout, sasl_mech_force, ca_file, tls_verify)."""
+        noop_interval, connect_timeout, reconnect_timeout, sasl_mech_force, ca_file, tls_verify).
+        `features` are the HELLO features every connection asks for."""
         spec = parse_connection_string(connstr)
         bucket = bucket or spec.bucket
         if not bucket:
@@ -86,7 +89,7 @@ class DcpClient:
         if unknown:
             raise TypeError(f"unknown option(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(DEFAULTS))}")
         merged = {**spec.options, **{k: v for k, v in options.items() if v is not None}}
-        client = cls(spec, username, password, bucket, merged, agent)
+        client = cls(spec, username, password, bucket, merged, agent, features)
         try:
             await client._bootstrap()
         except BaseException:
@@ -107,7 +110,7 @@ class DcpClient:
         try:
             result = await bootstrap(conn, username=self.username, password=self.password, bucket=self.bucket,
                                      mechanism=self.options["sasl_mech_force"], agent=self.agent, timeout=timeout,
-                                     fetch_map=fetch_map)
+                                     fetch_map=fetch_map, features=self.features)
         except BaseException:
             conn.close()
             raise
@@ -205,6 +208,10 @@ class DcpClient:
         if node is None or node.kv_ssl_port is None:
             raise ConnectError(f"node {cmap.server_list[index]} has no TLS KV port (kvSSL) in the cluster map")
         return host, node.kv_ssl_port
+
+    async def kv_connection(self, address: tuple[str, int]) -> Connection:
+        """The KV connection kept to a node (made on first use), for requests of the caller's own."""
+        return await self._kv_conn(address)
 
     async def _kv_conn(self, address: tuple[str, int]) -> Connection:
         conn = self._kv.get(address)
@@ -394,7 +401,7 @@ class DcpClient:
     def events(self, vbuckets=None, *, start="beginning", end=None, state: StateStore | None = None,
                rollback: str = "resume", markers: bool = False, save_interval: float | None = None,
                ignore_purged_tombstones: bool = False, scope: str | None = None, collections=None,
-               history: bool = False) -> EventStream:
+               history: bool = False, include_xattrs: bool = False, sync_writes: bool = False) -> EventStream:
         """Changes one by one (events.py): `async for event in client.events(...)`.
 
         start: "beginning", "now", "saved" (from `state`), or {vbucket: Offset}; end: None
@@ -414,9 +421,19 @@ class DcpClient:
         read starts (every name must exist then; FilterError). A vbucket whose filtered collections
         are all dropped ends with a StreamEnd whose reason is FILTER_EMPTY. history: change streams
         - collections with history=true send every retained version (document events say so in
-        `history` and `may_duplicate_keys`); needs a 7.2+ server."""
+        `history` and `may_duplicate_keys`); needs a 7.2+ server.
+        include_xattrs: values carry their xattrs (datatype XATTR), as a replicator needs them.
+
+        The events are the committed versions only (what a GET can read): a sync write's value
+        arrives once committed, as a Mutation or Deletion. `sync_writes=True` (for tools that
+        watch sync replication) adds its Prepare, Commit and Abort events (events.py); the saved
+        offsets then stay at the last safe point before an open prepare, so a resumed read gets
+        the prepare again rather than a commit of a value it never saw."""
+        extra = self._filter_options(scope, collections, history)
+        extra["sync_writes"] = bool(sync_writes)
+        extra["include_xattrs"] = bool(include_xattrs)
         return EventStream(self, vbuckets, start, end, state, rollback, markers, save_interval,
-                           ignore_purged_tombstones, self._filter_options(scope, collections, history))
+                           ignore_purged_tombstones, extra)
 
     def batches(self, ranges: dict | None = None, end=None, max_rows: int = 65536, *, vbuckets=None,
                 start=None, rollback: str = "raise", flush_interval: float | None = None,

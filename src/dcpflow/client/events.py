@@ -87,6 +87,53 @@ class Expiration(NamedTuple):
     event = "expiration"
 
 
+class Prepare(NamedTuple):
+    """A sync write proposed (prepare.md): not visible to readers until its Commit. Only with
+    `events(sync_writes=True)`; `deleted` for a durable delete."""
+
+    vbucket: int
+    seqno: int
+    key: bytes
+    value: bytes
+    cas: int
+    rev_seqno: int
+    flags: int
+    expiry: int
+    datatype: int
+    durability_level: int
+    deleted: bool
+    vbuuid: int
+    collection_id: int = 0
+
+    event = "prepare"
+
+
+class Commit(NamedTuple):
+    """The prepare at `prepared_seqno` became the key's version at `seqno` (commit.md)."""
+
+    vbucket: int
+    seqno: int
+    key: bytes
+    prepared_seqno: int
+    vbuuid: int
+    collection_id: int = 0
+
+    event = "commit"
+
+
+class Abort(NamedTuple):
+    """The prepare at `prepared_seqno` will never be visible (abort.md)."""
+
+    vbucket: int
+    seqno: int
+    key: bytes
+    prepared_seqno: int
+    vbuuid: int
+    collection_id: int = 0
+
+    event = "abort"
+
+
 class SystemEvent(NamedTuple):
     """A collections system event (system_event.md): it occupies a seqno. `kind` says what
     happened ("collection_created", "collection_dropped", "collection_modified", "scope_created",

@@ -13,10 +13,13 @@ import contextlib
 import time
 
 from dcpflow.protocol.dcp import (
+    DcpAbort,
+    DcpCommit,
     DcpDecoder,
     DcpDeletion,
     DcpExpiration,
     DcpMutation,
+    DcpPrepare,
     DcpSeqnoAdvanced,
     DcpSnapshotMarker,
     DcpStreamEnd,
@@ -25,7 +28,7 @@ from dcpflow.protocol.dcp import (
 from dcpflow.protocol.keys import decode_leb128
 
 from .connection import Segment
-from .events import Deletion, Expiration, Mutation, SnapshotMarker, system_event
+from .events import Abort, Commit, Deletion, Expiration, Mutation, Prepare, SnapshotMarker, system_event
 from .offsets import Offset
 from .streams import TIMEOUT, ConnLost, Feed, NewEnd, replay
 
@@ -114,7 +117,7 @@ class EventStream(_Reader):
         """The committed offset of each vbucket: a safe point at or before what was consumed."""
         if self.feed is None:
             return dict(self.starts)
-        return {vb: vs.consumed.committed for vb, vs in self.feed.streams.items()}
+        return {vb: vs.held if vs.held is not None else vs.consumed.committed for vb, vs in self.feed.streams.items()}
 
     def progress(self) -> tuple[int, int]:
         """(seqnos consumed, seqnos to reach) toward the high seqnos seen at the start."""
@@ -195,6 +198,30 @@ class EventStream(_Reader):
                                           msg.value, flags.get(vb, 0)))
                         tr.item(seq)
                         yield event
+                        vs.consumed.item(seq)
+                    elif t is DcpPrepare or t is DcpCommit or t is DcpAbort:
+                        vs = streams[msg.vbucket]
+                        tr = vs.decoded
+                        cid, key = _split_key(msg.key) if coll else (0, msg.key)
+                        if t is DcpPrepare:
+                            seq = msg.by_seqno
+                            event = Prepare(msg.vbucket, seq, key, msg.value, msg.cas, msg.rev_seqno, msg.flags,
+                                            msg.expiration, msg.datatype, msg.durability_level, msg.deleted,
+                                            tr.vbuuid, cid)
+                        else:
+                            seq = msg.commit_seqno if t is DcpCommit else msg.abort_seqno
+                            event = (Commit if t is DcpCommit else Abort)(msg.vbucket, seq, key, msg.prepared_seqno,
+                                                                          tr.vbuuid, cid)
+                        tr.item(seq)
+                        yield event
+                        if t is DcpPrepare:
+                            if not vs.open_prepares:
+                                vs.held = vs.consumed.committed
+                            vs.open_prepares.add(seq)
+                        else:
+                            vs.open_prepares.discard(msg.prepared_seqno)
+                            if not vs.open_prepares:
+                                vs.held = None
                         vs.consumed.item(seq)
                     elif t is DcpSnapshotMarker:
                         vs = streams[msg.vbucket]

@@ -47,13 +47,14 @@ from dcpflow.protocol.dcp import (
     DcpStreamRequest,
     DcpStreamRequestResponse,
     FailoverLogResponse,
+    OpenFlag,
     StreamEndReason,
     StreamFlag,
 )
 from dcpflow.protocol.kv import error_context
 from dcpflow.protocol.status import Status
 
-from .connection import Connection, Segment, open_dcp
+from .connection import OPEN_FLAGS, Connection, Segment, open_dcp
 from .errors import (
     ClientError,
     ConnectError,
@@ -137,7 +138,7 @@ class SeqnosUnavailable(ServerError):
 
 class VbStream:
     __slots__ = ("vbucket", "decoded", "consumed", "start", "end", "state", "conn", "closing", "failover_log",
-                 "retry_since", "opens")
+                 "retry_since", "opens", "open_prepares", "held")
 
     def __init__(self, vbucket: int, start: Offset, end: int):
         self.vbucket = vbucket
@@ -151,6 +152,11 @@ class VbStream:
         self.failover_log: tuple = ()
         self.retry_since: float | None = None
         self.opens = 0
+        # With sync writes: prepares consumed whose commit or abort was not (seqnos), and the
+        # committed offset from before the first of them - the safe point while they are open:
+        # resuming past a prepare would get its commit without the value it commits.
+        self.open_prepares: set[int] = set()
+        self.held: Offset | None = None
 
 
 def replay(streams: dict[int, VbStream], steps) -> None:
@@ -184,6 +190,8 @@ class FeedOptions(NamedTuple):
     dead_timeout: float | None = None
     reconnect_timeout: float = 120.0  # 0 = forever
     max_queued_bytes: int = 0  # pause reading above this (0: 2 x buffer, at least 8 MiB)
+    include_xattrs: bool = False  # documents arrive with their xattrs (a replicator copies them)
+    sync_writes: bool = False  # DCP_PREPARE / COMMIT / ABORT as well as the committed versions
 
 
 class Feed:
@@ -473,7 +481,9 @@ class Feed:
                                   f"it cannot " + ("filter by " + self.options.filter.describe()
                                                    if self.resolved is not None else "send history"))
             await open_dcp(conn, f"{self.name}:{address[0]}:{address[1]}", buffer_size=self.options.buffer_size,
-                           noop_interval=self.options.noop_interval, history=self.options.history)
+                           noop_interval=self.options.noop_interval, history=self.options.history,
+                           sync_writes=self.options.sync_writes,
+                           flags=OPEN_FLAGS | OpenFlag.INCLUDE_XATTRS if self.options.include_xattrs else OPEN_FLAGS)
         except BaseException:
             conn.close()
             raise

@@ -136,6 +136,7 @@ class ProducerConnection:
             expiry_opcode=s.expiry_opcode and bool(f & _O_INCLUDE_DELETE_TIMES),
             collections=collections,
             sync_replication=s.sync_replication,
+            sync_writes=s.sync_writes,
             marker_v22=s.marker_v22,
             skip_deletes_in_initial_backfill=bool(f & _O_SKIP_DELETES_IN_INITIAL_BACKFILL),
             supports_cursor_dropping=s.cursor_dropping,

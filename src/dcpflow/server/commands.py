@@ -99,9 +99,11 @@ COMMANDS: dict[int, Command] = build([
     _entry([Opcode.DCP_CLOSE_STREAM], dcp.dcp_close_stream),
     _entry([Opcode.DCP_GET_FAILOVER_LOG], dcp.dcp_get_failover_log),
     _entry([Opcode.DCP_BUFFER_ACKNOWLEDGEMENT], dcp.dcp_buffer_ack),
+    _entry([Opcode.DCP_SEQNO_ACKNOWLEDGED], dcp.dcp_seqno_ack),
     _entry([Opcode.DCP_NOOP], dcp.dcp_noop),
     _entry([Opcode.DCP_ADD_STREAM], dcp.dcp_add_stream, privilege=P.DCP_CONSUMER),
     _entry([Opcode.DCP_SNAPSHOT_MARKER, Opcode.DCP_MUTATION, Opcode.DCP_DELETION, Opcode.DCP_EXPIRATION,
-            Opcode.DCP_STREAM_END, Opcode.DCP_SET_VBUCKET_STATE, Opcode.DCP_SEQNO_ADVANCED, Opcode.DCP_SYSTEM_EVENT],
+            Opcode.DCP_STREAM_END, Opcode.DCP_SET_VBUCKET_STATE, Opcode.DCP_SEQNO_ADVANCED, Opcode.DCP_SYSTEM_EVENT,
+            Opcode.DCP_PREPARE, Opcode.DCP_COMMIT, Opcode.DCP_ABORT],
            dcp.dcp_stream_message, privilege=P.DCP_CONSUMER),
 ])

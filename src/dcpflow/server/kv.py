@@ -462,8 +462,11 @@ def observe_seqno(conn: Connection, frame: Frame) -> bytes:
 
 def set_vbucket(conn: Connection, frame: Frame):
     """SET_VBUCKET 0x3d (the cluster manager's command): create the vbucket or change its state. The
-    optional JSON value (`topology`, ...: set-vbucket-state-value.md, which belongs to this
-    command) is accepted; its topology is not used yet.
+    optional JSON value (set-vbucket-state-value.md, which belongs to this command) may carry the
+    vbucket's `topology`: its replication chains, node names first the active's (null: a replica
+    slot with no node); the first chain is what sync writes need a majority of (engine/durability/).
+    Without one an active vbucket refuses durable writes with DURABILITY_IMPOSSIBLE, as kv_engine's
+    does before ns_server sets a topology.
 
     The reply promises the new state (and a new failover entry) is on disk. While a flush batch is
     being written the engine can only queue the state row behind it (the batch carries the older
@@ -471,13 +474,32 @@ def set_vbucket(conn: Connection, frame: Frame):
     req = kvproto.SetVbucket.from_frame(frame)
     state = VBucketState(req.state)
     engine = conn.bucket.engine
+    chain = _first_chain(req)
 
     def apply() -> bytes:
-        engine.set_vbucket_state(req.vbucket, state)
+        vb = engine.set_vbucket_state(req.vbucket, state)
+        if chain is not None or state != VBucketState.ACTIVE:
+            vb.set_topology(chain)
         conn.server.topology.bump()
         return response(frame.opcode, opaque=frame.opaque)
 
     return conn.server.when_no_flush(engine, apply)
+
+
+def _first_chain(req: kvproto.SetVbucket) -> list | None:
+    try:
+        doc = req.json
+    except ValueError:
+        raise ProtocolError("the SET_VBUCKET value is not JSON (set-vbucket-state-value.md)") from None
+    topology = doc.get("topology") if isinstance(doc, dict) else None
+    if topology is None:
+        return None
+    if (not isinstance(topology, list) or not topology or not all(isinstance(c, list) for c in topology)
+            or not topology[0] or not isinstance(topology[0][0], str)
+            or not all(n is None or isinstance(n, str) for c in topology for n in c)):
+        raise ProtocolError("SET_VBUCKET topology must be a list of chains of node names (null: no node), "
+                            "each starting with the active's name (set-vbucket-state-value.md)")
+    return topology[0]
 
 
 def get_vbucket(conn: Connection, frame: Frame) -> bytes:

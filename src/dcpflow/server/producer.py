@@ -33,6 +33,7 @@ from dcpflow.dcp.producer import ProducerConnection, Rollback
 from dcpflow.engine.errors import EngineError
 from dcpflow.protocol import dcp as dcpproto
 from dcpflow.protocol.dcp import StreamEndReason, VBucketState
+from dcpflow.protocol.errors import ProtocolError
 from dcpflow.protocol.frame import Frame
 from dcpflow.protocol.hello import Feature
 from dcpflow.protocol.opcodes import Opcode
@@ -133,6 +134,18 @@ class DcpProducer:
     def buffer_ack(self, nbytes: int) -> None:
         self.state.buffer_ack(nbytes, _monotonic())
         self.schedule()
+
+    def seqno_ack(self, vbid: int, seqno: int) -> None:
+        """A replica's DCP_SEQNO_ACKNOWLEDGED: the vbucket completes the sync writes it satisfies. An
+        ack for a vbucket no longer active here is dropped (its prepares moved with it)."""
+        settings = self.state.settings
+        if not settings.sync_replication:
+            raise ProtocolError("DCP_SEQNO_ACKNOWLEDGED needs enable_sync_writes and consumer_name first",
+                                Status.EINVAL)
+        self.state.received(_monotonic())
+        vb = self.engine.get_vbucket(vbid)
+        if vb is not None and vb.state == VBucketState.ACTIVE:
+            vb.seqno_ack(settings.consumer_name, seqno)
 
     def end_stream(self, stream: ActiveStream, reason: StreamEndReason) -> None:
         """End a stream from outside (whatever sends what is left goes in the next pass)."""

@@ -46,6 +46,20 @@ def add_commands(sub) -> None:
                    help="any other option of the dcp source (repeatable)")
     p.set_defaults(func=_cmd_pipeline)
 
+    p = sub.add_parser("restore", help="rebuild a bucket from the pipeline's change log, as of a micro-batch",
+                       description="Point-in-time recovery from the lake: every document as it stood after "
+                       "micro-batch --as-of (default: the newest) of <lake>/changelog is written to the bucket of "
+                       "--to with its metadata (SetWithMeta/DelWithMeta: CAS, rev seqno, flags, expiry; deleted "
+                       "documents as tombstones), by Spark tasks in parallel.")
+    p.add_argument("--lake", required=True, help="the lake directory of `dcpflow pipeline`")
+    p.add_argument("--to", required=True, metavar="URL", help="connection string with the bucket to write to")
+    p.add_argument("--as-of", type=int, metavar="COMMIT_VERSION",
+                   help="the micro-batch (_commit_version) to restore as of (default: the newest)")
+    p.add_argument("-u", "--username", default="Administrator")
+    p.add_argument("-p", "--password", default="password")
+    p.add_argument("--partitions", type=int, help="Spark tasks writing (default: one per core)")
+    p.set_defaults(func=_cmd_restore)
+
 
 def _cmd_demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
@@ -56,6 +70,29 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     result = run_demo(docs=args.docs, workdir=args.dir, vbuckets=args.vbuckets, state_format=args.state_format,
                       rounds=args.rounds, keep=args.keep)
     return 0 if result.ok else 1
+
+
+def _cmd_restore(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .restore import RestoreError, restore
+    if not (Path(args.lake) / "changelog").is_dir():
+        print(f"dcpflow restore: {args.lake} has no changelog directory (a lake of `dcpflow pipeline`)",
+              file=sys.stderr)
+        return 2
+    from .session import local_session
+
+    spark = local_session("dcpflow-restore")
+    try:
+        result = restore(spark, args.lake, args.to, args.username, args.password, args.as_of, args.partitions)
+    except RestoreError as e:
+        print(f"dcpflow restore: {e}", file=sys.stderr)
+        return 2
+    finally:
+        spark.stop()
+    print(f"restored version {result['version']}: {result['documents']} documents, {result['tombstones']} "
+          f"tombstones", flush=True)
+    return 0
 
 
 def _cmd_pipeline(args: argparse.Namespace) -> int:

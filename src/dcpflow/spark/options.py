@@ -24,6 +24,7 @@ OPTION_NAMES = (
     "connection", "bucket", "username", "password", "vbuckets", "startingOffsets", "endingOffsets",
     "maxSeqnosPerTrigger", "maxBytesPerTrigger", "partitions", "keyFormat", "valueFormat", "valueSchema",
     "inferSchemaSamples", "rollback", "bufferSize", "maxRowsPerBatch", "timeout", "scope", "collections", "history",
+    "withMeta", "writeBatchSize",  # df.write.format("dcp") only (writer.py)
 )
 _BY_LOWER = {name.lower(): name for name in OPTION_NAMES}
 _IGNORED = {"path"}  # Spark may pass `path` for load(path); it means nothing to us

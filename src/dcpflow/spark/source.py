@@ -135,6 +135,14 @@ class DcpDataSource(DataSource):
     def reader(self, schema) -> DcpBatchReader:
         return DcpBatchReader(self.opts, schema)
 
+    def writer(self, schema, overwrite: bool):
+        """df.write.format("dcp"): upserts and removes, or with withMeta=true writes with metadata."""
+        from .writer import DcpWriter
+        if overwrite:
+            raise DcpOptionError("format('dcp') writes add to a bucket: use mode('append') (a bucket is not "
+                                 "truncated by a DataFrame write; flush it first if that is what you want)")
+        return DcpWriter(self.opts, dict(self.options))
+
     def streamReader(self, schema) -> DcpStreamReader:
         if self.opts.ending_offsets is not None:
             raise DcpOptionError("option 'endingOffsets' applies to batch reads (spark.read) only; a stream "
