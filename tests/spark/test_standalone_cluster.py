@@ -11,6 +11,7 @@ group of its own and is killed, even when the test fails.
 import json
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pyarrow.dataset as ds
@@ -62,7 +63,11 @@ def test_pipeline_on_a_standalone_cluster_equals_the_server(server, tmp_path):
                                        conn(server.port), str(lake)], cwd=REPO, stdin=subprocess.PIPE,
                                       stdout=subprocess.PIPE, stderr=log, text=True, start_new_session=True)
         try:
-            line = driver.stdout.readline()  # the pipeline has run; its executors are still up
+            pool = ThreadPoolExecutor(1)  # the line says the pipeline has run; its executors are still up
+            try:
+                line = pool.submit(driver.stdout.readline).result(timeout=300)
+            finally:
+                pool.shutdown(wait=False)  # a hung driver is killed below, which ends the read
             assert line, (tmp_path / "driver.log").read_text()[-4000:] + cluster.logs()
             report = json.loads(line)
             procs = processes()
