@@ -97,7 +97,7 @@ def _cmd_restore(args: argparse.Namespace) -> int:
 
 def _cmd_pipeline(args: argparse.Namespace) -> int:
     from .options import DcpOptionError, parse_options
-    from .pipeline import Pipeline, PipelineConfig
+    from .pipeline import Pipeline, PipelineConfig, input_rows
 
     extra = {}
     for item in args.option:
@@ -144,12 +144,12 @@ def _cmd_pipeline(args: argparse.Namespace) -> int:
             while all(q.isActive for q in queries):
                 for q in queries:
                     p = q.lastProgress
-                    if p and (q.name, p["batchId"]) not in seen and p["numInputRows"]:
+                    if p and (q.name, p["batchId"]) not in seen and input_rows(p):
                         seen.add((q.name, p["batchId"]))
                         from .pipeline import lag_of
                         lag = lag_of(p)
                         print(f"[{time.monotonic() - started:6.1f}s] {q.name} batch {p['batchId']}: "
-                              f"{p['numInputRows']:,} rows" + ("" if lag is None else f", lag {lag:,} seqnos"),
+                              f"{input_rows(p):,} rows" + ("" if lag is None else f", lag {lag:,} seqnos"),
                               flush=True)
                 time.sleep(1.0)
             for q in queries:
