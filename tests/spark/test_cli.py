@@ -63,6 +63,19 @@ def test_demo_end_to_end_with_the_spark_native_state(tmp_path):
     assert "Exception in thread" not in proc.stderr and "Error" not in proc.stderr, proc.stderr[-3000:]
 
 
+def test_the_demo_fails_on_a_missing_version_or_a_duplicate_in_a_snapshot():
+    from dcpflow.spark.demo import version_mismatches
+
+    good = {"orders": {"upserts": 7, "written": 7, "per_snapshot": 3},  # history: several per snapshot
+            "users": {"upserts": 4, "written": 6, "per_snapshot": 1}}  # de-duplicated: fewer than written
+    assert version_mismatches(good) == []
+    lost = {**good, "orders": {"upserts": 6, "written": 7, "per_snapshot": 3}}
+    assert version_mismatches(lost) == [("shop.orders change log", "7 versions written", "6 versions")]
+    dup = {**good, "users": {"upserts": 6, "written": 6, "per_snapshot": 2}}
+    assert [m[0] for m in version_mismatches(dup)] == ["shop.users change log"]
+    assert version_mismatches({**good, "orders": {"upserts": 8, "written": 7, "per_snapshot": 1}})  # too many
+
+
 def test_pipeline_rejects_bad_options_before_starting_spark(capsys):
     assert main(["pipeline", "--connection", "couchbase://127.0.0.1:1/default", "--lake", "/nonexistent",
                  "--option", "maxSeqnoPerTrigger=5"]) == 2
