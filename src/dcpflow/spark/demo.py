@@ -267,17 +267,23 @@ def _versions(changelog, loader) -> dict[str, dict]:
     from .schema import CHANGE_TYPE, COMMIT_VERSION, DELETE, UPSERT
 
     ups = changelog.filter(F.col(CHANGE_TYPE) == UPSERT)
-    out = {name: {"upserts": 0, "keys": 0, "written": loader.written[name], "deletes": 0, "per_batch": 0,
-                  "per_snapshot": 0} for name in loader.loaders}
+    out: dict[str, dict] = {}
+
+    def of(name: str) -> dict:  # a collection the workload never wrote to has 0 written
+        return out.setdefault(name, {"upserts": 0, "keys": 0, "written": loader.written[name], "deletes": 0,
+                                     "per_batch": 0, "per_snapshot": 0})
+
+    for name in loader.loaders:
+        of(name)
     for r in ups.groupBy("collection").agg(F.count("*").alias("n"), F.countDistinct("key").alias("k")).collect():
-        out.setdefault(r["collection"], {}).update(upserts=r["n"], keys=r["k"])
+        of(r["collection"]).update(upserts=r["n"], keys=r["k"])
     for r in changelog.filter(F.col(CHANGE_TYPE) == DELETE).groupBy("collection").count().collect():
-        out.setdefault(r["collection"], {})["deletes"] = r["count"]
+        of(r["collection"])["deletes"] = r["count"]
     for name, cols in (("per_batch", [COMMIT_VERSION]),
                        ("per_snapshot", [COMMIT_VERSION, "vbucket", "snapshot_start", "snapshot_end"])):
         counts = ups.groupBy("collection", "key", *cols).count()
         for r in counts.groupBy("collection").agg(F.max("count").alias("m")).collect():
-            out.setdefault(r["collection"], {})[name] = r["m"]
+            of(r["collection"])[name] = r["m"]
     return out
 
 
