@@ -6,6 +6,10 @@ four ways:
 
 * batches  - `DcpClient.batches()`: Arrow record batches (max_rows 65536), rows counted;
 * events   - `DcpClient.events()`: one Mutation object per document;
+* tail     - `dcpflow tail URL --until now`: in this process (the `tail()` coroutine writing to
+             a sink that counts the lines and keeps nothing) against the batch API's drain of
+             the same run (the target is within 1.5x), and as a user runs it, `> /dev/null` (a
+             subprocess: Python's start-up and the imports of pyarrow and numpy included);
 * raw      - a plain socket with the same DCP_OPEN / controls / stream requests that reads the same
              number of stream bytes without decoding anything (it acks what it reads): the limit
              of server + loopback for this workload;
@@ -83,6 +87,44 @@ async def read_events(port: int, highs: dict[int, int], buffer: int) -> tuple[fl
             if type(ev) is Mutation:
                 n += 1
         return time.perf_counter() - t0, n
+
+
+class LineCounter:
+    """A stdout stand-in (text with a binary `buffer`) that counts the lines written to it."""
+
+    def __init__(self):
+        self.buffer = self
+        self.lines = 0
+
+    def write(self, data) -> None:
+        self.lines += (data if isinstance(data, bytes | str) else bytes(data)).count(
+            "\n" if isinstance(data, str) else b"\n")
+
+    def flush(self) -> None:
+        pass
+
+
+def run_tail(port: int, buffer: int) -> tuple[float, int]:
+    """`tail --until now` in this process: (seconds, JSON lines)."""
+    from dcpflow.client.tail import tail
+    out = LineCounter()
+    with open(os.devnull, "w") as err:
+        t0 = time.perf_counter()
+        code = asyncio.run(tail(connstr(port, buffer), username=USER, password=PASSWORD, start="beginning",
+                                state_path=None, vbuckets=None, fmt="jsonl", until="now", progress=False,
+                                save_interval=5.0, out=out, err=err))
+        secs = time.perf_counter() - t0
+    assert code == 0
+    return secs, out.lines
+
+
+def run_tail_process(port: int, buffer: int) -> float:
+    """`dcpflow tail --until now > /dev/null` in a subprocess: seconds."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "dcpflow.cli", "tail", connstr(port, buffer), "--until", "now",
+                    "--no-progress"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, check=True, env=env)
+    return time.perf_counter() - t0
 
 
 def read_raw(port: int, highs: dict[int, int], buffer: int, expect: int) -> tuple[float, int, list[bytes]]:
@@ -253,7 +295,7 @@ def main() -> int:
         print(f"built {args.docs:,} docs ({args.value_size}-byte values, {args.vbuckets} vbuckets) in "
               f"{time.perf_counter() - t:.1f}s", flush=True)
         proc, port = start_server(os.path.join(tmp, "data"), args.vbuckets)
-        b_secs = e_secs = r_secs = float("inf")
+        b_secs = e_secs = r_secs = t_secs = p_secs = float("inf")
         cpu = {"batch": float("inf"), "event": float("inf"), "raw": float("inf")}
         try:
             for _ in range(args.repeat):  # interleaved, best of each: the server's caches warm up alike
@@ -266,10 +308,13 @@ def main() -> int:
                 e_secs, cpu["event"] = min(e_secs, secs), min(cpu["event"], c2 - c1)
                 secs, r_bytes, record = read_raw(port, highs, args.buffer, stream_bytes)
                 r_secs, cpu["raw"] = min(r_secs, secs), min(cpu["raw"], time.process_time() - c2)
+                secs, tail_lines = run_tail(port, args.buffer)
+                t_secs = min(t_secs, secs)
+                p_secs = min(p_secs, run_tail_process(port, args.buffer))
         finally:
             stop(proc)
         d_secs, d_rows = decode_only(record, highs)
-        assert rows == events == args.docs == d_rows, (rows, events, d_rows)
+        assert rows == events == args.docs == d_rows == tail_lines, (rows, events, d_rows, tail_lines)
         limit = args.docs / r_secs
         print(f"stream bytes {stream_bytes / 1e6:.1f} MB, {args.docs:,} mutations, buffer {args.buffer:,} bytes, "
               f"best of {args.repeat}")
@@ -280,6 +325,10 @@ def main() -> int:
             rate = args.docs / secs
             print(f"{name:<22} {rate:>12,.0f} items/s  {stream_bytes / secs / 1e6:8.1f} MB/s   "
                   f"{rate / limit:.2f}x of limit  client CPU {us[key]:.2f} us/item")
+        print(f"{'tail (JSON lines)':<22} {args.docs / t_secs:>12,.0f} items/s  {t_secs:8.2f} s      "
+              f"{t_secs / b_secs:.2f}x the batch API's drain time ({b_secs:.2f} s)")
+        print(f"{'dcpflow tail (process)':<22} {args.docs / p_secs:>12,.0f} items/s  {p_secs:8.2f} s      "
+              f"{p_secs / b_secs:.2f}x, with Python's start-up and imports")
         print(f"{'decode only (no I/O)':<22} {args.docs / d_secs:>12,.0f} items/s  "
               f"{r_bytes / d_secs / 1e6:8.1f} MB/s   client CPU alone; {args.docs / d_secs / limit:.2f}x of limit")
         print(f"batch API / event API: {e_secs / b_secs:.2f}x in items/s, {us['event'] / us['batch']:.2f}x in client "

@@ -16,6 +16,20 @@ GET and the flusher never runs beside memcached's phases; --no-settle starts eac
     .venv/bin/python bench/kv.py --ops 500000 --value-size 1000
     .venv/bin/python bench/kv.py --smoke        # seconds: 2,000 ops per phase, 200 keys, one round
 
+    .venv/bin/python bench/kv.py --durability majority          # durable vs plain SETs, 3-node cluster
+    .venv/bin/python bench/kv.py --durability majority --smoke
+
+--durability LEVEL (majority, majority_and_persist_active, persist_to_majority) measures something
+else: durable SETs against plain SETs on the same `dcpflow cluster` of 3 nodes (bench/kv_durable.py).
+
+--subdoc measures the sub-document commands against plain GET/SET on the same dcpflow server in
+the same run (memcached has no sub-document commands): the documents are JSON of about
+--value-size bytes; `mutate_in` is a SUBDOC_MULTI_MUTATION with one DICT_UPSERT spec and
+`lookup_in` a SUBDOC_MULTI_LOOKUP with one GET spec, which is what the official SDKs send for a
+single-path mutate_in / lookup_in. Ratios mutate_in/SET and lookup_in/GET (target >= 0.7x).
+
+    .venv/bin/python bench/kv.py --subdoc
+
 --smoke checks that the bench works end to end. Without memcached installed it measures dcpflow
 alone and says so (a full run fails instead: its figure is the ratio): the smoke runs in the test
 suite, which must not install system packages or depend on the network.
@@ -30,12 +44,20 @@ import sys
 import tempfile
 import time
 
+import kv_durable
 from dcpflow.protocol.frame import FrameDecoder, request
 from dcpflow.protocol.hello import Feature
 from dcpflow.protocol.keys import vbucket_for_key
 from dcpflow.protocol.opcodes import Opcode
 from dcpflow.protocol.status import Status
+from dcpflow.protocol.subdoc import SubdocSpec
 from serverproc import call, next_frame, start_server, stop
+
+#: --subdoc: what each sub-document phase sends (one spec, as an SDK's single-path call does).
+SUBDOC_REQUESTS = {
+    "mutate_in": (Opcode.SUBDOC_MULTI_MUTATION, SubdocSpec(Opcode.SUBDOC_DICT_UPSERT, b"n", b"42").encode(True)),
+    "lookup_in": (Opcode.SUBDOC_MULTI_LOOKUP, SubdocSpec(Opcode.SUBDOC_GET, b"name").encode(False)),
+}
 
 
 class Client:
@@ -77,6 +99,12 @@ def random_value(size: int) -> bytes:
     return os.urandom(size // 2 + 1).hex()[:size].encode()
 
 
+def json_value(size: int) -> bytes:
+    """A JSON object of about `size` bytes with the fields the --subdoc phases name."""
+    head = b'{"name":"bench","n":1,"pad":"'
+    return head + os.urandom(size).hex()[:max(0, size - len(head) - 2)].encode() + b'"}'
+
+
 def windows(opcode: int, keys: list[bytes], value: bytes, window: int, num_vbuckets: int) -> list[tuple[bytes, int]]:
     """Pre-encoded (requests, count) windows, so the client spends its time on I/O and replies."""
     out = []
@@ -86,6 +114,8 @@ def windows(opcode: int, keys: list[bytes], value: bytes, window: int, num_vbuck
             vb = vbucket_for_key(key, num_vbuckets)
             if opcode == Opcode.SET:
                 reqs.append(request(opcode, key=key, extras=bytes(8), value=value, vbucket=vb, opaque=i))
+            elif opcode in (Opcode.SUBDOC_MULTI_MUTATION, Opcode.SUBDOC_MULTI_LOOKUP):
+                reqs.append(request(opcode, key=key, value=value, vbucket=vb, opaque=i))
             else:
                 reqs.append(request(opcode, key=key, vbucket=vb, opaque=i))
         out.append((b"".join(reqs), len(reqs)))
@@ -132,10 +162,13 @@ class Target:
         if login:
             self.client.login("Administrator", "password", "default")
         keys = [b"bench-key-%08d" % i for i in range(args.keys)]
-        self.sets = windows(Opcode.SET, keys, value, args.window, args.vbuckets)
-        self.gets = windows(Opcode.GET, keys, value, args.window, args.vbuckets)
-        run_phase(self.client, self.sets, len(keys), 1)  # warm-up: every key exists
-        self.result = {"set": 0.0, "get": 0.0, "settle": 0.0}
+        self.phases = {"set": windows(Opcode.SET, keys, value, args.window, args.vbuckets),
+                       "get": windows(Opcode.GET, keys, value, args.window, args.vbuckets)}
+        if args.subdoc:
+            for name, (opcode, body) in SUBDOC_REQUESTS.items():
+                self.phases[name] = windows(opcode, keys, body, args.window, args.vbuckets)
+        run_phase(self.client, self.phases["set"], len(keys), 1)  # warm-up: every key exists
+        self.result = {name: 0.0 for name in self.phases} | {"settle": 0.0}
 
 
 def measure(targets: dict[str, Target], args) -> dict[str, dict[str, float]]:
@@ -143,13 +176,14 @@ def measure(targets: dict[str, Target], args) -> dict[str, dict[str, float]]:
     spell of this busy machine hits both sides of the ratio rather than one. Each phase starts
     once dcpflow has persisted what came before (unless --no-settle), so its flusher never runs
     beside the other server's phase either."""
+    phases = ("set", "mutate_in", "get", "lookup_in") if args.subdoc else ("set", "get")
     for _ in range(args.repeat):
-        for phase in ("set", "get"):
+        for phase in phases:
             for target in targets.values():
                 if not args.no_settle:  # dcpflow's flusher must not run beside anyone's next phase
                     for other in targets.values():
                         other.result["settle"] = max(other.result["settle"], other.client.settle())
-                rate = run_phase(target.client, target.sets if phase == "set" else target.gets, args.ops, args.depth)
+                rate = run_phase(target.client, target.phases[phase], args.ops, args.depth)
                 target.result[phase] = max(target.result[phase], rate)
     for target in targets.values():
         target.client.sock.close()
@@ -207,9 +241,25 @@ def main() -> int:
                    help="start each phase at once, while the flusher may still be persisting the SET phase")
     p.add_argument("--server-arg", action="append", default=[], metavar="ARG",
                    help="extra argument for `dcpflow server` (repeatable), e.g. --server-arg=--flush-interval=1")
+    p.add_argument("--subdoc", action="store_true",
+                   help="also measure single-spec mutate_in / lookup_in against SET / GET (dcpflow only)")
     p.add_argument("--smoke", action="store_true",
                    help="a seconds-long run that checks the bench works (dcpflow alone if memcached is missing)")
+    p.add_argument("--durability", choices=sorted(kv_durable.LEVELS),
+                   help="durable against plain SETs on a 3-node cluster (bench/kv_durable.py)")
+    p.add_argument("--replicas", type=int, default=1, help="with --durability: replicas per vbucket (default 1)")
+    p.add_argument("--conns", type=int, default=8, help="with --durability: connections per node (default 8)")
+    p.add_argument("--durable-ops", type=int, default=20_000,
+                   help="with --durability: durable SETs per round (default 20000)")
     args = p.parse_args()
+    if args.durability:
+        if args.smoke:
+            args.ops, args.durable_ops, args.keys, args.repeat, args.vbuckets = 2_000, 500, 200, 1, 16
+        elif args.vbuckets == 1024:
+            args.vbuckets = 64
+        return kv_durable.run(args)
+    if args.subdoc:
+        args.no_memcached = True
     if args.smoke:
         args.ops, args.keys, args.repeat, args.vbuckets = 2_000, 200, 1, 64
         if not args.no_memcached and memcached_binary() is None:
@@ -217,7 +267,7 @@ def main() -> int:
                   "(apt-get install -y memcached for the comparison)")
             args.no_memcached = True
 
-    value = random_value(args.value_size)
+    value = json_value(args.value_size) if args.subdoc else random_value(args.value_size)
     procs = []
     with tempfile.TemporaryDirectory(prefix="dcpflow-bench-") as tmp:
         try:
@@ -238,6 +288,10 @@ def main() -> int:
           f"{args.keys} keys, best of {args.repeat} x {args.ops} ops per phase")
     for name, r in results.items():
         print(f"  {name:10s} SET {r['set']:>10,.0f} ops/s   GET {r['get']:>10,.0f} ops/s")
+        if args.subdoc:
+            print(f"  {name:10s} mutate_in {r['mutate_in']:>10,.0f} ops/s   lookup_in {r['lookup_in']:>10,.0f} ops/s")
+            print(f"  ratio mutate_in/SET {r['mutate_in'] / r['set']:.2f}x   lookup_in/GET "
+                  f"{r['lookup_in'] / r['get']:.2f}x (target >= 0.7x; one spec each, JSON documents)")
     if not args.no_settle and "dcpflow" in results:
         print(f"  (each phase started once dcpflow had persisted what came before: up to "
               f"{results['dcpflow']['settle']:.1f} s; --no-settle starts them at once, beside its flusher)")

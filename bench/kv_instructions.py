@@ -12,6 +12,9 @@ count, free of start-up and import costs.
       (e.g. `git worktree add /tmp/base HEAD~1`; the ratio printed is this checkout / baseline)
     .venv/bin/python bench/kv_instructions.py --value 3fa2...          # SET another value (default x * 100)
     .venv/bin/python bench/kv_instructions.py --smoke                  # seconds: 64 keys, SET and GET, uncounted
+    .venv/bin/python bench/kv_instructions.py --subdoc                 # SET, GET, mutate_in, lookup_in on JSON
+      (documents of bench/kv.py --subdoc; mutate_in / lookup_in send one spec each, as an SDK's
+      single-path call does)
 
 Needs valgrind (Debian: apt-get install valgrind). About a minute per case and source tree.
 
@@ -90,7 +93,11 @@ def workload(mode: str, passes: int, value: bytes, nkeys: int, vbuckets: int, da
         for data, _ in sets:  # every key exists before counting starts
             conn.data_received(data)
             await asyncio.sleep(0)
-        windows = sets if mode == "set" else gets
+        if mode in kv.SUBDOC_REQUESTS:
+            opcode, body = kv.SUBDOC_REQUESTS[mode]
+            windows = kv.windows(opcode, keys, body, 64, vbuckets)
+        else:
+            windows = sets if mode == "set" else gets
         for _ in range(passes):
             for data, _ in windows:
                 conn.data_received(data)
@@ -114,18 +121,18 @@ def count(src: str, mode: str, passes: int, args) -> int:
                               *child_command(mode, passes, args), "--data-dir", tmp],
                              env=env, capture_output=True, text=True)
     match = re.search(r"Collected : (\d+)", out.stderr)
+    if out.returncode != 0:  # callgrind counts a workload that failed too: that count means nothing
+        raise RuntimeError(f"the {mode} x{passes} workload failed under {src}:\n{out.stderr[-2000:]}")
     if not match:
         raise RuntimeError(f"callgrind gave no count for {mode} x{passes} ({src}):\n{out.stderr[-2000:]}")
     return int(match.group(1))
 
 
-
-
-def smoke(args) -> int:
+def smoke(args, modes: tuple[str, ...]) -> int:
     """Run every case's workload as the counted runs would, outside valgrind: the bench's code runs
     end to end in seconds, and nothing is counted."""
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    for mode in ("set", "get"):
+    for mode in modes:
         for passes in (SHORT, LONG):
             with tempfile.TemporaryDirectory(prefix="dcpflow-icount-") as tmp:
                 subprocess.run([*child_command(mode, passes, args), "--data-dir", tmp], env=env, check=True)
@@ -141,6 +148,8 @@ def main() -> int:
                         "JSON detection's longer path, e.g. --value 3f$(printf 'a%.0s' {1..98})")
     p.add_argument("--keys", type=int, default=KEYS, help=f"keys per pass (default {KEYS})")
     p.add_argument("--vbuckets", type=int, default=1024, help="vbuckets of the bucket (default 1024)")
+    p.add_argument("--subdoc", action="store_true",
+                   help="also count mutate_in / lookup_in; every value is then bench/kv.py's JSON document")
     p.add_argument("--data-dir", help=argparse.SUPPRESS)
     p.add_argument("--smoke", action="store_true",
                    help="a seconds-long run that checks the bench works (nothing is counted)")
@@ -150,9 +159,14 @@ def main() -> int:
         workload(args.child[0], int(args.child[1]), args.value.encode(), args.keys, args.vbuckets, args.data_dir)
         return 0
     modes = ("set", "get")
+    if args.subdoc:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        import kv
+        modes = ("set", "get", "mutate_in", "lookup_in")
+        args.value = kv.json_value(100).decode()
     if args.smoke:
         args.keys, args.vbuckets = 64, 16
-        return smoke(args)
+        return smoke(args, modes)
     if shutil.which("valgrind") is None:
         print("valgrind is not installed: apt-get install -y valgrind", file=sys.stderr)
         return 2
@@ -170,7 +184,12 @@ def main() -> int:
           f"64-request windows, "
           f"{len(args.value.encode())}-byte values starting {args.value[:8]!r})")
     for (name, _, mode), n in results.items():
-        print(f"  {name:14s} {mode.upper():4s} {n:>9,.0f}")
+        print(f"  {name:14s} {mode.upper():9s} {n:>9,.0f}")
+    if args.subdoc:
+        for name, src in trees.items():
+            r = {mode: results[(name, src, mode)] for mode in modes}
+            print(f"  {name}: mutate_in / SET = {r['mutate_in'] / r['set']:.2f}x instructions, "
+                  f"lookup_in / GET = {r['lookup_in'] / r['get']:.2f}x")
     if args.baseline:
         for mode in modes:
             mine = results[("this checkout", trees["this checkout"], mode)]

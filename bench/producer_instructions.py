@@ -173,6 +173,8 @@ def count(src: str, case: str, n: int, stream: bool, template: str) -> int:
     finally:
         shutil.rmtree(data_dir, ignore_errors=True)
     match = re.search(r"Collected : (\d+)", out.stderr)
+    if out.returncode != 0:  # callgrind counts a workload that failed too: that count means nothing
+        raise RuntimeError(f"the {case} x{n} workload failed under {src}:\n{out.stderr[-2000:]}")
     if not match:
         raise RuntimeError(f"callgrind gave no count for {case} x{n} ({src}):\n{out.stderr[-2000:]}")
     return int(match.group(1))

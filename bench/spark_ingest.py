@@ -16,6 +16,12 @@ both queries pay Spark's streaming costs (a Python reader process per query, off
 logs, ~1.3 s here). "dcp changelog / synthetic batch" is printed too. The server runs on the same
 cores as Spark, so its CPU per row (printed) counts against every ratio.
 
+Then the collections figure: a second server whose bucket holds the documents in four collections
+of one scope (created through the official SDK's collection manager), read into a change log twice:
+filtered to two of the collections (`collections=bench.c0,bench.c1`, half the rows) and unfiltered
+(every row). Printed: rows/s of each and their ratio (target: the filtered read ≥ 0.9 × the
+unfiltered read's rows/s - a server-side filter must not cost rows/s).
+
 Each case runs once to warm up, then `--runs` timed times; the median counts (the first run after
 the JVM starts is 20-50% slower). Targets: dcp ≥ 0.9 × synthetic and ≥ 0.33 × native. The ratios
 of medians are printed, and the ratio run by run (a case against its baseline measured next to
@@ -43,9 +49,10 @@ from dcpflow.spark.demo import EmbeddedServer
 from serverproc import cpu_seconds
 
 
-def load(connection: str, docs: int, seed: int, threads: int = 4) -> float:
+def load(connection: str, docs: int, seed: int, threads: int = 4, collection: str | None = None) -> float:
     started = time.monotonic()
-    loader = Loader(connection, "Administrator", "password")
+    scope, _, name = collection.partition(".") if collection else (None, "", None)
+    loader = Loader(connection, "Administrator", "password", scope=scope, collection=name)
     step = 20_000
 
     def part(lo: int) -> None:
@@ -85,6 +92,43 @@ def timed(fn) -> float:
     started = time.perf_counter()
     fn()
     return time.perf_counter() - started
+
+
+COLLECTIONS = ("bench.c0", "bench.c1", "bench.c2", "bench.c3")
+
+
+def collections_figure(spark, base: Path, args, seed: int, changelog) -> None:
+    """The two-collection filter against the unfiltered read of a bucket of four collections."""
+    server = EmbeddedServer(base / "server4", args.vbuckets)
+    try:
+        connection = f"couchbase://127.0.0.1:{server.port}/default"
+        manager = Loader(connection, "Administrator", "password")
+        collections = manager.bucket.collections()
+        collections.create_scope("bench")
+        for name in COLLECTIONS:
+            collections.create_collection("bench", name.split(".")[1])
+        manager.close()
+        per = args.docs // len(COLLECTIONS)
+        print(f"\nloading {per:,} documents into each of {', '.join(COLLECTIONS)}...", flush=True)
+        for name in COLLECTIONS:
+            load(connection, per, seed, collection=name)
+        opts = {"connection": connection, "username": "Administrator", "password": "password",
+                "valueFormat": "string", "partitions": str(args.partitions)}
+        two = {**opts, "collections": ",".join(COLLECTIONS[:2])}
+        if not args.smoke:
+            timed(lambda: changelog("dcp", two, 2 * per, "f"))
+        filtered, unfiltered = [], []
+        for _ in range(args.runs):  # interleaved
+            filtered.append(timed(lambda: changelog("dcp", two, 2 * per, "f")))
+            unfiltered.append(timed(lambda: changelog("dcp", opts, len(COLLECTIONS) * per, "u")))
+        f_rate = 2 * per / statistics.median(filtered)
+        u_rate = len(COLLECTIONS) * per / statistics.median(unfiltered)
+        for label, rate, runs in (("two of four collections", f_rate, filtered),
+                                  ("all four (unfiltered)", u_rate, unfiltered)):
+            print(f"  {label:23s} {rate:>12,.0f} rows/s   (runs: {', '.join(f'{t:.2f}' for t in runs)} s)")
+        print(f"  filtered / unfiltered rows/s = {f_rate / u_rate:.2f}   (target >= 0.9)")
+    finally:
+        server.stop()
 
 
 def main() -> int:
@@ -186,6 +230,7 @@ def main() -> int:
             pairs = [tb / ta for ta, tb in zip(results[a], results[b], strict=True)]
             print(f"  {a + ' / ' + b:35s} = {statistics.median(pairs):.2f} median"
                   f"   (runs: {', '.join(f'{r:.2f}' for r in pairs)})")
+        collections_figure(spark, base, args, seed, changelog)
         return 0
     finally:
         if spark is not None:

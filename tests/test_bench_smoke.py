@@ -16,11 +16,13 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "bench"
 
-#: Each bench script and a piece of the line that carries its figure.
+#: Each bench script (with the arguments of a second figure it makes) and a piece of the line that
+#: carries its figure.
 FIGURE_LINES = {
     "client.py": "batch API / event API",
     "codec.py": "decode to typed messages",
     "kv.py": "dcpflow    SET",
+    "kv.py --durability majority": "ratio durable/plain",
     "kv_instructions.py": "SET",
     "kv_memory.py": "server RSS",
     "kv_persist.py": "all persisted",
@@ -28,6 +30,7 @@ FIGURE_LINES = {
     "producer_instructions.py": "instructions per streamed item",
     "replication.py": "ratio replicated/written",
     "spark_ingest.py": "dcp changelog / synthetic changelog",
+    "xdcr.py": "ratio xdcr / raw SetWithMeta",
 }
 
 
@@ -37,7 +40,8 @@ def bench_scripts() -> list[str]:
 
 
 def test_every_bench_script_has_a_smoke_check():
-    assert bench_scripts() == sorted(FIGURE_LINES), "a bench script was added or removed: update FIGURE_LINES"
+    assert bench_scripts() == sorted({k.split()[0] for k in FIGURE_LINES}), \
+        "a bench script was added or removed: update FIGURE_LINES"
 
 
 @pytest.mark.slow
@@ -46,8 +50,24 @@ def test_bench_smoke(script, tmp_path):
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""),
                TMPDIR=str(tmp_path))  # whatever a bench leaves behind goes with the test's directory
     # A hang must fail the test, not stall CI: no smoke takes more than about a minute.
-    proc = subprocess.run([sys.executable, str(BENCH / script), "--smoke"], cwd=ROOT, env=env,
+    name, *extra = script.split()
+    proc = subprocess.run([sys.executable, str(BENCH / name), *extra, "--smoke"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=600)
     report = f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
     assert proc.returncode == 0, f"bench/{script} --smoke exited {proc.returncode}\n{report}"
     assert FIGURE_LINES[script] in proc.stdout, f"bench/{script} --smoke printed no figure\n{report}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("script", "lines"), [
+    ("kv.py", ("ratio mutate_in/SET", "lookup_in/GET")),
+    ("kv_instructions.py", ("MUTATE_IN workload", "LOOKUP_IN workload")),
+])
+def test_subdoc_smoke(script, lines, tmp_path):
+    """The --subdoc figures (sub-document commands against GET/SET) run end to end too."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               TMPDIR=str(tmp_path))
+    proc = subprocess.run([sys.executable, str(BENCH / script), "--smoke", "--subdoc"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert all(line in proc.stdout for line in lines), proc.stdout

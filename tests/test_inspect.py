@@ -148,3 +148,19 @@ def test_strict_exit_code():
     assert code == 1 and frames[0]["problems"]
     code, _, _ = run_inspect(bad.hex())
     assert code == 0
+
+
+def test_sub_document_and_range_scan_frames_are_decoded_with_their_non_success_bodies():
+    """A multi-path partial failure and a range scan's MORE frame carry bodies under non-SUCCESS
+    statuses; the dissector shows them, not just the status."""
+    from dcpflow.protocol import range_scan as rs
+    from dcpflow.protocol import subdoc as sd
+    partial = sd.SubdocMultiLookupResponse((sd.LookupResult(0, b"1"), sd.LookupResult(Status.SUBDOC_PATH_ENOENT)),
+                                           5, Status.SUBDOC_MULTI_PATH_FAILURE, 3)
+    more = rs.RangeScanContinueResponse(True, (b"a", b"b"), (), Status.RANGE_SCAN_MORE, 4)
+    code, frames, err = run_inspect((partial.encode() + more.encode()).hex(), "--strict")
+    assert code == 0, err
+    lookup, scan = frames
+    assert lookup["decoded"]["type"] == "SubdocMultiLookupResponse"
+    assert lookup["decoded"]["results"] == [[0, "1"], [Status.SUBDOC_PATH_ENOENT, ""]]
+    assert scan["decoded"]["keys"] == ["a", "b"] and scan["decoded"]["status"] == "RANGE_SCAN_MORE"

@@ -206,6 +206,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .replication.commands import add_command as add_cluster_command
     add_cluster_command(sub)
 
+    from .replication.xdcr.command import add_command as add_xdcr_command
+    add_xdcr_command(sub)
+
     from .fault import add_command as add_fault_command
     add_fault_command(sub)
 

@@ -12,8 +12,10 @@ so what the server stores - and what `verify` compares with - is byte for byte w
 
 from __future__ import annotations
 
+import copy
 import json
 import random
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -96,7 +98,7 @@ class Loader:
     """An SDK connection to one bucket that writes and reads raw JSON bytes in bulk."""
 
     def __init__(self, connection: str, username: str, password: str, bucket: str = "default",
-                 timeout: float = 30.0):
+                 timeout: float = 30.0, scope: str | None = None, collection: str | None = None):
         try:
             from couchbase.auth import PasswordAuthenticator
             from couchbase.cluster import Cluster
@@ -113,7 +115,18 @@ class Loader:
         hosts = rest.split("/", 1)[0]
         self.cluster = Cluster(f"{scheme}://{hosts}",
                                ClusterOptions(PasswordAuthenticator(username, password), timeout_options=timeouts))
-        self.collection = self.cluster.bucket(bucket).default_collection()
+        self.bucket = self.cluster.bucket(bucket)
+        if collection is None:
+            self.collection = self.bucket.default_collection()
+        else:  # a named collection (`scope` defaults to _default)
+            self.collection = self.bucket.scope(scope or "_default").collection(collection)
+
+    def in_collection(self, scope: str, collection: str) -> Loader:
+        """This loader writing into `scope.collection`, over the same SDK connection (close the
+        original, not the copy)."""
+        other = copy.copy(self)
+        other.collection = self.bucket.scope(scope).collection(collection)
+        return other
 
     def close(self) -> None:
         self.cluster.close()
@@ -167,6 +180,69 @@ class Loader:
         return out
 
 
+COLLECTION_OF = {"user": "users", "product": "products", "order": "orders", "session": "sessions"}
+"""The collection of each kind of document when the workload lives in named collections."""
+
+
+def create_collections(loader: Loader, scope: str, history: Iterable[str] = (), max_ttl: dict | None = None) -> None:
+    """`scope` with one collection per kind (COLLECTION_OF), made by the SDK's collection manager as
+    an application would: the collections named in `history` keep every version (DCP change
+    streams; the bucket's history retention must be set for them to keep any), `max_ttl` maps a
+    collection to its maxTTL in seconds (documents written without an expiry get it)."""
+    from couchbase.management.collections import CreateCollectionSettings
+
+    history, max_ttl = set(history), max_ttl or {}
+    unknown = (history | set(max_ttl)) - set(COLLECTION_OF.values())
+    if unknown:
+        raise ValueError(f"not a collection of the workload: {sorted(unknown)}")
+    manager = loader.bucket.collections()
+    manager.create_scope(scope)
+    for name in COLLECTION_OF.values():
+        ttl = max_ttl.get(name)
+        settings = CreateCollectionSettings(max_expiry=timedelta(seconds=ttl) if ttl else None,
+                                            history=True if name in history else None)
+        manager.create_collection(scope, name, settings)
+
+
+class ByKind:
+    """A Loader's upsert/remove/get_all with each `kind::id` key in its kind's collection of `scope`
+    (COLLECTION_OF), so load_initial and churn_round fill named collections unchanged. Counts what
+    it wrote and removed per collection (`written`, `removed`), which a change log with history
+    must match version for version."""
+
+    def __init__(self, loader: Loader, scope: str):
+        self.scope = scope
+        self.loaders = {name: loader.in_collection(scope, name) for name in COLLECTION_OF.values()}
+        self.written: Counter = Counter()
+        self.removed: Counter = Counter()
+
+    @staticmethod
+    def collection_of(key: str) -> str:
+        return COLLECTION_OF[key.partition("::")[0]]
+
+    def _split(self, keys: Iterable[str]) -> dict[str, list[str]]:
+        out: dict[str, list[str]] = {}
+        for key in keys:
+            out.setdefault(self.collection_of(key), []).append(key)
+        return out
+
+    def upsert(self, docs: dict[str, bytes], ttl: int | None = None) -> None:
+        for name, keys in self._split(docs).items():
+            self.loaders[name].upsert({k: docs[k] for k in keys}, ttl=ttl)
+            self.written[name] += len(keys)
+
+    def remove(self, keys: Iterable[str]) -> None:
+        for name, part in self._split(keys).items():
+            self.loaders[name].remove(part)
+            self.removed[name] += len(part)
+
+    def get_all(self, keys: Iterable[str]) -> dict[str, bytes]:
+        out: dict[str, bytes] = {}
+        for name, part in self._split(keys).items():
+            out.update(self.loaders[name].get_all(part))
+        return out
+
+
 def load_initial(loader: Loader, work: Workload, progress: Callable[[int, int], None] | None = None) -> list[str]:
     keys = work.initial_keys()
     step = 10_000
@@ -203,6 +279,25 @@ def churn_round(loader: Loader, work: Workload, round_no: int) -> dict[str, int]
     for k in expiring:
         work.versions[k] = 0
     return {"updates": len(updates), "deletes": len(deletes), "expiring": len(expiring)}
+
+
+def burst_round(loader: Loader, work: Workload, round_no: int, kinds: Iterable[str] = ("user", "order"),
+                keys: int = 10, versions: int = 3) -> int:
+    """`keys` live documents of each of `kinds` updated `versions` times in a row (an order going
+    from paid to packed to shipped): a collection with history keeps every version, one without
+    may de-duplicate them. Returns the updates written."""
+    rng = random.Random(work.seed * 104_729 + round_no)
+    picked = []
+    for kind in kinds:
+        live = sorted(k for k, v in work.versions.items() if v >= 0 and k.startswith(kind + "::"))
+        picked += rng.sample(live, min(keys, len(live)))
+    for _ in range(versions):
+        docs = {}
+        for k in picked:
+            work.versions[k] += 1
+            docs[k] = make_doc(k, work.versions[k], work.seed)
+        loader.upsert(docs)
+    return len(picked) * versions
 
 
 def add_command(sub) -> None:

@@ -103,3 +103,65 @@ def test_errors_exit_with_a_message(server):
 def test_parse_vbuckets():
     assert parse_vbuckets("0-3,10,2") == [0, 1, 2, 3, 10]
     assert parse_vbuckets(None) is None
+
+
+def test_collection_filters_and_history_label_each_line(server, writer):
+    from .test_collections import FEATURES, change, cid_of, put
+    change(server, lambda m: m.add_scope("shop"))
+    change(server, lambda m: m.add_collection("shop", "orders", history=True))
+    change(server, lambda m: m.add_collection("shop", "users"))
+    orders, users = cid_of(server, "shop", "orders"), cid_of(server, "shop", "users")
+    write(writer, 5)  # the default collection
+    with server.login(features=FEATURES) as w:
+        for i in range(3):
+            put(w, orders, b"o1", b'{"v":%d}' % i)
+        put(w, users, b"u1")
+    hist = tail(url(server.port), "--until", "now", "--collection", "shop.orders", "--history")
+    assert hist.returncode == 0, hist.stderr
+    got = lines(hist.stdout)
+    docs = [d for d in got if d["event"] == "mutation"]
+    assert [(d["scope"], d["collection"], d["key"], d["value"]) for d in docs] == [
+        ("shop", "orders", "o1", {"v": i}) for i in range(3)]
+    assert {(d["kind"], d["collection"]) for d in got if d["event"] == "system"} == {("collection_created", "orders")}
+    scope = tail(url(server.port), "--until", "now", "--scope", "shop")
+    assert scope.returncode == 0, scope.stderr
+    assert sorted((d["collection"], d["key"]) for d in lines(scope.stdout) if d["event"] == "mutation") == [
+        ("orders", "o1"), ("users", "u1")]  # without --history: one version of o1
+    bare = tail(url(server.port), "--until", "now", "--scope", "shop", "--collection", "users", "--format", "table")
+    assert bare.returncode == 0 and [r.split()[3] for r in bare.stdout.splitlines()[1:] if r.startswith("mutation")] \
+        == ["u1"]
+    everything = lines(tail(url(server.port), "--until", "now").stdout)
+    assert {(d["scope"], d["collection"]) for d in everything if d["event"] == "mutation"} == {
+        ("_default", "_default"), ("shop", "orders"), ("shop", "users")}
+    missing = tail(url(server.port), "--until", "now", "--collection", "shop.nope")
+    assert missing.returncode == 1 and "shop.nope" in missing.stderr
+
+
+def test_json_lines_from_batches_match_the_per_row_format():
+    """The column-wise lines parse to what row_json (the format's definition) gives, for rows that
+    take the fast way and rows that do not (binary values, keys to escape, multi-line JSON)."""
+    import pyarrow as pa
+
+    from dcpflow.client.batches import SCHEMA
+    from dcpflow.client.jsonlines import format_batch, row_json
+
+    def row(**kw):
+        base = dict(vbucket=3, seqno=9, vbuuid=-5, key=b"k", value=b'{"a":1}', event="mutation", cas=-2,
+                    rev_seqno=4, flags=7, expiry=11, datatype=1, snapshot_start=1, snapshot_end=9, collection_id=8,
+                    delete_time=0)
+        base.update(kw)
+        return base
+    rows = [row(), row(key="é".encode()), row(key=b'q"uote\\'), row(key=b"\xff\xfe"),
+            row(value=b"\x00\x01", datatype=0), row(value=b"plain text", datatype=0),
+            row(value=b'{\n "a": [1, 2]\n}'), row(value=b"", datatype=0),
+            row(event="deletion", value=None, datatype=0, delete_time=77, flags=0, expiry=0),
+            row(event="expiration", value=None, datatype=0, delete_time=78, collection_id=0, flags=0, expiry=0)]
+    batch = pa.RecordBatch.from_pylist(rows, schema=SCHEMA)
+    names = {8: ("shop", "orders"), 0: ("_default", "_default")}.get
+    out = bytes(format_batch(batch, names)).decode()
+    assert out.endswith("\n") and out.count("\n") == len(rows)
+    expected = [row_json(r["event"], r["vbucket"], r["seqno"], r["key"], r["value"], r["cas"] & (2**64 - 1),
+                         r["rev_seqno"], r["flags"], r["expiry"], r["datatype"], r["collection_id"], r["delete_time"],
+                         *names(r["collection_id"])) for r in rows]
+    assert [json.loads(line) for line in out.splitlines()] == expected
+    assert expected[0]["cas"] == 2**64 - 2 and expected[3]["key"].startswith("base64:")

@@ -117,7 +117,7 @@ CONTROLS = [
     ("set_priority", "medium", Status.SUCCESS),
     ("set_priority", "low", Status.SUCCESS),
     ("set_priority", "urgent", Status.EINVAL),
-    ("force_value_compression", "true", Status.EINVAL),  # needs HELLO Snappy, never granted here
+    ("force_value_compression", "true", Status.EINVAL),  # needs HELLO Snappy, which this connection lacks
     ("supports_cursor_dropping", "true", Status.SUCCESS),
     ("supports_cursor_dropping_vulcan", "true", Status.SUCCESS),
     ("supports_hifi_MFU", "true", Status.SUCCESS),

@@ -361,8 +361,8 @@ def a_store_with_a_document(path) -> None:
     s.close()
 
 
-def test_a_new_store_is_schema_version_2(tmp_path):
-    assert SCHEMA_VERSION == 2
+def test_a_new_store_is_schema_version_3(tmp_path):
+    assert SCHEMA_VERSION == 3
     s = Store(tmp_path / "s.sqlite3", synchronous="NORMAL")
     s.close()
     assert user_version(tmp_path / "s.sqlite3") == SCHEMA_VERSION
@@ -371,14 +371,14 @@ def test_a_new_store_is_schema_version_2(tmp_path):
     assert user_version(tmp_path / "s.sqlite3") == SCHEMA_VERSION
 
 
-@pytest.mark.parametrize("version", [3, 7, -1])
+@pytest.mark.parametrize("version", [4, 7, -1])
 def test_a_store_of_another_version_is_refused_and_left_unchanged(tmp_path, version):
     path = tmp_path / "s.sqlite3"
     a_store_with_a_document(path)
     set_user_version(path, version)
     before = file_state(path)
     with pytest.raises(StoreVersionError, match=rf"has schema version {version}; this dcpflow reads schema "
-                                                rf"versions 1 to 2") as e:
+                                                rf"versions 1 to 3") as e:
         Store(path, synchronous="NORMAL")
     assert ("a newer dcpflow wrote it" in str(e.value)) == (version > SCHEMA_VERSION)
     assert isinstance(e.value, ValueError)  # `dcpflow server` reports it as "cannot start: ..."
@@ -387,10 +387,10 @@ def test_a_store_of_another_version_is_refused_and_left_unchanged(tmp_path, vers
 
 def test_an_empty_file_of_a_newer_version_gets_no_tables(tmp_path):
     path = tmp_path / "s.sqlite3"
-    set_user_version(path, 3)
-    with pytest.raises(StoreVersionError, match="schema version 3"):
+    set_user_version(path, 4)
+    with pytest.raises(StoreVersionError, match="schema version 4"):
         Store(path, synchronous="NORMAL")
-    assert file_state(path) == (3, [], {})
+    assert file_state(path) == (4, [], {})
 
 
 def a_version_1_store(path, *, stamp: int = 1) -> None:
@@ -416,12 +416,12 @@ def a_version_1_store(path, *, stamp: int = 1) -> None:
 @pytest.mark.parametrize("stamp", [1, 0], ids=["version 1", "unversioned, laid out as version 1"])
 def test_a_version_1_store_is_migrated_in_one_step_and_keeps_its_data(tmp_path, stamp):
     """Version 1 had no collections: its documents are the default collection's, its history
-    still rolls back, and the file is laid out as a new version 2 store is."""
+    still rolls back, and the file is laid out as a new store is (migrated through every version)."""
     path = tmp_path / "s.sqlite3"
     a_version_1_store(path, stamp=stamp)
     s = Store(path, synchronous="NORMAL")
     try:
-        assert user_version(path) == SCHEMA_VERSION == 2
+        assert user_version(path) == SCHEMA_VERSION == 3
         got = s.get(0, b"k")
         assert (got.value, got.cas, got.by_seqno, got.cid) == (b"v2", 30, 3, 0)
         assert s.get(0, b"k", cid=8) is None

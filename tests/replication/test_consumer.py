@@ -489,3 +489,17 @@ def test_dcp_stats_show_consumer_streams(replica, peers):
     assert stats[pre + "type"] == "consumer"
     assert stats[pre + "stream_1_last_received_seqno"] == "1"
     assert stats[pre + "stream_1_state"] == "reading"
+
+
+def test_snappy_values_from_a_producer_are_stored_inflated(replica, peers):
+    """A producer that compresses (force_value_compression) sends datatype Snappy: the replica
+    keeps the inflated value and the rest of the datatype, as every other write path does."""
+    from dcpflow.protocol import snappy
+    p = peers()
+    s = p.open_stream(1)
+    doc = b'{"text":"' + b"z" * 300 + b'"}'
+    p.push(dcp.DcpSnapshotMarker(1, 1, 1, SnapshotFlag.MEMORY | SnapshotFlag.CHECKPOINT, opaque=s),
+           mutation(1, 1, b"zz", snappy.compress(doc), opaque=s, datatype=0x03))
+    wait_until(lambda: vb_of(replica, 1).high_seqno == 1)
+    item = vb_of(replica, 1).ht[b"zz"]
+    assert item.value == doc and item.datatype == 0x01

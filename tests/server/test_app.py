@@ -168,13 +168,13 @@ def test_cli_refuses_a_store_of_a_newer_schema_version(tmp_path, spawn_server):
     assert first.terminate() == 0
     path = tmp_path / "default" / "store.sqlite3"
     db = sqlite3.connect(path)
-    db.execute("PRAGMA user_version = 3")
+    db.execute("PRAGMA user_version = 4")
     db.close()
-    with pytest.raises(AssertionError, match=r"cannot start: store .*store.sqlite3 has schema version 3; "
-                                             r"this dcpflow reads schema versions 1 to 2"):
+    with pytest.raises(AssertionError, match=r"cannot start: store .*store.sqlite3 has schema version 4; "
+                                             r"this dcpflow reads schema versions 1 to 3"):
         ServerProcess(["--data-dir", str(tmp_path)])
     db = sqlite3.connect(path)
-    assert db.execute("PRAGMA user_version").fetchone() == (3,)
+    assert db.execute("PRAGMA user_version").fetchone() == (4,)
     db.close()
 
 

@@ -16,8 +16,9 @@ from dcpflow.protocol.status import Status
 from .client import SDK_FEATURES, Closed
 
 GRANTED_TO_SDK = (Feature.TCP_NODELAY, Feature.XATTR, Feature.XERROR, Feature.SELECT_BUCKET, Feature.JSON,
-                  Feature.ALT_REQUEST_SUPPORT, Feature.COLLECTIONS, Feature.PRESERVE_TTL,
-                  Feature.DEDUPE_NOT_MY_VBUCKET_CLUSTERMAP, Feature.MUTATION_SEQNO)
+                  Feature.ALT_REQUEST_SUPPORT, Feature.VATTR, Feature.COLLECTIONS, Feature.SUBDOC_CREATE_AS_DELETED,
+                  Feature.PRESERVE_TTL, Feature.SUBDOC_REPLICA_READ, Feature.SUBDOC_BINARY_XATTR,
+                  Feature.DEDUPE_NOT_MY_VBUCKET_CLUSTERMAP, Feature.SNAPPY, Feature.MUTATION_SEQNO)
 
 
 def test_hello_grants_only_what_is_implemented_in_request_order(server):
@@ -25,7 +26,7 @@ def test_hello_grants_only_what_is_implemented_in_request_order(server):
         assert c.hello(*SDK_FEATURES) == GRANTED_TO_SDK
         # never TLS on a plain socket, never retired codes, no clustermap push without Duplex
         assert c.hello(Feature.TLS, Feature.DATATYPE_RETIRED, Feature.CLUSTERMAP_CHANGE_NOTIFICATION,
-                       Feature.SNAPPY, 0x7777) == ()
+                       0x7777) == ()
         # a second HELLO replaces the set
         assert c.hello(Feature.MUTATION_SEQNO) == (Feature.MUTATION_SEQNO,)
 

@@ -193,3 +193,17 @@ def test_with_meta_on_a_replica_vbucket_is_not_my_vbucket(server, xdcr):
         admin.call(Opcode.SET_VBUCKET, extras=b"\x02", vbucket=xdcr.vbucket_of(b"r"))
     reply = swm(xdcr, b"r", rev_seqno=1, meta_cas=REMOTE_CAS, options=FORCE)
     assert reply.status == Status.NOT_MY_VBUCKET and reply.value.startswith(b"{")
+
+
+def test_set_with_meta_of_an_empty_value_stores_an_empty_document(xdcr):
+    """An empty value is a valid document, and kv_engine validates *WithMeta values of any length
+    (set_with_meta.md gives no lower bound), so a replicator can copy an empty document with its
+    metadata; GET then reads the empty body and GET_META the metadata that was sent."""
+    reply = swm(xdcr, b"empty", b"", flags=3, rev_seqno=5, meta_cas=REMOTE_CAS)
+    assert reply.status == Status.SUCCESS and reply.cas == REMOTE_CAS
+    got = xdcr.get(b"empty")
+    assert got.status == Status.SUCCESS and got.value == b""
+    meta = get_meta(xdcr, b"empty")
+    assert (meta.deleted, meta.flags, meta.rev_seqno, meta.cas) == (0, 3, 5, REMOTE_CAS)
+    add = swm(xdcr, b"empty-add", b"", rev_seqno=1, meta_cas=REMOTE_CAS, opcode=Opcode.ADD_WITH_META)
+    assert add.status == Status.SUCCESS and xdcr.get(b"empty-add").value == b""

@@ -81,3 +81,24 @@ def test_the_batch_behind_an_idle_report_is_read_when_the_next_one_is_already_th
     assert [r.batch_id for r in reader.batches()] == [5]
     q.poll = 2
     assert [(r.batch_id, r.rows) for r in reader.batches()] == [(6, 70), (7, 80)]
+
+
+def test_reports_that_came_through_spark_connect_count_their_rows_per_source():
+    """Over Spark Connect a progress report's top-level `numInputRows` is None (the JSON carries
+    it per source only); the reader must still see the batch and its rows."""
+    from pyspark.sql.streaming.listener import StreamingQueryProgress
+
+    def connect_report(batch_id, t, rows):
+        j = dict(report(batch_id, t, rows), id="00000000-0000-0000-0000-000000000001",
+                 runId="00000000-0000-0000-0000-000000000002", name="q", batchDuration=1500, stateOperators=[],
+                 sink={"description": "FileSink", "numOutputRows": -1, "metrics": {}})
+        del j["numInputRows"]
+        j["sources"] = [{"description": "dcp", "startOffset": None, "endOffset": None, "latestOffset": None,
+                         "numInputRows": rows, "inputRowsPerSecond": 1.0, "processedRowsPerSecond": 1.0,
+                         "metrics": {}}]
+        return StreamingQueryProgress.fromJson(j)
+
+    reports = [connect_report(0, 1, 40), connect_report(1, 2, 0), connect_report(2, 3, 25)]
+    assert reports[0]["numInputRows"] is None and reports[0].numInputRows == 40
+    got = follow(ScriptedQuery([reports[:1], reports[:2], reports]), "changelog", poll=0)
+    assert [(r.batch_id, r.rows) for r in got] == [(0, 40), (2, 25)]

@@ -100,7 +100,8 @@ def spark_schema(value_type=None, key_type=None):
         *[StructField(n, LongType(), nn) for n in ("cas", "rev_seqno", "flags", "expiry")],
         StructField("datatype", IntegerType(), nn), StructField("snapshot_start", LongType(), nn),
         StructField("snapshot_end", LongType(), nn), StructField("_change_type", StringType(), nn),
-        StructField("_commit_version", LongType(), nn)])
+        StructField("_commit_version", LongType(), nn), StructField("scope", StringType(), nn),
+        StructField("collection", StringType(), nn), StructField("collection_id", LongType(), nn)])
 
 
 def client_batch(rows):

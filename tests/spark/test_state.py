@@ -17,7 +17,8 @@ NUM_VB = 4
 
 def change(vb, seqno, key, event, version, value=None, vbuuid=77):
     ct = {"mutation": "upsert", "deletion": "delete", "expiration": "delete", "rollback": "rollback"}[event]
-    return (vb, seqno, vbuuid, key, value, event, seqno * 10, 1, 0, 0, 1, seqno, seqno, ct, version)
+    return (vb, seqno, vbuuid, key, value, event, seqno * 10, 1, 0, 0, 1, seqno, seqno, ct, version, "_default",
+            "_default", 0)
 
 
 class Model:

@@ -22,6 +22,7 @@ _EXPORTS = {
     **dict.fromkeys(("Deletion", "Expiration", "Mutation", "Rollback", "SnapshotMarker", "StreamEnd", "SystemEvent"),
                     "events"),
     "BEGINNING": "offsets", "Offset": "offsets",
+    **dict.fromkeys(("Filter", "FilterError", "Manifest"), "manifest"),
     **dict.fromkeys(("ClientState", "JsonFileStore", "MemoryStore", "StateStore"), "state"),
     "SCHEMA": "batches",  # pyarrow is optional
 }
@@ -29,6 +30,7 @@ _EXPORTS = {
 __all__ = [
     "BEGINNING", "AuthenticationError", "BucketError", "ClientError", "ClientState", "ConnSpec", "ConnectError",
     "ConnectionLostError", "ConnectionStringError", "DcpClient", "DeadConnectionError", "Deletion", "Expiration",
+    "Filter", "FilterError", "Manifest",
     "JsonFileStore", "MemoryStore", "Mutation", "Offset", "Rollback", "RollbackError", "ServerError", "SnapshotMarker",
     "StateStore", "StateStoreError", "StreamEnd", "StreamError", "SystemEvent", "parse_connection_string",
 ]

@@ -42,7 +42,8 @@ from dcpflow.protocol.frame import HEADER_FIELDS, HEADER_LEN, Field, decode_all
 from dcpflow.protocol.keys import decode_leb128
 from dcpflow.protocol.opcodes import Opcode
 
-from .streams import ADVANCED, ITEM, SNAPSHOT, Feed
+from .events import system_event
+from .streams import ADVANCED, ITEM, MANIFEST, SNAPSHOT, Feed
 
 SCHEMA = pa.schema([
     pa.field("vbucket", pa.int32(), nullable=False),
@@ -163,8 +164,11 @@ def binary_column(bufs: list[pa.Buffer], u8s: list[np.ndarray], sid: np.ndarray,
 class BatchBuilder:
     """Decodes groups of segments of one Feed into RecordBatches of SCHEMA."""
 
-    def __init__(self, feed: Feed, end_filter: dict[int, int] | None = None):
+    def __init__(self, feed: Feed, end_filter: dict[int, int] | None = None, names=None,
+                 system_events: list | None = None):
         self.feed = feed
+        self.names = names
+        self.system_events = system_events  # where typed SystemEvents go (None: not kept)
         size = max(feed.streams, default=0) + 1
         self.size = max(size, 1024)
         self.end = None
@@ -298,6 +302,12 @@ class BatchBuilder:
                 tr.seqno_advanced(msg.by_seqno)
                 steps.append((ADVANCED, v, msg.by_seqno))
             elif type(msg) is DcpSystemEvent:
+                ev = system_event(v, msg.by_seqno, msg.event, msg.version, msg.key, msg.value, tr.vbuuid, self.names)
+                if ev.manifest_uid is not None:
+                    tr.saw_manifest(ev.manifest_uid)
+                    steps.append((MANIFEST, v, ev.manifest_uid))
+                if self.system_events is not None and (self.end is None or msg.by_seqno <= int(self.end[v])):
+                    self.system_events.append(ev)
                 tr.item(msg.by_seqno)
                 steps.append((ITEM, v, msg.by_seqno))
         for v in np.flatnonzero(last[nc:]):

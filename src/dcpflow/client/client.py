@@ -29,6 +29,7 @@ from .errors import (
     ServerError,
     status_name,
 )
+from .manifest import Filter, Manifest, Names
 from .offsets import Offset
 from .reader import BatchReader, EventStream
 from .state import ClientState, StateStore
@@ -50,13 +51,14 @@ class DcpClient:
     """A client of one bucket. Use `await DcpClient.connect(...)`, or `async with` it."""
 
     def __init__(self, spec: ConnSpec, username: str, password: str, bucket: str, options: dict,
-                 agent: str = "dcpflow"):
+                 agent: str = "dcpflow", features: tuple[int, ...] | None = None):
         self.spec = spec
         self.username = username
         self.password = password
         self.bucket = bucket
         self.options = {**DEFAULTS, **options}
         self.agent = agent
+        self.features = None if features is None else tuple(features)  # None: connection.FEATURES
         self.cluster_map: ClusterMap | None = None
         self._tls = tls_context(self.options["ca_file"], self.options["tls_verify"]) if spec.tls else None
         self._kv: dict[tuple[str, int], Connection] = {}
@@ -65,13 +67,17 @@ class DcpClient:
         self._map_time = 0.0
         self._readers: set = set()
         self._closed = False
+        #: the names of every collection and scope id this client has seen (manifest.Names)
+        self.names = Names()
 
     # -- connecting --------------------------------------------------------------------------
     @classmethod
     async def connect(cls, connstr: str, username: str | None = None, password: str | None = None, *,
-                      bucket: str | None = None, agent: str = "dcpflow", **options) -> "DcpClient":
+                      bucket: str | None = None, agent: str = "dcpflow", features: tuple[int, ...] | None = None,
+                      **options) -> "DcpClient":
         """Connect and bootstrap. Keyword `options` override the connection string's (buffer_size,
-        noop_interval, connect_timeout, reconnect_timeout, sasl_mech_force, ca_file, tls_verify)."""
+        noop_interval, connect_timeout, reconnect_timeout, sasl_mech_force, ca_file, tls_verify).
+        `features` are the HELLO features every connection asks for."""
         spec = parse_connection_string(connstr)
         bucket = bucket or spec.bucket
         if not bucket:
@@ -83,7 +89,7 @@ class DcpClient:
         if unknown:
             raise TypeError(f"unknown option(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(DEFAULTS))}")
         merged = {**spec.options, **{k: v for k, v in options.items() if v is not None}}
-        client = cls(spec, username, password, bucket, merged, agent)
+        client = cls(spec, username, password, bucket, merged, agent, features)
         try:
             await client._bootstrap()
         except BaseException:
@@ -104,7 +110,7 @@ class DcpClient:
         try:
             result = await bootstrap(conn, username=self.username, password=self.password, bucket=self.bucket,
                                      mechanism=self.options["sasl_mech_force"], agent=self.agent, timeout=timeout,
-                                     fetch_map=fetch_map)
+                                     fetch_map=fetch_map, features=self.features)
         except BaseException:
             conn.close()
             raise
@@ -202,6 +208,10 @@ class DcpClient:
         if node is None or node.kv_ssl_port is None:
             raise ConnectError(f"node {cmap.server_list[index]} has no TLS KV port (kvSSL) in the cluster map")
         return host, node.kv_ssl_port
+
+    async def kv_connection(self, address: tuple[str, int]) -> Connection:
+        """The KV connection kept to a node (made on first use), for requests of the caller's own."""
+        return await self._kv_conn(address)
 
     async def _kv_conn(self, address: tuple[str, int]) -> Connection:
         conn = self._kv.get(address)
@@ -302,6 +312,40 @@ class DcpClient:
         logs, highs = await asyncio.gather(self.failover_logs(vbs), self.high_seqnos(vbs))
         return {vb: Offset.at(logs[vb][0][0] if logs[vb] else 0, highs[vb]) for vb in vbs}
 
+    @property
+    def collections_enabled(self) -> bool:
+        """The server negotiated HELLO Collections (7.x; dcpflow server)."""
+        return any(c.collections for c in self._kv.values())
+
+    async def manifest(self) -> Manifest:
+        """The bucket's collections manifest now (GET_COLLECTIONS_MANIFEST 0xba); a server without
+        collections has only `_default._default`. Its names are remembered in `names`."""
+        conn = None
+        for address in list(self._kv) + [self._node_address(i) for i in range(len(self.cluster_map.server_list))]:
+            with contextlib.suppress(ConnectError, ConnectionLostError):
+                conn = await self._kv_conn(address)
+                break
+        if conn is None:
+            raise ConnectError("no node reachable to ask for the collections manifest")
+        if not conn.collections:
+            return Manifest.default()
+        reply = await conn.call(RawRequest(Opcode.COLLECTIONS_GET_MANIFEST), self.options["connect_timeout"])
+        if reply.status != Status.SUCCESS:
+            ctx = kvproto.error_context(reply)
+            raise ServerError(f"{conn.label}: GET_COLLECTIONS_MANIFEST failed with {status_name(reply.status)}"
+                              + (f": {ctx}" if ctx else ""), reply.status)
+        try:
+            manifest = Manifest.from_json(reply.value)
+        except ValueError as e:
+            raise ServerError(f"{conn.label}: {e}") from None
+        self.names.learn(manifest)
+        return manifest
+
+    @staticmethod
+    def _filter_options(scope, collections, history) -> dict:
+        flt = Filter.build(scope, collections)
+        return {"filter": flt if flt.active else None, "history": bool(history)}
+
     # -- reading -----------------------------------------------------------------------------
     def _feed_options(self, rollback: str, ignore_purged_tombstones: bool, **extra) -> FeedOptions:
         return FeedOptions(rollback=rollback, ignore_purged_tombstones=ignore_purged_tombstones,
@@ -356,7 +400,8 @@ class DcpClient:
 
     def events(self, vbuckets=None, *, start="beginning", end=None, state: StateStore | None = None,
                rollback: str = "resume", markers: bool = False, save_interval: float | None = None,
-               ignore_purged_tombstones: bool = False) -> EventStream:
+               ignore_purged_tombstones: bool = False, scope: str | None = None, collections=None,
+               history: bool = False, include_xattrs: bool = False, sync_writes: bool = False) -> EventStream:
         """Changes one by one (events.py): `async for event in client.events(...)`.
 
         start: "beginning", "now", "saved" (from `state`), or {vbucket: Offset}; end: None
@@ -369,13 +414,31 @@ class DcpClient:
         chose (a planned range), and silently ending short would return less than was asked for.
         rollback: "resume" (yield a Rollback event, then continue from the rollback point) or
         "raise" (RollbackError). With `state`, offsets are saved every `save_interval` seconds
-        (if given) and when the stream ends; `await stream.save()` saves on demand."""
+        (if given) and when the stream ends; `await stream.save()` saves on demand.
+
+        scope / collections: stream one scope (by name), or collections by name ("scope.collection",
+        a list or a comma-separated string); resolved to ids through the bucket's manifest when the
+        read starts (every name must exist then; FilterError). A vbucket whose filtered collections
+        are all dropped ends with a StreamEnd whose reason is FILTER_EMPTY. history: change streams
+        - collections with history=true send every retained version (document events say so in
+        `history` and `may_duplicate_keys`); needs a 7.2+ server.
+        include_xattrs: values carry their xattrs (datatype XATTR), as a replicator needs them.
+
+        The events are the committed versions only (what a GET can read): a sync write's value
+        arrives once committed, as a Mutation or Deletion. `sync_writes=True` (for tools that
+        watch sync replication) adds its Prepare, Commit and Abort events (events.py); the saved
+        offsets then stay at the last safe point before an open prepare, so a resumed read gets
+        the prepare again rather than a commit of a value it never saw."""
+        extra = self._filter_options(scope, collections, history)
+        extra["sync_writes"] = bool(sync_writes)
+        extra["include_xattrs"] = bool(include_xattrs)
         return EventStream(self, vbuckets, start, end, state, rollback, markers, save_interval,
-                           ignore_purged_tombstones)
+                           ignore_purged_tombstones, extra)
 
     def batches(self, ranges: dict | None = None, end=None, max_rows: int = 65536, *, vbuckets=None,
                 start=None, rollback: str = "raise", flush_interval: float | None = None,
-                ignore_purged_tombstones: bool = False, max_bytes: int = 64 * 1024 * 1024) -> BatchReader:
+                ignore_purged_tombstones: bool = False, max_bytes: int = 64 * 1024 * 1024, scope: str | None = None,
+                collections=None, history: bool = False, purge_seqnos: dict[int, int] | None = None) -> BatchReader:
         """Changes as Arrow RecordBatches of batches.SCHEMA: `async for batch in client.batches(...)`.
 
         `ranges` {vbucket: Offset} are the exclusive starts and `end` {vbucket: seqno} the inclusive
@@ -384,11 +447,15 @@ class DcpClient:
         snapshot is gone). `end` may also be "now", or None to stream without end (batches are then
         flushed after `flush_interval`, default 0.5 s). `reader.offsets` gives where each vbucket
         stands; after a complete bounded read, the offset at its end seqno. A batch also stops
-        growing at about `max_bytes` of DCP messages (64 MiB)."""
+        growing at about `max_bytes` of DCP messages (64 MiB). `scope`, `collections` and `history`
+        as for events(); the read's system events are in `reader.system_events`. `purge_seqnos`
+        {vbucket: seqno} saved by an earlier read are sent on resume (reader.purge_seqnos has the
+        current ones)."""
         if ranges is None and start is None:
             raise ValueError("batches() needs ranges={vbucket: Offset} (or start=...)")
         return BatchReader(self, ranges if ranges is not None else start, end, max_rows, vbuckets, rollback,
-                           flush_interval, ignore_purged_tombstones, max_bytes)
+                           flush_interval, ignore_purged_tombstones, max_bytes,
+                           self._filter_options(scope, collections, history), purge_seqnos)
 
     async def close(self) -> None:
         if self._closed:

@@ -155,6 +155,7 @@ class Connection(asyncio.BufferedProtocol):
             if isinstance(waiter, asyncio.Future):
                 if not waiter.done():
                     waiter.set_exception(err)
+                    waiter.exception()  # seen: whoever awaits it gets the loss; on_lost reports it
             else:
                 try:
                     waiter(None)
@@ -439,10 +440,12 @@ class BootstrapResult(NamedTuple):
 
 async def bootstrap(conn: Connection, *, username: str, password: str, bucket: str | None,
                     mechanism: str = "SCRAM-SHA512", agent: str = "dcpflow", timeout: float = 10.0,
-                    fetch_map: bool = True) -> BootstrapResult:
-    """HELLO, SASL, SELECT_BUCKET and GET_CLUSTER_CONFIG, pipelined as the official SDKs do."""
+                    fetch_map: bool = True, features: tuple[int, ...] | None = None) -> BootstrapResult:
+    """HELLO, SASL, SELECT_BUCKET and GET_CLUSTER_CONFIG, pipelined as the official SDKs do.
+    `features` are what HELLO asks for (default FEATURES, read at call time; a writer adds
+    MUTATION_SEQNO to learn where its writes landed)."""
     agent_json = json.dumps({"a": f"{agent}/dcpflow-client", "i": os.urandom(8).hex()}).encode()
-    hello = conn.request(kvproto.Hello(agent_json, FEATURES))
+    hello = conn.request(kvproto.Hello(agent_json, tuple(FEATURES if features is None else features)))
     if mechanism == "PLAIN":
         auth = conn.request(kvproto.SaslAuth(b"PLAIN", plain_payload(username, password)))
         scram = None
@@ -504,9 +507,13 @@ OPEN_FLAGS = OpenFlag.PRODUCER | OpenFlag.INCLUDE_DELETE_TIMES
 
 
 async def open_dcp(conn: Connection, name: str, *, buffer_size: int, noop_interval: float,
-                   flags: int = OPEN_FLAGS, timeout: float = 10.0) -> dict[str, int]:
+                   flags: int = OPEN_FLAGS, timeout: float = 10.0, history: bool = False,
+                   sync_writes: bool = False) -> dict[str, int]:
     """DCP_OPEN and the controls a production client sends (https://github.com/couchbase/kv_engine/blob/master/docs/dcp/documentation/recommended-apis.md).
-    Required controls failing is fatal; optional ones are reported in the returned dict."""
+    Required controls failing is fatal; optional ones are reported in the returned dict. With
+    collections, system events are asked for as FlatBuffers (they then include modify-collection
+    and the history setting; a server that refuses sends the legacy structs), and `history` asks
+    for change streams (`change_streams`, 7.2+), which is then required."""
     reply = await conn.call(DcpOpen(name.encode(), flags), timeout)
     if reply.status != Status.SUCCESS:
         if reply.status == Status.EACCESS:
@@ -517,11 +524,16 @@ async def open_dcp(conn: Connection, name: str, *, buffer_size: int, noop_interv
                 (b"set_noop_interval", f"{noop_interval:g}".encode()),
                 (b"send_stream_end_on_client_close_stream", b"true"),
                 (b"enable_expiry_opcode", b"true")]
+    if sync_writes:  # prepares, commits and aborts too (a tool's choice: readers see committed data by default)
+        required.append((b"enable_sync_writes", b"true"))
     # A slow reader may have its checkpoint cursor dropped (its stream goes back to disk, which the
     # client handles like any disk snapshot) rather than pin the server's checkpoint memory.
     optional = [(b"set_priority", b"medium"), (b"supports_cursor_dropping_vulcan", b"true")]
     if conn.collections:
         optional.append((b"max_marker_version", b"2.2"))
+        optional.append((b"flatbuffers_system_events", b"true"))
+        if history:
+            required.append((b"change_streams", b"true"))
     with conn.corked():
         futures = [(k, v, conn.request(DcpControl(k, v))) for k, v in required + optional]
     results = {}

@@ -281,6 +281,12 @@ class VbTracker:
             start = marker[0]
             self._pos = (self.vbuuid, seqno, start if start <= seqno else seqno, marker[1])
 
+    def saw_manifest(self, uid: int) -> None:
+        """A system event of manifest `uid` (before its item() step): offsets from here on carry
+        it, so a resumed stream is not sent the events already seen (stream-request-value.md)."""
+        if self.manifest_uid is None or uid > self.manifest_uid:
+            self.manifest_uid = uid
+
     def seqno_advanced(self, seqno: int) -> None:
         marker = self.marker
         if marker is None:

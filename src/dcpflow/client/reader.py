@@ -13,10 +13,13 @@ import contextlib
 import time
 
 from dcpflow.protocol.dcp import (
+    DcpAbort,
+    DcpCommit,
     DcpDecoder,
     DcpDeletion,
     DcpExpiration,
     DcpMutation,
+    DcpPrepare,
     DcpSeqnoAdvanced,
     DcpSnapshotMarker,
     DcpStreamEnd,
@@ -25,7 +28,7 @@ from dcpflow.protocol.dcp import (
 from dcpflow.protocol.keys import decode_leb128
 
 from .connection import Segment
-from .events import Deletion, Expiration, Mutation, SnapshotMarker, SystemEvent
+from .events import Abort, Commit, Deletion, Expiration, Mutation, Prepare, SnapshotMarker, system_event
 from .offsets import Offset
 from .streams import TIMEOUT, ConnLost, Feed, NewEnd, replay
 
@@ -82,8 +85,11 @@ class _Reader:
     def stats(self) -> dict:
         return dict(self.feed.stats) if self.feed is not None else {}
 
-    async def _open(self, vbuckets, start, end, state, rollback, ignore_purged, **feed_extra):
+    async def _open(self, vbuckets, start, end, state, rollback, ignore_purged, purge_seqnos=None, **feed_extra):
+        """Resolve the read's starts and ends and start its Feed; `feed_extra` are FeedOptions
+        (filter, history...)."""
         starts, ends, purge, loaded = await self.client._resolve(vbuckets, start, end, state)
+        purge.update(purge_seqnos or {})
         self.starts, self.ends = starts, ends
         options = self.client._feed_options(rollback, ignore_purged, **feed_extra)
         self.feed = Feed(self.client, starts, ends, options, purge, end_now=isinstance(end, str) and end == "now")
@@ -94,8 +100,10 @@ class _Reader:
 class EventStream(_Reader):
     """`async for event in client.events(...)`; see DcpClient.events."""
 
-    def __init__(self, client, vbuckets, start, end, state, rollback, markers, save_interval, ignore_purged):
+    def __init__(self, client, vbuckets, start, end, state, rollback, markers, save_interval, ignore_purged,
+                 feed_extra: dict | None = None):
         self._args = (vbuckets, start, end, state, rollback, ignore_purged)
+        self._feed_extra = feed_extra or {}
         self.state = state
         self.markers = markers
         self.save_interval = save_interval
@@ -109,7 +117,7 @@ class EventStream(_Reader):
         """The committed offset of each vbucket: a safe point at or before what was consumed."""
         if self.feed is None:
             return dict(self.starts)
-        return {vb: vs.consumed.committed for vb, vs in self.feed.streams.items()}
+        return {vb: vs.held if vs.held is not None else vs.consumed.committed for vb, vs in self.feed.streams.items()}
 
     def progress(self) -> tuple[int, int]:
         """(seqnos consumed, seqnos to reach) toward the high seqnos seen at the start."""
@@ -133,7 +141,7 @@ class EventStream(_Reader):
 
     async def _run(self):
         vbuckets, start, end, state, rollback, ignore_purged = self._args
-        self._loaded = await self._open(vbuckets, start, end, state, rollback, ignore_purged)
+        self._loaded = await self._open(vbuckets, start, end, state, rollback, ignore_purged, **self._feed_extra)
         # the ends themselves when bounded: a read bounded by "now" may lower them (streams.NewEnd)
         self.targets = self.ends if self.ends else await self.client.high_seqnos(list(self.starts))
         feed = self.feed
@@ -141,6 +149,8 @@ class EventStream(_Reader):
         markers = self.markers
         interval = self.save_interval
         timed = interval is not None and self.state is not None
+        names = self.client.names
+        flags: dict[int, int] = {}  # the flags of each vbucket's current snapshot
         try:
             while True:
                 if timed:  # an idle stream saves on time too: what was consumed must not wait for new data
@@ -172,7 +182,7 @@ class EventStream(_Reader):
                         cid, key = _split_key(msg.key) if coll else (0, msg.key)
                         event = _tn(Mutation, (vb, seq, key, msg.value, msg.cas, msg.rev_seqno, msg.flags,
                                                msg.expiration, msg.datatype, tr.vbuuid, m[0] if m else seq,
-                                               m[1] if m else seq, cid))
+                                               m[1] if m else seq, cid, flags.get(vb, 0)))
                         tr.item(seq)
                         yield event
                         vs.consumed.item(seq)
@@ -185,13 +195,38 @@ class EventStream(_Reader):
                         cls = Deletion if t is DcpDeletion else Expiration
                         event = _tn(cls, (vb, seq, key, msg.cas, msg.rev_seqno, msg.datatype, tr.vbuuid,
                                           m[0] if m else seq, m[1] if m else seq, cid, msg.delete_time or 0,
-                                          msg.value))
+                                          msg.value, flags.get(vb, 0)))
                         tr.item(seq)
                         yield event
+                        vs.consumed.item(seq)
+                    elif t is DcpPrepare or t is DcpCommit or t is DcpAbort:
+                        vs = streams[msg.vbucket]
+                        tr = vs.decoded
+                        cid, key = _split_key(msg.key) if coll else (0, msg.key)
+                        if t is DcpPrepare:
+                            seq = msg.by_seqno
+                            event = Prepare(msg.vbucket, seq, key, msg.value, msg.cas, msg.rev_seqno, msg.flags,
+                                            msg.expiration, msg.datatype, msg.durability_level, msg.deleted,
+                                            tr.vbuuid, cid)
+                        else:
+                            seq = msg.commit_seqno if t is DcpCommit else msg.abort_seqno
+                            event = (Commit if t is DcpCommit else Abort)(msg.vbucket, seq, key, msg.prepared_seqno,
+                                                                          tr.vbuuid, cid)
+                        tr.item(seq)
+                        yield event
+                        if t is DcpPrepare:
+                            if not vs.open_prepares:
+                                vs.held = vs.consumed.committed
+                            vs.open_prepares.add(seq)
+                        else:
+                            vs.open_prepares.discard(msg.prepared_seqno)
+                            if not vs.open_prepares:
+                                vs.held = None
                         vs.consumed.item(seq)
                     elif t is DcpSnapshotMarker:
                         vs = streams[msg.vbucket]
                         vs.decoded.snapshot(msg.start_seqno, msg.end_seqno)
+                        flags[msg.vbucket] = msg.flags
                         if msg.purge_seqno:
                             vs.decoded.purge_seqno = vs.consumed.purge_seqno = msg.purge_seqno
                         if markers:
@@ -209,9 +244,15 @@ class EventStream(_Reader):
                         vs.consumed.seqno_advanced(msg.by_seqno)
                     elif t is DcpSystemEvent:
                         vs = streams[msg.vbucket]
+                        event = system_event(msg.vbucket, msg.by_seqno, msg.event, msg.version, msg.key, msg.value,
+                                             vs.decoded.vbuuid, names)
+                        uid = event.manifest_uid
+                        if uid is not None:
+                            vs.decoded.saw_manifest(uid)
                         vs.decoded.item(msg.by_seqno)
-                        yield SystemEvent(msg.vbucket, msg.by_seqno, msg.event, msg.version, msg.key, msg.value,
-                                          vs.decoded.vbuuid)
+                        yield event
+                        if uid is not None:
+                            vs.consumed.saw_manifest(uid)
                         vs.consumed.item(msg.by_seqno)
                     # anything else in the bytes (noops, replies) was handled by the connection
                 feed.done_with(item)
@@ -247,7 +288,7 @@ class BatchReader(_Reader):
     """`async for batch in client.batches(...)`; see DcpClient.batches."""
 
     def __init__(self, client, ranges, end, max_rows, vbuckets, rollback, flush_interval, ignore_purged,
-                 max_bytes: int = 64 * 1024 * 1024):
+                 max_bytes: int = 64 * 1024 * 1024, feed_extra: dict | None = None, purge_seqnos=None):
         if not isinstance(max_rows, int) or max_rows < 1:
             raise ValueError(f"max_rows must be a positive integer, not {max_rows!r}")
         if not isinstance(max_bytes, int) or not 0 < max_bytes < 1 << 31:
@@ -258,7 +299,20 @@ class BatchReader(_Reader):
         self.bounded = end is not None
         self.flush_interval = flush_interval
         self.rollbacks: list = []  # Rollback events, with rollback="resume"
+        #: typed SystemEvents (collections created, dropped...) in stream order, as of the batches
+        #: yielded so far plus the one being built; the caller takes them (and may clear the list)
+        self.system_events: list = []
+        self._feed_extra = feed_extra or {}
+        self._purge_seqnos = purge_seqnos
         super().__init__(client)
+
+    @property
+    def purge_seqnos(self) -> dict[int, int]:
+        """The purge seqno each vbucket's stream last reported (V2.2 markers): save it with the
+        offsets, so a resume below it is not sent back to zero."""
+        if self.feed is None:
+            return dict(self._purge_seqnos or {})
+        return {vb: vs.consumed.purge_seqno for vb, vs in self.feed.streams.items() if vs.consumed.purge_seqno}
 
     @property
     def schema(self):
@@ -284,9 +338,9 @@ class BatchReader(_Reader):
 
         from .batches import BatchBuilder
         vbuckets, ranges, end, rollback, ignore_purged = self._args
-        await self._open(vbuckets, ranges, end, None, rollback, ignore_purged)
+        await self._open(vbuckets, ranges, end, None, rollback, ignore_purged, self._purge_seqnos, **self._feed_extra)
         feed = self.feed
-        builder = BatchBuilder(feed, self.ends if self.bounded else None)
+        builder = BatchBuilder(feed, self.ends if self.bounded else None, self.client.names, self.system_events)
         flush = self.flush_interval if self.flush_interval is not None else (None if self.bounded else 0.5)
         max_rows, max_bytes = self.max_rows, self.max_bytes
         pool = pa.default_memory_pool()

@@ -47,13 +47,14 @@ from dcpflow.protocol.dcp import (
     DcpStreamRequest,
     DcpStreamRequestResponse,
     FailoverLogResponse,
+    OpenFlag,
     StreamEndReason,
     StreamFlag,
 )
 from dcpflow.protocol.kv import error_context
 from dcpflow.protocol.status import Status
 
-from .connection import Connection, Segment, open_dcp
+from .connection import OPEN_FLAGS, Connection, Segment, open_dcp
 from .errors import (
     ClientError,
     ConnectError,
@@ -65,6 +66,7 @@ from .errors import (
     status_name,
 )
 from .events import Rollback, StreamEnd
+from .manifest import Filter, FilterError, Resolved
 from .offsets import U64_MAX, Offset, VbTracker
 
 log = logging.getLogger("dcpflow.client")
@@ -74,7 +76,7 @@ TIMEOUT = object()  # what Feed.next returns when its timeout passes
 _RETRY_LATER = frozenset({Status.ETMPFAIL, Status.EBUSY, Status.ENOMEM, Status.NOT_INITIALIZED})
 
 # Steps replayed on the `consumed` trackers: (kind, vbucket, argument).
-ITEM, SNAPSHOT, ADVANCED, END_OK, OPENED, ROLLED_BACK = range(6)
+ITEM, SNAPSHOT, ADVANCED, END_OK, OPENED, ROLLED_BACK, MANIFEST = range(7)
 
 
 FINISH, REOPEN = "finish", "reopen"
@@ -88,7 +90,8 @@ def end_action(reason: int, closed_by_us: bool) -> tuple[str, bool, float]:
     other reason reopens from where the stream stood: StateChanged and Disconnected after a map
     refresh (the vbucket may have moved), Slow and BackfillFail after a short pause, Rollback at
     once (the stream request then answers ROLLBACK), FilterEmpty and LostPrivileges at once (the
-    request then fails with an error naming the cause), and so does a reason we do not know."""
+    request then fails with an error naming the cause), and so does a reason we do not know. (A
+    Feed with a collections filter finishes a FilterEmpty stream itself: its collections are gone.)"""
     if reason == StreamEndReason.OK or (reason == StreamEndReason.CLOSED and closed_by_us):
         return FINISH, False, 0.0
     remap = reason in (StreamEndReason.STATE_CHANGED, StreamEndReason.DISCONNECTED)
@@ -119,6 +122,12 @@ class NewEnd(NamedTuple):
     end: int
 
 
+class FilterGone(NamedTuple):
+    """Every collection of a read's filter was dropped before its stream could reopen."""
+
+    vbucket: int
+
+
 class NoActiveCopy(ServerError):
     """The map has no active node for a vbucket (failover in progress): retried."""
 
@@ -129,7 +138,7 @@ class SeqnosUnavailable(ServerError):
 
 class VbStream:
     __slots__ = ("vbucket", "decoded", "consumed", "start", "end", "state", "conn", "closing", "failover_log",
-                 "retry_since", "opens")
+                 "retry_since", "opens", "open_prepares", "held")
 
     def __init__(self, vbucket: int, start: Offset, end: int):
         self.vbucket = vbucket
@@ -143,6 +152,11 @@ class VbStream:
         self.failover_log: tuple = ()
         self.retry_since: float | None = None
         self.opens = 0
+        # With sync writes: prepares consumed whose commit or abort was not (seqnos), and the
+        # committed offset from before the first of them - the safe point while they are open:
+        # resuming past a prepare would get its commit without the value it commits.
+        self.open_prepares: set[int] = set()
+        self.held: Offset | None = None
 
 
 def replay(streams: dict[int, VbStream], steps) -> None:
@@ -159,12 +173,16 @@ def replay(streams: dict[int, VbStream], steps) -> None:
             tr.stream_end_ok()
         elif kind == OPENED:
             tr.opened(arg)
+        elif kind == MANIFEST:
+            tr.saw_manifest(arg)
         else:
             tr.rolled_back(arg)
 
 
 class FeedOptions(NamedTuple):
     rollback: str = "resume"  # or "raise"
+    filter: Filter | None = None  # scope or collections by name (manifest.py)
+    history: bool = False  # change streams: every retained version of collections with history
     ignore_purged_tombstones: bool = False
     send_purge_seqno: bool = True
     buffer_size: int = 20 * 1024 * 1024
@@ -172,6 +190,8 @@ class FeedOptions(NamedTuple):
     dead_timeout: float | None = None
     reconnect_timeout: float = 120.0  # 0 = forever
     max_queued_bytes: int = 0  # pause reading above this (0: 2 x buffer, at least 8 MiB)
+    include_xattrs: bool = False  # documents arrive with their xattrs (a replicator copies them)
+    sync_writes: bool = False  # DCP_PREPARE / COMMIT / ABORT as well as the committed versions
 
 
 class Feed:
@@ -189,6 +209,7 @@ class Feed:
             vs.decoded.purge_seqno = vs.consumed.purge_seqno = (purge_seqnos or {}).get(vb, 0)
             self.streams[vb] = vs
         self.name = f"dcpflow:{client.agent}:{os.urandom(6).hex()}"
+        self.resolved: Resolved | None = None  # the filter's ids (set by start)
         self._queue: deque = deque()
         self._queued_bytes = 0
         self._wake = asyncio.Event()
@@ -206,6 +227,9 @@ class Feed:
 
     # -- lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:
+        flt = self.options.filter
+        if flt is not None and flt.active:
+            self.resolved = await self._resolve_filter(initial=True)
         self._watchdog = asyncio.create_task(self._watch())
         if self.streams:
             await self._open(list(self.streams.values()))
@@ -323,6 +347,14 @@ class Feed:
         if t is NewEnd:
             self.ends[notice.vbucket] = notice.end
             return None
+        if t is FilterGone:
+            vs = self.streams[notice.vbucket]
+            if vs.state == DONE:
+                return None
+            vs.state = DONE
+            self._done += 1
+            self.stats["stream_end_filter_empty"] += 1
+            return StreamEnd(notice.vbucket, StreamEndReason.FILTER_EMPTY, vs.decoded.committed)
         raise TypeError(f"unknown notice {notice!r}")
 
     def stream_end(self, vbucket: int, reason: int, steps: list):
@@ -333,6 +365,14 @@ class Feed:
         name = reason.name if isinstance(reason, StreamEndReason) else str(reason)
         self.stats[f"stream_end_{name.lower()}"] += 1
         if vs is None or vs.state == DONE:
+            return None
+        if reason == StreamEndReason.FILTER_EMPTY and self.resolved is not None:
+            # The filter's collections are gone from this vbucket: the manifest says which are
+            # left (finish if none, reopen with the rest). A stream without a filter cannot be
+            # emptied, so there the reason is handled like any other end (reopen).
+            vs.state = WAITING
+            vs.conn = None
+            self._spawn(self._refilter(vs))
             return None
         action, remap, delay = end_action(reason, vs.closing)
         if action == FINISH:
@@ -442,8 +482,14 @@ class Feed:
         try:
             conn.sink = self._on_segment
             conn.on_lost = self._on_conn_lost
+            if (self.resolved is not None or self.options.history) and not conn.collections:
+                raise ClientError(f"{conn.label}: the server does not support collections (HELLO Collections), so "
+                                  f"it cannot " + ("filter by " + self.options.filter.describe()
+                                                   if self.resolved is not None else "send history"))
             await open_dcp(conn, f"{self.name}:{address[0]}:{address[1]}", buffer_size=self.options.buffer_size,
-                           noop_interval=self.options.noop_interval)
+                           noop_interval=self.options.noop_interval, history=self.options.history,
+                           sync_writes=self.options.sync_writes,
+                           flags=OPEN_FLAGS | OpenFlag.INCLUDE_XATTRS if self.options.include_xattrs else OPEN_FLAGS)
         except BaseException:
             conn.close()
             raise
@@ -477,9 +523,17 @@ class Feed:
         if self.options.ignore_purged_tombstones:
             flags |= StreamFlag.IGNORE_PURGED_TOMBSTONES
         value = b""
+        body: dict = {}
         purge = vs.decoded.purge_seqno
-        if self.options.send_purge_seqno and purge and conn.collections:
-            value = json.dumps({"purge_seqno": str(purge)}).encode()
+        if conn.collections:
+            if self.options.send_purge_seqno and purge:
+                body["purge_seqno"] = str(purge)
+            if self.resolved is not None:
+                body.update(self.resolved.value())
+            if pos.manifest_uid is not None:
+                body["uid"] = format(pos.manifest_uid, "x")  # resumption: the events seen up to pos
+        if body:
+            value = json.dumps(body).encode()
         # At or past the end: still ask (start == end), so the server can answer ROLLBACK.
         req = DcpStreamRequest(vs.vbucket, pos.seqno, max(vs.end, pos.seqno), pos.vbuuid, pos.snapshot_start,
                                pos.snapshot_end, int(flags), value)
@@ -524,6 +578,10 @@ class Feed:
         if status in _RETRY_LATER:
             self._retry(vs, status_name(status), remap=False, delay=0.2)
             return
+        if status in (Status.UNKNOWN_COLLECTION, Status.UNKNOWN_SCOPE) and self.resolved is not None:
+            vs.state = WAITING
+            self._spawn(self._refilter(vs))  # dropped since we resolved the names: follow what is left
+            return
         ctx = error_context(frame)
         what = {
             Status.ERANGE: (f"the server refused start seqno {pos.seqno} (snapshot {pos.snapshot_start}.."
@@ -559,6 +617,41 @@ class Feed:
         self._set_ends(ends)
         if conn.lost is None and vs.state == WAITING:
             self._request(vs, conn, offset)
+
+    # -- collections ---------------------------------------------------------------------------
+    async def _resolve_filter(self, initial: bool = False) -> Resolved:
+        """The filter's ids in the bucket's manifest now. At the start every name must exist; later
+        (a collection dropped under a running read) the ids can only shrink: a collection made
+        again under a dropped one's name may hold documents before this stream's position, which a
+        filter added now would never send, so a read follows the ids it started with (a new read
+        resolves the names again)."""
+        manifest = await self.client.manifest()
+        if initial and not self.client.collections_enabled:
+            raise ClientError(f"the server does not support collections (HELLO Collections), so it cannot filter "
+                              f"by {self.options.filter.describe()}")
+        got = manifest.resolve(self.options.filter)
+        if initial:
+            if got.missing:
+                raise FilterError(f"bucket {self.client.bucket!r} has no {', '.join(got.missing)} (manifest uid "
+                                  f"{manifest.uid:x})")
+            return got
+        old = self.resolved
+        if old.scope_id is not None:
+            return got if got.scope_id == old.scope_id else old._replace(uid=got.uid, scope_id=None, cids=frozenset())
+        return got._replace(cids=old.cids & got.cids)
+
+    async def _refilter(self, vs: VbStream) -> None:
+        """A stream request met UNKNOWN_COLLECTION/SCOPE: resolve again; reopen with what is left,
+        or finish the vbucket (FILTER_EMPTY) if nothing is."""
+        try:
+            self.resolved = await self._resolve_filter()
+        except (ConnectError, ConnectionLostError, ServerError, TimeoutError) as e:
+            self._retry(vs, f"collections manifest: {e}", remap=True, delay=0.1)
+            return
+        if self.resolved.empty:
+            self._push(FilterGone(vs.vbucket))
+            return
+        self._reopen([vs], remap=False, delay=0.0)
 
     # -- dead connections --------------------------------------------------------------------
     async def _watch(self) -> None:

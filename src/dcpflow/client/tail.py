@@ -4,6 +4,11 @@ Output goes to stdout (JSON lines or a table), the backfill progress bar and mes
 Offsets are saved to `--state` every `--save-interval` seconds and on every exit, including
 Ctrl-C and SIGTERM: the signal cancels the read at an await, where the consumed offsets are
 consistent, and the saving happens after that.
+
+JSON lines come from the client's Arrow batches (jsonlines.py): a batch of changes becomes one
+buffer of lines, written to stdout at once, so printing costs about what reading does. The
+system events (collections created or dropped) and rollbacks a batch saw are printed before its
+documents. The table format reads event by event.
 """
 
 import argparse
@@ -18,6 +23,7 @@ import time
 from .client import DcpClient
 from .errors import ClientError
 from .events import Deletion, Expiration, Mutation, Rollback, StreamEnd, SystemEvent
+from .offsets import Offset
 from .state import JsonFileStore
 
 
@@ -56,26 +62,38 @@ def _value(ev) -> object:
     return _text(ev.value)
 
 
-def as_json(ev) -> dict | None:
-    if isinstance(ev, Mutation):
-        return {"event": "mutation", "vbucket": ev.vbucket, "seqno": ev.seqno, "key": _text(ev.key),
-                "value": _value(ev), "cas": ev.cas, "rev_seqno": ev.rev_seqno, "flags": ev.flags,
-                "expiry": ev.expiry, "datatype": ev.datatype, "collection_id": ev.collection_id}
-    if isinstance(ev, Deletion | Expiration):
-        return {"event": ev.event, "vbucket": ev.vbucket, "seqno": ev.seqno, "key": _text(ev.key), "cas": ev.cas,
-                "rev_seqno": ev.rev_seqno, "delete_time": ev.delete_time, "collection_id": ev.collection_id}
+def as_json(ev, names=None) -> dict | None:
+    """An event as tail's JSON object; `names` (manifest.Names) labels documents with their scope
+    and collection."""
+    if isinstance(ev, Mutation | Deletion | Expiration):
+        scope, coll = names.of(ev.collection_id) if names is not None else ("", "")
+        if isinstance(ev, Mutation):
+            doc = {"event": "mutation", "vbucket": ev.vbucket, "seqno": ev.seqno, "key": _text(ev.key),
+                   "value": _value(ev), "cas": ev.cas, "rev_seqno": ev.rev_seqno, "flags": ev.flags,
+                   "expiry": ev.expiry, "datatype": ev.datatype}
+        else:
+            doc = {"event": ev.event, "vbucket": ev.vbucket, "seqno": ev.seqno, "key": _text(ev.key), "cas": ev.cas,
+                   "rev_seqno": ev.rev_seqno, "delete_time": ev.delete_time}
+        doc.update(collection_id=ev.collection_id, scope=scope, collection=coll)
+        return doc
     if isinstance(ev, Rollback):
         return {"event": "rollback", "vbucket": ev.vbucket, "seqno": ev.seqno}
     if isinstance(ev, SystemEvent):
-        return {"event": "system", "vbucket": ev.vbucket, "seqno": ev.seqno, "id": ev.event_id}
+        doc = {"event": "system", "vbucket": ev.vbucket, "seqno": ev.seqno, "id": ev.event_id, "kind": ev.kind,
+               "scope": ev.scope, "collection": ev.collection}
+        if ev.collection_id is not None:
+            doc["collection_id"] = ev.collection_id
+        if ev.manifest_uid is not None:
+            doc["manifest_uid"] = ev.manifest_uid
+        return doc
     return None
 
 
 _TABLE_HEAD = f"{'EVENT':<10} {'VB':>4} {'SEQNO':>10}  {'KEY':<32} VALUE"
 
 
-def as_row(ev, width: int = 60) -> str | None:
-    doc = as_json(ev)
+def as_row(ev, width: int = 60, names=None) -> str | None:
+    doc = as_json(ev, names)
     if doc is None:
         return None
     value = doc.get("value", "")
@@ -89,6 +107,7 @@ class Progress:
     """A one-line bar on stderr: seqnos read vs the high seqnos seen at start."""
 
     def __init__(self, stream, out=sys.stderr, enabled: bool = True):
+        """`stream` has progress() -> (seqnos done, seqnos to reach)."""
         self.stream = stream
         self.out = out
         self.enabled = enabled
@@ -116,19 +135,160 @@ class Progress:
         self.out.flush()
 
 
+class _BatchProgress:
+    """progress() of a batch read: seqnos consumed toward the high seqnos seen at the start."""
+
+    def __init__(self, reader, starts: dict[int, Offset], targets: dict[int, int]):
+        self.reader, self.starts, self.targets = reader, starts, targets
+
+    def progress(self) -> tuple[int, int]:
+        done = total = 0
+        positions = self.reader.positions
+        for vb, target in self.targets.items():
+            start = self.starts[vb].seqno
+            if target > start:
+                total += target - start
+                done += max(0, min(positions.get(vb, self.starts[vb]).seqno, target) - start)
+        return done, total
+
+
+def _write(out, data) -> None:
+    """Write bytes to a text stream's binary buffer (stdout), or as text where it has none."""
+    buffer = getattr(out, "buffer", None)
+    if buffer is not None:
+        out.flush()
+        buffer.write(data)
+        buffer.flush()
+    else:
+        out.write(bytes(data).decode("utf-8"))
+        out.flush()
+
+
+async def tail_jsonl(client: DcpClient, *, start: str, store, vbuckets, until: str | None, progress: bool | None,
+                     save_interval: float, filters: dict, out, err) -> tuple[bool, object]:
+    """JSON lines from Arrow batches; returns (interrupted, a function that saves the offsets)."""
+    from .jsonlines import format_batch
+    vbs = client._vbucket_list(vbuckets)
+    loaded = await asyncio.to_thread(store.load) if store is not None else None
+    if loaded is not None:
+        loaded.check_bucket(client.bucket, client.bucket_uuid, store.path)
+    if start == "saved":
+        saved = loaded.offsets if loaded is not None else {}
+        starts = {vb: saved.get(vb, Offset()) for vb in vbs}
+    elif start == "now":
+        starts = await client.offsets_now(vbs)
+    else:
+        starts = {vb: Offset() for vb in vbs}
+    purge = dict(loaded.purge_seqnos) if loaded is not None else {}
+    reader = client.batches(starts, end="now" if until == "now" else None, max_rows=65536, rollback="resume",
+                            purge_seqnos=purge, **filters)
+    names = client.names.of
+    loop = asyncio.get_running_loop()
+
+    async def save():
+        if store is not None and reader.feed is not None:
+            state = client.state_for(reader.offsets, reader.purge_seqnos, loaded)
+            await asyncio.to_thread(store.save, state)
+
+    def side_lines() -> bytes:
+        """The rollbacks and system events seen up to the batch just yielded, as lines."""
+        docs = [as_json(r) for r in reader.rollbacks] + [as_json(e) for e in reader.system_events]
+        reader.rollbacks.clear()
+        reader.system_events.clear()
+        return "".join(json.dumps(d, separators=(",", ":")) + "\n" for d in docs).encode()
+
+    async def make_bar() -> Progress:
+        enabled = err.isatty() if progress is None else progress
+        # the targets are the high seqnos at the start: asked for only when there is a bar to draw
+        targets = (reader.ends or await client.high_seqnos(vbs)) if enabled else {}
+        return Progress(_BatchProgress(reader, starts, targets), err, enabled)
+
+    async def consume():
+        # A batch is formatted in a thread (Arrow's kernels release the GIL) while the next one is
+        # read and decoded; it is written before anything after it, and before the offsets are saved.
+        bar = None
+        last_save = time.monotonic()
+        written = None  # the task writing the last batch (each waits for the one before it)
+
+        async def write(before: bytes, fut, previous) -> None:
+            if previous is not None:
+                await previous
+            if before:
+                _write(out, before)
+            _write(out, await fut)
+
+        async def flushed() -> None:
+            if written is not None:
+                await asyncio.shield(written)
+
+        try:
+            async for batch in reader:
+                if bar is None:
+                    bar = await make_bar()
+                fut = loop.run_in_executor(None, format_batch, batch, names)
+                written = asyncio.ensure_future(write(side_lines(), fut, written))
+                bar.update()
+                if store is not None and time.monotonic() - last_save >= save_interval:
+                    await flushed()
+                    await save()
+                    last_save = time.monotonic()
+        finally:
+            await flushed()
+        rest = side_lines()
+        if rest:
+            _write(out, rest)
+        if bar is None:
+            bar = await make_bar()
+        bar.update(force=True)
+
+    task = asyncio.ensure_future(consume())
+    interrupted = False
+
+    def stop():
+        nonlocal interrupted
+        interrupted = True
+        task.cancel()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop)
+    try:
+        await task
+    except asyncio.CancelledError:
+        if not interrupted:
+            raise
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+        await reader.aclose()
+    return interrupted, save
+
+
 async def tail(url: str, *, username: str, password: str, start: str, state_path: str | None,
                vbuckets: list[int] | None, fmt: str, until: str | None, progress: bool | None,
-               save_interval: float, out=sys.stdout, err=sys.stderr) -> int:
+               save_interval: float, out=sys.stdout, err=sys.stderr, scope: str | None = None,
+               collections=None, history: bool = False) -> int:
     store = JsonFileStore(state_path) if state_path else None
     if start == "saved" and store is None:
         raise ValueError("--from saved needs --state FILE")
+    filters = {"scope": scope, "collections": collections, "history": history}
     client = await DcpClient.connect(url, username, password)
+    if fmt == "jsonl":
+        try:
+            interrupted, save = await tail_jsonl(client, start=start, store=store, vbuckets=vbuckets, until=until,
+                                                 progress=progress, save_interval=save_interval, filters=filters,
+                                                 out=out, err=err)
+            if store is not None:
+                await save()
+                err.write(f"offsets saved to {state_path}\n")
+        finally:
+            await client.close()
+        return 130 if interrupted else 0
     loop = asyncio.get_running_loop()
     stream = None
     interrupted = False
     try:
         stream = client.events(vbuckets, start=start, end="now" if until == "now" else None, state=store,
-                               save_interval=save_interval if store else None)
+                               save_interval=save_interval if store else None, **filters)
         bar = Progress(stream, err, err.isatty() if progress is None else progress)
         dirty = False
 
@@ -144,7 +304,7 @@ async def tail(url: str, *, username: str, password: str, start: str, state_path
             async for ev in stream:
                 if isinstance(ev, StreamEnd):
                     continue
-                line = json.dumps(as_json(ev), separators=(",", ":")) if fmt == "jsonl" else as_row(ev)
+                line = as_row(ev, names=client.names)
                 if line is not None:
                     out.write(line + "\n")
                     if not dirty:
@@ -193,7 +353,8 @@ def main(args) -> int:
     try:
         return asyncio.run(tail(args.url, username=args.username, password=password, start=start,
                                 state_path=args.state, vbuckets=vbuckets, fmt=args.format, until=args.until,
-                                progress=args.progress, save_interval=args.save_interval))
+                                progress=args.progress, save_interval=args.save_interval, scope=args.scope,
+                                collections=args.collection, history=args.history))
     except (ClientError, ValueError) as e:
         print(f"dcpflow tail: {e}", file=sys.stderr)
         return 1
@@ -215,6 +376,11 @@ def add_arguments(p) -> None:
                    help="backfill progress bar on stderr (default: when stderr is a terminal)")
     p.add_argument("--save-interval", type=float, default=5.0, metavar="SECONDS",
                    help="save offsets this often (default 5)")
+    p.add_argument("--scope", metavar="NAME", help="only this scope's collections (those created later too)")
+    p.add_argument("--collection", action="append", metavar="SCOPE.COLLECTION",
+                   help="only this collection (repeatable); a bare name is in --scope, else _default")
+    p.add_argument("--history", action="store_true",
+                   help="change streams: every retained version of collections with history (7.2+)")
 
 
 

@@ -48,6 +48,16 @@ Disk|Checkpoint|History|May Duplicate Keys snapshot; one that starts earlier is 
 de-duplicated disk snapshot. A stream without `change_streams` keeps the unique-key promise: of
 a memory snapshot with repeated keys it sends each key's latest version.
 
+Sync writes (engine/durability/; prepare.md, commit.md, abort.md): a stream whose connection
+enabled `enable_sync_writes` gets each prepare as DCP_PREPARE, its commit as DCP_COMMIT and its
+abort as DCP_ABORT, one by one (never through the mutation encoder); with a `consumer_name` too its
+markers are V2.0, carrying the snapshot's max visible seqno, and on Disk snapshots the vbucket's
+persisted high completed seqno. Any other stream sees committed versions only - a commit is the
+mutation or deletion it made - and its memory snapshots end at their max visible seqno, so an
+offset taken at a marker's end is never a prepare. A backfill reads committed versions from the
+store; for a sync-write stream the vbucket's in-flight prepares in the range are merged into it by
+seqno (the store keeps them apart).
+
 Takeover (rebalance.md, as KV-Engine's code behaves): once caught up the stream enters TAKEOVER_SEND, in
 which markers carry the Ack flag; when everything is sent and acknowledged it sends
 SET_VBUCKET_STATE(pending) and waits for the reply; then marks its own vbucket dead, drains what
@@ -62,12 +72,17 @@ from enum import Enum
 
 from dcpflow.engine.checkpoint import CheckpointType, Cursor, CursorDropped, Snapshot
 from dcpflow.engine.collections import SYSTEM_CID, SystemEvent
+from dcpflow.engine.durability.items import Abort, Commit, Prepare, is_sync_item
 from dcpflow.engine.item import DATATYPE_SNAPPY, DATATYPE_XATTR, Item
 from dcpflow.engine.store import ITEM_COLUMNS, LARGE_VALUE, EncodedPage, item_from_row
+from dcpflow.protocol import snappy
 from dcpflow.protocol.dcp import (
+    DcpAbort,
+    DcpCommit,
     DcpDeletion,
     DcpExpiration,
     DcpMutation,
+    DcpPrepare,
     DcpSeqnoAdvanced,
     DcpSetVbucketState,
     DcpSnapshotMarker,
@@ -153,10 +168,12 @@ class StreamOptions:
     expiry_opcode: bool = False  # effective only with delete_times (as in KV-Engine): the producer checks
     collections: bool = False  # keys carry the LEB128 collection id; SEQNO_ADVANCED may be sent
     sync_replication: bool = False  # enable_sync_writes + consumer_name: markers at least V2.0
+    sync_writes: bool = False  # enable_sync_writes: DCP_PREPARE / DCP_COMMIT / DCP_ABORT (module docstring)
     marker_v22: bool = False  # max_marker_version=2.2: Disk markers carry the purge seqno
     skip_deletes_in_initial_backfill: bool = False
     supports_cursor_dropping: bool = False
     send_stream_end_on_close: bool = False
+    compress_values: bool = False  # force_value_compression: values go out Snappy-compressed
     flatbuffers_events: bool = False  # flatbuffers_system_events: system event values as FlatBuffers
     change_streams: bool = False  # history of the collections that keep it (module docstring)
 
@@ -215,6 +232,7 @@ class ActiveStream:
         self.last_read_seqno = start_seqno  # highest seqno whose fate (sent or skipped) is decided
         self.last_sent_seqno = start_seqno  # highest item seqno queued
         self._first_marker = True
+        self._backfill_prepares: list[Item] = []  # in-flight prepares a backfill sends (sync writes)
         self._marker_end = start_seqno  # end of the snapshot being sent
         self._backfills = 0
         self._initial_backfill = start_seqno == 0
@@ -264,6 +282,12 @@ class ActiveStream:
             history = frozenset()
         self.backfill = BackfillRange(start, end, history)
         self.backfill_running = False
+        if self.opts.sync_writes:
+            # The store keeps in-flight prepares apart from the versions (store.py); a stream with
+            # sync writes gets those of the range merged into the backfill by seqno.
+            last = min(end, self.end_seqno)
+            self._backfill_prepares = sorted((p for p in self.vb.prepares.values() if start <= p.by_seqno <= last),
+                                             key=lambda p: p.by_seqno)
 
     def _release_cursor(self) -> None:
         if self.cursor is not None:
@@ -318,7 +342,10 @@ class ActiveStream:
         self.ready_bytes -= len(data)
         return data.data if data.__class__ is Frames else data
 
-    def _marker(self, start: int, end: int, flags: int, purge_seqno: int) -> None:
+    def _marker(self, start: int, end: int, flags: int, purge_seqno: int, mvs: int | None = None,
+                hcs: int = 0) -> None:
+        """`mvs`: the snapshot's max visible seqno when not its end; `hcs`: its high completed
+        seqno, which a V2.0 marker carries on Disk snapshots only (snapshot-marker.md)."""
         if self._first_marker:
             start = min(self.snap_start_seqno, start)
             self._first_marker = False
@@ -329,11 +356,14 @@ class ActiveStream:
             self.acks_outstanding += 1
         self._marker_end = end
         opts = self.opts
+        mvs = end if mvs is None else min(mvs, end)
+        if not flags & _DISK:
+            hcs = 0
         if opts.marker_v22 and flags & _DISK:
-            msg = DcpSnapshotMarker(self.vbid, start, end, flags, MarkerVersion.V2_2, end, 0, purge_seqno, 0,
+            msg = DcpSnapshotMarker(self.vbid, start, end, flags, MarkerVersion.V2_2, mvs, hcs, purge_seqno, 0,
                                     self.opaque, self.stream_id)
         elif opts.sync_replication:
-            msg = DcpSnapshotMarker(self.vbid, start, end, flags, MarkerVersion.V2_0, end, 0, 0, 0,
+            msg = DcpSnapshotMarker(self.vbid, start, end, flags, MarkerVersion.V2_0, mvs, hcs, 0, 0,
                                     self.opaque, self.stream_id)
         else:
             msg = DcpSnapshotMarker(self.vbid, start, end, flags, MarkerVersion.V1, opaque=self.opaque,
@@ -381,6 +411,8 @@ class ActiveStream:
             value, datatype = self._shape_value(item)
         else:
             value = item.value
+        if opts.compress_values and value:
+            value, datatype = snappy.compress(value), datatype | DATATYPE_SNAPPY
         seqno = item.by_seqno
         sid = self.stream_id
         if not deleted:
@@ -416,11 +448,37 @@ class ActiveStream:
         self.items_sent += 1
 
     def _queue_one(self, item: Item) -> None:
-        """An admitted item (`_admit`): a system event, or a document."""
+        """An admitted item (`_admit`): a system event, a sync-write item, or a document (a commit
+        is one for a stream without sync writes)."""
         if item.cid == SYSTEM_CID:
             self._queue_event(item)
+        elif item.__class__ is not Item and self.opts.sync_writes:
+            self._queue_sync_item(item)
         else:
             self._queue_item(item)
+
+    def _queue_sync_item(self, item: Item) -> None:
+        """DCP_PREPARE, DCP_COMMIT or DCP_ABORT (prepare.md, commit.md, abort.md)."""
+        cls = item.__class__
+        key = item.key
+        if self.opts.collections:
+            key = encode_leb128(item.cid) + key
+        seqno = item.by_seqno
+        if cls is Prepare:
+            value, datatype = self._shape_value(item) if item.deleted or item.datatype & DATATYPE_XATTR else (
+                item.value, item.datatype)
+            msg = DcpPrepare(self.vbid, seqno, item.rev_seqno, item.flags, item.expiry, 0, key, value, item.cas,
+                             item.level, item.deleted, datatype, self.opaque, 0, self.stream_id)
+        elif cls is Commit:
+            msg = DcpCommit(self.vbid, item.prepared_seqno, seqno, key, self.opaque, self.stream_id)
+        elif cls is Abort:
+            msg = DcpAbort(self.vbid, item.prepared_seqno, seqno, key, self.opaque, self.stream_id)
+        else:
+            self._queue_item(item)
+            return
+        self._push(msg.encode())
+        self.last_sent_seqno = seqno
+        self.items_sent += 1
 
     def _queue_event(self, item: Item) -> None:
         """DCP_SYSTEM_EVENT (system_event.md) in the layout the connection asked for."""
@@ -453,12 +511,13 @@ class ActiveStream:
                 out.append(item)
         return out
 
-    def _queue_items(self, items: list[Item]) -> None:
+    def _queue_items(self, items: list[Item], sync: bool = False) -> None:
         """`_queue_one` for each admitted item, with runs of plain mutations encoded by the
         protocol's `encode_mutations` into one Frames entry (the in-memory hot loop: compiled when
         built, one bytes object per run, not per item)."""
         opts = self.opts
-        if self.stream_id is not None or opts.no_value or opts.no_value_underlying_datatype:
+        if self.stream_id is not None or opts.no_value or opts.no_value_underlying_datatype or \
+                opts.compress_values or sync:
             for item in items:
                 self._queue_one(item)
             return
@@ -488,7 +547,14 @@ class ActiveStream:
         rng = self.backfill
         self.backfill_running = True
         self._backfills += 1
-        self._marker(rng.start, rng.end, _DISK | _CHK | (_HISTORY | _MAY_DUPLICATE if rng.history else 0), purge_seqno)
+        self._marker(rng.start, rng.end, _DISK | _CHK | (_HISTORY | _MAY_DUPLICATE if rng.history else 0), purge_seqno,
+                     hcs=self.vb.persisted_hcs)
+
+    def _prepares_before(self, seqno: int) -> None:
+        """Queue the backfill's in-flight prepares below `seqno`, keeping the snapshot in seqno order."""
+        pending = self._backfill_prepares
+        while pending and pending[0].by_seqno < seqno:
+            self._queue_sync_item(pending.pop(0))
 
     def backfill_page(self, items: list[Item]) -> None:
         if self.dead:
@@ -500,6 +566,8 @@ class ActiveStream:
         for item in items:
             if item.by_seqno > end:
                 break
+            if self._backfill_prepares:
+                self._prepares_before(item.by_seqno)
             if skip_deletes and item.deleted and item.cid != SYSTEM_CID:
                 continue
             self._queue_one(item)
@@ -515,7 +583,8 @@ class ActiveStream:
         """A page of raw store rows (`BackfillScan.next_rows`): plain mutations are encoded
         straight from the row - no Item is built - everything else via `backfill_page`."""
         opts = self.opts
-        if self.stream_id is not None or opts.no_value or opts.no_value_underlying_datatype:
+        if self.stream_id is not None or opts.no_value or opts.no_value_underlying_datatype or \
+                opts.compress_values or self._backfill_prepares:
             self.backfill_page([item_from_row(r) for r in rows])
             return
         if self.dead:
@@ -577,7 +646,8 @@ class ActiveStream:
         (`BackfillScan.next_chunk`)?"""
         opts = self.opts
         return (self.stream_id is None and not opts.no_value and not opts.no_value_underlying_datatype
-                and self.filter.default and not (self.backfill is not None and self.backfill.history))
+                and not opts.compress_values and self.filter.default
+                and not (self.backfill is not None and self.backfill.history) and not self._backfill_prepares)
 
     def backfill_encoded(self, page: EncodedPage) -> None:
         """A page SQLite encoded for this stream (opaque, key layout): queued as it is."""
@@ -599,6 +669,8 @@ class ActiveStream:
         self._initial_backfill = False
         if rng is None:
             return
+        if self._backfill_prepares and not self.dead:
+            self._prepares_before(rng.end + 1)
         self.last_read_seqno = rng.end
         self._seqno_advanced_if_needed()
         if self.disk_only or rng.end >= self.end_seqno:
@@ -657,6 +729,14 @@ class ActiveStream:
         if past_end:
             items = [it for it in items if it.by_seqno <= end]
         hidden = False
+        mvs = None
+        sync = snap.sync and self.opts.sync_writes  # commits go out as DCP_COMMIT, one by one
+        if snap.sync:
+            mvs = snap.visible_end
+            if not sync:  # prepares and aborts are not for this stream: its snapshot ends where readers see
+                visible = [it for it in items if not is_sync_item(it)]
+                hidden = len(visible) < len(items)
+                items = visible
         if snap.duplicates and not self.opts.change_streams:
             items = _latest_versions(items)
             hidden = True
@@ -676,8 +756,11 @@ class ActiveStream:
                     flags |= _CHK
                 if snap.history and self.opts.change_streams:
                     flags |= _HISTORY | _MAY_DUPLICATE if snap.duplicates else _HISTORY
-                self._marker(start, snap.end, flags, self.vb.purge_seqno)
-            self._queue_items(items)
+                if mvs is not None and not sync and mvs >= start:
+                    self._marker(start, mvs, flags, self.vb.purge_seqno)  # a V2.0 marker's end is its MVS
+                else:
+                    self._marker(start, snap.end, flags, self.vb.purge_seqno, mvs)
+            self._queue_items(items, sync)
             self.memory_items += len(items)
         self.last_read_seqno = min(read_upto, end)
         if self._emptied:

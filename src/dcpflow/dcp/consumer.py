@@ -47,6 +47,8 @@ from typing import NamedTuple
 
 from dcpflow.engine.errors import EngineError
 from dcpflow.protocol import dcp as dcpproto
+from dcpflow.protocol import snappy
+from dcpflow.protocol.datatype import Datatype
 from dcpflow.protocol.dcp import SnapshotFlag, StreamEndReason, StreamFlag, VBucketState
 from dcpflow.protocol.errors import ProtocolError
 from dcpflow.protocol.frame import Frame, response
@@ -70,6 +72,7 @@ MAX_ROLLBACKS = 16
 STREAM_ENDS_TO_RETRY = frozenset({StreamEndReason.SLOW, StreamEndReason.BACKFILL_FAIL, StreamEndReason.ROLLBACK})
 _REPLICA_STATES = (VBucketState.REPLICA, VBucketState.PENDING)
 _STRICT_VBUUID = int(StreamFlag.STRICT_VBUUID)
+_SNAPPY = int(Datatype.SNAPPY)
 
 
 class RollBack(NamedTuple):
@@ -137,6 +140,8 @@ class ConsumerConnection:
                   ("set_noop_interval", f"{NOOP_INTERVAL:g}"), ("set_priority", "high"),
                   ("enable_expiry_opcode", "true"), ("supports_cursor_dropping_vulcan", "true"),
                   ("v7_dcp_status_codes", "true")]
+        if self.consumer_name:  # sync replication: prepares, commits and aborts, acknowledged by name
+            wanted += [("enable_sync_writes", "true"), ("consumer_name", self.consumer_name)]
         for key, value in wanted:
             self._request(dcpproto.DcpControl(key.encode(), value.encode()), key)
 
@@ -238,7 +243,29 @@ class ConsumerConnection:
         stream.state = PassiveState.READING
         stream.last_seqno = vb.high_seqno
         self._answer_add_stream(stream, Status.SUCCESS)
+        # A new active (a promoted replica) waits for acks of prepares this replica already holds.
+        stream.acked_hps = 0
+        self._ack_prepared(stream, vb)
         return None
+
+    @property
+    def sync_replication(self) -> bool:
+        """The producer accepted sync writes for this consumer's name: prepares arrive and are acked."""
+        return bool(self.consumer_name) and self.controls.get("consumer_name") == Status.SUCCESS \
+            and self.controls.get("enable_sync_writes") == Status.SUCCESS
+
+    def _ack_prepared(self, stream: PassiveStream, vb) -> None:
+        """DCP_SEQNO_ACKNOWLEDGED when the replica's high prepared seqno moved (passive_monitor.py)."""
+        if vb.hps > stream.acked_hps and stream.state is PassiveState.READING and self.sync_replication:
+            stream.acked_hps = vb.hps
+            self.out.append(dcpproto.DcpSeqnoAcknowledged(stream.vbid, vb.hps, stream.opaque).encode())
+
+    def persisted(self, vbid: int) -> None:
+        """The flusher persisted some of the vbucket: PersistToMajority prepares may be acked now."""
+        stream = self.streams.get(vbid)
+        vb = self.engine.get_vbucket(vbid)
+        if stream is not None and vb is not None:
+            self._ack_prepared(stream, vb)
 
     def rolled_back(self, stream: PassiveStream) -> None:
         """The caller rolled the replica back (RollBack): ask again from there, if still wanted."""
@@ -318,6 +345,8 @@ class ConsumerConnection:
                 return self._apply(stream, msg, collections)
             if op == Opcode.DCP_SNAPSHOT_MARKER:
                 return self._marker(stream, msg)
+            if op == Opcode.DCP_PREPARE or op == Opcode.DCP_COMMIT or op == Opcode.DCP_ABORT:
+                return self._apply_sync(stream, msg, collections)
             if op == Opcode.DCP_STREAM_END:
                 return self._stream_end(stream, msg)
             if op == Opcode.DCP_SET_VBUCKET_STATE:
@@ -345,6 +374,8 @@ class ConsumerConnection:
         if vb is None:
             raise EngineError(Status.NOT_MY_VBUCKET, f"vbucket {stream.vbid} is gone")
         key = self._key(msg.key, collections)
+        if msg.datatype & _SNAPPY:  # a producer that compresses: the engine keeps values inflated
+            msg = msg._replace(value=snappy.decompress(msg.value), datatype=msg.datatype & ~_SNAPPY)
         if msg.opcode == Opcode.DCP_MUTATION:
             vb.apply_mutation(key, msg.value, by_seqno=msg.by_seqno, cas=msg.cas, rev_seqno=msg.rev_seqno,
                               flags=msg.flags, expiry=msg.expiration, datatype=msg.datatype)
@@ -356,8 +387,36 @@ class ConsumerConnection:
                                 delete_time=msg.delete_time, value=msg.value, datatype=msg.datatype)
         stream.items += 1
         stream.last_seqno = msg.by_seqno
+        if vb.hps > stream.acked_hps:
+            self._ack_prepared(stream, vb)
         if stream.ack_pending:
             return self._snapshot_progress(stream, msg.by_seqno)
+        return None
+
+    def _apply_sync(self, stream: PassiveStream, msg, collections: bool) -> bytes | None:
+        """DCP_PREPARE / DCP_COMMIT / DCP_ABORT into the replica (engine apply_prepare / _commit / _abort)."""
+        vb = self.engine.get_vbucket(stream.vbid)
+        if vb is None:
+            raise EngineError(Status.NOT_MY_VBUCKET, f"vbucket {stream.vbid} is gone")
+        key = self._key(msg.key, collections)
+        if msg.opcode == Opcode.DCP_PREPARE:
+            if msg.datatype & _SNAPPY:  # as for mutations: the engine keeps values inflated
+                msg = msg._replace(value=snappy.decompress(msg.value), datatype=msg.datatype & ~_SNAPPY)
+            vb.apply_prepare(key, msg.value, by_seqno=msg.by_seqno, cas=msg.cas, rev_seqno=msg.rev_seqno,
+                             flags=msg.flags, expiry=msg.expiration, datatype=msg.datatype, deleted=msg.deleted,
+                             level=msg.durability_level)
+            seqno = msg.by_seqno
+        elif msg.opcode == Opcode.DCP_COMMIT:
+            vb.apply_commit(key, prepared_seqno=msg.prepared_seqno, commit_seqno=msg.commit_seqno)
+            seqno = msg.commit_seqno
+        else:
+            vb.apply_abort(key, prepared_seqno=msg.prepared_seqno, abort_seqno=msg.abort_seqno)
+            seqno = msg.abort_seqno
+        stream.items += 1
+        stream.last_seqno = seqno
+        self._ack_prepared(stream, vb)
+        if stream.ack_pending:
+            return self._snapshot_progress(stream, seqno)
         return None
 
     def _marker(self, stream: PassiveStream, msg: dcpproto.DcpSnapshotMarker) -> bytes | None:
@@ -367,6 +426,7 @@ class ConsumerConnection:
         vb.snapshot_marker(msg.start_seqno, msg.end_seqno, disk=bool(msg.flags & SnapshotFlag.DISK))
         stream.snap_start, stream.snap_end = msg.start_seqno, msg.end_seqno
         stream.markers += 1
+        self._ack_prepared(stream, vb)  # the marker closed the previous snapshot (passive_monitor.py)
         stream.ack_pending = bool(msg.flags & SnapshotFlag.ACK)
         if stream.ack_pending and vb.high_seqno >= msg.end_seqno:
             return self._snapshot_progress(stream, vb.high_seqno)

@@ -12,8 +12,9 @@ from "unknown": `supports_hifi_MFU`, `enable_out_of_order_snapshots` (every back
 order, which an OSO-capable client must accept). `flatbuffers_system_events` makes system events
 FlatBuffers; `change_streams` (with HELLO Collections) gives streams requested afterwards the
 history of collections that keep it. Keys that would need what this server lacks are refused with
-NOT_SUPPORTED and a reason: per-stream buffers, cache transfer; `force_value_compression` needs
-Snappy, which HELLO never grants (EINVAL, as kv_engine answers a client without Snappy).
+NOT_SUPPORTED and a reason: per-stream buffers, cache transfer. `force_value_compression` needs
+HELLO Snappy on the connection (EINVAL without, as kv_engine answers); with it, streams requested
+afterwards send values Snappy-compressed.
 """
 
 from collections.abc import Callable
@@ -57,6 +58,7 @@ class ProducerSettings:
     marker_v22: bool = False  # max_marker_version=2.2
     backfill_order: str = "round-robin"
     include_deleted_user_xattrs: bool = False
+    force_compression: bool = False  # force_value_compression (needs HELLO Snappy)
 
     @property
     def sync_replication(self) -> bool:
@@ -87,6 +89,7 @@ class ControlContext(NamedTuple):
 
     now: float  # the caller's monotonic clock
     collections: bool  # HELLO Collections on this connection
+    snappy: bool = False  # HELLO Snappy on this connection
 
 
 Parse = Callable[[str], object]  # -> the value to apply, or a Refusal
@@ -234,6 +237,13 @@ def _apply_marker_version(p: Controlled, value, ctx: ControlContext) -> Refusal 
     return None
 
 
+def _apply_compression(p: Controlled, on, ctx: ControlContext) -> Refusal | None:
+    if not ctx.snappy:
+        return Refusal(Status.EINVAL, "force_value_compression needs HELLO Snappy on this connection")
+    p.settings.force_compression = True
+    return None
+
+
 def _nothing(p: Controlled, value, ctx: ControlContext) -> None:
     return None
 
@@ -246,8 +256,7 @@ CONTROLS: dict[str, Control] = {
     "stream_buffer_size": Control(_refused(Status.NOT_SUPPORTED, "per-stream flow control does not exist; use "
                                                                  "connection_buffer_size"), _nothing),
     "set_priority": Control(_priority, _apply_priority),
-    "force_value_compression": Control(_refused(Status.EINVAL, "force_value_compression needs HELLO Snappy, which "
-                                                               "this server does not grant"), _nothing),
+    "force_value_compression": Control(_is_true, _apply_compression),
     # Streams requested from now on get droppable cursors; existing ones keep theirs (a stream's
     # options are fixed at its request, like every other stream-shaping control).
     "supports_cursor_dropping": Control(_is_true, _setting("cursor_dropping")),

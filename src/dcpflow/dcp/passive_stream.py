@@ -39,6 +39,7 @@ class PassiveStream:
         self.rollbacks = 0
         self.last_seqno = 0
         self.items = self.markers = self.acks_sent = 0
+        self.acked_hps = 0  # the high prepared seqno last acknowledged (DCP_SEQNO_ACKNOWLEDGED)
         self.end_reason: int | None = None
         self.requested: DcpStreamRequest | None = None
 

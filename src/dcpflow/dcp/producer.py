@@ -120,9 +120,10 @@ class ProducerConnection:
         self._schedule()
 
     # -- DCP_CONTROL ----------------------------------------------------------------------------
-    def control(self, key: str, value: str, *, now: float, collections: bool) -> Refusal | Effect:
+    def control(self, key: str, value: str, *, now: float, collections: bool, snappy: bool = False
+                ) -> Refusal | Effect:
         """One DCP_CONTROL (controls.py): the Refusal to answer, or what the caller must do now."""
-        return apply_control(self, key, value, ControlContext(now, collections))
+        return apply_control(self, key, value, ControlContext(now, collections, snappy))
 
     def stream_options(self, collections: bool) -> StreamOptions:
         """What the connection's settings make of a stream requested now."""
@@ -135,10 +136,12 @@ class ProducerConnection:
             expiry_opcode=s.expiry_opcode and bool(f & _O_INCLUDE_DELETE_TIMES),
             collections=collections,
             sync_replication=s.sync_replication,
+            sync_writes=s.sync_writes,
             marker_v22=s.marker_v22,
             skip_deletes_in_initial_backfill=bool(f & _O_SKIP_DELETES_IN_INITIAL_BACKFILL),
             supports_cursor_dropping=s.cursor_dropping,
             send_stream_end_on_close=s.send_stream_end_on_close,
+            compress_values=s.force_compression,
             flatbuffers_events=s.flatbuffers_events,
             change_streams=s.change_streams,
         )

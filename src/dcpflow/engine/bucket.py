@@ -59,10 +59,12 @@ from dcpflow.protocol.status import Status
 
 from .collections import Manifest, changes
 from .conflict import ConflictResolutionMode
+from .durability.items import make_prepare
 from .errors import EngineError
 from .failover import FailoverEntry, FailoverTable
 from .flusher import Flusher
 from .hlc import HLC
+from .item import Item
 from .memory import BucketMemory, ItemPager
 from .store import HistoryRetention, PurgeResult, Store
 from .vbucket import VBucket, VBucketState
@@ -76,6 +78,15 @@ SeqnoListener = Callable[[int, int], None]
 #: listener(vbid, event): event is "state" (state changed), "rollback", "failover" (a new branch of
 #: history on an active: `Bucket.failover`) or "deleted".
 VBucketListener = Callable[[int, str], None]
+
+
+def stored_prepares(rows) -> list:
+    """The in-flight prepares the store kept (Store.load_prepares rows) as Prepare items."""
+    out = []
+    for cid, key, seqno, level, rev, cas, flags, expiry, datatype, deleted, delete_time, value in rows:
+        item = Item(key, value, flags, expiry, cas, rev, seqno, datatype, bool(deleted), delete_time, cid=cid)
+        out.append(make_prepare(item, level))
+    return out
 
 
 def vbucket_for_key(key: bytes, num_vbuckets: int = DEFAULT_NUM_VBUCKETS) -> int:
@@ -195,7 +206,8 @@ class Bucket:
                 vbid, state, failover=failover, hlc=HLC(rec.max_cas, clock=self._hlc_clock),
                 high_seqno=rec.high_seqno, purge_seqno=rec.purge_seqno,
                 max_deleted_rev_seqno=rec.max_deleted_rev_seqno, history_start=rec.history_start,
-                persisted_snapshot=(rec.snap_start, rec.snap_end), items=self.store.load_items(vbid))
+                persisted_snapshot=(rec.snap_start, rec.snap_end), items=self.store.load_items(vbid),
+                hps=rec.hps, hcs=rec.hcs, prepares=stored_prepares(self.store.load_prepares(vbid)))
         if changed:
             self.store.save_vbucket_states([self._vbuckets[v].state_record() for v in changed])
         for vb in self._vbuckets.values():
@@ -353,7 +365,8 @@ class Bucket:
         result = self.store.rollback(vb.id, seqno)
         rec = self.store.load_vbucket_states()[vb.id]
         vb.reset_to(result.seqno, self.store.load_items(vb.id), purge_seqno=rec.purge_seqno,
-                    snapshot=(result.snap_start, result.snap_end), rng=self._rng)
+                    snapshot=(result.snap_start, result.snap_end), rng=self._rng,
+                    prepares=stored_prepares(self.store.load_prepares(vb.id)), hps=rec.hps, hcs=rec.hcs)
         self.store.save_vbucket_states([vb.state_record()])
         self._follow_manifest(vb)
         return result.seqno

@@ -14,7 +14,11 @@ change streams): a checkpoint holding those says so (`Snapshot.history`), and wh
 keys came more than once (`Snapshot.duplicates`), which a change stream's snapshot marker carries
 as its History and May Duplicate Keys flags (snapshot-marker.md). The open checkpoint is closed (and a new one
 opened) when it holds `max_items` items, when it is older than `max_age` seconds, or on demand
-(a replica closes one per snapshot marker). Closed checkpoints never change.
+(a replica closes one per snapshot marker). Closed checkpoints never change. Sync-write items
+(durability/items.py) are queued too: prepares and aborts with `queue_sync`, never
+de-duplicated and never replacing the key's version; a checkpoint holding any (or a commit) says
+so (`Snapshot.sync`), with the highest seqno readers without sync writes see
+(`Snapshot.visible_end`, the max visible seqno of its snapshot).
 
 Consumers read through named **cursors**: the flusher's persistence cursor and one per DCP
 stream. `register_cursor(name, start_seqno)` places a cursor so that its first read returns
@@ -58,6 +62,7 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 
 from .collections import SYSTEM_CID
+from .durability.items import is_sync_item
 from .item import ITEM_OVERHEAD, Item
 from .memory import BucketMemory
 
@@ -91,11 +96,12 @@ class Snapshot:
     history: bool = False  # holds versions of a collection that keeps history (not de-duplicated)
     duplicates: bool = False  # ... and one of their keys more than once
     others: bool = False  # holds items of other collections than the default one, or system events
+    sync: bool = False  # holds sync-write items (durability/items.py): prepares, commits, aborts
+    visible_end: int = 0  # with `sync`: the highest seqno up to `end` that is not a prepare or abort
 
     @property
     def max_visible_seqno(self) -> int:
-        """No prepares or system events are queued, so every item is visible."""
-        return self.end
+        return self.visible_end if self.sync else self.end
 
 
 class Checkpoint:
@@ -103,7 +109,7 @@ class Checkpoint:
 
     __slots__ = ("id", "type", "first_seqno", "snap_start", "snap_end", "fixed_end", "continuation",
                  "is_open", "created", "deadline", "num_items", "mem_usage", "high_seqno", "_items",
-                 "_seqnos", "_index", "_holes", "history", "duplicates", "_history_keys", "others")
+                 "_seqnos", "_index", "_holes", "history", "duplicates", "_history_keys", "others", "sync")
 
     def __init__(self, cid: int, ctype: CheckpointType, first_seqno: int, snap_start: int,
                  snap_end: int, *, fixed_end: bool, continuation: bool = False, created: float = 0.0):
@@ -124,7 +130,7 @@ class Checkpoint:
         self._seqnos: list[int] = []
         self._index: dict[bytes, int] | None = {}
         self._holes = 0
-        self.history = self.duplicates = self.others = False
+        self.history = self.duplicates = self.others = self.sync = False
         self._history_keys: set | None = None
 
     def __repr__(self) -> str:
@@ -165,6 +171,15 @@ class Checkpoint:
 
     def items(self) -> list[Item]:
         return [it for it in self._items if it is not None]
+
+    def visible_upto(self, seqno: int) -> int:
+        """The highest seqno <= `seqno` of an item that is not a prepare or an abort (0: none)."""
+        items = self._items
+        for i in range(bisect_right(self._seqnos, seqno) - 1, -1, -1):
+            it = items[i]
+            if it is not None and not is_sync_item(it):
+                return it.by_seqno
+        return 0
 
 
 class Cursor:
@@ -344,6 +359,45 @@ class CheckpointManager:
             account.checkpoint_grew()
         if self.memory_quota is not None and self.mem_usage > self.memory_quota:
             self._drop_cursors()
+
+    def queue_sync(self, item: Item) -> None:
+        """Queue a prepare or an abort: never de-duplicated, and never replacing the key's version
+        (durability/items.py); the checkpoint is marked as holding sync-write items."""
+        seqno = item.by_seqno
+        if seqno <= self.high_seqno:
+            raise ValueError(f"seqno {seqno} is not above the high seqno {self.high_seqno}")
+        cp = self.checkpoints[-1]
+        if cp.num_items and (cp.num_items >= self.max_items or self._clock() >= cp.deadline):
+            cp = self._roll_over(cp)
+        cp._items.append(item)
+        cp._seqnos.append(seqno)
+        cp.high_seqno = self.high_seqno = seqno
+        if not cp.fixed_end:
+            cp.snap_end = seqno
+        cp.num_items += 1
+        cp.sync = True
+        size = item.size
+        cp.mem_usage += size
+        self.mem_usage += size
+        if self.memory_quota is not None and self.mem_usage > self.memory_quota:
+            self._drop_cursors()
+
+    def mark_sync(self) -> None:
+        """The item just queued was a commit: its checkpoint holds sync-write items."""
+        self.checkpoints[-1].sync = True
+
+    def max_visible_seqno(self, high_seqno: int) -> int:
+        """The highest seqno memory holds of an item that is not a prepare or an abort; with none
+        in memory, `high_seqno` (what was flushed before the oldest checkpoint)."""
+        for cp in reversed(self.checkpoints):
+            if not cp.num_items:
+                continue
+            if not cp.sync:
+                return cp.high_seqno
+            seen = cp.visible_upto(cp.high_seqno)
+            if seen:
+                return seen
+        return min(high_seqno, self.checkpoints[0].first_seqno - 1)
 
     def _other_key(self, cp: Checkpoint, item: Item):
         """The de-duplication key of an item of another collection than the default one, or None
@@ -551,8 +605,12 @@ class CheckpointManager:
             items = cp.read(cursor.seqno, end, max(limit - total, 1) if splittable else None)
             if items:
                 cursor.seqno = items[-1].by_seqno
-                out.append(Snapshot(start, end, cp.type, ckpt_start, new_marker, items, cp.snap_start, cp.history,
-                                    cp.duplicates, cp.others))
+                snap = Snapshot(start, end, cp.type, ckpt_start, new_marker, items, cp.snap_start, cp.history,
+                                cp.duplicates, cp.others)
+                if cp.sync:
+                    snap.sync = True
+                    snap.visible_end = cp.visible_upto(end)
+                out.append(snap)
                 total += len(items)
                 if cursor.seqno >= end:
                     cursor._snap_end = None

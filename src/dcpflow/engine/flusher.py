@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from .durability.items import Abort, Commit, Prepare, is_sync_item
 from .item import Item
 from .store import Store, VBucketStateRecord
 
@@ -34,10 +35,35 @@ class VBucketFlush:
     snap_start: int  # the snapshot the last item belongs to: the persisted snapshot
     snap_end: int
     ranges: list[tuple[int, int]] = field(default_factory=list)  # every snapshot the items belong to
+    sync_items: list[Item] = field(default_factory=list)  # prepares, commits, aborts (durability/items.py)
+    hps: int = 0  # the high prepared / completed seqnos once the batch is on disk
+    hcs: int = 0
+    mvs: int = 0  # with sync items: the highest seqno of a visible version in the batch (0: none)
 
     @property
     def high_seqno(self) -> int:
         return self.items[-1].by_seqno
+
+    @property
+    def stored(self) -> list[Item]:
+        """The versions the items table takes: not the prepares and aborts."""
+        if not self.sync_items:
+            return self.items
+        return [it for it in self.items if not is_sync_item(it)]
+
+
+def _split_sync(entry: VBucketFlush) -> None:
+    """The batch's prepares, commits and aborts, and the high prepared/completed seqnos they make."""
+    for it in entry.items:
+        cls = it.__class__
+        if cls is Prepare:
+            entry.sync_items.append(it)
+            entry.hps = max(entry.hps, it.by_seqno)
+        elif cls is Commit or cls is Abort:
+            entry.sync_items.append(it)
+            entry.hcs = max(entry.hcs, it.prepared_seqno)
+        if cls is not Prepare and cls is not Abort:
+            entry.mvs = it.by_seqno
 
 
 @dataclass(slots=True)
@@ -109,10 +135,17 @@ class Flusher:
                 continue
             items = [it for snap in snaps for it in snap.items]
             entry = VBucketFlush(vb, items, snaps[-1].start, snaps[-1].end, [(s.start, s.end) for s in snaps])
+            entry.hps, entry.hcs = vb.persisted_hps, vb.persisted_hcs
+            if any(s.sync for s in snaps):
+                _split_sync(entry)
             entries.append(entry)
             record = vb.state_record()
             record.high_seqno = record.max_visible_seqno = entry.high_seqno
             record.snap_start, record.snap_end = entry.snap_start, entry.snap_end
+            record.hps, record.hcs = entry.hps, entry.hcs
+            if entry.sync_items:
+                record.max_visible_seqno = entry.mvs or vb.persisted_mvs
+            vb.persisted_mvs = record.max_visible_seqno
             states.append(record)
             n += len(items)
             if n >= max_items:
@@ -124,8 +157,9 @@ class Flusher:
 
     def write(self, batch: FlushBatch) -> None:
         """The durable part; safe to run on another thread."""
-        self.store.write(((e.vb.id, e.items) for e in batch.entries), batch.states,
-                         [(e.vb.id, start, end) for e in batch.entries for start, end in e.ranges])
+        self.store.write(((e.vb.id, e.stored) for e in batch.entries), batch.states,
+                         [(e.vb.id, start, end) for e in batch.entries for start, end in e.ranges],
+                         [(e.vb.id, e.sync_items) for e in batch.entries if e.sync_items])
 
     def complete(self, batch: FlushBatch) -> None:
         self._check(batch)
@@ -135,6 +169,9 @@ class Flusher:
             vb.persisted_seqno = e.high_seqno
             vb.persisted_snapshot = (e.snap_start, e.snap_end)
             vb.checkpoint_manager.set_persisted(e.high_seqno)
+            vb.persisted(e.high_seqno, e.hps, e.hcs)
+            if vb.adm is not None and vb.adm.tracked:  # a level that waited for this persistence
+                vb.complete_sync_writes()
         self.items_flushed += batch.num_items
         self.batches_flushed += 1
         self._write_deferred_states()

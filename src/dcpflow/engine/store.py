@@ -257,7 +257,7 @@ _RUN_TRIGGERS = (
 
 #: The version of the file's layout, in SQLite's `user_version` (module docstring, "Schema
 #: version"), and what a store of that version holds.
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 _SCHEMA_V1 = (*_TABLES, *_ITEM_INDEXES, *_RUN_TRIGGERS)
 #: Version 1 -> 2: collections. Every row of version 1 is the default collection's (cid 0).
 _MIGRATE_1_TO_2 = (
@@ -270,8 +270,20 @@ _MIGRATE_1_TO_2 = (
     "CREATE UNIQUE INDEX history_by_key ON history (vb, cid, key, seqno)",
     "CREATE INDEX history_by_seqno ON history (vb, seqno)",
 )
+#: Version 2 -> 3: sync writes. The prepares of each vbucket (`completed`: the seqno of the commit or
+#: abort that completed it, 0 while in flight; completed ones are kept for rollback until compaction
+#: passes the rollback floor), and the vbucket's persisted high prepared / high completed seqnos.
+_MIGRATE_2_TO_3 = (
+    """CREATE TABLE prepares (
+    vb INTEGER NOT NULL, seqno INTEGER NOT NULL, cid INTEGER NOT NULL, key BLOB NOT NULL, level INTEGER NOT NULL,
+    rev_seqno INTEGER NOT NULL, cas INTEGER NOT NULL, flags INTEGER NOT NULL, expiry INTEGER NOT NULL,
+    datatype INTEGER NOT NULL, deleted INTEGER NOT NULL, delete_time INTEGER NOT NULL, value BLOB NOT NULL,
+    completed INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (vb, seqno))""",
+    "ALTER TABLE vbucket_state ADD COLUMN hps INTEGER NOT NULL DEFAULT 0",
+    "ALTER TABLE vbucket_state ADD COLUMN hcs INTEGER NOT NULL DEFAULT 0",
+)
 #: The steps from version N to N + 1, by N.
-_MIGRATIONS = {1: _MIGRATE_1_TO_2}
+_MIGRATIONS = {1: _MIGRATE_1_TO_2, 2: _MIGRATE_2_TO_3}
 
 
 class StoreVersionError(ValueError):
@@ -310,10 +322,11 @@ def _layout_v1() -> frozenset:
 _RUN_FROM = ("SELECT id, hi, count, last, CASE WHEN id = ?1 THEN data END "
              "FROM runs WHERE id >= ?1 AND id < ?2 ORDER BY id LIMIT 1")
 _STATE_COLS = ("vb, state, failover_log, high_seqno, snap_start, snap_end, purge_seqno, max_cas, "
-               "max_visible_seqno, max_deleted_rev_seqno")
+               "max_visible_seqno, max_deleted_rev_seqno, hps, hcs")
 _UPSERT_STATE = (
-    f"INSERT INTO vbucket_state ({_STATE_COLS}) VALUES (?,?,?,?,?,?,?,?,?,?) "
-    "ON CONFLICT (vb) DO UPDATE SET state = excluded.state, failover_log = excluded.failover_log, "
+    f"INSERT INTO vbucket_state ({_STATE_COLS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?) "
+    "ON CONFLICT (vb) DO UPDATE SET hps = excluded.hps, hcs = excluded.hcs, state = excluded.state, "
+    "failover_log = excluded.failover_log, "
     "high_seqno = excluded.high_seqno, snap_start = excluded.snap_start, snap_end = excluded.snap_end, "
     "purge_seqno = MAX(purge_seqno, excluded.purge_seqno), max_cas = excluded.max_cas, "
     "max_visible_seqno = excluded.max_visible_seqno, max_deleted_rev_seqno = excluded.max_deleted_rev_seqno")
@@ -483,11 +496,13 @@ class VBucketStateRecord:
     max_deleted_rev_seqno: int = 0
     history_floor: int = 0
     history_start: int = 0
+    hps: int = 0  # high prepared seqno (sync writes) as flushed
+    hcs: int = 0  # high completed seqno
 
     def _params(self) -> tuple:
         return (self.vb, self.state, self.failover_log, self.high_seqno, self.snap_start, self.snap_end,
                 self.purge_seqno, _s64(self.max_cas), self.max_visible_seqno,
-                _s64(self.max_deleted_rev_seqno))
+                _s64(self.max_deleted_rev_seqno), self.hps, self.hcs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -610,7 +625,7 @@ class Store:
         out = {}
         for r in rows:
             out[r[0]] = VBucketStateRecord(r[0], r[1], r[2], r[3], r[4], r[5], r[6], _u64(r[7]), r[8],
-                                           _u64(r[9]), r[10], r[11])
+                                           _u64(r[9]), r[12], r[13], r[10], r[11])
         return out
 
     def save_vbucket_states(self, records: Iterable[VBucketStateRecord]) -> None:
@@ -620,14 +635,14 @@ class Store:
     def clear(self) -> None:
         """Every vbucket's rows, states and runs, in one transaction (a bucket flush); meta stays."""
         with self._txn() as db:
-            for table in ("runs", "items", "history", "snapshots", "vbucket_state"):
+            for table in ("runs", "items", "history", "snapshots", "vbucket_state", "prepares"):
                 db.execute(f"DELETE FROM {table}")  # no WHERE: SQLite truncates the table
             self._tails.clear()
 
     def delete_vbucket(self, vb: int) -> None:
         with self._txn() as db:
             self._forget_runs(db, vb)
-            for table in ("items", "history", "snapshots", "vbucket_state"):
+            for table in ("items", "history", "snapshots", "vbucket_state", "prepares"):
                 db.execute(f"DELETE FROM {table} WHERE vb = ?", (vb,))
 
     def purge_collections(self, pairs: Iterable[tuple[int, int]]) -> int:
@@ -710,9 +725,13 @@ class Store:
     # -- the flusher's write ----------------------------------------------------------------
     def write(self, batches: Iterable[tuple[int, Sequence[Item]]],
               states: Iterable[VBucketStateRecord] = (),
-              snapshot_ranges: Iterable[tuple[int, int, int]] = ()) -> None:
+              snapshot_ranges: Iterable[tuple[int, int, int]] = (),
+              sync_batches: Iterable[tuple[int, Sequence[Item]]] = ()) -> None:
         """Persist items (seqno order per vbucket), state rows and the (vb, snap_start, snap_end)
-        ranges the items belong to, in one transaction."""
+        ranges the items belong to, in one transaction. `sync_batches` are the prepares, commits
+        and aborts (durability/items.py) of the same batch, in seqno order: a prepare is stored in
+        `prepares`, and marked completed by its commit or abort (a commit's version is among the
+        items)."""
         with self._txn() as db:
             pending: list[tuple] = []  # rows not yet written: every vbucket's go into the same statements
             written = []
@@ -737,9 +756,32 @@ class Store:
                 if older and self._keep_history:
                     self._file_older_versions(db, vb, older, latest)
                 self._extend_runs(db, vb, sizes)
+            for vb, items in sync_batches:
+                self._write_sync(db, vb, items)
             db.executemany(_UPSERT_STATE, [r._params() for r in states])
             db.executemany("INSERT OR IGNORE INTO snapshots (vb, snap_start, snap_end) VALUES (?, ?, ?)",
                            list(snapshot_ranges))
+
+    @staticmethod
+    def _write_sync(db: sqlite3.Connection, vb: int, items: Sequence[Item]) -> None:
+        for it in items:
+            prepared = getattr(it, "prepared_seqno", None)
+            if prepared is None:
+                db.execute("INSERT OR REPLACE INTO prepares (vb, cid, key, seqno, level, rev_seqno, cas, flags, "
+                           "expiry, datatype, deleted, delete_time, value) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                           (vb, it.cid, it.key, it.by_seqno, it.level, _s64(it.rev_seqno), _s64(it.cas), it.flags,
+                            it.expiry, it.datatype, int(it.deleted), it.delete_time, it.value))
+            else:
+                db.execute("UPDATE prepares SET completed = ? WHERE vb = ? AND seqno = ?", (it.by_seqno, vb, prepared))
+
+    def load_prepares(self, vb: int) -> list[tuple]:
+        """The vbucket's in-flight prepares as rows (cid, key, seqno, level, rev_seqno, cas, flags,
+        expiry, datatype, deleted, delete_time, value), in seqno order; CAS and rev seqno unsigned."""
+        with self._lock:
+            rows = self._db.execute("SELECT cid, key, seqno, level, rev_seqno, cas, flags, expiry, datatype, deleted, "
+                                    "delete_time, value FROM prepares WHERE vb = ? AND completed = 0 ORDER BY seqno",
+                                    (vb,)).fetchall()
+        return [(r[0], r[1], r[2], r[3], _u64(r[4]), _u64(r[5]), *r[6:]) for r in rows]
 
     @staticmethod
     def _file_older_versions(db: sqlite3.Connection, vb: int, older: list[Item], latest: dict) -> None:
@@ -876,6 +918,8 @@ class Store:
         else:
             db.execute("DELETE FROM history WHERE vb = ? AND superseded_by <= ?", (vb, floor))
         db.execute("DELETE FROM snapshots WHERE vb = ? AND snap_end < ?", (vb, floor))
+        # completed prepares only a rollback below the floor could bring back
+        db.execute("DELETE FROM prepares WHERE vb = ? AND completed > 0 AND completed <= ?", (vb, floor))
         db.execute("UPDATE vbucket_state SET purge_seqno = ?, max_deleted_rev_seqno = ?, "
                    "history_floor = ?, history_start = ? WHERE vb = ?",
                    (purge_seqno, _s64(max_rev), floor, history_start, vb))
@@ -922,10 +966,11 @@ class Store:
                 return RollbackResult(high, snap_start, snap_end)
             if seqno < floor or seqno <= 0:
                 self._forget_runs(db, vb)
-                for table in ("items", "history", "snapshots"):
+                for table in ("items", "history", "snapshots", "prepares"):
                     db.execute(f"DELETE FROM {table} WHERE vb = ?", (vb,))
                 db.execute("UPDATE vbucket_state SET high_seqno = 0, snap_start = 0, snap_end = 0, "
-                           "purge_seqno = 0, max_visible_seqno = 0, history_floor = 0 WHERE vb = ?", (vb,))
+                           "purge_seqno = 0, max_visible_seqno = 0, history_floor = 0, hps = 0, hcs = 0 "
+                           "WHERE vb = ?", (vb,))
                 return RollbackResult(0, 0, 0)
             keys = db.execute("SELECT cid, key FROM items WHERE id > ? AND id <= ?",
                               (_rowid(vb, seqno), _rowid(vb, MAX_STORED_SEQNO))).fetchall()
@@ -941,8 +986,16 @@ class Store:
                              "ORDER BY snap_start DESC, snap_end DESC LIMIT 1", (vb, seqno)).fetchone()
             snap = row if row is not None and row[1] > seqno else (seqno, seqno)
             db.execute("DELETE FROM snapshots WHERE vb = ? AND snap_start > ?", (vb, seqno))
-            db.execute("UPDATE vbucket_state SET high_seqno = ?, snap_start = ?, snap_end = ?, "
-                       "max_visible_seqno = ? WHERE vb = ?", (seqno, snap[0], snap[1], seqno, vb))
+            # Prepares made after the seqno go; those completed after it are in flight again (the
+            # stream that follows sends their commit or abort again). The high completed seqno is
+            # that of the completed prepares left (compaction dropped only those completed below
+            # the floor, whose seqnos the old value bounds there).
+            db.execute("DELETE FROM prepares WHERE vb = ? AND seqno > ?", (vb, seqno))
+            db.execute("UPDATE prepares SET completed = 0 WHERE vb = ? AND completed > ?", (vb, seqno))
+            db.execute("UPDATE vbucket_state SET high_seqno = ?, snap_start = ?, snap_end = ?, max_visible_seqno = ?, "
+                       "hps = MIN(hps, ?), hcs = MAX(COALESCE((SELECT MAX(seqno) FROM prepares WHERE vb = ? AND "
+                       "completed > 0), 0), MIN(hcs, history_floor)) WHERE vb = ?",
+                       (seqno, snap[0], snap[1], seqno, seqno, vb, vb))
             return RollbackResult(seqno, snap[0], snap[1])
 
 

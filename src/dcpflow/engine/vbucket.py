@@ -29,10 +29,19 @@ its `cid`. Writes to other collections take the general path (their collection's
 expiry; their counts and high seqno are kept in `collections`). The collections a vbucket has
 change only through its system events (`apply_collection_changes`); dropping a collection
 forgets its documents from memory at once, and the bucket purges them from the store later.
+
+Sync writes (durability/): `prepare` queues a prepare that takes a seqno but not the hash table,
+and blocks its key (a SYNC_BLOCK entry in `locks`, which every write path already consults) until
+the active's monitor commits it (`seqno_ack`, the flusher, `complete_sync_writes`) or aborts it at
+its deadline; the commit is the key's new version at a seqno of its own. A replica applies
+prepares, commits and aborts (`apply_prepare` / `apply_commit` / `apply_abort`) and its passive
+monitor moves the high prepared seqno (`hps`) it acknowledges. Becoming active adopts the
+prepares held, without deadlines. `hps`, `hcs` and the prepares persist through the flusher.
 """
 
 import dataclasses
 import heapq
+import math
 import time
 from collections.abc import Callable, Iterable
 
@@ -43,6 +52,9 @@ from dcpflow.protocol.status import Status
 from .checkpoint import CheckpointManager, CheckpointType
 from .collections import SYSTEM_CID, Change, SystemEvent, event_item
 from .conflict import ConflictResolutionMode, DocMeta, incoming_wins
+from .durability import DEFAULT_TIMEOUT, ActiveDurabilityMonitor, Outcome, PassiveDurabilityMonitor, Topology
+from .durability.items import Abort, Commit, Prepare, make_abort, make_commit, make_prepare
+from .durability.requirements import Level
 from .errors import EngineError
 from .expiry import to_absolute
 from .failover import FailoverEntry, FailoverTable
@@ -63,6 +75,11 @@ _SKIP_CR = WithMetaOption.FORCE_WITH_META_OP | WithMetaOption.SKIP_CONFLICT_RESO
 _ACTIVE = VBucketState.ACTIVE
 _new_item = object.__new__  # VBucket.set builds its Item field by field
 _EXPLICIT = DeleteSource.EXPLICIT
+#: The `locks` entry of a key with a sync write in progress: every write path that honours
+#: GET_LOCKED's locks already looks there (and only when the dict is not empty), so refusing
+#: other writes to such a key (SYNC_WRITE_IN_PROGRESS) costs a write without one nothing.
+SYNC_BLOCK = (None, math.inf)
+_LEVELS = (Level.MAJORITY, Level.MAJORITY_AND_PERSIST_ON_MASTER, Level.PERSIST_TO_MAJORITY)
 
 
 class VBucket:
@@ -72,7 +89,8 @@ class VBucket:
                  "max_deleted_rev_seqno", "persisted_seqno", "persisted_snapshot", "snapshot_start",
                  "snapshot_end", "_clock", "_on_seqno", "_dirty", "checkpoint_manager", "ht", "num_items",
                  "num_deleted", "ops_create", "ops_update", "ops_delete", "_expiry_heap", "locks", "_mem", "_fetch",
-                 "collections", "history_start")
+                 "collections", "history_start", "prepares", "hps", "hcs", "persisted_hps", "persisted_hcs",
+                 "persisted_mvs", "topology", "adm", "pdm")
 
     def __init__(self, vbid: int, state: VBucketState = VBucketState.ACTIVE, *,
                  conflict_resolution: ConflictResolutionMode | str = ConflictResolutionMode.REV_SEQNO,
@@ -84,7 +102,8 @@ class VBucket:
                  persistent: bool = True, clock: Callable[[], float] = time.time,
                  on_seqno: Callable[[int, int], None] | None = None,
                  dirty: dict[int, None] | None = None, memory: BucketMemory | None = None,
-                 fetch: Callable[[int, bytes], Item | None] | None = None):
+                 fetch: Callable[[int, bytes], Item | None] | None = None, hps: int = 0, hcs: int = 0,
+                 prepares: Iterable[Prepare] = ()):
         self.id = vbid
         self.state = VBucketState(state)
         self.conflict_resolution = ConflictResolutionMode(conflict_resolution)
@@ -123,6 +142,18 @@ class VBucket:
         self.locks: dict[bytes, tuple[int, float]] = {}
         self.collections = VBCollections()
         self._load(items)
+        # sync writes (durability/): the in-flight prepares by doc key, the high prepared and high
+        # completed seqnos (in memory and as last flushed), and the side's monitor
+        self.prepares: dict = {}
+        self.hps = self.persisted_hps = hps
+        self.hcs = self.persisted_hcs = hcs
+        self.persisted_mvs = high_seqno  # the max visible seqno of the last flush (vbucket_state)
+        self.topology: Topology | None = None
+        self.adm: ActiveDurabilityMonitor | None = None
+        self.pdm: PassiveDurabilityMonitor | None = None
+        for p in prepares:
+            self.prepares[p.key if not p.cid else (p.cid, p.key)] = p
+        self._start_monitor()
 
     def __repr__(self) -> str:
         return f"<VBucket {self.id} {self.state.name.lower()} high_seqno={self.high_seqno}>"
@@ -216,7 +247,8 @@ class VBucket:
 
     @property
     def max_visible_seqno(self) -> int:
-        return self.high_seqno  # no prepares or system events are stored
+        """The highest seqno of a version readers without sync writes see (not a prepare or an abort)."""
+        return self.checkpoint_manager.max_visible_seqno(self.high_seqno)
 
     # -- state --------------------------------------------------------------------------------
     def set_state(self, state: VBucketState, *, by_takeover: bool = False) -> FailoverEntry | None:
@@ -242,6 +274,7 @@ class VBucket:
             self.snapshot_start = self.snapshot_end = self.high_seqno  # an active's snapshot is complete
         self.state = state
         self.locks.clear()  # locks belong to an active copy and are not handed over
+        self._start_monitor()
         return entry
 
     def _check_active(self) -> None:
@@ -299,8 +332,9 @@ class VBucket:
                 heapq.heappush(self._expiry_heap, (item.expiry, item.by_seqno, key))
         self.ht[key] = item
         self.high_seqno = item.by_seqno
-        if self.locks:
-            self.locks.pop(key, None)  # a new version (delete, expiry, replication) ends the lock
+        locks = self.locks
+        if locks and locks.get(key) is not SYNC_BLOCK:
+            locks.pop(key, None)  # a new version (delete, expiry, replication) ends the lock
         if self._dirty is not None:
             self._dirty[self.id] = None
         if self._on_seqno is not None:
@@ -507,6 +541,8 @@ class VBucket:
         self._check_memory()
         if cas:
             raise EngineError(Status.EINVAL, "add does not take a CAS")
+        if self.prepares and key in self.prepares:
+            raise _in_progress(key)
         now = self._clock()
         if self._live(key, now) is not None:
             raise EngineError(Status.KEY_EEXISTS, f"key {key!r} already exists")
@@ -554,6 +590,8 @@ class VBucket:
         return self._resident(self._writable(key, cas, self._clock()))
 
     def _writable(self, key: bytes, cas: int, now: float) -> Item:
+        if self.locks and self.locks.get(key) is SYNC_BLOCK:
+            raise _in_progress(key)
         live = self._live(key, now)
         if live is None:
             raise self._enoent(key)
@@ -563,12 +601,56 @@ class VBucket:
             self._check_cas(key, live, cas)
         return live
 
+    # -- read-modify-write of a whole version (sub-document commands: server/subdoc.py) ----------
+    def current(self, key) -> Item | None:
+        """The key's current version (`key` as everywhere: bytes, or (collection id, bytes)), live
+        or tombstone (a due expiry is turned into an expiration first), or None for an unknown key.
+        Active only."""
+        self._check_active()
+        self._live(key, self._clock())
+        return self.ht.get(key)
+
+    def write_version(self, key, prev: Item | None, value: bytes, *, flags: int = 0, expiry: int = 0,
+                      datatype: int = 0, deleted: bool = False, cas: int = 0,
+                      finish: Callable[[int, int], bytes] | None = None) -> Item:
+        """Store the version a read-modify-write built from `prev` (what `current` returned; None:
+        the key was unknown), live or as a tombstone carrying `value` (xattrs). `cas` is the
+        request's, which a GET_LOCKED lock needs. `finish(cas, seqno)` gives the final value once the
+        new version's CAS and seqno are known (macro expansion). KEY_EEXISTS if `prev` is no longer
+        the current version."""
+        self._check_active()
+        if self.ht.get(key) is not prev:
+            raise EngineError(Status.KEY_EEXISTS, f"key {key!r} changed during the read-modify-write")
+        now = self._clock()
+        if self.locks:
+            self._check_lock(key, cas, now)
+        new_cas, seqno = self.hlc.next(), self.high_seqno + 1
+        if finish is not None:
+            value = finish(new_cas, seqno)
+        rev = self._next_rev(prev)
+        cid, doc = key if key.__class__ is tuple else (0, key)
+        if deleted:
+            item = Item(doc, value, flags, 0, new_cas, rev, seqno, datatype, True, int(now), DeleteSource.EXPLICIT, cid)
+        else:
+            item = Item(doc, value, flags, self._expiry(key, expiry, now), new_cas, rev, seqno, datatype, cid=cid)
+        return self._queue(item, prev)
+
+    def replica_version(self, key) -> Item | None:
+        """The key's version on a replica vbucket (GET_REPLICA, sub-document replica reads): live
+        or tombstone, None if unknown or expired (a replica never expires anything itself)."""
+        if self.state != VBucketState.REPLICA:
+            raise EngineError(Status.NOT_MY_VBUCKET, f"vbucket {self.id} is {self.state.name.lower()}, not a replica")
+        item = self.ht.get(key)
+        if item is not None and not item.deleted and item.expiry and item.expiry <= self._clock():
+            return None
+        return item
+
     # -- GET_LOCKED / UNLOCK_KEY (BinaryProtocol.md#0x94-get-locked) ----------------------------
     def lock_cas(self, key: bytes, now: float | None = None) -> int | None:
         """The CAS of the key's unexpired lock, or None; an expired lock is released here (lazily,
         as the page says Couchbase does)."""
         lock = self.locks.get(key)
-        if lock is None:
+        if lock is None or lock is SYNC_BLOCK:
             return None
         if lock[1] <= (self._clock() if now is None else now):
             del self.locks[key]
@@ -576,7 +658,10 @@ class VBucket:
         return lock[0]
 
     def _check_lock(self, key: bytes, cas: int, now: float) -> None:
-        """A mutation of a locked document needs the lock's CAS (it then releases the lock)."""
+        """A mutation of a locked document needs the lock's CAS (it then releases the lock); a key
+        with a sync write in progress takes no other write until it completes."""
+        if self.locks.get(key) is SYNC_BLOCK:
+            raise _in_progress(key)
         lock = self.lock_cas(key, now)
         if lock is not None and cas != lock:
             raise EngineError(Status.LOCKED, f"key {key!r} is locked (GET_LOCKED): mutate it with the CAS the "
@@ -589,6 +674,8 @@ class VBucket:
         is not a new version: no seqno, nothing queued, nothing for DCP. A restart brings back the
         persisted CAS."""
         self._check_active()
+        if self.prepares and key in self.prepares:
+            raise _in_progress(key)
         now = self._clock()
         live = self._live(key, now)
         if live is None:
@@ -665,6 +752,8 @@ class VBucket:
         self._check_active()
         if not deletion:
             self._check_memory()
+        if self.prepares and key in self.prepares:
+            raise _in_progress(key)
         skip, regenerate = self._check_options(options, incoming.cas, deletion=deletion)
         if incoming.rev_seqno > MAX_REV_SEQNO:
             raise EngineError(Status.EINVAL, _rev_too_big(incoming.rev_seqno))
@@ -718,6 +807,9 @@ class VBucket:
         if end < self.high_seqno:
             raise EngineError(Status.ERANGE, f"snapshot end {end} is below the high seqno {self.high_seqno}")
         ctype = CheckpointType.DISK if disk else CheckpointType.MEMORY
+        if self.pdm is not None:  # a new marker: everything of the snapshot before it arrived
+            self.pdm.snapshot_received(self.high_seqno)
+            self.hps = self.pdm.hps
         self.checkpoint_manager.create_checkpoint(start, end, ctype)
         self.snapshot_start, self.snapshot_end = start, end
 
@@ -748,13 +840,274 @@ class VBucket:
         if item.rev_seqno > MAX_REV_SEQNO:
             raise EngineError(Status.EINVAL, _rev_too_big(item.rev_seqno))
         seqno = item.by_seqno
+        self._check_applicable(seqno)
+        if self.prepares:
+            # A version of a key whose prepare is held completes the prepare: a disk snapshot sends
+            # a commit as the version it made.
+            held = self.prepares.pop(item.key if not item.cid else (item.cid, item.key), None)
+            if held is not None:
+                self._completed(held.by_seqno)
+        self.hlc.observe(item.cas)
+        self._queue(item)
+        if seqno >= self.snapshot_end and self.pdm is not None:
+            self._snapshot_received(seqno)
+        return item
+
+    def _check_applicable(self, seqno: int) -> None:
+        self._check_replica()
         if seqno <= self.high_seqno:
             raise EngineError(Status.ERANGE, f"seqno {seqno} is not above the high seqno {self.high_seqno}")
         if not self.snapshot_start <= seqno <= self.snapshot_end:
             raise EngineError(Status.ERANGE, f"seqno {seqno} is outside the current snapshot "
                               f"[{self.snapshot_start}, {self.snapshot_end}]")
-        self.hlc.observe(item.cas)
-        return self._queue(item)
+
+    def _snapshot_received(self, seqno: int) -> None:
+        if self.pdm.snapshot_received(seqno):
+            self.hps = self.pdm.hps
+
+    def apply_prepare(self, key, value: bytes, *, by_seqno: int, cas: int, rev_seqno: int, flags: int = 0,
+                      expiry: int = 0, datatype: int = 0, deleted: bool = False, delete_time: int = 0,
+                      level: int = Level.MAJORITY) -> Prepare:
+        """Store a replicated DCP_PREPARE: queued and tracked, the key's readable version unchanged."""
+        self._check_applicable(by_seqno)
+        if level not in _LEVELS:
+            raise EngineError(Status.DURABILITY_INVALID_LEVEL, f"durability level {level} is not 1..3")
+        cid, bkey = key if key.__class__ is tuple else (0, key)
+        item = make_prepare(Item(bkey, value, flags, expiry, cas, rev_seqno, by_seqno, datatype, deleted,
+                                 delete_time if deleted else 0, DeleteSource.EXPLICIT, cid), level)
+        self.hlc.observe(cas)
+        self._queue_sync(item)
+        self.prepares[key] = item
+        self.pdm.received(item)
+        if by_seqno >= self.snapshot_end:
+            self._snapshot_received(by_seqno)
+        return item
+
+    def apply_commit(self, key, *, prepared_seqno: int, commit_seqno: int) -> Commit:
+        """A replicated DCP_COMMIT: the prepare it names becomes the key's version at commit_seqno."""
+        self._check_applicable(commit_seqno)
+        prepare = self._held_prepare(key, prepared_seqno, "DCP_COMMIT")
+        commit = make_commit(prepare, commit_seqno)
+        del self.prepares[key]
+        self._queue(commit)
+        self.checkpoint_manager.mark_sync()
+        self._completed(prepared_seqno)
+        if commit_seqno >= self.snapshot_end:
+            self._snapshot_received(commit_seqno)
+        return commit
+
+    def apply_abort(self, key, *, prepared_seqno: int, abort_seqno: int) -> Abort:
+        self._check_applicable(abort_seqno)
+        prepare = self._held_prepare(key, prepared_seqno, "DCP_ABORT")
+        abort = make_abort(prepare, abort_seqno, prepare.cas, int(self._clock()))
+        del self.prepares[key]
+        self._queue_sync(abort)
+        self._completed(prepared_seqno)
+        if abort_seqno >= self.snapshot_end:
+            self._snapshot_received(abort_seqno)
+        return abort
+
+    def _held_prepare(self, key, prepared_seqno: int, what: str) -> Prepare:
+        prepare = self.prepares.get(key)
+        if prepare is None or prepare.by_seqno != prepared_seqno:
+            held = "none" if prepare is None else f"seqno {prepare.by_seqno}"
+            raise EngineError(Status.EINVAL, f"{what} for {key!r} names the prepare at seqno {prepared_seqno}, "
+                              f"but this vbucket holds {held}")
+        return prepare
+
+    def _completed(self, prepared_seqno: int) -> None:
+        if prepared_seqno > self.hcs:
+            self.hcs = prepared_seqno
+        if self.pdm is not None:
+            self.pdm.completed(prepared_seqno)
+
+    # -- sync writes on the active (durability/active_monitor.py) ------------------------------
+    def _start_monitor(self) -> None:
+        """The monitor of the vbucket's side. A replica that becomes active adopts the prepares it
+        holds without deadlines (the old active may have committed them: they are driven to commit)."""
+        if self.state == _ACTIVE:
+            if self.adm is None:
+                self.adm = ActiveDurabilityMonitor(self.topology, self.persisted_seqno)
+                self.adm.adopt(sorted(self.prepares.values(), key=lambda p: p.by_seqno))
+            self.pdm = None
+            for key in self.prepares:
+                self.locks[key] = SYNC_BLOCK
+        else:
+            if self.adm is not None:  # writers waiting on this copy will not hear from it: ambiguous
+                for sw in list(self.adm.tracked.values()):
+                    for callback in sw.waiters:
+                        callback(Outcome.ABORTED)
+            if self.pdm is None:
+                self.pdm = PassiveDurabilityMonitor(self.hps, self.hcs)
+                self.pdm.snapshot_end_received = self.high_seqno
+                self.pdm.persisted_seqno = self.persisted_seqno
+                for p in sorted(self.prepares.values(), key=lambda p: p.by_seqno):
+                    self.pdm.received(p)
+            self.adm = None
+
+    def set_topology(self, chain) -> None:
+        """The first replication chain (active name first; None: an unassigned replica), or None."""
+        self.topology = None if chain is None else Topology.of(chain)
+        if self.adm is not None:
+            self.adm.set_topology(self.topology)
+
+    def prepare(self, key, value: bytes = b"", *, level: int, mode: str = "set", flags: int = 0, expiry: int = 0,
+                datatype: int = 0, cas: int = 0, timeout: float | None = None) -> Prepare:
+        """Begin a sync write: `mode` set / add / replace / delete, checked as that write is.
+
+        The prepare is queued and tracked; the caller learns the outcome with `on_complete`.
+        DURABILITY_IMPOSSIBLE when the chain has too few nodes for a majority."""
+        self._check_sync_write(key, level)
+        now = self._clock()
+        deleted = False
+        delete_time = 0
+        if mode == "set":
+            prev = self._live(key, now)
+            if self.locks:
+                self._check_lock(key, cas, now)
+            if cas:
+                self._check_cas(key, prev, cas)
+            prev = self.ht.get(key)
+        elif mode == "add":
+            if cas:
+                raise EngineError(Status.EINVAL, "add does not take a CAS")
+            if self._live(key, now) is not None:
+                raise EngineError(Status.KEY_EEXISTS, f"key {key!r} already exists")
+            prev = self.ht.get(key)
+        elif mode in ("replace", "delete"):
+            prev = self._writable(key, cas, now)
+            if mode == "delete":
+                value, datatype = retain_system_xattrs(prev.value, prev.datatype)
+                flags, deleted, delete_time = prev.flags, True, int(now)
+        else:
+            raise ValueError(f"unknown sync write mode {mode!r}")
+        expiry = self._expiry(key, expiry, now) if not deleted else 0
+        cid, bkey = key if key.__class__ is tuple else (0, key)
+        item = Item(bkey, value, flags, expiry, self.hlc.next(), self._next_rev(prev), self.high_seqno + 1, datatype,
+                    deleted, delete_time, DeleteSource.EXPLICIT, cid)
+        return self._begin_sync_write(key, item, level, timeout, now)
+
+    def prepare_version(self, key, prev: Item | None, value: bytes, *, level: int, timeout: float | None = None,
+                        flags: int = 0, expiry: int = 0, datatype: int = 0, deleted: bool = False, cas: int = 0,
+                        finish: Callable[[int, int], bytes] | None = None) -> Prepare:
+        """`write_version` as a sync write (a durable sub-document mutation): the version is prepared."""
+        self._check_sync_write(key, level)
+        if self.ht.get(key) is not prev:
+            raise EngineError(Status.KEY_EEXISTS, f"key {key!r} changed during the read-modify-write")
+        now = self._clock()
+        if self.locks:
+            self._check_lock(key, cas, now)
+        new_cas, seqno = self.hlc.next(), self.high_seqno + 1
+        if finish is not None:
+            value = finish(new_cas, seqno)
+        cid, doc = key if key.__class__ is tuple else (0, key)
+        if deleted:
+            item = Item(doc, value, flags, 0, new_cas, self._next_rev(prev), seqno, datatype, True, int(now),
+                        DeleteSource.EXPLICIT, cid)
+        else:
+            item = Item(doc, value, flags, self._expiry(key, expiry, now), new_cas, self._next_rev(prev), seqno,
+                        datatype, cid=cid)
+        return self._begin_sync_write(key, item, level, timeout, now)
+
+    def _check_sync_write(self, key, level: int) -> None:
+        self._check_active()
+        if level not in _LEVELS:
+            raise EngineError(Status.DURABILITY_INVALID_LEVEL, f"durability level {level} is not 1..3")
+        if not self.adm.possible:
+            why = ("no replication chain is set for it" if self.topology is None else
+                   f"its chain has {1 + len(self.topology.replicas)} of the {self.topology.majority} nodes "
+                   "a majority needs")
+            raise EngineError(Status.DURABILITY_IMPOSSIBLE, f"vbucket {self.id} cannot meet a durability level: "
+                              f"{why}")
+        if key in self.prepares:
+            raise _in_progress(key)
+
+    def _begin_sync_write(self, key, item: Item, level: int, timeout: float | None, now: float) -> Prepare:
+        prepare = make_prepare(item, level)
+        self._queue_sync(prepare)
+        self.prepares[key] = prepare
+        self.locks[key] = SYNC_BLOCK
+        self.adm.track(prepare, level, now + (DEFAULT_TIMEOUT if timeout is None else timeout))
+        return prepare
+
+    def on_complete(self, prepare: Prepare, callback: Callable[[Outcome], None]) -> None:
+        """Call `callback(outcome)` once the prepare is committed or aborted (at once if it is)."""
+        sw = self.adm.tracked.get(prepare.by_seqno) if self.adm is not None else None
+        if sw is None:
+            raise EngineError(Status.EINVAL, f"seqno {prepare.by_seqno} is not a tracked prepare")
+        sw.waiters.append(callback)
+
+    def seqno_ack(self, node: str, seqno: int) -> list:
+        """A replica acknowledged every prepare up to `seqno` (DCP_SEQNO_ACK); completes what it can."""
+        if self.adm is None:
+            return []
+        self.adm.seqno_ack(node, seqno)
+        return self.complete_sync_writes()
+
+    def complete_sync_writes(self, now: float | None = None) -> list:
+        """Commit every satisfied prepare and abort every expired one; returns [(prepare, outcome)]."""
+        adm = self.adm
+        if adm is None or not adm.tracked:
+            return []
+        adm.persisted(self.persisted_seqno)
+        done = []
+        for sw in adm.ready():
+            adm.forget(sw.prepare.by_seqno)
+            self._commit(sw.prepare)
+            done.append((sw, Outcome.COMMITTED))
+        now = self._clock() if now is None else now
+        for sw in adm.expired(now):
+            adm.forget(sw.prepare.by_seqno)
+            self._abort(sw.prepare)
+            done.append((sw, Outcome.ABORTED))
+        for sw, outcome in done:
+            for callback in sw.waiters:
+                callback(outcome)
+        return [(sw.prepare, outcome) for sw, outcome in done]
+
+    def next_sync_deadline(self) -> float:
+        return self.adm.next_deadline() if self.adm is not None else math.inf
+
+    def _commit(self, prepare: Prepare) -> Commit:
+        key = prepare.key if not prepare.cid else (prepare.cid, prepare.key)
+        commit = make_commit(prepare, self.high_seqno + 1)
+        del self.prepares[key]
+        self.locks.pop(key, None)
+        self._queue(commit)
+        self.checkpoint_manager.mark_sync()
+        self._completed(prepare.by_seqno)
+        return commit
+
+    def _abort(self, prepare: Prepare) -> Abort:
+        key = prepare.key if not prepare.cid else (prepare.cid, prepare.key)
+        abort = make_abort(prepare, self.high_seqno + 1, self.hlc.next(), int(self._clock()))
+        del self.prepares[key]
+        self.locks.pop(key, None)
+        self._queue_sync(abort)
+        self._completed(prepare.by_seqno)
+        return abort
+
+    def _queue_sync(self, item: Item) -> None:
+        """Queue a prepare or an abort: a seqno, the checkpoints, the flusher, no hash table."""
+        self.checkpoint_manager.queue_sync(item)
+        if item.cid:
+            self.collections.note_other(item.by_seqno, self.high_seqno)
+        self.high_seqno = item.by_seqno
+        if item.__class__ is Prepare and self.state == _ACTIVE:
+            self.hps = item.by_seqno  # a replica's moves as it acknowledges (passive_monitor.py)
+        if self._dirty is not None:
+            self._dirty[self.id] = None
+        if self._on_seqno is not None:
+            self._on_seqno(self.id, item.by_seqno)
+
+    def persisted(self, seqno: int, hps: int, hcs: int) -> None:
+        """The flusher made everything up to `seqno` durable (with these high prepared/completed seqnos)."""
+        self.persisted_hps = max(self.persisted_hps, hps)
+        self.persisted_hcs = max(self.persisted_hcs, hcs)
+        if self.pdm is not None and self.pdm.persisted(seqno):
+            self.hps = self.pdm.hps
+        elif self.adm is not None:
+            self.adm.persisted(seqno)
 
     # -- expiry pager ---------------------------------------------------------------------------
     def expire_due(self, now: float | None = None, limit: int | None = None) -> int:
@@ -769,6 +1122,8 @@ class VBucket:
             item = ht.get(key)
             if item is None or item.deleted or item.by_seqno != seqno:
                 continue  # superseded since it was scheduled
+            if key in self.prepares:
+                continue  # its prepare decides what comes next; a read expires it later if need be
             self._tombstone(item, now, DeleteSource.TTL)
             done += 1
         if len(heap) > 2 * self.num_items + 1024:  # drop entries of superseded versions
@@ -816,7 +1171,9 @@ class VBucket:
         snap_start, snap_end = self.persisted_snapshot
         return VBucketStateRecord(self.id, int(self.state), self.failover.to_json(), self.persisted_seqno,
                                   snap_start, snap_end, self.purge_seqno, self.hlc.max_cas,
-                                  self.persisted_seqno, self.max_deleted_rev_seqno)
+                                  min(self.persisted_mvs, self.persisted_seqno), self.max_deleted_rev_seqno,
+                                  hps=self.persisted_hps,
+                                  hcs=self.persisted_hcs)
 
     def on_purged(self, result: PurgeResult) -> None:
         """Compaction purged tombstones on disk: drop the same versions from memory."""
@@ -833,7 +1190,8 @@ class VBucket:
                 mem.values -= len(item.value)
 
     def reset_to(self, seqno: int, items: Iterable[Item], *, purge_seqno: int,
-                 snapshot: tuple[int, int] | None = None, rng=None) -> None:
+                 snapshot: tuple[int, int] | None = None, rng=None, prepares: Iterable[Prepare] = (),
+                 hps: int = 0, hcs: int = 0) -> None:
         """Reload after the store rolled back to `seqno` (0 = the vbucket was reset); `snapshot`
         is the persisted snapshot that seqno lies in (its end if it is a consistent point)."""
         self.forget_memory()
@@ -847,6 +1205,11 @@ class VBucket:
         self.snapshot_start, self.snapshot_end = self.persisted_snapshot
         self.purge_seqno = purge_seqno
         self.checkpoint_manager.reset(seqno)
+        self.prepares = {(p.key if not p.cid else (p.cid, p.key)): p for p in prepares}
+        self.hps = self.persisted_hps = hps
+        self.hcs = self.persisted_hcs = hcs
+        self.adm = self.pdm = None
+        self._start_monitor()
         if seqno == 0:
             self.failover = FailoverTable(rng=rng)
         else:
@@ -870,7 +1233,16 @@ class VBucket:
             "logical_clock_ticks": self.hlc.logical_ticks,
             "drift_ahead_threshold_exceeded": self.hlc.drift_ahead_exceeded,
             "drift_behind_threshold_exceeded": self.hlc.drift_behind_exceeded,
+            "high_prepared_seqno": self.hps,
+            "high_completed_seqno": self.hcs,
+            "max_visible_seqno": self.max_visible_seqno,
+            "sync_write_prepares": len(self.prepares),
         }
+
+
+def _in_progress(key) -> EngineError:
+    return EngineError(Status.SYNC_WRITE_IN_PROGRESS, f"a sync write of {key!r} is in progress; retry once it "
+                       "completes")
 
 
 def _cas_too_big(cas: int) -> str:

@@ -25,7 +25,9 @@ DEFAULT_MGMT_SSL_PORT = 18091
 #: "nonDedupedHistory": collections may keep history (DCP change streams); the SDKs' collection
 #: managers send `history` only to a bucket that says so.
 DEFAULT_BUCKET_CAPABILITIES = ("collections", "dcp", "cccp", "nodesExt", "xattr", "cbhello", "touch",
-                               "couchapi", "nonDedupedHistory")
+                               "couchapi", "nonDedupedHistory", "subdoc.ReplicaRead", "subdoc.AccessDeleted",
+                               "subdoc.ReplaceBodyWithXattr", "subdoc.DocumentMacroSupport",
+                               "subdoc.ReviveDocument", "tombstonedUserXAttrs", "preserve_expiry", "rangeScan")
 
 
 class Node(NamedTuple):

@@ -70,31 +70,39 @@ _RESERVED_FIRST = frozenset(b"!\"#%&'()*+,-./:;<=>?@[\\]^`{|}~")
 MAX_XATTR_KEY_LEN = 15
 
 
+def xattr_key_problem(key: bytes, *, allow_virtual: bool = False) -> str | None:
+    """What is wrong with an xattr key per ExtendedAttributes.md, or None: 1 to 15 bytes of UTF-8,
+    not starting with a reserved character (punctuation other than '_' and '$', control
+    characters), '_' and '$' not alone, no '.' or '[' (they begin a path). '$' keys are virtual
+    xattrs: a sub-document lookup may name one (`allow_virtual`), a stored value may not."""
+    if not 0 < len(key) <= MAX_XATTR_KEY_LEN:
+        return f"a key is 1 to {MAX_XATTR_KEY_LEN} bytes"
+    first = key[0]
+    if first < 0x20 or first == 0x7F or first in _RESERVED_FIRST:
+        return "a key may not start with punctuation other than '_' and '$', or a control character"
+    if first == 0x24 and not allow_virtual:
+        return "'$' keys are virtual xattrs, which are read-only"
+    if key in (b"_", b"$"):
+        return "a system or virtual xattr key needs at least 2 bytes"
+    if b"." in key or b"[" in key:
+        return "'.' and '[' begin a path and cannot be part of a key"
+    try:
+        key.decode("utf-8")
+    except UnicodeDecodeError:
+        return "a key is UTF-8"
+    return None
+
+
 def check_xattrs(value: bytes) -> None:
-    """The rules of ExtendedAttributes.md for xattrs a client stores, beyond the layout: keys of 1
-    to 15 bytes of UTF-8, not starting with a reserved character (punctuation other than '_' and
-    '$', control characters), '_' not alone, no '$' (virtual xattrs are read-only), no '.' or '['
-    (they begin a path), each key once; values are JSON."""
+    """The rules of ExtendedAttributes.md for xattrs a client stores, beyond the layout: every key
+    passes `xattr_key_problem` (no virtual keys), each key once; values are JSON."""
     pairs, _ = _xattr_pairs(value)
     seen = set()
     for key, val in pairs:
         where = f"xattr key {key[:32]!r}"
-        if not 0 < len(key) <= MAX_XATTR_KEY_LEN:
-            raise ProtocolError(f"{where}: a key is 1 to {MAX_XATTR_KEY_LEN} bytes (ExtendedAttributes.md)")
-        first = key[0]
-        if first < 0x20 or first == 0x7F or first in _RESERVED_FIRST:
-            raise ProtocolError(f"{where}: a key may not start with punctuation other than '_' and '$', or a "
-                                "control character (ExtendedAttributes.md)")
-        if first == 0x24:
-            raise ProtocolError(f"{where}: '$' keys are virtual xattrs, which are read-only")
-        if key == b"_":
-            raise ProtocolError(f"{where}: a system xattr key needs at least 2 bytes")
-        if b"." in key or b"[" in key:
-            raise ProtocolError(f"{where}: '.' and '[' begin a path and cannot be part of a key")
-        try:
-            key.decode("utf-8")
-        except UnicodeDecodeError:
-            raise ProtocolError(f"{where}: a key is UTF-8") from None
+        problem = xattr_key_problem(key)
+        if problem is not None:
+            raise ProtocolError(f"{where}: {problem} (ExtendedAttributes.md)")
         if key in seen:
             raise ProtocolError(f"{where}: appears twice")
         seen.add(key)

@@ -885,7 +885,7 @@ class GetResponse(NamedTuple):
     status: int = Status.SUCCESS
     opcode: int = Opcode.GET
 
-    OPCODES = Get.OPCODES + (Opcode.GAT, Opcode.GAT_Q, Opcode.GET_LOCKED)
+    OPCODES = Get.OPCODES + (Opcode.GAT, Opcode.GAT_Q, Opcode.GET_LOCKED, Opcode.GET_REPLICA)
 
     def encode(self) -> bytes:
         if self.status != Status.SUCCESS:
@@ -1288,6 +1288,34 @@ rules.register(Opcode.GET_LOCKED, Shape(_LOCK_PAGE, extras=(0, 4), key=MUST),
 rules.register(Opcode.UNLOCK_KEY, Shape(_UNLOCK_PAGE, key=MUST, cas=MUST), Shape(_UNLOCK_PAGE, extras=(0,)))
 
 
+_REPLICA_PAGE = _BP + " (0x83 Get replica)"
+
+
+class GetReplica(NamedTuple):
+    """GET_REPLICA 0x83: read a document from a replica vbucket of this node (the SDK's
+    get_any_replica / get_all_replicas): key only, as GET. The reply is a GetResponse; a vbucket
+    that is not a replica here answers NOT_MY_VBUCKET."""
+
+    key: bytes
+    vbucket: int = 0
+    opaque: int = 0
+    framing: bytes = b""
+
+    opcode = Opcode.GET_REPLICA
+
+    def encode(self) -> bytes:
+        return request(self.opcode, key=self.key, vbucket=self.vbucket, opaque=self.opaque, framing=self.framing)
+
+    @classmethod
+    def from_frame(cls, frame: Frame) -> "GetReplica":
+        _check_opcode(frame, (cls.opcode,), cls, False)
+        rules.check(frame)
+        return cls(frame.key, frame.vbucket, frame.opaque, frame.framing)
+
+
+rules.register(Opcode.GET_REPLICA, Shape(_REPLICA_PAGE, key=MUST), Shape(_REPLICA_PAGE, extras=(4,), value=MAY))
+
+
 # ---------------------------------------------------------------------------------------------
 # Vbucket commands
 
@@ -1626,7 +1654,7 @@ class CollectionIdResponse(NamedTuple):
 #: Request opcode -> command type.
 REQUEST_TYPES: dict[int, type] = {}
 for _cls in (Hello, SaslListMechs, SelectBucket, ListBuckets, GetClusterConfig, GetErrorMap, Version, Noop,
-             Stat, Touch, SetVbucket, GetVbucket, GetAllVbSeqnos, ObserveSeqno, SeqnoPersistence):
+             Stat, Touch, SetVbucket, GetVbucket, GetAllVbSeqnos, ObserveSeqno, SeqnoPersistence, GetReplica):
     REQUEST_TYPES[_cls.opcode] = _cls
 for _cls in (SaslAuth, Quit, Get, Store, Delete, Arithmetic, Concat, Gat):
     for _op in _cls.OPCODES:

@@ -197,8 +197,9 @@ class DelWithMeta(NamedTuple):
         return bool((self.options or 0) & WithMetaOption.IS_EXPIRATION)
 
 
+# An empty value is a valid document: kv_engine checks a *WithMeta value's datatype, never its length.
 for _op in SetWithMeta.OPCODES:
-    rules.register(_op, Shape(_SWM_PAGE, extras=WITH_META_EXTRAS, key=MUST, value=MUST),
+    rules.register(_op, Shape(_SWM_PAGE, extras=WITH_META_EXTRAS, key=MUST, value=MAY),
                    Shape(_SWM_PAGE, extras=(0, 16)))
 for _op in DelWithMeta.OPCODES:
     rules.register(_op, Shape(_DWM_PAGE, extras=WITH_META_EXTRAS, key=MUST, value=MAY),

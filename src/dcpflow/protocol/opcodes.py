@@ -171,6 +171,24 @@ class Opcode(IntEnum):
     COLLECTIONS_GET_SCOPE_ID = 0xbc
     SET_DRIFT_COUNTER_STATE = 0xc1
     GET_ADJUSTED_TIME = 0xc2
+    SUBDOC_GET = 0xc5
+    SUBDOC_EXISTS = 0xc6
+    SUBDOC_DICT_ADD = 0xc7
+    SUBDOC_DICT_UPSERT = 0xc8
+    SUBDOC_DELETE = 0xc9
+    SUBDOC_REPLACE = 0xca
+    SUBDOC_ARRAY_PUSH_LAST = 0xcb
+    SUBDOC_ARRAY_PUSH_FIRST = 0xcc
+    SUBDOC_ARRAY_INSERT = 0xcd
+    SUBDOC_ARRAY_ADD_UNIQUE = 0xce
+    SUBDOC_COUNTER = 0xcf
+    SUBDOC_MULTI_LOOKUP = 0xd0
+    SUBDOC_MULTI_MUTATION = 0xd1
+    SUBDOC_GET_COUNT = 0xd2
+    SUBDOC_REPLACE_BODY_WITH_XATTR = 0xd3
+    RANGE_SCAN_CREATE = 0xda
+    RANGE_SCAN_CONTINUE = 0xdb
+    RANGE_SCAN_CANCEL = 0xdc
     PREPARE_SNAPSHOT = 0xe0
     SCRUB = 0xf0
     ISASL_REFRESH = 0xf1
@@ -359,6 +377,24 @@ OPCODE_DESCRIPTIONS: dict[int, str] = {
     0xbc: 'Resolve scope to id',
     0xc1: 'Unsupported',
     0xc2: 'Unsupported',
+    0xc5: 'Sub-document get a path (docs/SubDocument.md)',
+    0xc6: 'Sub-document: does a path exist',
+    0xc7: 'Sub-document: add a dictionary entry',
+    0xc8: 'Sub-document: add or replace a dictionary entry',
+    0xc9: 'Sub-document: remove a path',
+    0xca: 'Sub-document: replace the value at a path',
+    0xcb: 'Sub-document: append to an array',
+    0xcc: 'Sub-document: prepend to an array',
+    0xcd: 'Sub-document: insert into an array at an index',
+    0xce: 'Sub-document: add a unique primitive to an array',
+    0xcf: 'Sub-document: add a delta to an integer',
+    0xd0: 'Sub-document: up to 16 lookups on one document',
+    0xd1: 'Sub-document: up to 16 mutations applied atomically',
+    0xd2: 'Sub-document: number of elements of an array or object',
+    0xd3: 'Sub-document: replace the body with an xattr',
+    0xda: 'Create a key range scan or random sample (docs/range_scans/range_scan_create.md)',
+    0xdb: 'Continue a range scan',
+    0xdc: 'Cancel a range scan',
     0xe0: 'File-based snapshot (docs/Snapshots.md)',
     0xf0: 'Unsupported',
     0xf1: 'Reload password database',

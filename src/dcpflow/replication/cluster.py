@@ -56,7 +56,7 @@ from dcpflow.protocol.errors import ProtocolError
 from dcpflow.protocol.status import Status
 
 from .link import Link, LinkError
-from .replicator import Replicator
+from .replicator import Replicator, node_name
 
 log = logging.getLogger("dcpflow.replication")
 
@@ -199,6 +199,8 @@ class ClusterManager:
         self.stream_ends: list[tuple[float, int, int, int, int]] = []  # (time, src, dst, vb, reason), recent
         self.events: list[str] = []
         self._retry_at: dict[tuple[int, int, int], float] = {}
+        # (node, vb) -> the replication chain last sent with SET_VBUCKET to that node's active copy
+        self._topologies: dict[tuple[int, int], list] = {}
         self._lock = asyncio.Lock()
         self._task: asyncio.Task | None = None
         self._wake = asyncio.Event()
@@ -333,6 +335,8 @@ class ClusterManager:
             node.mgmt_port = own.nodes[this].mgmt_port
 
     def _node_lost(self, node: NodeState) -> None:
+        for key in [k for k in self._topologies if k[0] == node.index]:
+            del self._topologies[key]  # a restarted node has forgotten them
         if not self._stopping:
             self._event(f"lost the connection to node {node.address}")
             self.wake()
@@ -457,8 +461,42 @@ class ClusterManager:
         if not self._stopping:
             self.wake()
 
+    def topology(self, vb: int) -> list[str | None]:
+        """The vbucket's replication chain by node name (None: a slot with no usable node)."""
+        return [node_name(self.nodes[i].host, self.nodes[i].port) if i >= 0 and self._usable(i) else None
+                for i in self.map[vb]]
+
+    async def _push_topologies(self) -> None:
+        """Tell each active copy its chain (SET_VBUCKET's `topology`, set-vbucket-state-value.md)
+        when it changed: sync writes need a majority of it, and a promoted replica drives the
+        prepares it holds to commit once its new chain acknowledges them."""
+        if self.map is None:
+            return
+        jobs = []
+        for vb, chain in enumerate(self.map):
+            active = chain[0]
+            if active < 0 or vb in self.moving or not self._usable(active) or not self.nodes[active].healthy:
+                continue
+            topo = self.topology(vb)
+            if self._topologies.get((active, vb)) != topo:
+                jobs.append(self._send_topology(active, vb, topo))
+        if jobs:
+            await asyncio.gather(*jobs)
+
+    async def _send_topology(self, index: int, vb: int, topo: list) -> None:
+        node = self.nodes[index]
+        try:
+            value = json.dumps({"topology": [topo]}).encode()
+            await node.link.call(kvproto.SetVbucket(vb, int(VBucketState.ACTIVE), value), check=True,
+                                 what=f"SET_VBUCKET vb {vb} topology")
+            self._topologies[(index, vb)] = topo
+        except (LinkError, OSError) as e:
+            log.info("cluster: topology of vb %d on %s: %s (will retry)", vb, node.address, e)
+
     async def _reconcile(self) -> None:
-        """Make the running streams what the map wants (adding, closing, reconnecting)."""
+        """Make the running streams what the map wants (adding, closing, reconnecting), and tell
+        the active copies their chains."""
+        await self._push_topologies()
         want = self.wanted_streams()
         for key, rep in list(self.replicators.items()):
             if key not in want or not rep.alive:

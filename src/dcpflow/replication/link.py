@@ -107,6 +107,10 @@ class Link(asyncio.Protocol):
         for fut, _ in pending.values():
             if not fut.done():
                 fut.set_exception(err)
+                # Marked as seen: the loss reaches whoever awaits the reply, and `lost`/`on_lost`
+                # report it; a pipelined request nobody awaits any more (the login's next step
+                # after a failed HELLO) must not log it again when collected.
+                fut.exception()
         if not self.closed.done():
             self.closed.set_result(None)
         for callback in list(self.on_lost):

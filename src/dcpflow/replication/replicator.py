@@ -10,6 +10,7 @@ pair of its own.
 """
 
 import asyncio
+import json
 import logging
 from collections.abc import Callable
 
@@ -33,6 +34,11 @@ PRODUCER_FLAGS = OpenFlag.PRODUCER | OpenFlag.INCLUDE_XATTRS | OpenFlag.INCLUDE_
 #: If the consumer's own request then fails, it closes its connection (server/consumer.py), and
 #: `on_lost` makes the manager add every stream again.
 CONSUMER_RETRIES = frozenset({StreamEndReason.SLOW, StreamEndReason.BACKFILL_FAIL, StreamEndReason.ROLLBACK})
+
+
+def node_name(host: str, port: int) -> str:
+    """A node's name in replication chains (SET_VBUCKET topology) and as a DCP consumer_name."""
+    return f"{host}:{port}"
 
 
 class Replicator:
@@ -63,7 +69,10 @@ class Replicator:
             self.producer = await self._open(self.src, PRODUCER_FLAGS, "producer", timeout)
             # The consumer's DCP_CONTROLs follow its DCP_OPEN reply at once: the consumer Link holds
             # them until it is linked to the producer, just below.
-            self.consumer = await self._open(self.dst, 0, "consumer", timeout)
+            # Its consumer_name is the destination's node name, the one the vbuckets' chains list:
+            # the consumer enables sync writes and acknowledges prepares under it.
+            self.consumer = await self._open(self.dst, 0, "consumer", timeout,
+                                             json.dumps({"consumer_name": node_name(*self.dst)}).encode())
         except BaseException:
             self.close()
             raise
@@ -74,12 +83,12 @@ class Replicator:
             link.on_lost.append(self._lost)
         return self
 
-    async def _open(self, where: tuple[str, int], flags: int, role: str, timeout: float) -> Link:
+    async def _open(self, where: tuple[str, int], flags: int, role: str, timeout: float, value: bytes = b"") -> Link:
         link = await Link.open(where[0], where[1], label=f"{self.name} ({role} {where[0]}:{where[1]})",
                                timeout=timeout)
         try:
             await link.login(self._user, self._password, self.bucket, timeout=timeout)
-            await link.call(dcpproto.DcpOpen(self.name.encode(), flags), timeout, check=True, what="DCP_OPEN")
+            await link.call(dcpproto.DcpOpen(self.name.encode(), flags, value), timeout, check=True, what="DCP_OPEN")
         except BaseException:
             link.close()
             raise

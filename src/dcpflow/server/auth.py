@@ -46,15 +46,19 @@ class Privilege(IntFlag):
     DCP_CONSUMER = 0x20
     STATS = 0x40
     NODE_MANAGEMENT = 0x80  # SET_VBUCKET, persistence control, cluster maps: the cluster manager's
+    # System xattrs (keys starting with '_') through sub-document commands (ExtendedAttributes.md)
+    SYSTEM_XATTR_READ = 0x100
+    SYSTEM_XATTR_WRITE = 0x200
 
 
-ALL_PRIVILEGES = Privilege(0xFF)
+ALL_PRIVILEGES = Privilege(0x3FF)
 _P = Privilege
 
 #: Per-bucket roles (Couchbase role names) and the privileges each grants on its bucket.
 ROLES: dict[str, Privilege] = {
     "bucket_admin": ALL_PRIVILEGES & ~_P.NODE_MANAGEMENT,
-    "bucket_full_access": _P.READ | _P.WRITE | _P.META_READ | _P.DCP_PRODUCER | _P.STATS,
+    "bucket_full_access": _P.READ | _P.WRITE | _P.META_READ | _P.DCP_PRODUCER | _P.STATS | _P.SYSTEM_XATTR_READ
+    | _P.SYSTEM_XATTR_WRITE,
     "data_reader": _P.READ | _P.META_READ | _P.STATS,
     "data_writer": _P.WRITE | _P.STATS,
     "dcp_reader": _P.READ | _P.META_READ | _P.DCP_PRODUCER | _P.STATS,

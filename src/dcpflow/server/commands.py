@@ -14,10 +14,11 @@ from collections.abc import Iterable
 
 from dcpflow.protocol import kv as kvproto
 from dcpflow.protocol import meta as metaproto
+from dcpflow.protocol import subdoc as sdproto
 from dcpflow.protocol.opcodes import Opcode
 
 from . import dcp_commands as dcp
-from . import kv, session, stats
+from . import kv, range_scan, session, stats, subdoc
 from .auth import Privilege as P
 from .dispatch import Command, Handler
 
@@ -63,11 +64,21 @@ COMMANDS: dict[int, Command] = build([
     _entry(kvproto.Gat.OPCODES, kv.get_and_touch, privilege=P.READ | P.WRITE, key=True),
     _entry([Opcode.GET_LOCKED], kv.get_locked, privilege=P.READ, key=True),
     _entry([Opcode.UNLOCK_KEY], kv.unlock_key, privilege=P.READ, key=True),
+    _entry([Opcode.GET_REPLICA], kv.get_replica, privilege=P.READ, key=True),
     _entry(kvproto.Arithmetic.OPCODES, kv.arithmetic, privilege=P.READ | P.WRITE, key=True),
     _entry(kvproto.Concat.OPCODES, kv.concat, privilege=P.WRITE, key=True),
     _entry(metaproto.GetMeta.OPCODES, kv.get_meta, privilege=P.META_READ, key=True),
     _entry(metaproto.SetWithMeta.OPCODES, kv.set_with_meta, privilege=P.META_WRITE, key=True),
     _entry(metaproto.DelWithMeta.OPCODES, kv.del_with_meta, privilege=P.META_WRITE, key=True),
+    # sub-document lookups and mutations (subdoc.py)
+    _entry(sdproto.LOOKUP_OPCODES, subdoc.lookup_single, privilege=P.READ, key=True),
+    _entry(sdproto.MUTATION_OPCODES, subdoc.mutation_single, privilege=P.WRITE, key=True),
+    _entry([Opcode.SUBDOC_MULTI_LOOKUP], subdoc.multi_lookup, privilege=P.READ, key=True),
+    _entry([Opcode.SUBDOC_MULTI_MUTATION], subdoc.multi_mutation, privilege=P.WRITE, key=True),
+    # KV range scans (range_scan.py)
+    _entry([Opcode.RANGE_SCAN_CREATE], range_scan.create, privilege=P.READ),
+    _entry([Opcode.RANGE_SCAN_CONTINUE], range_scan.continue_, privilege=P.READ),
+    _entry([Opcode.RANGE_SCAN_CANCEL], range_scan.cancel, privilege=P.READ),
     # vbuckets, seqnos and persistence (kv.py)
     _entry([Opcode.GET_ALL_VB_SEQNOS], kv.get_all_vb_seqnos, privilege=P.META_READ),
     _entry([Opcode.GET_FAILOVER_LOG], kv.get_failover_log, privilege=P.META_READ),
@@ -89,9 +100,11 @@ COMMANDS: dict[int, Command] = build([
     _entry([Opcode.DCP_CLOSE_STREAM], dcp.dcp_close_stream),
     _entry([Opcode.DCP_GET_FAILOVER_LOG], dcp.dcp_get_failover_log),
     _entry([Opcode.DCP_BUFFER_ACKNOWLEDGEMENT], dcp.dcp_buffer_ack),
+    _entry([Opcode.DCP_SEQNO_ACKNOWLEDGED], dcp.dcp_seqno_ack),
     _entry([Opcode.DCP_NOOP], dcp.dcp_noop),
     _entry([Opcode.DCP_ADD_STREAM], dcp.dcp_add_stream, privilege=P.DCP_CONSUMER),
     _entry([Opcode.DCP_SNAPSHOT_MARKER, Opcode.DCP_MUTATION, Opcode.DCP_DELETION, Opcode.DCP_EXPIRATION,
-            Opcode.DCP_STREAM_END, Opcode.DCP_SET_VBUCKET_STATE, Opcode.DCP_SEQNO_ADVANCED, Opcode.DCP_SYSTEM_EVENT],
+            Opcode.DCP_STREAM_END, Opcode.DCP_SET_VBUCKET_STATE, Opcode.DCP_SEQNO_ADVANCED, Opcode.DCP_SYSTEM_EVENT,
+            Opcode.DCP_PREPARE, Opcode.DCP_COMMIT, Opcode.DCP_ABORT],
            dcp.dcp_stream_message, privilege=P.DCP_CONSUMER),
 ])

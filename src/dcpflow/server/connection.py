@@ -58,6 +58,7 @@ from dcpflow.protocol.keys import check_document_key
 from dcpflow.protocol.rules import opcode_name
 from dcpflow.protocol.status import Status
 
+from . import durable
 from .audit import COMMAND_ACCESS_FAILURE, INVALID_PACKET, PRIVILEGES_CHANGED
 from .auth import Privilege
 
@@ -420,6 +421,11 @@ class Connection(asyncio.Protocol):
         if frame.framing:
             refused = self._framing_refusal(frame)
             if refused is not None:
+                if refused.__class__ is not bytes:  # a durability requirement: a sync write (durable.py)
+                    try:
+                        return durable.run(self, frame, handler, refused.payload)
+                    except Exception as e:
+                        return self._handler_failed(frame, e)
                 return refused
         try:
             return handler(self, frame)
@@ -452,20 +458,21 @@ class Connection(asyncio.Protocol):
         self.close()
         return None
 
-    def _framing_refusal(self, frame: Frame) -> bytes | None:
-        """Framing extras we cannot honour get an error rather than being silently ignored."""
+    def _framing_refusal(self, frame: Frame) -> "bytes | _Durability | None":
+        """Framing extras we cannot honour get an error rather than being silently ignored; a
+        durability requirement is returned for `_run` to make the request a sync write."""
         problems = check_request_frame_infos(frame.framing)
         if problems:
             return self.error_reply(frame.opcode, frame.opaque, problems[0].status, problems[0].reason)
-        for fid, _ in decode_frame_infos(frame.framing):
+        durability = None
+        for fid, payload in decode_frame_infos(frame.framing):
             if fid == RequestFrameId.DURABILITY:
-                return self.error_reply(frame.opcode, frame.opaque, Status.DURABILITY_IMPOSSIBLE,
-                                        "synchronous replication is not supported by this server")
+                durability = _Durability(bytes(payload))
             if fid in (RequestFrameId.IMPERSONATE, RequestFrameId.IMPERSONATE_EXTRA_PRIVILEGE,
                        RequestFrameId.IMPERSONATE_TOKEN):
                 return self.error_reply(frame.opcode, frame.opaque, Status.NOT_SUPPORTED,
                                         "impersonation is not supported")
-        return None
+        return durability
 
     def _wait_for(self, frame: Frame, awaitable) -> None:
         self._waiting = asyncio.ensure_future(self._run_async(frame, awaitable))
@@ -577,3 +584,12 @@ class Connection(asyncio.Protocol):
         self._refresh_ready()
         if self.dcp is not None and hasattr(self.dcp, "privileges_changed"):
             self.dcp.privileges_changed()
+
+
+class _Durability:
+    """A request's durability frame info (durable.py makes the request a sync write)."""
+
+    __slots__ = ("payload",)
+
+    def __init__(self, payload: bytes):
+        self.payload = payload

@@ -49,6 +49,7 @@ class DcpConsumer:
                                         buffer_size=buffer_size)
         self._ack_timer: asyncio.TimerHandle | None = None
         self.engine.add_vbucket_listener(self._on_vbucket_event)
+        self.engine.add_persistence_listener(self._on_persisted)
         conn.response_handler = self.on_response
         conn.on_close.append(self.disconnect)
         # After the DCP_OPEN reply (written when the handler returns), not before it.
@@ -190,6 +191,11 @@ class DcpConsumer:
         self.state.vbucket_changed(vbid, event)
         self._flush()
 
+    def _on_persisted(self, vbid: int, seqno: int) -> None:
+        if vbid in self.state.streams and not self.closed:
+            self.state.persisted(vbid)  # PersistToMajority prepares are acknowledged once on disk
+            self._flush()
+
     # -- life cycle -----------------------------------------------------------------------------
     def disconnect(self) -> None:
         if self.closed:
@@ -198,6 +204,8 @@ class DcpConsumer:
         self.state.release()
         with contextlib.suppress(ValueError):
             self.engine.remove_vbucket_listener(self._on_vbucket_event)
+        with contextlib.suppress(ValueError):
+            self.engine.remove_persistence_listener(self._on_persisted)
         self.server.dcp_names.release(self.bucket.name, self.name, self.conn)
 
     def shutdown(self) -> None:

@@ -163,6 +163,15 @@ def dcp_buffer_ack(conn: "Connection", frame: Frame) -> None:
     return None
 
 
+def dcp_seqno_ack(conn: "Connection", frame: Frame) -> None:
+    """DCP_SEQNO_ACKNOWLEDGED 0x61 (seqno-acknowledged.md): a replica holds every prepare up to the
+    seqno (persisted, for PersistToMajority ones). No reply on success; the connection must have
+    enabled sync writes and named its consumer, whose name is what the vbucket's chain lists."""
+    req = dcpproto.DcpSeqnoAcknowledged.from_frame(frame)
+    _producer(conn, frame).seqno_ack(req.vbucket, req.prepared_seqno)
+    return None
+
+
 def dcp_noop(conn: "Connection", frame: Frame) -> bytes | None:
     """DCP_NOOP 0x5c: a consumer answers the producer's keep-alive; a producer that receives a
     noop *request* disconnects (no-op.md)."""

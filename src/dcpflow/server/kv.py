@@ -35,6 +35,7 @@ from dcpflow.engine.vbucket import VBucket, VBucketState
 from dcpflow.protocol import dcp as dcpproto
 from dcpflow.protocol import kv as kvproto
 from dcpflow.protocol import meta as metaproto
+from dcpflow.protocol import snappy
 from dcpflow.protocol.datatype import Datatype, check_xattrs, is_json, split_xattrs
 from dcpflow.protocol.errors import ProtocolError
 from dcpflow.protocol.frame import (
@@ -46,6 +47,7 @@ from dcpflow.protocol.frame import (
     decode_frame_infos,
     response,
 )
+from dcpflow.protocol.hello import Feature
 from dcpflow.protocol.keys import MAX_KEY_LEN, check_document_key
 from dcpflow.protocol.opcodes import Opcode
 from dcpflow.protocol.status import Status
@@ -120,7 +122,7 @@ def _looks_like_json(value: bytes) -> bool:
 
 
 def incoming_datatype(conn: Connection, datatype: int, value: bytes) -> int:
-    """The datatype to store: only bits the client negotiated (never Snappy: we do not grant it);
+    """The datatype to store: only bits the client negotiated (a Snappy value is inflated first);
     a client that did not negotiate JSON gets its JSON values detected, as memcached does."""
     allowed = (_JSON if conn.json else 0) | (_XATTR if conn.xattr else 0)
     if datatype & ~allowed:
@@ -137,6 +139,15 @@ def incoming_datatype(conn: Connection, datatype: int, value: bytes) -> int:
     if not datatype & _JSON and _looks_like_json(body):
         datatype |= _JSON
     return datatype
+
+
+def inflate(conn: Connection, value: bytes, datatype: int) -> tuple[bytes, int]:
+    """A Snappy-compressed value (datatype 0x02) as the engine keeps it: inflated. Values are
+    stored and served uncompressed (kv_engine's compression_mode off); a client that negotiated
+    HELLO Snappy may send them compressed, and only such a client."""
+    if Feature.SNAPPY not in conn.features:
+        raise ProtocolError(f"datatype 0x{datatype:02x} has the Snappy bit, which needs HELLO Snappy")
+    return snappy.decompress(value), datatype & ~_SNAPPY
 
 
 def outgoing_value(conn: Connection, value: bytes, datatype: int) -> tuple[bytes, int]:
@@ -241,6 +252,8 @@ def store(conn: Connection, frame: Frame) -> bytes | None:
     if conn.collections or len(key) > MAX_KEY_LEN:
         key = doc_key(conn, key)
     if datatype:
+        if datatype & _SNAPPY:
+            value, datatype = inflate(conn, value, datatype)
         datatype = incoming_datatype(conn, datatype, value)
     elif value and value[0] in _JSON_FIRST_BYTES and _looks_like_json(value):
         datatype = _JSON
@@ -336,6 +349,26 @@ def unlock_key(conn: Connection, frame: Frame) -> bytes:
     return response(frame.opcode, opaque=frame.opaque)
 
 
+def get_replica(conn: Connection, frame: Frame) -> bytes:
+    """GET_REPLICA 0x83: the document as this node's replica of the vbucket has it (NOT_MY_VBUCKET
+    if the copy here is not a replica, KEY_ENOENT for none or a tombstone)."""
+    req = kvproto.GetReplica.from_frame(frame)
+    key = doc_key(conn, req.key)
+    vb = conn.get_vbucket(frame.vbucket)
+    if vb is None:
+        raise EngineError(Status.NOT_MY_VBUCKET, f"vbucket {frame.vbucket} is not on this node")
+    item = vb.replica_version(key)
+    counters = conn.bucket.counters
+    counters.cmd_get += 1
+    if item is None or item.deleted:
+        counters.get_misses += 1
+        raise EngineError(Status.KEY_ENOENT, f"key {key!r} not found in replica vbucket {vb.id}")
+    counters.get_hits += 1
+    value, datatype = outgoing_value(conn, item.value, item.datatype)
+    return kvproto.GetResponse(item.flags, value, item.cas, datatype, opaque=frame.opaque,
+                               opcode=frame.opcode).encode()
+
+
 # ---------------------------------------------------------------------------------------------
 # metadata commands (replication)
 
@@ -356,21 +389,21 @@ def get_meta(conn: Connection, frame: Frame) -> bytes | None:
         opaque=frame.opaque, opcode=frame.opcode).encode()
 
 
-def _with_meta_datatype(conn: Connection, datatype: int) -> int:
+def _with_meta_value(conn: Connection, value: bytes, datatype: int) -> tuple[bytes, int]:
     if datatype & _SNAPPY:
-        raise ProtocolError("Snappy-compressed values need HELLO Snappy, which this server does not grant")
+        value, datatype = inflate(conn, value, datatype)
     if datatype & _XATTR and not conn.xattr:
         raise ProtocolError("a value with xattrs needs HELLO Xattr")
-    return datatype
+    return value, datatype
 
 
 def set_with_meta(conn: Connection, frame: Frame) -> bytes | None:
     req = metaproto.SetWithMeta.from_frame(frame)
     key = doc_key(conn, req.key)
-    datatype = _with_meta_datatype(conn, req.datatype)
+    value, datatype = _with_meta_value(conn, req.value, req.datatype)
     vb = active_vbucket(conn, frame.vbucket)
     fn = vb.add_with_meta if req.is_add else vb.set_with_meta
-    item = fn(key, req.value, cas=req.meta_cas, rev_seqno=req.rev_seqno, flags=req.flags, expiry=req.expiration,
+    item = fn(key, value, cas=req.meta_cas, rev_seqno=req.rev_seqno, flags=req.flags, expiry=req.expiration,
               datatype=datatype, options=req.options or 0, check_cas=req.cas)
     if req.quiet:
         return None
@@ -380,10 +413,10 @@ def set_with_meta(conn: Connection, frame: Frame) -> bytes | None:
 def del_with_meta(conn: Connection, frame: Frame) -> bytes | None:
     req = metaproto.DelWithMeta.from_frame(frame)
     key = doc_key(conn, req.key)
-    datatype = _with_meta_datatype(conn, req.datatype)
+    value, datatype = _with_meta_value(conn, req.value, req.datatype)
     vb = active_vbucket(conn, frame.vbucket)
     item = vb.del_with_meta(key, cas=req.meta_cas, rev_seqno=req.rev_seqno, flags=req.flags,
-                            delete_time=req.delete_time, options=req.options or 0, value=req.value,
+                            delete_time=req.delete_time, options=req.options or 0, value=value,
                             datatype=datatype, check_cas=req.cas)
     if req.quiet:
         return None
@@ -449,8 +482,11 @@ def observe_seqno(conn: Connection, frame: Frame) -> bytes:
 
 def set_vbucket(conn: Connection, frame: Frame):
     """SET_VBUCKET 0x3d (the cluster manager's command): create the vbucket or change its state. The
-    optional JSON value (`topology`, ...: set-vbucket-state-value.md, which belongs to this
-    command) is accepted; its topology is not used yet.
+    optional JSON value (set-vbucket-state-value.md, which belongs to this command) may carry the
+    vbucket's `topology`: its replication chains, node names first the active's (null: a replica
+    slot with no node); the first chain is what sync writes need a majority of (engine/durability/).
+    Without one an active vbucket refuses durable writes with DURABILITY_IMPOSSIBLE, as kv_engine's
+    does before ns_server sets a topology.
 
     The reply promises the new state (and a new failover entry) is on disk. While a flush batch is
     being written the engine can only queue the state row behind it (the batch carries the older
@@ -458,13 +494,32 @@ def set_vbucket(conn: Connection, frame: Frame):
     req = kvproto.SetVbucket.from_frame(frame)
     state = VBucketState(req.state)
     engine = conn.bucket.engine
+    chain = _first_chain(req)
 
     def apply() -> bytes:
-        engine.set_vbucket_state(req.vbucket, state)
+        vb = engine.set_vbucket_state(req.vbucket, state)
+        if chain is not None or state != VBucketState.ACTIVE:
+            vb.set_topology(chain)
         conn.server.topology.bump()
         return response(frame.opcode, opaque=frame.opaque)
 
     return conn.server.when_no_flush(engine, apply)
+
+
+def _first_chain(req: kvproto.SetVbucket) -> list | None:
+    try:
+        doc = req.json
+    except ValueError:
+        raise ProtocolError("the SET_VBUCKET value is not JSON (set-vbucket-state-value.md)") from None
+    topology = doc.get("topology") if isinstance(doc, dict) else None
+    if topology is None:
+        return None
+    if (not isinstance(topology, list) or not topology or not all(isinstance(c, list) for c in topology)
+            or not topology[0] or not isinstance(topology[0][0], str)
+            or not all(n is None or isinstance(n, str) for c in topology for n in c)):
+        raise ProtocolError("SET_VBUCKET topology must be a list of chains of node names (null: no node), "
+                            "each starting with the active's name (set-vbucket-state-value.md)")
+    return topology[0]
 
 
 def get_vbucket(conn: Connection, frame: Frame) -> bytes:
@@ -570,6 +625,8 @@ def concat(conn: Connection, frame: Frame) -> bytes | None:
     (NOT_STORED if there is none); flags and expiry stay, the result is JSON only if it parses."""
     req = kvproto.Concat.from_frame(frame)
     key = doc_key(conn, req.key)
+    if req.datatype & _SNAPPY:
+        req = req._replace(value=inflate(conn, req.value, req.datatype)[0], datatype=req.datatype & ~_SNAPPY)
     incoming_datatype(conn, req.datatype & ~_JSON, req.value)
     vb = active_vbucket(conn, frame.vbucket)
     try:

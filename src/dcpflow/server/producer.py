@@ -33,7 +33,9 @@ from dcpflow.dcp.producer import ProducerConnection, Rollback
 from dcpflow.engine.errors import EngineError
 from dcpflow.protocol import dcp as dcpproto
 from dcpflow.protocol.dcp import StreamEndReason, VBucketState
+from dcpflow.protocol.errors import ProtocolError
 from dcpflow.protocol.frame import Frame
+from dcpflow.protocol.hello import Feature
 from dcpflow.protocol.opcodes import Opcode
 from dcpflow.protocol.status import Status
 
@@ -99,7 +101,8 @@ class DcpProducer:
     # -- requests (server/dcp_commands.py) ------------------------------------------------------
     def control(self, key: str, value: str) -> tuple[int, str]:
         """One DCP_CONTROL; (status, reason)."""
-        outcome = self.state.control(key, value, now=_monotonic(), collections=self.conn.collections)
+        outcome = self.state.control(key, value, now=_monotonic(), collections=self.conn.collections,
+                                     snappy=Feature.SNAPPY in self.conn.features)
         if outcome.__class__ is Refusal:
             return outcome.status, outcome.reason
         if outcome is Effect.NOOP_TIMER:
@@ -131,6 +134,18 @@ class DcpProducer:
     def buffer_ack(self, nbytes: int) -> None:
         self.state.buffer_ack(nbytes, _monotonic())
         self.schedule()
+
+    def seqno_ack(self, vbid: int, seqno: int) -> None:
+        """A replica's DCP_SEQNO_ACKNOWLEDGED: the vbucket completes the sync writes it satisfies. An
+        ack for a vbucket no longer active here is dropped (its prepares moved with it)."""
+        settings = self.state.settings
+        if not settings.sync_replication:
+            raise ProtocolError("DCP_SEQNO_ACKNOWLEDGED needs enable_sync_writes and consumer_name first",
+                                Status.EINVAL)
+        self.state.received(_monotonic())
+        vb = self.engine.get_vbucket(vbid)
+        if vb is not None and vb.state == VBucketState.ACTIVE:
+            vb.seqno_ack(settings.consumer_name, seqno)
 
     def end_stream(self, stream: ActiveStream, reason: StreamEndReason) -> None:
         """End a stream from outside (whatever sends what is left goes in the next pass)."""

@@ -35,8 +35,19 @@ SUPPORTED_FEATURES = frozenset({
     Feature.ALT_REQUEST_SUPPORT,  # magic 0x08 (framing extras) is decoded
     Feature.COLLECTIONS,  # keys carry the LEB128 collection id; only the default collection exists
     Feature.PRESERVE_TTL,  # the preserve-TTL frame on SET/REPLACE keeps the document's expiry
+    Feature.SNAPPY,  # values may arrive Snappy-compressed (kv.inflate); they are stored and served inflated
     Feature.GET_CLUSTER_CONFIG_WITH_KNOWN_VERSION,
     Feature.DEDUPE_NOT_MY_VBUCKET_CLUSTERMAP,
+    # sub-document (subdoc.py): virtual xattrs, CREATE_AS_DELETED, ${$document} macros,
+    # REPLACE_BODY_WITH_XATTR, REPLICA_READ, several xattr keys per request, BINARY_VALUE
+    Feature.VATTR,
+    Feature.SUBDOC_CREATE_AS_DELETED,
+    Feature.SUBDOC_DOCUMENT_MACRO_SUPPORT,
+    Feature.SUBDOC_REPLACE_BODY_WITH_XATTR,
+    Feature.SUBDOC_REPLICA_READ,
+    Feature.SUBDOC_ALLOWS_ACCESS_ON_MULTIPLE_XATTR_KEYS,
+    Feature.SUBDOC_BINARY_XATTR,
+    Feature.RANGE_SCAN_INCLUDE_XATTR,  # range scans may return documents with their xattrs (range_scan.py)
 })
 
 

@@ -37,9 +37,28 @@ def add_commands(sub) -> None:
     p.add_argument("--trigger", default=None, metavar="INTERVAL",
                    help="keep running with this processing-time trigger (e.g. '5 seconds'); "
                    "default: AvailableNow, i.e. catch up and stop")
+    p.add_argument("--scope", metavar="NAME", help="only this scope's collections (those created later too)")
+    p.add_argument("--collection", action="append", default=[], metavar="SCOPE.COLLECTION",
+                   help="only this collection (repeatable); a bare name is in --scope")
+    p.add_argument("--history", action="store_true",
+                   help="change streams: every retained version of collections with history into the change log")
     p.add_argument("--option", action="append", default=[], metavar="NAME=VALUE",
                    help="any other option of the dcp source (repeatable)")
     p.set_defaults(func=_cmd_pipeline)
+
+    p = sub.add_parser("restore", help="rebuild a bucket from the pipeline's change log, as of a micro-batch",
+                       description="Point-in-time recovery from the lake: every document as it stood after "
+                       "micro-batch --as-of (default: the newest) of <lake>/changelog is written to the bucket of "
+                       "--to with its metadata (SetWithMeta/DelWithMeta: CAS, rev seqno, flags, expiry; deleted "
+                       "documents as tombstones), by Spark tasks in parallel.")
+    p.add_argument("--lake", required=True, help="the lake directory of `dcpflow pipeline`")
+    p.add_argument("--to", required=True, metavar="URL", help="connection string with the bucket to write to")
+    p.add_argument("--as-of", type=int, metavar="COMMIT_VERSION",
+                   help="the micro-batch (_commit_version) to restore as of (default: the newest)")
+    p.add_argument("-u", "--username", default="Administrator")
+    p.add_argument("-p", "--password", default="password")
+    p.add_argument("--partitions", type=int, help="Spark tasks writing (default: one per core)")
+    p.set_defaults(func=_cmd_restore)
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -53,9 +72,32 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 0 if result.ok else 1
 
 
+def _cmd_restore(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .restore import RestoreError, restore
+    if not (Path(args.lake) / "changelog").is_dir():
+        print(f"dcpflow restore: {args.lake} has no changelog directory (a lake of `dcpflow pipeline`)",
+              file=sys.stderr)
+        return 2
+    from .session import local_session
+
+    spark = local_session("dcpflow-restore")
+    try:
+        result = restore(spark, args.lake, args.to, args.username, args.password, args.as_of, args.partitions)
+    except RestoreError as e:
+        print(f"dcpflow restore: {e}", file=sys.stderr)
+        return 2
+    finally:
+        spark.stop()
+    print(f"restored version {result['version']}: {result['documents']} documents, {result['tombstones']} "
+          f"tombstones", flush=True)
+    return 0
+
+
 def _cmd_pipeline(args: argparse.Namespace) -> int:
     from .options import DcpOptionError, parse_options
-    from .pipeline import Pipeline, PipelineConfig
+    from .pipeline import Pipeline, PipelineConfig, input_rows
 
     extra = {}
     for item in args.option:
@@ -64,6 +106,12 @@ def _cmd_pipeline(args: argparse.Namespace) -> int:
             print(f"dcpflow pipeline: --option {item!r} must be NAME=VALUE", file=sys.stderr)
             return 2
         extra[name] = value
+    if args.scope:
+        extra["scope"] = args.scope
+    if args.collection:
+        extra["collections"] = ",".join(args.collection)
+    if args.history:
+        extra["history"] = "true"
     config = PipelineConfig(connection=args.connection, username=args.username, password=args.password,
                             lake=args.lake, state_format=args.state_format, value_format=args.value_format,
                             max_seqnos_per_trigger=args.max_seqnos_per_trigger, partitions=args.partitions,
@@ -96,12 +144,12 @@ def _cmd_pipeline(args: argparse.Namespace) -> int:
             while all(q.isActive for q in queries):
                 for q in queries:
                     p = q.lastProgress
-                    if p and (q.name, p["batchId"]) not in seen and p["numInputRows"]:
+                    if p and (q.name, p["batchId"]) not in seen and input_rows(p):
                         seen.add((q.name, p["batchId"]))
                         from .pipeline import lag_of
                         lag = lag_of(p)
                         print(f"[{time.monotonic() - started:6.1f}s] {q.name} batch {p['batchId']}: "
-                              f"{p['numInputRows']:,} rows" + ("" if lag is None else f", lag {lag:,} seqnos"),
+                              f"{input_rows(p):,} rows" + ("" if lag is None else f", lag {lag:,} seqnos"),
                               flush=True)
                 time.sleep(1.0)
             for q in queries:

@@ -1,10 +1,15 @@
 """`dcpflow demo`: the whole product in one command, on this machine.
 
 1. start a `dcpflow server` subprocess on a free port (data in a temporary directory);
-2. load a realistic dataset through the official SDK (users, products, orders, sessions);
-3. run the pipeline with Trigger.AvailableNow: DCP → change log → state table;
-4. keep it running with live micro-batches while updates, deletions and expiring sessions arrive;
-5. drain, then check the state table against the server key by key, and print a report.
+2. create scope `shop` with `users`, `products`, `orders` (history: every version kept) and
+   `sessions` (a maxTTL) through the official SDK's collection manager, and load a realistic
+   dataset into them through the SDK;
+3. run the pipeline over the scope with change streams (history) and Trigger.AvailableNow:
+   DCP → change log → state table keyed by (scope, collection, key);
+4. keep it running with live micro-batches while updates, bursts of successive versions,
+   deletions and expiring sessions arrive;
+5. drain, then check the state table against the server key by key in every collection, check
+   that the change log of `orders` holds every version written, and print a report.
 
 The server is a subprocess, not imported: dcpflow.spark uses the client, never the server.
 """
@@ -19,12 +24,20 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.parse
+import urllib.request
+from base64 import b64encode
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .pipeline import BatchReport, Pipeline, PipelineConfig, ProgressReader
 
 READY = re.compile(r"dcpflow server ready: .* port=(\d+)")  # the KV port (mgmt_port= follows)
+MGMT = re.compile(r"mgmt_port=(\d+)")
+SCOPE = "shop"
+HISTORY = ("orders",)  # collections that keep every version (DCP change streams)
+MAX_TTL = {"sessions": 3600}  # seconds; sessions written without an expiry get it
+RETENTION_SECONDS = 86_400  # the bucket's history retention: longer than any demo
 
 
 #: Memory quota bytes an embedded server gives each document it is told to expect, and the least
@@ -61,6 +74,20 @@ class EmbeddedServer:
             self.stop()
             raise RuntimeError(f"dcpflow server did not start: {line!r} {self.proc.stderr.read()[-2000:]}")
         self.port = int(match.group(1))
+        mgmt = MGMT.search(line)
+        self.mgmt_port = int(mgmt.group(1)) if mgmt else None
+
+    def set_bucket(self, bucket: str, username: str, password: str, **settings) -> None:
+        """Edit a bucket's settings through the management REST API (as ns_server's)."""
+        if self.mgmt_port is None:
+            raise RuntimeError("dcpflow server did not say its management port")
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{self.mgmt_port}/pools/default/buckets/{bucket}",
+            data=urllib.parse.urlencode(settings).encode(), method="POST",
+            headers={"Authorization": "Basic " + b64encode(f"{username}:{password}".encode()).decode(),
+                     "Content-Type": "application/x-www-form-urlencoded"})
+        with urllib.request.urlopen(request, timeout=30) as response:
+            response.read()
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -90,6 +117,8 @@ class DemoResult:
     events: dict = field(default_factory=dict)
     removed: bool = False
     seconds: float = 0.0
+    collections: dict = field(default_factory=dict)  # name -> keys, live, mismatches
+    versions: dict = field(default_factory=dict)  # name -> what the change log holds (_versions)
 
     @property
     def ok(self) -> bool:
@@ -113,11 +142,18 @@ def run_demo(docs: int = 100_000, workdir: str | Path | None = None, vbuckets: i
             f"with its data in {base / 'server'}")
         server = EmbeddedServer(base / "server", vbuckets, docs=docs)
         connection = f"couchbase://127.0.0.1:{server.port}/default"
-        from dcpflow.load import Loader, Workload, churn_round, load_initial
+        from dcpflow.load import ByKind, Loader, Workload, burst_round, churn_round, create_collections, load_initial
 
         work = Workload(docs=docs, updates=max(docs // 10, 10), deletes=max(docs // 50, 5),
                         expiring=max(docs // 100, 5), ttl=2, rounds=rounds)
-        loader = Loader(connection, "Administrator", "password")
+        server.set_bucket("default", "Administrator", "password", historyRetentionSeconds=RETENTION_SECONDS)
+        client = Loader(connection, "Administrator", "password")
+        create_collections(client, SCOPE, history=HISTORY, max_ttl=MAX_TTL)
+        made = next(sc for sc in client.bucket.collections().get_all_scopes() if sc.name == SCOPE).collections
+        say(f"created scope {SCOPE} through the SDK's collection manager: " + ", ".join(
+            c.name + (" (history)" if c.history else "")
+            + (f" (maxTTL {c.max_expiry.total_seconds():.0f}s)" if c.max_expiry else "") for c in made))
+        loader = ByKind(client, SCOPE)
         t0 = time.monotonic()
         load_initial(loader, work, lambda n, total: say(f"loaded {n:,}/{total:,} documents"))
         say(f"loaded {docs:,} documents in {time.monotonic() - t0:.1f}s through the Couchbase SDK")
@@ -127,7 +163,8 @@ def run_demo(docs: int = 100_000, workdir: str | Path | None = None, vbuckets: i
         spark = local_session("dcpflow-demo")
         config = PipelineConfig(connection=connection, username="Administrator", password="password",
                                 lake=base / "lake", state_format=state_format,
-                                max_seqnos_per_trigger=max(-(-docs // 3), 1000))
+                                max_seqnos_per_trigger=max(-(-docs // 3), 1000),
+                                options={"scope": SCOPE, "history": "true"})
         pipeline = Pipeline(spark, config)
         result = DemoResult(docs=docs, changes={}, initial_rows=0, initial_seconds=0.0)
 
@@ -137,8 +174,8 @@ def run_demo(docs: int = 100_000, workdir: str | Path | None = None, vbuckets: i
             rate = f", {r.rows / r.seconds:,.0f} rows/s" if r.seconds > 0 else ""
             say(f"{r.query} batch {r.batch_id}: {r.rows:,} rows in {r.seconds:.2f}s{rate}{lag}")
 
-        say(f"pipeline: AvailableNow → change log {pipeline.changelog_path} → {state_format} state "
-            f"{pipeline.state_path}")
+        say(f"pipeline over scope {SCOPE} with change streams: AvailableNow → change log "
+            f"{pipeline.changelog_path} → {state_format} state {pipeline.state_path}")
         t0 = time.monotonic()
         reports = pipeline.run_available_now(on_batch)
         result.initial_seconds = time.monotonic() - t0
@@ -146,18 +183,21 @@ def run_demo(docs: int = 100_000, workdir: str | Path | None = None, vbuckets: i
         say(f"initial catch-up: {result.initial_rows:,} changes in {result.initial_seconds:.1f}s "
             f"({result.initial_rows / max(result.initial_seconds, 1e-9):,.0f} changes/s end to end)")
 
-        say(f"live: micro-batches every second while {rounds} rounds of updates, deletes and expiring "
-            "sessions arrive")
+        say(f"live: micro-batches every second while {rounds} rounds of updates, bursts of versions, deletes "
+            "and expiring sessions arrive")
         changelog_q, state_q = pipeline.start_live("1 second")
         live = ProgressReader(changelog_q, "changelog-live")
-        totals = {"updates": 0, "deletes": 0, "expiring": 0}
+        totals = {"updates": 0, "deletes": 0, "expiring": 0, "bursts": 0}
+        burst_keys = max(docs // 1000, 3)
         try:
             for i in range(rounds):
                 did = churn_round(loader, work, i)
+                did["bursts"] = burst_round(loader, work, i, keys=burst_keys, versions=3)
                 for k, v in did.items():
                     totals[k] += v
-                say(f"round {i + 1}/{rounds}: {did['updates']:,} updates, {did['deletes']:,} deletes, "
-                    f"{did['expiring']:,} sessions expiring in {work.ttl}s")
+                say(f"round {i + 1}/{rounds}: {did['updates']:,} updates, {did['bursts']:,} more in bursts "
+                    f"(3 versions in a row of {burst_keys} users and {burst_keys} orders), {did['deletes']:,} "
+                    f"deletes, {did['expiring']:,} sessions expiring in {work.ttl}s")
                 _report_live(live, result, say)
                 time.sleep(1.0)
             deadline = time.monotonic() + work.ttl + 4
@@ -170,21 +210,34 @@ def run_demo(docs: int = 100_000, workdir: str | Path | None = None, vbuckets: i
         say("draining what is left (AvailableNow)")
         pipeline.run_available_now(on_batch)
 
-        say("verifying: the state table against the server, key by key")
+        say(f"verifying: the state table against the server, key by key in every collection of {SCOPE}")
         keys = list(work.versions)
         server_docs = loader.get_all(keys)
-        loader.close()
+        client.close()
         state = _state_dict(pipeline)
         result.keys_checked = len(keys)
         result.live_keys = len(server_docs)
+        names = sorted(loader.loaders)
+        result.collections = {name: {"keys": 0, "live": 0, "mismatches": 0} for name in names}
         for key in keys:
+            name = loader.collection_of(key)
+            stats = result.collections[name]
+            stats["keys"] += 1
             want = server_docs.get(key)
-            got = state.get(key)
+            stats["live"] += want is not None
+            got = state.get((SCOPE, name, key))
             if (want.decode() if want is not None else None) != got:
-                result.mismatches.append((key, want, got))
-        extra = set(state) - set(keys)
-        result.mismatches.extend((k, None, state[k]) for k in sorted(extra))
-        result.events = {r["event"]: r["count"] for r in pipeline.changelog().groupBy("event").count().collect()}
+                stats["mismatches"] += 1
+                result.mismatches.append((f"{SCOPE}.{name}:{key}", want, got))
+        expected = {(SCOPE, loader.collection_of(k), k) for k in keys}
+        for extra in sorted(set(state) - expected):
+            result.mismatches.append((".".join(extra[:2]) + ":" + extra[2], None, state[extra]))
+            if extra[0] == SCOPE and extra[1] in result.collections:
+                result.collections[extra[1]]["mismatches"] += 1
+        changelog = pipeline.changelog()
+        result.events = {r["event"]: r["count"] for r in changelog.groupBy("event").count().collect()}
+        result.versions = _versions(changelog, loader)
+        result.mismatches.extend(version_mismatches(result.versions))
         result.removed = not keep and workdir is None
         result.seconds = time.monotonic() - started
         _print_report(result, pipeline, out)
@@ -209,15 +262,60 @@ def _report_live(progress, result: DemoResult, say) -> None:
             f"lag {report.lag if report.lag is not None else '?'} seqnos")
 
 
-def _state_dict(pipeline: Pipeline) -> dict[str, str]:
-    """The state table read without Spark (pyarrow over its live Parquet files)."""
+def _state_dict(pipeline: Pipeline) -> dict[tuple[str, str, str], str]:
+    """The state table read without Spark (pyarrow over its live Parquet files), by its key
+    (scope, collection, key)."""
     import pyarrow.dataset as ds
 
     files = pipeline.writer.files()
     if not files:
         return {}
-    table = ds.dataset(files, format="parquet").to_table(columns=["key", "value"])
-    return dict(zip(table.column("key").to_pylist(), table.column("value").to_pylist(), strict=True))
+    table = ds.dataset(files, format="parquet").to_table(columns=["scope", "collection", "key", "value"])
+    keys = zip(*(table.column(c).to_pylist() for c in ("scope", "collection", "key")), strict=True)
+    return dict(zip(keys, table.column("value").to_pylist(), strict=True))
+
+
+def _versions(changelog, loader) -> dict[str, dict]:
+    """Per collection, what the change log holds against what was written: `upserts` (versions)
+    of `keys` distinct keys, `written` (upserts through the SDK), `deletes`, and the most versions
+    of one key in one micro-batch (`per_batch`) and in one DCP snapshot (`per_snapshot`). A
+    collection without history is de-duplicated: at most one version of a key per snapshot."""
+    from pyspark.sql import functions as F
+
+    from .schema import CHANGE_TYPE, COMMIT_VERSION, DELETE, UPSERT
+
+    ups = changelog.filter(F.col(CHANGE_TYPE) == UPSERT)
+    out: dict[str, dict] = {}
+
+    def of(name: str) -> dict:  # a collection the workload never wrote to has 0 written
+        return out.setdefault(name, {"upserts": 0, "keys": 0, "written": loader.written[name], "deletes": 0,
+                                     "per_batch": 0, "per_snapshot": 0})
+
+    for name in loader.loaders:
+        of(name)
+    for r in ups.groupBy("collection").agg(F.count("*").alias("n"), F.countDistinct("key").alias("k")).collect():
+        of(r["collection"]).update(upserts=r["n"], keys=r["k"])
+    for r in changelog.filter(F.col(CHANGE_TYPE) == DELETE).groupBy("collection").count().collect():
+        of(r["collection"])["deletes"] = r["count"]
+    for name, cols in (("per_batch", [COMMIT_VERSION]),
+                       ("per_snapshot", [COMMIT_VERSION, "vbucket", "snapshot_start", "snapshot_end"])):
+        counts = ups.groupBy("collection", "key", *cols).count()
+        for r in counts.groupBy("collection").agg(F.max("count").alias("m")).collect():
+            of(r["collection"])[name] = r["m"]
+    return out
+
+
+def version_mismatches(versions: dict[str, dict], history: tuple[str, ...] = HISTORY) -> list[tuple]:
+    """What the change log got wrong, from `_versions`' counts: a collection with history must hold
+    every version written to it, one without never two versions of a key in one DCP snapshot."""
+    out = []
+    for name, v in sorted(versions.items()):
+        if name in history and v["upserts"] != v["written"]:
+            out.append((f"{SCOPE}.{name} change log", f"{v['written']} versions written", f"{v['upserts']} versions"))
+        if name not in history and v["per_snapshot"] > 1:
+            out.append((f"{SCOPE}.{name} change log", "one version of a key per snapshot",
+                        f"{v['per_snapshot']} versions of a key in one snapshot"))
+    return out
 
 
 def _print_report(r: DemoResult, pipeline: Pipeline, out) -> None:
@@ -226,8 +324,9 @@ def _print_report(r: DemoResult, pipeline: Pipeline, out) -> None:
     lines = [
         "",
         "dcpflow demo report",
-        f"  documents loaded      {r.docs:,}",
-        f"  changes while live    {r.changes.get('updates', 0):,} updates, {r.changes.get('deletes', 0):,} deletes, "
+        f"  documents loaded      {r.docs:,} into scope {SCOPE} (" + ", ".join(r.collections) + ")",
+        f"  changes while live    {r.changes.get('updates', 0):,} updates, {r.changes.get('bursts', 0):,} in bursts, "
+        f"{r.changes.get('deletes', 0):,} deletes, "
         f"{r.changes.get('expiring', 0):,} expiring sessions",
         f"  initial catch-up      {r.initial_rows:,} changes in {r.initial_seconds:.1f}s "
         f"({r.initial_rows / max(r.initial_seconds, 1e-9):,.0f}/s, DCP → change log → state)",
@@ -239,8 +338,25 @@ def _print_report(r: DemoResult, pipeline: Pipeline, out) -> None:
         f"  state table           {pipeline.state_path} ({pipeline.writer.format})",
         f"  verified              {r.keys_checked:,} keys against the server: {r.live_keys:,} live, "
         f"{r.keys_checked - r.live_keys:,} deleted or expired",
+    ]
+    for name, c in r.collections.items():
+        v = r.versions.get(name, {})
+        lines.append(f"    {SCOPE}.{name:<9}    {c['keys']:>7,} keys: {c['live']:>7,} live, "
+                     f"{c['keys'] - c['live']:>5,} gone, "
+                     + ("state == server" if not c["mismatches"] else f"{c['mismatches']:,} MISMATCHED")
+                     + f"; change log {v.get('upserts', 0):,} versions of {v.get('keys', 0):,} keys")
+    for name in HISTORY:
+        v = r.versions.get(name, {})
+        lines.append(f"  history ({name})      every version: {v.get('upserts', 0):,} in the change log = "
+                     f"{v.get('written', 0):,} written, of {v.get('keys', 0):,} keys "
+                     f"(up to {v.get('per_batch', 0)} of one key in a micro-batch)")
+    v = r.versions.get("users", {})
+    lines.append(f"  de-duplicated (users) {v.get('upserts', 0):,} in the change log of {v.get('written', 0):,} "
+                 f"written (at most {v.get('per_batch', 0)} of one key in a micro-batch, "
+                 f"{v.get('per_snapshot', 0)} in a DCP snapshot)")
+    lines += [
         "  result                " + ("OK: state table == server contents" if r.ok
-                                     else f"MISMATCH on {len(r.mismatches)} keys"),
+                                     else f"MISMATCH on {len(r.mismatches)} keys or change logs"),
         f"  total time            {r.seconds:.1f}s",
     ]
     if r.mismatches:

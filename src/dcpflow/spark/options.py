@@ -23,7 +23,8 @@ class DcpOptionError(ValueError):
 OPTION_NAMES = (
     "connection", "bucket", "username", "password", "vbuckets", "startingOffsets", "endingOffsets",
     "maxSeqnosPerTrigger", "maxBytesPerTrigger", "partitions", "keyFormat", "valueFormat", "valueSchema",
-    "inferSchemaSamples", "rollback", "bufferSize", "maxRowsPerBatch", "timeout",
+    "inferSchemaSamples", "rollback", "bufferSize", "maxRowsPerBatch", "timeout", "scope", "collections", "history",
+    "withMeta", "writeBatchSize",  # df.write.format("dcp") only (writer.py)
 )
 _BY_LOWER = {name.lower(): name for name in OPTION_NAMES}
 _IGNORED = {"path"}  # Spark may pass `path` for load(path); it means nothing to us
@@ -55,6 +56,14 @@ class DcpOptions:
     buffer_size: int = 20 << 20
     max_rows_per_batch: int = 32768
     timeout: float = 30.0
+    scope: str | None = None  # stream this scope's collections (by name)
+    collections: tuple[str, ...] = ()  # or these collections ("scope.collection"; bare: in `scope`)
+    history: bool = False  # change streams: every retained version of collections with history
+
+    @property
+    def filters(self) -> dict:
+        """What the client's reads take: scope=, collections=, history=."""
+        return {"scope": self.scope, "collections": list(self.collections) or None, "history": self.history}
 
     @property
     def connection_string(self) -> str:
@@ -96,7 +105,19 @@ def parse_options(options: Mapping[str, str]) -> DcpOptions:
     value_schema = raw.get("valueSchema") or None
     if value_schema is not None and value_format != "json":
         raise DcpOptionError("option 'valueSchema' only applies with valueFormat=json")
+    scope = raw.get("scope", "").strip() or None
+    collections = tuple(c.strip() for c in raw.get("collections", "").split(",") if c.strip())
+    if scope is not None or collections:
+        from dcpflow.client.manifest import Filter, FilterError
+        try:
+            Filter.build(scope, collections)
+        except FilterError as e:
+            raise DcpOptionError(f"option 'collections': {e}") from None
+    history = raw.get("history", "false").strip().lower()
+    if history not in ("true", "false"):
+        raise DcpOptionError(f"option 'history' is {raw['history']!r}; use true or false")
     return DcpOptions(
+        scope=scope, collections=collections, history=history == "true",
         connection=raw["connection"].strip(), bucket=bucket, username=raw["username"], password=raw["password"],
         vbuckets=parse_vbuckets(raw["vbuckets"]) if raw.get("vbuckets", "").strip() not in ("", "all") else None,
         starting_offsets=parse_offsets_option(raw.get("startingOffsets", "earliest"), "startingOffsets"),

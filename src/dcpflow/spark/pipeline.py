@@ -72,6 +72,16 @@ def lag_of(progress: dict) -> int | None:
     return sum(max(0, v.seqno - (read[vb].seqno if vb in read else 0)) for vb, v in now.items())
 
 
+def input_rows(progress: dict) -> int:
+    """Rows a progress report's batch read. A report that came through Spark Connect carries the
+    count only per source (its top-level `numInputRows` is None), as PySpark's own
+    `StreamingQueryProgress.numInputRows` property knows; plain dicts and classic reports have it."""
+    rows = progress.get("numInputRows")
+    if rows is None:
+        rows = sum(source.get("numInputRows") or 0 for source in progress.get("sources") or ())
+    return rows
+
+
 class Pipeline:
     def __init__(self, spark, config: PipelineConfig):
         self.spark = spark
@@ -171,7 +181,7 @@ class ProgressReader:
             keys = [(p["batchId"], p["timestamp"]) for p in recent]
             out = recent[keys.index(self._last) + 1:] if self._last in keys else recent
         self._last = key
-        self._last_ran = bool(latest.get("numInputRows"))
+        self._last_ran = bool(input_rows(latest))
         return out
 
     def batches(self) -> list[BatchReport]:
@@ -179,10 +189,10 @@ class ProgressReader:
         an idle trigger under the next batch's id first)."""
         out = []
         for p in self.new():
-            if not p.get("numInputRows") or p["batchId"] in self._reported:
+            if not input_rows(p) or p["batchId"] in self._reported:
                 continue
             self._reported.add(p["batchId"])
-            out.append(BatchReport(self.name, p["batchId"], p["numInputRows"],
+            out.append(BatchReport(self.name, p["batchId"], input_rows(p),
                                    p.get("durationMs", {}).get("triggerExecution", 0) / 1000, lag_of(p)))
         return out
 

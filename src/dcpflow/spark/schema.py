@@ -28,10 +28,15 @@ CLIENT_COLUMNS = ("vbucket", "seqno", "vbuuid", "key", "value", "event", "cas", 
 CHANGE_TYPE = "_change_type"
 COMMIT_VERSION = "_commit_version"
 
-UPSERT, DELETE, ROLLBACK = "upsert", "delete", "rollback"
+UPSERT, DELETE, ROLLBACK, DROP = "upsert", "delete", "rollback", "drop"
 """`_change_type` values. DCP cannot tell an insert from an update (both are mutations), so a
 mutation is an upsert; deletions and expirations are deletes; `rollback` marks a vbucket whose
-history the server rolled back: every earlier row of that vbucket is void (see docs/spark.md)."""
+history the server rolled back: every earlier row of that vbucket is void (see docs/spark.md);
+`drop` says a collection was dropped (one row per vbucket, event `collection_dropped`, with its
+scope, name and id and an empty key): every key of that collection id is gone (ids are never
+reused)."""
+#: The collection columns, after the client's: names as the client's manifest knows them.
+COLLECTION_COLUMNS = ("scope", "collection", "collection_id")
 
 JSON_DATATYPE = 0x01
 
@@ -46,7 +51,8 @@ def schema_ddl(key_format: str = "string", value_ddl: str = "BINARY") -> str:
         f"value {value_ddl}", "event STRING NOT NULL", "cas BIGINT NOT NULL", "rev_seqno BIGINT NOT NULL",
         "flags BIGINT NOT NULL", "expiry BIGINT NOT NULL", "datatype INT NOT NULL",
         "snapshot_start BIGINT NOT NULL", "snapshot_end BIGINT NOT NULL", f"{CHANGE_TYPE} STRING NOT NULL",
-        f"{COMMIT_VERSION} BIGINT NOT NULL",
+        f"{COMMIT_VERSION} BIGINT NOT NULL", "scope STRING NOT NULL", "collection STRING NOT NULL",
+        "collection_id BIGINT NOT NULL",
     ])
 
 
@@ -95,8 +101,10 @@ class BatchConverter:
     """Turns client RecordBatches into batches of the source's Arrow schema. Built once per
     partition in the worker; `convert` is called per batch."""
 
-    def __init__(self, target: pa.Schema, key_format: str, value_format: str):
+    def __init__(self, target: pa.Schema, key_format: str, value_format: str, names=None):
         self.target = target
+        #: collection id -> (scope, collection) names (the client's manifest.Names.of)
+        self.names = names or (lambda cid: ("_default", "_default") if cid == 0 else ("", ""))
         self.key_format = key_format
         self.value_format = value_format
         self.value_type = target.field("value").type
@@ -114,16 +122,49 @@ class BatchConverter:
         is_mutation = pc.equal(cols["event"], "mutation")
         cols[CHANGE_TYPE] = pc.if_else(is_mutation, UPSERT, DELETE)
         cols[COMMIT_VERSION] = _int64s(np.full(n, commit_version, dtype=np.int64))
+        if any(f.name in COLLECTION_COLUMNS for f in self.target):
+            self._collections(batch, cols)
         arrays = [_cast(cols[f.name], f.type) for f in self.target]
+        return pa.RecordBatch.from_arrays(arrays, schema=self.target)
+
+    def _collections(self, batch: pa.RecordBatch, cols: dict) -> None:
+        """scope / collection / collection_id columns: names of the few distinct ids of a batch."""
+        n = batch.num_rows
+        if "collection_id" in batch.schema.names:
+            cid = batch.column("collection_id")
+        else:
+            cid = _int64s(np.zeros(n, dtype=np.int64))
+        uniq = pc.unique(cid)
+        pairs = [self.names(int(c)) for c in uniq.to_pylist()]
+        where = pc.index_in(cid, value_set=uniq)
+        cols["scope"] = pc.take(pa.array([p[0] for p in pairs], pa.string()), where)
+        cols["collection"] = pc.take(pa.array([p[1] for p in pairs], pa.string()), where)
+        cols["collection_id"] = cid
+
+    def _row(self, row: dict) -> pa.RecordBatch:
+        row.setdefault("scope", "")
+        row.setdefault("collection", "")
+        row.setdefault("collection_id", 0)
+        arrays = [pa.array([row[f.name]], f.type) for f in self.target]
         return pa.RecordBatch.from_arrays(arrays, schema=self.target)
 
     def rollback_marker(self, vbucket: int, vbuuid: int, commit_version: int) -> pa.RecordBatch:
         """One row saying: forget everything this vbucket said before; a re-read from 0 follows."""
-        row = {"vbucket": vbucket, "seqno": 0, "vbuuid": vbuuid, "key": "" if self.key_format == "string" else b"",
-               "value": None, "event": ROLLBACK, "cas": 0, "rev_seqno": 0, "flags": 0, "expiry": 0, "datatype": 0,
-               "snapshot_start": 0, "snapshot_end": 0, CHANGE_TYPE: ROLLBACK, COMMIT_VERSION: commit_version}
-        arrays = [pa.array([row[f.name]], f.type) for f in self.target]
-        return pa.RecordBatch.from_arrays(arrays, schema=self.target)
+        return self._row({"vbucket": vbucket, "seqno": 0, "vbuuid": vbuuid,
+                          "key": "" if self.key_format == "string" else b"", "value": None, "event": ROLLBACK,
+                          "cas": 0, "rev_seqno": 0, "flags": 0, "expiry": 0, "datatype": 0, "snapshot_start": 0,
+                          "snapshot_end": 0, CHANGE_TYPE: ROLLBACK, COMMIT_VERSION: commit_version})
+
+    def drop_marker(self, event, commit_version: int) -> pa.RecordBatch:
+        """One row for a collection_dropped system event (client.events.SystemEvent): every key of
+        the collection is gone."""
+        vbuuid = event.vbuuid - (1 << 64) if event.vbuuid >> 63 else event.vbuuid  # int64 bits, as the column
+        return self._row({"vbucket": event.vbucket, "seqno": event.seqno, "vbuuid": vbuuid,
+                          "key": "" if self.key_format == "string" else b"", "value": None,
+                          "event": "collection_dropped", "cas": 0, "rev_seqno": 0, "flags": 0, "expiry": 0,
+                          "datatype": 0, "snapshot_start": event.seqno, "snapshot_end": event.seqno, CHANGE_TYPE: DROP,
+                          COMMIT_VERSION: commit_version, "scope": event.scope, "collection": event.collection,
+                          "collection_id": event.collection_id})
 
     def _key(self, keys: pa.Array) -> pa.Array:
         if self.key_format == "binary":

@@ -135,6 +135,14 @@ class DcpDataSource(DataSource):
     def reader(self, schema) -> DcpBatchReader:
         return DcpBatchReader(self.opts, schema)
 
+    def writer(self, schema, overwrite: bool):
+        """df.write.format("dcp"): upserts and removes, or with withMeta=true writes with metadata."""
+        from .writer import DcpWriter
+        if overwrite:
+            raise DcpOptionError("format('dcp') writes add to a bucket: use mode('append') (a bucket is not "
+                                 "truncated by a DataFrame write; flush it first if that is what you want)")
+        return DcpWriter(self.opts, dict(self.options))
+
     def streamReader(self, schema) -> DcpStreamReader:
         if self.opts.ending_offsets is not None:
             raise DcpOptionError("option 'endingOffsets' applies to batch reads (spark.read) only; a stream "
@@ -156,7 +164,7 @@ def sample_json_schema(opts: DcpOptions):
                     break
                 from dcpflow.client import Offset
                 batches = client.batches({vb: Offset(0, 0, 0, 0)}, {vb: high[vb]},
-                                         max_rows=min(opts.max_rows_per_batch, 4096))
+                                         max_rows=min(opts.max_rows_per_batch, 4096), **opts.filters)
                 try:
                     async for batch in batches:
                         found.extend(v for v in batch.column("value").to_pylist() if v is not None)
@@ -414,6 +422,7 @@ class _RangeReader:
 
         opts = self.opts
         client = await connect(opts)
+        self.converter.names = client.names.of
         try:
             vbs = [r.vbucket for r in self.partition.ranges]
             # a range from seqno 0 has no history to check: only the others need their failover
@@ -444,14 +453,18 @@ class _RangeReader:
                     break
                 ends = {vb: e for vb, (_, e) in normal.items()}
                 batches = client.batches({vb: o for vb, (o, _) in normal.items()}, ends,
-                                         max_rows=opts.max_rows_per_batch)
+                                         max_rows=opts.max_rows_per_batch, **opts.filters)
                 try:
                     async for batch in batches:
+                        for marker in self._drops(batches, yielded if resumed else None):
+                            yield marker
                         if batch.num_rows == 0:
                             continue
                         out = self.converter.convert(batch, self.version, ends, yielded if resumed else None)
                         delivered(out, yielded)
                         yield out
+                    for marker in self._drops(batches, yielded if resumed else None):
+                        yield marker
                     normal = {}
                 except RollbackError as e:
                     if opts.rollback == "fail":
@@ -474,6 +487,18 @@ class _RangeReader:
         finally:
             await client.close()
 
+    def _drops(self, reader, floors: dict[int, int] | None) -> list[pa.RecordBatch]:
+        """A `drop` row for each collection the read saw dropped (taken from the reader)."""
+        out = []
+        if "collection_id" not in self.converter.target.names:
+            reader.system_events.clear()
+            return out
+        for ev in reader.system_events:
+            if ev.kind == "collection_dropped" and (floors is None or ev.seqno > floors.get(ev.vbucket, -1)):
+                out.append(self.converter.drop_marker(ev, self.version))
+        reader.system_events.clear()
+        return out
+
     async def _repair(self, client, vb: int):
         """Marker, then the vbucket from seqno 0 to its current high seqno."""
         from dcpflow.client import Offset, RollbackError
@@ -487,11 +512,16 @@ class _RangeReader:
             yield self.converter.rollback_marker(vb, newest, self.version)
             if high[vb] == 0:
                 return
-            batches = client.batches({vb: Offset(0, 0, 0, 0)}, {vb: high[vb]}, max_rows=self.opts.max_rows_per_batch)
+            batches = client.batches({vb: Offset(0, 0, 0, 0)}, {vb: high[vb]}, max_rows=self.opts.max_rows_per_batch,
+                                     **self.opts.filters)
             try:
                 async for batch in batches:
+                    for marker in self._drops(batches, None):
+                        yield marker
                     if batch.num_rows:
                         yield self.converter.convert(batch, self.version, high)
+                for marker in self._drops(batches, None):
+                    yield marker
                 return
             except RollbackError:  # the history moved again while we re-read: start over
                 continue

@@ -12,6 +12,10 @@ idempotent per batch id (Spark re-runs a batch after a failure with the same id)
   written to a new versioned directory, then a pointer is flipped. Scales with Spark; costs
   O(state) per batch, so give its query a longer trigger interval (it is a compaction).
 
+A key is (scope, collection, key): the same key may live in several collections. A `drop` row
+(a collection dropped upstream) removes every key of its collection id (ids are never reused, so
+nothing newer can share it).
+
 Ordering per key is (_commit_version, seqno): seqnos order a vbucket's changes, and a key lives in
 one vbucket; _commit_version (the source's micro-batch number) keeps that order across a rollback
 re-read, which starts the vbucket's seqnos again from 0. A rollback marker row for a vbucket voids
@@ -25,27 +29,30 @@ import os
 import shutil
 from pathlib import Path
 
-from .schema import CHANGE_TYPE, COMMIT_VERSION, DELETE, ROLLBACK, UPSERT
+from .schema import CHANGE_TYPE, COMMIT_VERSION, DELETE, DROP, ROLLBACK, UPSERT
 
-STATE_COLUMNS = ("key", "value", "vbucket", "seqno", "vbuuid", "cas", "rev_seqno", "flags", "expiry", "datatype",
-                 COMMIT_VERSION)
+STATE_COLUMNS = ("scope", "collection", "key", "value", "vbucket", "seqno", "vbuuid", "cas", "rev_seqno", "flags",
+                 "expiry", "datatype", COMMIT_VERSION, "collection_id")
+KEY = ("scope", "collection", "key")
 APP_ID = "dcpflow-state"
 
 
 def latest_changes(changes):
     """Per key, the newest change (upsert or delete) among `changes`, after voiding rows that a
-    rollback marker of their vbucket supersedes. Returns (latest_df, reset_vbuckets_df)."""
+    rollback marker of their vbucket supersedes and rows of dropped collections. Returns
+    (latest_df, reset_vbuckets_df, dropped_collection_ids_df)."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
     markers = (changes.filter(F.col(CHANGE_TYPE) == ROLLBACK).groupBy("vbucket")
                .agg(F.max(COMMIT_VERSION).alias("_reset_version")))
-    rows = (changes.filter(F.col(CHANGE_TYPE) != ROLLBACK).join(markers, "vbucket", "left")
+    dropped = changes.filter(F.col(CHANGE_TYPE) == DROP).select("collection_id").distinct()
+    rows = (changes.filter(~F.col(CHANGE_TYPE).isin(ROLLBACK, DROP)).join(markers, "vbucket", "left")
             .filter(F.col("_reset_version").isNull() | (F.col(COMMIT_VERSION) >= F.col("_reset_version")))
-            .drop("_reset_version"))
-    order = Window.partitionBy("key").orderBy(F.col(COMMIT_VERSION).desc(), F.col("seqno").desc())
+            .drop("_reset_version").join(dropped, "collection_id", "left_anti"))
+    order = Window.partitionBy(*KEY).orderBy(F.col(COMMIT_VERSION).desc(), F.col("seqno").desc())
     latest = rows.withColumn("_rank", F.row_number().over(order)).filter(F.col("_rank") == 1).drop("_rank")
-    return latest, markers
+    return latest, markers, dropped
 
 
 class StateWriter:
@@ -97,8 +104,9 @@ class DeltaStateWriter(StateWriter):
             return  # already merged: Spark is replaying this batch
         batch_df = batch_df.persist()  # read by two actions below; read the change log once
         try:
-            latest, markers = latest_changes(batch_df)
+            latest, markers, dropped = latest_changes(batch_df)
             resets = sorted(r["vbucket"] for r in markers.collect())
+            drops = sorted(r["collection_id"] for r in dropped.collect())
             source = latest.select(*STATE_COLUMNS, F.col(CHANGE_TYPE)).toArrow()
         finally:
             batch_df.unpersist()
@@ -112,7 +120,7 @@ class DeltaStateWriter(StateWriter):
             upserts = source.filter(pc.equal(source[CHANGE_TYPE], UPSERT)).select(list(STATE_COLUMNS))
             write_deltalake(str(self.path), upserts, mode="append", commit_properties=commit)
             return
-        if source.num_rows == 0 and not resets:
+        if source.num_rows == 0 and not resets and not drops:
             # Nothing to change, but record the batch so a replay is recognised.
             write_deltalake(str(self.path), source.select(list(STATE_COLUMNS)).slice(0, 0), mode="append",
                             commit_properties=commit)
@@ -120,14 +128,18 @@ class DeltaStateWriter(StateWriter):
         newer = (f"(s.{COMMIT_VERSION} > t.{COMMIT_VERSION} OR "
                  f"(s.{COMMIT_VERSION} = t.{COMMIT_VERSION} AND s.seqno > t.seqno))")
         columns = {c: f"s.{c}" for c in STATE_COLUMNS}
-        merger = (table.merge(source=source, predicate="t.key = s.key", source_alias="s", target_alias="t",
-                              commit_properties=commit)
+        merger = (table.merge(source=source, predicate=" AND ".join(f"t.{c} = s.{c}" for c in KEY), source_alias="s",
+                              target_alias="t", commit_properties=commit)
                   .when_matched_delete(predicate=f"s.{CHANGE_TYPE} = '{DELETE}' AND {newer}")
                   .when_matched_update(updates=columns, predicate=f"s.{CHANGE_TYPE} = '{UPSERT}' AND {newer}")
                   .when_not_matched_insert(updates=columns, predicate=f"s.{CHANGE_TYPE} = '{UPSERT}'"))
+        gone = []
         if resets:
-            merger = merger.when_not_matched_by_source_delete(
-                predicate=f"t.vbucket IN ({', '.join(str(v) for v in resets)})")
+            gone.append(f"t.vbucket IN ({', '.join(str(v) for v in resets)})")
+        if drops:
+            gone.append(f"t.collection_id IN ({', '.join(str(c) for c in drops)})")
+        if gone:
+            merger = merger.when_not_matched_by_source_delete(predicate=" OR ".join(gone))
         merger.execute()
 
     def files(self) -> list[str]:
@@ -192,7 +204,7 @@ class SnapshotStateWriter(StateWriter):
             base = (spark.read.parquet(str(self.path / cur["dir"])).select(*STATE_COLUMNS)
                     .withColumn(CHANGE_TYPE, F.lit(UPSERT)))
             changes = base.unionByName(changes)
-        latest, _ = latest_changes(changes)
+        latest, _, _ = latest_changes(changes)
         name = f"v{batch_id:012d}"
         target = self.path / name
         if target.exists():  # left by a crash before the pointer flip: not live, safe to redo

@@ -1,0 +1,150 @@
+"""Sync writes over DCP against the real server: DCP_PREPARE / DCP_COMMIT / DCP_ABORT to streams
+that enabled sync writes, committed items only (markers ending at the max visible seqno) to the
+others, DCP_SEQNO_ACKNOWLEDGED from a named consumer completing a durable SET, V2.0 markers with
+the max visible and high completed seqnos, and disk backfills with completed and in-flight prepares."""
+
+import json
+import struct
+
+from dcpflow.protocol import dcp
+from dcpflow.protocol.dcp import DurabilityLevel, MarkerVersion, SnapshotFlag, VBucketState
+from dcpflow.protocol.frame import durability_frame, request
+from dcpflow.protocol.kv import SetVbucket
+from dcpflow.protocol.opcodes import Opcode
+from dcpflow.protocol.status import Status
+
+from .client import markers
+from .conftest import engine_of, keys_in, to_disk_only, vbucket, wait_persisted
+
+
+def set_topology(server, vb: int, chain: list) -> None:
+    with server.login() as c:
+        value = json.dumps({"topology": [chain]}).encode()
+        c.send(SetVbucket(vb, int(VBucketState.ACTIVE), value, opaque=7).encode())
+        assert c.recv().status == Status.SUCCESS
+
+
+def send_durable_set(c, key: bytes, value: bytes, vb: int, level: int = DurabilityLevel.MAJORITY,
+                     timeout_ms: int | None = None) -> int:
+    """Send a durable SET without waiting for its reply (held until the write completes)."""
+    opaque = c.next_opaque()
+    c.send(request(Opcode.SET, key=key, extras=struct.pack(">II", 0, 0), value=value, vbucket=vb, opaque=opaque,
+                   framing=durability_frame(level, timeout_ms)))
+    return opaque
+
+
+def pending(server, vb: int) -> list[bytes]:
+    return server.call(lambda: list(engine_of(server).vbucket(vb).prepares))
+
+
+def seqno_of(m) -> int:
+    for name in ("by_seqno", "commit_seqno", "abort_seqno"):
+        if hasattr(m, name):
+            return getattr(m, name)
+    return 0
+
+
+def test_a_named_replica_acks_the_prepare_and_plain_streams_see_only_the_commit(server, clients):
+    vb = 0
+    key, other = keys_in(vb, 2, prefix="sw")
+    set_topology(server, vb, ["self", "replica"])
+    replica = clients(name="replica-conn")
+    replica.controls(enable_sync_writes="true", consumer_name="replica")
+    assert replica.stream_request(vb, 0).status == Status.SUCCESS
+    plain = clients(name="plain-conn")
+    assert plain.stream_request(vb, 0).status == Status.SUCCESS
+    with server.login() as w, server.login() as w2:
+        assert w.set(key, b"old", vbucket=vb).status == Status.SUCCESS  # seqno 1
+        opaque = send_durable_set(w, key, b"new", vb)  # prepare at seqno 2; w waits for its reply
+        msgs = replica.messages_until(lambda m: isinstance(m, dcp.DcpPrepare))
+        prepare = msgs[-1]
+        assert (prepare.key, prepare.value, prepare.by_seqno, prepare.durability_level) == (key, b"new", 2, 1)
+        assert pending(server, vb) == [key]
+        assert w2.get(key, vbucket=vb).value == b"old"
+        assert w2.set(key, b"other", vbucket=vb).status == Status.SYNC_WRITE_IN_PROGRESS
+        assert w2.set(other, b"x", vbucket=vb).status == Status.SUCCESS  # seqno 3: other keys go on
+        replica.send(dcp.DcpSeqnoAcknowledged(vb, 2, replica_opaque(replica, msgs)).encode())
+        reply = w.recv()
+        assert (reply.opaque, reply.status, reply.cas) == (opaque, Status.SUCCESS, prepare.cas)
+        assert w.get(key, vbucket=vb).value == b"new"
+    commit = replica.messages_until(lambda m: isinstance(m, dcp.DcpCommit))[-1]
+    assert (commit.key, commit.prepared_seqno, commit.commit_seqno) == (key, 2, 4)
+    seen = plain.messages_until(lambda m: isinstance(m, dcp.DcpMutation) and m.by_seqno == 4)
+    items = [(m.key, m.value, m.by_seqno) for m in seen if isinstance(m, dcp.DcpMutation)]
+    assert items == [(key, b"old", 1), (other, b"x", 3), (key, b"new", 4)] or \
+        items == [(other, b"x", 3), (key, b"new", 4)]  # the first may be de-duplicated by the commit
+    assert not any(isinstance(m, dcp.DcpPrepare | dcp.DcpCommit | dcp.DcpAbort) for m in seen)
+    for m in markers(seen):  # a plain stream's snapshots end at a version it receives
+        assert m.end_seqno in (1, 3, 4) and m.version == MarkerVersion.V1
+    for m in markers(msgs):
+        assert m.version == MarkerVersion.V2_0
+        assert m.max_visible_seqno == (1 if m.end_seqno == 2 else m.end_seqno)
+    assert vbucket(server, vb).hcs == 2
+
+
+def replica_opaque(c, msgs) -> int:
+    return next(m.opaque for m in msgs if isinstance(m, dcp.DcpSnapshotMarker))
+
+
+def test_disk_backfill_markers_carry_the_hcs_and_send_in_flight_prepares_to_sync_streams(server, clients):
+    vb = 1
+    a, b, c_, d = keys_in(vb, 4, prefix="bf")
+    set_topology(server, vb, ["self"])  # a chain of one: Majority commits at once, persist levels after the flush
+    with server.login() as w:
+        send_durable_set(w, a, b"a", vb)
+        assert w.recv().status == Status.SUCCESS  # prepare 1, commit 2
+        send_durable_set(w, b, b"b", vb, DurabilityLevel.PERSIST_TO_MAJORITY)
+        assert w.recv().status == Status.SUCCESS  # prepare 3, commit 4 once persisted
+        assert w.set(c_, b"c", vbucket=vb).status == Status.SUCCESS  # 5
+        set_topology(server, vb, ["self", "absent"])
+        held = send_durable_set(w, d, b"d", vb, timeout_ms=60_000)  # prepare 6: no replica to ack it
+        assert pending(server, vb) == [d]
+        to_disk_only(server, vb)
+        assert vbucket(server, vb).persisted_hcs == 3
+        sync = clients(name="bf-sync")
+        sync.controls(enable_sync_writes="true", consumer_name="absent")
+        assert sync.stream_request(vb, 0, 6).status == Status.SUCCESS
+        got = sync.until_stream_end(vb)
+        (disk,) = markers(got)
+        assert disk.flags & SnapshotFlag.DISK and disk.version == MarkerVersion.V2_0
+        assert (disk.end_seqno, disk.high_completed_seqno) == (6, 3)
+        assert [(type(m).__name__, m.key, seqno_of(m)) for m in got if hasattr(m, "key")] == [
+            ("DcpMutation", a, 2), ("DcpMutation", b, 4), ("DcpMutation", c_, 5), ("DcpPrepare", d, 6)]
+        plain = clients(name="bf-plain")
+        assert plain.stream_request(vb, 0, 6).status == Status.SUCCESS
+        got = plain.until_stream_end(vb)
+        assert [(m.key, m.by_seqno) for m in got if isinstance(m, dcp.DcpMutation)] == [(a, 2), (b, 4), (c_, 5)]
+        assert not any(isinstance(m, dcp.DcpPrepare) for m in got)
+        # the absent replica shows up and acknowledges: the held write commits at seqno 7
+        sync.send(dcp.DcpSeqnoAcknowledged(vb, 6, 0).encode())
+        reply = w.recv()
+        assert (reply.opaque, reply.status) == (held, Status.SUCCESS)
+        assert w.get(d, vbucket=vb).value == b"d"
+    wait_persisted(server, vb)
+    assert vbucket(server, vb).persisted_hcs == 6
+
+
+def test_seqno_ack_needs_sync_writes_and_a_consumer_name(server, clients):
+    c = clients(name="no-sync")
+    c.send(dcp.DcpSeqnoAcknowledged(0, 1, 0).encode())
+    reply = c.recv_frame()
+    assert reply.status == Status.EINVAL
+
+
+def test_a_durable_set_nobody_acknowledges_is_aborted_at_its_timeout_as_ambiguous(server, clients):
+    vb = 2
+    (key,) = keys_in(vb, 1, prefix="to")
+    set_topology(server, vb, ["self", "absent"])
+    sync = clients(name="to-sync")
+    sync.controls(enable_sync_writes="true")
+    assert sync.stream_request(vb, 0).status == Status.SUCCESS
+    with server.login() as w:
+        assert w.set(key, b"old", vbucket=vb).status == Status.SUCCESS  # 1
+        send_durable_set(w, key, b"new", vb, timeout_ms=200)  # prepare 2
+        assert w.recv().status == Status.SYNC_WRITE_AMBIGUOUS  # aborted at 3 when its timeout passed
+        assert w.get(key, vbucket=vb).value == b"old"
+        assert w.set(key, b"later", vbucket=vb).status == Status.SUCCESS  # the key takes writes again
+    got = sync.messages_until(lambda m: isinstance(m, dcp.DcpMutation) and m.by_seqno == 4)
+    abort = next(m for m in got if isinstance(m, dcp.DcpAbort))
+    assert (abort.key, abort.prepared_seqno, abort.abort_seqno) == (key, 2, 3)
+    assert vbucket(server, vb).hcs == 2 and pending(server, vb) == []
