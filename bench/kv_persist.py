@@ -12,6 +12,14 @@ meets the flusher writing SQLite on the same cores. Two cases, each against a fr
 * load: `--docs` unique documents (300k, `--value-size` 500 bytes) as fast as the client can, then
   the time until all are persisted (STAT ep_queue_size 0): the durability side of the same trade.
 
+Both report the persistence backlog: STAT ep_queue_size (writes acknowledged, not yet on disk)
+sampled every 0.1 s while the client writes - its largest value, that value in seconds of the
+writes acknowledged meanwhile, and how long the queue took to empty once the client stopped. The
+target: the backlog never exceeds the checkpoint quota (30% of the bucket's memory quota: writes
+past it get ETMPFAIL) and never holds more than 2 seconds of writes. The storm runs with the
+server's default quota (100 MiB) unless `--memory-quota` says otherwise; the load with 1g, which
+holds its documents (the default would refuse some with ETMPFAIL, which this client does not retry).
+
     .venv/bin/python bench/kv_persist.py                 # both cases
     .venv/bin/python bench/kv_persist.py --case storm --seconds 15
     .venv/bin/python bench/kv_persist.py --smoke        # seconds: 200 hot keys for 2 s, 2,000 documents
@@ -34,17 +42,63 @@ def connect(port: int) -> Client:
     return client
 
 
+class Backlog:
+    """STAT ep_queue_size every `interval` seconds on a connection of its own, in a thread, until
+    `stop()`; then `drain()` waits for the queue to empty."""
+
+    def __init__(self, port: int, interval: float = 0.1):
+        self.client, self.interval = connect(port), interval
+        self.largest = self.at_stop = 0
+        self.quota = self.checkpoint = 0
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+
+    def _sample(self) -> None:
+        while not self._stopping.is_set():
+            stats = self.client.stats()
+            self.largest = max(self.largest, int(stats[b"ep_queue_size"]))
+            self.checkpoint = max(self.checkpoint, int(stats.get(b"ep_checkpoint_memory", b"0")))
+            self.quota = int(stats.get(b"ep_checkpoint_memory_quota", b"0"))
+            self._stopping.wait(self.interval)
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._thread.join()
+        self.at_stop = int(self.client.stats()[b"ep_queue_size"])
+        self.largest = max(self.largest, self.at_stop)
+
+    def drain(self, timeout: float = 600) -> float:
+        """Seconds until every acknowledged write is persisted."""
+        return self.client.settle(timeout)
+
+    def report(self, writes_per_second: float, drained: float) -> str:
+        quota = f"{self.quota / 2**20:.0f} MiB" if self.quota else "none"
+        return (f"  persistence backlog: largest {self.largest:,} items ({self.largest / writes_per_second:.2f} s of "
+                f"writes), {self.at_stop:,} when the writes stopped, all persisted {drained:.2f} s later "
+                f"(checkpoint memory at most {self.checkpoint / 2**20:.1f} MiB of its quota {quota})")
+
+
+def quota_args(args, default: str | None) -> tuple[str, ...]:
+    quota = args.memory_quota or default
+    return ("--memory-quota", quota) if quota else ()
+
+
 def storm(args) -> None:
     with tempfile.TemporaryDirectory(prefix="dcpflow-bench-") as tmp:
-        proc, port = start_server(tmp, args.vbuckets, "--allow-plain-over-tcp")
+        # the server's own default quota (serverproc passes `unlimited` unless told otherwise)
+        proc, port = start_server(tmp, args.vbuckets, "--allow-plain-over-tcp", *quota_args(args, "100m"))
         try:
             writer, observer = connect(port), connect(port)
             keys = [b"bench-key-%08d" % i for i in range(args.keys)]
             value = random_value(args.value_size)
             wins = windows(Opcode.SET, keys, value, 64, args.vbuckets)
             run_phase(writer, wins, len(keys), 1)  # every key exists
+            observer.settle(600)
             deadline = time.monotonic() + args.seconds
             done = [0]
+            backlog = Backlog(port)
+            started = time.monotonic()
 
             def load() -> None:
                 while time.monotonic() < deadline:
@@ -61,30 +115,37 @@ def storm(args) -> None:
             p1, c1, d1 = int(observer.stats()[b"ep_total_persisted"]), thread_cpu_seconds(proc.pid), done[0]
             elapsed = time.monotonic() - t0
             thread.join()
+            backlog.stop()
+            rate = done[0] / (time.monotonic() - started)
+            drained = backlog.drain()
             busy = sorted(((c1[t] - c0.get(t, 0.0)) / elapsed for t in c1), reverse=True)
             print(f"storm: {args.keys:,} keys, {args.value_size}-byte values, {elapsed:.1f} s sampled")
             print(f"  SETs/s {(d1 - d0) / elapsed:,.0f}   rows persisted/s {(p1 - p0) / elapsed:,.0f}   "
                   f"server threads' CPU (cores, busiest first) {', '.join(f'{b:.2f}' for b in busy[:3])}")
+            print(backlog.report(rate, drained))
         finally:
             stop(proc)
 
 
 def load(args) -> None:
     with tempfile.TemporaryDirectory(prefix="dcpflow-bench-") as tmp:
-        proc, port = start_server(tmp, args.vbuckets, "--allow-plain-over-tcp")
+        proc, port = start_server(tmp, args.vbuckets, "--allow-plain-over-tcp", *quota_args(args, "1g"))
         try:
             client = connect(port)
             keys = [b"doc-%09d" % i for i in range(args.docs)]
             value = random_value(args.value_size)
             wins = windows(Opcode.SET, keys, value, 64, args.vbuckets)
+            backlog = Backlog(port)
             t0 = time.perf_counter()
             run_phase(client, wins, len(keys), 2)
             acked = time.perf_counter() - t0
-            client.settle(600)
+            backlog.stop()
+            drained = backlog.drain()
             persisted = time.perf_counter() - t0
             print(f"load: {args.docs:,} unique {args.value_size}-byte documents")
             print(f"  acknowledged in {acked:.1f} s ({args.docs / acked:,.0f} SETs/s), "
                   f"all persisted {persisted:.1f} s after the first ({args.docs / persisted:,.0f} docs/s)")
+            print(backlog.report(args.docs / acked, drained))
         finally:
             stop(proc)
 
@@ -97,6 +158,8 @@ def main() -> int:
     p.add_argument("--docs", type=int, default=300_000, help="load: unique documents (default 300000)")
     p.add_argument("--value-size", type=int, default=None, help="value bytes (default: storm 100, load 500)")
     p.add_argument("--vbuckets", type=int, default=1024)
+    p.add_argument("--memory-quota", metavar="SIZE",
+                   help="the bucket's quota, as the server takes it (default: storm 100m, the server's; load 1g)")
     p.add_argument("--smoke", action="store_true",
                    help="a seconds-long run that checks the bench works: 200 keys for 2 s, 2,000 documents")
     args = p.parse_args()

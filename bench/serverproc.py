@@ -41,7 +41,11 @@ def thread_cpu_seconds(pid: int) -> dict[str, float]:
 
 
 def start_server(data_dir: str, vbuckets: int, *extra: str) -> tuple[subprocess.Popen, int]:
-    """Start the server on a free port and wait for its ready line; returns (process, port)."""
+    """Start the server on a free port and wait for its ready line; returns (process, port). Its
+    bucket has no memory quota unless `extra` gives one (`--memory-quota`): a throughput figure
+    should not depend on whether a million documents fit the default 100 MiB."""
+    if "--memory-quota" not in extra:
+        extra = ("--memory-quota", "unlimited", *extra)
     env = dict(os.environ)
     env["PYTHONPATH"] = str(ROOT / "src") + os.pathsep + env.get("PYTHONPATH", "")
     prof = ["-m", "cProfile", "-o", os.environ["BENCH_PROFILE"]] if os.environ.get("BENCH_PROFILE") else []

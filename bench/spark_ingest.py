@@ -146,7 +146,7 @@ def main() -> int:
         args.docs, args.vbuckets, args.runs = 2_000, 16, 1
     base = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="dcpflow-bench-"))
     seed = 42
-    server = EmbeddedServer(base / "server", args.vbuckets)
+    server = EmbeddedServer(base / "server", args.vbuckets, docs=args.docs)  # a quota that holds them all
     spark = None
     try:
         connection = f"couchbase://127.0.0.1:{server.port}/default"

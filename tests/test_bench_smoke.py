@@ -24,6 +24,7 @@ FIGURE_LINES = {
     "kv.py": "dcpflow    SET",
     "kv.py --durability majority": "ratio durable/plain",
     "kv_instructions.py": "SET",
+    "kv_memory.py": "server RSS",
     "kv_persist.py": "all persisted",
     "producer.py": "in-memory producer",
     "producer_instructions.py": "instructions per streamed item",

@@ -46,10 +46,14 @@ def _cmd_server(args: argparse.Namespace) -> int:
                           expiry_interval=args.expiry_interval, users=args.users, debug=args.debug,
                           tls_cert=args.tls_cert, tls_key=args.tls_key, tls_port=args.tls_port,
                           plain_over_tcp=args.allow_plain_over_tcp, mgmt_port=args.mgmt_port,
-                          mgmt_tls_port=args.mgmt_tls_port)
+                          mgmt_tls_port=args.mgmt_tls_port, audit_log=args.audit_log,
+                          max_connections=args.max_connections, system_connections=args.system_connections,
+                          memory_quota=args.memory_quota,
+                          fragmentation_threshold=args.fragmentation_threshold / 100 or None)
     if (args.tls_cert is None) != (args.tls_key is None):
         print("dcpflow server: --tls-cert and --tls-key go together", file=sys.stderr)
         return 2
+    _raise_descriptor_limit()
 
     async def serve() -> int:
         server = Server(config)
@@ -80,6 +84,41 @@ def _cmd_server(args: argparse.Namespace) -> int:
         else:
             return uvloop.run(serve())
     return asyncio.run(serve())
+
+
+def _raise_descriptor_limit() -> None:
+    """Use the hard limit on open files, as memcached does at start: every connection is one, and
+    the connection limit is derived from it (server/app.py connection_limit)."""
+    import contextlib
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or hard > soft:
+        with contextlib.suppress(OSError, ValueError):  # else kept: the connection limit follows the soft one
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard if hard != resource.RLIM_INFINITY else 1 << 20, hard))
+
+
+_SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def parse_size(text: str) -> int | None:
+    """A size as `--memory-quota` takes it: bytes, or with a k/m/g/t suffix (powers of 1024, an
+    optional trailing "b" or "ib"); `unlimited` for none."""
+    t = text.strip().lower()
+    if t in ("unlimited", "none"):
+        return None
+    for suffix in ("ib", "b"):
+        if t.endswith(suffix) and t[:-len(suffix)][-1:].isalpha():
+            t = t[:-len(suffix)]
+            break
+    unit = t[-1:] if t[-1:].isalpha() else ""
+    try:
+        value = float(t[:-1] if unit else t) * _SIZE_UNITS[unit]
+    except (KeyError, ValueError):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size (bytes, or with k, m, g, t: e.g. 100m, 1g)") from None
+    if value < 1 << 20:
+        raise argparse.ArgumentTypeError(f"{text!r} is less than 1 MiB")
+    return int(value)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -120,6 +159,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="age after which compaction purges tombstones (default 3 days)")
     p.add_argument("--compaction-interval", type=float, default=3600.0, metavar="SECONDS",
                    help="how often compaction runs (default 3600)")
+    p.add_argument("--fragmentation-threshold", type=float, default=30.0, metavar="PERCENT",
+                   help="compact a bucket's store once this percentage of its rows are older versions kept for "
+                        "rollback, trimming them to a quarter of the documents (default 30, ns_server's "
+                        "auto-compaction threshold; 0: only --compaction-interval)")
     p.add_argument("--expiry-interval", type=float, default=10.0, metavar="SECONDS",
                    help="how often the expiry pager runs (default 10)")
     p.add_argument("--users", metavar="FILE", help="users file (JSON; default: Administrator/password, admin)")
@@ -134,6 +177,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--allow-plain-over-tcp", action="store_true",
                    help="also offer SASL PLAIN on the plain-TCP port (by default only over TLS: it sends the "
                    "password in clear)")
+    p.add_argument("--memory-quota", type=parse_size, default=100 << 20, metavar="SIZE",
+                   help="each bucket's memory quota, as 100m or 2g (default 100m, Couchbase's; `unlimited` for "
+                        "none): near it values are evicted and writes get ETMPFAIL; a bucket created through the "
+                        "management API has its own ramQuotaMB")
+    p.add_argument("--max-connections", type=int, default=60_000, metavar="N",
+                   help="client connections admitted (default 60000, ns_server's; lowered to fit the open-files "
+                        "limit); beyond them and the reserve a connection is closed at once")
+    p.add_argument("--system-connections", type=int, default=16, metavar="N",
+                   help="connections kept beyond --max-connections for administrators and the cluster manager "
+                        "(default 16)")
+    p.add_argument("--audit-log", metavar="FILE",
+                   help="also write the audit trail of refusals (failed logins, EACCESS, invalid packets; always "
+                        "logged at WARNING, rate-limited) to FILE as JSON lines, Couchbase's audit event format")
     p.add_argument("--loop", choices=("auto", "asyncio", "uvloop"), default="auto",
                    help="event loop: uvloop if installed (auto, the default: faster socket I/O), or asyncio")
     p.add_argument("--debug", action="store_true", help="log to stderr, including unknown opcodes")

@@ -310,14 +310,29 @@ def test_get_failover_log(server, clients, writer):
     assert c.call(Opcode.DCP_GET_FAILOVER_LOG, vbucket=4, extras=b"1234").status == Status.EINVAL
 
 
-def test_get_failover_log_privileges(server):
+def test_get_failover_log_privileges(server, clients):
+    """DcpProducer or MetaRead on the bucket: checked on an open DCP connection whose user then
+    re-authenticated (DCP_GET_FAILOVER_LOG is only served on a DCP connection, below)."""
+    for user, password, status in (("writer", "writepw", Status.EACCESS), ("reader", "readpw", Status.SUCCESS)):
+        c = clients()
+        assert c.auth_scram(user, password).status == Status.SUCCESS
+        assert c.select("default").status == Status.SUCCESS
+        assert c.call(Opcode.DCP_GET_FAILOVER_LOG, vbucket=0).status == status
+
+
+def test_get_failover_log_needs_a_dcp_connection(server):
+    """kv_engine's verify_common_dcp_restrictions: 0x54 before DCP_OPEN is EINVAL, checked before
+    privileges; GET_FAILOVER_LOG 0x96 is the command for a connection that is not DCP."""
     from .client import DcpClient
+    for user, password in (("reader", "readpw"), ("writer", "writepw")):
+        with DcpClient(server.port) as c:
+            c.login(user, password, "default", features=(Feature.XERROR,))
+            reply = c.call(Opcode.DCP_GET_FAILOVER_LOG, vbucket=0)
+            assert reply.status == Status.EINVAL and b"DCP connection" in reply.value
+            assert not c.is_closed(0.2)
     with DcpClient(server.port) as c:
-        c.login("writer", "writepw", "default", features=(Feature.XERROR,))
-        assert c.call(Opcode.DCP_GET_FAILOVER_LOG, vbucket=0).status == Status.EACCESS
-    with DcpClient(server.port) as c:
-        c.login("reader", "readpw", "default", features=(Feature.XERROR,))
-        assert c.call(Opcode.DCP_GET_FAILOVER_LOG, vbucket=0).status == Status.SUCCESS
+        c.login("reader", "readpw", "default")
+        assert c.call(Opcode.GET_FAILOVER_LOG, vbucket=0).status == Status.SUCCESS
 
 
 def test_stream_request_without_dcp_privilege_after_open(server, clients):

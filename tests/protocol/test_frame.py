@@ -186,6 +186,60 @@ def test_default_limit_is_20_mib_plus_headers():
     assert fr.DEFAULT_MAX_BODY_LEN >= 20 * 1024 * 1024
 
 
+def test_a_server_decoder_refuses_an_oversize_request_under_the_packet_limit_and_goes_on():
+    """kv_engine's rule (DocumentSizeLimits.md): a frame up to max_packet_size is read and refused,
+    only a bigger one ends the connection. The refused body is skipped as it arrives, never held."""
+    dec = FrameDecoder(max_body_len=100, max_packet_len=10_000)
+    big = fr.request(Opcode.SET, key=b"k", extras=bytes(8), value=b"v" * 5000, opaque=41)
+    dec.feed(fr.request(Opcode.NOOP, opaque=40) + big[:300])
+    frames = dec.frames()
+    assert next(frames).opaque == 40
+    with pytest.raises(ProtocolError) as e:
+        next(frames)
+    assert not e.value.fatal and e.value.status == Status.E2BIG and e.value.opaque == 41
+    assert e.value.opcode == Opcode.SET and "limit of 100" in e.value.reason
+    for i in range(300, len(big), 700):  # the rest of the body trickles in and is dropped
+        dec.feed(big[i:i + 700])
+        assert dec.buffered == 0 and list(dec) == []
+    dec.feed(fr.request(Opcode.NOOP, opaque=42))
+    assert [f.opaque for f in dec] == [42]
+
+
+def test_a_whole_oversize_request_in_the_buffer_is_passed_over():
+    dec = FrameDecoder(max_body_len=100, max_packet_len=10_000)
+    dec.feed(fr.request(Opcode.SET, value=b"v" * 500, opaque=1) + fr.request(Opcode.NOOP, opaque=2))
+    with pytest.raises(ProtocolError) as e:
+        list(dec)
+    assert e.value.status == Status.E2BIG and not e.value.fatal
+    assert [f.opaque for f in dec] == [2]
+
+
+def test_a_frame_over_the_packet_limit_or_an_oversize_response_is_fatal():
+    dec = FrameDecoder(max_body_len=100, max_packet_len=1000)
+    dec.feed(fr.request(Opcode.SET, value=b"v" * 1000))
+    with pytest.raises(ProtocolError) as e:
+        list(dec)
+    assert e.value.fatal and e.value.status == Status.E2BIG and "maximum packet size of 1000" in e.value.reason
+    dec = FrameDecoder(max_body_len=100, max_packet_len=1000)
+    dec.feed(fr.response(Opcode.GET, value=b"v" * 500))  # a reply cannot be answered: no refusal for it
+    with pytest.raises(ProtocolError) as e:
+        list(dec)
+    assert e.value.fatal
+
+
+def test_a_strict_decoder_makes_inconsistent_lengths_fatal():
+    """kv_engine disconnects a client whose extras and key run past the body (a server decoder is
+    strict); a plain decoder reports the frame and goes on (below)."""
+    bad = struct.pack(">BBHBBHIIQ", 0x80, 0x01, 10, 8, 0, 0, 12, 77, 0) + b"\x00" * 12
+    dec = FrameDecoder(strict=True)
+    dec.feed(bad + fr.request(Opcode.NOOP, opaque=78))
+    with pytest.raises(ProtocolError) as e:
+        list(dec)
+    assert e.value.fatal and e.value.opaque == 77 and "exceed the total body length 12" in e.value.reason
+    with pytest.raises(ProtocolError):
+        list(dec)  # poisoned: the NOOP behind it is never decoded
+
+
 def test_bad_magic_is_fatal():
     dec = FrameDecoder()
     dec.feed(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")

@@ -157,3 +157,37 @@ def test_get_and_lock_and_unlock(collection):
     collection.replace("sdk-lock", {"v": 3}, cas=relocked.cas)  # the lock's CAS writes and unlocks
     collection.upsert("sdk-lock", {"v": 4})
     assert collection.get("sdk-lock").content_as[dict] == {"v": 4}
+
+
+def test_a_25_mib_value_is_refused_with_e2big_and_the_connection_lives_on(collection):
+    """Over the 20 MiB document limit, under the 30 MiB packet limit: the SDK hears E2BIG (its
+    value_too_large, error code 104) for that request alone. A reset connection would instead
+    cancel it and every request in flight beside it; here the gets running meanwhile all succeed."""
+    import threading
+
+    from couchbase.exceptions import CouchbaseException
+
+    collection.upsert("sdk-e2big-neighbour", {"n": 1})
+    failures: list[BaseException] = []
+    done = threading.Event()
+
+    def neighbour() -> None:
+        while not done.is_set():
+            try:
+                assert collection.get("sdk-e2big-neighbour").content_as[dict] == {"n": 1}
+            except BaseException as e:  # noqa: BLE001 - reported below
+                failures.append(e)
+                return
+
+    t = threading.Thread(target=neighbour)
+    t.start()
+    try:
+        with pytest.raises(CouchbaseException) as e:
+            collection.upsert("sdk-e2big", b"x" * (25 * 1024 * 1024), UpsertOptions(transcoder=RawBinaryTranscoder()))
+    finally:
+        done.set()
+        t.join(30)
+    assert e.value.error_code == 104 and "'status_code': 3" in str(e.value)  # value_too_large, E2BIG
+    assert failures == []
+    with pytest.raises(DocumentNotFoundException):
+        collection.get("sdk-e2big")

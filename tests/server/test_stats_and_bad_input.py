@@ -1,11 +1,13 @@
 """STAT groups, and what malformed input does: EINVAL for one bad frame (the connection and everyone
-else carry on), a disconnect for a stream that cannot be resynchronised (bad magic, oversize body)."""
+else carry on), E2BIG for a request over the document limit within the packet limit, a disconnect
+for a stream that cannot be trusted (bad magic, a frame over the 30 MiB packet limit, extras and key
+that run past the body), and kv_engine's order of checks (a request's key before its sender)."""
 
 import struct
 
 import pytest
 
-from dcpflow.protocol.frame import HEADER, encode_frame, request
+from dcpflow.protocol.frame import HEADER, MAX_PACKET_LEN, MAX_VALUE_LEN, encode_frame, request
 from dcpflow.protocol.hello import Feature
 from dcpflow.protocol.opcodes import Opcode
 from dcpflow.protocol.status import Status
@@ -82,7 +84,6 @@ def contradicting_lengths(opaque: int) -> bytes:
 
 
 @pytest.mark.parametrize("bad", [
-    contradicting_lengths(77),
     request(Opcode.SET, key=b"k", extras=b"\x00" * 3, value=b"v", opaque=77),  # wrong extras length
     request(Opcode.GET, opaque=77),  # GET without a key
     request(Opcode.NOOP, key=b"junk", opaque=77),  # NOOP with a key
@@ -106,6 +107,8 @@ def test_unknown_frame_info_is_reported(admin):
 @pytest.mark.parametrize("garbage", [
     b"\x42" + bytes(23),  # bad magic
     HEADER.pack(0x80, Opcode.SET, 1, 8, 0, 0, 0x7FFFFFFF, 0, 0),  # 2 GiB body: over the limit
+    HEADER.pack(0x80, Opcode.SET, 1, 8, 0, 0, MAX_PACKET_LEN - HEADER.size + 1, 0, 0),  # 1 byte over 30 MiB
+    contradicting_lengths(77),  # kv_engine disconnects: the rest of the stream cannot be trusted
     request(Opcode.NOOP).replace(b"\x80", b"\x82", 1),  # a server request (duplex) from a client
     request(Opcode.NOOP).replace(b"\x80", b"\x81", 1),  # a response from a client that is not DCP
 ])
@@ -141,3 +144,48 @@ def test_a_client_that_does_not_read_does_not_hurt_others(server):
         for _ in range(20):
             assert polite.get(b"big").status == Status.SUCCESS
             assert server.call(buffered) < 4 * 1024 * 1024  # backpressure: the server stopped making replies
+
+
+def test_a_value_between_the_document_and_packet_limits_is_e2big_and_the_connection_goes_on(admin):
+    """25 MiB: over the 20 MiB document limit, under the 30 MiB packet limit (DocumentSizeLimits.md):
+    refused with E2BIG, the body read past without being kept; the pipelined requests around it
+    are answered in order."""
+    vb = admin.vbucket_of(b"huge")
+    big = request(Opcode.SET, key=b"huge", extras=bytes(8), value=b"x" * (25 * 1024 * 1024), vbucket=vb, opaque=77)
+    admin.send(request(Opcode.NOOP, opaque=76) + big + request(Opcode.NOOP, opaque=78))
+    first, err, last = admin.recv_n(3)
+    assert (first.opaque, err.opaque, last.opaque) == (76, 77, 78)
+    assert err.status == Status.E2BIG and err.opcode == Opcode.SET and b"limit" in err.value
+    assert last.status == Status.SUCCESS
+    just_over = admin.set(b"huge", b"y" * (MAX_VALUE_LEN + 1))  # within the body limit: the handler says so
+    assert just_over.status == Status.E2BIG
+    assert admin.set(b"huge", b"y" * MAX_VALUE_LEN).status == Status.SUCCESS  # exactly 20 MiB is a document
+    assert admin.get(b"huge").status == Status.SUCCESS
+
+
+def test_the_key_is_checked_before_the_sender(server):
+    """kv_engine validates a request before it checks privileges: an over-long key is EINVAL for a
+    user without the privilege, and for a connection that has not authenticated."""
+    with server.login(user="reader", password="readpw") as reader:
+        assert reader.set(b"k", b"v").status == Status.EACCESS
+        assert reader.set(b"k" * 251, b"v").status == Status.EINVAL
+        assert reader.call(Opcode.DELETE, key=b"", vbucket=0).status == Status.EINVAL
+    with server.client() as anonymous:
+        anonymous.hello(Feature.XERROR)
+        assert anonymous.call(Opcode.GET, key=b"k", vbucket=0).status == Status.EACCESS
+        assert anonymous.call(Opcode.GET, key=b"k" * 300, vbucket=0).status == Status.EINVAL
+
+
+@pytest.mark.parametrize("wire_key, status", [
+    (b"\x08" + b"k" * 300, Status.EINVAL),  # over 251 bytes: EINVAL before the collection is looked up
+    (b"\x08" + b"k" * 247, Status.EINVAL),  # a non-default collection's logical key is at most 246 bytes
+    (b"\x08" + b"k" * 246, Status.UNKNOWN_COLLECTION),
+    (b"\x00" + b"k" * 250, Status.KEY_ENOENT),  # the default collection keeps the 250 of old
+    (b"\x00" + b"k" * 251, Status.EINVAL),
+    (b"\x01k", Status.EINVAL),  # ids 1-7 are reserved
+    (b"\x00", Status.EINVAL),  # no logical key
+    (b"\x80", Status.EINVAL),  # no stop byte
+])
+def test_collection_keys_follow_kv_engines_rules(server, wire_key, status):
+    with server.login(features=(Feature.XERROR, Feature.COLLECTIONS)) as c:
+        assert c.call(Opcode.GET, key=wire_key, vbucket=0).status == status

@@ -27,6 +27,12 @@ seqno lies in - de-duplicated versions inside a snapshot were never persisted, s
 is a consistent point. Memory is reloaded from disk, failover entries above the seqno are
 dropped (a reset gets a fresh failover log) and cursors other than the flusher's are dropped.
 
+Memory (memory.py): `memory_quota` (bytes, None = unlimited) bounds the bucket. Writes near it
+are refused (ETMPFAIL, ENOMEM), `evict()` runs the item pager (the owner calls it when
+`pager.wanted()`: the engine has no timer), checkpoints are capped at their share of the quota
+(`recover_checkpoint_memory`, run from the write path when they pass the upper mark) and warm-up
+keeps values on disk once the bucket is past its low watermark.
+
 Failover (`failover(vb, unclean=...)`, fault injection): an active vbucket starts a new branch of
 history as it would after a failover (an entry at the high seqno) or after a crash (unpersisted
 writes rolled back, an entry where warm-up would put it), without the process going away.
@@ -42,6 +48,7 @@ in the store too, so a restart purges them.
 """
 
 import json
+import math
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -58,6 +65,7 @@ from .failover import FailoverEntry, FailoverTable
 from .flusher import Flusher
 from .hlc import HLC
 from .item import Item
+from .memory import BucketMemory, ItemPager
 from .store import HistoryRetention, PurgeResult, Store
 from .vbucket import VBucket, VBucketState
 
@@ -115,7 +123,8 @@ class Bucket:
     def __init__(self, name: str, data_dir: str | Path, num_vbuckets: int | None = None,
                  conflict_resolution: ConflictResolutionMode | str | None = None, *,
                  checkpoint_max_items: int = 10_000, checkpoint_max_age: float | None = 5.0,
-                 checkpoint_memory_quota: int | None = None, flush_interval: float = 0.1,
+                 checkpoint_memory_quota: int | None = None, memory_quota: int | None = None,
+                 flush_interval: float = 0.1,
                  flush_batch_items: int = 10_000, purge_interval: float = DEFAULT_PURGE_INTERVAL,
                  rollback_history_seqnos: int | None = 1_000_000, synchronous: str = "FULL",
                  history_retention_seconds: float = 0, history_retention_bytes: int = 0,
@@ -148,8 +157,12 @@ class Bucket:
         # The vbucket, or None if this bucket does not have it. Every KV request calls it, so it is
         # the dict's own C-level get rather than a method around it.
         self.get_vbucket: Callable[[int], VBucket | None] = self._vbuckets.get
+        self.memory = BucketMemory(memory_quota)
+        self.memory.on_checkpoint_pressure = self.recover_checkpoint_memory
+        self.pager = ItemPager(self.memory, self._vbuckets)
         self.store = Store(self.data_dir / name / "store.sqlite3", synchronous=synchronous)
-        self.flusher = Flusher(self.store, self._vbuckets, on_persisted=self._notify_persisted)
+        self.flusher = Flusher(self.store, self._vbuckets, on_persisted=self._notify_persisted,
+                               on_complete=self._after_flush)
         self.manifest = Manifest.default()  # scopes and collections (engine/collections.py); from the store
         self.dropped_collections: set[int] = set()  # dropped, not purged from the store yet
         self.closed = False
@@ -204,9 +217,10 @@ class Bucket:
         return VBucket(vbid, state, conflict_resolution=self.conflict_resolution,
                        checkpoint_max_items=self.checkpoint_max_items,
                        checkpoint_max_age=self.checkpoint_max_age,
-                       checkpoint_memory_quota=self.checkpoint_memory_quota, clock=self._clock,
+                       checkpoint_memory_quota=self.checkpoint_memory_quota,
+                       checkpoint_max_bytes=self.memory.checkpoint_max_bytes(self.num_vbuckets), clock=self._clock,
                        on_seqno=self._notify_seqno if self._seqno_listeners else None,
-                       dirty=self.flusher.dirty, **kwargs)
+                       dirty=self.flusher.dirty, memory=self.memory, fetch=self.store.read, **kwargs)
 
     # -- vbuckets -----------------------------------------------------------------------------
     def vbucket_for_key(self, key: bytes) -> int:
@@ -279,6 +293,7 @@ class Bucket:
         vb = self._vbuckets.pop(vbid, None)
         if vb is None:
             raise EngineError(Status.NOT_MY_VBUCKET, f"vbucket {vbid} does not exist")
+        vb.forget_memory()
         vb.checkpoint_manager.reset(0)
         self.store.delete_vbucket(vbid)
         self._notify_vbucket(vbid, "deleted")
@@ -296,6 +311,7 @@ class Bucket:
         self._check_idle()
         old = dict(self._vbuckets)
         for vb in old.values():
+            vb.forget_memory()
             vb.checkpoint_manager.reset(0)
         self._vbuckets.clear()
         if not store_cleared:
@@ -458,28 +474,96 @@ class Bucket:
                                             default=0)
         return out
 
-    def compact(self, vbid: int | None = None, now: float | None = None) -> dict[int, PurgeResult]:
+    def compact(self, vbid: int | None = None, now: float | None = None,
+                keep_history: float | None = None) -> dict[int, PurgeResult]:
         """Purge persisted tombstones older than `purge_interval`, advancing purge seqnos.
 
         Also trims rollback history older than `rollback_history_seqnos` below the persisted
-        high seqno (None keeps all of it).
+        high seqno (None keeps all of it), and with `keep_history` to at most that fraction of each
+        vbucket's documents (the compaction a fragmented store gets: a rollback further back than
+        what is kept resets the vbucket to 0, as a couchstore file's compacted headers do). The
+        three steps apart (`compaction_plan`, `store.compact` on any thread, `finish_compaction`)
+        let an owner keep serving while the store works.
         """
         self._check_idle()
+        results = self.store.compact(self.compaction_plan(vbid, now, keep_history))
+        self.finish_compaction(results)
+        return results
+
+    def compaction_plan(self, vbid: int | None = None, now: float | None = None,
+                        keep_history: float | None = None) -> list[tuple]:
+        """(vb, deleted_before, history floor, the history collections' retention, history rows to
+        keep) for `Store.compact`."""
+        self._check_open()
         now = self._clock() if now is None else now
         deleted_before = int(now - self.purge_interval)
         targets = [self.vbucket(vbid)] if vbid is not None else list(self._vbuckets.values())
-        results = {}
+        plan = []
         for vb in targets:
             floor = 0
             if self.rollback_history_seqnos is not None:
                 floor = max(0, vb.persisted_seqno - self.rollback_history_seqnos)
             keep = HistoryRetention(tuple(sorted(vb.collections.history)), self.history_retention_seconds,
                                     self.history_retention_bytes, now)
-            result = self.store.purge_tombstones(vb.id, deleted_before, history_floor=floor, keep=keep)
-            vb.on_purged(result)
-            results[vb.id] = result
+            rows = None
+            if keep_history is not None:
+                rows = math.ceil(keep_history * (vb.num_items + vb.num_deleted))
+            plan.append((vb.id, deleted_before, floor, keep, rows))
+        return plan
+
+    def finish_compaction(self, results: dict[int, PurgeResult]) -> None:
+        """The store purged tombstones: drop the same versions from memory (a vbucket gone meanwhile
+        is skipped), then purge dropped collections from the store."""
+        for vbid, result in results.items():
+            vb = self._vbuckets.get(vbid)
+            if vb is not None:
+                vb.on_purged(result)
         self.purge_dropped_collections()
-        return results
+
+    # -- memory -------------------------------------------------------------------------------
+    def set_memory_quota(self, quota: int | None) -> None:
+        """A new quota (bytes; None: unlimited), in force at once: the marks move, open checkpoints
+        close at the new checkpoint_max_size, and a lower quota makes `pager.wanted()`."""
+        self.memory.set_quota(quota)
+        max_bytes = self.memory.checkpoint_max_bytes(self.num_vbuckets)
+        for vb in self._vbuckets.values():
+            vb.checkpoint_manager.max_bytes = max_bytes
+
+    def evict(self, budget: int | None = None) -> tuple[int, bool]:
+        """One pass of the item pager (memory.py): (bytes of values evicted, done)."""
+        self._check_open()
+        return self.pager.run() if budget is None else self.pager.run(budget)
+
+    def recover_checkpoint_memory(self) -> int:
+        """Bring checkpoint memory back under its upper mark (memory.py): release open checkpoints
+        every cursor has read and the flusher has written (CheckpointManager.release_open_if_read),
+        then drop the droppable cursors
+        pinning old checkpoints, the vbuckets with the most checkpoint memory first, down to the
+        lower mark; if checkpoints still fill their quota (writes are refused meanwhile), the other
+        DCP cursors pinning old checkpoints go too - their streams end with STREAM_END(SLOW),
+        stream-end.md's "cannot read from the stream fast enough". The persistence cursor is never
+        dropped: what it pins is released once the flusher has written it. Returns cursors dropped."""
+        mem = self.memory
+        dropped = 0
+        if mem.checkpoint >= mem.checkpoint_upper:
+            managers = sorted((vb.checkpoint_manager for vb in self._vbuckets.values()),
+                              key=lambda cm: cm.mem_usage, reverse=True)
+            above_lower = lambda: mem.checkpoint > mem.checkpoint_lower  # noqa: E731
+            for cm in managers:  # first what costs no cursor: open checkpoints read and persisted
+                if not above_lower():
+                    break
+                cm.release_open_if_read()
+            for cm in managers:
+                if not above_lower():
+                    break
+                dropped += cm.release_for_memory(above_lower)
+            if mem.checkpoint >= mem.checkpoint_quota:
+                for cm in managers:
+                    if not above_lower():
+                        break
+                    dropped += cm.release_for_memory(above_lower, undroppable=True)
+        mem.recovered()
+        return dropped
 
     def run_expiry_pager(self, now: float | None = None, limit: int | None = None) -> int:
         """Expire due documents in active vbuckets; returns the number of expirations."""
@@ -564,6 +648,13 @@ class Bucket:
         for listener in self._seqno_listeners:
             listener(vbid, seqno)
 
+    def _after_flush(self) -> None:
+        """Checkpoints the flusher just wrote may be releasable now, not only at the next refused
+        write (a writer that was told ETMPFAIL finds room when it retries)."""
+        mem = self.memory
+        if mem.quota is not None and mem.checkpoint >= mem.checkpoint_upper:
+            self.recover_checkpoint_memory()
+
     def _notify_persisted(self, vbid: int, seqno: int) -> None:
         for listener in self._persistence_listeners:
             listener(vbid, seqno)
@@ -636,4 +727,5 @@ class Bucket:
             "ep_queue_size": queue,
             "ep_total_persisted": self.flusher.items_flushed,
             "ep_num_vbuckets": self.num_vbuckets,
+            **self.memory.stats(),
         }

@@ -43,10 +43,14 @@ arrived is returned with `end` beyond the last item; the stream simply keeps sen
 items arrive.
 
 Memory stays bounded: a closed checkpoint with no cursor in it or before it (and, for a
-persistent vbucket, fully persisted) is released. When checkpoint memory exceeds
-`memory_quota`, cursors that pin old checkpoints are *dropped* (never the persistence cursor);
-the owner's `on_drop` callback is told so it can fall back to a disk backfill, and the dropped
-cursor raises `CursorDropped` if read again.
+persistent vbucket, fully persisted) is released, and the open checkpoint is closed once it holds
+`max_bytes` (the bucket's checkpoint_max_size, memory.py) so that what it holds can be released.
+When this vbucket's checkpoint memory exceeds `memory_quota`, droppable cursors that pin old
+checkpoints are *dropped* (never the persistence cursor); the owner's `on_drop` callback is told
+so it can fall back to a disk backfill, and the dropped cursor raises `CursorDropped` if read
+again. Every manager of a bucket also counts its memory in the bucket's `BucketMemory`
+(`account`), whose checkpoint quota the bucket enforces across vbuckets
+(Bucket.recover_checkpoint_memory: `release_for_memory` here).
 
 Single-threaded: the manager belongs to the engine's owner thread (see bucket.py).
 """
@@ -60,6 +64,7 @@ from enum import IntEnum
 from .collections import SYSTEM_CID
 from .durability.items import is_sync_item
 from .item import ITEM_OVERHEAD, Item
+from .memory import BucketMemory
 
 _NEVER = float("inf")
 
@@ -231,18 +236,20 @@ class CursorRegistration:
 class CheckpointManager:
     """The checkpoints and cursors of one vbucket."""
 
-    __slots__ = ("max_items", "max_age", "memory_quota", "persistent", "_clock", "_next_id", "checkpoints",
-                 "cursors", "high_seqno", "mem_usage", "num_dropped_cursors", "persisted_seqno",
+    __slots__ = ("max_items", "max_age", "max_bytes", "memory_quota", "account", "persistent", "_clock", "_next_id",
+                 "checkpoints", "cursors", "high_seqno", "mem_usage", "num_dropped_cursors", "persisted_seqno",
                  "persistence_cursor", "history_cids")
 
     def __init__(self, *, high_seqno: int = 0, max_items: int = 10_000, max_age: float | None = 5.0,
-                 memory_quota: int | None = None, persistent: bool = True,
-                 clock: Callable[[], float] = time.monotonic):
+                 max_bytes: float = _NEVER, memory_quota: int | None = None, account: BucketMemory | None = None,
+                 persistent: bool = True, clock: Callable[[], float] = time.monotonic):
         if max_items < 1:
             raise ValueError("max_items must be >= 1")
         self.max_items = max_items
         self.max_age = max_age
+        self.max_bytes = max_bytes
         self.memory_quota = memory_quota
+        self.account = account if account is not None else BucketMemory()
         self.persistent = persistent
         self._clock = clock
         self._next_id = 1
@@ -317,7 +324,7 @@ class CheckpointManager:
             raise ValueError(f"seqno {seqno} is not above the high seqno {self.high_seqno}")
         cp = self.checkpoints[-1]
         n = cp.num_items
-        if n and (n >= self.max_items or self._clock() >= cp.deadline):
+        if n and (n >= self.max_items or cp.mem_usage >= self.max_bytes or self._clock() >= cp.deadline):
             cp = self._roll_over(cp)
             n = cp.num_items
         key = item.key
@@ -346,6 +353,10 @@ class CheckpointManager:
                 cp._compact()
         cp.mem_usage += size
         self.mem_usage += size
+        account = self.account
+        account.checkpoint += size
+        if account.checkpoint >= account.recovery_at:
+            account.checkpoint_grew()
         if self.memory_quota is not None and self.mem_usage > self.memory_quota:
             self._drop_cursors()
 
@@ -431,6 +442,7 @@ class CheckpointManager:
             if cursor is not self.persistence_cursor:
                 self._drop(cursor)
         self.checkpoints.clear()
+        self.account.checkpoint -= self.mem_usage
         self.mem_usage = 0
         self.high_seqno = high_seqno
         self.persisted_seqno = high_seqno
@@ -451,15 +463,17 @@ class CheckpointManager:
         if len(cps) == 1:
             return
         lowest = min((c.checkpoint.id for c in self.cursors.values()), default=None)
-        removed = 0
+        removed = freed = 0
         for cp in cps[:-1]:
             if (lowest is not None and cp.id >= lowest) or (
                     self.persistent and cp.high_seqno > self.persisted_seqno):
                 break
             removed += 1
-            self.mem_usage -= cp.mem_usage
+            freed += cp.mem_usage
         if removed:
             del cps[:removed]
+            self.mem_usage -= freed
+            self.account.checkpoint -= freed
 
     # -- cursors ----------------------------------------------------------------------------
     def register_cursor(self, name: str, start_seqno: int, *, droppable: bool = True,
@@ -512,22 +526,49 @@ class CheckpointManager:
         self.cursors.pop(cursor.name, None)
         cursor.dropped = True
         self.num_dropped_cursors += 1
+        self.account.num_cursors_dropped += 1
         if cursor.on_drop is not None:
             cursor.on_drop(cursor)
 
     def _drop_cursors(self) -> None:
-        """Over quota: drop droppable cursors pinning the oldest checkpoints, oldest first."""
+        """Over this vbucket's quota: drop droppable cursors pinning the oldest checkpoints."""
+        self.release_for_memory(lambda: self.mem_usage > self.memory_quota)
+
+    def release_open_if_read(self) -> int:
+        """Close the open checkpoint and release it when every cursor has read all of it and (for a
+        persistent vbucket) it is on disk: what an idle vbucket's open checkpoint holds would
+        otherwise stay until its next write, and with many vbuckets those open checkpoints alone
+        can fill the checkpoint quota (kv_engine's checkpoint remover expels such items too). Only
+        a growing (Memory, not fixed-range) checkpoint; returns the bytes released."""
+        cp = self.open_checkpoint
+        if not cp.num_items or cp.fixed_end:
+            return 0
+        top = self.high_seqno
+        if (self.persistent and self.persisted_seqno < top) or any(c.seqno < top for c in self.cursors.values()):
+            return 0
+        before = self.mem_usage
+        self.create_checkpoint()
+        return before - self.mem_usage
+
+    def release_for_memory(self, wanted: Callable[[], bool], *, undroppable: bool = False) -> int:
+        """Drop cursors that pin old checkpoints, the one pinning the oldest first, while `wanted()`;
+        only droppable ones unless `undroppable` (then any but the persistence cursor: their owners
+        end their streams). A cursor in the open checkpoint, or one no older than the persistence
+        cursor's, pins nothing that dropping it would release. Returns the cursors dropped."""
         limit = self.persistence_cursor.checkpoint.id if self.persistence_cursor else None
-        open_cp = self.open_checkpoint  # a cursor in the open checkpoint pins nothing releasable
+        open_cp = self.open_checkpoint
         candidates = sorted((c for c in self.cursors.values()
-                             if c.droppable and c.checkpoint is not open_cp
-                             and (limit is None or c.checkpoint.id < limit)),
+                             if (c.droppable or undroppable) and c is not self.persistence_cursor
+                             and c.checkpoint is not open_cp and (limit is None or c.checkpoint.id < limit)),
                             key=lambda c: c.checkpoint.id)
+        dropped = 0
         for cursor in candidates:
-            if self.mem_usage <= self.memory_quota:
+            if not wanted():
                 break
             self._drop(cursor)
             self._remove_unreferenced()
+            dropped += 1
+        return dropped
 
     def _advance_if_exhausted(self, cursor: Cursor) -> bool:
         """Move a cursor that has read all of a closed checkpoint into the next one."""

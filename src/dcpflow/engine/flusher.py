@@ -80,8 +80,11 @@ class Flusher:
     """Persists the bucket's vbuckets; see the module docstring."""
 
     def __init__(self, store: Store, vbuckets: dict[int, "VBucket"], *,
-                 on_persisted: Callable[[int, int], None] | None = None):
+                 on_persisted: Callable[[int, int], None] | None = None,
+                 on_complete: Callable[[], None] | None = None):
+        """`on_persisted(vb, seqno)` for each vbucket of a completed batch, then `on_complete()`."""
         self.store = store
+        self._on_complete = on_complete
         self._vbuckets = vbuckets
         self._dirty: dict[int, None] = {}  # insertion-ordered set, rotated for fairness
         self._state_dirty: set[int] = set()
@@ -175,6 +178,8 @@ class Flusher:
         if self._on_persisted is not None:
             for e in batch.entries:
                 self._on_persisted(e.vb.id, e.high_seqno)
+        if self._on_complete is not None:
+            self._on_complete()
 
     def abort(self, batch: FlushBatch) -> None:
         """The write failed: rewind so the same items are flushed again."""

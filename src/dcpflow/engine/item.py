@@ -8,8 +8,8 @@ thread and a DCP stream can all hold the same object safely.
 
 from dcpflow.protocol.document import DeleteSource, Document
 
-__all__ = ["DATATYPE_JSON", "DATATYPE_SNAPPY", "DATATYPE_XATTR", "ITEM_OVERHEAD", "DeleteSource", "Item",
-           "retain_system_xattrs"]
+__all__ = ["DATATYPE_JSON", "DATATYPE_SNAPPY", "DATATYPE_XATTR", "ITEM_OVERHEAD", "NOT_RESIDENT", "DeleteSource",
+           "Item", "retain_system_xattrs"]
 
 DATATYPE_JSON = 0x01
 DATATYPE_SNAPPY = 0x02
@@ -17,6 +17,20 @@ DATATYPE_XATTR = 0x04
 
 #: Rough per-item bookkeeping cost, used only for checkpoint memory accounting (cursor dropping).
 ITEM_OVERHEAD = 96
+
+
+class _NotResident(bytes):
+    """The value of a hash-table entry whose value was evicted (memory.py): empty bytes, so memory
+    accounting counts nothing for it, told apart by identity (`item.value is NOT_RESIDENT`). Only
+    the hash table holds such entries; every read of a value fetches it back first (vbucket.py)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "NOT_RESIDENT"
+
+
+NOT_RESIDENT = _NotResident()
 
 
 class Item(Document):

@@ -85,6 +85,7 @@ connection. Scans open their own connection (`BackfillScan`), so a backfill neve
 
 import functools
 import heapq
+import itertools
 import sqlite3
 import threading
 from collections.abc import Iterable, Iterator, Sequence
@@ -191,6 +192,36 @@ _UPSERT_ITEM = (f"INSERT INTO items (id, {_BASE_COLS}, dcp, cid) "
                 f"VALUES (?1 << {SEQNO_BITS} | ?3, ?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14) "
                 "ON CONFLICT (vb, cid, key) DO UPDATE SET id = excluded.id, " +
                 ", ".join(f"{c} = excluded.{c}" for c in (*_BASE_COLS.split(", ")[2:], "dcp")))
+_UPSERT_PARAMS = 14  # parameters of one row of _UPSERT_ITEM
+#: Rows per multi-row upsert statement (a power of two; a shorter chunk is split into powers of two,
+#: so a handful of statements serve every batch). One statement runs in one sqlite3_step, so the
+#: flusher thread gives up and takes back the GIL once per chunk instead of once per row: beside a
+#: busy event loop, every taking back waited for the loop's turn to end.
+UPSERT_CHUNK = 256
+
+
+@functools.cache
+def _upsert_items_sql(n: int) -> str:
+    """_UPSERT_ITEM for `n` rows in one statement (_UPSERT_PARAMS parameters a row, numbered on)."""
+    one = f"VALUES (?1 << {SEQNO_BITS} | ?3, " + ",".join(f"?{i}" for i in range(1, _UPSERT_PARAMS + 1)) + ")"
+    assert one in _UPSERT_ITEM
+    values = ", ".join(f"(?{b + 1} << {SEQNO_BITS} | ?{b + 3}, "
+                       + ", ".join(f"?{b + i}" for i in range(1, _UPSERT_PARAMS + 1)) + ")"
+                       for b in range(0, _UPSERT_PARAMS * n, _UPSERT_PARAMS))
+    return _UPSERT_ITEM.replace(one, f"VALUES {values}")
+
+
+def _upsert_items(db: sqlite3.Connection, rows: list[tuple], *, whole: bool = True) -> None:
+    """_UPSERT_ITEM for the rows, in multi-row statements (UPSERT_CHUNK), removing them from `rows`;
+    `whole=False` writes only full chunks and leaves the rest for the next call."""
+    i, n = 0, len(rows)
+    while n - i >= UPSERT_CHUNK or (whole and i < n):
+        size = UPSERT_CHUNK
+        while size > n - i:
+            size >>= 1
+        db.execute(_upsert_items_sql(size), list(itertools.chain.from_iterable(rows[i:i + size])))
+        i += size
+    del rows[:i]
 #: History kept by SQLite itself: each version the flusher overwrites moves to `history` inside
 #: the upsert's step, with the GIL released and no statement of its own. TEMP: it lives on the
 #: writer connection only, so a store opened with keep_history=False has none, and the schema on
@@ -382,6 +413,11 @@ def _encoded_rows(vb: int, items: Iterable[Item]) -> list[tuple]:
     if _encoded_rows_c is None:
         return _encoded_rows_py(vb, items)
     return _encoded_rows_c(vb, items, _encoded_row)
+
+
+def _run_sizes(rows: list[tuple]) -> list[tuple[int, int | None]]:
+    """(seqno, DCP message bytes or None) of encoded rows, in seqno order: what `_cut_runs` reads."""
+    return sorted((r[2], None if r[12] is None else len(r[12])) for r in rows)
 
 
 def _item(r: Sequence) -> Item:
@@ -641,12 +677,11 @@ class Store:
         if cuts:
             db.executemany(_BUILD_RUN, [(_rowid(vb, lo), _rowid(vb, hi), hi) for lo, hi in cuts])
 
-    def _extend_runs(self, db: sqlite3.Connection, vb: int, rows: list[tuple]) -> None:
-        """After a batch's rows are written: cut the runs they complete."""
+    def _extend_runs(self, db: sqlite3.Connection, vb: int, sizes: list[tuple[int, int | None]]) -> None:
+        """After a batch's rows are written: cut the runs they complete (`sizes`: `_run_sizes`)."""
         known = vb in self._tails
         tail = self._tail(db, vb)  # a first look reads the rows just written too
         if known:
-            sizes = sorted((r[2], None if r[12] is None else len(r[12])) for r in rows)
             self._build_runs(db, vb, _cut_runs(tail, sizes, self.run_bytes, self.run_min_bytes))
 
     def _forget_runs(self, db: sqlite3.Connection, vb: int) -> None:
@@ -698,6 +733,8 @@ class Store:
         `prepares`, and marked completed by its commit or abort (a commit's version is among the
         items)."""
         with self._txn() as db:
+            pending: list[tuple] = []  # rows not yet written: every vbucket's go into the same statements
+            written = []
             for vb, items in batches:
                 latest: dict = {}  # by doc_key
                 older: list[Item] = []  # versions of this batch that a later one replaces
@@ -708,12 +745,17 @@ class Store:
                         older.append(prev)
                     latest[key] = it
                 # Only the latest version of each key is upserted; the trigger files the version it
-                # replaces on disk, superseded by the latest one's seqno.
+                # replaces on disk, superseded by the latest one's seqno. The rows (a copy of each
+                # value, as a DCP message) are written a chunk at a time, not held for the whole batch.
                 rows = _encoded_rows(vb, latest.values())
-                db.executemany(_UPSERT_ITEM, rows)
+                written.append((vb, latest, older, _run_sizes(rows)))
+                pending += rows
+                _upsert_items(db, pending, whole=False)
+            _upsert_items(db, pending)
+            for vb, latest, older, sizes in written:
                 if older and self._keep_history:
                     self._file_older_versions(db, vb, older, latest)
-                self._extend_runs(db, vb, rows)
+                self._extend_runs(db, vb, sizes)
             for vb, items in sync_batches:
                 self._write_sync(db, vb, items)
             db.executemany(_UPSERT_STATE, [r._params() for r in states])
@@ -768,6 +810,19 @@ class Store:
                                    (vb, cid, key)).fetchone()
         return _item(row) if row else None
 
+    def read(self, vb: int, key) -> Item | None:
+        """`get` on a pooled read connection, by the engine's key (bytes in the default collection,
+        (cid, bytes) in another): for any thread, never waiting for a flush batch's transaction
+        (WAL readers see the last commit). What a bg fetch of an evicted value uses."""
+        cid, key = key if key.__class__ is tuple else (0, key)
+        db = self._readers.get()
+        try:
+            row = db.execute(f"SELECT {_ITEM_COLS} FROM items WHERE vb = ? AND cid = ? AND key = ?",
+                             (vb, cid, key)).fetchone()
+        finally:
+            self._readers.put(db)
+        return _item(row) if row else None
+
     def load_items(self, vb: int, page_size: int = 10_000) -> Iterator[Item]:
         """Every stored version of a vbucket (warm-up), streamed in seqno order."""
         with self.scan(vb, 0, (1 << 63) - 1, page_size=page_size) as scan:
@@ -794,47 +849,80 @@ class Store:
             return self._db.execute("SELECT COUNT(*) FROM history WHERE vb = ?", (vb,)).fetchone()[0]
 
     # -- maintenance ------------------------------------------------------------------------
+    def fragmentation(self) -> "Fragmentation":
+        """What the file holds besides the latest versions (on a read connection: any thread, no
+        wait for the writer): the rows of `items` and `history`, and the file's pages."""
+        db = self._readers.get()
+        try:
+            items = db.execute("SELECT count(*) FROM items").fetchone()[0]
+            history = db.execute("SELECT count(*) FROM history").fetchone()[0]
+            page_size = db.execute("PRAGMA page_size").fetchone()[0]
+            pages = db.execute("PRAGMA page_count").fetchone()[0]
+            free = db.execute("PRAGMA freelist_count").fetchone()[0]
+        finally:
+            self._readers.put(db)
+        return Fragmentation(items, history, pages * page_size, free * page_size)
+
     def purge_tombstones(self, vb: int, deleted_before: int, *, history_floor: int = 0,
-                         keep: "HistoryRetention | None" = None) -> PurgeResult:
+                         keep: "HistoryRetention | None" = None, keep_history: int | None = None) -> PurgeResult:
         """Compaction: purge tombstones deleted at or before `deleted_before` (unix seconds).
 
         The purge seqno advances to the highest purged seqno. The rollback floor moves up to at
-        least the purge seqno (a purged tombstone's key can no longer be rolled back past it) and
-        to `history_floor`, and history that only served seqnos below the floor is dropped - but
+        least the purge seqno (a purged tombstone's key can no longer be rolled back past it), to
+        `history_floor`, and with `keep_history` so that at most that many of the vbucket's most
+        recent older versions stay; history that only served seqnos below the floor is dropped - but
         the older versions of the collections `keep` names are kept for its retention instead:
         those written longer ago than its seconds, and the oldest beyond its bytes, go, and
         `history_start` moves past them (from there on every version is still here).
         """
         with self._txn() as db:
-            state = db.execute("SELECT purge_seqno, max_deleted_rev_seqno, history_floor, history_start "
-                               "FROM vbucket_state WHERE vb = ?", (vb,)).fetchone()
-            if state is None:
-                raise KeyError(f"vbucket {vb} has no persisted state")
-            purge_seqno, max_rev, floor, history_start = state[0], _u64(state[1]), state[2], state[3]
-            rows = db.execute("SELECT key, seqno, rev_seqno, cid FROM items WHERE vb = ? AND deleted = 1 "
-                              "AND delete_time <= ?", (vb, deleted_before)).fetchall()
-            if rows:
-                db.executemany("DELETE FROM items WHERE vb = ? AND cid = ? AND key = ?",
-                               [(vb, r[3], r[0]) for r in rows])
-                purge_seqno = max(purge_seqno, max(r[1] for r in rows))
-                max_rev = max(max_rev, max(_u64(r[2]) for r in rows))
-            floor = max(floor, purge_seqno, history_floor)
-            kept = keep.cids if keep is not None and keep.active else ()
-            marks = ",".join("?" * len(kept))
-            if kept:
-                db.execute(f"DELETE FROM history WHERE vb = ? AND superseded_by <= ? AND cid NOT IN ({marks})",
-                           (vb, floor, *kept))
-                history_start = max(history_start, self._history_cut(db, vb, kept, keep))
-                db.execute(f"DELETE FROM history WHERE vb = ? AND seqno < ? AND cid IN ({marks})",
-                           (vb, history_start, *kept))
-            else:
-                db.execute("DELETE FROM history WHERE vb = ? AND superseded_by <= ?", (vb, floor))
-            db.execute("DELETE FROM snapshots WHERE vb = ? AND snap_end < ?", (vb, floor))
-            # completed prepares only a rollback below the floor could bring back
-            db.execute("DELETE FROM prepares WHERE vb = ? AND completed > 0 AND completed <= ?", (vb, floor))
-            db.execute("UPDATE vbucket_state SET purge_seqno = ?, max_deleted_rev_seqno = ?, "
-                       "history_floor = ?, history_start = ? WHERE vb = ?",
-                       (purge_seqno, _s64(max_rev), floor, history_start, vb))
+            return self._purge(db, vb, deleted_before, history_floor, keep, keep_history)
+
+    def compact(self, plan: Iterable[tuple[int, int, int, "HistoryRetention | None", int | None]]
+                ) -> dict[int, PurgeResult]:
+        """`purge_tombstones` for each (vb, deleted_before, history_floor, keep, keep_history) of
+        `plan`, in one transaction (one commit for a whole bucket, not one per vbucket)."""
+        with self._txn() as db:
+            return {vb: self._purge(db, vb, deleted_before, floor, keep, keep_history)
+                    for vb, deleted_before, floor, keep, keep_history in plan}
+
+    def _purge(self, db: sqlite3.Connection, vb: int, deleted_before: int, history_floor: int,
+               keep: "HistoryRetention | None", keep_history: int | None) -> PurgeResult:
+        state = db.execute("SELECT purge_seqno, max_deleted_rev_seqno, history_floor, history_start "
+                           "FROM vbucket_state WHERE vb = ?", (vb,)).fetchone()
+        if state is None:
+            raise KeyError(f"vbucket {vb} has no persisted state")
+        purge_seqno, max_rev, floor, history_start = state[0], _u64(state[1]), state[2], state[3]
+        rows = db.execute("SELECT key, seqno, rev_seqno, cid FROM items WHERE vb = ? AND deleted = 1 "
+                          "AND delete_time <= ?", (vb, deleted_before)).fetchall()
+        if rows:
+            db.executemany("DELETE FROM items WHERE vb = ? AND cid = ? AND key = ?",
+                           [(vb, r[3], r[0]) for r in rows])
+            purge_seqno = max(purge_seqno, max(r[1] for r in rows))
+            max_rev = max(max_rev, max(_u64(r[2]) for r in rows))
+        floor = max(floor, purge_seqno, history_floor)
+        kept = keep.cids if keep is not None and keep.active else ()
+        marks = ",".join("?" * len(kept))
+        if keep_history is not None:  # (the collections kept for their retention are not counted)
+            row = db.execute("SELECT superseded_by FROM history WHERE vb = ?"
+                             + (f" AND cid NOT IN ({marks})" if kept else "")
+                             + " ORDER BY superseded_by DESC LIMIT 1 OFFSET ?", (vb, *kept, keep_history)).fetchone()
+            if row is not None:
+                floor = max(floor, row[0])
+        if kept:
+            db.execute(f"DELETE FROM history WHERE vb = ? AND superseded_by <= ? AND cid NOT IN ({marks})",
+                       (vb, floor, *kept))
+            history_start = max(history_start, self._history_cut(db, vb, kept, keep))
+            db.execute(f"DELETE FROM history WHERE vb = ? AND seqno < ? AND cid IN ({marks})",
+                       (vb, history_start, *kept))
+        else:
+            db.execute("DELETE FROM history WHERE vb = ? AND superseded_by <= ?", (vb, floor))
+        db.execute("DELETE FROM snapshots WHERE vb = ? AND snap_end < ?", (vb, floor))
+        # completed prepares only a rollback below the floor could bring back
+        db.execute("DELETE FROM prepares WHERE vb = ? AND completed > 0 AND completed <= ?", (vb, floor))
+        db.execute("UPDATE vbucket_state SET purge_seqno = ?, max_deleted_rev_seqno = ?, "
+                   "history_floor = ?, history_start = ? WHERE vb = ?",
+                   (purge_seqno, _s64(max_rev), floor, history_start, vb))
         return PurgeResult([(doc_key(r[3], r[0]), r[1]) for r in rows], purge_seqno, max_rev, floor,
                            history_start)
 
@@ -909,6 +997,23 @@ class Store:
                        "completed > 0), 0), MIN(hcs, history_floor)) WHERE vb = ?",
                        (seqno, snap[0], snap[1], seqno, seqno, vb, vb))
             return RollbackResult(seqno, snap[0], snap[1])
+
+
+@dataclass(frozen=True, slots=True)
+class Fragmentation:
+    """What `Store.fragmentation` measured. `fraction` is the share of rows that are older versions
+    (what compaction can drop), as couchstore's fragmentation is the share of the file that is not
+    the latest data; free pages are reused by later writes (SQLite never shrinks a file by itself)."""
+
+    items: int
+    history: int
+    file_bytes: int
+    free_bytes: int
+
+    @property
+    def fraction(self) -> float:
+        total = self.items + self.history
+        return self.history / total if total else 0.0
 
 
 @dataclass(frozen=True, slots=True)

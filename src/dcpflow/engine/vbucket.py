@@ -14,6 +14,14 @@ the metadata it is given unchanged - that is what a DCP consumer (PassiveStream)
 Expiry times passed to client operations are what the client sent (<= 30 days is relative, see
 expiry.py); WithMeta and replica operations carry absolute times.
 
+Memory (memory.py): every change of the hash table is counted in the bucket's BucketMemory, and a
+front-end write that would store a value (set, add, replace, touch, *WithMeta) is refused with
+ETMPFAIL or ENOMEM near the quota; deletions and replica writes are not. An entry whose value the
+pager evicted holds NOT_RESIDENT: `get` fetches the value back from the store through `fetch`
+(synchronously, or the caller does it off the owner thread and hands it to `restore`), and every
+other operation that reads a value (touch, GAT, GET_LOCKED, a tombstone keeping system xattrs,
+`writable`) fetches it first. An entry's key counts as its bytes, in any collection.
+
 Collections (collections.py, vb_collections.py): a key of the default collection is its bytes, a
 key of any other collection is (collection id, bytes) - the `doc_key` every operation takes and
 the hash table, the locks and the expiry heap are keyed by; the Item itself keeps the bytes and
@@ -51,7 +59,8 @@ from .errors import EngineError
 from .expiry import to_absolute
 from .failover import FailoverEntry, FailoverTable
 from .hlc import HLC
-from .item import DeleteSource, Item, retain_system_xattrs
+from .item import DATATYPE_XATTR, NOT_RESIDENT, DeleteSource, Item, retain_system_xattrs
+from .memory import HT_ITEM_OVERHEAD, BucketMemory
 from .store import PurgeResult, VBucketStateRecord
 from .vb_collections import VBCollections
 
@@ -79,9 +88,9 @@ class VBucket:
     __slots__ = ("id", "state", "conflict_resolution", "failover", "hlc", "high_seqno", "purge_seqno",
                  "max_deleted_rev_seqno", "persisted_seqno", "persisted_snapshot", "snapshot_start",
                  "snapshot_end", "_clock", "_on_seqno", "_dirty", "checkpoint_manager", "ht", "num_items",
-                 "num_deleted", "ops_create", "ops_update", "ops_delete", "_expiry_heap", "locks", "collections",
-                 "history_start", "prepares", "hps", "hcs", "persisted_hps", "persisted_hcs", "persisted_mvs",
-                 "topology", "adm", "pdm")
+                 "num_deleted", "ops_create", "ops_update", "ops_delete", "_expiry_heap", "locks", "_mem", "_fetch",
+                 "collections", "history_start", "prepares", "hps", "hcs", "persisted_hps", "persisted_hcs",
+                 "persisted_mvs", "topology", "adm", "pdm")
 
     def __init__(self, vbid: int, state: VBucketState = VBucketState.ACTIVE, *,
                  conflict_resolution: ConflictResolutionMode | str = ConflictResolutionMode.REV_SEQNO,
@@ -89,10 +98,11 @@ class VBucket:
                  purge_seqno: int = 0, max_deleted_rev_seqno: int = 0, history_start: int = 0,
                  persisted_snapshot: tuple[int, int] | None = None, items: Iterable[Item] = (),
                  checkpoint_max_items: int = 10_000, checkpoint_max_age: float | None = 5.0,
-                 checkpoint_memory_quota: int | None = None, persistent: bool = True,
-                 clock: Callable[[], float] = time.time,
+                 checkpoint_memory_quota: int | None = None, checkpoint_max_bytes: float = float("inf"),
+                 persistent: bool = True, clock: Callable[[], float] = time.time,
                  on_seqno: Callable[[int, int], None] | None = None,
-                 dirty: dict[int, None] | None = None, hps: int = 0, hcs: int = 0,
+                 dirty: dict[int, None] | None = None, memory: BucketMemory | None = None,
+                 fetch: Callable[[int, bytes], Item | None] | None = None, hps: int = 0, hcs: int = 0,
                  prepares: Iterable[Prepare] = ()):
         self.id = vbid
         self.state = VBucketState(state)
@@ -115,9 +125,12 @@ class VBucket:
         self._clock = clock
         self._on_seqno = on_seqno
         self._dirty = dirty  # where a write marks this vbucket as having something to flush
+        self._mem = memory if memory is not None else BucketMemory()  # the bucket's (memory.py)
+        self._fetch = fetch  # (vbid, key) -> the stored version: brings back an evicted value
         self.checkpoint_manager = CheckpointManager(
             high_seqno=high_seqno, max_items=checkpoint_max_items, max_age=checkpoint_max_age,
-            memory_quota=checkpoint_memory_quota, persistent=persistent)
+            max_bytes=checkpoint_max_bytes, memory_quota=checkpoint_memory_quota, account=self._mem,
+            persistent=persistent)
         self.ht: dict[bytes, Item] = {}
         self.num_items = 0  # live documents
         self.num_deleted = 0  # tombstones held in memory
@@ -147,9 +160,13 @@ class VBucket:
 
     def _load(self, items: Iterable[Item]) -> None:
         """Warm-up (and a rollback's reload): the hash table, and the collections the system
-        events on disk describe (documents of collections dropped but not purged yet are left out)."""
-        ht, heap = self.ht, self._expiry_heap
+        events on disk describe (documents of collections dropped but not purged yet are left out);
+        once the bucket is past its low watermark the values stay on disk (loaded as evicted), so
+        warm-up keeps to the quota."""
+        ht, heap, mem = self.ht, self._expiry_heap, self._mem
         live = deleted = 0
+        meta = values = 0
+        room = mem.low_wat - mem.used
         default_high = 0
         events: list[Item] = []
         others: dict[int, list[int]] = {}  # cid -> [live documents, high seqno]
@@ -168,6 +185,13 @@ class VBucket:
                 seen[1] = item.by_seqno
             else:
                 default_high = item.by_seqno
+            value = item.value
+            meta += len(item.key) + HT_ITEM_OVERHEAD
+            if values + meta + len(value) > room and value and not item.deleted:
+                item = Item(item.key, NOT_RESIDENT, item.flags, item.expiry, item.cas, item.rev_seqno, item.by_seqno,
+                            item.datatype, cid=cid)
+            else:
+                values += len(value)
             ht[key] = item
             if item.deleted:
                 deleted += 1
@@ -184,6 +208,8 @@ class VBucket:
             heap[:] = [e for e in heap if e[2] in ht]
         heapq.heapify(heap)
         self.num_items, self.num_deleted = live, deleted
+        mem.meta += meta
+        mem.values += values
         for cid, (n, high) in others.items():
             if cid in colls:
                 colls.items[cid] = n
@@ -192,11 +218,23 @@ class VBucket:
         colls.other_high = max([e.by_seqno for e in events] + [h for _, h in others.values()], default=0)
         self.checkpoint_manager.history_cids = colls.history
 
+    def forget_memory(self) -> None:
+        """Take this vbucket's hash table out of the bucket's memory count (it is being dropped or
+        reloaded)."""
+        mem = self._mem
+        for item in self.ht.values():
+            mem.meta -= len(item.key) + HT_ITEM_OVERHEAD
+            mem.values -= len(item.value)
+
     def _drop_from_memory(self, cids: set[int], live: int, deleted: int) -> tuple[int, int]:
-        """Forget the documents of these collections (and their locks); returns the counts left."""
-        ht = self.ht
+        """Forget the documents of these collections (and their locks), and their memory; returns
+        the counts left."""
+        ht, mem = self.ht, self._mem
         for key in [k for k in ht if k.__class__ is tuple and k[0] in cids]:
-            if ht.pop(key).deleted:
+            item = ht.pop(key)
+            mem.meta -= len(item.key) + HT_ITEM_OVERHEAD
+            mem.values -= len(item.value)
+            if item.deleted:
                 deleted -= 1
             else:
                 live -= 1
@@ -270,14 +308,19 @@ class VBucket:
             delta = (not item.deleted) - (old is not None and not old.deleted)
             if delta:
                 colls.items[cid] = colls.items.get(cid, 0) + delta
+        mem = self._mem
         if old is None:
+            mem.meta += len(item.key) + HT_ITEM_OVERHEAD
+            mem.values += len(item.value)
             if not item.deleted:
                 self.ops_create += 1
         elif old.deleted:
+            mem.values += len(item.value) - len(old.value)
             self.num_deleted -= 1
             if not item.deleted:
                 self.ops_create += 1
         else:
+            mem.values += len(item.value) - len(old.value)
             self.num_items -= 1
             self.ops_delete += item.deleted
             self.ops_update += not item.deleted
@@ -312,6 +355,8 @@ class VBucket:
                                 self.high_seqno + 1, datatype, cid=cid), prev)
 
     def _tombstone(self, item: Item, now: float, source: DeleteSource) -> Item:
+        if item.datatype & DATATYPE_XATTR and item.value is NOT_RESIDENT:
+            item = self._resident(item)  # its system xattrs are kept
         value, datatype = retain_system_xattrs(item.value, item.datatype)
         return self._queue(Item(item.key, value, item.flags, 0, self.hlc.next(), item.rev_seqno + 1,
                                 self.high_seqno + 1, datatype, True, int(now), source, item.cid))
@@ -341,10 +386,40 @@ class VBucket:
     def _enoent(self, key: bytes) -> EngineError:
         return EngineError(Status.KEY_ENOENT, f"key {key!r} not found in vbucket {self.id}")
 
+    # -- evicted values ---------------------------------------------------------------------------
+    def _resident(self, item: Item) -> Item:
+        """`item` (the hash table's current entry for its key) with its value, fetched back from
+        the store if it was evicted."""
+        if item.value is not NOT_RESIDENT:
+            return item
+        if self._fetch is None:
+            raise EngineError(Status.EINTERNAL, f"the value of {item.key!r} was evicted and there is no store")
+        return self.restore(item.key, self._fetch(self.id, item.key))
+
+    def restore(self, key: bytes, stored: Item | None) -> Item:
+        """A value fetched from the store (`stored`) for the evicted entry of `key`: put back in
+        the hash table if the entry is still that version, and returns the key's entry as it is
+        now (resident, or changed meanwhile). The metadata stays the hash table's: GET_LOCKED may
+        have given the entry a CAS the store does not have."""
+        item = self.ht.get(key)
+        if item is None or item.value is not NOT_RESIDENT:
+            return item if item is not None else stored
+        if stored is None or stored.by_seqno != item.by_seqno:
+            raise EngineError(Status.ETMPFAIL, f"the stored version of {key!r} is not the evicted one "
+                              f"(seqno {None if stored is None else stored.by_seqno}, expected {item.by_seqno}): retry")
+        restored = Item(key, stored.value, item.flags, item.expiry, item.cas, item.rev_seqno, item.by_seqno,
+                        item.datatype, item.deleted, item.delete_time, item.delete_source)
+        self.ht[key] = restored
+        self._mem.values += len(stored.value)
+        self._mem.num_bg_fetches += 1
+        return restored
+
     # -- client operations (active only) ------------------------------------------------------
-    def get(self, key: bytes) -> Item:
+    def get(self, key: bytes, fetch: bool = True) -> Item:
         """The live document (`_live` inlined: the hottest read path; the clock is read only for a
-        document with an expiry)."""
+        document with an expiry). An evicted value is fetched back from the store, unless `fetch`
+        is False: then the entry is returned with NOT_RESIDENT, for the caller to fetch it off this
+        thread and hand it to `restore`."""
         if self.state != _ACTIVE:
             self._check_active()
         item = self.ht.get(key)
@@ -355,7 +430,14 @@ class VBucket:
             if item.expiry <= now:
                 self._tombstone(item, now, DeleteSource.TTL)
                 raise self._enoent(key)
+        if item.value is NOT_RESIDENT and fetch:
+            return self._resident(item)
         return item
+
+    def _check_memory(self) -> None:
+        mem = self._mem
+        if mem.values + mem.meta + mem.checkpoint > mem.mutation_limit or mem.checkpoint >= mem.checkpoint_quota:
+            raise mem.refusal()
 
     def get_meta(self, key: bytes) -> Item:
         """Metadata of the current version, tombstones included (GetMeta reports deleted=1)."""
@@ -375,6 +457,9 @@ class VBucket:
         clock is read only for an expiry or a lock)."""
         if self.state != _ACTIVE:
             self._check_active()
+        mem = self._mem
+        if mem.values + mem.meta + mem.checkpoint > mem.mutation_limit or mem.checkpoint >= mem.checkpoint_quota:
+            raise mem.refusal()
         if key.__class__ is tuple:  # another collection than the default one
             return self._set_other(key, value, flags, expiry, datatype, cas)
         ht = self.ht
@@ -413,13 +498,17 @@ class VBucket:
         self.checkpoint_manager.queue(item)  # first: it validates the seqno before anything changes
         # _queue's accounting for a live version over `prev`
         if prev is None:
+            mem.meta += len(key) + HT_ITEM_OVERHEAD
+            mem.values += len(value)
             self.ops_create += 1
             self.num_items += 1
         elif prev.deleted:
+            mem.values += len(value) - len(prev.value)
             self.num_deleted -= 1
             self.ops_create += 1
             self.num_items += 1
         else:
+            mem.values += len(value) - len(prev.value)
             self.ops_update += 1
         if expiry:
             heapq.heappush(self._expiry_heap, (expiry, seqno, key))
@@ -449,6 +538,7 @@ class VBucket:
             cas: int = 0) -> Item:
         """Store only if there is no live document (a tombstone does not count)."""
         self._check_active()
+        self._check_memory()
         if cas:
             raise EngineError(Status.EINVAL, "add does not take a CAS")
         if self.prepares and key in self.prepares:
@@ -462,6 +552,7 @@ class VBucket:
                 cas: int = 0) -> Item:
         """Store only over a live document (and its `cas`, when given)."""
         self._check_active()
+        self._check_memory()
         now = self._clock()
         self._writable(key, cas, now)
         return self._mutate(key, value, flags, self._expiry(key, expiry, now), datatype)
@@ -475,8 +566,9 @@ class VBucket:
     def touch(self, key: bytes, expiry: int) -> Item:
         """Change a live document's expiry (a new version: new seqno, CAS and rev seqno)."""
         self._check_active()
+        self._check_memory()
         now = self._clock()
-        live = self._writable(key, 0, now)  # TOUCH and GAT carry no CAS: a locked document refuses them
+        live = self._resident(self._writable(key, 0, now))  # TOUCH and GAT carry no CAS: a locked one refuses them
         return self._mutate(key, live.value, live.flags, self._expiry(key, expiry, now), live.datatype)
 
     def get_and_touch(self, key: bytes, expiry: int) -> Item:
@@ -492,9 +584,10 @@ class VBucket:
     def writable(self, key: bytes, cas: int = 0) -> Item:
         """The live document a write carrying `cas` (0: none) may replace, checked in Couchbase's
         order: KEY_ENOENT, then Locked (GET_LOCKED), then KEY_EEXISTS for another CAS. For writes
-        built from a read (INCREMENT, APPEND), which then store with the returned item's CAS."""
+        built from a read (INCREMENT, APPEND), which then store with the returned item's CAS; its value
+        is resident."""
         self._check_active()
-        return self._writable(key, cas, self._clock())
+        return self._resident(self._writable(key, cas, self._clock()))
 
     def _writable(self, key: bytes, cas: int, now: float) -> Item:
         if self.locks and self.locks.get(key) is SYNC_BLOCK:
@@ -590,6 +683,7 @@ class VBucket:
         if self.lock_cas(key, now) is not None:
             raise EngineError(Status.LOCKED, f"key {key!r} is already locked (GET_LOCKED): wait for the lock "
                               "to expire or for its holder to unlock it")
+        live = self._resident(live)
         cas = self.hlc.next()
         item = dataclasses.replace(live, cas=cas)
         self.ht[key] = item
@@ -656,6 +750,8 @@ class VBucket:
                            deletion: bool, add: bool = False) -> bool:
         """All checks of a WithMeta write, in order; returns whether to regenerate the CAS."""
         self._check_active()
+        if not deletion:
+            self._check_memory()
         if self.prepares and key in self.prepares:
             raise _in_progress(key)
         skip, regenerate = self._check_options(options, incoming.cas, deletion=deletion)
@@ -1084,18 +1180,21 @@ class VBucket:
         self.purge_seqno = result.purge_seqno
         self.max_deleted_rev_seqno = max(self.max_deleted_rev_seqno, result.max_deleted_rev_seqno)
         self.history_start = max(self.history_start, result.history_start)
-        ht = self.ht
+        ht, mem = self.ht, self._mem
         for key, seqno in result.purged:
             item = ht.get(key)
             if item is not None and item.deleted and item.by_seqno == seqno:
                 del ht[key]
                 self.num_deleted -= 1
+                mem.meta -= len(item.key) + HT_ITEM_OVERHEAD
+                mem.values -= len(item.value)
 
     def reset_to(self, seqno: int, items: Iterable[Item], *, purge_seqno: int,
                  snapshot: tuple[int, int] | None = None, rng=None, prepares: Iterable[Prepare] = (),
                  hps: int = 0, hcs: int = 0) -> None:
         """Reload after the store rolled back to `seqno` (0 = the vbucket was reset); `snapshot`
         is the persisted snapshot that seqno lies in (its end if it is a consistent point)."""
+        self.forget_memory()
         self.ht = {}
         self._expiry_heap = []
         self.locks.clear()

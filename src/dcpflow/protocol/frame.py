@@ -24,6 +24,11 @@ HEADER_LEN = 24
 MAX_VALUE_LEN = 20 * 1024 * 1024
 #: Default body limit: a maximal value plus the largest framing extras, extras and key.
 DEFAULT_MAX_BODY_LEN = MAX_VALUE_LEN + 0xFF + 0xFF + 0xFFFF
+#: The largest frame (header and body) a server reads before it gives up on the connection:
+#: memcached's `max_packet_size`, 30 MiB by default (DocumentSizeLimits.md,
+#: https://github.com/couchbase/kv_engine/blob/master/docs/DocumentSizeLimits.md). A request between
+#: the body limit and this one is read past and refused with E2BIG; above it the stream is abandoned.
+MAX_PACKET_LEN = 30 * 1024 * 1024
 
 HEADER = struct.Struct(">BBHBBHIIQ")
 ALT_HEADER = struct.Struct(">BBBBBBHIIQ")
@@ -86,6 +91,7 @@ class Magic(IntEnum):
 
 
 _ALT = frozenset({Magic.ALT_REQUEST, Magic.ALT_RESPONSE})
+_REQUEST, _ALT_REQUEST = int(Magic.REQUEST), int(Magic.ALT_REQUEST)
 _RESPONSES = frozenset({Magic.RESPONSE, Magic.ALT_RESPONSE, Magic.SERVER_RESPONSE})
 _MAGICS = frozenset(int(m) for m in Magic)
 
@@ -393,6 +399,12 @@ class FrameDecoder:
     one (a header whose lengths contradict each other inside a sound body) is raised after the bad
     frame was consumed, so the caller can answer EINVAL and keep iterating.
 
+    A server decoder passes `max_packet_len` and `strict` (kv_engine's framing rules): a request
+    whose body is over `max_body_len` but whose frame is at most `max_packet_len` is not fatal - its
+    body is skipped as it arrives (never buffered) and a non-fatal E2BIG carries its opcode and
+    opaque; and with `strict` a header whose extras and key run past its body is fatal, since
+    kv_engine disconnects such a client rather than trust the rest of its stream.
+
     Bytes are accumulated without quadratic copying: while a frame larger than what is buffered is
     pending, chunks are collected in a list and joined once the frame is complete; and bytes fed
     while unread frames are buffered wait in a list (`_tail`) that `frames()` joins once, rather
@@ -405,11 +417,15 @@ class FrameDecoder:
     generator step nor a consumed-offset update per frame.
     """
 
-    __slots__ = ("max_body_len", "_buf", "_pos", "_tail", "_tail_len", "_chunks", "_chunk_len", "_need",
-                 "_broken", "_ends")
+    __slots__ = ("max_body_len", "max_packet_len", "strict", "_buf", "_pos", "_tail", "_tail_len", "_chunks",
+                 "_chunk_len", "_need", "_broken", "_skip", "_ends")
 
-    def __init__(self, max_body_len: int = DEFAULT_MAX_BODY_LEN):
+    def __init__(self, max_body_len: int = DEFAULT_MAX_BODY_LEN, *, max_packet_len: int | None = None,
+                 strict: bool = False):
         self.max_body_len = max_body_len
+        self.max_packet_len = max_packet_len
+        self.strict = strict
+        self._skip = 0  # bytes still to discard of a refused oversize request (see the class docstring)
         self._buf = b""
         self._pos = 0
         self._tail: list[bytes] = []
@@ -428,6 +444,10 @@ class FrameDecoder:
         return len(self._buf) - self._pos + self._tail_len
 
     def feed(self, data: bytes) -> None:
+        if self._skip and data:
+            n = min(self._skip, len(data))
+            self._skip -= n
+            data = data[n:]
         if not data:
             return
         if self._chunks is not None:
@@ -531,11 +551,23 @@ class FrameDecoder:
                 continue
             magic, opcode, key_len, ext_len, datatype, vbs, body_len, opaque, cas = unpack(buf, pos)
             if body_len > max_body or magic not in _MAGICS:
-                self._broken = header_error(magic, opcode, body_len, max_body)
-                self._buf, self._pos = b"", 0
-                self._tail.clear()
-                self._tail_len = 0
-                raise self._broken
+                if self._refusable(magic, body_len):
+                    frame_end = pos + HEADER_LEN + body_len
+                    if frame_end > end and self._tail:
+                        buf, pos = self._absorb(pos), 0
+                        end = len(buf)
+                        continue
+                    self._pass_over(frame_end, end)
+                    raise ProtocolError(f"body length {body_len} exceeds the limit of {max_body} bytes (a "
+                                        f"document value is at most {MAX_VALUE_LEN} bytes)", Status.E2BIG,
+                                        opcode=opcode, opaque=opaque, magic=magic)
+                error = header_error(magic, opcode, body_len, max_body)
+                if self.max_packet_len is not None and magic in _MAGICS and HEADER_LEN + body_len > self.max_packet_len:
+                    error = ProtocolError(f"a frame of {HEADER_LEN + body_len} bytes exceeds the maximum packet size "
+                                          f"of {self.max_packet_len} bytes", Status.E2BIG, fatal=True,
+                                          opcode=opcode, opaque=opaque, magic=magic)
+                self._poison(error)
+                raise error
             frame_end = pos + HEADER_LEN + body_len
             if frame_end > end:
                 if self._tail:
@@ -554,9 +586,13 @@ class FrameDecoder:
             self._pos = frame_end
             if v > frame_end:
                 pos = frame_end
-                raise ProtocolError(
+                error = ProtocolError(
                     f"framing extras ({fr_len}) + extras ({ext_len}) + key ({key_len}) = {v - start} bytes "
-                    f"exceed the total body length {body_len}", opcode=opcode, opaque=opaque, magic=magic)
+                    f"exceed the total body length {body_len}", fatal=self.strict, opcode=opcode, opaque=opaque,
+                    magic=magic)
+                if self.strict:
+                    self._poison(error)
+                raise error
             yield new(Frame, (magic, opcode, datatype, vbs, opaque, cas,
                               buf[start:start + fr_len] if fr_len else b"", buf[start + fr_len:k],
                               buf[k:v], buf[v:frame_end]))
@@ -564,6 +600,26 @@ class FrameDecoder:
                 return
             pos = frame_end
         self._pos = pos
+
+    def _refusable(self, magic: int, body_len: int) -> bool:
+        """An oversize request that a server reads past and refuses (E2BIG) rather than disconnect."""
+        limit = self.max_packet_len
+        return limit is not None and magic in (_REQUEST, _ALT_REQUEST) and HEADER_LEN + body_len <= limit
+
+    def _pass_over(self, frame_end: int, end: int) -> None:
+        """Consume a refused frame ending at `frame_end` of the buffer (`end` bytes of it held):
+        what is held is dropped, what has not arrived yet is discarded by `feed`."""
+        if frame_end <= end:
+            self._pos = frame_end
+        else:
+            self._skip = frame_end - end
+            self._buf, self._pos = b"", 0
+
+    def _poison(self, error: ProtocolError) -> None:
+        self._broken = error
+        self._buf, self._pos = b"", 0
+        self._tail.clear()
+        self._tail_len = 0
 
     def next_frame(self) -> Frame | None:
         """The next complete frame, or None if more bytes are needed."""

@@ -10,9 +10,25 @@ server runs three background tasks on it:
   backfills from them; and once nothing is left to flush it purges the documents of dropped
   collections from disk (their drop events are persisted by then);
 * the expiry pager - every `expiry_interval`, turn due documents into expirations;
-* compaction - every `compaction_interval`, purge tombstones older than `purge_interval`.
+* compaction - every `compaction_interval`, purge tombstones older than `purge_interval`; and
+  whenever a bucket's store is fragmented - more than `fragmentation_threshold` of its rows are
+  older versions kept for rollback (checked every FRAGMENTATION_CHECK_INTERVAL after writes, as
+  ns_server's auto-compaction checks databaseFragmentationThreshold) - also trim that history to
+  HISTORY_KEPT of the documents. The store's work runs on the flusher's thread;
+* the item pager - whenever a bucket is over its high watermark (checked every PAGER_INTERVAL,
+  after each flush batch, and at once when a write is refused for memory), evict values in passes
+  of a few thousand entries, yielding to the loop between them (engine/memory.py).
 
 A lock serialises a flush batch and compaction (compaction requires no batch in flight).
+
+Connections: the KV listeners accept for the server (listener.py), which admits up to
+`max_connections` client connections plus `system_connections` kept for administrators and the
+cluster manager (kv_engine keeps such a reserve: docs/Connections.md); beyond both a new connection
+is closed at once, as memcached's "disconnect" policy does. A connection admitted into the reserve
+must authenticate as an administrator or a user with node-management privileges (session.py).
+`max_connections` is lowered at start to what the descriptor limit (RLIMIT_NOFILE) leaves after
+FD_HEADROOM for the buckets' files, the management port and backfill readers. Running out of
+descriptors anyway pauses accepting and is logged once per interval (boundedlog.py).
 
 Beside the KV port the server runs its management listener (server/mgmt: the REST API the SDKs'
 management calls use, /metrics, the /ui/ page) on the port the map advertises as `mgmt`. Through
@@ -35,11 +51,14 @@ import gc
 import json
 import logging
 import os
+import resource
 import shutil
+import socket
 import ssl
 import sys
 import threading
 import time
+import traceback
 import uuid as uuidlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,13 +67,16 @@ from dcpflow.engine import Bucket, VBucketState
 from dcpflow.protocol import error_map
 from dcpflow.protocol.config import Node
 
-from .auth import UserDB
+from .audit import Audit
+from .auth import Privilege, UserDB
 from .backfill import BackfillScheduler
+from .boundedlog import BoundedLog, RateLimiter, printable
 from .commands import COMMANDS
 from .connection import Connection
 from .counters import Counters
 from .dcp_commands import DcpNames
 from .faults import Faults
+from .listener import Listener, listening_sockets
 from .mgmt import ManagementListener
 from .session import SERVER_VERSION
 from .topology import Topology
@@ -76,6 +98,7 @@ class ServerConfig:
     flusher_nice: int = 10  # the flusher thread runs this many nice levels below the server (0: equal)
     purge_interval: float = 259_200.0  # tombstone purge age (seconds), ep-engine's 3 days
     compaction_interval: float = 3600.0
+    fragmentation_threshold: float | None = 0.3  # compact once this share of stored rows is history (None: never)
     expiry_interval: float = 10.0
     users: UserDB | str | Path | None = None
     synchronous: str = "FULL"  # SQLite: FULL survives power loss, NORMAL survives kill -9
@@ -87,13 +110,21 @@ class ServerConfig:
     tls_port: int = 11207
     checkpoint_max_items: int = 10_000
     checkpoint_memory_quota: int | None = None  # bytes of checkpoint memory per vbucket; over it, cursors drop
+    # Each bucket's memory quota (bytes; None: unlimited), unless the management API gave it one
+    # (ramQuotaMB): kv_engine's and ns_server's default of 100 MiB.
+    memory_quota: int | None = 100 * 1024 * 1024
     dcp_idle_timeout: float = 360.0  # a DCP producer with noops disconnects after this long without input
+    # Client connections, and the reserve beyond them for administrators and the cluster manager
+    # (ns_server's defaults are 60000 and 5000); lowered at start to fit the descriptor limit.
+    max_connections: int = 60_000
+    system_connections: int = 16
     # PLAIN sends the password in clear: like Couchbase Server, offer it only inside TLS unless allowed here.
     plain_over_tcp: bool = False
     # HTTP management (REST, /metrics, /ui/): None = 8091 (with TLS also 18091) when free, else a free
     # port; 0 = a free port; any other number must be free. The map advertises what was bound.
     mgmt_port: int | None = None
     mgmt_tls_port: int | None = None
+    audit_log: str | Path | None = None  # also write the audit trail (audit.py) to this file, as JSON lines
 
 
 def _lower_thread_priority(steps: int) -> None:
@@ -117,6 +148,28 @@ def _lower_thread_priority(steps: int) -> None:
 SEAL_AFTER_IDLE = 1.0
 #: The buckets created through the management API (served again after a restart).
 CREATED_BUCKETS_FILE = "buckets.json"
+#: Seconds between two looks at the rate-limited logs (an interval that ended writes its summary).
+LOG_TICK = 1.0
+#: Seconds between two looks at whether a bucket is over its high watermark (engine/memory.py).
+PAGER_INTERVAL = 0.1
+#: Seconds between two measures of a bucket's fragmentation (only after the flusher wrote).
+FRAGMENTATION_CHECK_INTERVAL = 10.0
+#: The history a compaction for fragmentation keeps, as a fraction of each vbucket's documents:
+#: after it, fragmentation is at most about 20%, so the next one waits for new overwrites.
+HISTORY_KEPT = 0.25
+#: Descriptors kept for everything but client connections: each bucket's store (the database, its
+#: WAL and shared memory, pooled backfill readers), the management port and its clients, pipes.
+FD_HEADROOM = 128
+
+
+def connection_limit(requested: int, reserve: int, nofile: int | None = None) -> int:
+    """The client connections a server may admit: `requested`, lowered so that with the reserve
+    and FD_HEADROOM it fits the soft descriptor limit (at least 1)."""
+    if nofile is None:
+        nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if nofile == resource.RLIM_INFINITY:
+        return requested
+    return max(1, min(requested, nofile - FD_HEADROOM - reserve))
 
 
 class ServerBucket:
@@ -132,10 +185,17 @@ class ServerBucket:
             self.uuid = uuidlib.uuid4().hex
             engine.store.set_meta("bucket_uuid", self.uuid)
         self.counters = Counters()
-        # Settings the management API keeps for this bucket (server/mgmt/buckets.py owns their meaning).
+        # Settings the management API keeps for this bucket (server/mgmt/buckets.py owns their meaning);
+        # its RAM quota is the engine's memory quota.
         self.settings: dict = json.loads(engine.store.get_meta("mgmt_settings") or "{}")
+        if "ramQuotaMB" in self.settings:
+            engine.set_memory_quota(int(self.settings["ramQuotaMB"]) * 1024 * 1024)
+        engine.memory.on_high = server.wake_pager
         self._apply_settings()
         self.persistence_paused = False
+        self.compactions = self.fragmentation_compactions = self.fragmentation_checks = 0
+        self.checked_at_items = -1  # the flusher's count when fragmentation was last measured
+        self.fragmentation = None  # the last Store.fragmentation() measured
         self.flushed_at = 0.0  # monotonic time of the last batch the flusher wrote (seal_runs waits)
         self._waiters: dict[int, list[tuple[int, asyncio.Future]]] = {}
         engine.add_persistence_listener(self._on_persisted)
@@ -146,6 +206,9 @@ class ServerBucket:
     def save_settings(self, settings: dict) -> None:
         self.engine.store.set_meta("mgmt_settings", json.dumps(settings, sort_keys=True))
         self.settings = dict(settings)
+        if "ramQuotaMB" in settings:
+            self.engine.set_memory_quota(int(settings["ramQuotaMB"]) * 1024 * 1024)
+            self.server.wake_pager()
         self._apply_settings()
 
     def _apply_settings(self) -> None:
@@ -196,17 +259,22 @@ class Server:
         self.buckets: dict[str, ServerBucket] = {}
         self.connections: set[Connection] = set()
         self.total_connections = 0
+        self.max_connections = config.max_connections  # what start() admits (connection_limit)
+        self.system_count = 0  # connections authenticated as administrators (they use the reserve first)
+        self.refused_connections: dict[str, int] = {"limit": 0, "reserve": 0, "descriptors": 0}
+        self._opening: set[asyncio.Task] = set()  # accepted sockets whose Connection is being made (TLS)
         self.started = time.time()
         self.topology: Topology | None = None
         self.port: int | None = None
         self.tls_port: int | None = None
         self.mgmt = ManagementListener(self)  # its ports: mgmt.port, mgmt.tls_port
         self.faults = Faults(self)  # fault injection (server/faults), served by the management listener
-        self._listener: asyncio.AbstractServer | None = None
-        self._tls_listener: asyncio.AbstractServer | None = None
+        self._listener: Listener | None = None
+        self._tls_listener: Listener | None = None
         self._tasks: list[asyncio.Task] = []
         self._stopping: asyncio.Event | None = None
         self._wake: asyncio.Event | None = None
+        self._wake_pager: asyncio.Event | None = None
         self._maintenance: asyncio.Lock | None = None
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._error_maps: dict[int, bytes] = {}
@@ -214,25 +282,27 @@ class Server:
         self.dcp_names = DcpNames()  # a DCP connection name opened again closes the older connection
         self.passive_streams: dict = {}  # (bucket, vbid) -> the live PassiveStream replicating it
         self.backfills = BackfillScheduler()  # DCP backfill threads and their server-wide limits
+        # Per-request warnings and the audit trail of refusals, each rate-limited (boundedlog.py, audit.py)
+        self.log = BoundedLog(log, kind_samples={"descriptors": 1})  # running out of descriptors: once per interval
+        self.audit = Audit(config.audit_log)
+        self._debug_limiter = None
         self.closed = False
 
     # -- lifecycle -------------------------------------------------------------------------------
     async def start(self) -> "Server":
         cfg = self.config
-        loop = asyncio.get_running_loop()
         self._stopping, self._wake, self._maintenance = asyncio.Event(), asyncio.Event(), asyncio.Lock()
+        self._wake_pager = asyncio.Event()
         self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="dcpflow-flusher",
                                                                initializer=_lower_thread_priority,
                                                                initargs=(cfg.flusher_nice,))
         try:
             # Bound first (a port in use fails before any bucket is created in the data dir), serving
             # only once the buckets are open and the map (which needs the bound ports) exists.
-            self._listener = await loop.create_server(lambda: Connection(self), cfg.host, cfg.port,
-                                                      reuse_address=True, start_serving=False)
+            self._listener = Listener(listening_sockets(cfg.host, cfg.port), None, self._admit, self._exhausted)
             if cfg.tls_cert is not None:
-                self._tls_listener = await loop.create_server(lambda: Connection(self), cfg.host, cfg.tls_port,
-                                                              reuse_address=True, ssl=self._tls_context(),
-                                                              start_serving=False)
+                self._tls_listener = Listener(listening_sockets(cfg.host, cfg.tls_port), self._tls_context(),
+                                              self._admit, self._exhausted)
             self.mgmt.bind(cfg.host, cfg.mgmt_port, cfg.mgmt_tls_port,
                            self._tls_context() if cfg.tls_cert is not None else None)
             for name in dict.fromkeys([*cfg.buckets, *self._created_buckets()]):
@@ -254,9 +324,13 @@ class Server:
         gc.freeze()
         gen0, gen1, _ = gc.get_threshold()
         gc.set_threshold(gen0, gen1, 100)
-        self.port = self._listener.sockets[0].getsockname()[1]
+        self.port = self._listener.port
         if self._tls_listener is not None:
-            self.tls_port = self._tls_listener.sockets[0].getsockname()[1]
+            self.tls_port = self._tls_listener.port
+        self.max_connections = connection_limit(cfg.max_connections, cfg.system_connections)
+        if self.max_connections < cfg.max_connections:
+            log.info("admitting at most %d client connections (and %d reserved): the descriptor limit is %d",
+                     self.max_connections, cfg.system_connections, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
         me = Node(self.port, kv_ssl_port=self.tls_port, mgmt_port=self.mgmt.port, mgmt_ssl_port=self.mgmt.tls_port)
         if cfg.nodes:  # this node's entry carries the management ports it bound (the others' come with the map)
             nodes = list(cfg.nodes)
@@ -266,14 +340,19 @@ class Server:
         self.topology = Topology(nodes, cfg.this_node)
         for listener in (self._listener, self._tls_listener):
             if listener is not None:
-                await listener.start_serving()
+                listener.start()
         await self.mgmt.start()
         self._tasks = [
             asyncio.create_task(self._flusher_task(), name="dcpflow-flusher"),
             asyncio.create_task(self._periodic(cfg.expiry_interval, self._run_expiry), name="dcpflow-expiry"),
             asyncio.create_task(self._periodic(cfg.compaction_interval, self._run_compaction),
                                 name="dcpflow-compaction"),
+            asyncio.create_task(self._periodic(LOG_TICK, self._tick_logs), name="dcpflow-log-summaries"),
+            asyncio.create_task(self._pager_task(), name="dcpflow-item-pager"),
         ]
+        if cfg.fragmentation_threshold is not None:
+            self._tasks.append(asyncio.create_task(
+                self._periodic(FRAGMENTATION_CHECK_INTERVAL, self._check_fragmentation), name="dcpflow-fragmentation"))
         return self
 
     def _tls_context(self) -> ssl.SSLContext:
@@ -289,7 +368,7 @@ class Server:
                         conflict_resolution or cfg.conflict_resolution,
                         flush_interval=cfg.flush_interval, purge_interval=cfg.purge_interval,
                         synchronous=cfg.synchronous, checkpoint_max_items=cfg.checkpoint_max_items,
-                        checkpoint_memory_quota=cfg.checkpoint_memory_quota)
+                        checkpoint_memory_quota=cfg.checkpoint_memory_quota, memory_quota=cfg.memory_quota)
         if not engine.vbuckets and (cfg.nodes is None or len(cfg.nodes) == 1):
             engine.create_vbuckets(range(engine.num_vbuckets), VBucketState.ACTIVE)  # a new single node owns all
         return engine
@@ -305,6 +384,8 @@ class Server:
         for listener in (self._listener, self._tls_listener):
             if listener is not None:
                 listener.close()
+        for task in list(self._opening):
+            task.cancel()
         await self.mgmt.close()
         self.faults.close()
         for conn in list(self.connections):
@@ -313,6 +394,7 @@ class Server:
             conn.close()
         self._stopping.set()
         self._wake.set()
+        self._wake_pager.set()
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
         self.backfills.close()
@@ -320,9 +402,9 @@ class Server:
         async with self._maintenance:
             self._close_buckets(clean=True)
         self._executor.shutdown(wait=True)
-        if self._listener is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._listener.wait_closed(), 1.0)
+        self.log.tick()
+        self.audit.tick()
+        self.audit.close()
 
     def _close_buckets(self, clean: bool) -> None:
         for bucket in self.buckets.values():
@@ -342,6 +424,57 @@ class Server:
         await self.close()
 
     # -- connections ---------------------------------------------------------------------------
+    def _admit(self, sock: socket.socket, tls: ssl.SSLContext | None) -> None:
+        """A listener accepted `sock`: make it a Connection, into the reserve beyond
+        max_connections, or close it at once beyond the reserve too."""
+        if self.closed:
+            sock.close()
+            return
+        n = len(self.connections) + len(self._opening)
+        if n >= self.max_connections + self.config.system_connections:
+            self.refused_connections["limit"] += 1
+            self.log.warning("connection-limit", "refused a connection from %s: %d connections are open, the limit "
+                             "(%d and %d reserved for administrators) is reached", _peer(sock), n,
+                             self.max_connections, self.config.system_connections)
+            sock.close()
+            return
+        reserved = n - self.system_count >= self.max_connections
+        task = asyncio.get_running_loop().create_task(self._open(sock, tls, reserved))
+        self._opening.add(task)
+        task.add_done_callback(self._opening.discard)
+
+    async def _open(self, sock: socket.socket, tls: ssl.SSLContext | None, reserved: bool) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.connect_accepted_socket(lambda: Connection(self, reserved=reserved), sock, ssl=tls)
+        except (OSError, ssl.SSLError, TimeoutError) as e:  # a TLS handshake that failed, a peer that left
+            self.log.warning("connection-setup", "a connection from %s failed before it was made: %s", _peer(sock), e)
+            sock.close()
+
+    def _exhausted(self, error: OSError) -> None:
+        """A listener could not accept for lack of descriptors (or memory): it pauses, we count."""
+        self.refused_connections["descriptors"] += 1
+        self.log.warning("descriptors", "cannot accept connections: %s (%d connections open; the descriptor "
+                         "limit is %d): accepting pauses and resumes when descriptors are free", error.strerror,
+                         len(self.connections), resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+
+    @staticmethod
+    def is_system_user(user) -> bool:
+        """Administrators and the cluster manager (node management on some bucket) may use the reserve."""
+        return user.is_admin or any(p & Privilege.NODE_MANAGEMENT for p in user.bucket_privileges.values())
+
+    def may_use_reserve(self, conn: Connection, user) -> bool:
+        """Whether `conn`, admitted into the reserve, may stay as `user`: an administrator may; anyone
+        else only if a client connection has closed meanwhile."""
+        others = len(self.connections) - self.system_count - (0 if conn.system else 1)
+        return self.is_system_user(user) or others < self.max_connections
+
+    def set_system(self, conn: Connection, system: bool) -> None:
+        """`conn` is (no longer) an administrator's: the count of the reserve follows."""
+        if system != conn.system and conn in self.connections:
+            self.system_count += 1 if system else -1
+        conn.system = system
+
     def connection_made(self, conn: Connection) -> None:
         if self.closed:
             conn.transport.close()
@@ -350,7 +483,17 @@ class Server:
         self.total_connections += 1
 
     def connection_lost(self, conn: Connection) -> None:
-        self.connections.discard(conn)
+        if conn in self.connections:
+            self.connections.discard(conn)
+            if conn.system:
+                self.system_count -= 1
+
+    def refuse_reserved(self, conn: Connection) -> None:
+        """`conn` authenticated into the reserve as a user it is not kept for: counted, logged."""
+        self.refused_connections["reserve"] += 1
+        self.log.warning("connection-limit", "closing a connection from %s: user %r is not an administrator and "
+                         "the %d client connections are in use (the rest are reserved)", conn.peer,
+                         conn.user.name if conn.user is not None else "", self.max_connections)
 
     def error_map(self, version: int) -> bytes:
         data = self._error_maps.get(version)
@@ -381,6 +524,8 @@ class Server:
                     while not bucket.persistence_paused and await self.flush_batch(bucket) \
                             and not self._stopping.is_set():
                         bucket.flushed_at = time.monotonic()
+                        if bucket.engine.pager.wanted():
+                            self._wake_pager.set()
                     if bucket.engine.dropped_collections and not bucket.persistence_paused:
                         await self.purge_collections(bucket)
                     if time.monotonic() - bucket.flushed_at >= SEAL_AFTER_IDLE and bucket.engine.store.unsealed():
@@ -449,6 +594,26 @@ class Server:
             if not engine.closed:
                 await asyncio.get_running_loop().run_in_executor(self._executor, engine.store.seal_runs)
 
+    def wake_pager(self) -> None:
+        if self._wake_pager is not None:
+            self._wake_pager.set()
+
+    async def _pager_task(self) -> None:
+        """Evict values of every bucket over its high watermark, a pass at a time (module docstring)."""
+        while await self._sleep(PAGER_INTERVAL, self._wake_pager):
+            self._wake_pager.clear()
+            for bucket in list(self.buckets.values()):
+                engine = bucket.engine
+                try:
+                    while not engine.closed and engine.pager.wanted() and not self._stopping.is_set():
+                        _, done = engine.evict()
+                        if done:
+                            break
+                        await asyncio.sleep(0)  # let requests run between passes
+                except Exception:
+                    self.log.error("pager-failure", "evicting values of bucket %s failed:\n%s", bucket.name,
+                                   traceback.format_exc(), keep_newlines=True)
+
     async def _periodic(self, interval: float, fn) -> None:
         while await self._sleep(interval, self._stopping):
             try:
@@ -456,15 +621,56 @@ class Server:
             except Exception:
                 log.exception("%s failed", fn.__name__)
 
+    async def _tick_logs(self) -> None:
+        self.log.tick()
+        self.audit.tick()
+
+    def debug_print(self, kind: str, text: str) -> None:
+        """With `debug`: `text` on stderr, rate-limited per kind like every per-request line."""
+        if not self.config.debug:
+            return
+        if self._debug_limiter is None:
+            self._debug_limiter = RateLimiter(
+                lambda k, n, s: print(f"dcpflow server: {n} more {k} lines in the last {s:.0f} s were not printed",
+                                      file=sys.stderr, flush=True))
+        if self._debug_limiter.allow(kind):
+            print(f"dcpflow server: {printable(text)}", file=sys.stderr, flush=True)
+
     async def _run_expiry(self) -> None:
         for bucket in list(self.buckets.values()):
             bucket.engine.run_expiry_pager()
 
     async def _run_compaction(self) -> None:
         for bucket in list(self.buckets.values()):
-            async with self._maintenance:
-                if not bucket.engine.closed:  # dropped meanwhile
-                    bucket.engine.compact()
+            await self.compact(bucket)
+
+    async def compact(self, bucket: "ServerBucket", keep_history: float | None = None) -> None:
+        """One compaction of `bucket` (Bucket.compact's steps): planned here, the store's part on
+        the flusher's thread (no flush batch meanwhile), the engine's part here again."""
+        engine = bucket.engine
+        async with self._maintenance:
+            if engine.closed:  # dropped meanwhile
+                return
+            plan = engine.compaction_plan(keep_history=keep_history)
+            results = await asyncio.get_running_loop().run_in_executor(self._executor, engine.store.compact, plan)
+            engine.finish_compaction(results)
+        bucket.compactions += 1
+
+    async def _check_fragmentation(self) -> None:
+        """Measure each bucket the flusher wrote to since the last look; compact a fragmented one."""
+        threshold = self.config.fragmentation_threshold
+        for bucket in list(self.buckets.values()):
+            engine = bucket.engine
+            bucket.fragmentation_checks += 1  # looks, measured or not (one at a time: tests wait for two)
+            if engine.closed or engine.flusher.items_flushed == bucket.checked_at_items:
+                continue
+            bucket.checked_at_items = engine.flusher.items_flushed
+            bucket.fragmentation = await asyncio.get_running_loop().run_in_executor(None, engine.store.fragmentation)
+            if bucket.fragmentation.fraction > threshold:
+                await self.compact(bucket, keep_history=HISTORY_KEPT)
+                bucket.fragmentation_compactions += 1
+                bucket.fragmentation = await asyncio.get_running_loop().run_in_executor(
+                    None, engine.store.fragmentation)
 
     # -- buckets at run time (the management API) ----------------------------------------------
     @property
@@ -543,3 +749,11 @@ class Server:
                 raise KeyError(name)
             await asyncio.get_running_loop().run_in_executor(self._executor, engine.store.clear)
             return engine.reset(store_cleared=True)
+
+
+def _peer(sock: socket.socket) -> str:
+    try:
+        host, port = sock.getpeername()[:2]
+    except OSError:
+        return "?"
+    return f"{host}:{port}"

@@ -310,6 +310,11 @@ class ScramServer:
         self._server_first = f"r={self._combined_nonce},s={_b64(salt)},i={iterations}"
         return self._server_first.encode()
 
+    @property
+    def username(self) -> str:
+        """The user name the client gave (known once `start` parsed it; "" before)."""
+        return self._username
+
     def step(self, client_final: bytes) -> bytes:
         """Verify the proof; return the server-final message `v=<signature>`."""
         try:

@@ -1,10 +1,11 @@
 """The command table: every request opcode the server answers, its handler, and what the session
 must have before the handler runs.
 
-The connection looks the opcode up and checks, in this order: an authenticated user (else
-EACCESS), a selected bucket (else NO_BUCKET), the privileges on that bucket (else EACCESS:
-https://github.com/couchbase/kv_engine/blob/master/docs/rbac.md); then it calls
-`handler(conn, frame)` (dispatch.py says what a handler returns). An opcode missing here is
+The connection looks the opcode up and checks, in this order: the document key of a command
+that carries one (EINVAL: kv_engine validates a request before it checks who sent it), an
+authenticated user (else EACCESS), a selected bucket (else NO_BUCKET), the privileges on that
+bucket (else EACCESS: https://github.com/couchbase/kv_engine/blob/master/docs/rbac.md); then it
+calls `handler(conn, frame)` (dispatch.py says what a handler returns). An opcode missing here is
 UNKNOWN_COMMAND. This is the one place that wires handlers in: the handler modules register
 nothing themselves.
 """
@@ -25,8 +26,8 @@ _SESSION = {"auth": False, "bucket": False}  # before SASL: HELLO, SASL, error m
 
 
 def _entry(opcodes: Iterable[int], handler: Handler, *, auth: bool = True, bucket: bool = True,
-           privilege: P = P.NONE) -> tuple[tuple[int, ...], Command]:
-    return tuple(opcodes), Command(handler, auth, bucket, int(privilege))
+           privilege: P = P.NONE, key: bool = False) -> tuple[tuple[int, ...], Command]:
+    return tuple(opcodes), Command(handler, auth, bucket, int(privilege), key)
 
 
 def build(entries: Iterable[tuple[tuple[int, ...], Command]]) -> dict[int, Command]:
@@ -56,24 +57,24 @@ COMMANDS: dict[int, Command] = build([
     _entry([Opcode.QUIT, Opcode.QUIT_Q], session.quit_, **_SESSION),
     _entry([Opcode.STAT], stats.stat, bucket=False),
     # documents (kv.py)
-    _entry(kvproto.Get.OPCODES, kv.get, privilege=P.READ),
-    _entry(kvproto.Store.OPCODES, kv.store, privilege=P.WRITE),
-    _entry(kvproto.Delete.OPCODES, kv.delete, privilege=P.WRITE),
-    _entry([Opcode.TOUCH], kv.touch, privilege=P.WRITE),
-    _entry(kvproto.Gat.OPCODES, kv.get_and_touch, privilege=P.READ | P.WRITE),
-    _entry([Opcode.GET_LOCKED], kv.get_locked, privilege=P.READ),
-    _entry([Opcode.UNLOCK_KEY], kv.unlock_key, privilege=P.READ),
-    _entry([Opcode.GET_REPLICA], kv.get_replica, privilege=P.READ),
-    _entry(kvproto.Arithmetic.OPCODES, kv.arithmetic, privilege=P.READ | P.WRITE),
-    _entry(kvproto.Concat.OPCODES, kv.concat, privilege=P.WRITE),
-    _entry(metaproto.GetMeta.OPCODES, kv.get_meta, privilege=P.META_READ),
-    _entry(metaproto.SetWithMeta.OPCODES, kv.set_with_meta, privilege=P.META_WRITE),
-    _entry(metaproto.DelWithMeta.OPCODES, kv.del_with_meta, privilege=P.META_WRITE),
+    _entry(kvproto.Get.OPCODES, kv.get, privilege=P.READ, key=True),
+    _entry(kvproto.Store.OPCODES, kv.store, privilege=P.WRITE, key=True),
+    _entry(kvproto.Delete.OPCODES, kv.delete, privilege=P.WRITE, key=True),
+    _entry([Opcode.TOUCH], kv.touch, privilege=P.WRITE, key=True),
+    _entry(kvproto.Gat.OPCODES, kv.get_and_touch, privilege=P.READ | P.WRITE, key=True),
+    _entry([Opcode.GET_LOCKED], kv.get_locked, privilege=P.READ, key=True),
+    _entry([Opcode.UNLOCK_KEY], kv.unlock_key, privilege=P.READ, key=True),
+    _entry([Opcode.GET_REPLICA], kv.get_replica, privilege=P.READ, key=True),
+    _entry(kvproto.Arithmetic.OPCODES, kv.arithmetic, privilege=P.READ | P.WRITE, key=True),
+    _entry(kvproto.Concat.OPCODES, kv.concat, privilege=P.WRITE, key=True),
+    _entry(metaproto.GetMeta.OPCODES, kv.get_meta, privilege=P.META_READ, key=True),
+    _entry(metaproto.SetWithMeta.OPCODES, kv.set_with_meta, privilege=P.META_WRITE, key=True),
+    _entry(metaproto.DelWithMeta.OPCODES, kv.del_with_meta, privilege=P.META_WRITE, key=True),
     # sub-document lookups and mutations (subdoc.py)
-    _entry(sdproto.LOOKUP_OPCODES, subdoc.lookup_single, privilege=P.READ),
-    _entry(sdproto.MUTATION_OPCODES, subdoc.mutation_single, privilege=P.WRITE),
-    _entry([Opcode.SUBDOC_MULTI_LOOKUP], subdoc.multi_lookup, privilege=P.READ),
-    _entry([Opcode.SUBDOC_MULTI_MUTATION], subdoc.multi_mutation, privilege=P.WRITE),
+    _entry(sdproto.LOOKUP_OPCODES, subdoc.lookup_single, privilege=P.READ, key=True),
+    _entry(sdproto.MUTATION_OPCODES, subdoc.mutation_single, privilege=P.WRITE, key=True),
+    _entry([Opcode.SUBDOC_MULTI_LOOKUP], subdoc.multi_lookup, privilege=P.READ, key=True),
+    _entry([Opcode.SUBDOC_MULTI_MUTATION], subdoc.multi_mutation, privilege=P.WRITE, key=True),
     # KV range scans (range_scan.py)
     _entry([Opcode.RANGE_SCAN_CREATE], range_scan.create, privilege=P.READ),
     _entry([Opcode.RANGE_SCAN_CONTINUE], range_scan.continue_, privilege=P.READ),

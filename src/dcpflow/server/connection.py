@@ -8,9 +8,11 @@ event-loop pass with a single `writelines`. A handler that must wait (returns an
 processing until it is done, so nothing overtakes it.
 
 Malformed input: a non-fatal ProtocolError concerns one frame the decoder already consumed, so
-the reply is its status (EINVAL, UNKNOWN_FRAME_INFO...) with that frame's opaque and the
-connection goes on; a fatal one (bad magic, oversize body) means the stream cannot be
-resynchronised: the connection is closed. Other connections never notice.
+the reply is its status with that frame's opaque and the connection goes on - E2BIG for a request
+over the 20 MiB document limit but within memcached's 30 MiB packet limit (its body is skipped,
+never buffered). A fatal one (bad magic, a frame over the packet limit, extras and key that run
+past the body) means the stream cannot be trusted: the connection is closed, as kv_engine closes
+it. Other connections never notice.
 
 Backpressure: when the transport's write buffer passes its high-water mark the connection stops
 reading (a client that does not read its replies cannot make the server buffer without bound);
@@ -33,7 +35,6 @@ import asyncio
 import json
 import logging
 import socket
-import sys
 import time
 import traceback
 from typing import TYPE_CHECKING
@@ -43,6 +44,7 @@ from dcpflow.protocol import kv as kvproto
 from dcpflow.protocol.datatype import Datatype
 from dcpflow.protocol.errors import ProtocolError
 from dcpflow.protocol.frame import (
+    MAX_PACKET_LEN,
     Frame,
     FrameDecoder,
     Magic,
@@ -52,10 +54,12 @@ from dcpflow.protocol.frame import (
     response,
 )
 from dcpflow.protocol.hello import Feature
+from dcpflow.protocol.keys import check_document_key
 from dcpflow.protocol.rules import opcode_name
 from dcpflow.protocol.status import Status
 
 from . import durable
+from .audit import COMMAND_ACCESS_FAILURE, INVALID_PACKET, PRIVILEGES_CHANGED
 from .auth import Privilege
 
 if TYPE_CHECKING:
@@ -140,17 +144,20 @@ class Connection(asyncio.Protocol):
     """See the module docstring. Session state: `user`, `bucket`, `features`, and the per-bucket
     `privileges` of the user, recomputed whenever either changes."""
 
-    def __init__(self, server):
+    def __init__(self, server, reserved: bool = False):
         # `server` is the app.Server this connection belongs to, and `bucket` below one of its
         # app.ServerBuckets: app imports this module, so neither is named here
         self.server = server
+        self.reserved = reserved  # admitted beyond max_connections: kept only for an administrator (app.py)
+        self.system = False  # authenticated as an administrator (counted in the server's reserve)
         self.commands = server.commands  # opcode -> Command (commands.py)
         self.debug = server.config.debug
         self.transport: asyncio.Transport | None = None
         self.writer: Writer | None = None
         self.peer = "?"
+        self.sockname = "?"
         self.tls = False
-        self._decoder = FrameDecoder()
+        self._decoder = FrameDecoder(max_packet_len=MAX_PACKET_LEN, strict=True)
         self._waiting: asyncio.Future | None = None
         self._pass_scheduled = False
         self._closing = False
@@ -188,6 +195,8 @@ class Connection(asyncio.Protocol):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        sockname = transport.get_extra_info("sockname")
+        self.sockname = f"{sockname[0]}:{sockname[1]}" if isinstance(sockname, tuple) else str(sockname)
         self.server.connection_made(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -340,14 +349,27 @@ class Connection(asyncio.Protocol):
     def _refusal(self, frame: Frame, needs_auth: bool, needs_bucket: bool, privilege: int) -> bytes | None:
         """The session checks of a command: the error reply if this session may not run it."""
         if needs_auth and self.user is None:
-            return self.error_reply(frame.opcode, frame.opaque, Status.EACCESS, "authenticate first (SASL)")
+            return self.access_refused(frame, "authenticate first (SASL)")
         if needs_bucket and self.bucket is None:
             return self.error_reply(frame.opcode, frame.opaque, Status.NO_BUCKET, "select a bucket first")
         if privilege and (self.privileges & privilege) != privilege:
             missing = "|".join(p.name for p in Privilege if p & privilege and not p & self.privileges)
-            return self.error_reply(frame.opcode, frame.opaque, Status.EACCESS,
-                                    f"user {self.user.name!r} lacks {missing} on this bucket")
+            return self.access_refused(frame, f"user {self.user.name!r} lacks {missing} on this bucket")
         return None
+
+    def access_refused(self, frame: Frame, reason: str, bucket: str | None = None) -> bytes:
+        """EACCESS for `frame`, recorded in the audit trail (command access failure)."""
+        if bucket is None and self.bucket is not None:
+            bucket = self.bucket.name
+        self.audit(COMMAND_ACCESS_FAILURE, command=opcode_name(frame.opcode), bucket=bucket or "", reason=reason)
+        return self.error_reply(frame.opcode, frame.opaque, Status.EACCESS, reason)
+
+    def audit(self, event, **fields) -> None:
+        """An audit event about this connection (audit.py): its peer, its address and its user."""
+        user = fields.pop("user", None)
+        if user is None and self.user is not None:
+            user = self.user.name
+        self.server.audit.record(event, peer=self.peer, sock=self.sockname, user=user, **fields)
 
     def refresh_commands(self) -> None:
         """The server's delay rules changed (server/faults/delays.py): recompute the fast path."""
@@ -387,9 +409,14 @@ class Connection(asyncio.Protocol):
         cmd = self.commands.get(frame.opcode)
         if cmd is None:
             return self._unknown_command(frame)
-        handler, needs_auth, needs_bucket, privilege = cmd  # tuple unpacking: cheaper than 4 attribute reads
+        handler, needs_auth, needs_bucket, privilege, document_key = cmd  # unpacking: cheaper than attribute reads
         refused = self._refusal(frame, needs_auth, needs_bucket, privilege)
         if refused is not None:
+            if document_key:  # kv_engine validates the request before it looks at who sent it
+                try:
+                    check_document_key(frame.key, self.collections)
+                except ProtocolError as e:
+                    return self.error_reply(frame.opcode, frame.opaque, e.status, e.reason)
             return refused
         if frame.framing:
             refused = self._framing_refusal(frame)
@@ -412,14 +439,14 @@ class Connection(asyncio.Protocol):
             return self.engine_error(frame, e)
         if isinstance(e, ProtocolError):
             return self.error_reply(frame.opcode, frame.opaque, e.status, e.reason)
-        log.error("handler for %s failed:\n%s", opcode_name(frame.opcode),
-                  traceback.format_exc())
+        self.server.log.error("handler-failure", "handler for %s failed:\n%s", opcode_name(frame.opcode),
+                              traceback.format_exc(), keep_newlines=True)
         return self.error_reply(frame.opcode, frame.opaque, Status.EINTERNAL, "internal error")
 
     def _unknown_command(self, frame: Frame) -> bytes:
         if self.debug:
-            print(f"dcpflow server: unknown opcode 0x{frame.opcode:02x} ({opcode_name(frame.opcode)}) from "
-                  f"{self.peer} ({self.agent})", file=sys.stderr, flush=True)
+            self.server.debug_print("unknown-opcode", f"unknown opcode 0x{frame.opcode:02x} "
+                                    f"({opcode_name(frame.opcode)}) from {self.peer} ({self.agent})")
         return self.error_reply(frame.opcode, frame.opaque, Status.UNKNOWN_COMMAND,
                                 f"{opcode_name(frame.opcode)} is not implemented")
 
@@ -463,7 +490,8 @@ class Connection(asyncio.Protocol):
         except asyncio.CancelledError:
             raise
         except Exception:
-            log.error("handler for %s failed:\n%s", opcode_name(frame.opcode), traceback.format_exc())
+            self.server.log.error("handler-failure", "handler for %s failed:\n%s", opcode_name(frame.opcode),
+                                  traceback.format_exc(), keep_newlines=True)
             return self.error_reply(frame.opcode, frame.opaque, Status.EINTERNAL, "internal error")
 
     def _async_done(self, fut: asyncio.Future) -> None:
@@ -479,9 +507,12 @@ class Connection(asyncio.Protocol):
             self._resume_reading()
 
     def _log_bad_input(self, e: ProtocolError) -> None:
-        log.warning("closing connection from %s: %s", self.peer, e)
+        """The connection closes for input that cannot be trusted: an audit event (invalid packet,
+        rate-limited like every per-request line)."""
+        self.audit(INVALID_PACKET, bucket=self.bucket.name if self.bucket is not None else "",
+                   reason=f"closing the connection: {e}")
         if self.debug:
-            print(f"dcpflow server: closing {self.peer}: {e}", file=sys.stderr, flush=True)
+            self.server.debug_print("bad-input", f"closing {self.peer}: {e}")
 
     # -- replies -------------------------------------------------------------------------------
     def error_reply(self, opcode: int, opaque: int, status: int, context: str | None = None) -> bytes:
@@ -533,8 +564,13 @@ class Connection(asyncio.Protocol):
         self.dedupe_nmvb = Feature.DEDUPE_NOT_MY_VBUCKET_CLUSTERMAP in self.features
 
     def set_user(self, user: "User | None") -> None:
-        """A (re-)authentication starts a new privilege context with no bucket (rbac.md)."""
+        """A (re-)authentication starts a new privilege context with no bucket (rbac.md). Another
+        user on a connection that was authenticated is audited (privileges changed)."""
+        if user is not None and self.user is not None and user.name != self.user.name:
+            self.audit(PRIVILEGES_CHANGED, user=user.name, previous_user=self.user.name,
+                       dcp=self.dcp is not None)
         self.user = user
+        self.server.set_system(self, user is not None and self.server.is_system_user(user))
         self.select_bucket(None)
 
     def select_bucket(self, bucket) -> None:

@@ -124,8 +124,8 @@ class DcpConsumer:
         try:
             return self.server.when_no_flush(self.engine, lambda: self._change_state(outcome))
         except EngineError as e:  # changed at once, and refused (after a flush, the connection answers)
-            log.warning("DCP consumer %s: vbucket %d refused %s: %s", self.name, outcome.stream.vbid,
-                        Opcode(frame.opcode).name, e)
+            self.server.log.warning("dcp-consumer", "DCP consumer %s: vbucket %d refused %s: %s", self.name,
+                                    outcome.stream.vbid, Opcode(frame.opcode).name, e)
             return self.conn.error_reply(frame.opcode, frame.opaque, e.status, e.reason)
 
     def _change_state(self, change: ChangeState) -> bytes:

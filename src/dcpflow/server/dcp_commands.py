@@ -89,11 +89,11 @@ def dcp_open(conn: "Connection", frame: Frame) -> bytes:
     needed, role = (Privilege.DCP_PRODUCER, "DcpProducer") if req.is_producer else \
         (Privilege.DCP_CONSUMER, "DcpConsumer")
     if not conn.privileges & needed:
-        return conn.error_reply(frame.opcode, frame.opaque, Status.EACCESS,
-                                f"user {conn.user.name!r} lacks {role} on this bucket")
+        return conn.access_refused(frame, f"user {conn.user.name!r} lacks {role} on this bucket")
     older = conn.server.dcp_names.claim(conn.bucket.name, name, conn)
     if older is not None:
-        log.info("DCP connection name %r reused: disconnecting the older connection %s", name, older.peer)
+        conn.server.log.log(logging.INFO, "dcp-name-reused", "DCP connection name %r reused: disconnecting the "
+                            "older connection %s", name, older.peer)
         if isinstance(older.dcp, DcpProducer):
             older.dcp.shutdown()
         older.close()
@@ -133,19 +133,20 @@ def dcp_close_stream(conn: "Connection", frame: Frame) -> bytes:
         return conn.dcp.close_stream(frame)
     p = _producer(conn, frame)
     if not conn.privileges & Privilege.DCP_PRODUCER:
-        return conn.error_reply(frame.opcode, frame.opaque, Status.EACCESS,
-                                f"user {conn.user.name!r} lacks DcpProducer on this bucket")
+        return conn.access_refused(frame, f"user {conn.user.name!r} lacks DcpProducer on this bucket")
     p.received()
     req = dcpproto.DcpCloseStream.from_frame(frame)
     return p.close_stream(req, frame) or response(frame.opcode, opaque=frame.opaque)
 
 
 def dcp_get_failover_log(conn: "Connection", frame: Frame) -> bytes:
-    """DCP_GET_FAILOVER_LOG 0x54 (failover-log.md): entries newest first."""
+    """DCP_GET_FAILOVER_LOG 0x54 (failover-log.md): entries newest first, on a DCP connection only."""
     req = dcpproto.DcpGetFailoverLog.from_frame(frame)
+    if conn.dcp is None:  # kv_engine's verify_common_dcp_restrictions: GET_FAILOVER_LOG 0x96 is the command for that
+        raise ProtocolError("DCP_GET_FAILOVER_LOG can only be sent on a DCP connection (send DCP_OPEN first, or use "
+                            "GET_FAILOVER_LOG 0x96)")
     if not conn.privileges & (Privilege.DCP_PRODUCER | Privilege.META_READ):
-        return conn.error_reply(frame.opcode, frame.opaque, Status.EACCESS,
-                                "the failover log needs DcpProducer or MetaRead on this bucket")
+        return conn.access_refused(frame, "the failover log needs DcpProducer or MetaRead on this bucket")
     if isinstance(conn.dcp, DcpProducer):
         conn.dcp.received()
     vb = conn.get_vbucket(req.vbucket)
@@ -177,8 +178,8 @@ def dcp_noop(conn: "Connection", frame: Frame) -> bytes | None:
     if isinstance(conn.dcp, DcpConsumer):
         return conn.dcp.noop(frame)
     _producer(conn, frame)
-    log.warning("DCP %s: the consumer sent a DCP_NOOP request (a producer only answers replies): "
-                "disconnecting", conn.dcp.name)
+    conn.server.log.warning("dcp-protocol", "DCP %s: the consumer sent a DCP_NOOP request (a producer only "
+                            "answers replies): disconnecting", conn.dcp.name)
     conn.close()
     return None
 

@@ -23,3 +23,4 @@ class Command(NamedTuple):
     auth: bool = True  # needs an authenticated user
     bucket: bool = True  # needs a selected bucket
     privilege: int = 0  # all of these Privilege bits, in the selected bucket (a plain int: cheap to test)
+    key: bool = False  # the key is a document key: its rules are checked before the session's (EINVAL first)

@@ -12,11 +12,17 @@ KEY_EEXISTS for a CAS mismatch or an existing key, NOT_MY_VBUCKET, ETMPFAIL for 
 vbucket...). The engine decides the bucket-mode rules of *WithMeta. Quiet variants
 send nothing on success (mutations) or on a miss (gets).
 
+Evicted values (engine/memory.py): a GET of a document whose value the item pager evicted reads it
+back from the store on a worker thread (kv_engine's background fetch), so the event loop keeps
+serving; the connection's later requests wait behind it, as replies stay in order. The other
+commands that read a value (GAT, GET_LOCKED, APPEND, INCREMENT...) fetch it in the engine.
+
 Keys: with HELLO Collections a key starts with its LEB128 collection id (Collections.md). The
 engine's key is the key without the prefix in the default collection (id 0) and (collection id,
 key) in any other (engine/vbucket.py); an id the bucket's manifest does not have answers
 UNKNOWN_COLLECTION, with the manifest's uid in the reply (connection.py) so the SDKs refresh
-their collection ids and retry.
+their collection ids and retry. A key's own rules (its length, reserved ids) are checked before
+the collection exists or not, as kv_engine does.
 """
 
 import asyncio
@@ -24,6 +30,7 @@ import json
 
 from dcpflow.engine.collections import DEFAULT_SCOPE, Manifest, ManifestError
 from dcpflow.engine.errors import EngineError
+from dcpflow.engine.item import NOT_RESIDENT
 from dcpflow.engine.vbucket import VBucket, VBucketState
 from dcpflow.protocol import dcp as dcpproto
 from dcpflow.protocol import kv as kvproto
@@ -41,13 +48,12 @@ from dcpflow.protocol.frame import (
     response,
 )
 from dcpflow.protocol.hello import Feature
-from dcpflow.protocol.keys import split_key
+from dcpflow.protocol.keys import MAX_KEY_LEN, check_document_key
 from dcpflow.protocol.opcodes import Opcode
 from dcpflow.protocol.status import Status
 
 from .connection import Connection
 
-MAX_KEY_LEN = 250  # memcached's key limit, without the collection prefix
 _JSON, _SNAPPY, _XATTR = int(Datatype.JSON), int(Datatype.SNAPPY), int(Datatype.XATTR)  # ints: IntFlag ops are slow
 _NUMBER_CHARS = b"0123456789.eE+-"
 _JSON_WS = b" \t\r\n"
@@ -62,25 +68,13 @@ SEQNO_PERSISTENCE_TIMEOUT = 30.0
 
 def doc_key(conn: Connection, wire_key: bytes):
     """The engine key of a request's key (module docstring): bytes in the default collection,
-    (collection id, key) in another collection of the bucket's manifest."""
-    if conn.collections:
-        if wire_key[:1] == b"\x00":
-            key = wire_key[1:]
-        else:
-            cid, key = split_key(wire_key)
-            if conn.bucket.engine.manifest.by_id(cid) is None:
-                raise EngineError(Status.UNKNOWN_COLLECTION, f"unknown collection 0x{cid:x}")
-            if not key:
-                raise ProtocolError("the key is empty after its collection-id prefix (Collections.md)")
-            if len(key) > MAX_KEY_LEN:
-                raise ProtocolError(f"key is {len(key)} bytes; the limit is {MAX_KEY_LEN}")
-            return (cid, key)
-        if not key:
-            raise ProtocolError("the key is empty after its collection-id prefix (Collections.md)")
-    else:
-        key = wire_key
-    if len(key) > MAX_KEY_LEN:
-        raise ProtocolError(f"key is {len(key)} bytes; the limit is {MAX_KEY_LEN}")
+    (collection id, key) in another collection of the bucket's manifest. The key's rules come
+    first (EINVAL), the collection's existence after (UNKNOWN_COLLECTION), as in kv_engine."""
+    cid, key = check_document_key(wire_key, conn.collections)
+    if cid != 0:
+        if conn.bucket.engine.manifest.by_id(cid) is None:
+            raise EngineError(Status.UNKNOWN_COLLECTION, f"unknown collection 0x{cid:x}")
+        return (cid, key)
     return key
 
 
@@ -193,14 +187,20 @@ def get(conn: Connection, frame: Frame) -> bytes | None:
     if conn.collections or len(key) > MAX_KEY_LEN:
         key = doc_key(conn, key)
     try:
-        item = vb.get(key)
+        item = vb.get(key, False)
     except EngineError as e:
         if e.status == Status.KEY_ENOENT:
             counters.get_misses += 1
             if op in _GET_QUIET:
                 return None
         raise
+    if item.value is NOT_RESIDENT:
+        return _bg_fetch(conn, vb, key, wire_key, op, opaque)
     counters.get_hits += 1
+    return _get_reply(conn, vb, item, key, wire_key, op, opaque)
+
+
+def _get_reply(conn: Connection, vb: VBucket, item, key: bytes, wire_key: bytes, op: int, opaque: int) -> bytes:
     datatype = item.datatype
     if datatype & _XATTR or (datatype and not conn.json):
         value, datatype = outgoing_value(conn, item.value, datatype)
@@ -210,6 +210,26 @@ def get(conn: Connection, frame: Frame) -> bytes | None:
     key = wire_key if op in _GET_WITH_KEY else b""
     return b"".join((_pack_get_head(_RESPONSE, op, len(key), 4, datatype, 0, 4 + len(key) + len(value),
                                     opaque, cas, item.flags), key, value))
+
+
+async def _bg_fetch(conn: Connection, vb: VBucket, key: bytes, wire_key: bytes, op: int, opaque: int) -> bytes | None:
+    """The GET of an evicted value: read on a worker thread (Store.read: a pooled read connection
+    that no flush batch holds up), put back into the hash table here, then answered as the key
+    stands now (it may have changed meanwhile)."""
+    engine = conn.bucket.engine
+    stored = await asyncio.get_running_loop().run_in_executor(None, engine.store.read, vb.id, key)
+    vb.restore(key, stored)
+    counters = conn.bucket.counters
+    try:
+        item = vb.get(key)
+    except EngineError as e:
+        if e.status == Status.KEY_ENOENT:
+            counters.get_misses += 1
+            if op in _GET_QUIET:
+                return None
+        raise
+    counters.get_hits += 1
+    return _get_reply(conn, vb, item, key, wire_key, op, opaque)
 
 
 _SET, _SET_Q = int(Opcode.SET), int(Opcode.SET_Q)  # plain ints: IntEnum lookups cost on every request

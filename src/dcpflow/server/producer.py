@@ -232,8 +232,8 @@ class DcpProducer:
         now = _monotonic()
         action = noop.tick(now)
         if action is NoopAction.DISCONNECT:
-            log.warning("DCP connection %s: nothing received for %.1f s (dcp_idle_timeout): disconnecting",
-                        self.name, noop.idle(now))
+            self.server.log.warning("dcp-protocol", "DCP connection %s: nothing received for %.1f s "
+                                    "(dcp_idle_timeout): disconnecting", self.name, noop.idle(now))
             self.conn.close()
             return
         if action is NoopAction.SEND:
@@ -245,11 +245,12 @@ class DcpProducer:
         status, opcode = frame.status, frame.opcode
         outcome = self.state.reply(status, opcode, frame.opaque, _monotonic())
         if outcome.tolerated:
-            log.info("DCP %s: consumer answered %s with status 0x%x (tolerated)", self.name,
-                     Opcode(opcode).name if opcode in Opcode._value2member_map_ else hex(opcode), status)
+            self.server.log.log(logging.INFO, "dcp-reply", "DCP %s: consumer answered %s with status 0x%x "
+                                "(tolerated)", self.name,
+                                Opcode(opcode).name if opcode in Opcode._value2member_map_ else hex(opcode), status)
         elif outcome.disconnect:
-            log.warning("DCP %s: consumer answered opcode 0x%02x with status 0x%x: disconnecting", self.name,
-                        opcode, status)
+            self.server.log.warning("dcp-protocol", "DCP %s: consumer answered opcode 0x%02x with status 0x%x: "
+                                    "disconnecting", self.name, opcode, status)
             self.conn.close()
         return None
 

@@ -16,8 +16,9 @@ from dcpflow.protocol.hello import Feature
 from dcpflow.protocol.opcodes import Opcode
 from dcpflow.protocol.status import Status
 
+from .audit import AUTHENTICATION_FAILED
 from .auth import MECHANISMS, SCRAM_MECHANISMS, AuthFailed, Privilege, ScramServer, plain_authenticate
-from .connection import Connection, log
+from .connection import Connection
 
 #: What the server version answers; the official SDKs enable features by it, so it must look like a
 #: real server's `X.Y.Z-build`.
@@ -73,10 +74,12 @@ def sasl_list_mechs(conn: Connection, frame: Frame) -> bytes:
     return kvproto.SaslListMechsResponse(mechanisms(conn), frame.opaque).encode()
 
 
-def _sasl_failed(conn: Connection, frame: Frame, why: str, public: bool = False) -> bytes:
+def _sasl_failed(conn: Connection, frame: Frame, why: str, public: bool = False, user: str = "",
+                 mechanism: str = "") -> bytes:
     """Credentials problems get the generic context (no user enumeration); `public` reasons (a
-    mechanism this connection may not use) are told to the client so it can fix them."""
-    log.info("authentication failed from %s: %s", conn.peer, why)
+    mechanism this connection may not use) are told to the client so it can fix them. Every failure
+    is audited (authentication failed) with the user the client named and the real reason."""
+    conn.audit(AUTHENTICATION_FAILED, user=user, reason=why, mechanism=mechanism)
     conn.sasl = None
     conn.set_user(None)
     return conn.error_reply(frame.opcode, frame.opaque, Status.AUTH_ERROR, why if public else "Authentication failed")
@@ -87,22 +90,24 @@ def sasl_auth(conn: Connection, frame: Frame) -> bytes:
     req = kvproto.SaslAuth.from_frame(frame)
     mech = req.mechanism.decode("ascii", "replace")
     conn.sasl = None
+    exchange = None
     try:
         if mech == "PLAIN":
             if "PLAIN" not in mechanisms(conn):
                 return _sasl_failed(conn, frame, "PLAIN is offered only over TLS: use SCRAM-SHA512, the TLS "
-                                    "port, or start the server with --allow-plain-over-tcp", public=True)
+                                    "port, or start the server with --allow-plain-over-tcp", public=True,
+                                    user=_plain_user(req.payload), mechanism=mech)
             user = plain_authenticate(conn.server.users, req.payload)
-            conn.set_user(user)
-            return response(frame.opcode, opaque=frame.opaque)
+            return _authenticated(conn, frame, user, response(frame.opcode, opaque=frame.opaque))
         algorithm = SCRAM_MECHANISMS.get(mech)
         if algorithm is None:
             return _sasl_failed(conn, frame, f"unknown mechanism {mech!r} (we offer {' '.join(mechanisms(conn))})",
-                                public=True)
+                                public=True, mechanism=mech)
         exchange = ScramServer(conn.server.users, algorithm)
         server_first = exchange.start(req.payload)
     except AuthFailed as e:
-        return _sasl_failed(conn, frame, str(e))
+        user = exchange.username if exchange is not None else _plain_user(req.payload)
+        return _sasl_failed(conn, frame, str(e), user=user, mechanism=mech)
     conn.sasl = (mech, exchange)
     return kvproto.SaslResponse(server_first, Status.AUTH_CONTINUE, frame.opaque, frame.opcode).encode()
 
@@ -111,15 +116,36 @@ def sasl_step(conn: Connection, frame: Frame) -> bytes:
     req = kvproto.SaslAuth.from_frame(frame)
     mech = req.mechanism.decode("ascii", "replace")
     if conn.sasl is None or conn.sasl[0] != mech:
-        return _sasl_failed(conn, frame, f"SASL_STEP for {mech!r} without a matching SASL_AUTH")
+        return _sasl_failed(conn, frame, f"SASL_STEP for {mech!r} without a matching SASL_AUTH", mechanism=mech)
     exchange = conn.sasl[1]
     conn.sasl = None
     try:
         server_final = exchange.step(req.payload)
     except AuthFailed as e:
-        return _sasl_failed(conn, frame, str(e))
-    conn.set_user(exchange.user)
-    return kvproto.SaslResponse(server_final, Status.SUCCESS, frame.opaque, frame.opcode).encode()
+        return _sasl_failed(conn, frame, str(e), user=exchange.username, mechanism=mech)
+    return _authenticated(conn, frame, exchange.user,
+                          kvproto.SaslResponse(server_final, Status.SUCCESS, frame.opaque, frame.opcode).encode())
+
+
+def _authenticated(conn: Connection, frame: Frame, user, reply: bytes) -> bytes | None:
+    """The user proved who they are. A connection admitted into the reserve of connections (the
+    server was at its limit) stays only for an administrator or the cluster manager: anyone else
+    hears ETMPFAIL and is disconnected, as kv_engine keeps its system connections."""
+    if conn.reserved and not conn.server.may_use_reserve(conn, user):
+        conn.set_user(user)
+        conn.server.refuse_reserved(conn)
+        conn.writer.write(conn.error_reply(frame.opcode, frame.opaque, Status.ETMPFAIL,
+                                           "the server is at its connection limit: try again later"))
+        conn.close()
+        return None
+    conn.set_user(user)
+    return reply
+
+
+def _plain_user(payload: bytes) -> str:
+    """The user a PLAIN message names (`authzid NUL user NUL password`), for the audit trail."""
+    parts = payload.split(b"\x00")
+    return parts[1].decode("utf-8", "replace") if len(parts) == 3 else ""
 
 
 def select_bucket(conn: Connection, frame: Frame) -> bytes:
@@ -131,7 +157,7 @@ def select_bucket(conn: Connection, frame: Frame) -> bytes:
         return response(frame.opcode, opaque=frame.opaque)
     name = req.name.decode("utf-8", "replace")
     if not conn.user.may_access(name):
-        return conn.error_reply(frame.opcode, frame.opaque, Status.EACCESS, f"no access to bucket {name!r}")
+        return conn.access_refused(frame, f"no access to bucket {name!r}", bucket=name)
     bucket = conn.server.buckets.get(name)
     if bucket is None:
         return conn.error_reply(frame.opcode, frame.opaque, Status.KEY_ENOENT, f"no bucket named {name!r}")
@@ -173,8 +199,8 @@ def set_cluster_config(conn: Connection, frame: Frame) -> bytes:
                                 "extras (epoch, revision), the bucket name as key and the map as value")
     name = frame.key.decode("utf-8", "replace")
     if not conn.user.privileges(name) & Privilege.NODE_MANAGEMENT:
-        return conn.error_reply(frame.opcode, frame.opaque, Status.EACCESS,
-                                f"user {conn.user.name!r} may not set the cluster map of {name!r}")
+        return conn.access_refused(frame, f"user {conn.user.name!r} may not set the cluster map of {name!r}",
+                                   bucket=name)
     bucket = conn.server.buckets.get(name)
     if bucket is None:
         return conn.error_reply(frame.opcode, frame.opaque, Status.KEY_ENOENT, f"no bucket named {name!r}")

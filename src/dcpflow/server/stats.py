@@ -40,6 +40,19 @@ def server_stats(conn: Connection) -> dict:
         out.update(conn.bucket.counters.as_dict())
         out.update(conn.bucket.engine.stats())
         out["ep_persistence_paused"] = int(conn.bucket.persistence_paused)
+        out.update(fragmentation_stats(conn.bucket))
+    return out
+
+
+def fragmentation_stats(bucket) -> dict[str, int]:
+    """The store as last measured (server/app.py checks it after writes): couch_docs_fragmentation
+    is ns_server's name, a percentage."""
+    frag = bucket.fragmentation
+    out = {"ep_compactions": bucket.compactions, "ep_compactions_for_fragmentation": bucket.fragmentation_compactions}
+    if frag is not None:
+        out.update({"couch_docs_fragmentation": round(100 * frag.fraction), "ep_db_item_rows": frag.items,
+                    "ep_db_history_rows": frag.history, "ep_db_file_size": frag.file_bytes,
+                    "ep_db_free_bytes": frag.free_bytes})
     return out
 
 

@@ -40,16 +40,33 @@ MAX_TTL = {"sessions": 3600}  # seconds; sessions written without an expiry get 
 RETENTION_SECONDS = 86_400  # the bucket's history retention: longer than any demo
 
 
-class EmbeddedServer:
-    """`python -m dcpflow.cli server` on a free port; stopped with SIGTERM (clean shutdown)."""
+#: Memory quota bytes an embedded server gives each document it is told to expect, and the least
+#: quota it gets: several times what a generated document costs in memory (its value, key and
+#: metadata, a checkpoint entry), so the data, its churn and the checkpoints fit below the low
+#: watermark - no value is evicted and no write meets ETMPFAIL, and what the demo or a bench
+#: measures is not the item pager.
+QUOTA_PER_DOC = 4096
+QUOTA_FLOOR = 256 << 20
 
-    def __init__(self, data_dir: Path, vbuckets: int, expiry_interval: float = 1.0):
+
+def quota_for(docs: int) -> int:
+    """The memory quota an embedded server expecting `docs` documents runs with."""
+    return max(QUOTA_FLOOR, docs * QUOTA_PER_DOC)
+
+
+class EmbeddedServer:
+    """`python -m dcpflow.cli server` on a free port; stopped with SIGTERM (clean shutdown). Its
+    bucket's memory quota is `quota_for(docs)` (the server's default, 100 MiB, would evict and refuse
+    writes under the larger loads the demo and the benches make)."""
+
+    def __init__(self, data_dir: Path, vbuckets: int, expiry_interval: float = 1.0, *, docs: int):
         env = dict(os.environ)
         root = str(Path(__file__).resolve().parents[2])
         env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "dcpflow.cli", "server", "--port", "0", "--data-dir", str(data_dir),
-             "--vbuckets", str(vbuckets), "--expiry-interval", str(expiry_interval), "--flush-interval", "0.05"],
+             "--vbuckets", str(vbuckets), "--expiry-interval", str(expiry_interval), "--flush-interval", "0.05",
+             "--memory-quota", str(quota_for(docs))],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
         line = self.proc.stdout.readline()
         match = READY.search(line)
@@ -121,8 +138,9 @@ def run_demo(docs: int = 100_000, workdir: str | Path | None = None, vbuckets: i
     server = None
     spark = None
     try:
-        say(f"starting dcpflow server ({vbuckets} vbuckets) with its data in {base / 'server'}")
-        server = EmbeddedServer(base / "server", vbuckets)
+        say(f"starting dcpflow server ({vbuckets} vbuckets, memory quota {quota_for(docs) >> 20} MiB) "
+            f"with its data in {base / 'server'}")
+        server = EmbeddedServer(base / "server", vbuckets, docs=docs)
         connection = f"couchbase://127.0.0.1:{server.port}/default"
         from dcpflow.load import ByKind, Loader, Workload, burst_round, churn_round, create_collections, load_initial
 

@@ -27,6 +27,7 @@ one, write `mgmt/<name>.py` with `routes = web.RouteTableDef()`,
 handlers that start with `require(request, <permission>)`, and add the module to ROUTERS.
 """
 
+import asyncio
 import base64
 import binascii
 import errno
@@ -46,7 +47,9 @@ from aiohttp import web
 
 from dcpflow.protocol.config import DEFAULT_MGMT_PORT, DEFAULT_MGMT_SSL_PORT
 
+from ..audit import AUTHENTICATION_FAILED, COMMAND_ACCESS_FAILURE
 from ..auth import Privilege, User, parse_role
+from ..listener import LISTEN_BACKLOG, Listener
 from .observe import Observer
 
 log = logging.getLogger("dcpflow.server.mgmt")
@@ -180,6 +183,8 @@ def require(request: web.Request, permission: str, bucket: str | None = None) ->
     if user is None:
         raise unauthorized()
     if not allowed(user, permission, bucket):
+        _audit(request, COMMAND_ACCESS_FAILURE, user.name, command=f"{request.method} {request.path}",
+               bucket=bucket or "", reason=f"lacks {PERMISSIONS[permission].format(bucket=bucket)}")
         raise _json_error(403, {"message": "Forbidden. User needs the following permissions",
                                 "permissions": [PERMISSIONS[permission].format(bucket=bucket)]})
     return user
@@ -255,11 +260,20 @@ async def _authenticate(request: web.Request, handler):
         creds = _basic_credentials(header)
         user = logins.check(*creds) if creds is not None else None
         if user is None:
+            _audit(request, AUTHENTICATION_FAILED, creds[0] if creds else "", mechanism="HTTP basic",
+                   reason="unknown user or wrong password" if creds else "malformed basic credentials")
             raise unauthorized()
         request[USER] = user
     elif request.method in ("GET", "HEAD") and (token := request.cookies.get(SESSION_COOKIE)):
         request[USER] = logins.session(token)
     return await handler(request)
+
+
+def _audit(request: web.Request, event, user: str, **fields) -> None:
+    """A refusal of the management port in the server's audit trail (server/audit.py)."""
+    sock = request.transport.get_extra_info("sockname") if request.transport is not None else None
+    request.app[SERVER].audit.record(event, peer=str(request.remote), sock=f"{sock[0]}:{sock[1]}" if sock else "?",
+                                     user=user, source="local", **fields)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -313,7 +327,9 @@ def request_host(request: web.Request) -> str:
 
 def _listen(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    return socket.create_server((host, port), family=family, backlog=128)
+    sock = socket.create_server((host, port), family=family, backlog=LISTEN_BACKLOG)
+    sock.setblocking(False)
+    return sock
 
 
 def _bind(host: str, port: int | None, preferred: int) -> socket.socket:
@@ -341,6 +357,8 @@ class ManagementListener:
         self.observer = Observer(server)
         self._socks: list[tuple[socket.socket, ssl.SSLContext | None]] = []
         self._runner: web.AppRunner | None = None
+        self._listeners: list[Listener] = []
+        self._opening: set[asyncio.Task] = set()
 
     def bind(self, host: str, port: int | None, tls_port: int | None, tls: ssl.SSLContext | None) -> None:
         sock = _bind(host, port, DEFAULT_MGMT_PORT)
@@ -367,13 +385,34 @@ class ManagementListener:
         return app
 
     async def start(self) -> None:
+        """Serve: the KV port's accept loop (server/listener.py) hands each connection to aiohttp,
+        so running out of descriptors pauses this port too and is logged at a bounded rate."""
         self._runner = web.AppRunner(self.application(), access_log=None, shutdown_timeout=1.0)
         await self._runner.setup()
         for sock, tls in self._socks:
-            await web.SockSite(self._runner, sock, ssl_context=tls).start()
+            listener = Listener([sock], tls, self._accepted, self.server._exhausted)
+            listener.start()
+            self._listeners.append(listener)
         self.observer.start()
 
+    def _accepted(self, sock: socket.socket, tls: ssl.SSLContext | None) -> None:
+        loop = asyncio.get_running_loop()
+        task = loop.create_task(self._open(loop, sock, tls))
+        self._opening.add(task)
+        task.add_done_callback(self._opening.discard)
+
+    async def _open(self, loop: asyncio.AbstractEventLoop, sock: socket.socket, tls: ssl.SSLContext | None) -> None:
+        try:
+            await loop.connect_accepted_socket(self._runner.server, sock, ssl=tls)
+        except (OSError, ssl.SSLError, TimeoutError):  # a failed TLS handshake, a client that left
+            sock.close()
+
     async def close(self) -> None:
+        for listener in self._listeners:
+            listener.close()  # closes the sockets of _socks
+        self._listeners.clear()
+        for task in list(self._opening):
+            task.cancel()
         await self.observer.stop()
         if self._runner is not None:
             await self._runner.cleanup()

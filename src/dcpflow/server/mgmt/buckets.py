@@ -13,9 +13,11 @@ bucket".
 
 What dcpflow serves: Couchbase (persistent) buckets with seqno or lww conflict resolution, any
 number of vbuckets up to 1024, value-only eviction, no minimum durability. Other values of those
-parameters are refused with a 400 that says so. The settings that change nothing in the engine
-(ramQuota, replicaNumber, maxTTL, compressionMode, replicaIndex, flushEnabled) are kept with the
-bucket and reported back; a single server places no replicas, so its map's numReplicas stays 0
+parameters are refused with a 400 that says so. `ramQuotaMB` (or `ramQuota`) is the bucket's memory
+quota (engine/memory.py), in force at once when changed; a bucket that was never given one
+reports the server's `--memory-quota`, and `basicStats` its memory use. The settings that change
+nothing in the engine (replicaNumber, maxTTL, compressionMode, replicaIndex, flushEnabled) are kept
+with the bucket and reported back; a single server places no replicas, so its map's numReplicas stays 0
 whatever replicaNumber says. Creating, changing, dropping and flushing buckets is a single
 server's: a node of `dcpflow cluster` serves the bucket its cluster manager set up and answers
 those with 400.
@@ -58,7 +60,9 @@ _UNSUPPORTED = "is not supported by dcpflow"
 
 
 def settings_of(bucket) -> dict:
-    return {**DEFAULTS, **bucket.settings}
+    quota = bucket.engine.memory.quota
+    reported = {"ramQuotaMB": quota // (1024 * 1024)} if quota else {}
+    return {**DEFAULTS, **reported, **bucket.settings}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -189,6 +193,7 @@ def bucket_json(request: web.Request, bucket, *, skip_map: bool = False) -> dict
     config = bucket_map(request, bucket)
     stats = engine.stats()
     quota = settings["ramQuotaMB"] * 1024 * 1024
+    memory = engine.memory
     base = f"/pools/default/buckets/{bucket.name}"
     doc = {
         "name": bucket.name,
@@ -211,13 +216,13 @@ def bucket_json(request: web.Request, bucket, *, skip_map: bool = False) -> dict
         "threadsNumber": 3,
         "quota": {"ram": quota, "rawRAM": quota},
         "basicStats": {
-            "quotaPercentUsed": 0,
+            "quotaPercentUsed": round(100 * memory.used / memory.quota, 3) if memory.quota else 0,
             "opsPerSec": server.mgmt.observer.ops_per_second(bucket.name),
             "diskFetches": 0,
             "itemCount": stats["curr_items"],
             "diskUsed": 0,
             "dataUsed": 0,
-            "memUsed": 0,
+            "memUsed": memory.used,
         },
         "evictionPolicy": settings["evictionPolicy"],
         "durabilityMinLevel": settings["durabilityMinLevel"],

@@ -2,9 +2,19 @@
 (https://prometheus.io/docs/instrumenting/exposition_formats/), with names close to Couchbase's
 own (https://docs.couchbase.com/server/current/metrics-reference/data-service-metrics.html):
 
-node        kv_uptime_seconds, kv_curr_connections, kv_total_connections, process_resident_memory_bytes
+node        kv_uptime_seconds, kv_curr_connections, kv_total_connections, kv_max_connections{type} (client,
+            system), kv_connections_refused_total{reason} (limit, reserve, descriptors),
+            process_resident_memory_bytes,
+            kv_audit_events_total{event} (refusals, audit.py), kv_log_lines_suppressed_total{event}
+            (per-request lines over the log's rate limit, boundedlog.py)
 bucket      kv_ops{op,result}, kv_curr_items, kv_curr_items_tot, kv_num_vbuckets{state},
             kv_ep_queue_size (the flusher's queue), kv_ep_total_persisted, kv_checkpoint_memory_bytes,
+            memory (engine/memory.py): kv_mem_used_bytes, kv_ep_max_size_bytes, kv_ep_mem_high_wat_bytes,
+            kv_ep_mem_low_wat_bytes, kv_ep_value_size_bytes, kv_ep_meta_data_memory_bytes,
+            kv_ep_checkpoint_memory_quota_bytes, kv_ep_num_value_ejects_total, kv_ep_bg_fetched_total,
+            kv_ep_tmp_oom_errors_total, kv_ep_oom_errors_total, kv_ep_cursors_dropped_total,
+            store: kv_ep_compactions_total{reason}, kv_couch_docs_fragmentation (percent),
+            kv_ep_db_file_size_bytes, kv_ep_db_history_rows,
             kv_vb_high_seqno{vb,state}, kv_vb_persisted_seqno{vb},
             kv_vb_rollbacks_total, kv_vb_failovers_total (since the server started)
 DCP         kv_dcp_connections{type}; per connection kv_dcp_items_remaining, kv_dcp_items_sent,
@@ -27,6 +37,8 @@ import time
 
 from aiohttp import web
 
+from ..audit import EVENTS as AUDIT_EVENTS
+from ..stats import fragmentation_stats
 from . import dcpview
 from .app import SERVER, allowed, require
 
@@ -78,13 +90,48 @@ def _resident_bytes() -> int:
         return peak if sys.platform == "darwin" else peak * 1024
 
 
+#: Memory series of a bucket: (metric, engine stat, kind, help).
+_MEMORY = (
+    ("kv_mem_used_bytes", "mem_used", "gauge", "Memory the bucket counts against its quota (documents and "
+     "checkpoints)."),
+    ("kv_ep_max_size_bytes", "ep_max_size", "gauge", "The bucket's memory quota (0: unlimited)."),
+    ("kv_ep_mem_high_wat_bytes", "ep_mem_high_wat", "gauge", "Above this the item pager evicts values."),
+    ("kv_ep_mem_low_wat_bytes", "ep_mem_low_wat", "gauge", "The item pager evicts down to this."),
+    ("kv_ep_value_size_bytes", "ep_value_size", "gauge", "Resident values in the hash tables."),
+    ("kv_ep_meta_data_memory_bytes", "ep_meta_data_memory", "gauge", "Keys and metadata in the hash tables."),
+    ("kv_ep_checkpoint_memory_quota_bytes", "ep_checkpoint_memory_quota", "gauge",
+     "What checkpoints may hold before writes get ETMPFAIL."),
+    ("kv_ep_num_value_ejects_total", "ep_num_value_ejects", "counter", "Values evicted by the item pager."),
+    ("kv_ep_bg_fetched_total", "ep_bg_fetched", "counter", "Evicted values read back from disk."),
+    ("kv_ep_tmp_oom_errors_total", "ep_tmp_oom_errors", "counter", "Writes refused with ETMPFAIL for memory."),
+    ("kv_ep_oom_errors_total", "ep_oom_errors", "counter", "Writes refused with ENOMEM."),
+    ("kv_ep_cursors_dropped_total", "ep_cursors_dropped", "counter",
+     "DCP cursors dropped to release checkpoint memory."),
+)
+
+
 def collect(server, may_see=lambda bucket: True) -> Exposition:
     m = Exposition()
     m.add("kv_uptime_seconds", "gauge", "Seconds since the server started.", round(time.time() - server.started, 3))
     m.add("kv_curr_connections", "gauge", "Open KV connections.", len(server.connections))
     m.add("kv_total_connections", "counter", "KV connections accepted since the server started.",
           server.total_connections)
+    m.add("kv_max_connections", "gauge", "Client connections the server admits, and those it reserves beyond them "
+          "for administrators.", server.max_connections, type="client")
+    m.add("kv_max_connections", "gauge", "Client connections the server admits, and those it reserves beyond them "
+          "for administrators.", server.config.system_connections, type="system")
+    for reason, n in server.refused_connections.items():
+        m.add("kv_connections_refused_total", "counter", "Connections refused or closed unserved: over the limit and "
+              "the reserve, a reserved one that was not an administrator's, or accepts that failed for lack of "
+              "descriptors.", n, reason=reason)
     m.add("process_resident_memory_bytes", "gauge", "Resident memory of the server process.", _resident_bytes())
+    for event in AUDIT_EVENTS:
+        m.add("kv_audit_events_total", "counter", "Refusals recorded in the audit trail since the server started "
+              "(written or over the rate limit).", server.audit.counts[event.name], event=event.name)
+    suppressed = server.log.limiter.suppressed + server.audit.limiter.suppressed
+    for kind, n in sorted(suppressed.items()):
+        m.add("kv_log_lines_suppressed_total", "counter", "Per-request log lines left out by the rate limit.", n,
+              event=kind)
     observer = server.mgmt.observer
     buckets = [(name, b) for name, b in list(server.buckets.items()) if may_see(name)]
     for name, bucket in buckets:
@@ -110,6 +157,18 @@ def collect(server, may_see=lambda bucket: True) -> Exposition:
         vbuckets = sorted(engine.vbuckets.items())
         m.add("kv_checkpoint_memory_bytes", "gauge", "Memory held by the vbuckets' checkpoints.",
               sum(vb.checkpoint_manager.mem_usage for _, vb in vbuckets), bucket=name)
+        for metric, stat, kind, text in _MEMORY:
+            m.add(metric, kind, text, stats[stat], bucket=name)
+        store = fragmentation_stats(bucket)
+        for reason, key in (("any", "ep_compactions"), ("fragmentation", "ep_compactions_for_fragmentation")):
+            m.add("kv_ep_compactions_total", "counter", "Compactions of the bucket's store (any: every one; "
+                  "fragmentation: those its fragmentation started).", store[key], bucket=name, reason=reason)
+        if "couch_docs_fragmentation" in store:
+            m.add("kv_couch_docs_fragmentation", "gauge", "Percent of the store's rows that are older versions, as "
+                  "last measured.", store["couch_docs_fragmentation"], bucket=name)
+            m.add("kv_ep_db_file_size_bytes", "gauge", "The store's file.", store["ep_db_file_size"], bucket=name)
+            m.add("kv_ep_db_history_rows", "gauge", "Older versions kept for rollback, as last measured.",
+                  store["ep_db_history_rows"], bucket=name)
         m.add("kv_vb_rollbacks_total", "counter", "Vbucket rollbacks applied on this node since it started.",
               observer.rollbacks[name], bucket=name)
         m.add("kv_vb_failovers_total", "counter",

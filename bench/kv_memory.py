@@ -1,0 +1,239 @@
+"""The bucket memory quota from outside: `dcpflow server`'s resident memory under loads that would
+grow it without one. Two cases, each against a fresh server subprocess:
+
+* quota: `--docs` unique documents (1M) of `--value-size` bytes (4096) SET into a bucket with
+  `--memory-quota` (1g), windows of 64, ETMPFAIL retried after a short pause as the SDKs do. The
+  server's RSS (Linux /proc VmRSS) is sampled every second: its largest value against the quota,
+  and the bucket's mem_used, values ejected, ETMPFAIL replies and items persisted at the end.
+* stalled: a DCP consumer opens streams on every vbucket with a 1 MiB flow-control window (and
+  cursor dropping supported) and never reads or acknowledges, while a writer overwrites `--keys`
+  (10k) keys x 4 KB in `--storms` (3) storms of `--seconds` (15) with a pause between them;
+  the server's RSS before, after each storm and after a last idle pause - then the same without
+  the consumer. Without checkpoint memory bounds the consumer's cursors pinned every checkpoint
+  and RSS climbed storm after storm; with them the two curves should stay alike.
+
+    .venv/bin/python bench/kv_memory.py                     # both cases
+    .venv/bin/python bench/kv_memory.py --case quota --docs 300000
+    .venv/bin/python bench/kv_memory.py --smoke             # seconds: 3,000 documents into 8 MiB, 1 s storms
+"""
+
+import argparse
+import socket
+import struct
+import sys
+import tempfile
+import threading
+import time
+
+from dcpflow.protocol import dcp
+from dcpflow.protocol.frame import FrameDecoder, request
+from dcpflow.protocol.keys import vbucket_for_key
+from dcpflow.protocol.opcodes import Opcode
+from dcpflow.protocol.status import Status
+from kv import Client, random_value
+from serverproc import start_server, stop
+
+MiB = 1 << 20
+
+
+def rss(pid: int) -> int:
+    """Resident bytes of a process (Linux /proc; 0 elsewhere)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def connect(port: int) -> Client:
+    client = Client(port)
+    client.login("Administrator", "password", "default")
+    return client
+
+
+def set_all(client: Client, keys: list[bytes], value: bytes, vbuckets: int, window: int = 64,
+            stop_at: float | None = None) -> tuple[int, int]:
+    """SET every key (windows of `window`, ETMPFAIL retried after 10 ms); returns (SETs acknowledged,
+    ETMPFAIL replies). With `stop_at`, stops at that monotonic time."""
+    sock, decoder = client.sock, client.decoder
+    done = refused = 0
+    for start in range(0, len(keys), window):
+        pending = keys[start:start + window]
+        while pending:
+            sock.sendall(b"".join(request(Opcode.SET, key=k, extras=bytes(8), value=value,
+                                          vbucket=vbucket_for_key(k, vbuckets), opaque=i)
+                                  for i, k in enumerate(pending)))
+            again = []
+            for _ in pending:
+                frame = decoder.next_frame()
+                while frame is None:
+                    data = sock.recv(1 << 20)
+                    if not data:
+                        raise ConnectionError("server closed the connection")
+                    decoder.feed(data)
+                    frame = decoder.next_frame()
+                if frame.status == Status.ETMPFAIL:
+                    again.append(pending[frame.opaque])
+                elif frame.status != Status.SUCCESS:
+                    raise RuntimeError(f"SET failed with status 0x{frame.status:x}")
+            done += len(pending) - len(again)
+            refused += len(again)
+            if again:
+                time.sleep(0.01)
+            pending = again
+        if stop_at is not None and time.monotonic() >= stop_at:
+            break
+    return done, refused
+
+
+class RssSampler:
+    """The largest RSS of a process, sampled every `interval` seconds in a thread."""
+
+    def __init__(self, pid: int, interval: float = 1.0):
+        self.pid, self.interval, self.largest = pid, interval, 0
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stopping.is_set():
+            self.largest = max(self.largest, rss(self.pid))
+            self._stopping.wait(self.interval)
+
+    def stop(self) -> int:
+        self._stopping.set()
+        self._thread.join()
+        self.largest = max(self.largest, rss(self.pid))
+        return self.largest
+
+
+def quota(args) -> None:
+    with tempfile.TemporaryDirectory(prefix="dcpflow-bench-") as tmp:
+        proc, port = start_server(tmp, args.vbuckets, "--allow-plain-over-tcp", "--memory-quota", args.memory_quota)
+        try:
+            client = connect(port)
+            idle = rss(proc.pid)
+            sampler = RssSampler(proc.pid)
+            value = random_value(args.value_size)
+            t0 = time.monotonic()
+            done = refused = 0
+            step = 20_000
+            for lo in range(0, args.docs, step):
+                d, r = set_all(client, [b"doc-%09d" % i for i in range(lo, min(lo + step, args.docs))],
+                               value, args.vbuckets)
+                done, refused = done + d, refused + r
+                if args.progress and (lo // step) % 10 == 9:
+                    print(f"  {done:,} SET, RSS {rss(proc.pid) / MiB:,.0f} MiB", flush=True)
+            took = time.monotonic() - t0
+            largest = sampler.stop()
+            stats = client.stats()
+            q = int(stats[b"ep_max_size"])
+            print(f"quota: {args.docs:,} documents x {args.value_size} bytes "
+                  f"({args.docs * args.value_size / MiB:,.0f} MiB of values) into a {q / MiB:,.0f} MiB quota "
+                  f"in {took:.0f} s ({done / took:,.0f} SETs/s)")
+            print(f"  server RSS: idle {idle / MiB:,.0f} MiB, largest {largest / MiB:,.0f} MiB "
+                  f"(quota {(largest - q) / MiB:+,.0f} MiB), at the end {rss(proc.pid) / MiB:,.0f} MiB")
+            print(f"  mem_used {int(stats[b'mem_used']) / MiB:,.0f} MiB, values ejected "
+                  f"{int(stats[b'ep_num_value_ejects']):,}, ETMPFAIL replies {refused:,} (retried), "
+                  f"items persisted {int(stats[b'ep_total_persisted']):,}")
+        finally:
+            stop(proc)
+
+
+def stalled_consumer(port: int, vbuckets: int) -> socket.socket:
+    """A DCP connection with streams on every vbucket and a 1 MiB window that never reads a byte."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+    decoder = FrameDecoder()
+
+    def call(data: bytes) -> None:
+        sock.sendall(data)
+        frame = None
+        while frame is None:
+            chunk = sock.recv(65536)
+            if not chunk:
+                raise ConnectionError("server closed the DCP connection")
+            decoder.feed(chunk)
+            frame = decoder.next_frame()
+        if frame.status != Status.SUCCESS:
+            raise RuntimeError(f"DCP setup failed with status 0x{frame.status:x}")
+
+    call(request(Opcode.SASL_AUTH, key=b"PLAIN", value=b"\0Administrator\0password"))
+    call(request(Opcode.SELECT_BUCKET, key=b"default"))
+    call(request(Opcode.DCP_OPEN, key=b"bench-stalled", extras=struct.pack(">II", 0, dcp.OpenFlag.PRODUCER)))
+    call(dcp.DcpControl(b"connection_buffer_size", str(MiB).encode()).encode())
+    call(dcp.DcpControl(b"supports_cursor_dropping_vulcan", b"true").encode())
+    # the stream requests go out together; their replies and the first megabyte of mutations stay unread
+    sock.sendall(b"".join(dcp.DcpStreamRequest(vb, 0, opaque=vb).encode() for vb in range(vbuckets)))
+    return sock
+
+
+def stalled(args) -> None:
+    for with_consumer in (True, False):
+        with tempfile.TemporaryDirectory(prefix="dcpflow-bench-") as tmp:
+            proc, port = start_server(tmp, args.vbuckets, "--allow-plain-over-tcp", "--memory-quota", args.storm_quota)
+            try:
+                writer = connect(port)
+                keys = [b"storm-%06d" % i for i in range(args.keys)]
+                value = random_value(4096)
+                set_all(writer, keys, value, args.vbuckets)
+                writer.settle(600)
+                consumer = stalled_consumer(port, args.vbuckets) if with_consumer else None
+                curve = [rss(proc.pid)]
+                sets = refused = 0
+                for _ in range(args.storms):
+                    stop_at = time.monotonic() + args.seconds
+                    while time.monotonic() < stop_at:
+                        d, r = set_all(writer, keys, random_value(4096), args.vbuckets, stop_at=stop_at)
+                        sets, refused = sets + d, refused + r
+                    curve.append(rss(proc.pid))
+                    time.sleep(args.pause)
+                writer.settle(600)
+                time.sleep(args.pause)
+                curve.append(rss(proc.pid))
+                stats = writer.stats()
+                who = "with a stalled consumer" if with_consumer else "without a consumer"
+                print(f"stalled: {who}: {args.keys:,} keys x 4 KB, {args.storms} storms of {args.seconds:.0f} s, "
+                      f"{sets:,} SETs ({refused:,} ETMPFAIL, retried)")
+                print(f"  server RSS MiB: before {curve[0] / MiB:,.0f}, after each storm "
+                      f"{', '.join(f'{c / MiB:,.0f}' for c in curve[1:-1])}, idle {curve[-1] / MiB:,.0f}; "
+                      f"checkpoint memory {int(stats[b'ep_checkpoint_memory']) / MiB:,.1f} of "
+                      f"{int(stats[b'ep_checkpoint_memory_quota']) / MiB:,.1f} MiB, cursors dropped "
+                      f"{int(stats[b'ep_cursors_dropped']):,}")
+                if consumer is not None:
+                    consumer.close()
+            finally:
+                stop(proc)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--case", choices=("quota", "stalled", "both"), default="both")
+    p.add_argument("--docs", type=int, default=1_000_000, help="quota: unique documents (default 1000000)")
+    p.add_argument("--value-size", type=int, default=4096, help="quota: value bytes (default 4096)")
+    p.add_argument("--memory-quota", default="1g", help="quota: the bucket's quota (default 1g)")
+    p.add_argument("--keys", type=int, default=10_000, help="stalled: keys overwritten (default 10000)")
+    p.add_argument("--storms", type=int, default=3, help="stalled: storms (default 3)")
+    p.add_argument("--seconds", type=float, default=15.0, help="stalled: length of a storm (default 15)")
+    p.add_argument("--pause", type=float, default=5.0, help="stalled: seconds idle after each storm (default 5)")
+    p.add_argument("--storm-quota", default="100m", help="stalled: the bucket's quota (default 100m, the server's)")
+    p.add_argument("--vbuckets", type=int, default=1024)
+    p.add_argument("--progress", action="store_true", help="quota: print RSS every 200k documents")
+    p.add_argument("--smoke", action="store_true",
+                   help="a seconds-long run that checks the bench works: 3,000 documents into 8 MiB, 300 keys, "
+                        "2 storms of 1 s")
+    args = p.parse_args()
+    if args.smoke:
+        args.docs, args.memory_quota, args.keys, args.storms, args.seconds, args.pause = 3_000, "8m", 300, 2, 1.0, 0.2
+        args.vbuckets = 64
+    if args.case in ("quota", "both"):
+        quota(args)
+    if args.case in ("stalled", "both"):
+        stalled(args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

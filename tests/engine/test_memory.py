@@ -1,0 +1,319 @@
+"""The bucket memory quota (engine/memory.py): accounting, value eviction of clean items, reads that
+fetch evicted values back, ETMPFAIL / ENOMEM near the quota, the checkpoint quota and its cursor
+dropping, and a warm-up that keeps to the quota."""
+
+import random
+
+import pytest
+
+from dcpflow.engine import VBucketState
+from dcpflow.engine.errors import EngineError
+from dcpflow.engine.item import NOT_RESIDENT
+from dcpflow.engine.memory import (
+    CHECKPOINT_MEMORY_RATIO,
+    HT_ITEM_OVERHEAD,
+    MEM_HIGH_WAT,
+    MEM_LOW_WAT,
+    MIN_CHECKPOINT_BYTES,
+    MUTATION_MEM_THRESHOLD,
+    BucketMemory,
+)
+from dcpflow.protocol.keys import vbucket_for_key
+from dcpflow.protocol.status import Status
+
+MiB = 1024 * 1024
+VALUE = b"v" * 4096
+
+
+def active(bucket):
+    bucket.create_vbuckets(range(bucket.num_vbuckets), VBucketState.ACTIVE)
+    return bucket
+
+
+def vb_of(bucket, key: bytes):
+    return bucket.vbucket(vbucket_for_key(key, bucket.num_vbuckets))
+
+
+def recount(bucket) -> tuple[int, int, int]:
+    """(values, meta, checkpoint) counted from scratch: what the running counters must equal."""
+    values = meta = checkpoint = 0
+    for vb in bucket.vbuckets.values():
+        for item in vb.ht.values():
+            meta += len(item.key) + HT_ITEM_OVERHEAD
+            values += len(item.value)
+        checkpoint += vb.checkpoint_manager.mem_usage
+    return values, meta, checkpoint
+
+
+def counters(bucket) -> tuple[int, int, int]:
+    m = bucket.memory
+    return m.values, m.meta, m.checkpoint
+
+
+def fill_until_refused(bucket, prefix: str = "k", value: bytes = VALUE, limit: int = 100_000,
+                       flush: bool = False) -> tuple[int, EngineError]:
+    """Writes until one is refused; with `flush` the flusher keeps up (a batch after every write)."""
+    for i in range(limit):
+        key = f"{prefix}{i}".encode()
+        try:
+            vb_of(bucket, key).set(key, value)
+        except EngineError as e:
+            return i, e
+        if flush:
+            bucket.flush()
+    raise AssertionError("never refused")
+
+
+def test_the_marks_are_kv_engines_fractions_of_the_quota():
+    m = BucketMemory(100 * MiB)
+    assert (m.high_wat, m.low_wat, m.mutation_limit) == (100 * MiB * MEM_HIGH_WAT, 100 * MiB * MEM_LOW_WAT,
+                                                         100 * MiB * MUTATION_MEM_THRESHOLD)
+    assert m.checkpoint_quota == 100 * MiB * CHECKPOINT_MEMORY_RATIO == 30 * MiB
+    assert (m.checkpoint_upper, m.checkpoint_lower) == (27 * MiB, 18 * MiB)
+    assert m.checkpoint_max_bytes(1024) == MIN_CHECKPOINT_BYTES  # 3 KiB per checkpoint would be too small
+    assert m.checkpoint_max_bytes(4) == 30 * MiB / 40
+    unlimited = BucketMemory()
+    assert not unlimited.refuses_writes() and unlimited.checkpoint_max_bytes(4) == float("inf")
+    with pytest.raises(ValueError):
+        BucketMemory(0)
+
+
+def test_writes_are_refused_until_flushed_values_are_evicted_and_reads_fetch_them_back(make_bucket):
+    bucket = active(make_bucket(memory_quota=4 * MiB, checkpoint_max_items=50))
+    n, refused = fill_until_refused(bucket, flush=True)  # the flusher keeps up; nobody runs the pager
+    assert refused.status == Status.ETMPFAIL and "evicted" in refused.reason
+    assert bucket.memory.used > bucket.memory.mutation_limit and n > 100
+    assert counters(bucket) == recount(bucket)
+    assert bucket.pager.wanted()
+    freed, done = 0, False
+    while not done:
+        step, done = bucket.evict(budget=64)  # small passes: the owner's loop runs between them
+        freed += step
+    assert freed > 0 and bucket.memory.used <= bucket.memory.low_wat
+    assert counters(bucket) == recount(bucket)
+    evicted = [(vb, k) for vb in bucket.vbuckets.values() for k, it in vb.ht.items() if it.value is NOT_RESIDENT]
+    assert evicted and bucket.memory.num_value_evictions == len(evicted)
+    vb, key = evicted[0]
+    assert vb.get(key).value == VALUE  # fetched back from the store, resident again
+    assert vb.ht[key].value == VALUE and bucket.memory.num_bg_fetches == 1
+    assert counters(bucket) == recount(bucket)
+    more, _ = fill_until_refused(bucket, prefix="again", flush=True)  # room again: writes go on
+    assert more > 50
+
+
+def test_every_operation_that_reads_an_evicted_value_fetches_it(make_bucket, clock):
+    bucket = active(make_bucket(memory_quota=64 * MiB, clock=clock))
+    vb = bucket.vbucket(0)
+    xattrs = (b"\x00\x00\x00\x13" + b"\x00\x00\x00\x0f_sys\x00{\"a\":1}\x00")  # one system xattr, then the body
+    vb.set(b"counter", b"41")
+    vb.set(b"text", b"hello")
+    vb.set(b"touchme", b"abc")
+    vb.set(b"lockme", b"secret")
+    vb.set(b"xattr", xattrs + b"{}", datatype=0x05)
+    vb.set(b"expiring", b"x", expiry=10)
+    bucket.flush_all()
+    for key, item in list(vb.ht.items()):  # evict them all, as the pager would
+        vb.ht[key] = type(item)(key, NOT_RESIDENT, item.flags, item.expiry, item.cas, item.rev_seqno, item.by_seqno,
+                                item.datatype)
+        bucket.memory.values -= len(item.value)
+    assert vb.writable(b"counter").value == b"41"
+    assert vb.writable(b"text").value == b"hello"
+    assert vb.touch(b"touchme", 100).value == b"abc"
+    assert vb.get_locked(b"lockme", 15).value == b"secret"
+    tomb = vb.delete(b"xattr")
+    assert tomb.value.startswith(b"\x00\x00\x00\x13") and tomb.datatype == 0x04  # the system xattr stays
+    clock.advance(20)
+    assert vb.expire_due() == 1 and vb.ht[b"expiring"].deleted
+    assert counters(bucket) == recount(bucket)
+
+
+def test_restore_takes_the_value_from_disk_and_the_metadata_from_memory(make_bucket):
+    bucket = active(make_bucket(memory_quota=64 * MiB))
+    vb = bucket.vbucket(1)
+    vb.set(b"k", b"value")
+    bucket.flush_all()
+    item = vb.ht[b"k"]
+    vb.ht[b"k"] = type(item)(b"k", NOT_RESIDENT, item.flags, item.expiry, item.cas, item.rev_seqno, item.by_seqno,
+                             item.datatype)
+    bucket.memory.values -= 5
+    assert vb.get(b"k", fetch=False).value is NOT_RESIDENT  # the server fetches off the loop
+    locked = vb.get_locked(b"k", 15)  # a new CAS in memory only
+    stored = bucket.store.read(1, b"k")
+    assert stored.cas != locked.cas
+    vb.ht[b"k"] = type(item)(b"k", NOT_RESIDENT, locked.flags, locked.expiry, locked.cas, locked.rev_seqno,
+                             locked.by_seqno, locked.datatype)
+    bucket.memory.values -= 5
+    restored = vb.restore(b"k", stored)
+    assert restored.value == b"value" and restored.cas == locked.cas
+    assert counters(bucket) == recount(bucket)
+    vb.set(b"k", b"newer", cas=locked.cas)
+    with pytest.raises(EngineError) as e:  # a fetch that raced with a newer write of another evicted version
+        bucket.vbucket(1).ht[b"k"] = type(item)(b"k", NOT_RESIDENT, 0, 0, 1, 9, 999, 0)
+        vb.restore(b"k", stored)
+    assert e.value.status == Status.ETMPFAIL
+
+
+def test_keys_and_metadata_alone_over_the_threshold_is_enomem(make_bucket):
+    bucket = active(make_bucket(memory_quota=2 * MiB))
+    n, refused = fill_until_refused(bucket, value=b"", limit=100_000, flush=True)
+    assert refused.status == Status.ENOMEM and "raise the quota" in refused.reason
+    assert bucket.memory.num_oom == 1
+    with pytest.raises(EngineError) as e:
+        bucket.vbucket(0).add(b"another", b"")
+    assert e.value.status == Status.ENOMEM
+    bucket.vbucket(vbucket_for_key(b"k0", 4)).delete(b"k0")  # deletions are never refused
+
+
+def test_checkpoint_memory_over_its_quota_is_etmpfail_while_the_flusher_lags(make_bucket):
+    """Checkpoints may hold 30% of the quota: writes the flusher has not taken stay there (the
+    persistence cursor pins them), so a lagging flusher bounds what is acknowledged unpersisted."""
+    bucket = active(make_bucket(memory_quota=8 * MiB, checkpoint_max_items=10))
+    _, refused = fill_until_refused(bucket)
+    assert refused.status == Status.ETMPFAIL and "checkpoint memory is full" in refused.reason
+    assert bucket.memory.checkpoint >= bucket.memory.checkpoint_quota
+    unpersisted = sum(vb.high_seqno - vb.persisted_seqno for vb in bucket.vbuckets.values())
+    assert unpersisted * (len(VALUE) + 96) <= bucket.memory.checkpoint_quota + 20 * (len(VALUE) + 100)
+    bucket.flush_all()
+    assert bucket.memory.checkpoint < bucket.memory.checkpoint_lower  # written: released
+    bucket.vbucket(0).set(b"after", VALUE)
+
+
+def test_lagging_cursors_are_dropped_over_the_checkpoint_upper_mark(make_bucket):
+    """Bucket-wide: the opted-in (droppable) cursor goes at the upper mark; one that did not opt in
+    keeps its place until checkpoints fill their quota, then goes too (its owner ends its stream
+    SLOW). Memory comes back below the lower mark each time."""
+    bucket = active(make_bucket(memory_quota=8 * MiB, checkpoint_max_items=5))
+    dropped: list[str] = []
+    plain = []
+    for vbid in range(4):
+        cm = bucket.vbucket(vbid).checkpoint_manager
+        cm.register_cursor(f"opted-in:{vbid}", 0, droppable=True, on_drop=lambda c: dropped.append(c.name))
+        plain.append(cm.register_cursor(f"plain:{vbid}", 0, droppable=False,
+                                        on_drop=lambda c: dropped.append(c.name)).cursor)
+    mem = bucket.memory
+    i = 0
+    while not any(name.startswith("opted-in") for name in dropped):
+        key = f"k{i}".encode()
+        vb_of(bucket, key).set(key, VALUE)
+        bucket.flush()  # the flusher keeps up: only the DCP cursors pin checkpoints
+        for cursor in plain:  # the plain consumers keep up too, for now
+            cursor.next_batch()
+        i += 1
+    assert not [n for n in dropped if n.startswith("plain")]
+    assert mem.checkpoint < mem.checkpoint_upper
+    while not any(name.startswith("plain") for name in dropped):
+        key = f"k{i}".encode()
+        try:
+            vb_of(bucket, key).set(key, VALUE)
+        except EngineError as e:  # the quota is full until the plain cursors go
+            assert e.status == Status.ETMPFAIL
+        bucket.flush()
+        i += 1
+        assert i < 20_000
+    assert mem.checkpoint <= mem.checkpoint_lower + 2 * (len(VALUE) + 200)
+    assert mem.num_cursors_dropped == len(dropped)
+    assert counters(bucket) == recount(bucket)
+
+
+def test_open_checkpoints_read_and_persisted_are_released_when_checkpoints_fill_their_quota(make_bucket):
+    """Many vbuckets, a small quota: each open checkpoint may reach MIN_CHECKPOINT_BYTES before it
+    closes, so open checkpoints alone can fill the checkpoint quota. Once the flusher has written
+    them, the recovery a refused write starts releases them: writes go on, none is refused forever."""
+    bucket = active(make_bucket(memory_quota=8 * MiB, num_vbuckets=64))
+    mem = bucket.memory
+    assert mem.checkpoint_quota < 64 * MIN_CHECKPOINT_BYTES
+    written = 0
+    for i in range(3000):
+        key = f"d{i}".encode()
+        try:
+            vb_of(bucket, key).set(key, VALUE)
+            written += 1
+        except EngineError as e:
+            assert e.status == Status.ETMPFAIL, e
+            bucket.flush_all()
+            bucket.evict()
+            vb_of(bucket, key).set(key, VALUE)  # room again, at once
+            written += 1
+    assert written == 3000
+    assert mem.checkpoint <= mem.checkpoint_quota + len(VALUE) + 200
+    assert counters(bucket) == recount(bucket)
+
+
+def test_open_checkpoints_close_at_the_buckets_checkpoint_max_size(make_bucket):
+    bucket = active(make_bucket(memory_quota=4 * MiB, checkpoint_max_items=10_000))
+    cm = bucket.vbucket(0).checkpoint_manager
+    assert cm.max_bytes == max(4 * MiB * 0.3 / 40, MIN_CHECKPOINT_BYTES)
+    keys = [k for k in (f"c{i}".encode() for i in range(2000)) if vbucket_for_key(k, 4) == 0][:60]
+    for key in keys:
+        bucket.vbucket(0).set(key, VALUE)
+    assert max(cp.mem_usage for cp in cm.checkpoints) <= cm.max_bytes + len(VALUE) + 200
+    assert len(cm.checkpoints) > 1
+    bucket.set_memory_quota(None)
+    assert cm.max_bytes == float("inf")
+
+
+def test_warmup_keeps_values_on_disk_past_the_low_watermark(make_bucket, tmp_path):
+    bucket = active(make_bucket(memory_quota=None))
+    for i in range(2000):
+        key = f"w{i}".encode()
+        vb_of(bucket, key).set(key, VALUE)
+    bucket.close()
+    again = make_bucket(memory_quota=4 * MiB)
+    mem = again.memory
+    evicted = sum(1 for vb in again.vbuckets.values() for it in vb.ht.values() if it.value is NOT_RESIDENT)
+    assert 1000 < evicted < 2000
+    assert mem.used <= mem.low_wat + evicted * (HT_ITEM_OVERHEAD + 5)  # past the mark only keys and metadata load
+    assert counters(again) == recount(again)
+    assert sum(vb.num_items for vb in again.vbuckets.values()) == 2000
+    assert vb_of(again, b"w1999").get(b"w1999").value == VALUE
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_the_counters_always_equal_a_recount(make_bucket, clock, seed):
+    """Random sets, deletes, expiries, flushes, evictions, fetches, purges and a rollback: the
+    running counters never drift from what the hash tables and checkpoints hold."""
+    rng = random.Random(seed)
+    bucket = active(make_bucket(memory_quota=3 * MiB, clock=clock, checkpoint_max_items=20, purge_interval=0))
+    keys = [f"r{i}".encode() for i in range(300)]
+    for step in range(3000):
+        key = rng.choice(keys)
+        vb = vb_of(bucket, key)
+        op = rng.random()
+        try:
+            if op < 0.55:
+                vb.set(key, rng.randbytes(rng.randrange(0, 8000)), expiry=rng.choice([0, 0, 0, 5]))
+            elif op < 0.7:
+                vb.delete(key)
+            elif op < 0.8:
+                vb.get(key)
+            elif op < 0.85:
+                clock.advance(3)
+                bucket.run_expiry_pager()
+            elif op < 0.93:
+                bucket.flush()
+                bucket.evict(budget=rng.randrange(1, 200))
+            elif op < 0.97:
+                bucket.flush_all()
+                bucket.compact()
+            else:
+                bucket.flush_all()
+                target = rng.randrange(0, vb.high_seqno + 1)
+                bucket.rollback(vb.id, target)
+        except EngineError as e:
+            assert e.status in (Status.KEY_ENOENT, Status.ETMPFAIL, Status.ENOMEM), e
+            if e.status != Status.KEY_ENOENT:
+                bucket.flush_all()
+                bucket.evict()
+        assert counters(bucket) == recount(bucket), step
+
+
+def test_nothing_dirty_is_evicted(make_bucket):
+    bucket = active(make_bucket(memory_quota=4 * MiB, checkpoint_max_items=50))
+    for i in range(200):
+        key = f"d{i}".encode()
+        vb_of(bucket, key).set(key, VALUE)
+    bucket.set_memory_quota(MiB)  # far over: the pager would evict everything it may
+    assert bucket.evict() == (0, True)  # nothing is clean before the flusher has written it
+    bucket.flush_all()
+    freed, _ = bucket.evict()
+    assert freed > 0
