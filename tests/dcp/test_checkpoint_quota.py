@@ -53,7 +53,7 @@ def test_a_stalled_consumer_that_supports_cursor_dropping_cannot_grow_the_server
     """Checkpoints close every 10 keys (so a stalled cursor pins closed ones, as the 5 s age does
     in a long storm); 12 rounds of 2000 keys x 4 KB. Checkpoint memory never passes its quota (30%
     of 64 MiB), the cursors are dropped, and this process's anonymous memory (the server runs in it)
-    grows by at most that quota, SQLite's writer cache (64 MiB) and a margin: without the quota the
+    grows by at most that quota, SQLite's writer cache (64 MiB) and a margin for the allocator: without the quota the
     checkpoints alone would hold the whole storm (96 MB)."""
     srv = make_server(memory_quota=64 * MiB, checkpoint_max_items=10, num_vbuckets=VBUCKETS)
     quota = 64 * MiB * 0.3
@@ -74,7 +74,10 @@ def test_a_stalled_consumer_that_supports_cursor_dropping_cannot_grow_the_server
     grown = _rss_anon(os.getpid()) - base
     assert max(ckpt) <= quota + len(VALUE) + 200, ckpt  # (the last write accepted may take it over by itself)
     assert srv.call(lambda: memory.num_cursors_dropped) > 0
-    assert grown <= quota + 64 * MiB + 32 * MiB, grown // MiB
+    # RSS of a whole process moves by tens of MiB with the allocator's timing (100-114 MiB grown in
+    # runs with the quota); without the quota the checkpoints alone add 91 MiB to SQLite's 64 MiB,
+    # so a 48 MiB margin still tells the two apart
+    assert grown <= quota + 64 * MiB + 48 * MiB, grown // MiB
     # the consumer was not cut off: it reads on, from disk then memory, to the last round's values
     seen: dict[bytes, bytes] = {}
     ends = []
