@@ -14,20 +14,13 @@ from dcpflow.protocol import dcp
 from dcpflow.protocol.frame import request
 from dcpflow.protocol.opcodes import Opcode
 from dcpflow.protocol.status import Status
+from tests.resources import rss_anon
 
 from .client import DcpClient
 
 MiB = 1024 * 1024
 VALUE = b"s" * 4096
 VBUCKETS = 64
-
-
-def _rss_anon(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("RssAnon:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError("no RssAnon")
 
 
 def _storm_round(w, keys: list[bytes], r: int) -> int:
@@ -65,13 +58,13 @@ def test_a_stalled_consumer_that_supports_cursor_dropping_cannot_grow_the_server
         assert stalled.stream_request(vb).status == Status.SUCCESS
     memory = srv.server.buckets["default"].engine.memory
     keys = [b"storm%05d" % i for i in range(2000)]
-    base = _rss_anon(os.getpid())
+    base = rss_anon(os.getpid())
     ckpt = []
     with srv.login() as w:
         for r in range(12):  # 96 MB of mutations, a consumer reading none of them
             _storm_round(w, keys, r)
             ckpt.append(srv.call(lambda: memory.checkpoint))
-    grown = _rss_anon(os.getpid()) - base
+    grown = rss_anon(os.getpid()) - base
     assert max(ckpt) <= quota + len(VALUE) + 200, ckpt  # (the last write accepted may take it over by itself)
     assert srv.call(lambda: memory.num_cursors_dropped) > 0
     # RSS of a whole process moves by tens of MiB with the allocator's timing (100-114 MiB grown in

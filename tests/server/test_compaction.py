@@ -3,7 +3,6 @@ for rollback is compacted without waiting for the hourly compaction, its history
 quarter of the documents, so an overwrite storm cannot grow the file without end. And the
 persistence backlog a write storm can build is bounded by the checkpoint quota."""
 
-import time
 
 import pytest
 
@@ -11,16 +10,9 @@ from dcpflow.protocol.frame import request
 from dcpflow.protocol.opcodes import Opcode
 from dcpflow.protocol.status import Status
 from dcpflow.server import app
+from tests.resources import wait_for
 
 MiB = 1024 * 1024
-
-
-def wait_for(fn, timeout: float = 60.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while not (result := fn()):
-        assert time.monotonic() < deadline, f"{what} not met in time"
-        time.sleep(0.05)
-    return result
 
 
 def overwrite(c, keys: list[bytes], value: bytes) -> None:

@@ -15,19 +15,12 @@ from dcpflow.engine.item import NOT_RESIDENT
 from dcpflow.protocol.frame import request
 from dcpflow.protocol.opcodes import Opcode
 from dcpflow.protocol.status import Status
+from tests.resources import rss_anon, wait_for
 
 from .client import RawClient
 
 MiB = 1024 * 1024
 VALUE = b"v" * 4096
-
-
-def wait_for(fn, timeout: float = 60.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while not (result := fn()):
-        assert time.monotonic() < deadline, f"{what} not met in time"
-        time.sleep(0.05)
-    return result
 
 
 def engine(server):
@@ -157,14 +150,6 @@ def test_the_sdk_retries_through_a_full_bucket_and_reads_everything_back(spawn_s
         assert int(stats["mem_used"]) <= 8 * MiB
 
 
-def _rss_anon(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("RssAnon:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError("no RssAnon")
-
-
 @pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads RssAnon from /proc")
 def test_resident_memory_stays_within_the_quota_plus_a_stated_overhead(spawn_server, tmp_path):
     """50k documents of 4 KB (200 MB of values) into a bucket of 32 MiB: the server's anonymous
@@ -173,7 +158,7 @@ def test_resident_memory_stays_within_the_quota_plus_a_stated_overhead(spawn_ser
     Without the quota it grows by more than the values (tested here by the values' size alone)."""
     proc = spawn_server("--data-dir", str(tmp_path / "data"), "--vbuckets", "64", "--memory-quota", "32m",
                         "--mgmt-port", "0")
-    base = _rss_anon(proc.proc.pid)
+    base = rss_anon(proc.proc.pid)
     with RawClient(proc.port) as c:
         c.login()
         window = []
@@ -186,7 +171,7 @@ def test_resident_memory_stays_within_the_quota_plus_a_stated_overhead(spawn_ser
                 window = []
         _send_retrying(c, window)
         stats = c.stats()
-    grown = _rss_anon(proc.proc.pid) - base
+    grown = rss_anon(proc.proc.pid) - base
     assert int(stats["curr_items"]) == 50_000 and int(stats["mem_used"]) <= 32 * MiB
     assert grown <= 32 * MiB + 64 * MiB + 64 * MiB, grown
     assert grown < 50_000 * len(VALUE)  # what the values alone would take, resident

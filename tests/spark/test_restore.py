@@ -82,23 +82,54 @@ def test_with_meta_needs_cas_and_rev_seqno(spark, server):
                                                       password="password", withMeta="true").save()
 
 
-def test_restore_refuses_a_change_log_of_named_collections(spark, make_server, tmp_path):
-    """Restore writes into the default collection: documents of other collections would merge
-    there, so such a lake is refused with a clear error and the target is left untouched."""
+def test_restore_puts_each_document_back_into_its_named_collection(spark, make_server, tmp_path):
+    """A lake of a bucket with named collections: each document goes back into the collection of the
+    same name in the target, metadata included; a target without that collection is refused with an
+    error that names it (its documents never land in another collection)."""
+    from dcpflow.protocol.keys import vbucket_for_key
     from dcpflow.spark.pipeline import Pipeline, PipelineConfig
-    from dcpflow.spark.restore import RestoreError, restore
-    from tests.client.test_collections import FEATURES, change, cid_of, put
+    from dcpflow.spark.restore import restore
+    from tests.client.conftest import NUM_VBUCKETS
+    from tests.client.test_collections import FEATURES, change, cid_of, engine, put
+
+    def make_orders(srv) -> int:
+        change(srv, lambda m: m.add_scope("shop"))
+        change(srv, lambda m: m.add_collection("shop", "orders"))
+        return cid_of(srv, "shop", "orders")
+
+    def view(srv, cid: int, keys) -> dict:
+        def read():
+            out = {}
+            for key in keys:
+                item = engine(srv).vbucket(vbucket_for_key(key, NUM_VBUCKETS)).ht.get((cid, key) if cid else key)
+                if item is not None:
+                    out[key] = (item.deleted, item.cas, item.rev_seqno, item.flags, item.value)
+            return out
+        return srv.call(read)
 
     source = make_server(data_dir=tmp_path / "source")
-    change(source, lambda m: m.add_scope("shop"))
-    change(source, lambda m: m.add_collection("shop", "orders"))
+    orders = make_orders(source)
     with source.login(features=FEATURES) as w:
-        put(w, cid_of(source, "shop", "orders"), b"order1", b'{"n":1}')
-        put(w, 0, b"plain", b'{"n":2}')
+        for i in range(20):
+            put(w, orders, b"order%d" % i, b'{"n":%d}' % i)
+        put(w, 0, b"order0", b'{"plain":true}')  # the same key in the default collection
     lake = tmp_path / "lake"
     Pipeline(spark, PipelineConfig(connection=url(source), username="Administrator", password="password",
                                    lake=lake, state_format="snapshot")).run_available_now()
+    keys = [b"order%d" % i for i in range(20)]
+
+    missing = make_server(data_dir=tmp_path / "missing")
+    with pytest.raises(Exception, match="no collection shop.orders"):
+        restore(spark, lake, url(missing), "Administrator", "password")
+
+    chosen = make_server(data_dir=tmp_path / "chosen")
+    chosen_orders = make_orders(chosen)
+    restore(spark, lake, url(chosen), "Administrator", "password", collections=["shop.orders"])
+    assert view(chosen, chosen_orders, keys) == view(source, orders, keys)
+    assert view(chosen, 0, keys) == {}  # the default collection's order0 was not chosen
+
     target = make_server(data_dir=tmp_path / "target")
-    with pytest.raises(RestoreError, match="named collections"):
-        restore(spark, lake, url(target), "Administrator", "password")
-    assert bucket_view(target.port, [b"order1", b"plain"]) == {}
+    target_orders = make_orders(target)
+    restore(spark, lake, url(target), "Administrator", "password")
+    assert view(target, target_orders, keys) == view(source, orders, keys) and len(view(source, orders, keys)) == 20
+    assert view(target, 0, keys) == view(source, 0, keys) and set(view(target, 0, keys)) == {b"order0"}

@@ -164,6 +164,31 @@ def _write(out, data) -> None:
         out.flush()
 
 
+async def until_signal(coro) -> bool:
+    """Run `coro` to its end, or until SIGINT/SIGTERM cancels it; whether a signal stopped it (the
+    caller then saves its offsets and exits 130, as a shell expects of an interrupted command)."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.ensure_future(coro)
+    interrupted = False
+
+    def stop():
+        nonlocal interrupted
+        interrupted = True
+        task.cancel()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop)
+    try:
+        await task
+    except asyncio.CancelledError:
+        if not interrupted:
+            raise
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+    return interrupted
+
+
 async def tail_jsonl(client: DcpClient, *, start: str, store, vbuckets, until: str | None, progress: bool | None,
                      save_interval: float, filters: dict, out, err) -> tuple[bool, object]:
     """JSON lines from Arrow batches; returns (interrupted, a function that saves the offsets)."""
@@ -241,24 +266,9 @@ async def tail_jsonl(client: DcpClient, *, start: str, store, vbuckets, until: s
             bar = await make_bar()
         bar.update(force=True)
 
-    task = asyncio.ensure_future(consume())
-    interrupted = False
-
-    def stop():
-        nonlocal interrupted
-        interrupted = True
-        task.cancel()
-
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop)
     try:
-        await task
-    except asyncio.CancelledError:
-        if not interrupted:
-            raise
+        interrupted = await until_signal(consume())
     finally:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.remove_signal_handler(sig)
         await reader.aclose()
     return interrupted, save
 
@@ -313,23 +323,9 @@ async def tail(url: str, *, username: str, password: str, start: str, state_path
                 bar.update()
             bar.update(force=True)
 
-        task = asyncio.ensure_future(consume())
-
-        def stop():
-            nonlocal interrupted
-            interrupted = True
-            task.cancel()
-
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop)
         try:
-            await task
-        except asyncio.CancelledError:
-            if not interrupted:
-                raise
+            interrupted = await until_signal(consume())
         finally:
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                loop.remove_signal_handler(sig)
             out.flush()
     finally:
         if stream is not None:

@@ -189,15 +189,20 @@ def get(conn: Connection, frame: Frame) -> bytes | None:
     try:
         item = vb.get(key, False)
     except EngineError as e:
-        if e.status == Status.KEY_ENOENT:
-            counters.get_misses += 1
-            if op in _GET_QUIET:
-                return None
-        raise
+        return _missed(counters, op, e)
     if item.value is NOT_RESIDENT:
         return _bg_fetch(conn, vb, key, wire_key, op, opaque)
     counters.get_hits += 1
     return _get_reply(conn, vb, item, key, wire_key, op, opaque)
+
+
+def _missed(counters, op: int, e: EngineError) -> None:
+    """A GET that found nothing: counted as a miss; a quiet GET answers nothing, others the error."""
+    if e.status == Status.KEY_ENOENT:
+        counters.get_misses += 1
+        if op in _GET_QUIET:
+            return None
+    raise e
 
 
 def _get_reply(conn: Connection, vb: VBucket, item, key: bytes, wire_key: bytes, op: int, opaque: int) -> bytes:
@@ -223,11 +228,7 @@ async def _bg_fetch(conn: Connection, vb: VBucket, key: bytes, wire_key: bytes, 
     try:
         item = vb.get(key)
     except EngineError as e:
-        if e.status == Status.KEY_ENOENT:
-            counters.get_misses += 1
-            if op in _GET_QUIET:
-                return None
-        raise
+        return _missed(counters, op, e)
     counters.get_hits += 1
     return _get_reply(conn, vb, item, key, wire_key, op, opaque)
 

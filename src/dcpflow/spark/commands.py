@@ -58,6 +58,9 @@ def add_commands(sub) -> None:
     p.add_argument("-u", "--username", default="Administrator")
     p.add_argument("-p", "--password", default="password")
     p.add_argument("--partitions", type=int, help="Spark tasks writing (default: one per core)")
+    p.add_argument("--collection", action="append", metavar="SCOPE.COLLECTION",
+                   help="restore only this collection (repeatable; default: every collection, each into the "
+                   "collection of the same name in --to, which must exist)")
     p.set_defaults(func=_cmd_restore)
 
 
@@ -84,7 +87,8 @@ def _cmd_restore(args: argparse.Namespace) -> int:
 
     spark = local_session("dcpflow-restore")
     try:
-        result = restore(spark, args.lake, args.to, args.username, args.password, args.as_of, args.partitions)
+        result = restore(spark, args.lake, args.to, args.username, args.password, args.as_of, args.partitions,
+                         args.collection)
     except RestoreError as e:
         print(f"dcpflow restore: {e}", file=sys.stderr)
         return 2

@@ -40,9 +40,11 @@ def _changelog(spark, lake: Path):
 
 
 def restore(spark, lake, to: str, username: str, password: str, as_of: int | None = None,
-            partitions: int | None = None) -> dict:
+            partitions: int | None = None, collections: list[str] | None = None) -> dict:
     """Write the bucket's documents as of micro-batch `as_of` (default: the newest) to `to` (a
-    connection string with the bucket). Returns {"version", "documents", "tombstones"}."""
+    connection string with the bucket), each into the collection of its name there; with
+    `collections` ("scope.collection" names) only theirs. Returns {"version", "documents",
+    "tombstones"}."""
     from pyspark.sql import functions as F
 
     from .state import latest_changes
@@ -53,11 +55,20 @@ def restore(spark, lake, to: str, username: str, password: str, as_of: int | Non
     if not lo <= version <= hi:
         raise RestoreError(f"--as-of {version}: the change log holds versions {lo}..{hi}")
     changes = _changelog(spark, lake).filter(F.col(COMMIT_VERSION) <= version)
-    if "collection_id" in changes.columns and changes.filter(F.col("collection_id") != 0).limit(1).count():
-        raise RestoreError("the change log holds documents of named collections; restore writes into the "
-                           "default collection only, so it would merge them: restore from a lake of the "
-                           "default collection")
     latest, _, _ = latest_changes(changes)
+    if collections:
+        chosen = []
+        for name in collections:
+            scope, dot, coll = name.partition(".")
+            if not dot or not scope or not coll:
+                raise RestoreError(f"--collection {name!r}: give it as SCOPE.COLLECTION")
+            chosen.append((F.col("scope") == scope) & (F.col("collection") == coll))
+        if "collection" not in latest.columns:
+            raise RestoreError("this change log has no collection columns (a lake written before collections)")
+        wanted = chosen[0]
+        for c in chosen[1:]:
+            wanted = wanted | c
+        latest = latest.filter(wanted)
     latest = latest.repartition(partitions or spark.sparkContext.defaultParallelism, "vbucket").cache()
     counts = latest.groupBy((F.col("_change_type") == "delete").alias("d")).count().collect()
     (latest.write.format("dcp").mode("append")

@@ -13,9 +13,11 @@ Two modes:
   rows are counted as rejected, not failed). This is how `dcpflow restore` writes the change log
   back; the rows of `spark.read.format("dcp")` and of the pipeline's change log have these columns.
 
-Rows whose `_change_type` is "rollback" (markers of the change log) are skipped. A change the
-bucket refuses for another reason fails the task, which Spark retries; writing the same rows
-again is harmless in both modes.
+Rows with `scope` and `collection` columns (those of the `dcp` source and the change log) go to
+the collection of those names in the target bucket, which must exist; rows without them to the
+default collection. Rows whose `_change_type` is "rollback" or "drop" (markers of the change log)
+are skipped. A change the bucket refuses for another reason fails the task, which Spark retries;
+writing the same rows again is harmless in both modes.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from dataclasses import dataclass
 from pyspark.sql.datasource import DataSourceWriter, WriterCommitMessage
 
 from .options import DcpOptionError, DcpOptions
-from .schema import CHANGE_TYPE, DELETE, ROLLBACK
+from .schema import CHANGE_TYPE, DELETE, DROP, ROLLBACK
 
 U64 = 0xFFFFFFFFFFFFFFFF
 
@@ -60,12 +62,12 @@ def write_settings(raw: dict) -> tuple[bool, int]:
 
 
 def row_change(row, with_meta: bool):
-    """The Change a row asks for, or None for a rollback marker."""
+    """The Change a row asks for, or None for a marker (a rollback, or a collection's drop)."""
     from dcpflow.replication.xdcr.target import DELETE as DEL
     from dcpflow.replication.xdcr.target import EXPIRE, SET, Change
 
     d = row.asDict(recursive=True)
-    if d.get(CHANGE_TYPE) == ROLLBACK:
+    if d.get(CHANGE_TYPE) in (ROLLBACK, DROP):
         return None
     event = d.get("event")
     if d.get(CHANGE_TYPE) == DELETE or event in ("deletion", "expiration"):
@@ -97,6 +99,30 @@ def row_change(row, with_meta: bool):
     return Change(kind, key, value, cas, rev, int(d.get("flags") or 0), int(d.get("expiry") or 0), datatype)
 
 
+class TargetCollections:
+    """The target collection of a row: the one with its `scope` and `collection` names in the target
+    bucket (rows without those columns, or with empty names, go to the default collection). A name
+    the target does not have is an error that says so: documents are never put into another
+    collection than their own."""
+
+    def __init__(self, manifest, bucket: str):
+        self.manifest, self.bucket = manifest, bucket
+        self._ids: dict[tuple[str, str], int] = {("_default", "_default"): 0, ("", ""): 0}
+
+    def of(self, row) -> int:
+        d = row.asDict() if hasattr(row, "asDict") else dict(row)
+        names = (d.get("scope") or "", d.get("collection") or "")
+        cid = self._ids.get(names)
+        if cid is None:
+            info = self.manifest.collection(*names)
+            if info is None:
+                raise DcpOptionError(f"bucket {self.bucket!r} has no collection {names[0]}.{names[1]}: create it "
+                                     f"(dcpflow collections create, or the SDK's collection manager) before "
+                                     f"writing its documents")
+            cid = self._ids[names] = info.cid
+        return cid
+
+
 class DcpWriter(DataSourceWriter):
     def __init__(self, opts: DcpOptions, raw: dict):
         self.opts = opts
@@ -116,12 +142,16 @@ class DcpWriter(DataSourceWriter):
                 from dcpflow.replication.xdcr.target import bucket_conflict_mode
                 mode = await bucket_conflict_mode(target.client, self.opts.username, self.opts.password)
                 target.lww = mode == "lww"
+            collections = TargetCollections(await target.client.manifest(), self.opts.bucket)
             batch = []
             for row in iterator:
                 change = row_change(row, self.with_meta)
                 if change is None:
                     result.skipped += 1
                     continue
+                cid = collections.of(row)
+                if cid:
+                    change = change._replace(collection=cid)
                 batch.append(change)
                 if len(batch) >= self.batch_size:
                     await self._flush(target, batch, result)
