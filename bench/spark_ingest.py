@@ -99,7 +99,7 @@ COLLECTIONS = ("bench.c0", "bench.c1", "bench.c2", "bench.c3")
 
 def collections_figure(spark, base: Path, args, seed: int, changelog) -> None:
     """The two-collection filter against the unfiltered read of a bucket of four collections."""
-    server = EmbeddedServer(base / "server4", args.vbuckets)
+    server = EmbeddedServer(base / "server4", args.vbuckets, docs=args.docs)  # a quota that holds them all
     try:
         connection = f"couchbase://127.0.0.1:{server.port}/default"
         manager = Loader(connection, "Administrator", "password")

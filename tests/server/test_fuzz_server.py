@@ -230,4 +230,5 @@ def test_the_generator_is_deterministic_and_covers_every_kind_of_case():
     assert runs[0] == runs[1]
     cases = runs[0]
     assert {data[0] for data, framed in cases if framed and len(data) >= HEADER.size} >= {0x80, 0x08, 0x81}
-    assert sum(not framed for _, framed in cases) > 20 and sum(framed for _, framed in cases) > 400
+    # mostly frames (the server's parsing is what is probed), some raw garbage too
+    assert sum(not framed for _, framed in cases) > 20 and sum(framed for _, framed in cases) > 350

@@ -35,10 +35,12 @@ def test_mgmt_port_8091_when_free_else_a_free_one_and_an_explicit_busy_port_fail
         try:
             held.bind(("127.0.0.1", 8091))
             held.listen()
-        except OSError:
-            pass  # someone else holds 8091: just as good for this test
+            holding = True
+        except OSError:  # another process holds 8091 now, and may let it go at any moment
+            holding = False
         srv = make_server()
-        assert srv.server.mgmt.port != 8091
+        if holding:
+            assert srv.server.mgmt.port != 8091
         assert kv_map(srv)["nodesExt"][0]["services"]["mgmt"] == srv.server.mgmt.port
         assert http_of(srv).get("/pools").status == 200
         busy = srv.server.mgmt.port
