@@ -76,7 +76,7 @@ def active_contents(cluster) -> dict[bytes, bytes]:
     return out
 
 
-def copies_agree(cluster) -> None:
+def copies_agree(cluster, rep: int, dead: int) -> None:
     """Every replica copy holds what its active holds (values and deletions), read over DCP."""
     for vb, chain in enumerate(cluster.manager.map):
         high = high_seqnos(cluster.ports[chain[0]], ACTIVE)[vb]
@@ -84,7 +84,8 @@ def copies_agree(cluster) -> None:
         for i in chain[1:]:
             if i >= 0:
                 got = {k: (m[0], m[7]) for k, m in vb_contents(cluster.ports[i], vb, high).items()}
-                assert got == want, f"vb {vb}: the copy on node {i} differs from its active"
+                assert got == want, (f"rep {rep}: vb {vb}: the copy on node {i} differs from its active "
+                                     f"{chain[0]} (chain {chain}; node {dead} was killed and failed over)")
 
 
 def test_kill9_between_prepare_and_commit_loses_no_acknowledged_durable_write(make_cluster):
@@ -119,5 +120,5 @@ def test_kill9_between_prepare_and_commit_loses_no_acknowledged_durable_write(ma
             maybe = {v for _, v in writer.failed.get(key, [])}  # failed later: their outcome is unknown
             assert by_sdk[key][0] in {value} | maybe, f"rep {rep}: {key} lost its acknowledged write"
             assert by_dcp[key.encode()] == by_sdk[key][0], f"rep {rep}: {key} differs between GET and DCP"
-        copies_agree(cluster)  # ambiguous writes resolved the same way on every copy
+        copies_agree(cluster, rep, dead)  # ambiguous writes resolved the same way on every copy
         cluster.run(mgr.rebalance(), 120)  # the killed node comes back, for the next repetition
