@@ -87,6 +87,13 @@ class Client:
             time.sleep(0.05)
         return time.perf_counter() - t0
 
+    @classmethod
+    def logged_in(cls, port: int) -> "Client":
+        """A Client of bucket `default` as Administrator."""
+        client = cls(port)
+        client.login("Administrator", "password", "default")
+        return client
+
     def login(self, user: str, password: str, bucket: str) -> None:
         self.call(Opcode.HELLO, key=b"bench/kv", value=int(Feature.TCP_NODELAY).to_bytes(2, "big"))
         reply = self.call(Opcode.SASL_AUTH, key=b"PLAIN", value=b"\0" + user.encode() + b"\0" + password.encode())

@@ -15,46 +15,30 @@ import functools
 import os
 import re
 import selectors
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from dcpflow.protocol import kv
 from dcpflow.protocol.config import parse_cluster_map
-from dcpflow.protocol.frame import FrameDecoder, durability_frame, request
-from dcpflow.protocol.hello import Feature
+from dcpflow.protocol.frame import durability_frame, request
 from dcpflow.protocol.keys import vbucket_for_key
 from dcpflow.protocol.opcodes import Opcode
 from dcpflow.protocol.status import Status
 from serverproc import call as blocking_call
+from serverproc import child_env, login
 
 ROOT = Path(__file__).resolve().parents[1]
 READY = re.compile(r"dcpflow cluster ready: nodes=(\S+) ")
 LEVELS = {"majority": 1, "majority_and_persist_active": 2, "persist_to_majority": 3}
 
 
-def _env() -> dict:
-    e = dict(os.environ)
-    e["PYTHONPATH"] = str(ROOT / "src") + os.pathsep + e.get("PYTHONPATH", "")
-    return e
-
 
 def _connect(port: int):
-    sock = socket.create_connection(("127.0.0.1", port), timeout=60)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    d = FrameDecoder()
-    call = functools.partial(blocking_call, sock, d)
-    call(request(Opcode.HELLO, key=b"bench/kv-durable", value=int(Feature.TCP_NODELAY).to_bytes(2, "big")))
-    from dcpflow.client.sasl import ScramClient
-    scram = ScramClient("SCRAM-SHA512", "Administrator", "password")
-    reply = call(kv.SaslAuth(b"SCRAM-SHA512", scram.first()).encode())
-    reply = call(kv.sasl_step(b"SCRAM-SHA512", scram.final(reply.value)).encode())
-    assert reply.status == Status.SUCCESS, reply
-    assert call(request(Opcode.SELECT_BUCKET, key=b"default")).status == Status.SUCCESS
-    return sock, d, call
+    """(socket, decoder, call): a logged-in KV connection with bucket `default` selected."""
+    sock, d = login(port, b"bench/kv-durable")
+    return sock, d, functools.partial(blocking_call, sock, d)
 
 
 def _windows(keys_by_node, value: bytes, framing: bytes, window: int, vbuckets: int, conns: int):
@@ -110,7 +94,7 @@ def run(args) -> int:
     data = tempfile.mkdtemp(prefix="bench-kv-durable-")
     cmd = [sys.executable, "-m", "dcpflow.cli", "cluster", "up", "--nodes", "3", "--replicas", str(args.replicas),
            "--vbuckets", str(args.vbuckets), "--base-port", "0", "--data-dir", data]
-    up = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
+    up = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env())
     try:
         m = READY.search(up.stdout.readline())
         if m is None:
@@ -139,7 +123,7 @@ def run(args) -> int:
             s.close()
     finally:
         subprocess.run([sys.executable, "-m", "dcpflow.cli", "cluster", "down", "--data-dir", data],
-                       capture_output=True, env=_env(), timeout=120)
+                       capture_output=True, env=child_env(), timeout=120)
         if up.poll() is None:
             up.kill()
         up.wait(30)

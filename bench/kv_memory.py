@@ -48,12 +48,6 @@ def rss(pid: int) -> int:
     return 0
 
 
-def connect(port: int) -> Client:
-    client = Client(port)
-    client.login("Administrator", "password", "default")
-    return client
-
-
 def set_all(client: Client, keys: list[bytes], value: bytes, vbuckets: int, window: int = 64,
             stop_at: float | None = None) -> tuple[int, int]:
     """SET every key (windows of `window`, ETMPFAIL retried after 10 ms); returns (SETs acknowledged,
@@ -114,7 +108,7 @@ def quota(args) -> None:
     with tempfile.TemporaryDirectory(prefix="dcpflow-bench-") as tmp:
         proc, port = start_server(tmp, args.vbuckets, "--allow-plain-over-tcp", "--memory-quota", args.memory_quota)
         try:
-            client = connect(port)
+            client = Client.logged_in(port)
             idle = rss(proc.pid)
             sampler = RssSampler(proc.pid)
             value = random_value(args.value_size)
@@ -175,7 +169,7 @@ def stalled(args) -> None:
         with tempfile.TemporaryDirectory(prefix="dcpflow-bench-") as tmp:
             proc, port = start_server(tmp, args.vbuckets, "--allow-plain-over-tcp", "--memory-quota", args.storm_quota)
             try:
-                writer = connect(port)
+                writer = Client.logged_in(port)
                 keys = [b"storm-%06d" % i for i in range(args.keys)]
                 value = random_value(4096)
                 set_all(writer, keys, value, args.vbuckets)

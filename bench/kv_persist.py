@@ -36,18 +36,12 @@ from kv import Client, random_value, run_phase, windows
 from serverproc import start_server, stop, thread_cpu_seconds
 
 
-def connect(port: int) -> Client:
-    client = Client(port)
-    client.login("Administrator", "password", "default")
-    return client
-
-
 class Backlog:
     """STAT ep_queue_size every `interval` seconds on a connection of its own, in a thread, until
     `stop()`; then `drain()` waits for the queue to empty."""
 
     def __init__(self, port: int, interval: float = 0.1):
-        self.client, self.interval = connect(port), interval
+        self.client, self.interval = Client.logged_in(port), interval
         self.largest = self.at_stop = 0
         self.quota = self.checkpoint = 0
         self._stopping = threading.Event()
@@ -89,7 +83,7 @@ def storm(args) -> None:
         # the server's own default quota (serverproc passes `unlimited` unless told otherwise)
         proc, port = start_server(tmp, args.vbuckets, "--allow-plain-over-tcp", *quota_args(args, "100m"))
         try:
-            writer, observer = connect(port), connect(port)
+            writer, observer = Client.logged_in(port), Client.logged_in(port)
             keys = [b"bench-key-%08d" % i for i in range(args.keys)]
             value = random_value(args.value_size)
             wins = windows(Opcode.SET, keys, value, 64, args.vbuckets)
@@ -131,7 +125,7 @@ def load(args) -> None:
     with tempfile.TemporaryDirectory(prefix="dcpflow-bench-") as tmp:
         proc, port = start_server(tmp, args.vbuckets, "--allow-plain-over-tcp", *quota_args(args, "1g"))
         try:
-            client = connect(port)
+            client = Client.logged_in(port)
             keys = [b"doc-%09d" % i for i in range(args.docs)]
             value = random_value(args.value_size)
             wins = windows(Opcode.SET, keys, value, 64, args.vbuckets)

@@ -30,7 +30,6 @@ import os
 import re
 import selectors
 import shutil
-import socket
 import struct
 import subprocess
 import sys
@@ -41,12 +40,12 @@ from pathlib import Path
 from dcpflow.protocol import dcp, kv
 from dcpflow.protocol.config import parse_cluster_map
 from dcpflow.protocol.dcp import OpenFlag, StreamFlag
-from dcpflow.protocol.frame import FrameDecoder, request
-from dcpflow.protocol.hello import Feature
+from dcpflow.protocol.frame import request
 from dcpflow.protocol.keys import vbucket_for_key
 from dcpflow.protocol.opcodes import Opcode
 from dcpflow.protocol.status import Status
 from serverproc import call as blocking_call
+from serverproc import child_env, login
 
 ROOT = Path(__file__).resolve().parents[1]
 READY = re.compile(r"dcpflow cluster ready: nodes=(\S+) ")
@@ -55,27 +54,11 @@ MAX = 0xFFFFFFFFFFFFFFFF
 T_PREFIX = b'{"t":'
 
 
-def env() -> dict:
-    e = dict(os.environ)
-    e["PYTHONPATH"] = str(ROOT / "src") + os.pathsep + e.get("PYTHONPATH", "")
-    return e
-
 
 def connect(port: int):
     """(socket, decoder, call): a logged-in KV connection with bucket `default` selected."""
-    sock = socket.create_connection(("127.0.0.1", port), timeout=60)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    d = FrameDecoder()
-    call = functools.partial(blocking_call, sock, d)
-
-    call(request(Opcode.HELLO, key=b"bench/replication", value=int(Feature.TCP_NODELAY).to_bytes(2, "big")))
-    from dcpflow.client.sasl import ScramClient
-    scram = ScramClient("SCRAM-SHA512", "Administrator", "password")
-    reply = call(kv.SaslAuth(b"SCRAM-SHA512", scram.first()).encode())
-    reply = call(kv.sasl_step(b"SCRAM-SHA512", scram.final(reply.value)).encode())
-    assert reply.status == Status.SUCCESS, reply
-    assert call(request(Opcode.SELECT_BUCKET, key=b"default")).status == Status.SUCCESS
-    return sock, d, call
+    sock, d = login(port, b"bench/replication")
+    return sock, d, functools.partial(blocking_call, sock, d)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -218,7 +201,8 @@ def main() -> int:
     data = tempfile.mkdtemp(prefix="bench-replication-")
     up = subprocess.Popen([sys.executable, "-m", "dcpflow.cli", "cluster", "up", "--nodes", str(args.nodes),
                            "--replicas", "1", "--vbuckets", str(args.vbuckets), "--base-port", "0",
-                           "--data-dir", data], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env())
+                           "--data-dir", data], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          env=child_env())
     try:
         line = up.stdout.readline()
         m = READY.search(line)
@@ -306,7 +290,7 @@ def main() -> int:
         return 0
     finally:
         subprocess.run([sys.executable, "-m", "dcpflow.cli", "cluster", "down", "--data-dir", data],
-                       capture_output=True, env=env(), timeout=120)
+                       capture_output=True, env=child_env(), timeout=120)
         if up.poll() is None:
             up.terminate()
             up.wait(60)

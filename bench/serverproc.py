@@ -40,14 +40,20 @@ def thread_cpu_seconds(pid: int) -> dict[str, float]:
     return {tid: _stat_cpu(f"/proc/{pid}/task/{tid}/stat") for tid in tids}
 
 
+def child_env() -> dict:
+    """The environment of a dcpflow subprocess: this checkout's `src` first on PYTHONPATH."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT / "src") + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
 def start_server(data_dir: str, vbuckets: int, *extra: str) -> tuple[subprocess.Popen, int]:
     """Start the server on a free port and wait for its ready line; returns (process, port). Its
     bucket has no memory quota unless `extra` gives one (`--memory-quota`): a throughput figure
     should not depend on whether a million documents fit the default 100 MiB."""
     if "--memory-quota" not in extra:
         extra = ("--memory-quota", "unlimited", *extra)
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(ROOT / "src") + os.pathsep + env.get("PYTHONPATH", "")
+    env = child_env()
     prof = ["-m", "cProfile", "-o", os.environ["BENCH_PROFILE"]] if os.environ.get("BENCH_PROFILE") else []
     proc = subprocess.Popen([sys.executable, *prof, "-m", "dcpflow.cli", "server", "--port", "0",
                              "--data-dir", data_dir, "--vbuckets", str(vbuckets), *extra],
@@ -105,3 +111,28 @@ def call(sock, decoder, data: bytes):
     """Send one request on a blocking socket and return the next frame (its reply)."""
     sock.sendall(data)
     return next_frame(sock, decoder)
+
+
+def login(port: int, agent: bytes, bucket: str = "default", features: tuple[int, ...] | None = None):
+    """(socket, decoder): a blocking KV connection to 127.0.0.1:`port` after HELLO (`features`,
+    default TCP_NODELAY), SCRAM-SHA512 as Administrator and SELECT_BUCKET `bucket`."""
+    import socket
+
+    from dcpflow.client.sasl import ScramClient
+    from dcpflow.protocol import kv
+    from dcpflow.protocol.frame import FrameDecoder, request
+    from dcpflow.protocol.hello import Feature
+    from dcpflow.protocol.opcodes import Opcode
+    from dcpflow.protocol.status import Status
+
+    sock = socket.create_connection(("127.0.0.1", port), timeout=120)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    d = FrameDecoder()
+    wanted = (Feature.TCP_NODELAY,) if features is None else features
+    call(sock, d, request(Opcode.HELLO, key=agent, value=b"".join(int(f).to_bytes(2, "big") for f in wanted)))
+    scram = ScramClient("SCRAM-SHA512", "Administrator", "password")
+    reply = call(sock, d, kv.SaslAuth(b"SCRAM-SHA512", scram.first()).encode())
+    reply = call(sock, d, kv.sasl_step(b"SCRAM-SHA512", scram.final(reply.value)).encode())
+    assert reply.status == Status.SUCCESS, reply
+    assert call(sock, d, request(Opcode.SELECT_BUCKET, key=bucket.encode())).status == Status.SUCCESS
+    return sock, d

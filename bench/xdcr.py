@@ -21,36 +21,22 @@ import argparse
 import asyncio
 import os
 import shutil
-import socket
 import sys
 import tempfile
 import time
 
-from dcpflow.protocol import kv
-from dcpflow.protocol.frame import FrameDecoder, request
 from dcpflow.protocol.hello import Feature
 from dcpflow.protocol.keys import vbucket_for_key
 from dcpflow.protocol.meta import GetMeta, GetMetaResponse, SetWithMeta
-from dcpflow.protocol.opcodes import Opcode
 from dcpflow.protocol.status import Status
-from serverproc import build_data, call, cpu_seconds, next_frame, start_server, stop
+from serverproc import build_data, cpu_seconds, login, next_frame, start_server, stop
 
 WINDOW = 512
 
 
 def connect(port: int, bucket: str):
-    sock = socket.create_connection(("127.0.0.1", port), timeout=120)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    d = FrameDecoder()
-    features = (Feature.TCP_NODELAY, Feature.JSON)  # the documents are sent with their JSON datatype
-    call(sock, d, request(Opcode.HELLO, key=b"bench/xdcr", value=b"".join(int(f).to_bytes(2, "big") for f in features)))
-    from dcpflow.client.sasl import ScramClient
-    scram = ScramClient("SCRAM-SHA512", "Administrator", "password")
-    reply = call(sock, d, kv.SaslAuth(b"SCRAM-SHA512", scram.first()).encode())
-    reply = call(sock, d, kv.sasl_step(b"SCRAM-SHA512", scram.final(reply.value)).encode())
-    assert reply.status == Status.SUCCESS, reply
-    assert call(sock, d, request(Opcode.SELECT_BUCKET, key=bucket.encode())).status == Status.SUCCESS
-    return sock, d
+    # the documents are sent with their JSON datatype
+    return login(port, b"bench/xdcr", bucket, (Feature.TCP_NODELAY, Feature.JSON))
 
 
 def source_frames(port: int, docs: int, value: bytes, vbuckets: int) -> list[bytes]:
