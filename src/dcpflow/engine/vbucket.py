@@ -619,6 +619,13 @@ class VBucket:
         new version's CAS and seqno are known (macro expansion). KEY_EEXISTS if `prev` is no longer
         the current version."""
         self._check_active()
+        item, _ = self._next_version(key, prev, value, flags, expiry, datatype, deleted, cas, finish)
+        return self._queue(item, prev)
+
+    def _next_version(self, key, prev: Item | None, value: bytes, flags: int, expiry: int, datatype: int,
+                      deleted: bool, cas: int, finish: Callable[[int, int], bytes] | None) -> tuple[Item, float]:
+        """(the new version, now) of a read-modify-write, after its checks (`prev` still current, the
+        lock); shared by `write_version` and `prepare_version`, which queue it or prepare it."""
         if self.ht.get(key) is not prev:
             raise EngineError(Status.KEY_EEXISTS, f"key {key!r} changed during the read-modify-write")
         now = self._clock()
@@ -633,7 +640,7 @@ class VBucket:
             item = Item(doc, value, flags, 0, new_cas, rev, seqno, datatype, True, int(now), DeleteSource.EXPLICIT, cid)
         else:
             item = Item(doc, value, flags, self._expiry(key, expiry, now), new_cas, rev, seqno, datatype, cid=cid)
-        return self._queue(item, prev)
+        return item, now
 
     def replica_version(self, key) -> Item | None:
         """The key's version on a replica vbucket (GET_REPLICA, sub-document replica reads): live
@@ -992,21 +999,7 @@ class VBucket:
                         finish: Callable[[int, int], bytes] | None = None) -> Prepare:
         """`write_version` as a sync write (a durable sub-document mutation): the version is prepared."""
         self._check_sync_write(key, level)
-        if self.ht.get(key) is not prev:
-            raise EngineError(Status.KEY_EEXISTS, f"key {key!r} changed during the read-modify-write")
-        now = self._clock()
-        if self.locks:
-            self._check_lock(key, cas, now)
-        new_cas, seqno = self.hlc.next(), self.high_seqno + 1
-        if finish is not None:
-            value = finish(new_cas, seqno)
-        cid, doc = key if key.__class__ is tuple else (0, key)
-        if deleted:
-            item = Item(doc, value, flags, 0, new_cas, self._next_rev(prev), seqno, datatype, True, int(now),
-                        DeleteSource.EXPLICIT, cid)
-        else:
-            item = Item(doc, value, flags, self._expiry(key, expiry, now), new_cas, self._next_rev(prev), seqno,
-                        datatype, cid=cid)
+        item, now = self._next_version(key, prev, value, flags, expiry, datatype, deleted, cas, finish)
         return self._begin_sync_write(key, item, level, timeout, now)
 
     def _check_sync_write(self, key, level: int) -> None:
