@@ -190,6 +190,17 @@ def require(request: web.Request, permission: str, bucket: str | None = None) ->
     return user
 
 
+def path_bucket(request: web.Request, permission: str):
+    """The bucket named in the path, once the user may do `permission` on it (403 before 404:
+    a user without access learns nothing about which buckets exist)."""
+    name = request.match_info["bucket"]
+    require(request, permission, name)
+    bucket = request.app[SERVER].buckets.get(name)
+    if bucket is None:
+        raise not_found()
+    return bucket
+
+
 class Logins:
     """Who is logged in: basic-auth pairs already checked (bounded), and the web page's sessions."""
 

@@ -27,7 +27,7 @@ import re
 
 from aiohttp import web
 
-from .app import SERVER, allowed, error, errors, not_found, read_form, reply_json, require
+from .app import SERVER, allowed, error, errors, not_found, path_bucket, read_form, reply_json, require
 from .nodes import bucket_map, node_entries
 
 routes = web.RouteTableDef()
@@ -237,17 +237,6 @@ def bucket_json(request: web.Request, bucket, *, skip_map: bool = False) -> dict
     return doc
 
 
-def _bucket(request: web.Request, permission: str):
-    """The bucket named in the path, once the user may do `permission` on it (403 before 404:
-    a user without access learns nothing about which buckets exist)."""
-    name = request.match_info["bucket"]
-    require(request, permission, name)
-    bucket = request.app[SERVER].buckets.get(name)
-    if bucket is None:
-        raise not_found()
-    return bucket
-
-
 def _single_server(server) -> None:
     if not server.manages_buckets:
         raise error(400, "This node belongs to a dcpflow cluster: its bucket is created and managed by the "
@@ -286,13 +275,13 @@ async def create_bucket(request: web.Request) -> web.Response:
 
 @routes.get("/pools/default/buckets/{bucket}")
 async def get_bucket(request: web.Request) -> web.Response:
-    bucket = _bucket(request, "bucket.read")
+    bucket = path_bucket(request, "bucket.read")
     return reply_json(bucket_json(request, bucket, skip_map=request.query.get("skipMap") == "true"))
 
 
 @routes.post("/pools/default/buckets/{bucket}")
 async def update_bucket(request: web.Request) -> web.Response:
-    bucket = _bucket(request, "bucket.write")
+    bucket = path_bucket(request, "bucket.write")
     form = await read_form(request)
     _single_server(request.app[SERVER])
     settings, creation = parse_settings(form, creating=False)
@@ -324,7 +313,7 @@ async def delete_bucket(request: web.Request) -> web.Response:
 
 @routes.post("/pools/default/buckets/{bucket}/controller/doFlush")
 async def flush_bucket(request: web.Request) -> web.Response:
-    bucket = _bucket(request, "bucket.flush")
+    bucket = path_bucket(request, "bucket.flush")
     server = request.app[SERVER]
     _single_server(server)
     if not settings_of(bucket)["flushEnabled"]:

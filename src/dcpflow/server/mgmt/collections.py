@@ -24,21 +24,12 @@ from aiohttp import web
 
 from dcpflow.engine.collections import Manifest, ManifestError
 
-from .app import SERVER, error, not_found, read_form, read_json, reply_json, require
+from .app import SERVER, error, path_bucket, read_form, read_json, reply_json
 
 routes = web.RouteTableDef()
 
 _BASE = "/pools/default/buckets/{bucket}/scopes"
 _STATUS = {"unknown_scope": 404, "unknown_collection": 404, "exists": 400, "invalid": 400, "unsupported": 400}
-
-
-def _bucket(request: web.Request, permission: str):
-    name = request.match_info["bucket"]
-    require(request, permission, name)
-    bucket = request.app[SERVER].buckets.get(name)
-    if bucket is None:
-        raise not_found()
-    return bucket
 
 
 def _change(request: web.Request, bucket, fn) -> web.Response:
@@ -79,7 +70,7 @@ def _history(form: dict) -> bool | None:
 
 @routes.get(_BASE)
 async def get_scopes(request: web.Request) -> web.Response:
-    bucket = _bucket(request, "bucket.read")
+    bucket = path_bucket(request, "bucket.read")
     return reply_json(bucket.engine.manifest.to_json(rest=True))
 
 
@@ -87,7 +78,7 @@ async def get_scopes(request: web.Request) -> web.Response:
 async def set_manifest(request: web.Request) -> web.Response:
     """The whole manifest at once, by name: scopes and collections it lacks are dropped, new ones
     created (Manifest.with_scopes)."""
-    bucket = _bucket(request, "bucket.write")
+    bucket = path_bucket(request, "bucket.write")
     doc = await read_json(request)
     if not isinstance(doc, dict) or not isinstance(doc.get("scopes"), list):
         raise error(400, 'The manifest must be a JSON object with a "scopes" list')
@@ -100,7 +91,7 @@ async def set_manifest(request: web.Request) -> web.Response:
 
 @routes.post(_BASE)
 async def create_scope(request: web.Request) -> web.Response:
-    bucket = _bucket(request, "bucket.write")
+    bucket = path_bucket(request, "bucket.write")
     form = await read_form(request)
     name = form.get("name")
     if not name:
@@ -110,14 +101,14 @@ async def create_scope(request: web.Request) -> web.Response:
 
 @routes.delete(_BASE + "/{scope}")
 async def drop_scope(request: web.Request) -> web.Response:
-    bucket = _bucket(request, "bucket.write")
+    bucket = path_bucket(request, "bucket.write")
     scope = request.match_info["scope"]
     return _change(request, bucket, lambda m: m.drop_scope(scope))
 
 
 @routes.post(_BASE + "/{scope}/collections")
 async def create_collection(request: web.Request) -> web.Response:
-    bucket = _bucket(request, "bucket.write")
+    bucket = path_bucket(request, "bucket.write")
     form = await read_form(request)
     name = form.get("name")
     if not name:
@@ -131,7 +122,7 @@ async def create_collection(request: web.Request) -> web.Response:
 
 @routes.patch(_BASE + "/{scope}/collections/{collection}")
 async def update_collection(request: web.Request) -> web.Response:
-    bucket = _bucket(request, "bucket.write")
+    bucket = path_bucket(request, "bucket.write")
     form = await read_form(request)
     scope, name = request.match_info["scope"], request.match_info["collection"]
     ttl, history = _ttl(form), _history(form)
@@ -140,6 +131,6 @@ async def update_collection(request: web.Request) -> web.Response:
 
 @routes.delete(_BASE + "/{scope}/collections/{collection}")
 async def drop_collection(request: web.Request) -> web.Response:
-    bucket = _bucket(request, "bucket.write")
+    bucket = path_bucket(request, "bucket.write")
     scope, name = request.match_info["scope"], request.match_info["collection"]
     return _change(request, bucket, lambda m: m.drop_collection(scope, name))
