@@ -31,7 +31,7 @@ from dcpflow.protocol.keys import vbucket_for_key
 from dcpflow.protocol.opcodes import Opcode
 from dcpflow.protocol.status import Status
 from kv import Client, random_value
-from serverproc import start_server, stop
+from serverproc import next_frame, start_server, stop
 
 MiB = 1 << 20
 
@@ -62,13 +62,7 @@ def set_all(client: Client, keys: list[bytes], value: bytes, vbuckets: int, wind
                                   for i, k in enumerate(pending)))
             again = []
             for _ in pending:
-                frame = decoder.next_frame()
-                while frame is None:
-                    data = sock.recv(1 << 20)
-                    if not data:
-                        raise ConnectionError("server closed the connection")
-                    decoder.feed(data)
-                    frame = decoder.next_frame()
+                frame = next_frame(sock, decoder)
                 if frame.status == Status.ETMPFAIL:
                     again.append(pending[frame.opaque])
                 elif frame.status != Status.SUCCESS:
