@@ -6,6 +6,7 @@ and the server's resident memory under a load several times its quota."""
 import base64
 import json
 import os
+import threading
 import time
 import urllib.request
 
@@ -48,10 +49,18 @@ def set_retrying(c: RawClient, key: bytes, value: bytes, timeout: float = 60.0) 
 def test_a_full_bucket_answers_etmpfail_then_evicts_and_reads_back_from_disk(make_server):
     server = make_server(memory_quota=16 * MiB)
     with server.login() as c:
-        refused = 0
-        for i in range(8000):  # 32 MB of values into a 16 MiB bucket
+        # Persistence paused: every value is dirty, so nothing can be evicted and the bucket must
+        # refuse before 32 MB are in (a fast flusher could otherwise keep eviction ahead).
+        assert c.call(Opcode.STOP_PERSISTENCE).status == Status.SUCCESS
+        refused, i = 0, 0
+        while (status := c.set(b"doc%05d" % i, VALUE[:-5] + b"%05d" % i).status) == Status.SUCCESS:
+            i += 1
+            assert i < 8000, "a bucket of dirty values over its quota accepted every write"
+        assert status == Status.ETMPFAIL and i * len(VALUE) < 16 * MiB
+        refused += 1
+        assert c.call(Opcode.START_PERSISTENCE).status == Status.SUCCESS
+        for i in range(i, 8000):  # 32 MB of values into a 16 MiB bucket
             refused += set_retrying(c, b"doc%05d" % i, VALUE[:-5] + b"%05d" % i)
-        assert refused > 0  # pushed back at least once
         stats = memory(server)
         assert stats["ep_tmp_oom_errors"] == refused and stats["ep_num_value_ejects"] > 0
         assert stats["mem_used"] <= 16 * MiB
@@ -124,25 +133,45 @@ def test_the_management_apis_ram_quota_is_the_buckets(server):
 
 def test_the_sdk_retries_through_a_full_bucket_and_reads_everything_back(spawn_server, tmp_path):
     """The official SDK treats ETMPFAIL as retryable: a load four times the quota completes, and
-    every document reads back (most of them from disk)."""
+    every document reads back (most of them from disk). Persistence is paused at first, so the
+    bucket is certainly full of dirty values (nothing evictable) and refuses; a watcher resumes
+    persistence at the first refusal and the SDK's retries then go through. Without the pause a
+    fast flusher can keep eviction ahead of the load and no write is ever refused."""
     from couchbase.options import UpsertOptions
     from couchbase.transcoder import RawBinaryTranscoder
 
     from .test_sdk import connect
     proc = spawn_server("--data-dir", str(tmp_path / "data"), "--vbuckets", "16", "--memory-quota", "8m",
                         "--mgmt-port", "0")
+    admin = RawClient(proc.port)
+    admin.login()
+    assert admin.call(Opcode.STOP_PERSISTENCE).status == Status.SUCCESS
+    resumed = threading.Event()
+
+    def resume_at_first_refusal():
+        with RawClient(proc.port) as watcher:
+            watcher.login()
+            while int(watcher.stats()["ep_tmp_oom_errors"]) == 0:
+                time.sleep(0.005)
+            assert watcher.call(Opcode.START_PERSISTENCE).status == Status.SUCCESS
+            resumed.set()
+
+    watcher = threading.Thread(target=resume_at_first_refusal, daemon=True)
+    watcher.start()
     cluster = connect(proc.port)
     try:
         coll = cluster.bucket("default").default_collection()
         raw = UpsertOptions(transcoder=RawBinaryTranscoder())
         for i in range(8000):
             coll.upsert(f"sdk{i}", VALUE[:-4] + b"%04d" % (i % 10_000), raw)
+        assert resumed.is_set()
         from couchbase.options import GetOptions
         for i in range(0, 8000, 41):
             got = coll.get(f"sdk{i}", GetOptions(transcoder=RawBinaryTranscoder()))
             assert got.value == VALUE[:-4] + b"%04d" % (i % 10_000)
     finally:
         cluster.close()
+        admin.close()
     with RawClient(proc.port) as c:
         c.login()
         stats = c.stats()
