@@ -204,6 +204,29 @@ def test_a_replica_acks_its_hps_at_snapshot_ends_and_persist_to_majority_after_p
     assert e.value.status == Status.EINVAL
 
 
+def test_a_replica_takes_an_abort_of_a_prepare_it_never_received_but_no_commit(make_bucket):
+    """A producer may have had no prepare to send for an abort (its backfill covered the prepare
+    after it was completed): the abort is queued all the same, so the seqnos and the high
+    completed seqno go on. A commit names a version the replica would need: without its prepare
+    it is refused (the producer sends such a commit as a mutation instead)."""
+    b = make_bucket(checkpoint_max_age=None)
+    vb = b.set_vbucket_state(0, VBucketState.REPLICA)
+    vb.snapshot_marker(1, 2, disk=True)
+    vb.apply_mutation(b"m", b"1", by_seqno=2, cas=12, rev_seqno=1)
+    vb.snapshot_marker(3, 4)
+    a = vb.apply_abort(b"gone", prepared_seqno=1, abort_seqno=3)
+    assert isinstance(a, Abort) and a.by_seqno == 3 and a.prepared_seqno == 1
+    assert (vb.high_seqno, vb.hcs, vb.prepares) == (3, 1, {}) and b"gone" not in vb.ht
+    with pytest.raises(EngineError) as e:
+        vb.apply_commit(b"other", prepared_seqno=2, commit_seqno=4)
+    assert e.value.status == Status.EINVAL
+    vb.apply_prepare(b"p", b"1", by_seqno=4, cas=13, rev_seqno=1, level=MAJ)
+    vb.snapshot_marker(5, 5)
+    with pytest.raises(EngineError) as e:  # it holds a prepare of that key: an abort must name it
+        vb.apply_abort(b"p", prepared_seqno=3, abort_seqno=5)
+    assert e.value.status == Status.EINVAL
+
+
 def test_a_promoted_replica_drives_its_prepares_to_commit_never_to_abort(make_bucket, clock):
     b = make_bucket(clock=clock, checkpoint_max_age=None)
     vb = b.set_vbucket_state(0, VBucketState.REPLICA)

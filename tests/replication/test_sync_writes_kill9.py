@@ -13,13 +13,14 @@ import threading
 import time
 from datetime import timedelta
 
+import pytest
 from couchbase.durability import DurabilityLevel, ServerDurability
 from couchbase.exceptions import CouchbaseException
 from couchbase.options import UpsertOptions
 
 from dcpflow.protocol.dcp import VBucketState
 
-from .helpers import RAW_JSON, high_seqnos, sdk_connect, sdk_contents, vb_contents
+from .helpers import RAW_JSON, failover_log, high_seqnos, sdk_connect, sdk_contents, vb_contents
 from .test_sync_writes import wait_topologies
 
 REPS = int(os.environ.get("DCPFLOW_SYNC_KILL_REPS", "20"))
@@ -83,9 +84,16 @@ def copies_agree(cluster, rep: int, dead: int) -> None:
         want = {k: (m[0], m[7]) for k, m in vb_contents(cluster.ports[chain[0]], vb, high).items()}
         for i in chain[1:]:
             if i >= 0:
-                got = {k: (m[0], m[7]) for k, m in vb_contents(cluster.ports[i], vb, high).items()}
-                assert got == want, (f"rep {rep}: vb {vb}: the copy on node {i} differs from its active "
-                                     f"{chain[0]} (chain {chain}; node {dead} was killed and failed over)")
+                full = vb_contents(cluster.ports[i], vb, high)
+                got = {k: (m[0], m[7]) for k, m in full.items()}
+                if got != want:
+                    active = vb_contents(cluster.ports[chain[0]], vb, high)
+                    differ = {k: (active.get(k), full.get(k)) for k in set(active) | set(full)
+                              if (active.get(k) or (0,) * 8)[::7] != (full.get(k) or (0,) * 8)[::7]}
+                    pytest.fail(f"rep {rep}: vb {vb}: the copy on node {i} differs from its active {chain[0]} "
+                                f"(chain {chain}; node {dead} was killed and failed over; high {high}): "
+                                f"key -> (active, copy) {differ}; failover logs: active "
+                                f"{failover_log(cluster.ports[chain[0]], vb)}, copy {failover_log(cluster.ports[i], vb)}")
 
 
 def test_kill9_between_prepare_and_commit_loses_no_acknowledged_durable_write(make_cluster):

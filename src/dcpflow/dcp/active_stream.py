@@ -233,6 +233,8 @@ class ActiveStream:
         self.last_sent_seqno = start_seqno  # highest item seqno queued
         self._first_marker = True
         self._backfill_prepares: list[Item] = []  # in-flight prepares a backfill sends (sync writes)
+        # (start, end, prepares sent, high seqno) of each backfill planned with sync writes (_prepare_was_sent)
+        self._backfilled: list[tuple[int, int, frozenset, int]] = []
         self._marker_end = start_seqno  # end of the snapshot being sent
         self._backfills = 0
         self._initial_backfill = start_seqno == 0
@@ -288,6 +290,8 @@ class ActiveStream:
             last = min(end, self.end_seqno)
             self._backfill_prepares = sorted((p for p in self.vb.prepares.values() if start <= p.by_seqno <= last),
                                              key=lambda p: p.by_seqno)
+            self._backfilled.append((start, last, frozenset(p.by_seqno for p in self._backfill_prepares),
+                                     self.vb.high_seqno))
 
     def _release_cursor(self) -> None:
         if self.cursor is not None:
@@ -470,6 +474,9 @@ class ActiveStream:
             msg = DcpPrepare(self.vbid, seqno, item.rev_seqno, item.flags, item.expiry, 0, key, value, item.cas,
                              item.level, item.deleted, datatype, self.opaque, 0, self.stream_id)
         elif cls is Commit:
+            if not self._prepare_was_sent(item.prepared_seqno, seqno):
+                self._queue_item(item)  # the consumer never got the prepare: send what it committed
+                return
             msg = DcpCommit(self.vbid, item.prepared_seqno, seqno, key, self.opaque, self.stream_id)
         elif cls is Abort:
             msg = DcpAbort(self.vbid, item.prepared_seqno, seqno, key, self.opaque, self.stream_id)
@@ -479,6 +486,22 @@ class ActiveStream:
         self._push(msg.encode())
         self.last_sent_seqno = seqno
         self.items_sent += 1
+
+    def _prepare_was_sent(self, prepared_seqno: int, seqno: int) -> bool:
+        """Did the consumer get the prepare a commit at `seqno` names? A backfill sends the prepares
+        in flight when it was planned, so a prepare of its range completed before that, by a commit
+        beyond the range (read from memory), was never sent: that commit goes out as the committed
+        mutation or deletion (KV-Engine's backfill reads such prepares from disk; our store keeps
+        only committed versions) - and an abort as an abort, which a consumer accepts without its
+        prepare (VBucket.apply_abort). Such a completion precedes the plan, so a backfill's entry
+        is dropped once the stream reads past the high seqno it was planned at."""
+        backfilled = self._backfilled
+        while backfilled and backfilled[0][3] < seqno:
+            backfilled.pop(0)
+        for start, end, sent, _ in backfilled:
+            if start <= prepared_seqno <= end:
+                return prepared_seqno in sent
+        return True
 
     def _queue_event(self, item: Item) -> None:
         """DCP_SYSTEM_EVENT (system_event.md) in the layout the connection asked for."""

@@ -904,7 +904,19 @@ class VBucket:
         return commit
 
     def apply_abort(self, key, *, prepared_seqno: int, abort_seqno: int) -> Abort:
+        """A replicated DCP_ABORT. An abort may name a prepare this replica never received (the
+        producer had nothing to send it: see ActiveStream "Sync writes"; KV-Engine accepts these
+        too): it is queued all the same, so the seqnos and the high completed seqno go on."""
         self._check_applicable(abort_seqno)
+        if key not in self.prepares and prepared_seqno > self.hcs:
+            cid, bkey = key if key.__class__ is tuple else (0, key)
+            unseen = Item(bkey, b"", 0, 0, 0, 0, prepared_seqno, 0, True, 0, DeleteSource.EXPLICIT, cid)
+            abort = make_abort(unseen, abort_seqno, 0, int(self._clock()))
+            self._queue_sync(abort)
+            self._completed(prepared_seqno)
+            if abort_seqno >= self.snapshot_end:
+                self._snapshot_received(abort_seqno)
+            return abort
         prepare = self._held_prepare(key, prepared_seqno, "DCP_ABORT")
         abort = make_abort(prepare, abort_seqno, prepare.cas, int(self._clock()))
         del self.prepares[key]

@@ -150,7 +150,12 @@ class Replicator:
         if not self.alive:
             return
         for link in (self.producer, self.consumer):
-            reply = await link.call(dcpproto.DcpCloseStream(vb), timeout)
+            try:
+                reply = await link.call(dcpproto.DcpCloseStream(vb), timeout)
+            except LinkError:
+                if self.alive:
+                    raise
+                return  # a connection went meanwhile, and every stream of this replicator with it
             if reply.status not in (Status.SUCCESS, Status.KEY_ENOENT):
                 raise LinkError(f"{link.label}: CLOSE_STREAM vb {vb} failed with status 0x{reply.status:x}",
                                 reply.status)
