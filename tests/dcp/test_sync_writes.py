@@ -12,7 +12,6 @@ from dcpflow.protocol.frame import durability_frame, request
 from dcpflow.protocol.kv import SetVbucket
 from dcpflow.protocol.opcodes import Opcode
 from dcpflow.protocol.status import Status
-
 from tests.resources import wait_for
 
 from .client import markers

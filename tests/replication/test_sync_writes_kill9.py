@@ -93,7 +93,8 @@ def copies_agree(cluster, rep: int, dead: int) -> None:
                     pytest.fail(f"rep {rep}: vb {vb}: the copy on node {i} differs from its active {chain[0]} "
                                 f"(chain {chain}; node {dead} was killed and failed over; high {high}): "
                                 f"key -> (active, copy) {differ}; failover logs: active "
-                                f"{failover_log(cluster.ports[chain[0]], vb)}, copy {failover_log(cluster.ports[i], vb)}")
+                                f"{failover_log(cluster.ports[chain[0]], vb)}, "
+                                f"copy {failover_log(cluster.ports[i], vb)}")
 
 
 def test_kill9_between_prepare_and_commit_loses_no_acknowledged_durable_write(make_cluster):

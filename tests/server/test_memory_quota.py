@@ -52,14 +52,14 @@ def test_a_full_bucket_answers_etmpfail_then_evicts_and_reads_back_from_disk(mak
         # Persistence paused: every value is dirty, so nothing can be evicted and the bucket must
         # refuse before 32 MB are in (a fast flusher could otherwise keep eviction ahead).
         assert c.call(Opcode.STOP_PERSISTENCE).status == Status.SUCCESS
-        refused, i = 0, 0
-        while (status := c.set(b"doc%05d" % i, VALUE[:-5] + b"%05d" % i).status) == Status.SUCCESS:
-            i += 1
-            assert i < 8000, "a bucket of dirty values over its quota accepted every write"
-        assert status == Status.ETMPFAIL and i * len(VALUE) < 16 * MiB
+        refused, first = 0, 0
+        while (status := c.set(b"doc%05d" % first, VALUE[:-5] + b"%05d" % first).status) == Status.SUCCESS:
+            first += 1
+            assert first < 8000, "a bucket of dirty values over its quota accepted every write"
+        assert status == Status.ETMPFAIL and first * len(VALUE) < 16 * MiB
         refused += 1
         assert c.call(Opcode.START_PERSISTENCE).status == Status.SUCCESS
-        for i in range(i, 8000):  # 32 MB of values into a 16 MiB bucket
+        for i in range(first, 8000):  # 32 MB of values into a 16 MiB bucket
             refused += set_retrying(c, b"doc%05d" % i, VALUE[:-5] + b"%05d" % i)
         stats = memory(server)
         assert stats["ep_tmp_oom_errors"] == refused and stats["ep_num_value_ejects"] > 0
