@@ -183,3 +183,30 @@ def test_a_prepare_completed_before_the_backfill_is_planned_reaches_a_sync_strea
     assert disk.flags & SnapshotFlag.DISK and disk.end_seqno == 2  # the prepare's seqno was backfilled
     assert [(type(m).__name__, m.key, seqno_of(m)) for m in got if hasattr(m, "key")] == [
         ("DcpMutation", e, 2), ("DcpMutation", d, 3)]
+
+
+def test_reads_of_a_prepare_a_promoted_vbucket_took_over_answer_recommit_in_progress(server, clients):
+    """A replica promoted with a prepare in flight re-commits it (the old active may have committed
+    it already): until then a read answers SYNC_WRITE_RE_COMMIT_IN_PROGRESS - a retryable status,
+    ETMPFAIL for a client without XError - rather than the value from before the write."""
+    from dcpflow.protocol.hello import Feature
+
+    vb = 4
+    (key,) = keys_in(vb, 1, prefix="rc")
+    engine = engine_of(server)
+
+    def as_replica_with_a_prepare():
+        rep = engine.set_vbucket_state(vb, VBucketState.REPLICA)
+        rep.snapshot_marker(1, 2)
+        rep.apply_mutation(key, b"old", by_seqno=1, cas=10, rev_seqno=1)
+        rep.apply_prepare(key, b"new", by_seqno=2, cas=11, rev_seqno=2)
+    server.call(as_replica_with_a_prepare)
+    set_topology(server, vb, ["self", "peer"])  # promoted: the prepare is adopted
+    with server.login() as c, server.login(features=(Feature.JSON,)) as plain:
+        assert c.get(key, vbucket=vb).status == Status.SYNC_WRITE_RE_COMMIT_IN_PROGRESS
+        assert plain.get(key, vbucket=vb).status == Status.ETMPFAIL
+        peer = clients(name="rc-peer")
+        peer.controls(enable_sync_writes="true", consumer_name="peer")
+        peer.send(dcp.DcpSeqnoAcknowledged(vb, 2, 0).encode())
+        wait_for(lambda: c.get(key, vbucket=vb).status == Status.SUCCESS, what="the re-commit")
+        assert c.get(key, vbucket=vb).value == b"new"

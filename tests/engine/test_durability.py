@@ -174,6 +174,9 @@ def test_in_flight_prepares_hps_and_hcs_survive_a_crash_and_are_driven_to_commit
     assert vb2.get(b"done").value == b"1"
     with pytest.raises(EngineError):
         vb2.get(b"gone")
+    with pytest.raises(EngineError) as e:
+        vb2.get(b"k")  # warmed up in flight: maybe committed before the crash
+    assert e.value.status == Status.SYNC_WRITE_RE_COMMIT_IN_PROGRESS
     vb2.set_topology(["a", "b"])
     vb2.seqno_ack("b", inflight.by_seqno)
     assert vb2.prepares == {}  # re-driven: no deadline, committed once the level is met
@@ -237,10 +240,16 @@ def test_a_promoted_replica_drives_its_prepares_to_commit_never_to_abort(make_bu
     with pytest.raises(EngineError) as e:
         vb.set(b"k", b"x")
     assert e.value.status == Status.SYNC_WRITE_IN_PROGRESS
+    for read in (vb.get, vb.get_meta):  # the old active may have committed it: no stale read
+        with pytest.raises(EngineError) as e:
+            read(b"k")
+        assert e.value.status == Status.SYNC_WRITE_RE_COMMIT_IN_PROGRESS
     clock.advance(3600)
     assert vb.complete_sync_writes() == []  # no deadline
     vb.seqno_ack("c", 1)
-    assert vb.get(b"k").value == b"v" and vb.hcs == 1
+    assert vb.get(b"k").value == b"v" and vb.hcs == 1 and not vb.recommitting
+    fresh = vb.prepare(b"k", b"w", level=MAJ)  # a sync write of its own is no re-commit: reads see v
+    assert vb.get(b"k").value == b"v" and fresh.by_seqno == 3
 
 
 def test_a_vbucket_leaving_active_tells_waiting_writers_their_outcome_is_unknown(active):

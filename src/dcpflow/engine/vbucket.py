@@ -90,7 +90,7 @@ class VBucket:
                  "snapshot_end", "_clock", "_on_seqno", "_dirty", "checkpoint_manager", "ht", "num_items",
                  "num_deleted", "ops_create", "ops_update", "ops_delete", "_expiry_heap", "locks", "_mem", "_fetch",
                  "collections", "history_start", "prepares", "hps", "hcs", "persisted_hps", "persisted_hcs",
-                 "persisted_mvs", "topology", "adm", "pdm")
+                 "persisted_mvs", "topology", "adm", "pdm", "recommitting")
 
     def __init__(self, vbid: int, state: VBucketState = VBucketState.ACTIVE, *,
                  conflict_resolution: ConflictResolutionMode | str = ConflictResolutionMode.REV_SEQNO,
@@ -145,6 +145,9 @@ class VBucket:
         # sync writes (durability/): the in-flight prepares by doc key, the high prepared and high
         # completed seqnos (in memory and as last flushed), and the side's monitor
         self.prepares: dict = {}
+        # keys whose prepare an active adopted (promotion, warm-up): the old active may have
+        # committed it, so reads answer SYNC_WRITE_RE_COMMIT_IN_PROGRESS until it is committed again
+        self.recommitting: set = set()
         self.hps = self.persisted_hps = hps
         self.hcs = self.persisted_hcs = hcs
         self.persisted_mvs = high_seqno  # the max visible seqno of the last flush (vbucket_state)
@@ -422,6 +425,8 @@ class VBucket:
         thread and hand it to `restore`."""
         if self.state != _ACTIVE:
             self._check_active()
+        if self.recommitting and key in self.recommitting:
+            raise _recommitting(key)
         item = self.ht.get(key)
         if item is None or item.deleted:
             raise self._enoent(key)
@@ -442,6 +447,8 @@ class VBucket:
     def get_meta(self, key: bytes) -> Item:
         """Metadata of the current version, tombstones included (GetMeta reports deleted=1)."""
         self._check_active()
+        if self.recommitting and key in self.recommitting:
+            raise _recommitting(key)
         self._live(key, self._clock())
         item = self.ht.get(key)
         if item is None:
@@ -948,6 +955,7 @@ class VBucket:
             if self.adm is None:
                 self.adm = ActiveDurabilityMonitor(self.topology, self.persisted_seqno)
                 self.adm.adopt(sorted(self.prepares.values(), key=lambda p: p.by_seqno))
+                self.recommitting = set(self.prepares)
             self.pdm = None
             for key in self.prepares:
                 self.locks[key] = SYNC_BLOCK
@@ -956,6 +964,7 @@ class VBucket:
                 for sw in list(self.adm.tracked.values()):
                     for callback in sw.waiters:
                         callback(Outcome.ABORTED)
+            self.recommitting = set()
             if self.pdm is None:
                 self.pdm = PassiveDurabilityMonitor(self.hps, self.hcs)
                 self.pdm.snapshot_end_received = self.high_seqno
@@ -1078,6 +1087,7 @@ class VBucket:
         commit = make_commit(prepare, self.high_seqno + 1)
         del self.prepares[key]
         self.locks.pop(key, None)
+        self.recommitting.discard(key)
         self._queue(commit)
         self.checkpoint_manager.mark_sync()
         self._completed(prepare.by_seqno)
@@ -1088,6 +1098,7 @@ class VBucket:
         abort = make_abort(prepare, self.high_seqno + 1, self.hlc.next(), int(self._clock()))
         del self.prepares[key]
         self.locks.pop(key, None)
+        self.recommitting.discard(key)
         self._queue_sync(abort)
         self._completed(prepare.by_seqno)
         return abort
@@ -1243,6 +1254,11 @@ class VBucket:
             "max_visible_seqno": self.max_visible_seqno,
             "sync_write_prepares": len(self.prepares),
         }
+
+
+def _recommitting(key) -> EngineError:
+    return EngineError(Status.SYNC_WRITE_RE_COMMIT_IN_PROGRESS, f"the sync write of {key!r} this vbucket took over "
+                       "(failover or restart) is being committed again; retry")
 
 
 def _in_progress(key) -> EngineError:

@@ -80,7 +80,8 @@ MAX_PASS_SECONDS = 0.004
 _monotonic = time.monotonic
 _ALT_REQUEST = Magic.ALT_REQUEST
 _REQUEST = Magic.REQUEST
-_LOCK_STATUSES = frozenset((Status.LOCKED, Status.NOT_LOCKED))
+#: codes a client without XError does not know: it gets ETmpfail (KV-Engine remaps them the same way)
+_XERROR_STATUSES = frozenset((Status.LOCKED, Status.NOT_LOCKED, Status.SYNC_WRITE_RE_COMMIT_IN_PROGRESS))
 
 
 def _ran(frames: list[Frame], frame: Frame) -> int:
@@ -524,8 +525,9 @@ class Connection(asyncio.Protocol):
     def engine_error(self, frame: Frame, e: EngineError) -> bytes:
         if e.status == Status.NOT_MY_VBUCKET:
             return self.not_my_vbucket(frame)
-        if e.status in _LOCK_STATUSES and not self.xerror:
-            # BinaryProtocol.md#0x95-unlock-key: clients without XError get ETmpfail instead
+        if e.status in _XERROR_STATUSES and not self.xerror:
+            # BinaryProtocol.md#0x95-unlock-key: clients without XError get ETmpfail instead (and for a
+            # re-commit in progress, which is as temporary)
             return response(frame.opcode, Status.ETMPFAIL, opaque=frame.opaque)
         if e.status in (Status.UNKNOWN_COLLECTION, Status.UNKNOWN_SCOPE):
             # Collections.md: these carry the uid of the manifest the lookup used (the bucket's: the
