@@ -14,7 +14,7 @@ from dcpflow.protocol.opcodes import Opcode
 from dcpflow.protocol.status import Status
 from tests.dcp.client import DcpClient as RawDcpClient
 
-from .conftest import PASSWORD, USER, keys_in, run, url
+from .conftest import PASSWORD, USER, flush_to_disk, keys_in, run, url
 
 
 def set_topology(server, vb: int, chain: list) -> None:
@@ -95,3 +95,45 @@ def test_arrow_batches_hold_committed_versions_only(server):
                     rows += batch.select(["key", "value", "event", "seqno"]).to_pylist()
                 return rows
         assert run(go()) == [{"key": done, "value": b'{"v":1}', "event": "mutation", "seqno": 2}]
+
+
+def test_arrow_batches_with_sync_writes_hold_prepares_commits_and_aborts_in_stream_order(server):
+    """With sync_writes=True the batch reader (the Spark source's syncWrites) adds a row per
+    prepare (its value and metadata, null for a durable delete), commit and abort (key and seqno),
+    where their messages came among the documents; a committed sync write is its commit row."""
+    from dcpflow.client import Offset
+    vb = 6
+    a, b, c_, d, gone = keys_in(vb, 5, prefix="sy")
+    set_topology(server, vb, ["self"])
+    with server.login() as w:
+        assert w.set(gone, b"soon", vbucket=vb).status == Status.SUCCESS  # 1
+        flush_to_disk(server, vb)  # on disk only: its delete below replaces it there (no row at 1)
+        durable_set(w, a, b'{"v":1}', vb)
+        assert w.recv().status == Status.SUCCESS  # prepare 2, commit 3
+        assert w.set(b, b"plain", vbucket=vb).status == Status.SUCCESS  # 4
+        opaque = w.next_opaque()
+        w.send(request(Opcode.DELETE, key=w.key(gone), vbucket=vb, opaque=opaque,
+                       framing=durability_frame(1, 60_000)))
+        assert w.recv().status == Status.SUCCESS  # a durable delete: prepare 5, commit 6
+        set_topology(server, vb, ["self", "peer"])
+        opaque = w.next_opaque()
+        w.send(request(Opcode.SET, key=w.key(c_), extras=struct.pack(">II", 0, 0), value=b"x", vbucket=vb,
+                       opaque=opaque, framing=durability_frame(1, 300)))
+        assert w.recv().status == Status.SYNC_WRITE_AMBIGUOUS  # prepare 7, aborted at 8 (nobody acks)
+        assert w.set(d, b"after", vbucket=vb).status == Status.SUCCESS  # 9
+
+        async def go(**kw):
+            async with await DcpClient.connect(url(server.port), USER, PASSWORD) as c:
+                rows = []
+                async for batch in c.batches({vb: Offset()}, end={vb: 9}, **kw):
+                    rows += batch.select(["key", "value", "event", "seqno", "snapshot_end"]).to_pylist()
+                return rows
+        rows = run(go(sync_writes=True))
+        assert [(r["event"], r["key"], r["seqno"], r["value"]) for r in rows] == [
+            ("prepare", a, 2, b'{"v":1}'), ("commit", a, 3, None),
+            ("mutation", b, 4, b"plain"), ("prepare", gone, 5, None), ("commit", gone, 6, None),
+            ("prepare", c_, 7, b"x"), ("abort", c_, 8, None), ("mutation", d, 9, b"after")]
+        assert all(r["snapshot_end"] >= r["seqno"] for r in rows)
+        plain = run(go())
+        assert [(r["event"], r["key"], r["seqno"]) for r in plain] == [
+            ("mutation", a, 3), ("mutation", b, 4), ("deletion", gone, 6), ("mutation", d, 9)]

@@ -29,6 +29,9 @@ from dcpflow.protocol.columns import concat_compiled as _concat_c
 from dcpflow.protocol.columns import field_column, gather
 from dcpflow.protocol.dcp import (
     DOCUMENT_LAYOUTS,
+    DcpAbort,
+    DcpCommit,
+    DcpPrepare,
     DcpSeqnoAdvanced,
     DcpSnapshotMarker,
     DcpStreamEnd,
@@ -51,7 +54,7 @@ SCHEMA = pa.schema([
     pa.field("vbuuid", pa.int64(), nullable=False),
     pa.field("key", pa.binary(), nullable=False),
     pa.field("value", pa.binary()),  # null for deletions and expirations
-    pa.field("event", pa.string(), nullable=False),  # mutation | deletion | expiration
+    pa.field("event", pa.string(), nullable=False),  # mutation | deletion | expiration (| prepare | commit | abort)
     pa.field("cas", pa.int64(), nullable=False),
     pa.field("rev_seqno", pa.int64(), nullable=False),
     pa.field("flags", pa.int64(), nullable=False),  # u32 as stored by the writer; 0 unless mutation
@@ -258,6 +261,8 @@ class BatchBuilder:
             if m is not None:
                 carry_s[v], carry_e[v] = m
             uuid[v] = vs.decoded.vbuuid
+        sync_rows: list = []  # (frame index, vbucket, message, snapshot) of prepares, commits, aborts
+        current: dict[int, tuple[int, int]] = {}  # vbucket -> its last marker so far in this decode
         for j in range(nc):
             v = int(c_vb[j])
             vs = streams.get(v)
@@ -290,6 +295,7 @@ class BatchBuilder:
             if op == _SNAPSHOT_MARKER:
                 tr.snapshot(start, end)
                 steps.append((SNAPSHOT, v, (start, end)))
+                current[v] = (start, end)
                 mk_vb.append(v)
                 mk_idx.append(int(cidx[j]))
                 mk_s.append(start)
@@ -301,6 +307,13 @@ class BatchBuilder:
             elif type(msg) is DcpSeqnoAdvanced:
                 tr.seqno_advanced(msg.by_seqno)
                 steps.append((ADVANCED, v, msg.by_seqno))
+            elif type(msg) in _SYNC_MESSAGES:  # only to a read with sync_writes (the server sends none otherwise)
+                seqno = _sync_seqno(msg)
+                if self.end is None or seqno <= int(self.end[v]):
+                    snap = current.get(v) or ((int(carry_s[v]), int(carry_e[v])) if carry_s[v] >= 0 else (seqno, seqno))
+                    sync_rows.append((int(cidx[j]), v, msg, snap, bool(coll[cidx[j]])))
+                tr.item(seqno)
+                steps.append((ITEM, v, seqno))
             elif type(msg) is DcpSystemEvent:
                 ev = system_event(v, msg.by_seqno, msg.event, msg.version, msg.key, msg.value, tr.vbuuid, self.names)
                 if ev.manifest_uid is not None:
@@ -318,7 +331,7 @@ class BatchBuilder:
                 vs.decoded.item(s)
                 steps.append((ITEM, v, s))
         if not n:
-            return None
+            return self._sync_batch(sync_rows, uuid) if sync_rows else None
 
         # -- keys (collection prefix stripped), values ----------------------------------------------
         kstart = rs + HEADER_LEN + ext
@@ -344,7 +357,7 @@ class BatchBuilder:
             if not keep.all():
                 sel = np.flatnonzero(keep)
                 if not len(sel):
-                    return None
+                    return self._sync_batch(sync_rows, uuid) if sync_rows else None
                 mat, vb, seq_u, kind, is_mut, rsid = mat[sel], vb[sel], seq_u[sel], kind[sel], is_mut[sel], rsid[sel]
                 kstart, klen, vstart, vlen, cid, ridx = (kstart[sel], klen[sel], vstart[sel], vlen[sel], cid[sel],
                                                          ridx[sel])
@@ -391,4 +404,55 @@ class BatchBuilder:
             _numeric(cid),
             _numeric(np.where((kind & _WITH_DELETE_TIME) != 0, delete_time, zero)),
         ]
-        return pa.RecordBatch.from_arrays(columns, schema=SCHEMA)
+        batch = pa.RecordBatch.from_arrays(columns, schema=SCHEMA)
+        if not sync_rows:
+            return batch
+        # the sync-write rows go where their frames were, among the documents
+        both = pa.Table.from_batches([batch, self._sync_batch(sync_rows, uuid)])
+        order = np.argsort(np.concatenate([ridx, np.asarray([r[0] for r in sync_rows], dtype=np.int64)]),
+                           kind="stable")
+        return both.take(_numeric(order)).combine_chunks().to_batches()[0]
+
+    @staticmethod
+    def _sync_batch(rows: list, uuid: np.ndarray) -> pa.RecordBatch:
+        """Rows of DCP_PREPARE (its value, null for a durable delete, and metadata), DCP_COMMIT and
+        DCP_ABORT (key and seqno: each completes the latest prepare of its key, the only one a key
+        can have open). Few per batch, so built in Python."""
+        cols: dict[str, list] = {f.name: [] for f in SCHEMA}
+        for _, v, msg, (snap_s, snap_e), collections in rows:
+            key, cid = msg.key, 0
+            if collections:
+                cid, used = decode_leb128(key, 0)
+                key = key[used:]
+            prepare = type(msg) is DcpPrepare
+            cols["vbucket"].append(v)
+            cols["seqno"].append(_sync_seqno(msg))
+            cols["vbuuid"].append(int(uuid[v].view(np.int64)))
+            cols["key"].append(key)
+            cols["value"].append(None if not prepare or msg.deleted else msg.value)
+            cols["event"].append(_SYNC_EVENTS[type(msg)])
+            cols["cas"].append(_signed(msg.cas) if prepare else 0)
+            cols["rev_seqno"].append(_signed(msg.rev_seqno) if prepare else 0)
+            cols["flags"].append(msg.flags if prepare and not msg.deleted else 0)
+            cols["expiry"].append(msg.expiration if prepare and not msg.deleted else 0)
+            cols["datatype"].append(msg.datatype if prepare else 0)
+            cols["snapshot_start"].append(_signed(snap_s))
+            cols["snapshot_end"].append(_signed(snap_e))
+            cols["collection_id"].append(cid)
+            cols["delete_time"].append(0)
+        return pa.RecordBatch.from_pydict(cols, schema=SCHEMA)
+
+
+def _signed(u: int) -> int:
+    """A u64 as the int64 with the same bits (how SCHEMA stores cas, vbuuid and seqnos)."""
+    return u - (1 << 64) if u >= 1 << 63 else u
+
+
+_SYNC_EVENTS = {DcpPrepare: "prepare", DcpCommit: "commit", DcpAbort: "abort"}
+_SYNC_MESSAGES = tuple(_SYNC_EVENTS)
+
+
+def _sync_seqno(msg) -> int:
+    """The seqno a prepare, commit or abort takes (commit.md, abort.md: not the prepared seqno)."""
+    t = type(msg)
+    return msg.by_seqno if t is DcpPrepare else msg.commit_seqno if t is DcpCommit else msg.abort_seqno

@@ -438,7 +438,8 @@ class DcpClient:
     def batches(self, ranges: dict | None = None, end=None, max_rows: int = 65536, *, vbuckets=None,
                 start=None, rollback: str = "raise", flush_interval: float | None = None,
                 ignore_purged_tombstones: bool = False, max_bytes: int = 64 * 1024 * 1024, scope: str | None = None,
-                collections=None, history: bool = False, purge_seqnos: dict[int, int] | None = None) -> BatchReader:
+                collections=None, history: bool = False, purge_seqnos: dict[int, int] | None = None,
+                sync_writes: bool = False) -> BatchReader:
         """Changes as Arrow RecordBatches of batches.SCHEMA: `async for batch in client.batches(...)`.
 
         `ranges` {vbucket: Offset} are the exclusive starts and `end` {vbucket: seqno} the inclusive
@@ -450,12 +451,17 @@ class DcpClient:
         growing at about `max_bytes` of DCP messages (64 MiB). `scope`, `collections` and `history`
         as for events(); the read's system events are in `reader.system_events`. `purge_seqnos`
         {vbucket: seqno} saved by an earlier read are sent on resume (reader.purge_seqnos has the
-        current ones)."""
+        current ones). `sync_writes=True` (for tools that audit durability) adds a row per
+        prepare (event "prepare": its value, null for a durable delete), commit and abort ("commit",
+        "abort": key and seqno; each completes the latest prepare of its key), and a committed sync
+        write then arrives as its commit only, not also as a mutation."""
         if ranges is None and start is None:
             raise ValueError("batches() needs ranges={vbucket: Offset} (or start=...)")
+        extra = self._filter_options(scope, collections, history)
+        if sync_writes:
+            extra["sync_writes"] = True
         return BatchReader(self, ranges if ranges is not None else start, end, max_rows, vbuckets, rollback,
-                           flush_interval, ignore_purged_tombstones, max_bytes,
-                           self._filter_options(scope, collections, history), purge_seqnos)
+                           flush_interval, ignore_purged_tombstones, max_bytes, extra, purge_seqnos)
 
     async def close(self) -> None:
         if self._closed:

@@ -24,7 +24,7 @@ OPTION_NAMES = (
     "connection", "bucket", "username", "password", "vbuckets", "startingOffsets", "endingOffsets",
     "maxSeqnosPerTrigger", "maxBytesPerTrigger", "partitions", "keyFormat", "valueFormat", "valueSchema",
     "inferSchemaSamples", "rollback", "bufferSize", "maxRowsPerBatch", "timeout", "scope", "collections", "history",
-    "withMeta", "writeBatchSize",  # df.write.format("dcp") only (writer.py)
+    "syncWrites", "withMeta", "writeBatchSize",  # df.write.format("dcp") only (writer.py)
 )
 _BY_LOWER = {name.lower(): name for name in OPTION_NAMES}
 _IGNORED = {"path"}  # Spark may pass `path` for load(path); it means nothing to us
@@ -59,11 +59,13 @@ class DcpOptions:
     scope: str | None = None  # stream this scope's collections (by name)
     collections: tuple[str, ...] = ()  # or these collections ("scope.collection"; bare: in `scope`)
     history: bool = False  # change streams: every retained version of collections with history
+    sync_writes: bool = False  # rows for prepares, commits and aborts too (a durability audit)
 
     @property
     def filters(self) -> dict:
-        """What the client's reads take: scope=, collections=, history=."""
-        return {"scope": self.scope, "collections": list(self.collections) or None, "history": self.history}
+        """What the client's reads take: scope=, collections=, history=, sync_writes=."""
+        return {"scope": self.scope, "collections": list(self.collections) or None, "history": self.history,
+                "sync_writes": self.sync_writes}
 
     @property
     def connection_string(self) -> str:
@@ -113,11 +115,9 @@ def parse_options(options: Mapping[str, str]) -> DcpOptions:
             Filter.build(scope, collections)
         except FilterError as e:
             raise DcpOptionError(f"option 'collections': {e}") from None
-    history = raw.get("history", "false").strip().lower()
-    if history not in ("true", "false"):
-        raise DcpOptionError(f"option 'history' is {raw['history']!r}; use true or false")
+    history, sync_writes = (_bool(raw, name) for name in ("history", "syncWrites"))
     return DcpOptions(
-        scope=scope, collections=collections, history=history == "true",
+        scope=scope, collections=collections, history=history, sync_writes=sync_writes,
         connection=raw["connection"].strip(), bucket=bucket, username=raw["username"], password=raw["password"],
         vbuckets=parse_vbuckets(raw["vbuckets"]) if raw.get("vbuckets", "").strip() not in ("", "all") else None,
         starting_offsets=parse_offsets_option(raw.get("startingOffsets", "earliest"), "startingOffsets"),
@@ -195,6 +195,13 @@ def _choice(raw: dict, name: str, choices: tuple[str, ...], default: str) -> str
     if value not in choices:
         raise DcpOptionError(f"option {name!r} is {raw[name]!r}; use one of {', '.join(choices)}")
     return value
+
+
+def _bool(raw: dict, name: str) -> bool:
+    text = raw.get(name, "false").strip().lower()
+    if text not in ("true", "false"):
+        raise DcpOptionError(f"option {name!r} is {raw[name]!r}; use true or false")
+    return text == "true"
 
 
 def _int(raw: dict, name: str, default, minimum: int) -> int | None:

@@ -47,6 +47,10 @@ class PipelineConfig:
         if self.partitions:
             opts["partitions"] = str(self.partitions)
         opts.update({k: str(v) for k, v in self.options.items()})
+        if any(k.lower() == "syncwrites" and str(v).strip().lower() == "true" for k, v in opts.items()):
+            # a committed sync write is then a commit row without its value: no state from that
+            raise ValueError("the pipeline's state table needs committed versions: leave the source option "
+                             "syncWrites out (read with syncWrites=true on its own to audit sync writes)")
         return opts
 
 

@@ -29,16 +29,21 @@ CHANGE_TYPE = "_change_type"
 COMMIT_VERSION = "_commit_version"
 
 UPSERT, DELETE, ROLLBACK, DROP = "upsert", "delete", "rollback", "drop"
+PREPARE, COMMIT, ABORT = "prepare", "commit", "abort"
 """`_change_type` values. DCP cannot tell an insert from an update (both are mutations), so a
 mutation is an upsert; deletions and expirations are deletes; `rollback` marks a vbucket whose
 history the server rolled back: every earlier row of that vbucket is void (see docs/spark.md);
 `drop` says a collection was dropped (one row per vbucket, event `collection_dropped`, with its
 scope, name and id and an empty key): every key of that collection id is gone (ids are never
-reused)."""
+reused). With the `syncWrites` option, `prepare`, `commit` and `abort` rows (event the same)
+record sync writes: a prepare holds the proposed value (null for a durable delete), a commit or an
+abort only its key and seqno, and completes the latest prepare of its key; a committed sync write
+then has no upsert or delete row of its own (the state table cannot be built from such a read)."""
 #: The collection columns, after the client's: names as the client's manifest knows them.
 COLLECTION_COLUMNS = ("scope", "collection", "collection_id")
 
 JSON_DATATYPE = 0x01
+_SYNC_EVENTS = pa.array([PREPARE, COMMIT, ABORT])
 
 
 def schema_ddl(key_format: str = "string", value_ddl: str = "BINARY") -> str:
@@ -101,8 +106,9 @@ class BatchConverter:
     """Turns client RecordBatches into batches of the source's Arrow schema. Built once per
     partition in the worker; `convert` is called per batch."""
 
-    def __init__(self, target: pa.Schema, key_format: str, value_format: str, names=None):
+    def __init__(self, target: pa.Schema, key_format: str, value_format: str, names=None, sync_writes: bool = False):
         self.target = target
+        self.sync_writes = sync_writes
         #: collection id -> (scope, collection) names (the client's manifest.Names.of)
         self.names = names or (lambda cid: ("_default", "_default") if cid == 0 else ("", ""))
         self.key_format = key_format
@@ -119,8 +125,11 @@ class BatchConverter:
         cols = {name: batch.column(name) for name in CLIENT_COLUMNS}
         cols["key"] = self._key(cols["key"])
         cols["value"] = self._value(cols["value"], cols["datatype"])
-        is_mutation = pc.equal(cols["event"], "mutation")
-        cols[CHANGE_TYPE] = pc.if_else(is_mutation, UPSERT, DELETE)
+        event = cols["event"]
+        change = pc.if_else(pc.equal(event, "mutation"), UPSERT, DELETE)
+        if self.sync_writes:  # prepare, commit and abort rows keep their event as their change type
+            change = pc.if_else(pc.is_in(event, value_set=_SYNC_EVENTS), event, change)
+        cols[CHANGE_TYPE] = change
         cols[COMMIT_VERSION] = _int64s(np.full(n, commit_version, dtype=np.int64))
         if any(f.name in COLLECTION_COLUMNS for f in self.target):
             self._collections(batch, cols)

@@ -394,7 +394,7 @@ def read_partition(opts: DcpOptions, schema, partition: DcpPartition) -> Iterato
     after planning (newest vbuuid differs, or the server answers ROLLBACK) is repaired the same way
     up to its current high seqno, and the next batch's planning sees the change and repeats it.
     """
-    converter = BatchConverter(arrow_schema(schema), opts.key_format, opts.value_format)
+    converter = BatchConverter(arrow_schema(schema), opts.key_format, opts.value_format, sync_writes=opts.sync_writes)
     loop = new_loop()
     reader = _RangeReader(opts, converter, partition)
     agen = reader.run()
