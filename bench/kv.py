@@ -256,6 +256,8 @@ def main() -> int:
                    help="durable against plain SETs on a 3-node cluster (bench/kv_durable.py)")
     p.add_argument("--replicas", type=int, default=1, help="with --durability: replicas per vbucket (default 1)")
     p.add_argument("--conns", type=int, default=8, help="with --durability: connections per node (default 8)")
+    p.add_argument("--ordered", action="store_true",
+                   help="with --durability: no HELLO UnorderedExecution (each connection answers in order)")
     p.add_argument("--durable-ops", type=int, default=20_000,
                    help="with --durability: durable SETs per round (default 20000)")
     args = p.parse_args()

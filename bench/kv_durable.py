@@ -6,9 +6,10 @@ windows pipelined on every connection at once; a phase of plain SETs and a phase
 durability frame info (https://github.com/couchbase/kv_engine/blob/master/docs/BinaryProtocol.md,
 frame info 0x01) take turns round by round over the same connections and keys, and the best round
 of each counts. A durable SET is answered once its level is met (the replica acknowledged the
-prepare over DCP; for the persist levels, once persisted too), and a connection answers in order,
-so a window on one connection costs one durable round trip per request: --conns sets how many
-writes are in flight per node.
+prepare over DCP; for the persist levels, once persisted too). The connections ask for HELLO
+UnorderedExecution, as the official SDKs do, so the durable SETs of a window wait for their
+replicas together; with --ordered they do not, and a connection answers in order: a window then
+costs one durable round trip per request, and --conns sets how many writes are in flight per node.
 """
 
 import functools
@@ -23,6 +24,7 @@ from pathlib import Path
 
 from dcpflow.protocol.config import parse_cluster_map
 from dcpflow.protocol.frame import durability_frame, request
+from dcpflow.protocol.hello import Feature
 from dcpflow.protocol.keys import vbucket_for_key
 from dcpflow.protocol.opcodes import Opcode
 from dcpflow.protocol.status import Status
@@ -35,9 +37,10 @@ LEVELS = {"majority": 1, "majority_and_persist_active": 2, "persist_to_majority"
 
 
 
-def _connect(port: int):
+def _connect(port: int, unordered: bool = True):
     """(socket, decoder, call): a logged-in KV connection with bucket `default` selected."""
-    sock, d = login(port, b"bench/kv-durable")
+    features = (Feature.TCP_NODELAY, Feature.SYNC_REPLICATION) + ((Feature.UNORDERED_EXECUTION,) if unordered else ())
+    sock, d = login(port, b"bench/kv-durable", features=features)
     return sock, d, functools.partial(blocking_call, sock, d)
 
 
@@ -109,7 +112,7 @@ def run(args) -> int:
         for k in keys:
             by_node.setdefault(vmap[vbucket_for_key(k, args.vbuckets)][0], []).append(k)
         value = os.urandom(args.value_size // 2 + 1).hex()[:args.value_size].encode()
-        socks = {(n, c): _connect(ports[n])[:2] for n in by_node for c in range(args.conns)}
+        socks = {(n, c): _connect(ports[n], not args.ordered)[:2] for n in by_node for c in range(args.conns)}
         frame = durability_frame(level)
         _wait_durable(socks, by_node, args.vbuckets, frame)  # the manager has told every active its chain
         plain = _windows(by_node, value, b"", args.window, args.vbuckets, args.conns)
@@ -129,7 +132,7 @@ def run(args) -> int:
         up.wait(30)
     print(f"KV SETs on a 3-node dcpflow cluster ({args.replicas} replica(s), {args.vbuckets} vbuckets), "
           f"{args.value_size}-byte values, {args.keys} keys, {args.conns} connection(s) per node, window "
-          f"{args.window}, best of {args.repeat} rounds")
+          f"{args.window}, {'in order' if args.ordered else 'unordered execution'}, best of {args.repeat} rounds")
     print(f"  plain SETs               : {best['plain']:>10,.0f} ops/s ({args.ops} ops per round)")
     print(f"  durable SETs ({args.durability}) : {best['durable']:>10,.0f} ops/s "
           f"({args.durable_ops} ops per round)")

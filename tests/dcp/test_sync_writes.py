@@ -210,3 +210,36 @@ def test_reads_of_a_prepare_a_promoted_vbucket_took_over_answer_recommit_in_prog
         peer.send(dcp.DcpSeqnoAcknowledged(vb, 2, 0).encode())
         wait_for(lambda: c.get(key, vbucket=vb).status == Status.SUCCESS, what="the re-commit")
         assert c.get(key, vbucket=vb).value == b"new"
+
+
+def test_unordered_execution_lets_other_keys_overtake_a_waiting_durable_write(server, clients):
+    """HELLO UnorderedExecution (BinaryProtocol.md), which the official SDKs ask for: requests on
+    other keys run while a durable write waits for its replica, and their replies come first; a
+    request on the waiting key, or one that may not be reordered (NOOP), waits for it. Without the
+    feature every reply stays in request order."""
+    from dcpflow.protocol.hello import Feature
+
+    vb = 7
+    key, other = keys_in(vb, 2, prefix="uo")
+    set_topology(server, vb, ["self", "uo-peer"])
+    features = (Feature.XERROR, Feature.JSON, Feature.UNORDERED_EXECUTION)
+    with server.login(features=features) as c, server.login() as ordered:
+        held = send_durable_set(c, key, b"durable", vb, timeout_ms=60_000)  # prepare 1: nobody acks yet
+        assert c.set(other, b"x", vbucket=vb).status == Status.SUCCESS  # overtakes it
+        assert c.get(other, vbucket=vb).value == b"x"
+        same = c.next_opaque()
+        c.send(request(Opcode.GET, key=c.key(key), vbucket=vb, opaque=same))  # its key: waits
+        noop = c.next_opaque()
+        c.send(request(Opcode.NOOP, opaque=noop))  # not reorderable: waits too
+        held2 = send_durable_set(ordered, other, b"y", vb, timeout_ms=60_000)  # prepare 3
+        later = ordered.next_opaque()
+        ordered.send(request(Opcode.GET, key=ordered.key(key), vbucket=vb, opaque=later))
+        peer = clients(name="uo-peer")
+        peer.controls(enable_sync_writes="true", consumer_name="uo-peer")
+        peer.send(dcp.DcpSeqnoAcknowledged(vb, 3, 0).encode())
+        replies = c.recv_n(3)
+        assert [(r.opaque, r.status) for r in replies] == [(held, Status.SUCCESS), (same, Status.SUCCESS),
+                                                           (noop, Status.SUCCESS)]
+        assert replies[1].value == b"durable"
+        first, second = ordered.recv_n(2)  # in order: the durable write's reply, then the GET after it
+        assert (first.opaque, first.status, second.opaque) == (held2, Status.SUCCESS, later)

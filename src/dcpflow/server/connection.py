@@ -55,6 +55,7 @@ from dcpflow.protocol.frame import (
 )
 from dcpflow.protocol.hello import Feature
 from dcpflow.protocol.keys import check_document_key
+from dcpflow.protocol.opcodes import Opcode
 from dcpflow.protocol.rules import opcode_name
 from dcpflow.protocol.status import Status
 
@@ -80,6 +81,16 @@ MAX_PASS_SECONDS = 0.004
 _monotonic = time.monotonic
 _ALT_REQUEST = Magic.ALT_REQUEST
 _REQUEST = Magic.REQUEST
+#: Unordered execution (HELLO 0x0e, BinaryProtocol.md): the commands that may overtake a durable
+#: write still waiting for its durability - the document commands (not their quiet forms, whose
+#: NOOP must follow their replies). Any other command, or one on a waiting write's key, waits for
+#: every waiting write first, as KV-Engine's non-reorderable commands do.
+_REORDERABLE = frozenset(int(op) for op in (
+    Opcode.GET, Opcode.GET_K, Opcode.SET, Opcode.ADD, Opcode.REPLACE, Opcode.DELETE, Opcode.APPEND, Opcode.PREPEND,
+    Opcode.INCREMENT, Opcode.DECREMENT, Opcode.TOUCH, Opcode.GAT, Opcode.GET_META, Opcode.SUBDOC_MULTI_LOOKUP,
+    Opcode.SUBDOC_MULTI_MUTATION))
+#: Durable writes one connection may have waiting at once; more wait in order.
+MAX_DETACHED = 256
 #: codes a client without XError does not know: it gets ETmpfail (KV-Engine remaps them the same way)
 _XERROR_STATUSES = frozenset((Status.LOCKED, Status.NOT_LOCKED, Status.SYNC_WRITE_RE_COMMIT_IN_PROGRESS))
 
@@ -160,6 +171,7 @@ class Connection(asyncio.Protocol):
         self.tls = False
         self._decoder = FrameDecoder(max_packet_len=MAX_PACKET_LEN, strict=True)
         self._waiting: asyncio.Future | None = None
+        self._detached: dict[asyncio.Future, tuple[int, bytes]] = {}  # overtaken durable writes -> key
         self._pass_scheduled = False
         self._closing = False
         self._reading_paused = False
@@ -175,6 +187,7 @@ class Connection(asyncio.Protocol):
         self.json = False
         self.xattr = False
         self.dedupe_nmvb = False
+        self.unordered = False
         self.agent = ""
         self.client_id: str | None = None
         self.known_config: tuple[int, int] | None = None  # the map version this client last received
@@ -205,6 +218,9 @@ class Connection(asyncio.Protocol):
         if self._waiting is not None:
             self._waiting.cancel()
             self._waiting = None
+        for task in list(self._detached):
+            task.cancel()
+        self._detached.clear()
         for callback in self.on_close:
             try:
                 callback()
@@ -276,6 +292,7 @@ class Connection(asyncio.Protocol):
         out = writer._buf  # Writer.write inlined below: one call less per request
         started = _monotonic()
         taken = 0  # requests run since the clock was last read
+        detached = self._detached
         while not self._closing:
             try:
                 while True:
@@ -284,8 +301,13 @@ class Connection(asyncio.Protocol):
                     frames = decoder.peek(64)
                     if not frames:
                         return  # every buffered request has run
+                    overtaken = False
                     try:
                         for frame in frames:
+                            if detached and self._must_wait(frame):
+                                decoder.consume(_ran(frames, frame))
+                                self._wait_for(frame, self._after_detached(frame))
+                                return
                             # A classic request (no framing extras) whose command this session may run
                             # goes straight to its handler: the checks of _handle were done when the
                             # session last changed (tests/server/test_connection.py pins the equivalence).
@@ -309,14 +331,21 @@ class Connection(asyncio.Protocol):
                                         return
                             else:
                                 decoder.consume(_ran(frames, frame))
+                                if self.unordered and frame.opcode in _REORDERABLE and len(detached) < MAX_DETACHED:
+                                    self._detach(frame, reply)  # the next requests go on meanwhile
+                                    overtaken = True
+                                    break
                                 self._wait_for(frame, reply)
                                 return
                             if self._closing:
                                 decoder.consume(_ran(frames, frame))
                                 return
                     except BaseException:
-                        decoder.consume(_ran(frames, frame))
+                        if not overtaken:
+                            decoder.consume(_ran(frames, frame))
                         raise
+                    if overtaken:
+                        continue  # the frames after the detached one: peek again
                     decoder.consume(len(frames))
                     taken += len(frames)
                     if taken >= 64:  # the clock is read every 64 requests or so, not per request
@@ -475,6 +504,37 @@ class Connection(asyncio.Protocol):
                                         "impersonation is not supported")
         return durability
 
+    def _must_wait(self, frame: Frame) -> bool:
+        """With durable writes waiting (unordered execution): may `frame` not overtake them?"""
+        if frame.opcode not in _REORDERABLE or frame.magic not in (_REQUEST, Magic.ALT_REQUEST):
+            return True
+        return (frame.vbucket, bytes(frame.key)) in self._detached.values()
+
+    def _detach(self, frame: Frame, awaitable) -> None:
+        """Unordered execution: the reply goes out when the write completes, after the replies of
+        requests that overtook it."""
+        task = asyncio.ensure_future(self._run_async(frame, awaitable))
+        self._detached[task] = (frame.vbucket, bytes(frame.key))
+        task.add_done_callback(self._detached_done)
+
+    def _detached_done(self, task: asyncio.Future) -> None:
+        self._detached.pop(task, None)
+        if self._closing or task.cancelled():
+            return
+        reply = task.result()
+        if reply is not None:
+            self.writer.write(reply)
+            self.writer.flush()
+
+    async def _after_detached(self, frame: Frame):
+        """A request that may not overtake them runs once every detached durable write is done."""
+        while self._detached:
+            await asyncio.wait(list(self._detached))
+        reply = self._handle(frame)
+        if reply is not None and reply.__class__ is not bytes:
+            reply = await reply
+        return reply
+
     def _wait_for(self, frame: Frame, awaitable) -> None:
         self._waiting = asyncio.ensure_future(self._run_async(frame, awaitable))
         self._waiting.add_done_callback(self._async_done)
@@ -564,6 +624,7 @@ class Connection(asyncio.Protocol):
         self.json = Feature.JSON in self.features
         self.xattr = Feature.XATTR in self.features
         self.dedupe_nmvb = Feature.DEDUPE_NOT_MY_VBUCKET_CLUSTERMAP in self.features
+        self.unordered = Feature.UNORDERED_EXECUTION in self.features
 
     def set_user(self, user: "User | None") -> None:
         """A (re-)authentication starts a new privilege context with no bucket (rbac.md). Another

@@ -48,6 +48,8 @@ SUPPORTED_FEATURES = frozenset({
     Feature.SUBDOC_ALLOWS_ACCESS_ON_MULTIPLE_XATTR_KEYS,
     Feature.SUBDOC_BINARY_XATTR,
     Feature.RANGE_SCAN_INCLUDE_XATTR,  # range scans may return documents with their xattrs (range_scan.py)
+    Feature.SYNC_REPLICATION,  # durability requirements on mutations (durable.py)
+    Feature.UNORDERED_EXECUTION,  # later requests may overtake a durable write that waits (connection.py)
 })
 
 
