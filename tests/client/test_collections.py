@@ -237,6 +237,30 @@ def test_batches_filter_by_name_and_keep_the_system_events(server):
     assert {o.manifest_uid for o in offsets.values()} == {5}
 
 
+def test_batches_filter_by_collection_ids_and_a_name_made_again_is_not_followed(server):
+    """Ids resolved earlier (the Spark planner's): the read streams those collections; one dropped
+    since is simply not read, and a collection made again under its name is a new id, not read."""
+    ids = shop(server)
+    written = fill(server, ids, n=3)
+
+    async def go(collection_ids):
+        async with await DcpClient.connect(url(server.port), USER, PASSWORD) as c:
+            starts = {vb: Offset() for vb in range(NUM_VBUCKETS)}
+            reader = c.batches(starts, end="now", collection_ids=collection_ids)
+            return {(r["collection_id"], r["key"]) for b in [b async for b in reader] for r in b.to_pylist()}
+    assert run(go([ids["shop.users"], ids["other.logs"]])) == {
+        (ids[n], k) for n in ("shop.users", "other.logs") for k in written[n]}
+    change(server, lambda m: m.drop_collection("shop", "users"))
+    change(server, lambda m: m.add_collection("shop", "users"))
+    again = fill(server, {"shop.users": cid_of(server, "shop", "users")}, n=2)
+    assert run(go([ids["shop.users"], ids["other.logs"]])) == {(ids["other.logs"], k) for k in written["other.logs"]}
+    assert run(go([ids["shop.users"]])) == set()  # every id gone: nothing to read, and the read ends
+    assert again and run(go([cid_of(server, "shop", "users")])) == {
+        (cid_of(server, "shop", "users"), k) for k in again["shop.users"]}
+    with pytest.raises(FilterError, match="ids go alone"):
+        Filter.build("shop", None, [8])
+
+
 def test_without_collections_the_client_reads_the_default_collection_as_before(server, monkeypatch):
     ids = shop(server)
     fill(server, ids, n=2)

@@ -100,7 +100,9 @@ def test_collection_options_parse():
 
     base = {"connection": "couchbase://h/b", "username": "u", "password": "p"}
     opts = parse_options({**base, "scope": "shop", "collections": "orders, users", "history": "TRUE"})
-    assert opts.filters == {"scope": "shop", "collections": ["orders", "users"], "history": True}
-    assert parse_options(base).filters == {"scope": None, "collections": None, "history": False}
+    assert opts.filters == {"scope": "shop", "collections": ["orders", "users"], "history": True,
+                            "sync_writes": False}
+    assert parse_options(base).filters == {"scope": None, "collections": None, "history": False,
+                                          "sync_writes": False}
     with pytest.raises(DcpOptionError, match="history"):
         parse_options({**base, "history": "yes"})

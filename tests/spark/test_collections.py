@@ -61,3 +61,31 @@ def test_a_dropped_collection_leaves_the_state_through_drop_rows(spark, server, 
     writer.apply(again, 1)
     assert {(r["collection"], r["key"]) for r in writer.read(spark).collect()} == {
         ("users", f"k{i}") for i in range(6)}
+
+
+def test_a_collection_made_again_under_a_filtered_name_replaces_the_old_one_in_the_state(spark, server, tmp_path):
+    """`collections=shop.orders` between two micro-batches: shop.orders is dropped and made again
+    (a new id) with new documents. The next batch drops the old id's keys from the state (a
+    `drop` row, though the old id's drop event is not in the new id's stream) and follows the new
+    one from where the stream stood."""
+    ids = setup(server)
+    writer = DeltaStateWriter(tmp_path / "state")
+
+    def run_once():
+        q = (spark.readStream.format("dcp").options(**options(server, collections="shop.orders,shop.users")).load()
+             .writeStream.foreachBatch(writer.apply).option("checkpointLocation", str(tmp_path / "chk"))
+             .trigger(availableNow=True).start())
+        q.awaitTermination(120)
+        assert q.exception() is None
+        return {(r["collection"], r["collection_id"], r["key"]) for r in writer.read(spark).collect()}
+
+    assert run_once() == {(c, ids[f"shop.{c}"], f"k{i}") for c in ("users", "orders") for i in range(6)}
+    change(server, lambda m: m.drop_collection("shop", "orders"))
+    change(server, lambda m: m.add_collection("shop", "orders"))
+    new = cid_of(server, "shop", "orders")
+    with server.login(features=FEATURES) as w:
+        for i in range(3):
+            put(w, new, f"n{i}".encode())
+    assert new != ids["shop.orders"]
+    assert run_once() == ({("users", ids["shop.users"], f"k{i}") for i in range(6)} |
+                          {("orders", new, f"n{i}") for i in range(3)})

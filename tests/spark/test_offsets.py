@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dcpflow.client import Offset
+from dcpflow.client.offsets import OffsetError
 from dcpflow.protocol.failover import divergence
 from dcpflow.spark import offsets as off
 from dcpflow.spark.offsets import EARLIEST, SourceOffset, VbOffset
@@ -282,3 +283,31 @@ def test_the_driver_rereads_whenever_the_server_would_roll_back(history):
             assert c.common(p) >= c.snapshot_end  # safe for any snapshot the read may have stopped in
         if p.log[0][0] == c.vbuuid:
             assert spark == (c.common(p) < c.seqno)
+
+
+def test_a_name_made_again_under_a_new_id_is_followed_and_the_old_id_dropped():
+    """The `collections` option's names, resolved by the driver at every plan: a name whose id
+    changed since the start offset (dropped and made again) adds the new id to what the ranges
+    read and drops the old one (a `drop` row per vbucket); the ranges read the ids the start knew
+    too (a dropped one's last documents). The change makes a batch even when no seqno moved."""
+    first = off.plan(SourceOffset({0: EARLIEST, 1: EARLIEST}, initial=True), {0: 4, 1: 2}, logs(range(2)),
+                     collections={"shop.orders": 8, "shop.users": 9})
+    assert first.collections == {"shop.orders": 8, "shop.users": 9} and not first.added and not first.dropped
+    assert {r.cids for r in off.ranges(SourceOffset({0: EARLIEST, 1: EARLIEST}, initial=True), first)} == {(8, 9)}
+    same = off.plan(first, {0: 4, 1: 2}, logs(range(2)), collections={"shop.orders": 8, "shop.users": 9})
+    assert same is first  # nothing new
+    again = off.plan(first, {0: 4, 1: 2}, logs(range(2)), collections={"shop.orders": 10, "shop.users": 9})
+    assert again.batch == first.batch + 1 and again.added == {10} and again.dropped == {8: "shop.orders"}
+    assert again.collections == {"shop.orders": 10, "shop.users": 9}
+    work = off.ranges(first, again)
+    assert [(r.vbucket, r.start.seqno, r.end_seqno, r.cids, r.dropped) for r in work] == [
+        (0, 4, 4, (8, 9, 10), ((8, "shop.orders"),)), (1, 2, 2, (8, 9, 10), ((8, "shop.orders"),))]
+    assert SourceOffset.from_json(json.dumps(again.to_json())) == again
+    import pickle
+    assert pickle.loads(pickle.dumps(work)) == work
+    gone = off.plan(again, {0: 6, 1: 2}, logs(range(2)), collections={"shop.users": 9})  # orders dropped
+    assert gone.dropped == {10: "shop.orders"} and not gone.added
+    assert [(r.vbucket, r.start.seqno, r.end_seqno, r.cids) for r in off.ranges(again, gone)] == [
+        (0, 4, 6, (9, 10)), (1, 2, 2, (9, 10))]
+    with pytest.raises(OffsetError, match="must map names to ids"):
+        SourceOffset.from_json({"vbuckets": {}, "collections": {"a.b": "8"}})

@@ -342,8 +342,8 @@ class DcpClient:
         return manifest
 
     @staticmethod
-    def _filter_options(scope, collections, history) -> dict:
-        flt = Filter.build(scope, collections)
+    def _filter_options(scope, collections, history, collection_ids=None) -> dict:
+        flt = Filter.build(scope, collections, collection_ids)
         return {"filter": flt if flt.active else None, "history": bool(history)}
 
     # -- reading -----------------------------------------------------------------------------
@@ -439,7 +439,7 @@ class DcpClient:
                 start=None, rollback: str = "raise", flush_interval: float | None = None,
                 ignore_purged_tombstones: bool = False, max_bytes: int = 64 * 1024 * 1024, scope: str | None = None,
                 collections=None, history: bool = False, purge_seqnos: dict[int, int] | None = None,
-                sync_writes: bool = False) -> BatchReader:
+                sync_writes: bool = False, collection_ids=None) -> BatchReader:
         """Changes as Arrow RecordBatches of batches.SCHEMA: `async for batch in client.batches(...)`.
 
         `ranges` {vbucket: Offset} are the exclusive starts and `end` {vbucket: seqno} the inclusive
@@ -449,7 +449,9 @@ class DcpClient:
         flushed after `flush_interval`, default 0.5 s). `reader.offsets` gives where each vbucket
         stands; after a complete bounded read, the offset at its end seqno. A batch also stops
         growing at about `max_bytes` of DCP messages (64 MiB). `scope`, `collections` and `history`
-        as for events(); the read's system events are in `reader.system_events`. `purge_seqnos`
+        as for events(), or `collection_ids` (ids resolved earlier, say by a planner: ids are never
+        reused, so a collection made again under a name is not followed; ids dropped meanwhile are
+        simply not read); the read's system events are in `reader.system_events`. `purge_seqnos`
         {vbucket: seqno} saved by an earlier read are sent on resume (reader.purge_seqnos has the
         current ones). `sync_writes=True` (for tools that audit durability) adds a row per
         prepare (event "prepare": its value, null for a durable delete), commit and abort ("commit",
@@ -457,7 +459,7 @@ class DcpClient:
         write then arrives as its commit only, not also as a mutation."""
         if ranges is None and start is None:
             raise ValueError("batches() needs ranges={vbucket: Offset} (or start=...)")
-        extra = self._filter_options(scope, collections, history)
+        extra = self._filter_options(scope, collections, history, collection_ids)
         if sync_writes:
             extra["sync_writes"] = True
         return BatchReader(self, ranges if ranges is not None else start, end, max_rows, vbuckets, rollback,

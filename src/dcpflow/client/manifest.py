@@ -78,6 +78,9 @@ class Manifest:
                 return Resolved(self.uid, None, frozenset(), (flt.scope,))
             cids = frozenset(c.cid for c in self.collections.values() if c.scope_id == sid)
             return Resolved(self.uid, sid, cids, ())
+        if flt.ids:
+            found = flt.ids & self.collections.keys()
+            return Resolved(self.uid, None, frozenset(found), tuple(f"0x{i:x}" for i in sorted(flt.ids - found)))
         found, missing = set(), []
         for scope, name in flt.collections:
             c = self._by_name.get((scope, name))
@@ -94,16 +97,26 @@ class Filter(NamedTuple):
 
     scope: str | None = None
     collections: tuple[tuple[str, str], ...] = ()
+    #: or collection ids, fixed by whoever resolved the names earlier (the Spark source's planner):
+    #: ids are never reused, so a collection made again under a name is not one of them
+    ids: frozenset = frozenset()
 
     @property
     def active(self) -> bool:
-        return self.scope is not None or bool(self.collections)
+        return self.scope is not None or bool(self.collections) or bool(self.ids)
 
     @classmethod
-    def build(cls, scope: str | None = None, collections=None) -> "Filter":
+    def build(cls, scope: str | None = None, collections=None, ids=None) -> "Filter":
         """From a scope name and/or collection names (`scope.collection`, or a bare name meaning
         the `scope`'s collection, else `_default`'s). With both, the collections must be in the
-        scope and the filter is the collections."""
+        scope and the filter is the collections. `ids` (collection ids) go alone."""
+        if ids is not None:
+            if scope is not None or collections:
+                raise FilterError("collection ids go alone, without a scope or collection names")
+            ids = frozenset(int(i) for i in ids)
+            if not ids or any(not 0 <= i < 1 << 32 for i in ids):
+                raise FilterError(f"collection ids must be 32-bit ids, at least one: {sorted(ids)!r}")
+            return cls(None, (), ids)
         if isinstance(collections, str):
             collections = [c for c in collections.split(",") if c.strip()]
         pairs = []
@@ -130,6 +143,8 @@ class Filter(NamedTuple):
     def describe(self) -> str:
         if self.scope is not None:
             return f"scope {self.scope}"
+        if self.ids:
+            return "collection ids " + ", ".join(f"0x{i:x}" for i in sorted(self.ids))
         return "collections " + ", ".join(f"{s}.{c}" for s, c in self.collections) if self.collections else "all"
 
 

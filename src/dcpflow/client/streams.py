@@ -231,6 +231,10 @@ class Feed:
         if flt is not None and flt.active:
             self.resolved = await self._resolve_filter(initial=True)
         self._watchdog = asyncio.create_task(self._watch())
+        if self.resolved is not None and self.resolved.empty:
+            for vs in self.streams.values():  # ids all dropped since they were resolved: nothing to read
+                self._push(FilterGone(vs.vbucket))
+            return
         if self.streams:
             await self._open(list(self.streams.values()))
 
@@ -631,7 +635,7 @@ class Feed:
                               f"by {self.options.filter.describe()}")
         got = manifest.resolve(self.options.filter)
         if initial:
-            if got.missing:
+            if got.missing and not self.options.filter.ids:  # ids resolved earlier may be dropped by now
                 raise FilterError(f"bucket {self.client.bucket!r} has no {', '.join(got.missing)} (manifest uid "
                                   f"{manifest.uid:x})")
             return got

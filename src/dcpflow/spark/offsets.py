@@ -64,6 +64,12 @@ class SourceOffset:
     resets: frozenset[int] = field(default_factory=frozenset)
     initial: bool = False  # the query's starting point (initialOffset), not the end of a batch
     origin: dict[int, Offset] | None = None  # the first batch's start (module docstring)
+    #: with the `collections` option: each name's collection id when the batch was planned
+    collections: dict[str, int] | None = None
+    #: this batch only: ids that took a name since the start offset ...
+    added: frozenset[int] = field(default_factory=frozenset)
+    #: ... and ids whose name went or moved to another id (id -> name: dropped, a `drop` row each)
+    dropped: dict[int, str] = field(default_factory=dict)
 
     def to_json(self) -> dict:
         doc: dict = {"batch": self.batch}
@@ -74,6 +80,12 @@ class SourceOffset:
         doc["vbuckets"] = offsets_to_json(self.vbuckets)
         if self.origin is not None:  # its vbuckets are the offset's; those from seqno 0 go unsaid
             doc["origin"] = offsets_to_json({vb: o for vb, o in self.origin.items() if o != EARLIEST})
+        if self.collections is not None:
+            doc["collections"] = dict(sorted(self.collections.items()))
+        if self.added:
+            doc["added"] = sorted(self.added)
+        if self.dropped:
+            doc["dropped"] = {str(cid): name for cid, name in sorted(self.dropped.items())}
         return doc
 
     @classmethod
@@ -87,8 +99,14 @@ class SourceOffset:
         if "origin" in doc:
             origin = dict.fromkeys(vbuckets, EARLIEST)
             origin.update(offsets_from_json(doc["origin"], "origin "))
+        colls = doc.get("collections")
+        if colls is not None and (not isinstance(colls, dict) or
+                                  not all(isinstance(k, str) and type(v) is int for k, v in colls.items())):
+            raise OffsetError(f"'collections' of a dcp source offset must map names to ids: {str(colls)[:200]}")
         return cls(vbuckets, int(doc.get("batch", 0)), frozenset(int(v) for v in doc.get("resets", ())),
-                   bool(doc.get("initial", False)), origin)
+                   bool(doc.get("initial", False)), origin, colls,
+                   frozenset(int(c) for c in doc.get("added", ())),
+                   {int(c): str(n) for c, n in doc.get("dropped", {}).items()})
 
 
 def parse_vbucket_offsets(doc) -> OffsetSpec:
@@ -189,12 +207,18 @@ def fair_share(pending: Mapping[int, int], budget: int | None, rotate: int = 0,
 
 
 def plan(start: SourceOffset, high: Mapping[int, int], failover: Mapping[int, list[tuple[int, int]]],
-         budget: int | None = None, policy: str = "reread") -> SourceOffset:
+         budget: int | None = None, policy: str = "reread", collections: Mapping[str, int] | None = None
+         ) -> SourceOffset:
     """The end offset of the next micro-batch (admission control and rollback detection).
 
     For each vbucket: if its history diverged, plan a re-read from 0 (listed in `resets`), or raise
     with policy 'fail'; then give it min(pending, fair share of `budget`) seqnos. Returns `start`
     itself (same batch number) when there is nothing to read, so Spark runs no empty batch.
+
+    `collections` (the `collections` option: each name's id, resolved after `high` was read) is
+    kept in the end offset. A name whose id differs from the start offset's was dropped and made
+    again (or dropped): the new id is `added` to what the ranges read and the old one `dropped` (a
+    `drop` row: its documents leave the state); either makes a batch even when no seqno moved.
     """
     resets = set()
     pending: dict[int, int] = {}
@@ -226,10 +250,18 @@ def plan(start: SourceOffset, high: Mapping[int, int], failover: Mapping[int, li
             ends[vb] = Offset(newest if off.seqno == 0 else off.vbuuid, seqno, seqno, seqno, off.manifest_uid)
         else:
             ends[vb] = off
-    if not real_resets and all(ends[vb] == start.vbuckets[vb] for vb in ends):
+    added: frozenset[int] = frozenset()
+    dropped: dict[int, str] = {}
+    prev = start.collections
+    if collections is not None and prev is not None:
+        added = frozenset(cid for name, cid in collections.items() if prev.get(name) != cid)
+        dropped = {cid: name for name, cid in prev.items() if collections.get(name) != cid}
+    if not real_resets and not added and not dropped and all(ends[vb] == start.vbuckets[vb] for vb in ends):
         return start
     return SourceOffset(ends, start.batch + 1, frozenset(real_resets),
-                        origin=dict(start.vbuckets) if start.initial else None)
+                        origin=dict(start.vbuckets) if start.initial else None,
+                        collections=dict(collections) if collections is not None else prev, added=added,
+                        dropped=dropped)
 
 
 @dataclass(frozen=True, slots=True)
@@ -242,6 +274,10 @@ class VbRange:
     end_seqno: int
     end_vbuuid: int
     reset: bool = False
+    #: the collection ids to read (planned from the `collections` names), or None: the options' filter
+    cids: tuple[int, ...] | None = None
+    #: the ids taken from the start offset's `dropped`: a `drop` row each, id -> name
+    dropped: tuple[tuple[int, str], ...] = ()
 
     @property
     def weight(self) -> int:
@@ -250,26 +286,41 @@ class VbRange:
     def __reduce__(self):
         # Spark pickles every range of a batch into its tasks: as field tuples, not with the
         # dataclass default, which builds a state per object via fields().
-        return _range, (self.vbucket, *self.start, self.end_seqno, self.end_vbuuid, self.reset)
+        return _range, (self.vbucket, *self.start, self.end_seqno, self.end_vbuuid, self.reset, self.cids,
+                        self.dropped)
 
 
 def _range(vbucket, vbuuid, seqno, snapshot_start, snapshot_end, manifest_uid, end_seqno, end_vbuuid,
-           reset) -> VbRange:
+           reset, cids=None, dropped=()) -> VbRange:
     return VbRange(vbucket, _new(Offset, (vbuuid, seqno, snapshot_start, snapshot_end, manifest_uid)), end_seqno,
-                   end_vbuuid, reset)
+                   end_vbuuid, reset, cids, dropped)
 
 
 def ranges(start: SourceOffset, end: SourceOffset) -> list[VbRange]:
     """The per-vbucket work between two offsets (what `partitions(start, end)` splits). An end
-    offset with an origin was planned from that start, whatever `start` says now."""
+    offset with an origin was planned from that start, whatever `start` says now.
+
+    With planned collection ids (`end.collections`), a range reads the ids its start knew (those
+    of the start offset, or of the end for a first batch, which had none) - a dropped one's last
+    documents and drop event included - and the `added` ones, from the same start: the driver
+    resolves the names after it reads the high seqnos, so an id it did not see yet made all its
+    documents after the ends it planned; every `dropped` id rides with each vbucket's range, for
+    its `drop` row."""
     base = end.origin if end.origin is not None else start.vbuckets
+    cids = None
+    if end.collections is not None:
+        known = start.collections if start.collections is not None and end.origin is None else end.collections
+        cids = tuple(sorted(set(known.values()) | end.added))
+    dropped = tuple(sorted(end.dropped.items()))
     out = []
     for vb, e in sorted(end.vbuckets.items()):
         s = base.get(vb, EARLIEST)
         if vb in end.resets:
-            out.append(VbRange(vb, EARLIEST, e.seqno, e.vbuuid, reset=True))
-        elif e.seqno > s.seqno:
-            out.append(VbRange(vb, s, e.seqno, e.vbuuid))
+            out.append(VbRange(vb, EARLIEST, e.seqno, e.vbuuid, reset=True,
+                               cids=tuple(sorted(end.collections.values())) if cids is not None else None,
+                               dropped=dropped))
+        elif e.seqno > s.seqno or dropped:
+            out.append(VbRange(vb, s, max(e.seqno, s.seqno), e.vbuuid, cids=cids, dropped=dropped))
     return out
 
 

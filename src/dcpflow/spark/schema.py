@@ -167,13 +167,20 @@ class BatchConverter:
     def drop_marker(self, event, commit_version: int) -> pa.RecordBatch:
         """One row for a collection_dropped system event (client.events.SystemEvent): every key of
         the collection is gone."""
-        vbuuid = event.vbuuid - (1 << 64) if event.vbuuid >> 63 else event.vbuuid  # int64 bits, as the column
-        return self._row({"vbucket": event.vbucket, "seqno": event.seqno, "vbuuid": vbuuid,
+        return self.drop_row(event.vbucket, event.seqno, event.vbuuid, event.collection_id, event.scope,
+                             event.collection, commit_version)
+
+    def drop_row(self, vbucket: int, seqno: int, vbuuid: int, cid: int, scope: str, collection: str,
+                 commit_version: int) -> pa.RecordBatch:
+        """A `drop` row: every key of collection `cid` is gone (a drop event, or a planner that saw
+        the collection's name go or move to another id)."""
+        vbuuid = vbuuid - (1 << 64) if vbuuid >> 63 else vbuuid  # int64 bits, as the column
+        return self._row({"vbucket": vbucket, "seqno": seqno, "vbuuid": vbuuid,
                           "key": "" if self.key_format == "string" else b"", "value": None,
                           "event": "collection_dropped", "cas": 0, "rev_seqno": 0, "flags": 0, "expiry": 0,
-                          "datatype": 0, "snapshot_start": event.seqno, "snapshot_end": event.seqno, CHANGE_TYPE: DROP,
-                          COMMIT_VERSION: commit_version, "scope": event.scope, "collection": event.collection,
-                          "collection_id": event.collection_id})
+                          "datatype": 0, "snapshot_start": seqno, "snapshot_end": seqno, CHANGE_TYPE: DROP,
+                          COMMIT_VERSION: commit_version, "scope": scope, "collection": collection,
+                          "collection_id": cid})
 
     def _key(self, keys: pa.Array) -> pa.Array:
         if self.key_format == "binary":

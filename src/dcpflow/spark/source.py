@@ -94,6 +94,27 @@ async def server_state(client, vbuckets, logs_of=None) -> tuple[dict[int, int], 
             {vb: [(int(u), int(s)) for u, s in logs.get(vb, [])] for vb in want})
 
 
+async def collection_ids(client, opts: DcpOptions, first: bool) -> dict[str, int] | None:
+    """With the `collections` option: each name's collection id now (names missing now are left
+    out, as dropped; at a query's first plan a missing name is an error, as for the client)."""
+    if not opts.collections:
+        return None
+    from dcpflow.client.manifest import Filter
+
+    manifest = await client.manifest()
+    out, missing = {}, []
+    for scope, name in Filter.build(opts.scope, opts.collections).collections:
+        c = manifest.collection(scope, name)
+        if c is None:
+            missing.append(f"{scope}.{name}")
+        else:
+            out[f"{scope}.{name}"] = c.cid
+    if missing and first:
+        raise DcpOptionError(f"option 'collections': bucket {opts.bucket!r} has no {', '.join(missing)} "
+                             f"(manifest uid {manifest.uid:x})")
+    return out
+
+
 def chosen_vbuckets(opts: DcpOptions, num_vbuckets: int) -> list[int]:
     """The vbuckets to read; options naming a vbucket the bucket does not have are errors (an
     offset for one would otherwise be dropped without a word)."""
@@ -208,8 +229,8 @@ class DcpBatchReader(DataSourceReader):
         try:
             async def state(client):
                 vbs = chosen_vbuckets(opts, client.num_vbuckets)
-                return vbs, *(await server_state(client, vbs))
-            vbs, high, logs = session.run(state)
+                return vbs, *(await server_state(client, vbs)), await collection_ids(client, opts, True)
+            vbs, high, logs, colls = session.run(state)
         finally:
             session.close()
         uuids = {vb: (logs[vb][0][0] if logs[vb] else 0) for vb in vbs}
@@ -222,7 +243,7 @@ class DcpBatchReader(DataSourceReader):
                 raise DcpOptionError("endingOffsets=earliest makes an empty batch read; use latest or JSON offsets")
             ends = off.resolve(opts.ending_offsets, vbs, high, uuids, default="latest")
             limit = {vb: min(high[vb], ends[vb].seqno) for vb in vbs}
-        end = off.plan(start, limit, logs, None, opts.rollback)
+        end = off.plan(start, limit, logs, None, opts.rollback, colls)
         return make_partitions(opts, start, end)
 
     def read(self, partition: DcpPartition) -> Iterator[pa.RecordBatch]:
@@ -248,6 +269,7 @@ class DcpStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._seen: tuple[float, tuple] | None = None  # (monotonic time, _state()'s answer)
         self._latest: off.SourceOffset | None = None
         self._item_bytes: float | None = None
+        self._colls: dict[str, int] | None = None  # the `collections` names' ids, as last seen
 
     # The session is driver-only state; workers get a pickled reader without it.
     def __getstate__(self):
@@ -267,8 +289,11 @@ class DcpStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         async def state(client):
             if self._vbuckets is None:
                 self._vbuckets = chosen_vbuckets(self.opts, client.num_vbuckets)
-            return await server_state(client, self._vbuckets)
-        high, logs = self._session.run(state)
+            high, logs = await server_state(client, self._vbuckets)
+            return high, logs, await collection_ids(client, self.opts, self._colls is None)
+        high, logs, colls = self._session.run(state)
+        if colls is not None:
+            self._colls = colls
         uuids = {vb: (logs[vb][0][0] if logs[vb] else 0) for vb in high}
         self._latest = off.SourceOffset({vb: off.Offset.at(uuids[vb], high[vb]) for vb in high})
         self._seen = (time.monotonic(), (high, logs, uuids))
@@ -316,8 +341,9 @@ class DcpStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             log.warning("dcp source: vbuckets %s are not in the checkpoint's offset; reading them from the "
                         "beginning", added[:16])
             start_off = off.SourceOffset({**start_off.vbuckets, **dict.fromkeys(added, off.EARLIEST)},
-                                         start_off.batch, start_off.resets, start_off.initial)
-        end = off.plan(start_off, high, logs, self._budget(limit), self.opts.rollback)
+                                         start_off.batch, start_off.resets, start_off.initial,
+                                         collections=start_off.collections)
+        end = off.plan(start_off, high, logs, self._budget(limit), self.opts.rollback, self._colls)
         if end is start_off:
             return start  # nothing to read: the offset Spark holds, unchanged
         return end.to_json()
@@ -418,74 +444,102 @@ class _RangeReader:
         self.version = partition.commit_version
 
     async def run(self):
-        from dcpflow.client import Offset, RollbackError
-
         opts = self.opts
         client = await connect(opts)
         self.converter.names = client.names.of
         try:
-            vbs = [r.vbucket for r in self.partition.ranges]
+            ranges = self.partition.ranges
+            vbs = sorted({r.vbucket for r in ranges})
             # a range from seqno 0 has no history to check: only the others need their failover
             # logs (a request per vbucket, at every task start)
-            high, logs = await server_state(client, vbs, [r.vbucket for r in self.partition.ranges
-                                                          if not r.reset and r.start.seqno > 0])
-            normal: dict[int, tuple[Offset, int]] = {}
-            repairs: list[int] = []
-            for r in self.partition.ranges:
-                if r.reset:
-                    yield self.converter.rollback_marker(r.vbucket, r.end_vbuuid, self.version)
-                    if r.end_seqno > 0:
-                        normal[r.vbucket] = (Offset(0, 0, 0, 0), min(r.end_seqno, high[r.vbucket]))
-                elif off.diverged(r.start, logs.get(r.vbucket, []), high[r.vbucket]):
-                    repairs.append(r.vbucket)
+            high, logs = await server_state(client, vbs, sorted({r.vbucket for r in ranges
+                                                                 if not r.reset and r.start.seqno > 0}))
+            # Ranges read the collection ids the driver planned (offsets.ranges): the ids the start
+            # knew, and apart, from seqno 0, ids that took a name since. None: the options' filter.
+            groups: dict = {}
+            for r in ranges:
+                groups.setdefault(r.cids, []).append(r)
+            for cids, group in groups.items():
+                if cids is None:
+                    filters = opts.filters
                 else:
-                    normal[r.vbucket] = (r.start, min(r.end_seqno, high[r.vbucket]))
-            yielded: dict[int, int] = {}  # vbucket -> highest seqno delivered (a resume repeats nothing)
-            resumed = False
-            while normal or repairs:
-                for vb in repairs:
-                    async for batch in self._repair(client, vb):
-                        yield batch
-                    normal.pop(vb, None)
-                repairs = []
-                normal = {vb: (o, e) for vb, (o, e) in normal.items() if o.seqno < e}
-                if not normal:
-                    break
-                ends = {vb: e for vb, (_, e) in normal.items()}
-                batches = client.batches({vb: o for vb, (o, _) in normal.items()}, ends,
-                                         max_rows=opts.max_rows_per_batch, **opts.filters)
-                try:
-                    async for batch in batches:
-                        for marker in self._drops(batches, yielded if resumed else None):
-                            yield marker
-                        if batch.num_rows == 0:
-                            continue
-                        out = self.converter.convert(batch, self.version, ends, yielded if resumed else None)
-                        delivered(out, yielded)
-                        yield out
-                    for marker in self._drops(batches, yielded if resumed else None):
-                        yield marker
-                    normal = {}
-                except RollbackError as e:
-                    if opts.rollback == "fail":
-                        raise RuntimeError(f"dcp source: {e} (rollback=fail)") from e
-                    if e.vbucket in yielded:
-                        # Rows of this vbucket already left in this attempt; a marker now could not
-                        # void them (same _commit_version). Fail the task: its retry checks the
-                        # failover log first and re-reads the vbucket from 0 before yielding any.
-                        raise RuntimeError(f"dcp source: vbucket {e.vbucket} rolled back in the middle of the read "
-                                           "(the server's history changed); the task must be retried") from e
-                    repairs = [e.vbucket]
-                    resumed = True
-                    # Resume the others where they stood (the client's positions carry the
-                    # snapshot they are in); the rolled-back one is re-read from 0.
-                    stood = getattr(batches, "offsets", None) or {}
-                    normal = {vb: (stood.get(vb, o), e_) for vb, (o, e_) in normal.items()
-                              if vb != e.vbucket and stood.get(vb, o).seqno < e_}
-                finally:
-                    await batches.aclose()
+                    filters = {"collection_ids": list(cids) or None, "history": opts.history,
+                               "sync_writes": opts.sync_writes}
+                async for batch in self._read(client, group, high, logs, filters):
+                    yield batch
+            if "collection_id" in self.converter.target.names:
+                for r in ranges:  # names the driver saw go (or move to another id)
+                    for cid, name in r.dropped:
+                        scope, _, coll = name.partition(".")
+                        yield self.converter.drop_row(r.vbucket, r.end_seqno, r.end_vbuuid, cid, scope, coll,
+                                                      self.version)
         finally:
             await client.close()
+
+    async def _read(self, client, group: list, high: dict, logs: dict, filters: dict):
+        """The ranges of one filter (a read without ids - `collection_ids` None - reads nothing:
+        every id planned was dropped)."""
+        from dcpflow.client import Offset, RollbackError
+
+        opts = self.opts
+        nothing = "collection_ids" in filters and filters["collection_ids"] is None
+        normal: dict[int, tuple[Offset, int]] = {}
+        repairs: list[int] = []
+        for r in group:
+            if r.reset:
+                yield self.converter.rollback_marker(r.vbucket, r.end_vbuuid, self.version)
+                if r.end_seqno > 0 and not nothing:
+                    normal[r.vbucket] = (Offset(0, 0, 0, 0), min(r.end_seqno, high[r.vbucket]))
+            elif nothing:
+                continue
+            elif off.diverged(r.start, logs.get(r.vbucket, []), high[r.vbucket]):
+                repairs.append(r.vbucket)
+            else:
+                normal[r.vbucket] = (r.start, min(r.end_seqno, high[r.vbucket]))
+        yielded: dict[int, int] = {}  # vbucket -> highest seqno delivered (a resume repeats nothing)
+        resumed = False
+        while normal or repairs:
+            for vb in repairs:
+                async for batch in self._repair(client, vb, filters):
+                    yield batch
+                normal.pop(vb, None)
+            repairs = []
+            normal = {vb: (o, e) for vb, (o, e) in normal.items() if o.seqno < e}
+            if not normal:
+                break
+            ends = {vb: e for vb, (_, e) in normal.items()}
+            batches = client.batches({vb: o for vb, (o, _) in normal.items()}, ends,
+                                     max_rows=opts.max_rows_per_batch, **filters)
+            try:
+                async for batch in batches:
+                    for marker in self._drops(batches, yielded if resumed else None):
+                        yield marker
+                    if batch.num_rows == 0:
+                        continue
+                    out = self.converter.convert(batch, self.version, ends, yielded if resumed else None)
+                    delivered(out, yielded)
+                    yield out
+                for marker in self._drops(batches, yielded if resumed else None):
+                    yield marker
+                normal = {}
+            except RollbackError as e:
+                if opts.rollback == "fail":
+                    raise RuntimeError(f"dcp source: {e} (rollback=fail)") from e
+                if e.vbucket in yielded:
+                    # Rows of this vbucket already left in this attempt; a marker now could not
+                    # void them (same _commit_version). Fail the task: its retry checks the
+                    # failover log first and re-reads the vbucket from 0 before yielding any.
+                    raise RuntimeError(f"dcp source: vbucket {e.vbucket} rolled back in the middle of the read "
+                                       "(the server's history changed); the task must be retried") from e
+                repairs = [e.vbucket]
+                resumed = True
+                # Resume the others where they stood (the client's positions carry the
+                # snapshot they are in); the rolled-back one is re-read from 0.
+                stood = getattr(batches, "offsets", None) or {}
+                normal = {vb: (stood.get(vb, o), e_) for vb, (o, e_) in normal.items()
+                          if vb != e.vbucket and stood.get(vb, o).seqno < e_}
+            finally:
+                await batches.aclose()
 
     def _drops(self, reader, floors: dict[int, int] | None) -> list[pa.RecordBatch]:
         """A `drop` row for each collection the read saw dropped (taken from the reader)."""
@@ -499,7 +553,7 @@ class _RangeReader:
         reader.system_events.clear()
         return out
 
-    async def _repair(self, client, vb: int):
+    async def _repair(self, client, vb: int, filters: dict):
         """Marker, then the vbucket from seqno 0 to its current high seqno."""
         from dcpflow.client import Offset, RollbackError
 
@@ -513,7 +567,7 @@ class _RangeReader:
             if high[vb] == 0:
                 return
             batches = client.batches({vb: Offset(0, 0, 0, 0)}, {vb: high[vb]}, max_rows=self.opts.max_rows_per_batch,
-                                     **self.opts.filters)
+                                     **filters)
             try:
                 async for batch in batches:
                     for marker in self._drops(batches, None):
