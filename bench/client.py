@@ -90,18 +90,24 @@ async def read_events(port: int, highs: dict[int, int], buffer: int) -> tuple[fl
 
 
 class LineCounter:
-    """A stdout stand-in (text with a binary `buffer`) that counts the lines written to it."""
+    """A stdout stand-in (text with a binary `buffer`) that keeps what is written to it and counts
+    its lines afterwards (`lines`), outside the timed run: counting 38 MB of lines as they come
+    cost the timed run about 0.08 s of this process's time, more than /dev/null costs `tail`."""
 
     def __init__(self):
         self.buffer = self
-        self.lines = 0
+        self.chunks: list = []
 
     def write(self, data) -> None:
-        self.lines += (data if isinstance(data, bytes | str) else bytes(data)).count(
-            "\n" if isinstance(data, str) else b"\n")
+        self.chunks.append(data)
 
     def flush(self) -> None:
         pass
+
+    @property
+    def lines(self) -> int:
+        return sum((c if isinstance(c, bytes | str) else bytes(c)).count("\n" if isinstance(c, str) else b"\n")
+                   for c in self.chunks)
 
 
 def run_tail(port: int, buffer: int) -> tuple[float, int]:

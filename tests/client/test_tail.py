@@ -8,6 +8,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 import dcpflow
 from dcpflow.client.tail import parse_vbuckets
 
@@ -165,3 +167,27 @@ def test_json_lines_from_batches_match_the_per_row_format():
                          *names(r["collection_id"])) for r in rows]
     assert [json.loads(line) for line in out.splitlines()] == expected
     assert expected[0]["cas"] == 2**64 - 2 and expected[3]["key"].startswith("base64:")
+
+
+@pytest.mark.parametrize("odd", [None, {"key": b'q"uote'}, {"key": b"tab\there"}, {"key": "é".encode()},
+                                 {"value": b'{\n"a":1}'}, {"value": b'{"a":\r1}'}, {"flags": 9, "expiry": 5}])
+def test_json_lines_of_a_clean_batch_and_of_one_odd_row_match_the_per_row_format(odd):
+    """The whole-batch checks (no key or value byte that needs a closer look; a number the same in
+    every row goes as one constant) and each way out of them give what row_json gives."""
+    import pyarrow as pa
+
+    from dcpflow.client.batches import SCHEMA
+    from dcpflow.client.jsonlines import format_batch, row_json
+
+    rows = [dict(vbucket=i % 4, seqno=10 + i, vbuuid=-5, key=b"key-%d" % i, value=b'{"n":%d}' % i, event="mutation",
+                 cas=1000 + i, rev_seqno=1, flags=0, expiry=0, datatype=1, snapshot_start=1, snapshot_end=99,
+                 collection_id=8, delete_time=0) for i in range(50)]
+    if odd is not None:
+        rows[17].update(odd)
+    batch = pa.RecordBatch.from_pylist(rows, schema=SCHEMA)
+    names = {8: ("shop", "orders")}.get
+    out = bytes(format_batch(batch, names)).decode()
+    expected = [row_json(r["event"], r["vbucket"], r["seqno"], r["key"], r["value"], r["cas"], r["rev_seqno"],
+                         r["flags"], r["expiry"], r["datatype"], r["collection_id"], r["delete_time"],
+                         *names(r["collection_id"])) for r in rows]
+    assert [json.loads(line) for line in out.splitlines()] == expected
