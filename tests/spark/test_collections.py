@@ -89,3 +89,30 @@ def test_a_collection_made_again_under_a_filtered_name_replaces_the_old_one_in_t
     assert new != ids["shop.orders"]
     assert run_once() == ({("users", ids["shop.users"], f"k{i}") for i in range(6)} |
                           {("orders", new, f"n{i}") for i in range(3)})
+
+
+def test_history_on_puts_every_version_of_a_history_collection_in_the_change_log(spark, server, tmp_path):
+    """`history=true` end to end: the change log of a collection with history=true holds every
+    version of a key, in seqno order; without the option (or in a collection without history) the
+    stream de-duplicates a snapshot's versions of a key; the state table keeps the last one."""
+    from tests.client.test_collections import shop
+
+    ids = shop(server, history=True)
+    with server.login(features=FEATURES) as w:
+        for i in range(4):
+            put(w, ids["shop.orders"], b"order-1", b'{"v":%d}' % i)
+            put(w, ids["shop.users"], b"user-1", b'{"v":%d}' % i)
+
+    def versions(**extra):
+        df = spark.read.format("dcp").options(**options(server, scope="shop", **extra)).load()
+        rows = df.filter("_change_type = 'upsert'").select("collection", "key", "seqno", "value").collect()
+        return {c: [r["value"] for r in sorted((r for r in rows if r["collection"] == c), key=lambda r: r["seqno"])]
+                for c in ("orders", "users")}
+
+    every = versions(history="true")
+    assert every["orders"] == [f'{{"v":{i}}}' for i in range(4)] and every["users"] == ['{"v":3}']
+    assert versions() == {"orders": ['{"v":3}'], "users": ['{"v":3}']}
+    writer = DeltaStateWriter(tmp_path / "state")
+    writer.apply(spark.read.format("dcp").options(**options(server, scope="shop", history="true")).load(), 0)
+    assert {(r["collection"], r["key"], r["value"]) for r in writer.read(spark).collect()} == {
+        ("orders", "order-1", '{"v":3}'), ("users", "user-1", '{"v":3}')}
