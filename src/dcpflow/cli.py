@@ -48,6 +48,7 @@ def _cmd_server(args: argparse.Namespace) -> int:
                           plain_over_tcp=args.allow_plain_over_tcp, mgmt_port=args.mgmt_port,
                           mgmt_tls_port=args.mgmt_tls_port, audit_log=args.audit_log,
                           max_connections=args.max_connections, system_connections=args.system_connections,
+                          mgmt_max_connections=args.mgmt_max_connections,
                           memory_quota=args.memory_quota,
                           fragmentation_threshold=args.fragmentation_threshold / 100 or None)
     if (args.tls_cert is None) != (args.tls_key is None):
@@ -187,6 +188,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--system-connections", type=int, default=16, metavar="N",
                    help="connections kept beyond --max-connections for administrators and the cluster manager "
                         "(default 16)")
+    p.add_argument("--mgmt-max-connections", type=int, default=1_000, metavar="N",
+                   help="HTTP connections the management port keeps open at once (default 1000); beyond, a new "
+                        "one is closed at once")
     p.add_argument("--audit-log", metavar="FILE",
                    help="also write the audit trail of refusals (failed logins, EACCESS, invalid packets; always "
                         "logged at WARNING, rate-limited) to FILE as JSON lines, Couchbase's audit event format")

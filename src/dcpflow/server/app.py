@@ -118,6 +118,8 @@ class ServerConfig:
     # (ns_server's defaults are 60000 and 5000); lowered at start to fit the descriptor limit.
     max_connections: int = 60_000
     system_connections: int = 16
+    # HTTP connections the management port keeps open at once; beyond, a new one is closed at once
+    mgmt_max_connections: int = 1_000
     # PLAIN sends the password in clear: like Couchbase Server, offer it only inside TLS unless allowed here.
     plain_over_tcp: bool = False
     # HTTP management (REST, /metrics, /ui/): None = 8091 (with TLS also 18091) when free, else a free
@@ -261,7 +263,7 @@ class Server:
         self.total_connections = 0
         self.max_connections = config.max_connections  # what start() admits (connection_limit)
         self.system_count = 0  # connections authenticated as administrators (they use the reserve first)
-        self.refused_connections: dict[str, int] = {"limit": 0, "reserve": 0, "descriptors": 0}
+        self.refused_connections: dict[str, int] = {"limit": 0, "reserve": 0, "descriptors": 0, "http_limit": 0}
         self._opening: set[asyncio.Task] = set()  # accepted sockets whose Connection is being made (TLS)
         self.started = time.time()
         self.topology: Topology | None = None

@@ -3,6 +3,7 @@ and ns_server's answers to bad input - while the KV port keeps serving."""
 
 import json
 import socket
+import time
 from pathlib import Path
 
 import pytest
@@ -308,3 +309,38 @@ def test_a_failing_handler_answers_500_without_its_traceback(server, monkeypatch
     monkeypatch.undo()
     with server.login() as c:
         assert c.set(b"after-500", b"v").status == Status.SUCCESS
+
+
+def test_the_management_port_holds_at_most_its_connection_limit(make_server):
+    """--mgmt-max-connections: connections beyond it are closed at once (counted in /metrics and
+    logged at a bounded rate); one that closes makes room; the KV port is not concerned."""
+    server = make_server(mgmt_port=0, mgmt_max_connections=3)
+    port = server.mgmt_port
+    request = (b"GET /pools HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Basic QWRtaW5pc3RyYXRvcjpwYXNzd29yZA==\r\n"
+               b"\r\n")
+
+    def keep_alive() -> socket.socket:
+        s = socket.create_connection(("127.0.0.1", port), timeout=10)
+        s.sendall(request)
+        assert s.recv(65536).startswith(b"HTTP/1.1 200")  # served: aiohttp holds the connection now
+        return s
+
+    held = [keep_alive() for _ in range(3)]
+    extra = socket.create_connection(("127.0.0.1", port), timeout=10)
+    try:
+        extra.sendall(request)
+        assert extra.recv(65536) == b""  # closed at once, unanswered
+    except ConnectionResetError:
+        pass  # closed with the request unread: a reset
+    extra.close()
+    held.pop().close()
+    assert server.call(lambda: server.server.refused_connections["http_limit"]) == 1
+    deadline = time.monotonic() + 10
+    while server.call(lambda: server.server.mgmt.open_connections) >= 3:  # until the server sees the close
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    held.append(keep_alive())
+    with server.login() as c:
+        assert c.call(Opcode.NOOP).status == Status.SUCCESS
+    for s in held:
+        s.close()

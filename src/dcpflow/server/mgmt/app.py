@@ -406,7 +406,23 @@ class ManagementListener:
             self._listeners.append(listener)
         self.observer.start()
 
+    @property
+    def open_connections(self) -> int:
+        """HTTP connections open, or being opened (a TLS handshake)."""
+        return len(self._runner.server.connections) + len(self._opening) if self._runner is not None else 0
+
     def _accepted(self, sock: socket.socket, tls: ssl.SSLContext | None) -> None:
+        """Hand an accepted socket to aiohttp, or close it at once when the port already holds
+        `mgmt_max_connections` (each costs a descriptor and a handler: a client opening connections
+        without end must not take the node's descriptors from KV)."""
+        server = self.server
+        n = self.open_connections
+        if n >= server.config.mgmt_max_connections:
+            server.refused_connections["http_limit"] += 1
+            server.log.warning("http-connection-limit", "refused an HTTP connection: %d are open on the management "
+                               "port, its limit (--mgmt-max-connections %d)", n, server.config.mgmt_max_connections)
+            sock.close()
+            return
         loop = asyncio.get_running_loop()
         task = loop.create_task(self._open(loop, sock, tls))
         self._opening.add(task)

@@ -122,8 +122,8 @@ def collect(server, may_see=lambda bucket: True) -> Exposition:
           "for administrators.", server.config.system_connections, type="system")
     for reason, n in server.refused_connections.items():
         m.add("kv_connections_refused_total", "counter", "Connections refused or closed unserved: over the limit and "
-              "the reserve, a reserved one that was not an administrator's, or accepts that failed for lack of "
-              "descriptors.", n, reason=reason)
+              "the reserve, a reserved one that was not an administrator's, accepts that failed for lack of "
+              "descriptors, or management (HTTP) connections over their limit.", n, reason=reason)
     m.add("process_resident_memory_bytes", "gauge", "Resident memory of the server process.", _resident_bytes())
     for event in AUDIT_EVENTS:
         m.add("kv_audit_events_total", "counter", "Refusals recorded in the audit trail since the server started "
