@@ -30,15 +30,21 @@ def durable_set(c, key: bytes, value: bytes, vb: int) -> int:
     return opaque
 
 
+def one_committed_one_open(server, w, vb: int, done: bytes, open_: bytes) -> int:
+    """A durable write of `done` on a chain of one (prepare 1, commit 2), then one of `open_` that no
+    replica acknowledges (prepare 3 stays open; chain self + peer); the open one's opaque."""
+    set_topology(server, vb, ["self"])
+    durable_set(w, done, b'{"v":1}', vb)
+    assert w.recv().status == Status.SUCCESS
+    set_topology(server, vb, ["self", "peer"])
+    return durable_set(w, open_, b'{"v":2}', vb)
+
+
 def test_committed_only_by_default_and_prepares_with_the_option(server):
     vb = 3
     done, open_ = keys_in(vb, 2, prefix="cs")
-    set_topology(server, vb, ["self"])
     with server.login() as w:
-        durable_set(w, done, b'{"v":1}', vb)
-        assert w.recv().status == Status.SUCCESS  # prepare 1, commit 2 (a chain of one)
-        set_topology(server, vb, ["self", "peer"])
-        held = durable_set(w, open_, b'{"v":2}', vb)  # prepare 3 stays open: nobody acknowledges it
+        held = one_committed_one_open(server, w, vb, done, open_)
 
         async def read(**kw):
             async with await DcpClient.connect(url(server.port), USER, PASSWORD) as c:

@@ -16,9 +16,10 @@ from dcpflow.protocol.status import Status
 from .client import SDK_FEATURES, Closed
 
 GRANTED_TO_SDK = (Feature.TCP_NODELAY, Feature.XATTR, Feature.XERROR, Feature.SELECT_BUCKET, Feature.JSON,
-                  Feature.ALT_REQUEST_SUPPORT, Feature.VATTR, Feature.COLLECTIONS, Feature.SUBDOC_CREATE_AS_DELETED,
-                  Feature.PRESERVE_TTL, Feature.SUBDOC_REPLICA_READ, Feature.SUBDOC_BINARY_XATTR,
-                  Feature.DEDUPE_NOT_MY_VBUCKET_CLUSTERMAP, Feature.SNAPPY, Feature.MUTATION_SEQNO)
+                  Feature.ALT_REQUEST_SUPPORT, Feature.SYNC_REPLICATION, Feature.VATTR, Feature.COLLECTIONS,
+                  Feature.SUBDOC_CREATE_AS_DELETED, Feature.PRESERVE_TTL, Feature.SUBDOC_REPLICA_READ,
+                  Feature.SUBDOC_BINARY_XATTR, Feature.UNORDERED_EXECUTION, Feature.DEDUPE_NOT_MY_VBUCKET_CLUSTERMAP,
+                  Feature.SNAPPY, Feature.MUTATION_SEQNO)
 
 
 def test_hello_grants_only_what_is_implemented_in_request_order(server):

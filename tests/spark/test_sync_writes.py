@@ -5,10 +5,9 @@ commit and abort too, whose _change_type is the event; the pipeline refuses that
 import pytest
 from pyspark.errors import PySparkException
 
-from dcpflow.protocol.status import Status
 from dcpflow.spark.pipeline import PipelineConfig
 
-from ..client.test_sync_writes import durable_set, set_topology
+from ..client.test_sync_writes import one_committed_one_open
 from ..dcp.conftest import keys_in
 from .test_source import source_options
 
@@ -16,12 +15,8 @@ from .test_source import source_options
 def test_committed_rows_by_default_and_sync_write_rows_with_the_option(spark, server):
     vb = 9
     done, open_ = keys_in(vb, 2, prefix="sp")
-    set_topology(server, vb, ["self"])
     with server.login() as w:
-        durable_set(w, done, b'{"v":1}', vb)
-        assert w.recv().status == Status.SUCCESS  # prepare 1, commit 2 (a chain of one)
-        set_topology(server, vb, ["self", "peer"])
-        durable_set(w, open_, b'{"v":2}', vb)  # prepare 3 stays open: nobody acknowledges it
+        one_committed_one_open(server, w, vb, done, open_)  # prepare 1, commit 2; prepare 3 open
 
         def read(**extra):
             df = spark.read.format("dcp").options(**source_options(server.port, vbuckets=str(vb), **extra)).load()
