@@ -14,13 +14,10 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import pyarrow.dataset as ds
-
 import dcpflow
 from dcpflow.load import Workload
-from dcpflow.spark.state import open_state
 
-from .standalone import StandaloneCluster, stop_groups
+from .standalone import StandaloneCluster, state_of, stop_groups
 from .test_source import conn, write
 
 PACKAGE_ROOT = str(Path(dcpflow.__file__).resolve().parents[1])
@@ -98,10 +95,16 @@ def test_pipeline_on_a_standalone_cluster_equals_the_server(server, tmp_path):
             stop_groups([driver])
             for stream in (driver.stdin, driver.stdout):
                 stream.close()
+        # the same through the command line: `dcpflow pipeline --master` with the settings a user gives
+        conf = {"spark.executorEnv.PYTHONPATH": PACKAGE_ROOT, "spark.executor.cores": "1", "spark.cores.max": "2",
+                "spark.executor.memory": "512m", "spark.driver.memory": "512m", "spark.driver.host": "127.0.0.1",
+                "spark.driver.bindAddress": "127.0.0.1", "spark.ui.port": "0"}
+        cli = subprocess.run([sys.executable, "-m", "dcpflow.cli", "pipeline", "--connection", conn(server.port),
+                              "--lake", str(tmp_path / "cli-lake"), "--master", cluster.url, "--partitions", "2",
+                              *(a for k, v in conf.items() for a in ("--conf", f"{k}={v}"))],
+                             cwd=REPO, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300)
+        assert cli.returncode == 0 and "caught up" in cli.stdout, cli.stderr[-4000:] + cluster.logs()
 
-    files = open_state(lake / "state").files()
-    table = ds.dataset(files, format="parquet").to_table(columns=["scope", "collection", "key", "value"])
-    state = {(r["scope"], r["collection"], r["key"]): r["value"] for r in table.to_pylist()}
-    assert len(state) == table.num_rows  # one row per key
-    assert state == {("_default", "_default", k): v for k, v in truth.items()}
+    truth_state = {("_default", "_default", k): v for k, v in truth.items()}
+    assert state_of(lake) == truth_state and state_of(tmp_path / "cli-lake") == truth_state
     assert len(truth) > 2000  # deletes happened, most keys live

@@ -42,6 +42,13 @@ def add_commands(sub) -> None:
                    help="only this collection (repeatable); a bare name is in --scope")
     p.add_argument("--history", action="store_true",
                    help="change streams: every retained version of collections with history into the change log")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--master", metavar="URL",
+                       help="run on this Spark cluster (spark://host:7077, yarn, k8s://...) instead of local mode; "
+                            "executors need dcpflow in the Python PYSPARK_PYTHON names (docs/spark.md)")
+    where.add_argument("--remote", metavar="URL", help="run through this Spark Connect server (sc://host:15002)")
+    p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                   help="a Spark setting for the session (repeatable), e.g. spark.executor.memory=4g")
     p.add_argument("--option", action="append", default=[], metavar="NAME=VALUE",
                    help="any other option of the dcp source (repeatable)")
     p.set_defaults(func=_cmd_pipeline)
@@ -125,9 +132,23 @@ def _cmd_pipeline(args: argparse.Namespace) -> int:
     except DcpOptionError as e:
         print(f"dcpflow pipeline: {e}", file=sys.stderr)
         return 2
-    from .session import local_session
+    conf = {}
+    for item in args.conf:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            print(f"dcpflow pipeline: --conf {item!r} must be KEY=VALUE", file=sys.stderr)
+            return 2
+        conf[key] = value
+    if conf and args.remote:
+        print("dcpflow pipeline: --conf does not apply to a Spark Connect session (set it on its server)",
+              file=sys.stderr)
+        return 2
+    from .session import cluster_session, local_session
 
-    spark = local_session("dcpflow-pipeline")
+    if args.master or args.remote:
+        spark = cluster_session("dcpflow-pipeline", master=args.master, remote=args.remote, conf=conf)
+    else:
+        spark = local_session("dcpflow-pipeline", conf=conf)
     pipeline = Pipeline(spark, config)
     started = time.monotonic()
 

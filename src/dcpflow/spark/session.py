@@ -83,6 +83,37 @@ def local_session(app_name: str = "dcpflow", *, cores: int | None = None, driver
     return spark
 
 
+def cluster_session(app_name: str = "dcpflow", *, master: str | None = None, remote: str | None = None,
+                    conf: dict | None = None):
+    """A SparkSession with dcpflow's data sources registered, on a cluster: `master` (spark://host:7077,
+    yarn, k8s://..., local[...]) or a Spark Connect server `remote` (sc://host:15002).
+
+    With a master, executors run the Python named by PYSPARK_PYTHON (this interpreter's path unless
+    it is set: the same path must hold that Python, with dcpflow, on every node; docs/spark.md),
+    and `conf` is any Spark settings (executor memory, spark.executorEnv.PYTHONPATH...). Over
+    Spark Connect the server's Python reads and writes; `conf` does not apply."""
+    from pyspark.sql import SparkSession
+
+    if (master is None) == (remote is None):
+        raise ValueError("give a master or a Spark Connect remote, not both")
+    if remote is not None:
+        spark = SparkSession.builder.remote(remote).getOrCreate()
+        register(spark)
+        return spark
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    java_opts = f"-Dlog4j2.configurationFile=file:{log4j2_file()}"
+    builder = (SparkSession.builder.master(master).appName(app_name)
+               .config("spark.ui.showConsoleProgress", "false")
+               .config("spark.sql.session.timeZone", "UTC")
+               .config("spark.driver.extraJavaOptions", java_opts))
+    for key, value in (conf or {}).items():
+        builder = builder.config(key, str(value))
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    register(spark)
+    return spark
+
+
 def register(spark) -> None:
     """Register the `dcp` data source (and the synthetic one used by tests and the benchmark)."""
     from .source import DcpDataSource
