@@ -75,6 +75,11 @@ def local_session(app_name: str = "dcpflow", *, cores: int | None = None, driver
                .config("spark.sql.streaming.stopActiveRunOnRestart", "true"))
     if warehouse is not None:
         builder = builder.config("spark.sql.warehouse.dir", str(warehouse))
+    return _start(builder, conf)
+
+
+def _start(builder, conf: dict | None):
+    """The session of `builder` with the user's settings, quiet, with dcpflow's sources registered."""
     for key, value in (conf or {}).items():
         builder = builder.config(key, str(value))
     spark = builder.getOrCreate()
@@ -106,12 +111,7 @@ def cluster_session(app_name: str = "dcpflow", *, master: str | None = None, rem
                .config("spark.ui.showConsoleProgress", "false")
                .config("spark.sql.session.timeZone", "UTC")
                .config("spark.driver.extraJavaOptions", java_opts))
-    for key, value in (conf or {}).items():
-        builder = builder.config(key, str(value))
-    spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR")
-    register(spark)
-    return spark
+    return _start(builder, conf)
 
 
 def register(spark) -> None:
