@@ -917,16 +917,11 @@ class VBucket:
         self._check_applicable(abort_seqno)
         if key not in self.prepares and prepared_seqno > self.hcs:
             cid, bkey = key if key.__class__ is tuple else (0, key)
-            unseen = Item(bkey, b"", 0, 0, 0, 0, prepared_seqno, 0, True, 0, DeleteSource.EXPLICIT, cid)
-            abort = make_abort(unseen, abort_seqno, 0, int(self._clock()))
-            self._queue_sync(abort)
-            self._completed(prepared_seqno)
-            if abort_seqno >= self.snapshot_end:
-                self._snapshot_received(abort_seqno)
-            return abort
-        prepare = self._held_prepare(key, prepared_seqno, "DCP_ABORT")
+            prepare = Item(bkey, b"", 0, 0, 0, 0, prepared_seqno, 0, True, 0, DeleteSource.EXPLICIT, cid)
+        else:
+            prepare = self._held_prepare(key, prepared_seqno, "DCP_ABORT")
+            del self.prepares[key]
         abort = make_abort(prepare, abort_seqno, prepare.cas, int(self._clock()))
-        del self.prepares[key]
         self._queue_sync(abort)
         self._completed(prepared_seqno)
         if abort_seqno >= self.snapshot_end:

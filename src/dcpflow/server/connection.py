@@ -506,7 +506,7 @@ class Connection(asyncio.Protocol):
 
     def _must_wait(self, frame: Frame) -> bool:
         """With durable writes waiting (unordered execution): may `frame` not overtake them?"""
-        if frame.opcode not in _REORDERABLE or frame.magic not in (_REQUEST, Magic.ALT_REQUEST):
+        if frame.opcode not in _REORDERABLE or frame.magic not in (_REQUEST, _ALT_REQUEST):
             return True
         return (frame.vbucket, bytes(frame.key)) in self._detached.values()
 
