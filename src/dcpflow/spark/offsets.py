@@ -304,8 +304,8 @@ def ranges(start: SourceOffset, end: SourceOffset) -> list[VbRange]:
     of the start offset, or of the end for a first batch, which had none) - a dropped one's last
     documents and drop event included - and the `added` ones, from the same start: the driver
     resolves the names after it reads the high seqnos, so an id it did not see yet made all its
-    documents after the ends it planned; every `dropped` id rides with each vbucket's range, for
-    its `drop` row."""
+    documents after the ends it planned (a re-read from 0 reads the same ids: the reader leaves out
+    those dropped by then); every `dropped` id rides with each vbucket's range, for its `drop` row."""
     base = end.origin if end.origin is not None else start.vbuckets
     cids = None
     if end.collections is not None:
@@ -316,9 +316,7 @@ def ranges(start: SourceOffset, end: SourceOffset) -> list[VbRange]:
     for vb, e in sorted(end.vbuckets.items()):
         s = base.get(vb, EARLIEST)
         if vb in end.resets:
-            out.append(VbRange(vb, EARLIEST, e.seqno, e.vbuuid, reset=True,
-                               cids=tuple(sorted(end.collections.values())) if cids is not None else None,
-                               dropped=dropped))
+            out.append(VbRange(vb, EARLIEST, e.seqno, e.vbuuid, reset=True, cids=cids, dropped=dropped))
         elif e.seqno > s.seqno or dropped:
             out.append(VbRange(vb, s, max(e.seqno, s.seqno), e.vbuuid, cids=cids, dropped=dropped))
     return out

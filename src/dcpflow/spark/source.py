@@ -454,19 +454,13 @@ class _RangeReader:
             # logs (a request per vbucket, at every task start)
             high, logs = await server_state(client, vbs, sorted({r.vbucket for r in ranges
                                                                  if not r.reset and r.start.seqno > 0}))
-            # Ranges read the collection ids the driver planned (offsets.ranges): the ids the start
-            # knew, and apart, from seqno 0, ids that took a name since. None: the options' filter.
-            groups: dict = {}
-            for r in ranges:
-                groups.setdefault(r.cids, []).append(r)
-            for cids, group in groups.items():
-                if cids is None:
-                    filters = opts.filters
-                else:
-                    filters = {"collection_ids": list(cids) or None, "history": opts.history,
-                               "sync_writes": opts.sync_writes}
-                async for batch in self._read(client, group, high, logs, filters):
-                    yield batch
+            # Every range of a batch reads the collection ids the driver planned (offsets.ranges), or
+            # with None the options' filter; () when every planned id was dropped: nothing to read.
+            cids = ranges[0].cids if ranges else None
+            filters = opts.filters if cids is None else {"collection_ids": list(cids), "history": opts.history,
+                                                         "sync_writes": opts.sync_writes}
+            async for batch in self._read(client, ranges, high, logs, filters, nothing=cids == ()):
+                yield batch
             if "collection_id" in self.converter.target.names:
                 for r in ranges:  # names the driver saw go (or move to another id)
                     for cid, name in r.dropped:
@@ -476,16 +470,15 @@ class _RangeReader:
         finally:
             await client.close()
 
-    async def _read(self, client, group: list, high: dict, logs: dict, filters: dict):
-        """The ranges of one filter (a read without ids - `collection_ids` None - reads nothing:
-        every id planned was dropped)."""
+    async def _read(self, client, ranges: list, high: dict, logs: dict, filters: dict, nothing: bool):
+        """The partition's ranges, read with `filters` (client.batches' filter arguments); with
+        `nothing` only their rollback markers."""
         from dcpflow.client import Offset, RollbackError
 
         opts = self.opts
-        nothing = "collection_ids" in filters and filters["collection_ids"] is None
         normal: dict[int, tuple[Offset, int]] = {}
         repairs: list[int] = []
-        for r in group:
+        for r in ranges:
             if r.reset:
                 yield self.converter.rollback_marker(r.vbucket, r.end_vbuuid, self.version)
                 if r.end_seqno > 0 and not nothing:
