@@ -431,19 +431,19 @@ class BatchBuilder:
             cols["key"].append(key)
             cols["value"].append(None if not prepare or msg.deleted else msg.value)
             cols["event"].append(_SYNC_EVENTS[type(msg)])
-            cols["cas"].append(_signed(msg.cas) if prepare else 0)
-            cols["rev_seqno"].append(_signed(msg.rev_seqno) if prepare else 0)
+            cols["cas"].append(as_int64(msg.cas) if prepare else 0)
+            cols["rev_seqno"].append(as_int64(msg.rev_seqno) if prepare else 0)
             cols["flags"].append(msg.flags if prepare and not msg.deleted else 0)
             cols["expiry"].append(msg.expiration if prepare and not msg.deleted else 0)
             cols["datatype"].append(msg.datatype if prepare else 0)
-            cols["snapshot_start"].append(_signed(snap_s))
-            cols["snapshot_end"].append(_signed(snap_e))
+            cols["snapshot_start"].append(as_int64(snap_s))
+            cols["snapshot_end"].append(as_int64(snap_e))
             cols["collection_id"].append(cid)
             cols["delete_time"].append(0)
         return pa.RecordBatch.from_pydict(cols, schema=SCHEMA)
 
 
-def _signed(u: int) -> int:
+def as_int64(u: int) -> int:
     """A u64 as the int64 with the same bits (how SCHEMA stores cas, vbuuid and seqnos)."""
     return u - (1 << 64) if u >= 1 << 63 else u
 

@@ -135,7 +135,7 @@ def format_batch(batch: pa.RecordBatch, names) -> memoryview:
     is_mut = pc.equal(event, "mutation")
     all_mut = pc.all(is_mut).as_py()
     # which rows can go as they are (printable ASCII keys and one-line values: checked whole first)
-    fast = pa.nulls(n, pa.bool_()).fill_null(True) if _none_of(key, _KEY_SUSPECT) else _printable_key(key)
+    fast = pa.repeat(True, n) if _none_of(key, _KEY_SUSPECT) else _printable_key(key)
     if ok_key is not None:
         fast = pc.and_(fast, ok_key)
     vtext, ok_value = _as_text(pc.fill_null(value, b""))

@@ -21,6 +21,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pajson
 
+from dcpflow.client.batches import as_int64
+
 # Columns as the client yields them (docs/client.md) ...
 CLIENT_COLUMNS = ("vbucket", "seqno", "vbuuid", "key", "value", "event", "cas", "rev_seqno", "flags", "expiry",
                   "datatype", "snapshot_start", "snapshot_end")
@@ -28,8 +30,8 @@ CLIENT_COLUMNS = ("vbucket", "seqno", "vbuuid", "key", "value", "event", "cas", 
 CHANGE_TYPE = "_change_type"
 COMMIT_VERSION = "_commit_version"
 
-UPSERT, DELETE, ROLLBACK, DROP = "upsert", "delete", "rollback", "drop"
-PREPARE, COMMIT, ABORT = "prepare", "commit", "abort"
+UPSERT, DELETE, ROLLBACK, DROP, PREPARE, COMMIT, ABORT = (
+    "upsert", "delete", "rollback", "drop", "prepare", "commit", "abort")
 """`_change_type` values. DCP cannot tell an insert from an update (both are mutations), so a
 mutation is an upsert; deletions and expirations are deletes; `rollback` marks a vbucket whose
 history the server rolled back: every earlier row of that vbucket is void (see docs/spark.md);
@@ -174,8 +176,7 @@ class BatchConverter:
                  commit_version: int) -> pa.RecordBatch:
         """A `drop` row: every key of collection `cid` is gone (a drop event, or a planner that saw
         the collection's name go or move to another id)."""
-        vbuuid = vbuuid - (1 << 64) if vbuuid >> 63 else vbuuid  # int64 bits, as the column
-        return self._row({"vbucket": vbucket, "seqno": seqno, "vbuuid": vbuuid,
+        return self._row({"vbucket": vbucket, "seqno": seqno, "vbuuid": as_int64(vbuuid),
                           "key": "" if self.key_format == "string" else b"", "value": None,
                           "event": "collection_dropped", "cas": 0, "rev_seqno": 0, "flags": 0, "expiry": 0,
                           "datatype": 0, "snapshot_start": seqno, "snapshot_end": seqno, CHANGE_TYPE: DROP,
