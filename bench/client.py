@@ -50,7 +50,7 @@ from dcpflow.protocol.hello import Feature  # noqa: E402
 from dcpflow.protocol.opcodes import Opcode  # noqa: E402
 from dcpflow.protocol.status import Status  # noqa: E402
 from serverproc import build_data as build_data_here  # noqa: E402
-from serverproc import call, start_server, stop  # noqa: E402
+from serverproc import call, child_env, start_server, stop  # noqa: E402
 
 USER, PASSWORD = "Administrator", "password"
 
@@ -126,7 +126,7 @@ def run_tail(port: int, buffer: int) -> tuple[float, int]:
 
 def run_tail_process(port: int, buffer: int) -> float:
     """`dcpflow tail --until now > /dev/null` in a subprocess: seconds."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = child_env()
     t0 = time.perf_counter()
     subprocess.run([sys.executable, "-m", "dcpflow.cli", "tail", connstr(port, buffer), "--until", "now",
                     "--no-progress"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, check=True, env=env)

@@ -131,7 +131,9 @@ def count(src: str, mode: str, passes: int, args) -> int:
 def smoke(args, modes: tuple[str, ...]) -> int:
     """Run every case's workload as the counted runs would, outside valgrind: the bench's code runs
     end to end in seconds, and nothing is counted."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    from serverproc import child_env
+
+    env = child_env()
     for mode in modes:
         for passes in (SHORT, LONG):
             with tempfile.TemporaryDirectory(prefix="dcpflow-icount-") as tmp:

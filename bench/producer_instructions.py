@@ -200,7 +200,9 @@ def per_item(src: str, case: str, n: int) -> float:
 def smoke(case: str, n: int) -> int:
     """Run a case's workloads as the counted runs would, outside valgrind: the bench's code runs end
     to end in seconds, and nothing is counted."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    from serverproc import child_env
+
+    env = child_env()
     for stream in (False, True):
         with tempfile.TemporaryDirectory(prefix="dcpflow-icount-") as tmp:
             subprocess.run([sys.executable, __file__, "--child", case, str(n), str(int(stream)), tmp], env=env,
