@@ -6,6 +6,8 @@ four ways:
 
 * batches  - `DcpClient.batches()`: Arrow record batches (max_rows 65536), rows counted;
 * events   - `DcpClient.events()`: one Mutation object per document;
+* sid      - the batch API on a client with `stream_ids=True` (its reads share a connection, each
+             message framed with a stream-id that the client strips before decoding);
 * tail     - `dcpflow tail URL --until now`: in this process (the `tail()` coroutine writing to
              a sink that counts the lines and keeps nothing) against the batch API's drain of
              the same run (the target is within 1.5x), and as a user runs it, `> /dev/null` (a
@@ -67,16 +69,17 @@ def connstr(port: int, buffer: int) -> str:
     return f"couchbase://127.0.0.1:{port}/default?buffer_size={buffer}"
 
 
-async def read_batches(port: int, highs: dict[int, int], buffer: int) -> tuple[float, int, int]:
+async def read_batches(port: int, highs: dict[int, int], buffer: int,
+                       stream_ids: bool = False) -> tuple[float, int, int]:
     from dcpflow.client import batches  # noqa: F401  (pyarrow's import is not part of the rate)
-    async with await DcpClient.connect(connstr(port, buffer), USER, PASSWORD) as c:
+    async with await DcpClient.connect(connstr(port, buffer), USER, PASSWORD, stream_ids=stream_ids) as c:
         t0 = time.perf_counter()
         reader = c.batches({vb: Offset() for vb in highs}, highs, max_rows=65536)
         rows = 0
         async for batch in reader:
             rows += batch.num_rows
         secs = time.perf_counter() - t0
-        return secs, rows, reader.stats["stream_bytes"]
+        return secs, rows, reader.stats.get("stream_bytes", 0)  # not kept for a shared connection
 
 
 async def read_events(port: int, highs: dict[int, int], buffer: int) -> tuple[float, int]:
@@ -193,7 +196,8 @@ def decode_only(record: list[bytes], highs: dict[int, int]) -> tuple[float, int]
     from dcpflow.client.streams import Feed, FeedOptions
 
     async def run():
-        feed = Feed(types.SimpleNamespace(agent="bench"), {vb: Offset() for vb in highs}, {}, FeedOptions())
+        feed = Feed(types.SimpleNamespace(agent="bench", shared=None), {vb: Offset() for vb in highs}, {},
+                    FeedOptions())
         builder = BatchBuilder(feed)
         conn = Connection(("bench", 0))
         conn.collections = True
@@ -301,7 +305,7 @@ def main() -> int:
         print(f"built {args.docs:,} docs ({args.value_size}-byte values, {args.vbuckets} vbuckets) in "
               f"{time.perf_counter() - t:.1f}s", flush=True)
         proc, port = start_server(os.path.join(tmp, "data"), args.vbuckets)
-        b_secs = e_secs = r_secs = t_secs = p_secs = float("inf")
+        b_secs = e_secs = r_secs = t_secs = p_secs = s_secs = float("inf")
         cpu = {"batch": float("inf"), "event": float("inf"), "raw": float("inf")}
         try:
             for _ in range(args.repeat):  # interleaved, best of each: the server's caches warm up alike
@@ -309,6 +313,9 @@ def main() -> int:
                 secs, rows, stream_bytes = asyncio.run(read_batches(port, highs, args.buffer))
                 c1 = time.process_time()
                 b_secs, cpu["batch"] = min(b_secs, secs), min(cpu["batch"], c1 - c0)
+                secs, s_rows, _ = asyncio.run(read_batches(port, highs, args.buffer, stream_ids=True))
+                s_secs = min(s_secs, secs)
+                c1 = time.process_time()
                 secs, events = asyncio.run(read_events(port, highs, args.buffer))
                 c2 = time.process_time()
                 e_secs, cpu["event"] = min(e_secs, secs), min(cpu["event"], c2 - c1)
@@ -320,7 +327,7 @@ def main() -> int:
         finally:
             stop(proc)
         d_secs, d_rows = decode_only(record, highs)
-        assert rows == events == args.docs == d_rows == tail_lines, (rows, events, d_rows, tail_lines)
+        assert rows == events == args.docs == d_rows == tail_lines == s_rows, (rows, events, d_rows, tail_lines, s_rows)
         limit = args.docs / r_secs
         print(f"stream bytes {stream_bytes / 1e6:.1f} MB, {args.docs:,} mutations, buffer {args.buffer:,} bytes, "
               f"best of {args.repeat}")
@@ -331,6 +338,8 @@ def main() -> int:
             rate = args.docs / secs
             print(f"{name:<22} {rate:>12,.0f} items/s  {stream_bytes / secs / 1e6:8.1f} MB/s   "
                   f"{rate / limit:.2f}x of limit  client CPU {us[key]:.2f} us/item")
+        print(f"{'batch API, stream-ids':<22} {args.docs / s_secs:>12,.0f} items/s  "
+              f"{stream_bytes / s_secs / 1e6:8.1f} MB/s   {b_secs / s_secs:.2f}x the batch API's rate")
         print(f"{'tail (JSON lines)':<22} {args.docs / t_secs:>12,.0f} items/s  {t_secs:8.2f} s      "
               f"{t_secs / b_secs:.2f}x the batch API's drain time ({b_secs:.2f} s)")
         print(f"{'dcpflow tail (process)':<22} {args.docs / p_secs:>12,.0f} items/s  {p_secs:8.2f} s      "

@@ -115,7 +115,7 @@ def test_decoder_matches_the_protocol_decoder(case, together):
     """Each segment decoded on its own, or all of them in one batch (frames from several
     receive buffers in one set of columns)."""
     messages, nvb, collections, pieces = case
-    feed = Feed(types.SimpleNamespace(agent="t"), {vb: Offset() for vb in range(nvb)}, {}, FeedOptions())
+    feed = Feed(types.SimpleNamespace(agent="t", shared=None), {vb: Offset() for vb in range(nvb)}, {}, FeedOptions())
     for vs in feed.streams.values():
         vs.decoded.opened([(0x1234 + vs.vbucket, 0)])
         vs.consumed.opened([(0x1234 + vs.vbucket, 0)])
@@ -176,7 +176,7 @@ def test_binary_column_is_the_same_compiled_or_not(bufs, data):
 
 def test_malformed_control_frames_are_rejected_in_batches():
     """A marker the fast path declines still fails the batch with the protocol's words."""
-    feed = Feed(types.SimpleNamespace(agent="t"), {0: Offset()}, {}, FeedOptions())
+    feed = Feed(types.SimpleNamespace(agent="t", shared=None), {0: Offset()}, {}, FeedOptions())
     bad = bytearray(DcpSnapshotMarker(0, 5, 4, SnapshotFlag.DISK, MarkerVersion.V2_2).encode())
     seg = Segment(types.SimpleNamespace(collections=False), bytes(bad), array.array("q", [0]), len(bad), len(bad))
     with pytest.raises(Exception, match="snapshot start 5 is greater than snapshot end 4"):
@@ -184,7 +184,7 @@ def test_malformed_control_frames_are_rejected_in_batches():
 
 
 def test_decoder_rejects_malformed_frames():
-    feed = Feed(types.SimpleNamespace(agent="t"), {0: Offset()}, {}, FeedOptions())
+    feed = Feed(types.SimpleNamespace(agent="t", shared=None), {0: Offset()}, {}, FeedOptions())
     good = DcpMutation(0, 1, 1, 0, 0, 0, b"k", b"v").encode()
     bad = bytearray(good)
     bad[4] = 30  # extras length 30 is not a mutation

@@ -32,6 +32,7 @@ from .errors import (
 from .manifest import Filter, Manifest, Names
 from .offsets import Offset
 from .reader import BatchReader, EventStream
+from .shared import SharedConnections
 from .state import ClientState, StateStore
 from .streams import FeedOptions
 
@@ -39,7 +40,7 @@ log = logging.getLogger("dcpflow.client")
 
 DEFAULTS = {"buffer_size": 20 * 1024 * 1024, "noop_interval": 20.0, "connect_timeout": 10.0,
             "reconnect_timeout": 120.0, "dead_timeout": None, "sasl_mech_force": "SCRAM-SHA512", "tls_verify": "peer",
-            "ca_file": None}
+            "ca_file": None, "stream_ids": False}
 
 
 def _split_address(address: str) -> tuple[str, int]:
@@ -69,6 +70,8 @@ class DcpClient:
         self._closed = False
         #: the names of every collection and scope id this client has seen (manifest.Names)
         self.names = Names()
+        #: with `stream_ids`: one DCP connection per node for all reads, a stream-id each (shared.py)
+        self.shared = SharedConnections(self) if self.options["stream_ids"] else None
 
     # -- connecting --------------------------------------------------------------------------
     @classmethod
@@ -76,7 +79,9 @@ class DcpClient:
                       bucket: str | None = None, agent: str = "dcpflow", features: tuple[int, ...] | None = None,
                       **options) -> "DcpClient":
         """Connect and bootstrap. Keyword `options` override the connection string's (buffer_size,
-        noop_interval, connect_timeout, reconnect_timeout, sasl_mech_force, ca_file, tls_verify).
+        noop_interval, connect_timeout, reconnect_timeout, sasl_mech_force, ca_file, tls_verify,
+        stream_ids). With `stream_ids=True` the client's reads share one DCP connection per node,
+        each under its own DCP stream-id, where the server grants them (shared.py).
         `features` are the HELLO features every connection asks for."""
         spec = parse_connection_string(connstr)
         bucket = bucket or spec.bucket
@@ -472,6 +477,8 @@ class DcpClient:
         for reader in list(self._readers):
             with contextlib.suppress(Exception):
                 await reader.aclose()
+        if self.shared is not None:
+            self.shared.close()
         for task in list(self._kv_pending.values()):
             task.cancel()
         for conn in self._kv.values():

@@ -41,6 +41,7 @@ from dcpflow.protocol.frame import (
     frame_head,
     opcode_table,
     request,
+    unframe_stream_id,
     walk_stream,
 )
 from dcpflow.protocol.hello import Feature
@@ -117,6 +118,10 @@ class Connection(asyncio.BufferedProtocol):
         self._rview = memoryview(self._rbuf)
         self._rpos = self._wpos = self._need = 0
         self.sink: Callable[[Segment], None] | None = None
+        # With DCP stream-ids (enable_stream_id): the sink of each stream-id. Several reads then
+        # share this connection, each under its own id (stream-request-value.md, "sid").
+        self.sinks: dict[int, Callable[[Segment], None]] | None = None
+        self._pausers: set = set()  # who asked to pause reading (a shared connection has several)
         self.on_lost: Callable[[Connection, BaseException | None], None] | None = None
         self.lost: BaseException | None = None
         self.closed_by_us = False
@@ -172,13 +177,17 @@ class Connection(asyncio.BufferedProtocol):
             return self.lost
         return ConnectionLostError(f"{self.label}: connection lost ({self.lost})")
 
-    def pause_reading(self) -> None:
+    def pause_reading(self, owner=None) -> None:
+        """Stop reading until every `owner` that paused has resumed: a connection shared by
+        several reads stays paused while any of them has too much queued."""
+        self._pausers.add(owner)
         if not self.paused and self.transport is not None:
             self.paused = True
             self.transport.pause_reading()
 
-    def resume_reading(self) -> None:
-        if self.paused and self.transport is not None:
+    def resume_reading(self, owner=None) -> None:
+        self._pausers.discard(owner)
+        if self.paused and not self._pausers and self.transport is not None:
             self.paused = False
             self.last_rx = _now()
             self.transport.resume_reading()
@@ -213,6 +222,7 @@ class Connection(asyncio.BufferedProtocol):
             return  # the frame at pos is still cut
         ctrl = 0
         starts = array.array("q")
+        routed: dict[int, list] | None = None  # stream-id -> [classic frames, their starts, charged]
         is_stream, walk, head = _IS_STREAM, walk_stream, frame_head
         limit = end - HEADER_LEN
         need = seg_end = 0
@@ -222,6 +232,10 @@ class Connection(asyncio.BufferedProtocol):
                 # or a reply, a noop or garbage.
                 pos, run = walk(buf, pos, is_stream, end)
                 if run:
+                    if self.sinks is not None:
+                        self._fatal(ProtocolError("a stream message without a stream-id on a connection with "
+                                                  "enable_stream_id"))
+                        return
                     starts.frombytes(run)
                     seg_end = pos
                 if pos > limit:
@@ -234,7 +248,12 @@ class Connection(asyncio.BufferedProtocol):
                 if fend > end:
                     need = fend - pos
                     break
-                if not self._control(buf, pos, fend):
+                if self.sinks is not None and buf[pos] == Magic.ALT_REQUEST and is_stream[buf[pos + 1]]:
+                    if routed is None:
+                        routed = {}
+                    if not self._route(buf, pos, fend, routed):
+                        return
+                elif not self._control(buf, pos, fend):
                     return
                 ctrl += fend - pos
                 pos = fend
@@ -250,7 +269,40 @@ class Connection(asyncio.BufferedProtocol):
                     self.abort(ConnectionLostError(f"{self.label}: DCP message before DCP_OPEN"))
                 else:
                     self.sink(Segment(self, buf, starts, seg_end, charged))
+            if routed and self.lost is None:
+                self._deliver_routed(routed)
         self._need = need if need else HEADER_LEN if end - pos else 0
+
+    def _route(self, buf, pos: int, fend: int, routed: dict[int, list]) -> bool:
+        """A stream message with a stream-id: add it, in classic framing, to its id's frames."""
+        try:
+            sid, frame = unframe_stream_id(buf, pos, fend)
+        except ProtocolError as e:
+            self.abort(ConnectionLostError(f"{self.label}: malformed stream message from the server: {e}"))
+            return False
+        acc = routed.get(sid)
+        if acc is None:
+            acc = routed[sid] = [bytearray(), array.array("q"), 0]
+        acc[1].append(len(acc[0]))
+        acc[0] += frame
+        acc[2] += fend - pos
+        return True
+
+    def _deliver_routed(self, routed: dict[int, list]) -> None:
+        """Hand each stream-id's frames to its read. The producer counted their wire size (with
+        the stream-id frame) against the window, so that is what each Segment charges; the frames
+        of an id no read holds any more (it closed its streams, the server had sent these
+        already) are acknowledged at once, or they would shrink the shared window for good."""
+        for sid, (data, starts, charged) in routed.items():
+            self.charged_total += charged
+            sink = self.sinks.get(sid)
+            if sink is None:
+                self.consumed(charged)
+            else:
+                sink(Segment(self, data, starts, len(data), charged))
+        outstanding = self.charged_total - self.acked_total
+        if outstanding > self.max_outstanding:
+            self.max_outstanding = outstanding
 
     def _fatal(self, error: ProtocolError) -> None:
         """A header that cannot start a frame (frame_head's fatal error): nothing after it can be framed."""
@@ -508,12 +560,13 @@ OPEN_FLAGS = OpenFlag.PRODUCER | OpenFlag.INCLUDE_DELETE_TIMES
 
 async def open_dcp(conn: Connection, name: str, *, buffer_size: int, noop_interval: float,
                    flags: int = OPEN_FLAGS, timeout: float = 10.0, history: bool = False,
-                   sync_writes: bool = False) -> dict[str, int]:
+                   sync_writes: bool = False, stream_ids: bool = False) -> dict[str, int]:
     """DCP_OPEN and the controls a production client sends (https://github.com/couchbase/kv_engine/blob/master/docs/dcp/documentation/recommended-apis.md).
     Required controls failing is fatal; optional ones are reported in the returned dict. With
     collections, system events are asked for as FlatBuffers (they then include modify-collection
     and the history setting; a server that refuses sends the legacy structs), and `history` asks
-    for change streams (`change_streams`, 7.2+), which is then required."""
+    for change streams (`change_streams`, 7.2+), which is then required. `stream_ids` asks for
+    `enable_stream_id` (optional: the caller reads the result)."""
     reply = await conn.call(DcpOpen(name.encode(), flags), timeout)
     if reply.status != Status.SUCCESS:
         if reply.status == Status.EACCESS:
@@ -529,6 +582,8 @@ async def open_dcp(conn: Connection, name: str, *, buffer_size: int, noop_interv
     # A slow reader may have its checkpoint cursor dropped (its stream goes back to disk, which the
     # client handles like any disk snapshot) rather than pin the server's checkpoint memory.
     optional = [(b"set_priority", b"medium"), (b"supports_cursor_dropping_vulcan", b"true")]
+    if stream_ids:  # several streams per vbucket, each named by its sid (shared.py); refused by old servers
+        optional.insert(0, (b"enable_stream_id", b"true"))
     if conn.collections:
         optional.append((b"max_marker_version", b"2.2"))
         optional.append((b"flatbuffers_system_events", b"true"))

@@ -64,6 +64,8 @@ _OPTIONS = {
     "connect_timeout": lambda n, v: _float(n, v, 0.001),
     "reconnect_timeout": lambda n, v: _float(n, v),
     "dead_timeout": lambda n, v: _float(n, v, 0.1),
+    "stream_ids": lambda n, v: v.lower() == "true" if v.lower() in ("true", "false") else _bad_choice(
+        n, v, ("true", "false")),
 }
 
 

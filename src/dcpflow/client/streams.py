@@ -43,6 +43,7 @@ from collections import defaultdict, deque
 from typing import NamedTuple
 
 from dcpflow.protocol.dcp import (
+    DcpCloseStream,
     DcpGetFailoverLog,
     DcpStreamRequest,
     DcpStreamRequestResponse,
@@ -66,6 +67,7 @@ from .errors import (
     status_name,
 )
 from .events import Rollback, StreamEnd
+from .follow import NameFollower
 from .manifest import Filter, FilterError, Resolved
 from .offsets import U64_MAX, Offset, VbTracker
 
@@ -80,6 +82,11 @@ ITEM, SNAPSHOT, ADVANCED, END_OK, OPENED, ROLLED_BACK, MANIFEST = range(7)
 
 
 FINISH, REOPEN = "finish", "reopen"
+
+
+def _ignore_reply(frame) -> None:
+    """CLOSE_STREAM of a read that is closing: whatever the answer, the read is gone (the
+    stream may have ended by itself meanwhile: KEY_ENOENT)."""
 
 
 def end_action(reason: int, closed_by_us: bool) -> tuple[str, bool, float]:
@@ -138,7 +145,7 @@ class SeqnosUnavailable(ServerError):
 
 class VbStream:
     __slots__ = ("vbucket", "decoded", "consumed", "start", "end", "state", "conn", "closing", "failover_log",
-                 "retry_since", "opens", "open_prepares", "held")
+                 "retry_since", "opens", "open_prepares", "held", "discarding")
 
     def __init__(self, vbucket: int, start: Offset, end: int):
         self.vbucket = vbucket
@@ -157,6 +164,9 @@ class VbStream:
         # resuming past a prepare would get its commit without the value it commits.
         self.open_prepares: set[int] = set()
         self.held: Offset | None = None
+        # Leaving its stream for a widened one (follow.py): the rest of it is discarded up to its
+        # STREAM_END, which reopens the vbucket from the drop of a filtered collection.
+        self.discarding = False
 
 
 def replay(streams: dict[int, VbStream], steps) -> None:
@@ -212,6 +222,7 @@ class Feed:
         self.resolved: Resolved | None = None  # the filter's ids (set by start)
         self._queue: deque = deque()
         self._queued_bytes = 0
+        self._held: dict[Connection, int] = {}  # bytes handed to the consumer, not yet done with
         self._wake = asyncio.Event()
         self._conns: dict[tuple[str, int], Connection] = {}
         self._connecting: dict[tuple[str, int], asyncio.Task] = {}
@@ -224,12 +235,21 @@ class Feed:
         self._high_water = options.max_queued_bytes or max(2 * buffer, 8 * 1024 * 1024)
         self._dead_timeout = options.dead_timeout or 2 * options.noop_interval + 5.0
         self._watchdog: asyncio.Task | None = None
+        # With the client's shared connections (shared.py): this read's stream-id on them.
+        self._shared = client.shared if client.shared is not None and not options.sync_writes else None
+        self.sid = self._shared.allocate() if self._shared is not None else None
+        # A read by collection names follows them through a drop and a create (follow.py).
+        self._follow: NameFollower | None = None
+        self._wide: dict | None = None  # the widened streams' filter (a scope, or none)
 
     # -- lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:
         flt = self.options.filter
         if flt is not None and flt.active:
             self.resolved = await self._resolve_filter(initial=True)
+            if flt.collections:
+                self._follow = NameFollower(flt.collections, self.resolved.cids, self.client.names)
+                self._follow.on_drop = self._filtered_drop
         self._watchdog = asyncio.create_task(self._watch())
         if self.resolved is not None and self.resolved.empty:
             for vs in self.streams.values():  # ids all dropped since they were resolved: nothing to read
@@ -248,12 +268,38 @@ class Feed:
         self._closed = True
         for task in list(self._tasks) + list(self._connecting.values()) + ([self._watchdog] if self._watchdog else []):
             task.cancel()
-        for conn in list(self._conns.values()):
-            self._retire_conn(conn)
-            conn.close()
-        self._conns.clear()
+        # On a shared connection the window must get back what this read holds: queued, and taken
+        # by the consumer but not done with (the producer counts it against every read on it).
+        for item in self._queue:
+            if type(item) is Segment:
+                self._held[item.conn] = self._held.get(item.conn, 0) + item.charged
         self._queue.clear()
+        for conn, n in self._held.items():
+            if conn.sinks is not None and n > 0:
+                conn.consumed(n)
+        self._held.clear()
+        for conn in list(self._conns.values()):
+            if conn.sinks is not None:
+                self._leave(conn)
+            else:
+                self._retire_conn(conn)
+                conn.close()
+        self._conns.clear()
+        if self.sid is not None:
+            self._shared.free(self.sid)
         self._wake.set()
+
+    def _leave(self, conn: Connection) -> None:
+        """Close this read's streams on a shared connection (the others on it go on)."""
+        self._shared.detach(conn, self.sid)
+        if conn.lost is not None:
+            return
+        with conn.corked():
+            for vs in self.streams.values():
+                if vs.conn is conn and vs.state in (OPENING, OPEN):
+                    vs.closing = True
+                    conn.request(DcpCloseStream(vs.vbucket, stream_id=self.sid), callback=_ignore_reply)
+        conn.flush_acks()
 
     def _fail(self, error: BaseException) -> None:
         if self._error is None:
@@ -285,7 +331,7 @@ class Feed:
             self.stats["max_queued_bytes"] = self._queued_bytes
         if self._queued_bytes > self._high_water:
             for conn in self._conns.values():
-                conn.pause_reading()
+                conn.pause_reading(self.sid)
         self._wake.set()
 
     async def next(self, timeout: float | None = None):
@@ -298,10 +344,17 @@ class Feed:
             if self._queue:
                 item = self._queue.popleft()
                 if type(item) is Segment:
+                    self._held[item.conn] = self._held.get(item.conn, 0) + item.charged
                     self._queued_bytes -= item.charged
                     if self._queued_bytes < self._high_water // 2:
                         for conn in self._conns.values():
-                            conn.resume_reading()
+                            conn.resume_reading(self.sid)
+                    if self._follow is not None:
+                        seg = self._follow.rewrite(item)
+                        if seg is None:  # nothing of it is the read's
+                            self.done_with(item)
+                            continue
+                        item = seg
                 return item
             if self.finished or self._closed:
                 return None
@@ -328,6 +381,9 @@ class Feed:
 
     def done_with(self, seg: Segment) -> None:
         """The consumer has finished with a segment: count it toward the flow-control acks."""
+        if self._closed:
+            return  # close() acknowledged what the read held
+        self._held[seg.conn] -= seg.charged
         seg.conn.consumed(seg.charged)
 
     # -- notices (consumer side, in queue order) -----------------------------------------------
@@ -357,7 +413,7 @@ class Feed:
                 return None
             vs.state = DONE
             self._done += 1
-            self.stats["stream_end_filter_empty"] += 1
+            self.stats["vbuckets_filter_gone"] += 1
             return StreamEnd(notice.vbucket, StreamEndReason.FILTER_EMPTY, vs.decoded.committed)
         raise TypeError(f"unknown notice {notice!r}")
 
@@ -369,6 +425,19 @@ class Feed:
         name = reason.name if isinstance(reason, StreamEndReason) else str(reason)
         self.stats[f"stream_end_{name.lower()}"] += 1
         if vs is None or vs.state == DONE:
+            return None
+        if vs.discarding or (reason == StreamEndReason.FILTER_EMPTY and self._follow is not None):
+            # Leaving for a widened stream (follow.py), or a widened stream's scope is gone: reopen
+            # from the position the read has, which is at most the drop of a filtered collection.
+            vs.discarding = False
+            self._follow.widen(vbucket)
+            self._follow.reset(vbucket)
+            if reason == StreamEndReason.FILTER_EMPTY:
+                self._wide = None  # the scope the widened streams filtered on may be gone: look again
+            log.info("vbucket %d: a filtered collection was dropped; following its name from seqno %d",
+                     vbucket, vs.decoded.position.seqno)
+            remap = reason in (StreamEndReason.STATE_CHANGED, StreamEndReason.DISCONNECTED)
+            self._reopen([vs], remap=remap, delay=0.0)
             return None
         if reason == StreamEndReason.FILTER_EMPTY and self.resolved is not None:
             # The filter's collections are gone from this vbucket: the manifest says which are
@@ -393,6 +462,10 @@ class Feed:
 
     def _connection_lost(self, conn: Connection, error: BaseException) -> None:
         lost = [vs for vs in self.streams.values() if vs.conn is conn and vs.state != DONE]
+        for vs in lost:
+            if vs.discarding:  # its stream is gone with the connection: reopen it widened
+                vs.discarding = False
+                self._follow.reset(vs.vbucket)
         self.stats["connections_lost"] += 1
         if lost:
             log.warning("%s: %s; reopening %d stream(s)", conn.label, error, len(lost))
@@ -417,6 +490,8 @@ class Feed:
             try:
                 if remap:
                     await self.client.refresh_map()
+                if self._follow is not None and self._wide is None and self._follow.widened:
+                    self._wide = await self._widened_filter()
                 self._set_ends(await self._now_ends(todo))
                 await self._open(todo)
                 self.stats["reopens"] += 1
@@ -482,14 +557,23 @@ class Feed:
         return await asyncio.shield(task)
 
     async def _new_dcp_conn(self, address: tuple[str, int]) -> Connection:
+        if self._shared is not None and self._shared.granted(address):
+            opts = self.options
+            key = (address, opts.buffer_size, opts.noop_interval, opts.history, opts.include_xattrs)
+            conn = await self._shared.attach(key, self.sid, self._on_segment, self._on_conn_lost)
+            if conn is not None:
+                self._check_collections(conn)
+                if self._closed:
+                    self._shared.detach(conn, self.sid)
+                    raise ConnectionLostError("feed closed")
+                self._conns[address] = conn
+                self.stats["shared_connections"] += 1
+                return conn
         conn = await self.client._connect(address, fetch_map=False)
         try:
             conn.sink = self._on_segment
             conn.on_lost = self._on_conn_lost
-            if (self.resolved is not None or self.options.history) and not conn.collections:
-                raise ClientError(f"{conn.label}: the server does not support collections (HELLO Collections), so "
-                                  f"it cannot " + ("filter by " + self.options.filter.describe()
-                                                   if self.resolved is not None else "send history"))
+            self._check_collections(conn)
             await open_dcp(conn, f"{self.name}:{address[0]}:{address[1]}", buffer_size=self.options.buffer_size,
                            noop_interval=self.options.noop_interval, history=self.options.history,
                            sync_writes=self.options.sync_writes,
@@ -504,9 +588,16 @@ class Feed:
         self.stats["connections"] += 1
         return conn
 
+    def _check_collections(self, conn: Connection) -> None:
+        if (self.resolved is not None or self.options.history) and not conn.collections:
+            raise ClientError(f"{conn.label}: the server does not support collections (HELLO Collections), so "
+                              f"it cannot " + ("filter by " + self.options.filter.describe()
+                                               if self.resolved is not None else "send history"))
+
     def _retire_conn(self, conn: Connection) -> None:
-        """Fold a connection's counters into the feed's stats (once)."""
-        if conn.retired:
+        """Fold a connection's counters into the feed's stats (once; not a shared connection's,
+        whose counters are every read's on it)."""
+        if conn.retired or conn.sinks is not None:
             return
         conn.retired = True
         self.stats["max_outstanding_bytes"] = max(self.stats["max_outstanding_bytes"], conn.max_outstanding)
@@ -532,10 +623,14 @@ class Feed:
         if conn.collections:
             if self.options.send_purge_seqno and purge:
                 body["purge_seqno"] = str(purge)
-            if self.resolved is not None:
+            if self._follow is not None and vs.vbucket in self._follow.widened:
+                body.update(self._wide or {})
+            elif self.resolved is not None:
                 body.update(self.resolved.value())
             if pos.manifest_uid is not None:
                 body["uid"] = format(pos.manifest_uid, "x")  # resumption: the events seen up to pos
+        if conn.sinks is not None:
+            body["sid"] = self.sid  # a shared connection: this read's stream-id (shared.py)
         if body:
             value = json.dumps(body).encode()
         # At or past the end: still ask (start == end), so the server can answer ROLLBACK.
@@ -646,7 +741,13 @@ class Feed:
 
     async def _refilter(self, vs: VbStream) -> None:
         """A stream request met UNKNOWN_COLLECTION/SCOPE: resolve again; reopen with what is left,
-        or finish the vbucket (FILTER_EMPTY) if nothing is."""
+        or finish the vbucket (FILTER_EMPTY) if nothing is. A read by names widens the vbucket
+        instead (follow.py): the names may come back."""
+        if self._follow is not None:
+            self._follow.widen(vs.vbucket)
+            self._wide = None
+            self._reopen([vs], remap=False, delay=0.0)
+            return
         try:
             self.resolved = await self._resolve_filter()
         except (ConnectError, ConnectionLostError, ServerError, TimeoutError) as e:
@@ -656,6 +757,30 @@ class Feed:
             self._push(FilterGone(vs.vbucket))
             return
         self._reopen([vs], remap=False, delay=0.0)
+
+    def _filtered_drop(self, vbucket: int) -> None:
+        """follow.py saw the drop of a filtered collection in `vbucket`: close its stream (its
+        STREAM_END then reopens it widened; the messages up to it are discarded)."""
+        vs = self.streams[vbucket]
+        vs.discarding = True
+        conn = vs.conn
+        if conn is not None and conn.lost is None and vs.state in (OPENING, OPEN):
+            sid = self.sid if conn.sinks is not None else None
+            with contextlib.suppress(ConnectionLostError):  # if lost, ConnLost reopens it
+                conn.request(DcpCloseStream(vbucket, stream_id=sid), callback=_ignore_reply)
+
+    async def _widened_filter(self) -> dict:
+        """The filter of widened streams: the names' scope when they share one that exists now,
+        else none (the client then picks the names' collections out of everything)."""
+        scopes = {scope for scope, _ in self.options.filter.collections}
+        if len(scopes) != 1:
+            return {}
+        try:
+            manifest = await self.client.manifest()
+        except ServerError:
+            return {}
+        sid = manifest.scopes.get(next(iter(scopes)))
+        return {} if sid is None else {"scope": format(sid, "x")}
 
     # -- dead connections --------------------------------------------------------------------
     async def _watch(self) -> None:

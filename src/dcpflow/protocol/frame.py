@@ -391,6 +391,32 @@ def walk_stream_py(buf, pos: int, table: bytes, end: int | None = None) -> tuple
 walk_stream = compiled("walk_stream") or walk_stream_py
 
 
+def unframe_stream_id(buf, pos: int, fend: int) -> tuple[int | None, bytes]:
+    """The request frame buf[pos:fend] in classic framing, and its DCP stream-id: a producer with
+    `enable_stream_id` sends every stream message with magic 0x08 and a stream-id FrameInfo
+    (stream-request-value.md, "sid"); this gives that message as the producer would have sent it
+    without the feature (magic 0x80, a 2-byte key length, the framing extras gone, the body
+    shorter by them), so a consumer's decoders read one layout. A classic frame comes back as it
+    is, with stream-id None. Raises ProtocolError for a frame whose framing extras are malformed
+    or name no stream-id (the consumer cannot tell which stream the message belongs to)."""
+    magic = buf[pos]
+    if magic == Magic.REQUEST:
+        return None, bytes(buf[pos:fend])
+    if magic != Magic.ALT_REQUEST:
+        raise ProtocolError(f"unframe_stream_id: magic 0x{magic:02x} is not a request")
+    _, opcode, flen, klen, elen, datatype, vbucket, body, opaque, cas = ALT_HEADER.unpack_from(buf, pos)
+    if HEADER_LEN + body != fend - pos or flen + klen + elen > body:
+        raise ProtocolError(f"opcode 0x{opcode:02x}: lengths (framing {flen}, key {klen}, extras {elen}) do not fit "
+                            f"a body of {body} bytes")
+    infos = decode_frame_infos(bytes(buf[pos + HEADER_LEN:pos + HEADER_LEN + flen]))
+    sid = next((int.from_bytes(v, "big") for fid, v in infos if fid == RequestFrameId.DCP_STREAM_ID and len(v) == 2),
+               None)
+    if sid is None:
+        raise ProtocolError(f"opcode 0x{opcode:02x}: framing extras carry no DCP stream-id")
+    head = HEADER.pack(Magic.REQUEST, opcode, klen, elen, datatype, vbucket, body - flen, opaque, cas)
+    return sid, head + bytes(buf[pos + HEADER_LEN + flen:fend])
+
+
 class FrameDecoder:
     """Feed it bytes as they arrive; iterate it for complete frames.
 
