@@ -423,8 +423,10 @@ class DcpClient:
 
         scope / collections: stream one scope (by name), or collections by name ("scope.collection",
         a list or a comma-separated string); resolved to ids through the bucket's manifest when the
-        read starts (every name must exist then; FilterError). A vbucket whose filtered collections
-        are all dropped ends with a StreamEnd whose reason is FILTER_EMPTY. history: change streams
+        read starts (every name must exist then; FilterError). A read by collection names follows
+        them: a filtered collection dropped and made again under its name while the read runs is
+        read under its new id (follow.py; the vbuckets that saw the drop then stream the names'
+        scope, or everything, and the client keeps the names' collections). history: change streams
         - collections with history=true send every retained version (document events say so in
         `history` and `may_duplicate_keys`); needs a 7.2+ server.
         include_xattrs: values carry their xattrs (datatype XATTR), as a replicator needs them.

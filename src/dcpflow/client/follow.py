@@ -36,8 +36,10 @@ _VB = HEADER_FIELDS["vbucket_or_status"].offset
 _EXT = HEADER_FIELDS["extras_length"].offset
 _KEY = HEADER_FIELDS["key_length"].offset
 _BODY = HEADER_FIELDS["body_length"].offset
-#: Document messages: their key starts with the collection id (LEB128), their extras with the seqno.
-_DOCUMENTS = frozenset({Opcode.DCP_MUTATION, Opcode.DCP_DELETION, Opcode.DCP_EXPIRATION})
+#: Messages about a document: their key starts with the collection id (LEB128), and their seqno is
+#: this many bytes into their extras (a commit's or abort's own seqno follows the prepare's).
+_DOCUMENTS = {Opcode.DCP_MUTATION: 0, Opcode.DCP_DELETION: 0, Opcode.DCP_EXPIRATION: 0, Opcode.DCP_PREPARE: 0,
+              Opcode.DCP_COMMIT: 8, Opcode.DCP_ABORT: 8}
 _SAME = object()
 
 
@@ -91,7 +93,8 @@ class NameFollower:
             elif op in _DOCUMENTS and vb in self.widened:
                 cid, _ = decode_leb128(data, a + HEADER_LEN + data[a + _EXT])
                 if cid not in self.accept:
-                    keep = DcpSeqnoAdvanced(vb, int.from_bytes(data[a + HEADER_LEN:a + HEADER_LEN + 8], "big")).encode()
+                    at = a + HEADER_LEN + _DOCUMENTS[op]
+                    keep = DcpSeqnoAdvanced(vb, int.from_bytes(data[at:at + 8], "big")).encode()
             if keep is _SAME:
                 keep = data[a:b]
             else:

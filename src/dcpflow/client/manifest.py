@@ -7,8 +7,8 @@ https://github.com/couchbase/kv_engine/blob/master/docs/dcp/documentation/comman
 
 People name what they want (`shop`, `shop.orders`); streams filter by id. `Filter` keeps the names
 and `Manifest.resolve` turns them into the ids of one manifest. Ids change when a collection or
-scope is dropped and made again under the same name, so a reader resolves the names again when
-the manifest changes (streams.py) and follows the new ids.
+scope is dropped and made again under the same name: a running read by names follows the new ids
+through the stream (follow.py), and a new read resolves the names again.
 """
 
 import json

@@ -720,10 +720,10 @@ class Feed:
     # -- collections ---------------------------------------------------------------------------
     async def _resolve_filter(self, initial: bool = False) -> Resolved:
         """The filter's ids in the bucket's manifest now. At the start every name must exist; later
-        (a collection dropped under a running read) the ids can only shrink: a collection made
-        again under a dropped one's name may hold documents before this stream's position, which a
-        filter added now would never send, so a read follows the ids it started with (a new read
-        resolves the names again)."""
+        (a scope or ids read whose stream request met UNKNOWN_SCOPE/COLLECTION) the ids can only
+        shrink. A read by collection names does not come here again: it follows its names through
+        the stream itself (follow.py), since a collection made again under a name may hold
+        documents before this stream's position, which a filter added now would never send."""
         manifest = await self.client.manifest()
         if initial and not self.client.collections_enabled:
             raise ClientError(f"the server does not support collections (HELLO Collections), so it cannot filter "
