@@ -5,12 +5,22 @@ decoder's contract (chunking, limits, errors)."""
 import struct
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dcpflow.protocol import frame as fr
 from dcpflow.protocol.errors import ProtocolError
-from dcpflow.protocol.frame import Frame, FrameDecoder, Magic, decode_all
+from dcpflow.protocol.frame import (
+    Frame,
+    FrameDecoder,
+    Magic,
+    RequestFrameId,
+    decode_all,
+    encode_frame,
+    encode_frame_info,
+    stream_id_frame,
+    unframe_stream_id,
+)
 from dcpflow.protocol.opcodes import Opcode
 from dcpflow.protocol.status import Status
 
@@ -325,3 +335,22 @@ def test_classic_frames_round_trip(f):
                  st.binary(max_size=300)))
 def test_alt_frames_round_trip(f):
     assert decode_all(f.encode()) == [f]
+
+
+@settings(max_examples=300, deadline=None)
+@given(opcode=st.integers(0, 255), key=st.binary(max_size=255), extras=st.binary(max_size=40),
+       value=st.binary(max_size=300), vbucket=st.integers(0, 0xFFFF), opaque=st.integers(0, 0xFFFFFFFF),
+       cas=st.integers(0, 2**64 - 1), datatype=st.integers(0, 7), sid=st.integers(1, 0xFFFF),
+       other=st.sampled_from([b"", encode_frame_info(RequestFrameId.BARRIER)]), pad=st.binary(max_size=8))
+def test_unframe_stream_id_restores_the_classic_frame(opcode, key, extras, value, vbucket, opaque, cas, datatype,
+                                                      sid, other, pad):
+    """A stream message a producer framed with a stream-id (magic 0x08) unframes to the message
+    it would have sent without the feature, wherever it lies in a buffer and whatever other frame
+    infos ride along."""
+    classic = encode_frame(Magic.REQUEST, opcode, key=key, extras=extras, value=value, vbucket_or_status=vbucket,
+                           opaque=opaque, cas=cas, datatype=datatype)
+    alt = encode_frame(Magic.ALT_REQUEST, opcode, key=key, extras=extras, value=value, vbucket_or_status=vbucket,
+                       opaque=opaque, cas=cas, datatype=datatype, framing=other + stream_id_frame(sid))
+    buf = pad + alt + pad
+    assert unframe_stream_id(buf, len(pad), len(pad) + len(alt)) == (sid, classic)
+    assert unframe_stream_id(classic, 0, len(classic)) == (None, classic)
