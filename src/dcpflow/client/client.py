@@ -19,7 +19,7 @@ from dcpflow.protocol.errors import ProtocolError
 from dcpflow.protocol.opcodes import Opcode
 from dcpflow.protocol.status import Status
 
-from .connection import Connection, RawRequest, bootstrap, open_connection, tls_context
+from .connection import Connection, RawRequest, bootstrap, connect_once, open_connection, tls_context
 from .connstr import ConnSpec, parse_connection_string
 from .errors import (
     AuthenticationError,
@@ -222,12 +222,7 @@ class DcpClient:
         conn = self._kv.get(address)
         if conn is not None and conn.lost is None:
             return conn
-        task = self._kv_pending.get(address)
-        if task is None:
-            task = asyncio.create_task(self._connect(address))
-            self._kv_pending[address] = task
-            task.add_done_callback(lambda _t, a=address: self._kv_pending.pop(a, None))
-        conn = await asyncio.shield(task)
+        conn = await connect_once(self._kv_pending, address, lambda: self._connect(address))
         self._kv[address] = conn
         return conn
 

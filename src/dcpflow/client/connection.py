@@ -444,6 +444,17 @@ class Connection(asyncio.BufferedProtocol):
             self.transport.abort()
 
 
+async def connect_once(pending: dict, key, make: Callable):
+    """What `make()` returns for `key`, made by one task that concurrent callers share: reads that
+    reopen their streams together after a node went away must not open a connection each."""
+    task = pending.get(key)
+    if task is None:
+        task = asyncio.create_task(make())
+        pending[key] = task
+        task.add_done_callback(lambda _t: pending.pop(key, None))
+    return await asyncio.shield(task)
+
+
 def tls_context(ca_file: str | None, verify: str = "peer") -> ssl.SSLContext:
     try:
         ctx = ssl.create_default_context(cafile=ca_file)

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dcpflow.protocol.dcp import OpenFlag
 from dcpflow.protocol.status import Status
 
-from .connection import OPEN_FLAGS, Connection, Segment, open_dcp
+from .connection import OPEN_FLAGS, Connection, Segment, connect_once, open_dcp
 from .errors import ConnectionLostError
 
 log = logging.getLogger("dcpflow.client")
@@ -82,12 +82,7 @@ class SharedConnections:
             if conn is None or conn.lost is not None:
                 if key[0] in self._refused:
                     return None
-                task = self._connecting.get(key)
-                if task is None:
-                    task = asyncio.create_task(self._open(key))
-                    self._connecting[key] = task
-                    task.add_done_callback(lambda _t, k=key: self._connecting.pop(k, None))
-                conn = await asyncio.shield(task)
+                conn = await connect_once(self._connecting, key, lambda: self._open(key))
                 if conn is None:
                     return None
             if conn.lost is None:

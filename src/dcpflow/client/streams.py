@@ -55,7 +55,7 @@ from dcpflow.protocol.dcp import (
 from dcpflow.protocol.kv import error_context
 from dcpflow.protocol.status import Status
 
-from .connection import OPEN_FLAGS, Connection, Segment, open_dcp
+from .connection import OPEN_FLAGS, Connection, Segment, connect_once, open_dcp
 from .errors import (
     ClientError,
     ConnectError,
@@ -549,12 +549,7 @@ class Feed:
         conn = self._conns.get(address)
         if conn is not None and conn.lost is None:
             return conn
-        task = self._connecting.get(address)
-        if task is None:
-            task = asyncio.create_task(self._new_dcp_conn(address))
-            self._connecting[address] = task
-            task.add_done_callback(lambda _t, a=address: self._connecting.pop(a, None))
-        return await asyncio.shield(task)
+        return await connect_once(self._connecting, address, lambda: self._new_dcp_conn(address))
 
     async def _new_dcp_conn(self, address: tuple[str, int]) -> Connection:
         if self._shared is not None and self._shared.granted(address):
