@@ -99,7 +99,8 @@ def test_disk_backfill_markers_carry_the_hcs_and_send_in_flight_prepares_to_sync
         assert w.set(c_, b"c", vbucket=vb).status == Status.SUCCESS  # 5
         set_topology(server, vb, ["self", "absent"])
         held = send_durable_set(w, d, b"d", vb, timeout_ms=60_000)  # prepare 6: no replica to ack it
-        assert pending(server, vb) == [d]
+        # sent, not answered (it waits for the replica): the server registers it when it reads it
+        wait_for(lambda: pending(server, vb) == [d], 30, "the prepare registered")
         to_disk_only(server, vb)
         assert vbucket(server, vb).persisted_hcs == 3
         sync = clients(name="bf-sync")

@@ -32,6 +32,7 @@ from dcpflow.protocol import frame as frame_mod
 from dcpflow.protocol.document import Document
 from dcpflow.protocol.errors import ProtocolError
 from dcpflow.protocol.frame import Frame, FrameDecoder, encode_frame, request
+from dcpflow.protocol.keys import encode_leb128
 
 from .test_fuzz import near_valid_frames
 
@@ -264,7 +265,7 @@ def _items():
     values (what the encoder leaves to the general path)."""
     return st.builds(Item, st.binary(min_size=1, max_size=40), st.binary(max_size=300), U32, U32, U64, U64, U64,
                      st.integers(0, 7), st.sampled_from([False] * 6 + [True]),
-                     cid=st.sampled_from([0] * 6 + [1, 8, 0x555]))
+                     cid=st.sampled_from([0] * 6 + [1, 5, 8, 0x555, 0xFFFFFFFF]))
 
 
 @needs_encode
@@ -280,11 +281,12 @@ def test_encode_mutations_same_bytes_and_stop_as_the_python_twin(items, start, v
 @needs_encode
 @pytest.mark.parametrize("collections", [False, True])
 def test_encode_mutations_are_the_messages_dcp_mutation_encodes(collections):
-    items = [Item(b"k%d" % i, b"{}" * i, i, 2 * i, (1 << 64) - 1 - i, i + 1, 100 + i, 1) for i in range(5)]
+    cids = [0, 8, 0x7F, 0x80, 0xFFFFFFFF] if collections else [0] * 5  # LEB128 prefixes of 1, 1, 1, 2, 5 bytes
+    items = [Item(b"k%d" % i, b"{}" * i, i, 2 * i, (1 << 64) - 1 - i, i + 1, 100 + i, 1, cid=cids[i]) for i in range(5)]
     data, stop = encode(items, 1, 9, 0xDEADBEEF, collections, 2048)
-    prefix = b"\x00" if collections else b""
     assert stop == 5
-    assert data == b"".join(dcp.DcpMutation(9, it.by_seqno, it.rev_seqno, it.flags, it.expiry, 0, prefix + it.key,
+    assert data == b"".join(dcp.DcpMutation(9, it.by_seqno, it.rev_seqno, it.flags, it.expiry, 0,
+                                            (encode_leb128(it.cid) if collections else b"") + it.key,
                                             it.value, it.cas, it.datatype, 0xDEADBEEF).encode() for it in items[1:])
 
 
@@ -293,7 +295,8 @@ def test_encode_mutations_are_the_messages_dcp_mutation_encodes(collections):
     (Item(b"d", b"", by_seqno=1, deleted=True), "deleted"),
     (Item(b"x", b"v", datatype=4, by_seqno=1), "xattrs"),
     (Item(b"l", b"v" * 2048, by_seqno=1), "large value"),
-    (Item(b"n", b"v", by_seqno=1, cid=8), "another collection's document (its key needs another prefix)"),
+    (Item(b"n", b"v", by_seqno=1, cid=8), "a user collection's document on a stream without collections"),
+    (Item(b"r", b"v", by_seqno=1, cid=5), "a reserved collection id"),
     (Item(b"s", b"v", by_seqno=1, cid=1), "a collections system event"),
     (Item(b"f", b"v", flags=2**32, by_seqno=1), "flags over 32 bits"),
     (Item(b"c", b"v", cas=2**64, by_seqno=1), "cas over 64 bits"),

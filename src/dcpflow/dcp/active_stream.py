@@ -33,11 +33,13 @@ Collections (filter.py, commands/system_event.md, commands/seqno-advanced.md): a
 documents and system events its filter admits - a connection without HELLO Collections only the
 default collection's documents. Memory's items and backfill pages go through the filter first
 (`_admit`) unless they can only be default-collection documents the filter sends anyway (the
-common case costs nothing per item); a snapshot that ends on items the filter hid is closed for a
-collection-aware consumer with DCP_SEQNO_ADVANCED at its end, and a snapshot of memory with nothing
-for the stream is sent as its marker and a SEQNO_ADVANCED alone. System events go out in the
-legacy layouts or, with `flatbuffers_system_events`, as FlatBuffers (protocol/system_events.py).
-When the filter is left empty (its collections or scope dropped), the drop events are sent and
+common case costs nothing per item); raw backfill rows are filtered in the loop that encodes them
+(`backfill_rows`), and plain mutations of any collection are encoded in runs; a snapshot that
+ends on items the filter hid is closed for a collection-aware consumer with DCP_SEQNO_ADVANCED
+at its end, and a snapshot of memory with nothing for the stream is sent as its marker and a
+SEQNO_ADVANCED alone. System events go out in the legacy layouts or, with
+`flatbuffers_system_events`, as FlatBuffers (protocol/system_events.py). When the filter is left
+empty (its collections or scope dropped), the drop events are sent and
 the stream ends with STREAM_END(FILTER_EMPTY).
 
 Change streams (`change_streams`, snapshot-marker.md flags 0x10 History and 0x20 May Duplicate
@@ -553,7 +555,7 @@ class ActiveStream:
                 self.ready_bytes += len(data)
                 self.items_sent += stop - i
                 self.last_sent_seqno = items[stop - 1].by_seqno
-            if stop < n:  # a deletion, xattrs, a large value, another collection, an event: the general path
+            if stop < n:  # a deletion, xattrs, a large value, an event: the general path
                 self._queue_one(items[stop])
                 stop += 1
             i = stop
@@ -613,10 +615,10 @@ class ActiveStream:
         if self.dead:
             return
         end, vbid, opaque = self.end_seqno, self.vbid, self.opaque
-        prefix = opts.collections
-        default = self.filter.default
+        prefixed = opts.collections
+        allows, prefixes = self.filter.allows, self._prefixes
         append = self.ready.append
-        pack, collection_prefix = pack_mutation_head, _DEFAULT_COLLECTION_PREFIX
+        pack, system = pack_mutation_head, SYSTEM_CID
         u64, xattr, large = _U64, DATATYPE_XATTR, LARGE_VALUE  # locals: this loop runs per row
         nbytes = count = 0
         last = self.last_sent_seqno
@@ -625,9 +627,10 @@ class ActiveStream:
             if seqno > end:
                 break
             datatype = r[6]
-            if r[11] or not default or r[7] or datatype & xattr:  # another collection, an event, or shaped
-                if r[11] == 0 and not default:
-                    continue
+            cid = r[11]
+            if cid != system and not allows(cid):  # a document the filter hides (as _admit does)
+                continue
+            if cid == system or r[7] or datatype & xattr:  # an event, a deletion, or shaped
                 if nbytes:
                     self.ready_bytes += nbytes
                     self.items_sent += count
@@ -640,8 +643,11 @@ class ActiveStream:
                     return
                 continue
             key, value = r[0], r[10]
-            if prefix:
-                key = collection_prefix + key
+            if prefixed:
+                prefix = prefixes.get(cid)
+                if prefix is None:
+                    prefix = prefixes[cid] = encode_leb128(cid)
+                key = prefix + key
             vlen = len(value)
             data = pack(vbid, seqno, r[2] & u64, r[4], r[5], key, vlen, r[3] & u64, datatype, opaque)
             if vlen >= large:

@@ -200,17 +200,37 @@ static int as_unsigned(PyObject *v, unsigned long long max, unsigned long long *
 }
 
 typedef struct {
-    unsigned long long datatype, cas, seqno, rev, flags, expiry;
+    unsigned long long datatype, cas, seqno, rev, flags, expiry, cid;
+    int prefix;  /* the bytes of the key's collection prefix */
     Py_ssize_t size;  /* the whole message */
 } Mutation;
 
-/* Whether the fields make a plain mutation that fits the message; if so, fill *m. */
+/* The unsigned LEB128 form of x (Collections.md's key prefix) at p; its length. */
+static int put_leb128(unsigned char *p, unsigned long long x) {
+    int n = 0;
+    do {
+        unsigned char b = x & 0x7F;
+        x >>= 7;
+        p[n++] = x ? (b | 0x80) : b;
+    } while (x);
+    return n;
+}
+
+static int leb128_len(unsigned long long x) {
+    int n = 1;
+    while (x >>= 7) n++;
+    return n;
+}
+
+/* Whether the fields make a plain mutation that fits the message; if so, fill *m. A document of
+   the default collection, or with `collections` of a user collection (id 8 or more; an engine
+   keeps its system events under 1). */
 static int plain_mutation(PyObject *f[N_FIELDS], int collections, Py_ssize_t large_value, Mutation *m) {
     if (!PyBytes_Check(f[F_KEY]) || !PyBytes_Check(f[F_VALUE]) || f[F_DELETED] != Py_False) return 0;
-    unsigned long long cid;
-    if (!as_unsigned(f[F_CID], 0, &cid)) return 0;  /* only the default collection's documents */
+    if (!as_unsigned(f[F_CID], collections ? 0xFFFFFFFFULL : 0, &m->cid) || (m->cid && m->cid < 8)) return 0;
     if (!as_unsigned(f[F_DATATYPE], 0xFF, &m->datatype) || (m->datatype & 0x04)) return 0;  /* 0x04: xattrs */
-    Py_ssize_t klen = PyBytes_GET_SIZE(f[F_KEY]) + collections, vlen = PyBytes_GET_SIZE(f[F_VALUE]);
+    m->prefix = collections ? leb128_len(m->cid) : 0;
+    Py_ssize_t klen = PyBytes_GET_SIZE(f[F_KEY]) + m->prefix, vlen = PyBytes_GET_SIZE(f[F_VALUE]);
     if (vlen >= large_value || klen > 0xFFFF || 31 + klen + vlen > 0xFFFFFFFFLL) return 0;
     m->size = MUTATION_FIXED + klen + vlen;
     return as_unsigned(f[F_CAS], ~0ULL, &m->cas) && as_unsigned(f[F_BY_SEQNO], ~0ULL, &m->seqno)
@@ -247,8 +267,8 @@ static void release(PyObject *f[N_FIELDS]) {
 PyDoc_STRVAR(encode_mutations_doc,
 "encode_mutations(items, start, vbucket, opaque, collections, large_value) -> (data, stop)\n\n"
 "The DCP_MUTATION messages of items[start:stop] joined, where stop is the index of the first item\n"
-"that is not a plain mutation of the default collection (deleted, xattrs, a value of at least\n"
-"large_value bytes, a collection id other than 0) or whose\n"
+"that is not a plain mutation (deleted, xattrs, a value of at least large_value bytes, not the\n"
+"default collection's or - with collections - a user collection's document) or whose\n"
 "fields do not fit the message (or len(items)). Same bytes as dcp.encode_mutations_py.");
 
 static PyObject *encode_mutations(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
@@ -303,11 +323,11 @@ static PyObject *encode_mutations(PyObject *module, PyObject *const *args, Py_ss
         }
         unsigned char *p = (unsigned char *)PyBytes_AS_STRING(data) + used;
         Py_ssize_t key_size = PyBytes_GET_SIZE(f[F_KEY]), value_size = PyBytes_GET_SIZE(f[F_VALUE]);
-        Py_ssize_t klen = key_size + collections;
+        Py_ssize_t klen = key_size + m.prefix;
         put_mutation_head(p, (uint64_t)klen, m.datatype, vbucket, (uint64_t)(31 + klen + value_size), opaque, m.cas,
                           m.seqno, m.rev, m.flags, m.expiry);
         p += MUTATION_FIXED;
-        if (collections) *p++ = 0x00;  /* the default collection's LEB128 prefix */
+        if (collections) p += put_leb128(p, m.cid);  /* the collection's LEB128 prefix */
         memcpy(p, PyBytes_AS_STRING(f[F_KEY]), (size_t)key_size);
         memcpy(p + key_size, PyBytes_AS_STRING(f[F_VALUE]), (size_t)value_size);
         used += m.size;

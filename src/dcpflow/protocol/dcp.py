@@ -33,6 +33,7 @@ from .frame import (
     stream_id_frame,
     struct_fields,
 )
+from .keys import FIRST_USER_COLLECTION, encode_leb128
 from .kv import RawResponse
 from .opcodes import Opcode
 from .rules import MAY, MUST, MUST_NOT, Shape
@@ -241,22 +242,28 @@ def encode_mutations_py(items: Sequence, start: int, vbucket: int, opaque: int, 
                         large_value: int) -> tuple[bytes, int]:
     """The DCP_MUTATION messages (mutation.md; no stream-id, lock time/nmeta/nru 0) of
     items[start:stop] joined, and stop: the index of the first item that is not a plain mutation
-    of the default collection (deleted, xattrs, a value of `large_value` bytes or more, a
-    collection id `cid` other than 0), or len(items).
+    (deleted, xattrs, a value of `large_value` bytes or more, or not a document of a collection
+    this stream may send: with `collections` the default collection (`cid` 0) or a user one (8 or
+    more: Collections.md reserves 1-7, and an engine keeps its system events under 1), without
+    only the default collection), or len(items).
 
     Items are anything with the attributes of engine.Item (key, value, cas, by_seqno, rev_seqno,
-    flags, expiry, datatype, deleted, cid). With `collections` each key gets the default
-    collection's prefix 0x00. The specification of the compiled `encode_mutations` (_speedups.c), which also
-    stops before an item whose fields do not fit the message, where this raises struct.error."""
+    flags, expiry, datatype, deleted, cid). With `collections` each key gets its collection id's
+    LEB128 prefix (0x00 for the default collection). The specification of the compiled
+    `encode_mutations` (_speedups.c), which also stops before an item whose fields do not fit the
+    message, where this raises struct.error."""
     parts: list[bytes] = []
     append, pack = parts.append, MUTATION_HEAD.pack
     stop = start
     for stop in range(start, len(items)):
         item = items[stop]
         datatype, value = item.datatype, item.value
-        if item.deleted or datatype & Datatype.XATTR or len(value) >= large_value or item.cid:
+        if item.deleted or datatype & Datatype.XATTR or len(value) >= large_value:
             break
-        key = b"\x00" + item.key if collections else item.key
+        cid = item.cid
+        if cid and (not collections or not FIRST_USER_COLLECTION <= cid <= 0xFFFFFFFF):
+            break
+        key = encode_leb128(cid) + item.key if collections else item.key
         append(pack(0x80, 0x57, len(key), 31, datatype, vbucket, 31 + len(key) + len(value), opaque, item.cas,
                     item.by_seqno, item.rev_seqno, item.flags, item.expiry, 0, 0, 0))
         append(key)

@@ -7,6 +7,8 @@ import zlib
 from .errors import ProtocolError
 
 DEFAULT_COLLECTION = 0
+#: The first id of a collection made by a user (Collections.md: 1-7 are reserved).
+FIRST_USER_COLLECTION = 8
 #: A collection id is a u32; its canonical unsigned LEB128 form takes at most 5 bytes.
 MAX_LEB128_LEN = 5
 
