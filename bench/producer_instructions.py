@@ -12,6 +12,8 @@ any source tree. Cases, over 16 vbuckets:
 * large - N 4000-byte values (sent uncopied after their header);
 * backfill - N plain mutations from the on-disk store (encoded pages);
 * backfill-mixed - the same with every third document deleted (rows and encoded pages);
+* backfill-filtered - N plain mutations from the on-disk store in two user collections, taken
+                   in turn, streamed with a filter on the first (half sent: per document walked);
 * flow - as memory, through a 64 KiB window (many small send passes).
 
 Each case runs four times under callgrind: setup only and setup plus streaming, with N and 4N
@@ -33,6 +35,7 @@ Needs valgrind (Debian: apt-get install valgrind). A few minutes per case and so
 
 import argparse
 import asyncio
+import json
 import os
 import re
 import shutil
@@ -45,7 +48,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 VBS = 16
-CASES = ("memory", "deletions", "large", "backfill", "backfill-mixed", "flow")
+CASES = ("memory", "deletions", "large", "backfill", "backfill-mixed", "backfill-filtered", "flow")
 
 
 class _Transport:
@@ -86,8 +89,16 @@ def build(data_dir: str, n: int, case: str) -> None:
     with Bucket("default", data_dir, VBS, synchronous="OFF") as bucket:
         for vb in range(VBS):
             bucket.set_vbucket_state(vb, VBucketState.ACTIVE)
+        cids = (0,)
+        if case == "backfill-filtered":
+            bucket.change_manifest(lambda m: m.add_scope("s"))
+            bucket.change_manifest(lambda m: m.add_collection("s", "c0"))
+            bucket.change_manifest(lambda m: m.add_collection("s", "c1"))
+            cids = tuple(bucket.manifest.collection("s", c).uid for c in ("c0", "c1"))
         for i in range(n):
-            bucket.vbucket(i % VBS).set(b"key-%08d" % i, b"x" * 100)
+            key = b"key-%08d" % i
+            cid = cids[i % len(cids)]
+            bucket.vbucket(i % VBS).set((cid, key) if cid else key, b"x" * 100)
             if case == "backfill-mixed" and i % 3 == 0:
                 bucket.vbucket(i % VBS).delete(b"key-%08d" % i)
 
@@ -97,6 +108,7 @@ def workload(case: str, n: int, stream: bool, data_dir: str) -> None:
     once (no teardown to count)."""
     from dcpflow.protocol import dcp
     from dcpflow.protocol.frame import Magic, request
+    from dcpflow.protocol.hello import Feature
     from dcpflow.protocol.opcodes import Opcode
     from dcpflow.server import connection
     from dcpflow.server.app import Server, ServerConfig
@@ -151,10 +163,17 @@ def workload(case: str, n: int, stream: bool, data_dir: str) -> None:
                 if case == "deletions":
                     engine.vbucket(i % VBS).delete(b"key-%08d" % i)
         if stream:
+            value = b""
+            if case == "backfill-filtered":  # a collection-aware connection, filtered on the first collection
+                conn.data_received(request(Opcode.HELLO, key=b"icount", value=struct.pack(">H", Feature.COLLECTIONS)))
+                value = json.dumps({"collections": [format(engine.manifest.collection("s", "c0").uid, "x")]}).encode()
             conn.data_received(dcp.DcpOpen(b"icount", dcp.OpenFlag.PRODUCER).encode() +
                                dcp.DcpControl(b"connection_buffer_size", str(window).encode()).encode())
+            if value:  # collections need noops (stream-request.md); at this interval none is sent
+                conn.data_received(dcp.DcpControl(b"enable_noop", b"true").encode() +
+                                   dcp.DcpControl(b"set_noop_interval", b"3600").encode())
             conn.data_received(b"".join(dcp.DcpStreamRequest(vb, 0, engine.vbucket(vb).high_seqno, 0, 0, 0, 0,
-                                                             opaque=vb + 1).encode() for vb in range(VBS)))
+                                                             value, opaque=vb + 1).encode() for vb in range(VBS)))
             await done
         os._exit(0)
 

@@ -11,6 +11,7 @@ from dcpflow.protocol.dcp import (
     DcpSnapshotMarker,
     pack_deletion,
     pack_mutation_head,
+    pack_mutation_head_sid,
     whole_messages,
 )
 
@@ -26,6 +27,15 @@ def test_pack_mutation_head_is_the_mutation_up_to_its_value(vb, seqno, rev, flag
     head = pack_mutation_head(vb, seqno, rev, flags, expiry, key, len(value), cas, datatype, opaque)
     assert head + value == want
     assert len(head) == len(want) - len(value)  # the value may follow uncopied
+
+
+@given(vb=u16, seqno=u64, rev=u64, flags=u32, expiry=u32, key=st.binary(min_size=1, max_size=255), value=values,
+       cas=u64, datatype=st.integers(0, 7), opaque=u32, sid=st.integers(1, 2**16 - 1))
+def test_pack_mutation_head_sid_is_the_mutation_with_its_stream_id(vb, seqno, rev, flags, expiry, key, value, cas,
+                                                                    datatype, opaque, sid):
+    want = DcpMutation(vb, seqno, rev, flags, expiry, 0, key, value, cas, datatype, opaque, 0, sid).encode()
+    head = pack_mutation_head_sid(vb, seqno, rev, flags, expiry, key, len(value), cas, datatype, opaque, sid)
+    assert head + value == want
 
 
 @given(vb=u16, seqno=u64, rev=u64, key=keys, value=values, cas=u64, datatype=st.integers(0, 7), opaque=u32,

@@ -517,6 +517,63 @@ def test_walk_stream_rejects_bad_arguments(args):
         walk_c(*args)
 
 
+# -- walk_sid_stream --------------------------------------------------------------------------------
+
+walk_sid_c = frame_mod.compiled("walk_sid_stream")
+needs_walk_sid = pytest.mark.skipif(walk_sid_c is None, reason="the compiled walk is not built")
+
+
+@st.composite
+def sid_runs(draw):
+    """What a connection with stream-ids receives: mostly stream messages framed with a stream-id,
+    some with other framing (other frame infos, none, a stream-id of the wrong size), classic
+    frames, replies, lengths that contradict each other or overrun the buffer, cut anywhere."""
+    out = b""
+    for _ in range(draw(st.integers(0, 12))):
+        magic = draw(st.sampled_from([0x08, 0x08, 0x08, 0x08, 0x80, 0x81, 0x18]))
+        op = draw(st.sampled_from([0x57, 0x58, 0x56, 0x55, 0x5F, 0x01, 0x89]))
+        framing = draw(st.sampled_from([frame_mod.stream_id_frame(draw(st.integers(1, 0xFFFF)))] * 6 +
+                                       [b"", b"\x21\x01", b"\x23\x00\x01\x02", b"\x01\x22\x00\x01"]))
+        key, extras, value = (draw(st.binary(max_size=12)), draw(st.binary(max_size=20)),
+                              draw(st.binary(max_size=30)))
+        body = len(framing) + len(key) + len(extras) + len(value)
+        claimed = body if draw(st.integers(0, 9)) else draw(st.integers(0, 2**32 - 1))
+        out += struct.pack(">BBBBBBHII8x", magic, op, len(framing), len(key), len(extras), 0, 7, claimed, 9) + \
+            framing + extras + key + value
+    cut = draw(st.integers(0, len(out)))
+    return out[:cut] if draw(st.booleans()) else out
+
+
+@needs_walk_sid
+@EQUIV
+@given(sid_runs(), st.integers(0, 64), st.integers(0, 16))
+def test_walk_sid_stream_is_its_python_twin(buf, pos, room):
+    end = len(buf)
+    pos = min(pos, end)
+    filled = bytearray(buf + b"\x08" * room)  # a receive buffer: bytes past `end` not received yet
+    got = walk_sid_c(filled, pos, STREAM_TABLE, end)
+    assert got == frame_mod.walk_sid_stream_py(buf, pos, STREAM_TABLE) == walk_sid_c(buf, pos, STREAM_TABLE)
+    stop, data, starts, sids = got
+    offsets = struct.unpack(f"={len(starts) // 8}q", starts)
+    ids = struct.unpack(f"={len(sids) // 8}q", sids)
+    at, wire = pos, 0
+    for o, sid in zip(offsets, ids, strict=True):  # each: the wire frame, unframed
+        size = 24 + struct.unpack_from(">I", buf, at + 8)[0]
+        assert frame_mod.unframe_stream_id(buf, at, at + size) == (sid, data[o:o + size - 3])
+        at += size
+        wire += size
+    assert at == stop and len(data) == wire - 3 * len(offsets)
+
+
+@needs_walk_sid
+@pytest.mark.parametrize("args", [(b"", -1, STREAM_TABLE), (b"x" * 24, 25, STREAM_TABLE),
+                                  (bytearray(24), 10, STREAM_TABLE, 9)])
+def test_walk_sid_stream_rejects_a_position_outside_the_buffer(args):
+    for walk in (walk_sid_c, frame_mod.walk_sid_stream_py):
+        with pytest.raises(ValueError, match="pos or end outside the buffer"):
+            walk(*args)
+
+
 # -- stamp_mutations -------------------------------------------------------------------------------
 
 stamp = dcp.stamp_mutations

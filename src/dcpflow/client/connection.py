@@ -42,6 +42,7 @@ from dcpflow.protocol.frame import (
     opcode_table,
     request,
     unframe_stream_id,
+    walk_sid_stream,
     walk_stream,
 )
 from dcpflow.protocol.hello import Feature
@@ -222,12 +223,21 @@ class Connection(asyncio.BufferedProtocol):
             return  # the frame at pos is still cut
         ctrl = 0
         starts = array.array("q")
-        routed: dict[int, list] | None = None  # stream-id -> [classic frames, their starts, charged]
+        routed: dict[int, list] | None = None  # stream-id -> its runs: [classic frames, their starts, charged]
         is_stream, walk, head = _IS_STREAM, walk_stream, frame_head
+        sinks = self.sinks
         limit = end - HEADER_LEN
         need = seg_end = 0
         try:
             while pos <= limit:
+                if sinks is not None:  # stream-ids: the run of stream messages, in classic framing
+                    at = pos
+                    pos, data, run_starts, sids = walk_sid_stream(buf, pos, is_stream, end)
+                    if data:
+                        if routed is None:
+                            routed = {}
+                        self._route_run(data, run_starts, sids, routed)
+                        ctrl += pos - at
                 # The stream messages up to the next other frame; the one at pos now is incomplete,
                 # or a reply, a noop or garbage.
                 pos, run = walk(buf, pos, is_stream, end)
@@ -248,7 +258,7 @@ class Connection(asyncio.BufferedProtocol):
                 if fend > end:
                     need = fend - pos
                     break
-                if self.sinks is not None and buf[pos] == Magic.ALT_REQUEST and is_stream[buf[pos + 1]]:
+                if sinks is not None and buf[pos] == Magic.ALT_REQUEST and is_stream[buf[pos + 1]]:
                     if routed is None:
                         routed = {}
                     if not self._route(buf, pos, fend, routed):
@@ -273,33 +283,55 @@ class Connection(asyncio.BufferedProtocol):
                 self._deliver_routed(routed)
         self._need = need if need else HEADER_LEN if end - pos else 0
 
+    def _route_run(self, data: bytes, starts: bytes, sids: bytes, routed: dict[int, list]) -> None:
+        """A run of stream messages from walk_sid_stream: to their stream-ids' runs. Each message
+        was 3 bytes longer on the wire (its stream-id FrameInfo), which is what the producer
+        charged. A run of one stream-id (one read busy at a time) stays as it is; an interleaved
+        one is split per stream-id."""
+        at = array.array("q")
+        at.frombytes(starts)
+        ids = array.array("q")
+        ids.frombytes(sids)
+        first = ids[0]
+        if ids.count(first) == len(ids):
+            routed.setdefault(first, []).append([data, at, len(data) + 3 * len(at)])
+            return
+        parts: dict[int, list] = {}
+        ends = at[1:].tolist() + [len(data)]
+        for a, b, sid in zip(at, ends, ids, strict=True):
+            part = parts.get(sid)
+            if part is None:
+                part = parts[sid] = [bytearray(), array.array("q"), 0]
+            part[1].append(len(part[0]))
+            part[0] += data[a:b]
+            part[2] += b - a + 3
+        for sid, part in parts.items():
+            routed.setdefault(sid, []).append(part)
+
     def _route(self, buf, pos: int, fend: int, routed: dict[int, list]) -> bool:
-        """A stream message with a stream-id: add it, in classic framing, to its id's frames."""
+        """A stream message with a stream-id the run walker left (framing extras with more than
+        the stream-id): to its id's runs, in classic framing."""
         try:
             sid, frame = unframe_stream_id(buf, pos, fend)
         except ProtocolError as e:
             self.abort(ConnectionLostError(f"{self.label}: malformed stream message from the server: {e}"))
             return False
-        acc = routed.get(sid)
-        if acc is None:
-            acc = routed[sid] = [bytearray(), array.array("q"), 0]
-        acc[1].append(len(acc[0]))
-        acc[0] += frame
-        acc[2] += fend - pos
+        routed.setdefault(sid, []).append([frame, array.array("q", [0]), fend - pos])
         return True
 
     def _deliver_routed(self, routed: dict[int, list]) -> None:
-        """Hand each stream-id's frames to its read. The producer counted their wire size (with
+        """Hand each stream-id's runs to its read. The producer counted their wire size (with
         the stream-id frame) against the window, so that is what each Segment charges; the frames
         of an id no read holds any more (it closed its streams, the server had sent these
         already) are acknowledged at once, or they would shrink the shared window for good."""
-        for sid, (data, starts, charged) in routed.items():
-            self.charged_total += charged
+        for sid, runs in routed.items():
             sink = self.sinks.get(sid)
-            if sink is None:
-                self.consumed(charged)
-            else:
-                sink(Segment(self, data, starts, len(data), charged))
+            for data, starts, charged in runs:
+                self.charged_total += charged
+                if sink is None:
+                    self.consumed(charged)
+                else:
+                    sink(Segment(self, data, starts, len(data), charged))
         outstanding = self.charged_total - self.acked_total
         if outstanding > self.max_outstanding:
             self.max_outstanding = outstanding

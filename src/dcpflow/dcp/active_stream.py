@@ -67,6 +67,7 @@ was written meanwhile, sends SET_VBUCKET_STATE(active), waits for that reply and
 STREAM_END(OK).
 """
 
+import functools
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -99,6 +100,7 @@ from dcpflow.protocol.dcp import (
     encode_mutations,
     pack_deletion,
     pack_mutation_head,
+    pack_mutation_head_sid,
     whole_messages,
 )
 from dcpflow.protocol.keys import DEFAULT_COLLECTION, encode_leb128
@@ -399,9 +401,10 @@ class ActiveStream:
         return value, datatype
 
     def _queue_item(self, item: Item) -> None:
-        """Encode one item. The common shapes (no stream-id) go through the protocol's packers -
-        the same bytes as `DcpMutation(...).encode()` / `DcpDeletion(...).encode()` (tested) with
-        no message object per item; everything else through the message classes."""
+        """Encode one item. The common shapes (a mutation, a deletion without stream-id) go through
+        the protocol's packers - the same bytes as `DcpMutation(...).encode()` /
+        `DcpDeletion(...).encode()` (tested) with no message object per item; everything else
+        through the message classes."""
         opts = self.opts
         key = item.key
         if opts.collections:
@@ -422,10 +425,14 @@ class ActiveStream:
         seqno = item.by_seqno
         sid = self.stream_id
         if not deleted:
-            if sid is None:
+            if sid is None or len(key) < 256:  # the alternative framing has one byte of key length
                 vlen = len(value)
-                data = pack_mutation_head(self.vbid, seqno, item.rev_seqno, item.flags, item.expiry, key, vlen,
-                                          item.cas, datatype, self.opaque)
+                if sid is None:
+                    data = pack_mutation_head(self.vbid, seqno, item.rev_seqno, item.flags, item.expiry, key, vlen,
+                                              item.cas, datatype, self.opaque)
+                else:
+                    data = pack_mutation_head_sid(self.vbid, seqno, item.rev_seqno, item.flags, item.expiry, key,
+                                                  vlen, item.cas, datatype, self.opaque, sid)
                 if vlen >= LARGE_VALUE:
                     # the value goes out as it is stored (no copy into the message): a continuation
                     ready = self.ready
@@ -608,8 +615,7 @@ class ActiveStream:
         """A page of raw store rows (`BackfillScan.next_rows`): plain mutations are encoded
         straight from the row - no Item is built - everything else via `backfill_page`."""
         opts = self.opts
-        if self.stream_id is not None or opts.no_value or opts.no_value_underlying_datatype or \
-                opts.compress_values or self._backfill_prepares:
+        if opts.no_value or opts.no_value_underlying_datatype or opts.compress_values or self._backfill_prepares:
             self.backfill_page([item_from_row(r) for r in rows])
             return
         if self.dead:
@@ -618,7 +624,11 @@ class ActiveStream:
         prefixed = opts.collections
         allows, prefixes = self.filter.allows, self._prefixes
         append = self.ready.append
-        pack, system = pack_mutation_head, SYSTEM_CID
+        sid, system = self.stream_id, SYSTEM_CID
+        # with a stream-id, the alternative framing's one byte of key length: longer keys (none
+        # is: 250 bytes and a prefix) take the general path
+        pack = pack_mutation_head if sid is None else functools.partial(pack_mutation_head_sid, stream_id=sid)
+        short_keys = sid is not None
         u64, xattr, large = _U64, DATATYPE_XATTR, LARGE_VALUE  # locals: this loop runs per row
         nbytes = count = 0
         last = self.last_sent_seqno
@@ -630,7 +640,8 @@ class ActiveStream:
             cid = r[11]
             if cid != system and not allows(cid):  # a document the filter hides (as _admit does)
                 continue
-            if cid == system or r[7] or datatype & xattr:  # an event, a deletion, or shaped
+            # an event, a deletion, a shaped value, or a key too long for the stream-id framing
+            if cid == system or r[7] or datatype & xattr or (short_keys and len(r[0]) > 250):
                 if nbytes:
                     self.ready_bytes += nbytes
                     self.items_sent += count

@@ -399,6 +399,86 @@ static PyObject *walk_stream(PyObject *module, PyObject *const *args, Py_ssize_t
     return Py_BuildValue("(nN)", pos, starts);
 }
 
+PyDoc_STRVAR(walk_sid_stream_doc,
+"walk_sid_stream(buf, pos, table[, end]) -> (pos, data, starts, sids)\n\n"
+"From pos, the run of complete frames with magic 0x08, table[opcode] != 0 and framing extras of\n"
+"exactly the DCP stream-id FrameInfo (0x22 + u16) in buf[:end]: the offset past the run, the\n"
+"frames in classic framing (magic 0x80) joined, their start offsets in it and their stream-ids\n"
+"(both native int64 bytes). Same results as frame.walk_sid_stream_py.");
+
+static PyObject *walk_sid_stream(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 3 && nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "walk_sid_stream(buf, pos, table[, end]) takes 3 or 4 arguments");
+        return NULL;
+    }
+    if (!PyBytes_Check(args[2]) || PyBytes_GET_SIZE(args[2]) != 256) {
+        PyErr_SetString(PyExc_TypeError, "walk_sid_stream: table must be 256 bytes");
+        return NULL;
+    }
+    Py_ssize_t pos = PyLong_AsSsize_t(args[1]);
+    if (pos == -1 && PyErr_Occurred()) return NULL;
+    Py_ssize_t end = -1;
+    if (nargs == 4) {
+        end = PyLong_AsSsize_t(args[3]);
+        if (end == -1 && PyErr_Occurred()) return NULL;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) return NULL;
+    if (nargs == 3) end = view.len;
+    if (end < 0 || end > view.len || pos < 0 || pos > end) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "walk_sid_stream: pos or end outside the buffer");
+        return NULL;
+    }
+    const unsigned char *data = (const unsigned char *)view.buf;
+    const unsigned char *table = (const unsigned char *)PyBytes_AS_STRING(args[2]);
+    Py_ssize_t cap = (end - pos) / HEADER_LEN, n = 0, used = 0;
+    /* Every classic frame is 3 bytes shorter than its wire frame: the run fits in end - pos. */
+    PyObject *out = PyBytes_FromStringAndSize(NULL, end - pos);
+    PyObject *starts = PyBytes_FromStringAndSize(NULL, cap * (Py_ssize_t)sizeof(int64_t));
+    PyObject *sids = PyBytes_FromStringAndSize(NULL, cap * (Py_ssize_t)sizeof(int64_t));
+    if (out == NULL || starts == NULL || sids == NULL) goto fail;
+    unsigned char *o = (unsigned char *)PyBytes_AS_STRING(out);
+    int64_t *st = (int64_t *)PyBytes_AS_STRING(starts), *sd = (int64_t *)PyBytes_AS_STRING(sids);
+    while (end - pos >= HEADER_LEN) {
+        const unsigned char *h = data + pos;
+        uint32_t body = be32(h + 8);
+        if (h[0] != 0x08 || !table[h[1]] || h[2] != 3 || (Py_ssize_t)body > end - pos - HEADER_LEN ||
+            body < 3u + h[3] + h[4] || h[HEADER_LEN] != 0x22) break;
+        unsigned char *c = o + used;
+        c[0] = 0x80;
+        c[1] = h[1];
+        c[2] = 0;
+        c[3] = h[3];  /* key length: one byte in the alternative framing, two here */
+        memcpy(c + 4, h + 4, 4);  /* extras length, datatype, vbucket */
+        uint32_t cbody = body - 3;
+        c[8] = (unsigned char)(cbody >> 24);
+        c[9] = (unsigned char)(cbody >> 16);
+        c[10] = (unsigned char)(cbody >> 8);
+        c[11] = (unsigned char)cbody;
+        memcpy(c + 12, h + 12, 12);  /* opaque, cas */
+        memcpy(c + HEADER_LEN, h + HEADER_LEN + 3, cbody);
+        st[n] = used;
+        sd[n] = ((int64_t)h[HEADER_LEN + 1] << 8) | h[HEADER_LEN + 2];
+        n++;
+        used += HEADER_LEN + (Py_ssize_t)cbody;
+        pos += HEADER_LEN + (Py_ssize_t)body;
+    }
+    PyBuffer_Release(&view);
+    if (_PyBytes_Resize(&out, used) < 0) goto fail_released;
+    if (_PyBytes_Resize(&starts, n * (Py_ssize_t)sizeof(int64_t)) < 0) goto fail_released;
+    if (_PyBytes_Resize(&sids, n * (Py_ssize_t)sizeof(int64_t)) < 0) goto fail_released;
+    return Py_BuildValue("(nNNN)", pos, out, starts, sids);
+fail:
+    PyBuffer_Release(&view);
+fail_released:
+    Py_XDECREF(out);
+    Py_XDECREF(starts);
+    Py_XDECREF(sids);
+    return NULL;
+}
+
 /* Views of every buffer of the sequence `seq` (gather, concat): NULL with an exception set when
    one is not a buffer; release them with release_views. */
 static Py_buffer *hold_views(PyObject *seq, Py_ssize_t nbufs) {
@@ -694,6 +774,7 @@ static PyMethodDef methods[] = {
     {"split", (PyCFunction)(void (*)(void))split, METH_FASTCALL, split_doc},
     {"encode_mutations", (PyCFunction)(void (*)(void))encode_mutations, METH_FASTCALL, encode_mutations_doc},
     {"walk_stream", (PyCFunction)(void (*)(void))walk_stream, METH_FASTCALL, walk_stream_doc},
+    {"walk_sid_stream", (PyCFunction)(void (*)(void))walk_sid_stream, METH_FASTCALL, walk_sid_stream_doc},
     {"stamp_mutations", (PyCFunction)(void (*)(void))stamp_mutations, METH_FASTCALL, stamp_mutations_doc},
     {"mutations_upto", (PyCFunction)(void (*)(void))mutations_upto, METH_FASTCALL, mutations_upto_doc},
     {"gather", (PyCFunction)(void (*)(void))gather, METH_FASTCALL, gather_doc},

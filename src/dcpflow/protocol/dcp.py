@@ -28,6 +28,7 @@ from .frame import (
     Frame,
     FrameDecoder,
     Magic,
+    RequestFrameId,
     compiled,
     encode_frame,
     stream_id_frame,
@@ -176,7 +177,10 @@ DELETION_V1_HEAD = struct.Struct(">BBHBBHIIQQQH")
 _pack_mutation_head = struct.Struct(">HHBBHIIQQQII7x").pack
 _pack_deletion_v1 = struct.Struct(">HHBBHIIQQQ2x").pack
 _pack_deletion_v2 = struct.Struct(">HHBBHIIQQQIx").pack
+_pack_mutation_head_sid = struct.Struct(">HBBBBHIIQBHQQII7x").pack  # the same with the stream-id FrameInfo
 _MUTATION_OP = int(Magic.REQUEST) << 8 | int(Opcode.DCP_MUTATION)
+_MUTATION_OP_SID = int(Magic.ALT_REQUEST) << 8 | int(Opcode.DCP_MUTATION)
+_SID_TAG = int(RequestFrameId.DCP_STREAM_ID) << 4 | 2  # id 2, 2 bytes
 _DELETION_OP = int(Magic.REQUEST) << 8 | int(Opcode.DCP_DELETION)
 _body_length = struct.Struct(">I").unpack_from
 _MARKER_V1_HEAD = struct.Struct(">BBHBBHIIQQQI")
@@ -211,6 +215,16 @@ def pack_mutation_head(vbucket: int, by_seqno: int, rev_seqno: int, flags: int, 
     message object per item would cost more than the item's whole encoding."""
     return _pack_mutation_head(_MUTATION_OP, len(key), 31, datatype, vbucket, 31 + len(key) + value_len, opaque, cas,
                                by_seqno, rev_seqno, flags, expiration) + key
+
+
+def pack_mutation_head_sid(vbucket: int, by_seqno: int, rev_seqno: int, flags: int, expiration: int, key: bytes,
+                           value_len: int, cas: int, datatype: int, opaque: int, stream_id: int) -> bytes:
+    """`pack_mutation_head` for a producer with `enable_stream_id`: magic 0x08 and the stream-id
+    FrameInfo (stream-request-value.md, "sid"), the bytes of `DcpMutation(..., stream_id).encode()`
+    up to the value. The alternative framing has one byte of key length: a key over 255 bytes
+    (none is: 250 and a collection prefix) raises struct.error."""
+    return _pack_mutation_head_sid(_MUTATION_OP_SID, 3, len(key), 31, datatype, vbucket, 34 + len(key) + value_len,
+                                   opaque, cas, _SID_TAG, stream_id, by_seqno, rev_seqno, flags, expiration) + key
 
 
 def pack_deletion(vbucket: int, by_seqno: int, rev_seqno: int, key: bytes, value: bytes, cas: int, datatype: int,

@@ -391,6 +391,42 @@ def walk_stream_py(buf, pos: int, table: bytes, end: int | None = None) -> tuple
 walk_stream = compiled("walk_stream") or walk_stream_py
 
 
+#: The framing extras of a stream message from a producer with `enable_stream_id`: one FrameInfo,
+#: id 2 (DCP stream-id) of 2 bytes, so 3 bytes starting 0x22. `walk_sid_stream` takes only these.
+SID_FRAMING = bytes([(RequestFrameId.DCP_STREAM_ID << 4) | 2])
+
+
+def walk_sid_stream_py(buf, pos: int, table: bytes, end: int | None = None) -> tuple[int, bytes, bytes, bytes]:
+    """`walk_stream` for a connection with stream-ids: from `pos`, the run of complete request
+    frames with magic 0x08, an opcode with a non-zero entry in `table` and framing extras of
+    exactly the stream-id FrameInfo, within buf[:end]: (the offset just past the run, the frames
+    in classic framing joined (`unframe_stream_id`), their start offsets in it and their stream-ids,
+    both as native int64 bytes). Each frame is 3 bytes shorter than on the wire. The
+    specification of the compiled `walk_sid_stream`."""
+    if end is None:
+        end = len(buf)
+    if not 0 <= end <= len(buf) or not 0 <= pos <= end:
+        raise ValueError("walk_sid_stream: pos or end outside the buffer")
+    out = bytearray()
+    starts, sids = array.array("q"), array.array("q")
+    while end - pos >= HEADER_LEN:
+        body = int.from_bytes(buf[pos + 8:pos + 12], "big")
+        if buf[pos] != Magic.ALT_REQUEST or not table[buf[pos + 1]] or buf[pos + 2] != 3 or \
+                body > end - pos - HEADER_LEN or body < 3 + buf[pos + 3] + buf[pos + 4] or \
+                buf[pos + HEADER_LEN] != SID_FRAMING[0]:
+            break
+        fend = pos + HEADER_LEN + body
+        sid, frame = unframe_stream_id(buf, pos, fend)
+        starts.append(len(out))
+        sids.append(sid)
+        out += frame
+        pos = fend
+    return pos, bytes(out), starts.tobytes(), sids.tobytes()
+
+
+#: walk_sid_stream_py, compiled when the extension was built.
+walk_sid_stream = compiled("walk_sid_stream") or walk_sid_stream_py
+
 def unframe_stream_id(buf, pos: int, fend: int) -> tuple[int | None, bytes]:
     """The request frame buf[pos:fend] in classic framing, and its DCP stream-id: a producer with
     `enable_stream_id` sends every stream message with magic 0x08 and a stream-id FrameInfo
