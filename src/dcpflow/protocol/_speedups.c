@@ -351,34 +351,44 @@ PyDoc_STRVAR(walk_stream_doc,
 "bytes-like buffer; end defaults to its length): returns the offset just past the run and the\n"
 "frames' start offsets as native int64 bytes. Same as frame.walk_stream_py.");
 
-static PyObject *walk_stream(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
-    (void)module;
+/* The arguments of the walkers, (buf, pos, table[, end]): 0 with *view held (release it), *pos,
+   *end and *table set; -1 with an exception set. A receive buffer the connection fills in place
+   (a bytearray) is taken as well as bytes. */
+static int walk_args(const char *name, PyObject *const *args, Py_ssize_t nargs, Py_buffer *view, Py_ssize_t *pos,
+                     Py_ssize_t *end, const unsigned char **table) {
     if (nargs != 3 && nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "walk_stream(buf, pos, table[, end]) takes 3 or 4 arguments");
-        return NULL;
+        PyErr_Format(PyExc_TypeError, "%s(buf, pos, table[, end]) takes 3 or 4 arguments", name);
+        return -1;
     }
     if (!PyBytes_Check(args[2]) || PyBytes_GET_SIZE(args[2]) != 256) {
-        PyErr_SetString(PyExc_TypeError, "walk_stream: table must be 256 bytes");
-        return NULL;
+        PyErr_Format(PyExc_TypeError, "%s: table must be 256 bytes", name);
+        return -1;
     }
-    Py_ssize_t pos = PyLong_AsSsize_t(args[1]);
-    if (pos == -1 && PyErr_Occurred()) return NULL;
-    Py_ssize_t end = -1;
+    *pos = PyLong_AsSsize_t(args[1]);
+    if (*pos == -1 && PyErr_Occurred()) return -1;
+    *end = -1;
     if (nargs == 4) {
-        end = PyLong_AsSsize_t(args[3]);
-        if (end == -1 && PyErr_Occurred()) return NULL;
+        *end = PyLong_AsSsize_t(args[3]);
+        if (*end == -1 && PyErr_Occurred()) return -1;
     }
-    /* A receive buffer the connection fills in place (a bytearray) as well as bytes. */
+    if (PyObject_GetBuffer(args[0], view, PyBUF_SIMPLE) < 0) return -1;
+    if (nargs == 3) *end = view->len;
+    if (*end < 0 || *end > view->len || *pos < 0 || *pos > *end) {
+        PyBuffer_Release(view);
+        PyErr_Format(PyExc_ValueError, "%s: pos or end outside the buffer", name);
+        return -1;
+    }
+    *table = (const unsigned char *)PyBytes_AS_STRING(args[2]);
+    return 0;
+}
+
+static PyObject *walk_stream(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
     Py_buffer view;
-    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) return NULL;
-    if (nargs == 3) end = view.len;
-    if (end < 0 || end > view.len || pos < 0 || pos > end) {
-        PyBuffer_Release(&view);
-        PyErr_SetString(PyExc_ValueError, "walk_stream: pos or end outside the buffer");
-        return NULL;
-    }
+    Py_ssize_t pos, end;
+    const unsigned char *table;
+    if (walk_args("walk_stream", args, nargs, &view, &pos, &end, &table) < 0) return NULL;
     const unsigned char *data = (const unsigned char *)view.buf;
-    const unsigned char *table = (const unsigned char *)PyBytes_AS_STRING(args[2]);
     /* A frame is at least HEADER_LEN bytes: the run holds at most (end - pos) / HEADER_LEN. */
     Py_ssize_t cap = (end - pos) / HEADER_LEN, n = 0;
     PyObject *starts = PyBytes_FromStringAndSize(NULL, cap * (Py_ssize_t)sizeof(int64_t));
@@ -408,31 +418,11 @@ PyDoc_STRVAR(walk_sid_stream_doc,
 
 static PyObject *walk_sid_stream(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     (void)module;
-    if (nargs != 3 && nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "walk_sid_stream(buf, pos, table[, end]) takes 3 or 4 arguments");
-        return NULL;
-    }
-    if (!PyBytes_Check(args[2]) || PyBytes_GET_SIZE(args[2]) != 256) {
-        PyErr_SetString(PyExc_TypeError, "walk_sid_stream: table must be 256 bytes");
-        return NULL;
-    }
-    Py_ssize_t pos = PyLong_AsSsize_t(args[1]);
-    if (pos == -1 && PyErr_Occurred()) return NULL;
-    Py_ssize_t end = -1;
-    if (nargs == 4) {
-        end = PyLong_AsSsize_t(args[3]);
-        if (end == -1 && PyErr_Occurred()) return NULL;
-    }
     Py_buffer view;
-    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) return NULL;
-    if (nargs == 3) end = view.len;
-    if (end < 0 || end > view.len || pos < 0 || pos > end) {
-        PyBuffer_Release(&view);
-        PyErr_SetString(PyExc_ValueError, "walk_sid_stream: pos or end outside the buffer");
-        return NULL;
-    }
+    Py_ssize_t pos, end;
+    const unsigned char *table;
+    if (walk_args("walk_sid_stream", args, nargs, &view, &pos, &end, &table) < 0) return NULL;
     const unsigned char *data = (const unsigned char *)view.buf;
-    const unsigned char *table = (const unsigned char *)PyBytes_AS_STRING(args[2]);
     Py_ssize_t cap = (end - pos) / HEADER_LEN, n = 0, used = 0;
     /* Every classic frame is 3 bytes shorter than its wire frame: the run fits in end - pos. */
     PyObject *out = PyBytes_FromStringAndSize(NULL, end - pos);
