@@ -39,6 +39,7 @@ from dcpflow.protocol.dcp import (
     decode_dcp,
     marker_fields,
     stream_end_reason,
+    sync_seqno,
 )
 from dcpflow.protocol.errors import ProtocolError
 from dcpflow.protocol.frame import HEADER_FIELDS, HEADER_LEN, Field, decode_all
@@ -308,7 +309,7 @@ class BatchBuilder:
                 tr.seqno_advanced(msg.by_seqno)
                 steps.append((ADVANCED, v, msg.by_seqno))
             elif type(msg) in _SYNC_MESSAGES:  # only to a read with sync_writes (the server sends none otherwise)
-                seqno = _sync_seqno(msg)
+                seqno = sync_seqno(msg)
                 if self.end is None or seqno <= int(self.end[v]):
                     snap = current.get(v) or ((int(carry_s[v]), int(carry_e[v])) if carry_s[v] >= 0 else (seqno, seqno))
                     sync_rows.append((int(cidx[j]), v, msg, snap, bool(coll[cidx[j]])))
@@ -426,7 +427,7 @@ class BatchBuilder:
                 key = key[used:]
             prepare = type(msg) is DcpPrepare
             cols["vbucket"].append(v)
-            cols["seqno"].append(_sync_seqno(msg))
+            cols["seqno"].append(sync_seqno(msg))
             cols["vbuuid"].append(int(uuid[v].view(np.int64)))
             cols["key"].append(key)
             cols["value"].append(None if not prepare or msg.deleted else msg.value)
@@ -450,9 +451,3 @@ def as_int64(u: int) -> int:
 
 _SYNC_EVENTS = {DcpPrepare: "prepare", DcpCommit: "commit", DcpAbort: "abort"}
 _SYNC_MESSAGES = tuple(_SYNC_EVENTS)
-
-
-def _sync_seqno(msg) -> int:
-    """The seqno a prepare, commit or abort takes (commit.md, abort.md: not the prepared seqno)."""
-    t = type(msg)
-    return msg.by_seqno if t is DcpPrepare else msg.commit_seqno if t is DcpCommit else msg.abort_seqno

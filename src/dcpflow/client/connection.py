@@ -242,7 +242,7 @@ class Connection(asyncio.BufferedProtocol):
                 # or a reply, a noop or garbage.
                 pos, run = walk(buf, pos, is_stream, end)
                 if run:
-                    if self.sinks is not None:
+                    if sinks is not None:
                         self._fatal(ProtocolError("a stream message without a stream-id on a connection with "
                                                   "enable_stream_id"))
                         return
@@ -602,14 +602,16 @@ OPEN_FLAGS = OpenFlag.PRODUCER | OpenFlag.INCLUDE_DELETE_TIMES
 
 
 async def open_dcp(conn: Connection, name: str, *, buffer_size: int, noop_interval: float,
-                   flags: int = OPEN_FLAGS, timeout: float = 10.0, history: bool = False,
+                   include_xattrs: bool = False, timeout: float = 10.0, history: bool = False,
                    sync_writes: bool = False, stream_ids: bool = False) -> dict[str, int]:
     """DCP_OPEN and the controls a production client sends (https://github.com/couchbase/kv_engine/blob/master/docs/dcp/documentation/recommended-apis.md).
     Required controls failing is fatal; optional ones are reported in the returned dict. With
     collections, system events are asked for as FlatBuffers (they then include modify-collection
     and the history setting; a server that refuses sends the legacy structs), and `history` asks
     for change streams (`change_streams`, 7.2+), which is then required. `stream_ids` asks for
-    `enable_stream_id` (optional: the caller reads the result)."""
+    `enable_stream_id` (optional: the caller reads the result). `include_xattrs` opens with
+    IncludeXattrs: values arrive with their xattrs."""
+    flags = OPEN_FLAGS | OpenFlag.INCLUDE_XATTRS if include_xattrs else OPEN_FLAGS
     reply = await conn.call(DcpOpen(name.encode(), flags), timeout)
     if reply.status != Status.SUCCESS:
         if reply.status == Status.EACCESS:

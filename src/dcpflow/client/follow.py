@@ -23,8 +23,8 @@ import array
 
 import numpy as np
 
-from dcpflow.protocol.dcp import DcpSeqnoAdvanced
-from dcpflow.protocol.frame import HEADER_FIELDS, HEADER_LEN
+from dcpflow.protocol.dcp import DOCUMENT_LAYOUTS, DcpSeqnoAdvanced, decode_dcp, sync_seqno
+from dcpflow.protocol.frame import HEADER_FIELDS, HEADER_LEN, decode_all
 from dcpflow.protocol.keys import decode_leb128
 from dcpflow.protocol.opcodes import Opcode
 
@@ -34,13 +34,18 @@ from .events import system_event
 _OP = HEADER_FIELDS["opcode"].offset
 _VB = HEADER_FIELDS["vbucket_or_status"].offset
 _EXT = HEADER_FIELDS["extras_length"].offset
-_KEY = HEADER_FIELDS["key_length"].offset
-_BODY = HEADER_FIELDS["body_length"].offset
-#: Messages about a document: their key starts with the collection id (LEB128), and their seqno is
-#: this many bytes into their extras (a commit's or abort's own seqno follows the prepare's).
-_DOCUMENTS = {Opcode.DCP_MUTATION: 0, Opcode.DCP_DELETION: 0, Opcode.DCP_EXPIRATION: 0, Opcode.DCP_PREPARE: 0,
-              Opcode.DCP_COMMIT: 8, Opcode.DCP_ABORT: 8}
+#: Where a document message keeps its seqno, by (opcode, extras length): the protocol's layouts.
+_BY_SEQNO = {key: fields["by_seqno"] for key, fields in DOCUMENT_LAYOUTS.items()}
+#: Messages about a document: their key starts with the collection id (LEB128). Those without a
+#: layout above (a prepare, commit or abort) are decoded for their seqno.
+_DOCUMENTS = frozenset({op for op, _ in DOCUMENT_LAYOUTS} |
+                       {Opcode.DCP_PREPARE, Opcode.DCP_COMMIT, Opcode.DCP_ABORT})
 _SAME = object()
+
+
+def _decode(data, a: int, b: int):
+    """The typed message of the frame data[a:b] (the few this module reads whole)."""
+    return decode_dcp(decode_all(bytes(data[a:b]))[0])
 
 
 class NameFollower:
@@ -91,10 +96,13 @@ class NameFollower:
             elif op == Opcode.DCP_SYSTEM_EVENT:
                 keep = self._system_event(data, a, b, vb)
             elif op in _DOCUMENTS and vb in self.widened:
-                cid, _ = decode_leb128(data, a + HEADER_LEN + data[a + _EXT])
+                ext = data[a + _EXT]
+                cid, _ = decode_leb128(data, a + HEADER_LEN + ext)
                 if cid not in self.accept:
-                    at = a + HEADER_LEN + _DOCUMENTS[op]
-                    keep = DcpSeqnoAdvanced(vb, int.from_bytes(data[at:at + 8], "big")).encode()
+                    field = _BY_SEQNO.get((op, ext))
+                    seqno = (int.from_bytes(data[a + field.offset:a + field.stop], "big") if field is not None
+                             else sync_seqno(_decode(data, a, b)))
+                    keep = DcpSeqnoAdvanced(vb, seqno).encode()
             if keep is _SAME:
                 keep = data[a:b]
             else:
@@ -113,16 +121,9 @@ class NameFollower:
         """A system event in vbucket `vb`: kept, replaced by a SEQNO_ADVANCED (a widened stream's
         event of another collection), and the drop of a filtered collection on a stream not yet
         widened starts the switch (its later messages are cut)."""
-        ext = data[a + _EXT]
-        klen = int.from_bytes(data[a + _KEY:a + _KEY + 2], "big")
-        body = int.from_bytes(data[a + _BODY:a + _BODY + 4], "big")
-        p = a + HEADER_LEN
-        seqno = int.from_bytes(data[p:p + 8], "big")
-        event_id = int.from_bytes(data[p + 8:p + 12], "big")
-        version = data[p + 12]
-        key = bytes(data[p + ext:p + ext + klen])
-        value = bytes(data[p + ext + klen:a + HEADER_LEN + body])
-        ev = system_event(vb, seqno, event_id, version, key, value, 0, self.client_names)
+        msg = _decode(data, a, b)
+        seqno = msg.by_seqno
+        ev = system_event(vb, seqno, msg.event, msg.version, msg.key, msg.value, 0, self.client_names)
         cid = ev.collection_id
         if vb not in self.widened:
             if ev.kind == "collection_dropped" and cid in self.accept:

@@ -24,6 +24,7 @@ from dcpflow.protocol.dcp import (
     DcpSnapshotMarker,
     DcpStreamEnd,
     DcpSystemEvent,
+    sync_seqno,
 )
 from dcpflow.protocol.keys import decode_leb128
 
@@ -203,13 +204,12 @@ class EventStream(_Reader):
                         vs = streams[msg.vbucket]
                         tr = vs.decoded
                         cid, key = _split_key(msg.key) if coll else (0, msg.key)
+                        seq = sync_seqno(msg)
                         if t is DcpPrepare:
-                            seq = msg.by_seqno
                             event = Prepare(msg.vbucket, seq, key, msg.value, msg.cas, msg.rev_seqno, msg.flags,
                                             msg.expiration, msg.datatype, msg.durability_level, msg.deleted,
                                             tr.vbuuid, cid)
                         else:
-                            seq = msg.commit_seqno if t is DcpCommit else msg.abort_seqno
                             event = (Commit if t is DcpCommit else Abort)(msg.vbucket, seq, key, msg.prepared_seqno,
                                                                           tr.vbuuid, cid)
                         tr.item(seq)

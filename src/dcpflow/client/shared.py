@@ -26,10 +26,9 @@ import logging
 import os
 from collections.abc import Callable
 
-from dcpflow.protocol.dcp import OpenFlag
 from dcpflow.protocol.status import Status
 
-from .connection import OPEN_FLAGS, Connection, Segment, connect_once, open_dcp
+from .connection import Connection, Segment, connect_once, open_dcp
 from .errors import ConnectionLostError
 
 log = logging.getLogger("dcpflow.client")
@@ -106,8 +105,7 @@ class SharedConnections:
         try:
             name = f"dcpflow:{self.client.agent}:{os.urandom(6).hex()}:{address[0]}:{address[1]}"
             results = await open_dcp(conn, name, buffer_size=buffer_size, noop_interval=noop_interval,
-                                     history=history, stream_ids=True,
-                                     flags=OPEN_FLAGS | OpenFlag.INCLUDE_XATTRS if include_xattrs else OPEN_FLAGS)
+                                     history=history, stream_ids=True, include_xattrs=include_xattrs)
         except BaseException:
             conn.close()
             raise

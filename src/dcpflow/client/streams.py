@@ -48,14 +48,13 @@ from dcpflow.protocol.dcp import (
     DcpStreamRequest,
     DcpStreamRequestResponse,
     FailoverLogResponse,
-    OpenFlag,
     StreamEndReason,
     StreamFlag,
 )
 from dcpflow.protocol.kv import error_context
 from dcpflow.protocol.status import Status
 
-from .connection import OPEN_FLAGS, Connection, Segment, connect_once, open_dcp
+from .connection import Connection, Segment, connect_once, open_dcp
 from .errors import (
     ClientError,
     ConnectError,
@@ -85,8 +84,9 @@ FINISH, REOPEN = "finish", "reopen"
 
 
 def _ignore_reply(frame) -> None:
-    """CLOSE_STREAM of a read that is closing: whatever the answer, the read is gone (the
-    stream may have ended by itself meanwhile: KEY_ENOENT)."""
+    """CLOSE_STREAM of a read that is closing, or of a stream it leaves for a widened one
+    (follow.py): whatever the answer, the read has moved on (the stream may have ended by itself
+    meanwhile: KEY_ENOENT)."""
 
 
 def end_action(reason: int, closed_by_us: bool) -> tuple[str, bool, float]:
@@ -296,10 +296,21 @@ class Feed:
             return
         with conn.corked():
             for vs in self.streams.values():
-                if vs.conn is conn and vs.state in (OPENING, OPEN):
+                if vs.conn is conn and self._close_stream(vs):
                     vs.closing = True
-                    conn.request(DcpCloseStream(vs.vbucket, stream_id=self.sid), callback=_ignore_reply)
         conn.flush_acks()
+
+    def _close_stream(self, vs: VbStream) -> bool:
+        """DCP_CLOSE_STREAM for an open (or opening) stream, under this read's stream-id on a
+        shared connection (whatever the answer, the caller has moved on: `_ignore_reply`); False
+        when there is no such stream to close."""
+        conn = vs.conn
+        if conn is None or conn.lost is not None or vs.state not in (OPENING, OPEN):
+            return False
+        sid = self.sid if conn.sinks is not None else None
+        with contextlib.suppress(ConnectionLostError):  # if lost, its ConnLost notice handles the stream
+            conn.request(DcpCloseStream(vs.vbucket, stream_id=sid), callback=_ignore_reply)
+        return True
 
     def _fail(self, error: BaseException) -> None:
         if self._error is None:
@@ -571,8 +582,7 @@ class Feed:
             self._check_collections(conn)
             await open_dcp(conn, f"{self.name}:{address[0]}:{address[1]}", buffer_size=self.options.buffer_size,
                            noop_interval=self.options.noop_interval, history=self.options.history,
-                           sync_writes=self.options.sync_writes,
-                           flags=OPEN_FLAGS | OpenFlag.INCLUDE_XATTRS if self.options.include_xattrs else OPEN_FLAGS)
+                           sync_writes=self.options.sync_writes, include_xattrs=self.options.include_xattrs)
         except BaseException:
             conn.close()
             raise
@@ -758,11 +768,7 @@ class Feed:
         STREAM_END then reopens it widened; the messages up to it are discarded)."""
         vs = self.streams[vbucket]
         vs.discarding = True
-        conn = vs.conn
-        if conn is not None and conn.lost is None and vs.state in (OPENING, OPEN):
-            sid = self.sid if conn.sinks is not None else None
-            with contextlib.suppress(ConnectionLostError):  # if lost, ConnLost reopens it
-                conn.request(DcpCloseStream(vbucket, stream_id=sid), callback=_ignore_reply)
+        self._close_stream(vs)
 
     async def _widened_filter(self) -> dict:
         """The filter of widened streams: the names' scope when they share one that exists now,

@@ -103,7 +103,7 @@ from dcpflow.protocol.dcp import (
     pack_mutation_head_sid,
     whole_messages,
 )
-from dcpflow.protocol.keys import DEFAULT_COLLECTION, encode_leb128
+from dcpflow.protocol.keys import encode_leb128
 from dcpflow.protocol.system_events import event_body
 
 from .filter import StreamFilter
@@ -116,8 +116,16 @@ MAX_SEQNO = 0xFFFFFFFFFFFFFFFF
 _MEMORY, _DISK, _CHK, _ACK = (int(SnapshotFlag.MEMORY), int(SnapshotFlag.DISK), int(SnapshotFlag.CHECKPOINT),
                               int(SnapshotFlag.ACK))
 _HISTORY, _MAY_DUPLICATE = int(SnapshotFlag.HISTORY), int(SnapshotFlag.MAY_CONTAIN_DUPLICATES)
-#: What a key starts with on a connection with HELLO Collections: the default collection's id.
-_DEFAULT_COLLECTION_PREFIX = encode_leb128(DEFAULT_COLLECTION)
+
+
+class _KeyPrefixes(dict):
+    """What a key starts with on a connection with HELLO Collections: its collection id in LEB128,
+    by id, made on first use (a stream looks one up per document)."""
+
+    def __missing__(self, cid: int) -> bytes:
+        prefix = self[cid] = encode_leb128(cid)
+        return prefix
+
 #: Plain ints: `int & IntFlag` runs enum's Python __rand__.
 _TAKEOVER, _DISK_ONLY = int(StreamFlag.TAKEOVER), int(StreamFlag.DISK_ONLY)
 
@@ -216,7 +224,7 @@ class ActiveStream:
             filter = StreamFilter.build({} if self.opts.collections else None, vb.collections)
         self.filter = filter
         self._emptied = False  # the filter was left empty: end with FILTER_EMPTY once queued
-        self._prefixes: dict[int, bytes] = {0: _DEFAULT_COLLECTION_PREFIX}
+        self._prefixes = _KeyPrefixes()
         self.start_seqno = start_seqno
         self.end_seqno = end_seqno
         self.snap_start_seqno = snap_start_seqno
@@ -408,11 +416,7 @@ class ActiveStream:
         opts = self.opts
         key = item.key
         if opts.collections:
-            cid = item.cid
-            prefix = self._prefixes.get(cid)
-            if prefix is None:
-                prefix = self._prefixes[cid] = encode_leb128(cid)
-            key = prefix + key
+            key = self._prefixes[item.cid] + key
         deleted, datatype = item.deleted, item.datatype
         if deleted and (not datatype & DATATYPE_XATTR or datatype & DATATYPE_SNAPPY):
             value, datatype = b"", 0  # what _shape_value gives a deletion without readable xattrs
@@ -475,7 +479,7 @@ class ActiveStream:
         cls = item.__class__
         key = item.key
         if self.opts.collections:
-            key = encode_leb128(item.cid) + key
+            key = self._prefixes[item.cid] + key
         seqno = item.by_seqno
         if cls is Prepare:
             value, datatype = self._shape_value(item) if item.deleted or item.datatype & DATATYPE_XATTR else (
@@ -655,10 +659,7 @@ class ActiveStream:
                 continue
             key, value = r[0], r[10]
             if prefixed:
-                prefix = prefixes.get(cid)
-                if prefix is None:
-                    prefix = prefixes[cid] = encode_leb128(cid)
-                key = prefix + key
+                key = prefixes[cid] + key
             vlen = len(value)
             data = pack(vbid, seqno, r[2] & u64, r[4], r[5], key, vlen, r[3] & u64, datatype, opaque)
             if vlen >= large:

@@ -1236,6 +1236,12 @@ rules.register(Opcode.DCP_COMMIT, Shape(_PAGES + "commit.md", extras=(16,), key=
 rules.register(Opcode.DCP_ABORT, Shape(_PAGES + "abort.md", extras=(16,), key=MUST, cas=MUST_NOT))
 
 
+def sync_seqno(msg: "DcpPrepare | DcpCommit | DcpAbort") -> int:
+    """The seqno a prepare, commit or abort occupies (commit.md, abort.md: not the prepared seqno)."""
+    t = type(msg)
+    return msg.by_seqno if t is DcpPrepare else msg.commit_seqno if t is DcpCommit else msg.abort_seqno
+
+
 class DcpSeqnoAdvanced(NamedTuple):
     """DCP_SEQNO_ADVANCED 0x64 (seqno-advanced.md; its example bytes are wrong): 8-byte seqno."""
 
