@@ -40,10 +40,16 @@ class CheckpointError(Exception):
 class Generation(NamedTuple):
     source: dict[int, Offset]  # source vbucket -> stream position
     target: dict[int, tuple[int, int]]  # target vbucket -> (vbuuid, highest seqno of our writes)
+    #: (scope, collection) whose source documents were skipped before this point because the
+    #: target lacked the collection, and are still to be sent once it has it (a backfill)
+    broken: tuple[tuple[str, str], ...] = ()
 
     def to_json(self) -> dict:
-        return {"source": offsets_to_json(self.source),
-                "target": {str(vb): [u, s] for vb, (u, s) in sorted(self.target.items())}}
+        doc = {"source": offsets_to_json(self.source),
+               "target": {str(vb): [u, s] for vb, (u, s) in sorted(self.target.items())}}
+        if self.broken:
+            doc["broken"] = [list(names) for names in self.broken]
+        return doc
 
     @classmethod
     def from_json(cls, doc: dict, where: str) -> "Generation":
@@ -51,7 +57,12 @@ class Generation(NamedTuple):
             target = {int(vb): (int(u), int(s)) for vb, (u, s) in doc.get("target", {}).items()}
         except (TypeError, ValueError) as e:
             raise CheckpointError(f"{where}: target positions are not [vbuuid, seqno] pairs: {e}") from None
-        return cls(offsets_from_json(doc.get("source", {}), where + ": source "), target)
+        broken = doc.get("broken", [])
+        if not isinstance(broken, list) or not all(isinstance(n, list) and len(n) == 2 and
+                                                   all(isinstance(x, str) for x in n) for n in broken):
+            raise CheckpointError(f"{where}: broken is not a list of [scope, collection] names: {broken!r}")
+        return cls(offsets_from_json(doc.get("source", {}), where + ": source "), target,
+                   tuple(tuple(n) for n in broken))
 
 
 BEGINNING = Generation({}, {})

@@ -30,6 +30,10 @@ METRICS = {
                        "Times the target lost writes and they were sent again"),
     "docs_resent": ("dcpflow_xdcr_docs_resent_total", "counter", "Changes sent again in this run"),
     "checkpoints": ("dcpflow_xdcr_checkpoints_total", "counter", "Checkpoints saved"),
+    "docs_other_collections": ("dcpflow_xdcr_docs_other_collections_total", "counter",
+                               "Changes skipped: the target had no collection of their name (sent once it has)"),
+    "docs_backfilled": ("dcpflow_xdcr_docs_backfilled_total", "counter",
+                        "Changes sent again for a collection the target gained"),
 }
 
 

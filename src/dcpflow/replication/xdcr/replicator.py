@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from dcpflow.client import DcpClient
+from dcpflow.client.manifest import FilterError
 from dcpflow.client.offsets import Offset
 from dcpflow.engine.conflict import ConflictResolutionMode
 
@@ -51,10 +52,14 @@ from .target import DELETE, EXPIRE, SET, Change, ReplicationError, Target, bucke
 
 log = logging.getLogger("dcpflow.xdcr")
 
+DOCUMENTS = ("mutation", "deletion", "expiration")
+#: seconds between two looks at the target's manifest while a mapping is broken (at checkpoints)
+RECHECK_INTERVAL = 1.0
+
 STAT_NAMES = ("docs_received", "docs_written", "sets_written", "deletions_written", "expirations_written",
               "docs_filtered", "docs_other_collections", "failed_cr_source", "failed_cr_target", "docs_failed",
               "target_retries", "source_rollbacks", "target_rewinds", "docs_resent", "checkpoints",
-              "batches", "changes_left", "latency_ms_last", "latency_ms_max")
+              "batches", "docs_backfilled", "changes_left", "latency_ms_last", "latency_ms_max")
 
 
 class Settings(NamedTuple):
@@ -88,6 +93,9 @@ class XdcrReplicator:
         self._written: dict[int, tuple[int, int]] = {}
         self._target_uuids: dict[int, int] = {}  # the branch each target vbucket was last seen on
         self._sent_high: dict[int, int] = {}  # per source vbucket: the highest seqno sent this run
+        #: (scope, collection) of source documents skipped because the target lacked the collection
+        self._broken: set[tuple[str, str]] = set()
+        self._next_recheck = 0.0
         self._generations: Generations | None = None
         self._store = CheckpointStore(self.state_dir)
         self._next_checkpoint = 0.0
@@ -106,6 +114,7 @@ class XdcrReplicator:
         self._generations = await asyncio.to_thread(self._store.load, identity)
         newest = self._generations.newest
         self.positions = {vb: newest.source.get(vb, Offset()) for vb in range(self.source.num_vbuckets)}
+        self._broken = set(newest.broken)
         self._target_uuids = {vb: u for vb, (u, _) in newest.target.items()}
         lost = await self._lost_target_vbuckets(range(self.target.client.num_vbuckets))
         if lost:
@@ -140,13 +149,28 @@ class XdcrReplicator:
 
     async def _stream(self, stop: asyncio.Event) -> None:
         """Read and write until `stop`, or until a target rewind needs the streams reopened."""
+        if self._broken and await self._backfill(stop):
+            return
         start = dict(self.positions)
         stream = self.source.events(start=start, rollback="resume", include_xattrs=True)
         queue: asyncio.Queue = asyncio.Queue(maxsize=self.settings.batch_size * 4)
+        waiting = [False]  # the reader waits for the stream: all it has read is in the queue, or taken
 
         async def read():
-            async for event in stream:
+            events = aiter(stream)
+            while True:
+                waiting[0] = True
+                try:
+                    event = await anext(events)
+                except StopAsyncIteration:
+                    return
+                finally:
+                    waiting[0] = False
                 await queue.put(event)
+
+        def caught_up() -> None:
+            if inflight is None and queue.empty() and waiting[0]:
+                self._caught_up(stream.positions)
 
         reader = asyncio.create_task(read())
         inflight: asyncio.Task | None = None
@@ -179,11 +203,16 @@ class XdcrReplicator:
                         done, inflight = inflight, None
                         if await self._apply(await _until(done, stop)):
                             return
-                    if time.monotonic() >= self._next_checkpoint and await self._checkpoint():
-                        return
+                    if time.monotonic() >= self._next_checkpoint:
+                        if self._broken and time.monotonic() >= self._next_recheck and await self._backfill(stop):
+                            return
+                        caught_up()
+                        if await self._checkpoint():
+                            return
             if inflight is not None:
                 done, inflight = inflight, None
                 await self._apply(await _until(done, stop))
+            caught_up()
         except _Stopped:
             return  # writes still waiting for the target are dropped: their changes were not checkpointed
         finally:
@@ -196,6 +225,61 @@ class XdcrReplicator:
                 await reader
             await stream.aclose()
 
+    def _caught_up(self, positions: dict[int, Offset]) -> None:
+        """The stream's own positions, once every change it read was written: they also move on
+        what carries nothing to write (system events, SEQNO_ADVANCED, the end of a snapshot whose
+        last seqnos the stream does not send), so an idle replication stands at the source's high
+        seqnos and `changes_left` is 0."""
+        mine = self.positions
+        for vb, offset in positions.items():
+            if offset.seqno > mine[vb].seqno:
+                mine[vb] = offset
+
+    async def _backfill(self, stop: asyncio.Event) -> bool:
+        """Send the documents of each broken mapping whose collection the target has now: the
+        source's documents of that collection up to its high seqnos now, read by a stream of that
+        collection alone (goxdcr backfills a fixed mapping from seqno 0 likewise; what the target
+        already has is refused as the same version). The main stream waits meanwhile. True if the
+        target lost writes meanwhile (rewound: the streams reopen)."""
+        self._next_recheck = time.monotonic() + RECHECK_INTERVAL
+        for names in await self._collections.recheck(sorted(self._broken)):
+            ends = await self.source.high_seqnos()
+            sent = 0
+            stream = self.source.events(start="beginning", end=ends, collections=".".join(names), include_xattrs=True)
+            batch: list[Change] = []
+            try:
+                async for ev in stream:
+                    if stop.is_set():
+                        return False  # the names stay broken: the next run sends them
+                    if ev.event in DOCUMENTS and (change := self._filters.apply(self._change(ev))) is not None:
+                        batch.append(change)
+                    if len(batch) >= self.settings.batch_size:
+                        sent += len(batch)
+                        if await self._apply((*await _until(asyncio.ensure_future(self._send(batch)), stop), ())):
+                            return True
+                        batch = []
+                if batch:
+                    sent += len(batch)
+                    if await self._apply((*await _until(asyncio.ensure_future(self._send(batch)), stop), ())):
+                        return True
+            except FilterError:
+                log.info("collection %s.%s is gone from the source: nothing to backfill", *names)
+            except _Stopped:
+                return False
+            finally:
+                await stream.aclose()
+            self._broken.discard(names)
+            self.stats["docs_backfilled"] += sent
+            log.info("backfilled %d documents of %s.%s, which the target has now", sent, *names)
+        return False
+
+    def _change(self, ev) -> Change:
+        if ev.event == "mutation":
+            return Change(SET, ev.key, ev.value, ev.cas, ev.rev_seqno, ev.flags, ev.expiry, ev.datatype,
+                          ev.collection_id)
+        return Change(DELETE if ev.event == "deletion" else EXPIRE, ev.key, ev.value, ev.cas, ev.rev_seqno, 0,
+                      ev.delete_time, ev.datatype, ev.collection_id)
+
     async def _write_batch(self, batch: list):
         """Write one batch; what `_apply` needs to count it and advance the positions."""
         stats = self.stats
@@ -207,17 +291,11 @@ class XdcrReplicator:
                 stats["source_rollbacks"] += 1
                 after.append((ev.vbucket, ev.offset))
                 continue
-            if kind not in ("mutation", "deletion", "expiration"):
-                continue  # system events, stream ends: nothing to write, and no snapshot to resume in
+            if kind not in DOCUMENTS:
+                continue  # system events, stream ends: nothing to write (see _caught_up for their seqnos)
             stats["docs_received"] += 1
             after.append((ev.vbucket, Offset(ev.vbuuid, ev.seqno, ev.snapshot_start, ev.snapshot_end)))
-            if kind == "mutation":
-                change = Change(SET, ev.key, ev.value, ev.cas, ev.rev_seqno, ev.flags, ev.expiry, ev.datatype,
-                                ev.collection_id)
-            else:
-                change = Change(DELETE if kind == "deletion" else EXPIRE, ev.key, ev.value, ev.cas, ev.rev_seqno,
-                                0, ev.delete_time, ev.datatype, ev.collection_id)
-            change = self._filters.apply(change)
+            change = self._filters.apply(self._change(ev))
             if change is None:
                 stats["docs_filtered"] += 1
                 continue
@@ -226,27 +304,44 @@ class XdcrReplicator:
             else:
                 self._sent_high[ev.vbucket] = ev.seqno
             changes.append(change)
+        changes, outcomes = await self._send(changes)
+        return changes, outcomes, after
+
+    async def _send(self, changes: list[Change]) -> tuple[list[Change], list]:
+        """Route the changes to their target collections, resolve conflicts at the source for large
+        ones, and write the rest: (the changes written, their outcomes)."""
+        stats = self.stats
         if any(c.collection for c in changes):
             ids = await self._collections.target_ids({c.collection for c in changes})
-            mapped = [c._replace(collection=ids[c.collection]) for c in changes if ids[c.collection] is not None]
-            stats["docs_other_collections"] += len(changes) - len(mapped)
+            mapped = []
+            for c in changes:
+                target_id = ids[c.collection]
+                if target_id is not None:
+                    mapped.append(c._replace(collection=target_id))
+                    continue
+                stats["docs_other_collections"] += 1
+                names = self._collections.names_of(c.collection)
+                if names is not None and names not in self._broken:
+                    # Skipped, but not forgotten: the checkpoints carry the names until the target
+                    # has the collection and the source's documents of it were sent (_backfill).
+                    log.warning("the target has no collection %s.%s: its documents wait until it does", *names)
+                    self._broken.add(names)
             changes = mapped
+        if not changes:
+            return [], []
         began = time.monotonic()
-        if changes:
-            losers = await source_side_losers(self.target, changes, self.mode, self.settings.optimistic_threshold)
-            if losers:
-                stats["failed_cr_source"] += len(losers)
-                changes = [c for i, c in enumerate(changes) if i not in losers]
-            retries = self.target.retries
-            outcomes = await self.target.write(changes)
-            stats["target_retries"] += self.target.retries - retries
-            stats["batches"] += 1
-            latency = (time.monotonic() - began) * 1000
-            stats["latency_ms_last"] = round(latency, 3)
-            stats["latency_ms_max"] = max(stats["latency_ms_max"], round(latency, 3))
-        else:
-            outcomes = []
-        return changes, outcomes, after
+        losers = await source_side_losers(self.target, changes, self.mode, self.settings.optimistic_threshold)
+        if losers:
+            stats["failed_cr_source"] += len(losers)
+            changes = [c for i, c in enumerate(changes) if i not in losers]
+        retries = self.target.retries
+        outcomes = await self.target.write(changes)
+        stats["target_retries"] += self.target.retries - retries
+        stats["batches"] += 1
+        latency = (time.monotonic() - began) * 1000
+        stats["latency_ms_last"] = round(latency, 3)
+        stats["latency_ms_max"] = max(stats["latency_ms_max"], round(latency, 3))
+        return changes, outcomes
 
     async def _apply(self, written) -> bool:
         """Count a written batch and advance the positions; True if the target lost writes (rewound)."""
@@ -312,6 +407,7 @@ class XdcrReplicator:
                             "seqno %d to %d", vb if same_layout else -1, lost.get(vb, "?"), vb,
                             self.positions[vb].seqno, back.seqno)
             self.positions[vb] = back
+        self._broken |= set(safe.broken)  # backfills done after `safe` may have been lost as well
         for tvb in lost:
             self._written.pop(tvb, None)
         gens.drop_newer_than(safe)
@@ -338,7 +434,7 @@ class XdcrReplicator:
             if not final:
                 return True
         target = {vb: (logs[vb][0][0], highs[vb]) for vb in vbuckets if logs[vb]}
-        self._generations.add(Generation(dict(self.positions), target))
+        self._generations.add(Generation(dict(self.positions), target, tuple(sorted(self._broken))))
         self._written.clear()
         await asyncio.to_thread(self._store.save, self._generations)
         self.stats["checkpoints"] += 1
