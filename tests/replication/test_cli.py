@@ -233,3 +233,48 @@ def test_up_refuses_bad_sizes(tmp_path):
     assert p.returncode == 2 and "at least 2 nodes" in p.stderr
     p = cli("up", "--replicas", "4", "--data-dir", str(tmp_path / "four"), "--base-port", "0", check=False)
     assert p.returncode == 2 and "0..3" in p.stderr
+
+
+def _plain_auth(address: str) -> tuple[int, bytes, bytes]:
+    """(status of SASL PLAIN, the mechanisms listed, the reply's value) on a node's plain-TCP port:
+    what a DCP client that speaks only PLAIN does."""
+    from dcpflow.protocol.opcodes import Opcode
+    from tests.server.client import RawClient
+    with RawClient(int(address.rsplit(":", 1)[1])) as c:
+        mechs = c.call(Opcode.SASL_LIST_MECHS).value
+        reply = c.auth_plain("Administrator", "password")
+        return reply.status, mechs, reply.value
+
+
+def test_up_with_plain_over_tcp_and_a_chosen_control_port(up, tmp_path):
+    """--allow-plain-over-tcp reaches every node (PLAIN authenticates; refused without it, as
+    Couchbase Server refuses PLAIN outside TLS), and --control-port is the port the manager listens
+    on and records in cluster.json; a taken one fails at once with a clear error."""
+    from dcpflow.protocol.status import Status
+    data = tmp_path / "cluster"
+    control = free_range(1)
+    u = up("--nodes", "2", "--replicas", "1", "--vbuckets", "8", "--base-port", "0", "--allow-plain-over-tcp",
+           "--control-port", str(control))
+    m = READY.match(u.line)
+    assert m, (u.line, u.proc.stderr.read() if u.proc.poll() is not None else "")
+    nodes = m.group(1).split(",")
+    for node in nodes:
+        status, mechs, _ = _plain_auth(node)
+        assert status == Status.SUCCESS and b"PLAIN" in mechs.split(), (node, status, mechs)
+    assert json.loads((data / "cluster.json").read_text())["manager"]["control_port"] == control
+    with socket.create_connection(("127.0.0.1", control), timeout=30) as sock:  # the manager answers there
+        sock.sendall(b'{"cmd": "status", "token": "wrong"}\n')
+        assert "bad token" in json.loads(sock.makefile().readline())["error"]
+    assert len(json.loads(cli("status", "--json", "--data-dir", str(data)).stdout)["nodes"]) == 2
+
+    taken = cli("up", "--nodes", "2", "--base-port", "0", "--data-dir", str(tmp_path / "other"), "--control-port",
+                str(control), check=False, timeout=60)
+    assert taken.returncode == 1 and f"cannot listen on control port {control}" in taken.stderr, taken.stderr
+
+    cli("down", "--data-dir", str(data))
+    assert u.proc.wait(30) == 0
+    u2 = up(data_dir=data)  # the same cluster, started without the flags: PLAIN refused, a free control port
+    assert READY.match(u2.line), u2.line
+    status, mechs, _ = _plain_auth(nodes[0])
+    assert status == Status.AUTH_ERROR and b"PLAIN" not in mechs.split()
+    assert json.loads(cli("status", "--json", "--data-dir", str(data)).stdout)["nodes"]

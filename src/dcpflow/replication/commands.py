@@ -100,7 +100,8 @@ async def run_up(args: argparse.Namespace) -> int:
         return 2
     procs = [NodeProcess(data_dir / f"node{i}", p, ports, vbuckets=mgr.num_vbuckets, bucket=mgr.bucket,
                          flush_interval=args.flush_interval, synchronous=args.synchronous,
-                         mgmt_port=args.mgmt_base_port + i if args.mgmt_base_port else 0, cluster_dir=data_dir)
+                         mgmt_port=args.mgmt_base_port + i if args.mgmt_base_port else 0, cluster_dir=data_dir,
+                         allow_plain_over_tcp=args.allow_plain_over_tcp)
              for i, p in enumerate(ports)]
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -108,6 +109,15 @@ async def run_up(args: argparse.Namespace) -> int:
         loop.add_signal_handler(sig, stop.set)
     control_server = None
     try:
+        # First, so that a port taken fails at once. No one can use it before cluster.json
+        # names it with its token, after the manager started.
+        token = secrets.token_hex(16)
+        try:
+            control_server = await ControlServer(mgr, token, stop, args.control_port).start()
+        except OSError as e:
+            print(f"dcpflow cluster: cannot listen on control port {args.control_port} (127.0.0.1): "
+                  f"{e.strerror or e}", file=sys.stderr)
+            return 1
         try:
             await asyncio.gather(*(asyncio.to_thread(p.start) for p in procs))
         except RuntimeError as e:
@@ -127,8 +137,6 @@ async def run_up(args: argparse.Namespace) -> int:
         except ClusterError as e:
             print(f"dcpflow cluster: {e}", file=sys.stderr)
             return 1
-        token = secrets.token_hex(16)
-        control_server = await ControlServer(mgr, token, stop).start()
         mgr.extra_state["manager"] = {"pid": os.getpid(), "control_port": control_server.port, "token": token}
         mgr.save()
         addrs = ",".join(f"127.0.0.1:{p}" for p in ports)
@@ -248,6 +256,12 @@ def add_command(sub) -> None:
                     help="how often nodes persist writes (default 0.05)")
     up.add_argument("--synchronous", choices=("FULL", "NORMAL"), default="NORMAL",
                     help="SQLite durability of the nodes: NORMAL survives kill -9 (default), FULL power loss")
+    up.add_argument("--allow-plain-over-tcp", action="store_true",
+                    help="every node also offers SASL PLAIN on its plain-TCP port (by default only over TLS: "
+                    "it sends the password in clear), for clients that speak only PLAIN")
+    up.add_argument("--control-port", type=int, default=0,
+                    help="the cluster manager's control port on 127.0.0.1, recorded in cluster.json for "
+                    "`dcpflow cluster status|failover|rebalance|down` (default 0: a free one)")
 
     up.set_defaults(func=lambda args: asyncio.run(run_up(args)))
 

@@ -18,15 +18,16 @@ from .cluster import STATE_FILE, ClusterError, ClusterManager
 class ControlServer:
     """Serves the manager's operations to `dcpflow cluster status|failover|rebalance|down`."""
 
-    def __init__(self, manager: ClusterManager, token: str, stop: asyncio.Event):
+    def __init__(self, manager: ClusterManager, token: str, stop: asyncio.Event, port: int = 0):
         self.manager = manager
         self.token = token
         self.stop = stop
         self.server: asyncio.AbstractServer | None = None
-        self.port = 0
+        self.port = port  # 0: a free one
 
     async def start(self) -> "ControlServer":
-        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        """Listen on 127.0.0.1 at `port` (OSError if it is taken)."""
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", self.port)
         self.port = self.server.sockets[0].getsockname()[1]
         return self
 

@@ -37,6 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mgmt-port", type=int, default=0,
                    help="HTTP management port (REST, /metrics, /ui/); default 0: a free one")
     p.add_argument("--users", help="users file (JSON); default Administrator/password")
+    p.add_argument("--allow-plain-over-tcp", action="store_true",
+                   help="also offer SASL PLAIN on the plain-TCP port, as `dcpflow server` does")
     p.add_argument("--flush-interval", type=float, default=0.05)
     p.add_argument("--synchronous", choices=("FULL", "NORMAL"), default="NORMAL",
                    help="SQLite durability: NORMAL survives kill -9 (the default here), FULL power loss")
@@ -63,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     config = ServerConfig(data_dir=args.data_dir, host=args.host, port=args.port, buckets=(args.bucket,),
                           num_vbuckets=args.vbuckets, flush_interval=args.flush_interval, users=args.users,
                           synchronous=args.synchronous, debug=args.debug, mgmt_port=args.mgmt_port,
+                          plain_over_tcp=args.allow_plain_over_tcp,
                           nodes=[Node(p, hostname=args.host) for p in ports], this_node=ports.index(args.port))
 
     async def serve() -> int:
@@ -134,7 +137,8 @@ class NodeProcess:
     def __init__(self, data_dir: str | Path, port: int, ports: list[int], *, host: str = "127.0.0.1",
                  vbuckets: int = 64, bucket: str = "default", users: str | None = None,
                  flush_interval: float = 0.05, synchronous: str = "NORMAL", log_path: str | Path | None = None,
-                 debug: bool = False, mgmt_port: int = 0, cluster_dir: str | Path | None = None):
+                 debug: bool = False, mgmt_port: int = 0, cluster_dir: str | Path | None = None,
+                 allow_plain_over_tcp: bool = False):
         self.data_dir = Path(data_dir)
         self.host, self.port = host, port
         self.mgmt_port = mgmt_port
@@ -146,6 +150,8 @@ class NodeProcess:
             self.args += ["--users", str(users)]
         if debug:
             self.args.append("--debug")
+        if allow_plain_over_tcp:
+            self.args.append("--allow-plain-over-tcp")
         if cluster_dir is not None:
             self.args += ["--cluster-dir", str(cluster_dir)]
         self.args += ["--exit-with", str(os.getpid())]
