@@ -170,3 +170,40 @@ def test_an_idle_replication_of_named_collections_has_no_changes_left(two, tmp_p
     finally:
         p.terminate()
         p.cleanup()
+
+
+def _rest_collection(proc, scope: str, collection: str) -> int:
+    """Make scope.collection on a `dcpflow server` process through its REST API; its id."""
+    from dcpflow import rest_client
+    mgmt = f"http://127.0.0.1:{proc.mgmt_port}"
+    base = "/pools/default/buckets/default/scopes"
+    rest_client.call(mgmt, "Administrator", "password", "POST", base, {"name": scope})
+    rest_client.call(mgmt, "Administrator", "password", "POST", f"{base}/{scope}/collections", {"name": collection})
+    manifest = rest_client.call(mgmt, "Administrator", "password", "GET", base)
+    s = next(s for s in manifest["scopes"] if s["name"] == scope)
+    return int(next(c for c in s["collections"] if c["name"] == collection)["uid"], 16)
+
+
+def test_a_target_away_when_a_new_collection_shows_up_is_waited_for(make_server, spawn_server, tmp_path):
+    """The target's manifest cannot be read while it is down: the batch waits for it (as writes
+    to a target that is down do) instead of ending the replicator, and goes on once it is back."""
+    from dcpflow.replication.commands import free_ports
+    a = make_server(data_dir=tmp_path / "a")
+    (pb,) = free_ports(1)
+    target_args = ("--port", str(pb), "--data-dir", str(tmp_path / "b"), "--vbuckets", "64")
+    b = spawn_server(*target_args)
+    src = _make_collections(a, "app.x")
+    dst = _rest_collection(b, "app", "x")
+    rep = InProcess(url(a), f"couchbase://127.0.0.1:{pb}/default", tmp_path / "state",
+                    Settings(checkpoint_interval=0.2, conflict_resolution="seqno"))
+    try:
+        wait_for(lambda: rep.stats["checkpoints"] >= 1, what="a first checkpoint")
+        b.terminate()
+        keys = [b"x%d" % i for i in range(20)]
+        _write(a, src["app.x"], keys)
+        wait_for(lambda: rep.stats["docs_received"], what="a document read, its batch waiting for the manifest")
+        b = spawn_server(*target_args)
+        wait_for(lambda: len(_collection_view(b, dst, keys)) == 20, what="the documents on the target")
+    finally:
+        stats = rep.stop()  # raises what ended the replicator, if anything did
+    assert stats["docs_other_collections"] == 0 and stats["docs_written"] == 20

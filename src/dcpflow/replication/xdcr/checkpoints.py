@@ -16,6 +16,9 @@ still has is a safe place to resume from; a newer one is not. `Generations.safe_
 newest safe one (`target_survives` applies the failover-log rule); the oldest of all is "from
 the beginning", which is always safe. The file keeps the last `KEEP` generations.
 
+A generation also names the broken mappings of its moment: collections whose source documents
+were skipped because the target lacked them, still to be backfilled once it has them (namespaces.py).
+
 The file is JSON, replaced atomically (write, fsync, rename), so a kill -9 leaves the previous
 generation or the new one, never half of one.
 """

@@ -21,8 +21,13 @@ kept until the next read:
 """
 
 import asyncio
+import logging
 
 from dcpflow.client.manifest import DEFAULT
+
+from .target import MAX_BACKOFF
+
+log = logging.getLogger("dcpflow.xdcr")
 
 Names = tuple[str, str]
 
@@ -56,7 +61,15 @@ class CollectionMapping:
         self._started += 1
         number = self._started
         try:
-            source, target = await asyncio.gather(self.source.manifest(), self.target.manifest())
+            backoff = 0.05
+            while True:  # a side that is away is waited for, as the target's writes are (target.py)
+                try:
+                    source, target = await asyncio.gather(self.source.manifest(), self.target.manifest())
+                    break
+                except (ConnectionError, TimeoutError) as e:  # a refusal (ServerError) is raised
+                    log.warning("collections manifest not read (%s): trying again in %.1f s", e, backoff)
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, MAX_BACKOFF)
         finally:
             self._reading = None
         self.reads += 1

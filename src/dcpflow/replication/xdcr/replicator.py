@@ -9,7 +9,12 @@ The loop, per batch of changes as they arrive:
 3. the target writes the rest, pipelined per node (target.py): SUCCESS is written, KEY_EEXISTS
    means the target's version won (counted, not retried);
 4. only then do the source positions advance, so a checkpoint never claims a change that the
-   target has not acknowledged.
+   target has not acknowledged. Seqnos with nothing to write (system events, SEQNO_ADVANCED,
+   snapshot ends) count once everything read before them was written (`_caught_up`).
+
+Documents of a collection the target lacks are skipped, but their collection is kept in the
+checkpoints as a broken mapping until the target has it and they were sent again (`_backfill`,
+namespaces.py).
 
 Checkpoints (checkpoints.py) are taken every `checkpoint_interval` seconds between batches and on
 shutdown. Before a checkpoint is taken, and whenever a write reply shows a target vbucket on a new
@@ -149,7 +154,7 @@ class XdcrReplicator:
 
     async def _stream(self, stop: asyncio.Event) -> None:
         """Read and write until `stop`, or until a target rewind needs the streams reopened."""
-        if self._broken and await self._backfill(stop):
+        if self._broken and (await self._backfill(stop) or stop.is_set()):
             return
         start = dict(self.positions)
         stream = self.source.events(start=start, rollback="resume", include_xattrs=True)
