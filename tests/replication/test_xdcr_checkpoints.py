@@ -69,3 +69,21 @@ def test_cli_refuses_a_bad_key_filter_before_connecting(tmp_path, capsys):
     rc = main(["xdcr", "couchbase://127.0.0.1:1/a", "couchbase://127.0.0.1:1/b", "--state-dir", str(tmp_path),
                "--filter-key", "("])
     assert rc == 2 and "is not a regular expression" in capsys.readouterr().err
+
+
+def test_broken_mappings_round_trip_and_a_malformed_list_is_refused(tmp_path):
+    """A generation keeps the collections still to be backfilled; a file written before they
+    existed reads as none."""
+    store = CheckpointStore(tmp_path / "s")
+    gens = store.load({})
+    gens.add(Generation({0: Offset.at(1, 5)}, {}))
+    gens.add(Generation({0: Offset.at(1, 9)}, {}, (("app", "late"), ("shop", "orders"))))
+    store.save(gens)
+    back = store.load({})
+    assert back.newest.broken == (("app", "late"), ("shop", "orders")) and back.items[1].broken == ()
+    doc = json.loads((tmp_path / "s" / "checkpoints.json").read_text())
+    assert "broken" not in doc["generations"][1]
+    doc["generations"][0]["broken"] = [["app"]]
+    (tmp_path / "s" / "checkpoints.json").write_text(json.dumps(doc))
+    with pytest.raises(CheckpointError, match="broken is not a list of"):
+        store.load({})
