@@ -222,8 +222,23 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command. A command that needs an optional extra (its `extra` default) is refused
+    at once when the extra is not installed, and a missing package imported anywhere below names
+    the extra that brings it: one line on stderr and exit 1, no traceback (extras.py)."""
+    from . import extras
+
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    extra = getattr(args, "extra", None)
+    problem = extras.missing(extra) if extra else None
+    if problem is None:
+        try:
+            return args.func(args)
+        except ModuleNotFoundError as e:
+            problem = extras.explain(e, extra)
+            if problem is None:
+                raise
+    print(f"dcpflow {args.command}: {problem}", file=sys.stderr)
+    return 1
 
 
 if __name__ == "__main__":
