@@ -144,6 +144,10 @@ def test_server_set_get_and_tail(venv, server, tmp_path):
     dcpflow(venv, "collections", "create", "shop.orders", "--url", mgmt, check=True)
     listed = dcpflow(venv, "collections", "list", "--url", mgmt, "--json", check=True)
     assert "orders" in {c["name"] for s in json.loads(listed.stdout)["scopes"] for c in s["collections"]}
+    # a read filtered by collection names (the name follower, numpy's look or not)
+    named = dcpflow(venv, "tail", url, "--until", "now", "--no-progress", "--collection", "shop.orders", check=True)
+    assert {(d["event"], d.get("kind"), d.get("collection")) for d in map(json.loads, named.stdout.splitlines())} \
+        == {("system", "collection_created", "orders")}
     assert server.stop() == 0
 
 
