@@ -129,8 +129,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("inspect", help="decode hex frames (stdin or a file) into JSON, one object per frame",
                        description="Decode memcached-binary/DCP frames from hex. Whitespace, 0x prefixes, "
                        "commas and # comments are ignored; packet tables pasted from KV-Engine's docs (Byte/ "
-                       "header, +---+ rules, offset| rows) are read as printed. Each frame prints as one JSON object with every "
-                       "header field, the decoded body and a list of the rules it breaks.")
+                       "header, +---+ rules, offset| rows) are read as printed. Each frame prints as one JSON "
+                       "object with every header field, the decoded body and a list of the rules it breaks.")
     p.add_argument("file", nargs="?", help="file with hex (default: stdin)")
     p.add_argument("--pretty", action="store_true", help="indent the JSON")
     p.add_argument("--strict", action="store_true", help="exit 1 if any frame has a problem")
