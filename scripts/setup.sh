@@ -11,3 +11,14 @@ fi
 # planner on the driver), and where PYTHONDONTWRITEBYTECODE is set each would compile dcpflow anew
 # (~50 ms on the query's critical path). A stale .pyc is ignored by Python, so this is only a speed-up.
 .venv/bin/python -m compileall -q src
+# A wheelhouse for tests/test_plain_install.py, which builds dcpflow's wheel and installs it without
+# extras in a fresh venv: the build requirements and the base dependencies (read from
+# pyproject.toml) as wheels, so the test itself needs no network.
+.venv/bin/python - <<'PY' > .venv/plain-install-requirements.txt
+import tomllib
+with open("pyproject.toml", "rb") as fh:
+    project = tomllib.load(fh)
+print("\n".join(project["build-system"]["requires"] + project["project"]["dependencies"]))
+PY
+.venv/bin/python -m pip download --quiet --only-binary=:all: -d .venv/wheelhouse \
+  -r .venv/plain-install-requirements.txt

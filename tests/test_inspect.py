@@ -7,6 +7,7 @@ import sys
 
 import pytest
 from hypothesis import given
+from hypothesis import strategies as st
 
 from dcpflow.inspect import inspect_bytes, parse_hex
 from dcpflow.protocol import dcp
@@ -164,3 +165,190 @@ def test_sub_document_and_range_scan_frames_are_decoded_with_their_non_success_b
     assert lookup["decoded"]["type"] == "SubdocMultiLookupResponse"
     assert lookup["decoded"]["results"] == [[0, "1"], [Status.SUBDOC_PATH_ENOENT, ""]]
     assert scan["decoded"]["keys"] == ["a", "b"] and scan["decoded"]["status"] == "RANGE_SCAN_MORE"
+
+
+# ---------------------------------------------------------------------------------------------
+# packet tables pasted from KV-Engine's pages (docs/cli.md promises they work as is)
+
+#: https://github.com/couchbase/kv_engine/blob/master/docs/sasl.md (LIST_MECH response), as printed:
+#: character notes in the cells, a `Total` line with words after it.
+SASL_LIST_MECH_RESPONSE = """
+      Byte/     0       |       1       |       2       |       3       |
+         /              |               |               |               |
+        |0 1 2 3 4 5 6 7|0 1 2 3 4 5 6 7|0 1 2 3 4 5 6 7|0 1 2 3 4 5 6 7|
+        +---------------+---------------+---------------+---------------+
+       0| 0x81          | 0x20          | 0x00          | 0x00          |
+        +---------------+---------------+---------------+---------------+
+       4| 0x00          | 0x00          | 0x00          | 0x00          |
+        +---------------+---------------+---------------+---------------+
+       8| 0x00          | 0x00          | 0x00          | 0x19          |
+        +---------------+---------------+---------------+---------------+
+      12| 0x00          | 0x00          | 0x00          | 0x00          |
+        +---------------+---------------+---------------+---------------+
+      16| 0x00          | 0x00          | 0x00          | 0x00          |
+        +---------------+---------------+---------------+---------------+
+      20| 0x00          | 0x00          | 0x00          | 0x00          |
+        +---------------+---------------+---------------+---------------+
+      24| 0x53 ('S')    | 0x43 ('C')    | 0x52 ('R')    | 0x41 ('A')    |
+        +---------------+---------------+---------------+---------------+
+      28| 0x4d ('M')    | 0x2d ('-')    | 0x53 ('S')    | 0x48 ('H')    |
+        +---------------+---------------+---------------+---------------+
+      32| 0x41 ('A')    | 0x31 ('1')    | 0x20 (' ')    | 0x43 ('C')    |
+        +---------------+---------------+---------------+---------------+
+      36| 0x52 ('R')    | 0x41 ('A')    | 0x4d ('M')    | 0x2d ('-')    |
+        +---------------+---------------+---------------+---------------+
+      40| 0x4d ('M')    | 0x44 ('D')    | 0x35 ('5')    | 0x20 (' ')    |
+        +---------------+---------------+---------------+---------------+
+      44| 0x50 ('P')    | 0x4c ('L')    | 0x41 ('A')    | 0x49 ('I')    |
+        +---------------+---------------+---------------+---------------+
+      48| 0x4e ('N')    |
+        +---------------+
+        Total 49 bytes (24 bytes header and 25 value)
+"""
+
+#: https://github.com/couchbase/kv_engine/blob/master/docs/dcp/documentation/commands/no-op.md: the
+#: request and the response tables with the page's breakdown between them. Bare hex digits in the
+#: cells; the request table draws a 28th byte row its header does not count (a page erratum).
+NOOP_PAGE = """
+    Byte/     0       |       1       |       2       |       3       |
+       /              |               |               |               |
+      |0 1 2 3 4 5 6 7|0 1 2 3 4 5 6 7|0 1 2 3 4 5 6 7|0 1 2 3 4 5 6 7|
+      +---------------+---------------+---------------+---------------+
+     0|       80      |       5C      |       00      |       00      |
+      +---------------+---------------+---------------+---------------+
+     4|       00      |       00      |       00      |       00      |
+      +---------------+---------------+---------------+---------------+
+     8|       00      |       00      |       00      |       00      |
+      +---------------+---------------+---------------+---------------+
+    12|       00      |       00      |       00      |       00      |
+      +---------------+---------------+---------------+---------------+
+    16|       00      |       00      |       00      |       00      |
+      +---------------+---------------+---------------+---------------+
+    20|       00      |       00      |       00      |       00      |
+      +---------------+---------------+---------------+---------------+
+    24|       00      |       00      |       00      |       00      |
+      +---------------+---------------+---------------+---------------+
+
+    Header breakdown
+    Dcp No-Op command
+    Field        (offset) (value)
+    Magic        (0)    : 0x80                (Request)
+    Opcode       (1)    : 0x5C                (Dcp No-Op)
+    Key length   (2,3)  : 0x0000              (0)
+    Total body   (8-11) : 0x00000000          (0)
+    Byte/     0       |       1       |       2       |       3       |
+       /              |               |               |               |
+      |0 1 2 3 4 5 6 7|0 1 2 3 4 5 6 7|0 1 2 3 4 5 6 7|0 1 2 3 4 5 6 7|
+      +---------------+---------------+---------------+---------------+
+     0|       81      |       5C      |       00      |       00      |
+      +---------------+---------------+---------------+---------------+
+     4|       00      |       00      |       00      |       00      |
+      +---------------+---------------+---------------+---------------+
+     8|       00      |       00      |       00      |       00      |
+      +---------------+---------------+---------------+---------------+
+    12|       00      |       00      |       00      |       05      |
+      +---------------+---------------+---------------+---------------+
+    16|       00      |       00      |       00      |       00      |
+      +---------------+---------------+---------------+---------------+
+    20|       00      |       00      |       00      |       00      |
+      +---------------+---------------+---------------+---------------+
+"""
+
+#: https://github.com/couchbase/kv_engine/blob/master/docs/range_scans/range_scan_continue.md: the
+#: character first in a cell, a merged rule, and the page's `...` for rows left out.
+RANGE_SCAN_KEYS = """
+     Byte/     0       |       1       |       2       |       3       |
+        /              |               |               |               |
+       |0 1 2 3 4 5 6 7|0 1 2 3 4 5 6 7|0 1 2 3 4 5 6 7|0 1 2 3 4 5 6 7|
+       +---------------+---------------+---------------+---------------+
+      0| 0x04          | 'k' 0x6B      | 'e' 0x65      | 'y' 0x79      |
+       +---------------+---------------+---------------+---------------+
+      4| '0' 0x30      | 0x05          | 'k' 0x6B      | 'e' 0x65      |
+       +---------------+---------------+---------------+---------------+
+      8| 'y' 0x79      | '1' 0x31      | '1' 0x31      | 0x80          |
+       +---------------+---------------+-------------------------------+
+       ...
+       +---------------+
+    140| '3' 0x33      |
+       +---------------+
+       Total 140bytes
+"""
+
+#: https://github.com/couchbase/kv_engine/blob/master/docs/Collections.md: three columns.
+LEB128_0x5555 = """
+  Byte/     0       |       1       |       2       |
+     /              |               |               |
+    |0 1 2 3 4 5 6 7|0 1 2 3 4 5 6 7|0 1 2 3 4 5 6 7|
+    +---------------+---------------+---------------+
+   0| 0xD5          | 0xAA          | 0x01          |
+    +---------------+---------------+---------------+
+"""
+
+#: https://github.com/couchbase/kv_engine/blob/master/docs/dcp/documentation/commands/buffer-ack.md:
+#: a table of field names, not bytes.
+BUFFER_ACK_LAYOUT = """
+     Byte/     0       |       1       |       2       |       3       |
+        /              |               |               |               |
+       |0 1 2 3 4 5 6 7|0 1 2 3 4 5 6 7|0 1 2 3 4 5 6 7|0 1 2 3 4 5 6 7|
+       +---------------+---------------+---------------+---------------+
+      0| bytes to ack                                                  |
+       +---------------+---------------+---------------+---------------+
+"""
+
+
+def test_a_pasted_table_with_character_notes_decodes():
+    code, frames, err = run_inspect(SASL_LIST_MECH_RESPONSE, "--strict")
+    assert code == 0, err
+    assert [(f["opcode_name"], f["status"], f["value"], f["problems"]) for f in frames] == [
+        ("SASL_LIST_MECHS", "SUCCESS", "SCRAM-SHA1 CRAM-MD5 PLAIN", [])]
+
+
+def test_a_pasted_page_section_reads_each_table_and_skips_the_breakdown():
+    """Row offsets (`0|`, `4|`, `24|`) are labels, not bytes; the prose between the tables is
+    skipped; the page's extra row is reported, not refused."""
+    code, frames, err = run_inspect(NOOP_PAGE)
+    assert code == 0, err
+    assert [(f["offset"], f["magic_name"], f["opcode_name"]) for f in frames] == [
+        (0, "REQUEST", "DCP_NOOP"), (28, "RESPONSE", "DCP_NOOP")]
+    assert frames[1]["opaque"] == "0x00000005" and frames[1]["problems"] == []
+    assert frames[0]["length"] == 28
+    assert frames[0]["problems"][0]["reason"] == "total body length says 0 bytes but the frame has 4"
+
+
+def test_every_cell_style_of_the_pages():
+    assert parse_hex(RANGE_SCAN_KEYS) == bytes.fromhex("046b6579 30056b65 79313180 33")
+    assert parse_hex(LEB128_0x5555) == b"\xd5\xaa\x01"
+    two = parse_hex(SASL_LIST_MECH_RESPONSE + LEB128_0x5555)
+    assert len(two) == 52 and two.endswith(b"N\xd5\xaa\x01")
+    # a tab-indented paste, notes with a closing bar inside, and text after the last bar
+    assert parse_hex("\t+---+---+\n\t0| 0x7c ('|') | 0x27 (''') |  <- two bytes\n") == b"|'"
+
+
+def test_a_table_of_field_names_is_refused_with_its_line():
+    code, frames, err = run_inspect(BUFFER_ACK_LAYOUT)
+    assert code == 2 and frames == []
+    assert "line 6: 'bytes' in a table row is not a byte" in err
+
+
+def _drawn(data: bytes, style: str, columns: int) -> str:
+    """`data` drawn as the pages draw a packet, in one of their cell styles."""
+    def cell(b: int) -> str:
+        char = chr(b) if 0x20 <= b < 0x7f else None
+        text = {"bare": f"{b:02X}", "hex": f"0x{b:02x}", "note": f"0x{b:02x}" + (f" ('{char}')" if char else ""),
+                "char-first": (f"'{char}' " if char else "") + f"0x{b:02X}"}[style]
+        return f" {text:<14}"
+
+    rule = "       +" + "---------------+" * columns
+    lines = ["     Byte/" + "".join(f"     {i}       |" for i in range(columns)),
+             "        /" + "              |" * columns,
+             "       |" + "0 1 2 3 4 5 6 7|" * columns, rule]
+    for at in range(0, len(data), columns):
+        lines.append(f"{at:>7}|" + "|".join(cell(b) for b in data[at:at + columns]) + "|")
+        lines.append(rule)
+    lines.append(f"       Total {len(data)} bytes")
+    return "\n".join(lines) + "\n"
+
+
+@given(st.binary(max_size=80), st.sampled_from(["bare", "hex", "note", "char-first"]), st.integers(1, 4))
+def test_any_bytes_drawn_as_a_table_read_back(data, style, columns):
+    assert parse_hex(_drawn(data, style, columns)) == data

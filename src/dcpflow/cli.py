@@ -128,8 +128,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("inspect", help="decode hex frames (stdin or a file) into JSON, one object per frame",
                        description="Decode memcached-binary/DCP frames from hex. Whitespace, 0x prefixes, "
-                       "commas and # comments are ignored. Each frame prints as one JSON object with every "
-                       "header field, the decoded body and a list of the rules it breaks.")
+                       "commas and # comments are ignored; packet tables pasted from KV-Engine's docs (Byte/ "
+                       "header, +---+ rules, offset| rows) are read as printed. Each frame prints as one JSON "
+                       "object with every header field, the decoded body and a list of the rules it breaks.")
     p.add_argument("file", nargs="?", help="file with hex (default: stdin)")
     p.add_argument("--pretty", action="store_true", help="indent the JSON")
     p.add_argument("--strict", action="store_true", help="exit 1 if any frame has a problem")
@@ -222,8 +223,23 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command. A command that needs an optional extra (its `extra` default) is refused
+    at once when the extra is not installed, and a missing package imported anywhere below names
+    the extra that brings it: one line on stderr and exit 1, no traceback (extras.py)."""
+    from . import extras
+
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    extra = getattr(args, "extra", None)
+    problem = extras.missing(extra) if extra else None
+    if problem is None:
+        try:
+            return args.func(args)
+        except ModuleNotFoundError as e:
+            problem = extras.explain(e, extra)
+            if problem is None:
+                raise
+    print(f"dcpflow {args.command}: {problem}", file=sys.stderr)
+    return 1
 
 
 if __name__ == "__main__":

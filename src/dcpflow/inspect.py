@@ -42,9 +42,22 @@ _HEX_TOKEN = re.compile(r"0[xX]")
 _COMMENT = re.compile(r"#[^\n]*")
 
 
+#: A packet table as KV-Engine's protocol pages draw them: a `Byte/` header, or `+---+` rules.
+_TABLE = re.compile(r"^[ \t]*(?:Byte/|\+-)", re.M)
+#: A table row: its byte offset (a label: the pages sometimes miscount it), then the cells. Lines
+#: led by a bare bar (the header's bit numbers, markdown tables) are not rows.
+_ROW = re.compile(r"^\s*\d+\s*\|(.*)$")
+#: A cell's character notes: `0x68 ('h')`, `'k' 0x6B`, `('_', 0x5F)`.
+_CHAR_NOTE = re.compile(r"\(\s*'.'[^)\n]*\)|'.'")
+_BYTES = re.compile(r"(?:0[xX])?((?:[0-9a-fA-F]{2})+)")
+
+
 def parse_hex(text: str) -> bytes:
     """Bytes from a hex dump: whitespace, commas, `0x` prefixes, `#` comments and `|` grid bars are
-    ignored, so a dump pasted from a page or a capture works as is."""
+    ignored, so a dump pasted from a page or a capture works as is. Input with a packet table of
+    KV-Engine's pages (a `Byte/` header or `+---+` rules) is read as tables (`_table_bytes`)."""
+    if _TABLE.search(text):
+        return _table_bytes(text)
     text = _COMMENT.sub(" ", text)
     text = _HEX_TOKEN.sub("", text)
     digits = re.sub(r"[\s,|:;]", "", text)
@@ -54,6 +67,42 @@ def parse_hex(text: str) -> bytes:
     if len(digits) % 2:
         raise ValueError(f"odd number of hex digits ({len(digits)}): a byte is missing a digit")
     return bytes.fromhex(digits)
+
+
+def _table_bytes(text: str) -> bytes:
+    """The bytes of the packet tables in `text`, row after row, table after table, as KV-Engine's
+    pages draw them (e.g. docs/dcp/documentation/commands/mutation.md):
+
+            Byte/     0       |       1       |       2       |       3       |
+               /              |               |               |               |
+              |0 1 2 3 4 5 6 7|0 1 2 3 4 5 6 7|0 1 2 3 4 5 6 7|0 1 2 3 4 5 6 7|
+              +---------------+---------------+---------------+---------------+
+             0| 0x80          | 0x57          | 0x00          | 0x05          |
+              ...
+            52| 0x00          | 0x00          | 0x00          | 0x68 ('h')    |
+              +---------------+---------------+---------------+---------------+
+              Total 65 bytes
+
+    A row is `offset|cell|cell|...|`; a cell holds a byte as `80` or `0x80`, with or without a
+    character note. The offsets are labels only (pages miscount some), and everything that is
+    not a row (the header, rules, `Total N bytes`, `...`, the field breakdown and prose around
+    the tables) is skipped. A row cell that is not bytes (a layout table names its fields) is a
+    ValueError naming the line."""
+    out = bytearray()
+    for number, line in enumerate(text.splitlines(), 1):
+        row = _ROW.match(line)
+        if row is None:
+            continue
+        cells = _COMMENT.sub("", _CHAR_NOTE.sub(" ", row.group(1)))  # notes first: ('#') is a note
+        if "|" in cells:  # anything after the closing bar is a note
+            cells = cells[:cells.rindex("|")]
+        for token in cells.replace("|", " ").split():
+            match = _BYTES.fullmatch(token)
+            if match is None:
+                raise ValueError(f"line {number}: {token!r} in a table row is not a byte (a table of field names, "
+                                 f"not of bytes?)")
+            out += bytes.fromhex(match.group(1))
+    return bytes(out)
 
 
 def _plausible_start(data: bytes, pos: int) -> bool:

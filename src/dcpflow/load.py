@@ -99,13 +99,11 @@ class Loader:
 
     def __init__(self, connection: str, username: str, password: str, bucket: str = "default",
                  timeout: float = 30.0, scope: str | None = None, collection: str | None = None):
-        try:
-            from couchbase.auth import PasswordAuthenticator
-            from couchbase.cluster import Cluster
-            from couchbase.options import ClusterOptions, ClusterTimeoutOptions
-        except ImportError as e:
-            raise RuntimeError("the data generator writes through the official Couchbase SDK: "
-                               "pip install 'couchbase>=4.6,<5' (bash scripts/setup.sh installs it)") from e
+        # the official SDK: the `load` extra (a ModuleNotFoundError names it, cli.py/extras.py)
+        from couchbase.auth import PasswordAuthenticator
+        from couchbase.cluster import Cluster
+        from couchbase.options import ClusterOptions, ClusterTimeoutOptions
+
         timeouts = ClusterTimeoutOptions(kv_timeout=timedelta(seconds=timeout),
                                          connect_timeout=timedelta(seconds=timeout),
                                          bootstrap_timeout=timedelta(seconds=timeout))
@@ -316,7 +314,7 @@ def add_command(sub) -> None:
     p.add_argument("--expiring", type=int, default=1_000, help="expiring session documents over all rounds")
     p.add_argument("--ttl", type=int, default=10, help="seconds to live of expiring documents")
     p.add_argument("--seed", type=int, default=42)
-    p.set_defaults(func=_cmd_load)
+    p.set_defaults(func=_cmd_load, extra="load")
 
 
 def _cmd_load(args) -> int:
@@ -335,6 +333,8 @@ def _cmd_load(args) -> int:
     started = time.monotonic()
     try:
         loader = Loader(args.connection, args.username, args.password, bucket)
+    except ModuleNotFoundError:
+        raise  # no SDK: cli.py names the extra
     except Exception as e:  # the SDK raises many types; each says what failed
         print(f"dcpflow load: cannot connect: {e}", file=sys.stderr)
         return 1

@@ -7,7 +7,9 @@ scope dropped and made again."""
 
 import asyncio
 
-from dcpflow.client import DcpClient, MemoryStore, Offset, StreamEnd, SystemEvent
+import pytest
+
+from dcpflow.client import DcpClient, MemoryStore, Offset, StreamEnd, SystemEvent, follow
 from dcpflow.client.connection import Segment
 from dcpflow.client.follow import NameFollower
 from dcpflow.client.manifest import Names
@@ -204,9 +206,13 @@ def _frames(seg: Segment) -> list[bytes]:
     return [bytes(seg.data[a:b]) for a, b in zip(seg.starts, ends, strict=True)]
 
 
-def test_the_follower_cuts_after_a_drop_and_filters_a_widened_vbucket():
+@pytest.mark.parametrize("with_numpy", [True, False])
+def test_the_follower_cuts_after_a_drop_and_filters_a_widened_vbucket(with_numpy, monkeypatch):
     """Sans-I/O: the drop of a filtered id cuts the vbucket's messages up to its STREAM_END; a
-    widened vbucket keeps the names' ids and turns the rest into SEQNO_ADVANCED."""
+    widened vbucket keeps the names' ids and turns the rest into SEQNO_ADVANCED. The same with
+    numpy's look at a segment and without numpy (a plain install: the event API needs no extra)."""
+    if not with_numpy:
+        monkeypatch.setattr(follow, "_numpy", lambda: None)
     names = Names()
     names.learn_scope(8, "shop")
     f = NameFollower((("shop", "users"),), {9}, names)

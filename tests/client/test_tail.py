@@ -191,3 +191,32 @@ def test_json_lines_of_a_clean_batch_and_of_one_odd_row_match_the_per_row_format
                          r["flags"], r["expiry"], r["datatype"], r["collection_id"], r["delete_time"],
                          *names(r["collection_id"])) for r in rows]
     assert [json.loads(line) for line in out.splitlines()] == expected
+
+
+def test_json_lines_without_arrow_are_the_same_objects(server, writer, monkeypatch):
+    """Where pyarrow and numpy (the `arrow` extra) are missing, `tail` prints JSON lines from the
+    event API: the objects the Arrow batches give, mutations, deletions and system events alike."""
+    import io
+
+    from dcpflow.client import tail as tail_module
+
+    from .conftest import run
+    from .test_collections import change
+    docs = write(writer, 40)
+    writer.delete(b"doc7")
+    change(server, lambda m: m.add_scope("shop"))
+
+    def objects(columnar: bool) -> list[dict]:
+        monkeypatch.setattr(tail_module, "columnar", lambda: columnar)
+        out, err = io.StringIO(), io.StringIO()
+        rc = run(tail_module.tail(url(server.port), username="Administrator", password="password",
+                                  start="beginning", state_path=None, vbuckets=None, fmt="jsonl", until="now",
+                                  progress=False, save_interval=5.0, out=out, err=err))
+        assert rc == 0, err.getvalue()
+        return sorted(lines(out.getvalue()), key=lambda d: (d["vbucket"], d["seqno"], d["event"]))
+
+    events = objects(False)
+    assert events == objects(True)
+    assert {d["key"] for d in events if d["event"] == "mutation"} == {k.decode() for k in docs} - {"doc7"}
+    assert [d["key"] for d in events if d["event"] == "deletion"] == ["doc7"]
+    assert {d["kind"] for d in events if d["event"] == "system"} == {"scope_created"}

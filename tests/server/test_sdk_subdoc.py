@@ -241,3 +241,45 @@ def test_sub_document_operations_in_a_named_collection(collection, named):
     assert named.get("sd-n2").content_as[dict] == {"a": 1}
     with pytest.raises(DocumentNotFoundException):
         collection.get("sd-n2")
+
+
+def test_the_sdks_own_index_paths(collection):
+    """The paths the SDK's own tests use (couchbase-python-client couchbase/tests/subdoc_t.py:
+    test_array_insert, test_array_insert_multi_insert, test_array_insert_mutate_in_macros,
+    test_array_as_document) and the rest of subjson's path grammar (subjson subdoc/path.cc): an
+    index after a '.', nested and last-element indexes, backtick quoting, a trailing '.'."""
+    collection.upsert("sd-p", {"array": [1, 2, 3, 4, 5]})
+    collection.mutate_in("sd-p", (SD.array_insert("array.[2]", 10),))
+    assert collection.get("sd-p").content_as[dict]["array"] == [1, 2, 10, 3, 4, 5]
+    collection.mutate_in("sd-p", (SD.array_insert("array.[3]", 6, 7, 8),))
+    assert collection.get("sd-p").content_as[dict]["array"] == [1, 2, 10, 6, 7, 8, 3, 4, 5]
+    result = collection.mutate_in("sd-p", [
+        SD.upsert("xattr_array", [], xattr=True),
+        SD.array_insert("xattr_array.[0]", SD.MutationMacro.cas()),
+        SD.array_insert("xattr_array.[0]", SD.MutationMacro.seq_no()),
+        SD.array_insert("xattr_array.[0]", SD.MutationMacro.value_crc32c())])
+    res_value, res_seqno, res_cas = collection.lookup_in("sd-p", (SD.get("xattr_array", xattr=True),)).content_as[
+        list](0)
+    assert SD.convert_macro_cas_to_cas(res_cas) == result.cas
+    assert res_seqno.startswith("0x") and res_value.startswith("0x")
+
+    collection.upsert("sd-p-root", [])
+    collection.mutate_in("sd-p-root", (SD.array_append("", 2), SD.array_prepend("", 0), SD.array_insert("[1]", 1)))
+    assert collection.get("sd-p-root").content_as[list] == [0, 1, 2]
+
+    collection.upsert("sd-p2", {"m": [[0, 1], [2, [3, 4]]], "a.b": {"c`d": "q"}, "e": {"f": 5}})
+    got = collection.lookup_in("sd-p2", [
+        SD.get("m.[1].[1].[0]"), SD.get("m[1][1][-1]"), SD.get("m[-1].[0]"), SD.get("`a.b`.`c``d`"),
+        SD.get("e."), SD.get("e.f."), SD.exists("m.[5]"), SD.count("m.[0]")])
+    assert [got.content_as[int](0), got.content_as[int](1), got.content_as[int](2)] == [3, 4, 2]
+    assert got.content_as[str](3) == "q" and got.content_as[dict](4) == {"f": 5} and got.content_as[int](5) == 5
+    assert not got.exists(6) and got.content_as[int](7) == 2
+    collection.mutate_in("sd-p2", [SD.replace("m.[0].[1]", "one"), SD.upsert("`x.y`", True)])
+    assert collection.get("sd-p2").content_as[dict]["m"][0] == [0, "one"]
+    assert collection.get("sd-p2").content_as[dict]["x.y"] is True
+
+    for bad in ("m.[-2]", "m..[0]", "m[0]x", "m[x]", ".m", "m[0", "`m"):
+        with pytest.raises(PathInvalidException):
+            collection.lookup_in("sd-p2", [SD.get(bad)]).content_as[int](0)
+    with pytest.raises(PathTooBigException):
+        collection.lookup_in("sd-p2", [SD.get("m" + ".[0]" * 31)]).content_as[int](0)

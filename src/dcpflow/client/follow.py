@@ -16,12 +16,13 @@ server's own filter would move them (seqno-advanced.md).
 `NameFollower.rewrite` applies this to a Segment before the read decodes it, so the event and
 batch decoders see an ordinary filtered stream. Its cost falls on name-filtered reads only: a
 vectorised look at each segment's opcodes and vbuckets, and a per-message pass over the
-segments that hold a system event or a widened vbucket's messages.
+segments that hold a system event or a widened vbucket's messages. The look is numpy's when
+numpy is installed (the `arrow` extra), and a plain Python one otherwise: the event API works with
+the base dependencies.
 """
 
 import array
-
-import numpy as np
+import functools
 
 from dcpflow.protocol.dcp import DOCUMENT_LAYOUTS, DcpSeqnoAdvanced, decode_dcp, sync_seqno
 from dcpflow.protocol.frame import HEADER_FIELDS, HEADER_LEN, decode_all
@@ -41,6 +42,16 @@ _BY_SEQNO = {key: fields["by_seqno"] for key, fields in DOCUMENT_LAYOUTS.items()
 _DOCUMENTS = frozenset({op for op, _ in DOCUMENT_LAYOUTS} |
                        {Opcode.DCP_PREPARE, Opcode.DCP_COMMIT, Opcode.DCP_ABORT})
 _SAME = object()
+
+
+@functools.cache
+def _numpy():
+    """numpy, or None without it (imported on the first name-filtered segment, not at start-up)."""
+    try:
+        import numpy
+    except ImportError:
+        return None
+    return numpy
 
 
 def _decode(data, a: int, b: int):
@@ -71,15 +82,8 @@ class NameFollower:
         """The segment as the read should decode it (itself when nothing changes), or None when
         none of its messages is left."""
         data, starts = seg.data, seg.starts
-        u8 = np.frombuffer(data, dtype=np.uint8)
-        at = np.frombuffer(starts, dtype=np.int64)
-        ops = u8[at + _OP]
-        vbs = (u8[at + _VB].astype(np.int64) << 8) | u8[at + _VB + 1]
-        look = ops == Opcode.DCP_SYSTEM_EVENT
-        special = self.widened | self.cutting
-        if special:
-            look |= np.isin(vbs, np.fromiter(special, dtype=np.int64, count=len(special)))
-        if not look.any():
+        ops, vbs = self._look(data, starts)
+        if ops is None:
             return seg
         out = bytearray()
         out_starts = array.array("q")
@@ -116,6 +120,26 @@ class NameFollower:
         if not out_starts:
             return None
         return Segment(seg.conn, out, out_starts, len(out), seg.charged)
+
+    def _look(self, data, starts):
+        """The opcodes and vbuckets of the segment's messages when one of them is a system event
+        or belongs to a widened or cutting vbucket; (None, None) when none does."""
+        special = self.widened | self.cutting
+        np = _numpy()
+        if np is not None:
+            u8 = np.frombuffer(data, dtype=np.uint8)
+            at = np.frombuffer(starts, dtype=np.int64)
+            ops = u8[at + _OP]
+            vbs = (u8[at + _VB].astype(np.int64) << 8) | u8[at + _VB + 1]
+            look = ops == Opcode.DCP_SYSTEM_EVENT
+            if special:
+                look |= np.isin(vbs, np.fromiter(special, dtype=np.int64, count=len(special)))
+            return (ops, vbs) if look.any() else (None, None)
+        ops = [data[a + _OP] for a in starts]
+        vbs = [data[a + _VB] << 8 | data[a + _VB + 1] for a in starts]
+        if Opcode.DCP_SYSTEM_EVENT in ops or not special.isdisjoint(vbs):
+            return ops, vbs
+        return None, None
 
     def _system_event(self, data, a: int, b: int, vb: int):
         """A system event in vbucket `vb`: kept, replaced by a SEQNO_ADVANCED (a widened stream's

@@ -8,12 +8,14 @@ consistent, and the saving happens after that.
 JSON lines come from the client's Arrow batches (jsonlines.py): a batch of changes becomes one
 buffer of lines, written to stdout at once, so printing costs about what reading does. The
 system events (collections created or dropped) and rollbacks a batch saw are printed before its
-documents. The table format reads event by event.
+documents. The table format reads event by event, and so do JSON lines where pyarrow and numpy
+(the `arrow` extra) are not installed: the same objects, in stream order.
 """
 
 import argparse
 import asyncio
 import base64
+import importlib.util
 import json
 import os
 import signal
@@ -282,7 +284,7 @@ async def tail(url: str, *, username: str, password: str, start: str, state_path
         raise ValueError("--from saved needs --state FILE")
     filters = {"scope": scope, "collections": collections, "history": history}
     client = await DcpClient.connect(url, username, password)
-    if fmt == "jsonl":
+    if fmt == "jsonl" and columnar():
         try:
             interrupted, save = await tail_jsonl(client, start=start, store=store, vbuckets=vbuckets, until=until,
                                                  progress=progress, save_interval=save_interval, filters=filters,
@@ -314,7 +316,7 @@ async def tail(url: str, *, username: str, password: str, start: str, state_path
             async for ev in stream:
                 if isinstance(ev, StreamEnd):
                     continue
-                line = as_row(ev, names=client.names)
+                line = as_row(ev, names=client.names) if fmt == "table" else _json_line(ev, client.names)
                 if line is not None:
                     out.write(line + "\n")
                     if not dirty:
@@ -335,6 +337,17 @@ async def tail(url: str, *, username: str, password: str, start: str, state_path
                 err.write(f"offsets saved to {state_path}\n")
         await client.close()
     return 130 if interrupted else 0
+
+
+def columnar() -> bool:
+    """Whether JSON lines can come from Arrow batches: pyarrow and numpy (the `arrow` extra) are
+    installed. Without them `tail` prints the same objects from the event API, one at a time."""
+    return all(importlib.util.find_spec(name) is not None for name in ("pyarrow", "numpy"))
+
+
+def _json_line(ev, names) -> str | None:
+    doc = as_json(ev, names)
+    return None if doc is None else json.dumps(doc, separators=(",", ":"))
 
 
 def main(args) -> int:

@@ -7,9 +7,10 @@ page names. Mutations splice text: every byte the operation does not touch stays
 formats, whitespace, key order), as subjson's do. No sockets, no engine state: the executor
 (`subdoc_document.py`) runs specs over a document's xattrs and body with these.
 
-Paths: components separated by '.', array indexes `[n]` right after a component (or at the root),
-`[-1]` the last element; backticks quote a component (a doubled backtick is a literal one). A
-component is compared with the raw text of a document's keys, and written as it is into a new key.
+Paths: subjson's grammar (see `parse_path`): keys separated by '.', array indexes `[n]` after a
+key, an index or a '.' (`a[1][2]`, `a.[2]`, `[0].a`), `[-1]` the last element; backticks quote
+'.', '[' and ']' (a doubled backtick is a literal one). A component is compared with the raw text
+of a document's keys, and written as it is into a new key.
 
 Limits (kv_engine's): at most 31 components (PATH_E2BIG), documents nest at most 32 levels with
 the root at level 1 (DOC_E2DEEP; a value that would put anything deeper is VALUE_ETOODEEP), and
@@ -63,17 +64,38 @@ KEY, INDEX = "k", "i"
 # paths
 
 
-_PLAIN_PATH = re.compile(r"[^.\[\]`]+(?:\.[^.\[\]`]+)*\Z")
+# A path of plain keys only (no quoting, escapes, indexes or characters a JSON string must escape):
+# the common case, split without the full scan.
+_PLAIN_PATH = re.compile(r'[^.\[\]`"\\\x00-\x1e]+(?:\.[^.\[\]`"\\\x00-\x1e]+)*\Z')
+_JSON_ESCAPES = frozenset('"/\\bfnrt')  # what may follow a backslash (not 'u': subjson refuses \u)
+_TICKS = re.compile("``?")
+_U64 = (1 << 64) - 1
 
 
 @functools.lru_cache(maxsize=4096)
 def parse_path(path: str) -> tuple[tuple[str, str | int], ...]:
     """The components of a path (empty path: the root). PATH_EINVAL for bad syntax, PATH_E2BIG for
-    more than MAX_COMPONENTS components. Applications use few distinct paths: they are cached."""
+    more than MAX_COMPONENTS components. Applications use few distinct paths: they are cached.
+
+    The grammar is subjson's (`subdoc/path.cc`, what memcached runs), rule for rule:
+    - A key component runs to the next '.' or '[' outside backticks; a ']' outside backticks, an
+      empty key, an unescaped '"' or a character below 0x1f is PATH_EINVAL; a backslash must start
+      a JSON escape other than \\u (the component keeps it as written: keys are compared as the
+      document spells them).
+    - Backticks quote: '.', '[' and ']' between them are literal. A key written wholly between a
+      pair of backticks loses them; any other single backtick is dropped and a doubled one stands
+      for a literal backtick (`a``b` is a`b, trailing`` is trailing`, `q`x is qx).
+    - `[n]` is an index: ASCII digits (leading zeros allowed, an empty `[]` is index 0) or exactly
+      `-1` (the last element); anything else is PATH_EINVAL. After ']' comes the end, '[', or a '.'
+      that is skipped, so `array.[2]` is `array[2]`, and a single trailing '.' is allowed after any
+      component (`a.` is `a`).
+    - The 32nd component is PATH_E2BIG, reported when it is reached (a syntax error earlier in the
+      path wins).
+    """
     if _PLAIN_PATH.match(path):  # keys only, no quoting: the common case
         comps = tuple((KEY, part) for part in path.split("."))
         if len(comps) > MAX_COMPONENTS:
-            raise SubdocError(Status.SUBDOC_PATH_E2BIG, f"path has more than {MAX_COMPONENTS} components")
+            raise _e2big()
         return comps
     return tuple(_parse_path(path))
 
@@ -81,76 +103,104 @@ def parse_path(path: str) -> tuple[tuple[str, str | int], ...]:
 def _parse_path(path: str) -> list[tuple[str, str | int]]:
     comps: list[tuple[str, str | int]] = []
     i, n = 0, len(path)
-    expect_key = True  # at the start or after '.': a key (or, at the start only, an index)
     while i < n:
-        ch = path[i]
-        if ch == "[":
-            if expect_key and comps:
-                raise _einval(path, "an index must follow a component, not a '.'")
-            close = path.find("]", i)
-            text = path[i + 1:close] if close != -1 else ""
-            if close == -1 or not (text.isdigit() and text.isascii() or text == "-1"):
-                raise _einval(path, "an array index is [n] with n >= 0, or [-1]")
-            comps.append((INDEX, int(text)))
+        if path[i] == "[":
+            close = path.find("]", i + 1)
+            if close == -1:
+                raise _einval(path, "'[' without ']'")
+            index = _index(path, path[i + 1:close])
+            if len(comps) == MAX_COMPONENTS:
+                raise _e2big()
+            comps.append((INDEX, index))
             i = close + 1
-            expect_key = False
-        elif ch == ".":
-            if expect_key:
-                raise _einval(path, "empty component")
-            i += 1
-            expect_key = True
-            if i == n:
-                raise _einval(path, "a path cannot end with '.'")
-        elif ch == "]":
-            raise _einval(path, "']' without '['")
+            if i < n:
+                if path[i] == ".":
+                    i += 1
+                elif path[i] != "[":
+                    raise _einval(path, "an index must be followed by '.', '[' or the end")
         else:
-            if not expect_key:
-                raise _einval(path, "a component must follow '.'")
-            if ch == "`":
-                key, i = _quoted(path, i)
-            else:
-                j = i
-                while j < n and path[j] not in ".[]`":
-                    j += 1
-                if j < n and path[j] in "]`":
-                    raise _einval(path, f"unexpected {path[j]!r} in a component")
-                key, i = path[i:j], j
-            comps.append((KEY, key))
-            expect_key = False
-        if len(comps) > MAX_COMPONENTS:
-            raise SubdocError(Status.SUBDOC_PATH_E2BIG, f"path has more than {MAX_COMPONENTS} components")
+            i = _key(path, i, comps)
     return comps
 
 
-def _quoted(path: str, i: int) -> tuple[str, int]:
-    """A backtick-quoted component starting at path[i]; `` inside is a literal backtick."""
-    out = []
-    j = i + 1
-    while True:
-        k = path.find("`", j)
-        if k == -1:
+def _key(path: str, i: int, comps: list) -> int:
+    """Scan the key component starting at path[i], append it, and return where the next starts."""
+    n = len(path)
+    quoted = escaped = False
+    ticks = 0
+    end = j = i
+    while j < n:
+        ch = path[j]
+        if escaped:
+            if ch not in _JSON_ESCAPES:
+                raise _einval(path, f"'\\{ch}' is not an escape a path may use")
+            escaped = False
+        elif ch == "\\":
+            escaped = True
+        elif ch == '"' or ch < "\x1f":
+            raise _einval(path, f"{ch!r} must be escaped")
+        if ch == "`":
+            ticks += 1
+            quoted = not quoted
+        elif not quoted:
+            if ch == "]":
+                raise _einval(path, "']' without '['")
+            if ch == "." or ch == "[":
+                end = j
+                break
+        j += 1
+    else:
+        if quoted:
             raise _einval(path, "unterminated backtick")
-        out.append(path[j:k])
-        if path[k + 1:k + 2] == "`":
-            out.append("`")
-            j = k + 2
-            continue
-        end = k + 1
-        if end < len(path) and path[end] not in ".[":
-            raise _einval(path, "a quoted component must be followed by '.', '[' or the end")
-        return "".join(out), end
+        if escaped:
+            raise _einval(path, "a path cannot end with a backslash")
+        end = n
+    key = path[i:end]
+    if len(key) > 1 and key[0] == "`" and key[-1] == "`":
+        key = key[1:-1]
+        ticks -= 2
+    if len(comps) == MAX_COMPONENTS:
+        raise _e2big()
+    if not key:
+        raise _einval(path, "empty component")
+    if ticks:
+        key = _TICKS.sub(lambda m: m.group()[1:], key)
+    comps.append((KEY, key))
+    return end + 1 if end < n and path[end] == "." else end
+
+
+def _index(path: str, text: str) -> int:
+    """An array index's value: n >= 0, or -1 for the last element. subjson reads the digits into
+    an unsigned 64-bit number, refusing a digit that wraps it below the value so far, and a value
+    of 2**64-1 becomes -1 (its signed twin): both are kept, so the same paths work."""
+    if text[:1] == "-":
+        if text != "-1":
+            raise _einval(path, "the only negative index is [-1]")
+        return -1
+    value = 0
+    for ch in text:
+        if not "0" <= ch <= "9":
+            raise _einval(path, "an array index is [n] with n >= 0, or [-1]")
+        nxt = (value * 10 + ord(ch) - 48) & _U64
+        if nxt < value:
+            raise _einval(path, "the array index overflows 64 bits")
+        value = nxt
+    return -1 if value == _U64 else value
 
 
 def _einval(path: str, why: str) -> SubdocError:
     return SubdocError(Status.SUBDOC_PATH_EINVAL, f"path {path[:64]!r}: {why}")
 
 
+def _e2big() -> SubdocError:
+    return SubdocError(Status.SUBDOC_PATH_E2BIG, f"path has more than {MAX_COMPONENTS} components")
+
+
 def root_for(opcode: int, path: str) -> str:
     """The empty document MKDOC/ADD start from: an array for an array operation on the root or on
     a path that starts with an index, else an object (subjson's get_root_type)."""
-    if opcode in _ARRAY_OPS and (not path or path.startswith("[")):
-        return "[]"
-    if path.startswith("["):
+    first = path.lstrip(" \t\n\v\f\r")[:1]  # subjson looks at the first non-space character
+    if opcode in _ARRAY_OPS and not first or first == "[":
         return "[]"
     return "{}"
 

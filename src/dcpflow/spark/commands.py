@@ -20,7 +20,7 @@ def add_commands(sub) -> None:
                    help="state table: delta (delta-rs MERGE) or snapshot (Spark-native compaction)")
     p.add_argument("--dir", help="keep everything (server data, lake) in this directory")
     p.add_argument("--keep", action="store_true", help="keep the temporary directory")
-    p.set_defaults(func=_cmd_demo)
+    p.set_defaults(func=_cmd_demo, extra="spark")
 
     p = sub.add_parser("pipeline", help="run the Spark CDC pipeline against a server into a lake directory",
                        description="Stream a bucket's changes (DCP) into <lake>/changelog (Parquet, exactly-once) "
@@ -51,7 +51,7 @@ def add_commands(sub) -> None:
                    help="a Spark setting for the session (repeatable), e.g. spark.executor.memory=4g")
     p.add_argument("--option", action="append", default=[], metavar="NAME=VALUE",
                    help="any other option of the dcp source (repeatable)")
-    p.set_defaults(func=_cmd_pipeline)
+    p.set_defaults(func=_cmd_pipeline, extra="spark")
 
     p = sub.add_parser("restore", help="rebuild a bucket from the pipeline's change log, as of a micro-batch",
                        description="Point-in-time recovery from the lake: every document as it stood after "
@@ -68,7 +68,7 @@ def add_commands(sub) -> None:
     p.add_argument("--collection", action="append", metavar="SCOPE.COLLECTION",
                    help="restore only this collection (repeatable; default: every collection, each into the "
                    "collection of the same name in --to, which must exist)")
-    p.set_defaults(func=_cmd_restore)
+    p.set_defaults(func=_cmd_restore, extra="spark")
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
