@@ -203,7 +203,14 @@ class ServerBucket:
         engine.add_persistence_listener(self._on_persisted)
 
     def config(self) -> bytes:
-        return self.server.topology.bucket_config(self.name, self.uuid, self._local_map, self.engine.manifest.uid)
+        return self.server.topology.bucket_config(self.name, self.uuid, self._local_map, self.engine.manifest.uid,
+                                                  history=self.keeps_history)
+
+    @property
+    def keeps_history(self) -> bool:
+        """Collections of this bucket may keep history: its storage is magma, as Couchbase requires
+        (server/mgmt/buckets.py; dcpflow's one store serves both backends)."""
+        return True  # every bucket, until the storage backend decides it
 
     def save_settings(self, settings: dict) -> None:
         self.engine.store.set_meta("mgmt_settings", json.dumps(settings, sort_keys=True))
@@ -212,6 +219,8 @@ class ServerBucket:
             self.engine.set_memory_quota(int(settings["ramQuotaMB"]) * 1024 * 1024)
             self.server.wake_pager()
         self._apply_settings()
+        # the map's capabilities follow the storage backend; the streaming endpoints send the change
+        self.server.topology.bump()
 
     def _apply_settings(self) -> None:
         """The management settings the engine acts on: history retention (server/mgmt/buckets.py)."""
@@ -339,7 +348,9 @@ class Server:
             nodes[cfg.this_node] = nodes[cfg.this_node]._replace(mgmt_port=me.mgmt_port, mgmt_ssl_port=me.mgmt_ssl_port)
         else:
             nodes = [me]
-        self.topology = Topology(nodes, cfg.this_node)
+        # Stable for a data directory, so a restarted server is the same cluster to a client
+        cluster_uuid = uuidlib.uuid5(uuidlib.NAMESPACE_URL, "dcpflow:" + str(Path(cfg.data_dir).resolve())).hex
+        self.topology = Topology(nodes, cfg.this_node, cluster_uuid=cluster_uuid)
         for listener in (self._listener, self._tls_listener):
             if listener is not None:
                 listener.start()
