@@ -210,7 +210,7 @@ class ServerBucket:
     def keeps_history(self) -> bool:
         """Collections of this bucket may keep history: its storage is magma, as Couchbase requires
         (server/mgmt/buckets.py; dcpflow's one store serves both backends)."""
-        return True  # every bucket, until the storage backend decides it
+        return self.settings.get("storageBackend") == "magma"
 
     def save_settings(self, settings: dict) -> None:
         self.engine.store.set_meta("mgmt_settings", json.dumps(settings, sort_keys=True))

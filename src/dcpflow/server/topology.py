@@ -57,9 +57,9 @@ class Topology:
         pushes maps (`adopt`), the revision is its own: every node serves the same (epoch, rev)."""
         if not self.managed:
             self.rev += 1
-        self._notify()
+        self.notify()
 
-    def _notify(self) -> None:
+    def notify(self) -> None:
         for watcher in list(self.watchers):
             watcher()
 
@@ -82,7 +82,7 @@ class Topology:
         self.cluster_name = name or self.cluster_name
         self.cluster_uuid = uuid or self.cluster_uuid
         self._cache.clear()
-        self._notify()
+        self.notify()
         return True
 
     def set_vbucket_map(self, bucket: str, vbucket_map: list[list[int]], num_replicas: int = 0) -> None:

@@ -370,6 +370,7 @@ class ManagementListener:
         self._runner: web.AppRunner | None = None
         self._listeners: list[Listener] = []
         self._opening: set[asyncio.Task] = set()
+        self.closing = False  # the config streams (streaming.py) end when set
 
     def bind(self, host: str, port: int | None, tls_port: int | None, tls: ssl.SSLContext | None) -> None:
         sock = _bind(host, port, DEFAULT_MGMT_PORT)
@@ -435,6 +436,9 @@ class ManagementListener:
             sock.close()
 
     async def close(self) -> None:
+        self.closing = True
+        if self.server.topology is not None:
+            self.server.topology.notify()  # wakes the config streams, which end (streaming.py)
         for listener in self._listeners:
             listener.close()  # closes the sockets of _socks
         self._listeners.clear()

@@ -51,8 +51,10 @@ def _memory() -> tuple[int, int]:
         return 0, 0
 
 
-def node_entries(request: web.Request, nodes_ext: list[dict]) -> list[dict]:
-    """ns_server's node objects for the map's nodes (index-aligned with nodesExt)."""
+def node_entries(request: web.Request, nodes_ext: list[dict], *, stable: bool = False) -> list[dict]:
+    """ns_server's node objects for the map's nodes (index-aligned with nodesExt); `stable`: without
+    the figures that change all the time (uptime, memory, items), as ns_server's streaming info
+    leaves them out, so a stream sends a node again only when it changed."""
     server = request.app[SERVER]
     total, free = _memory()
     items = sum(b.engine.stats()["curr_items"] for b in server.buckets.values())
@@ -79,7 +81,7 @@ def node_entries(request: web.Request, nodes_ext: list[dict]) -> list[dict]:
             "services": ["kv"],
             "ports": ports,
         }
-        if this:
+        if this and not stable:
             entry.update({
                 "uptime": str(int(time.time() - server.started)),
                 "memoryTotal": total,

@@ -1,0 +1,104 @@
+"""The streaming config endpoints, as ns_server serves them: `/pools/default/bs/<bucket>` (the
+terse bucket map, the one `/pools/default/b/<bucket>` and the KV port serve) and
+`/pools/default/bucketsStreaming/<bucket>` (the bucket's JSON, as `/pools/default/buckets/<bucket>`
+without its fast-changing basicStats). SDKs that bootstrap over HTTP poll these (gocbcore's HTTP
+config poller reads `bs` and, before this endpoint existed, logged "bad bucket" every 10 s).
+
+What ns_server does (menelaus_util.erl, handle_streaming, in https://github.com/couchbase/ns_server)
+and this module does the same: a 200 with a chunked body (application/json; charset=utf-8), the
+config first, then a new one after every change, each followed by a "\\n\\n\\n\\n" chunk that
+separates them; an unchanged config is not sent again; `?heartbeat=<seconds>` sends the separator
+alone when nothing else was sent for that long; the stream ends when the bucket is dropped.
+
+Why it stays bounded: a change only wakes the stream (Topology.watchers), the config is built when
+the stream gets to it, so changes that arrive while a slow reader holds up the stream coalesce into
+one config instead of queueing; aiohttp's writer waits for the transport to drain once it holds
+more than its limit, so what is buffered for one reader is at most a few configs. A reader that
+takes no bytes for SEND_TIMEOUT seconds is disconnected (ns_server's send timeout), and each stream
+is one of the management port's `--mgmt-max-connections` connections.
+"""
+
+import asyncio
+import contextlib
+import json
+
+from aiohttp import web
+
+from .app import LISTENER, SERVER, error, not_found, require
+from .buckets import bucket_json
+from .nodes import bucket_map
+
+routes = web.RouteTableDef()
+
+SEPARATOR = b"\n\n\n\n"
+#: Seconds a write may wait for a reader to take bytes before the stream is dropped (ns_server's 5 s).
+SEND_TIMEOUT = 5.0
+#: Seconds between looks when nothing says something changed (ns_server's 25 s).
+IDLE_LOOK = 25.0
+
+
+@routes.get("/pools/default/bs/{bucket}")
+async def terse_bucket_streaming(request: web.Request) -> web.StreamResponse:
+    return await _stream(request, bucket_map)
+
+
+@routes.get("/pools/default/bucketsStreaming/{bucket}")
+async def bucket_streaming(request: web.Request) -> web.StreamResponse:
+    return await _stream(request, lambda req, bucket: bucket_json(req, bucket, streaming=True))
+
+
+def _heartbeat(request: web.Request) -> float | None:
+    text = request.query.get("heartbeat")
+    if text is None:
+        return None
+    try:
+        seconds = int(text)
+    except ValueError:
+        seconds = 0
+    if seconds < 1:
+        raise error(400, "The value must be an integer between 1 and 18446744073709551615.", field="heartbeat")
+    return float(seconds)
+
+
+async def _stream(request: web.Request, build) -> web.StreamResponse:
+    name = request.match_info["bucket"]
+    require(request, "bucket.read", name)
+    server, listener = request.app[SERVER], request.app[LISTENER]
+    bucket = server.buckets.get(name)
+    if bucket is None:
+        raise not_found()
+    heartbeat = _heartbeat(request)
+    changed = asyncio.Event()
+    server.topology.watchers.add(changed.set)
+    response = web.StreamResponse(headers={"Content-Type": "application/json; charset=utf-8",
+                                           "Cache-Control": "no-cache"})
+    response.enable_chunked_encoding()
+    try:
+        await response.prepare(request)
+        last = None
+        while not listener.closing and server.buckets.get(name) is bucket:
+            changed.clear()
+            data = json.dumps(build(request, bucket), separators=(",", ":")).encode()
+            if data != last:
+                await asyncio.wait_for(_send(response, data), SEND_TIMEOUT)
+                last = data
+            elif heartbeat is not None:
+                await asyncio.wait_for(response.write(SEPARATOR), SEND_TIMEOUT)
+            with contextlib.suppress(TimeoutError):  # a heartbeat is due, or a look
+                await asyncio.wait_for(changed.wait(), heartbeat or IDLE_LOOK)
+        await response.write_eof()  # the bucket is gone, or the server stops
+    except TimeoutError:
+        server.log.warning("http-stream-timeout", "dropped the config stream of %s to %s: it took no bytes for "
+                           "%.0f s", name, request.remote, SEND_TIMEOUT)
+        if request.transport is not None:
+            request.transport.abort()
+    except (ConnectionError, asyncio.CancelledError):
+        pass  # the reader left
+    finally:
+        server.topology.watchers.discard(changed.set)
+    return response
+
+
+async def _send(response: web.StreamResponse, data: bytes) -> None:
+    await response.write(data)
+    await response.write(SEPARATOR)
