@@ -150,6 +150,7 @@ def _lower_thread_priority(steps: int) -> None:
 SEAL_AFTER_IDLE = 1.0
 #: The buckets created through the management API (served again after a restart).
 CREATED_BUCKETS_FILE = "buckets.json"
+USERS_OVERLAY_FILE = "users-managed.json"  # auth.UserDB.attach_overlay
 #: Seconds between two looks at the rate-limited logs (an interval that ended writes its summary).
 LOG_TICK = 1.0
 #: Seconds between two looks at whether a bucket is over its high watermark (engine/memory.py).
@@ -264,9 +265,11 @@ class Server:
         if users is None:
             self.users = UserDB.default()
         elif isinstance(users, UserDB):
-            self.users = users
+            self.users = UserDB(users.users.values())  # this server's own: its changes are its own
         else:
             self.users = UserDB.load(users)
+        # users made, changed or dropped through the management API, kept across restarts
+        self.users.attach_overlay(Path(config.data_dir) / USERS_OVERLAY_FILE)
         self.buckets: dict[str, ServerBucket] = {}
         self.connections: set[Connection] = set()
         self.total_connections = 0
@@ -684,6 +687,17 @@ class Server:
                 bucket.fragmentation_compactions += 1
                 bucket.fragmentation = await asyncio.get_running_loop().run_in_executor(
                     None, engine.store.fragmentation)
+
+    # -- users at run time (the management API) ------------------------------------------------
+    def user_changed(self, name: str) -> None:
+        """`name` was made, changed or dropped (server/mgmt/users.py): every open connection of
+        that user gets a new privilege context at once (Connection.reload_user), as kv_engine
+        rebuilds a stale one, and the management port forgets its logins."""
+        user = self.users.get(name)
+        for conn in list(self.connections):
+            if conn.user is not None and conn.user.name == name:
+                conn.reload_user(user)
+        self.mgmt.logins.forget(name)
 
     # -- buckets at run time (the management API) ----------------------------------------------
     @property

@@ -226,6 +226,14 @@ class Logins:
             self._checked.popitem(last=False)
         return user
 
+    def forget(self, name: str) -> None:
+        """`name` was changed or dropped (user management): its remembered logins and web sessions
+        go, so the next request is checked against what the user is now."""
+        for digest in [d for d, user in self._checked.items() if user.name == name]:
+            del self._checked[digest]
+        for token in [t for t, (user, _) in self.sessions.items() if user.name == name]:
+            del self.sessions[token]
+
     def open_session(self, user: User) -> str:
         token = secrets.token_urlsafe(32)
         self.sessions[token] = (user, time.monotonic())
