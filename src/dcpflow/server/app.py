@@ -191,6 +191,10 @@ class ServerBucket:
         # Settings the management API keeps for this bucket (server/mgmt/buckets.py owns their meaning);
         # its RAM quota is the engine's memory quota.
         self.settings: dict = json.loads(engine.store.get_meta("mgmt_settings") or "{}")
+        if "storageBackend" not in self.settings and self._kept_history():
+            # made before buckets had a storage backend, and keeping history: it is a magma bucket
+            self.settings["storageBackend"] = "magma"
+            engine.store.set_meta("mgmt_settings", json.dumps(self.settings, sort_keys=True))
         if "ramQuotaMB" in self.settings:
             engine.set_memory_quota(int(self.settings["ramQuotaMB"]) * 1024 * 1024)
         engine.memory.on_high = server.wake_pager
@@ -206,6 +210,10 @@ class ServerBucket:
     def config(self) -> bytes:
         return self.server.topology.bucket_config(self.name, self.uuid, self._local_map, self.engine.manifest.uid,
                                                   history=self.keeps_history)
+
+    def _kept_history(self) -> bool:
+        return bool(self.settings.get("historyRetentionSeconds") or self.settings.get("historyRetentionBytes")
+                    or any(c.history for scope in self.engine.manifest.scopes for c in scope.collections))
 
     @property
     def keeps_history(self) -> bool:

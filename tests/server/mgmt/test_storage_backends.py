@@ -137,3 +137,18 @@ def test_the_official_sdks_collection_manager_gets_feature_unavailable_on_couchs
     assert {c.name: c.history for s in mag.get_all_scopes() for c in s.collections}["later"] is True
     buckets.drop_bucket("couch")
     buckets.drop_bucket("mag")
+
+
+def test_a_bucket_that_kept_history_before_storage_backends_is_magma_after_an_upgrade(make_server):
+    """A data directory from before `storageBackend` existed, whose bucket keeps history, comes back
+    as a magma bucket: its history and what it says stay in agreement, nothing is dropped."""
+    server = make_server()
+    engine = server.server.buckets["default"].engine
+    server.call(lambda: engine.change_manifest(lambda m: m.add_scope("app").add_collection("app", "events",
+                                                                                           history=True)))
+    server.call(lambda: engine.store.set_meta("mgmt_settings", "{}"))  # as an older server left it
+    server.stop()
+    again = make_server()
+    doc = http_of(again).get(BUCKETS + "/default").json
+    assert doc["storageBackend"] == "magma" and "nonDedupedHistory" in doc["bucketCapabilities"]
+    assert again.call(lambda: again.server.buckets["default"].engine.manifest.collection("app", "events").history)
