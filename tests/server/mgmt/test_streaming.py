@@ -204,3 +204,17 @@ def test_streams_count_against_the_connection_limit_and_end_when_the_server_stop
     for s in held:  # each stream ended (its last chunk) or was closed with the server
         with contextlib.suppress(ConnectionError, ValueError):
             assert s.next_config() is None
+
+
+def test_a_stream_whose_reader_left_ends_and_stops_watching(server, streams):
+    def watching() -> int:
+        return server.call(lambda: len(server.server.topology.watchers))
+
+    before = watching()
+    s = streams(server.mgmt_port, "/pools/default/bs/default")
+    assert s.next_config()["name"] == "default" and watching() == before + 1
+    s.close()  # no change follows: the stream notices by itself (streaming.GONE_CHECK)
+    deadline = time.monotonic() + 30
+    while watching() > before:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)

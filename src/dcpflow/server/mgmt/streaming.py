@@ -14,8 +14,9 @@ Why it stays bounded: a change only wakes the stream (Topology.watchers), the co
 the stream gets to it, so changes that arrive while a slow reader holds up the stream coalesce into
 one config instead of queueing; aiohttp's writer waits for the transport to drain once it holds
 more than its limit, so what is buffered for one reader is at most a few configs. A reader that
-takes no bytes for SEND_TIMEOUT seconds is disconnected (ns_server's send timeout), and each stream
-is one of the management port's `--mgmt-max-connections` connections.
+takes no bytes for SEND_TIMEOUT seconds is disconnected (ns_server's send timeout), a stream whose
+reader left ends within GONE_CHECK seconds (aiohttp does not cancel its handler), and each stream is
+one of the management port's `--mgmt-max-connections` connections.
 """
 
 import asyncio
@@ -35,6 +36,8 @@ SEPARATOR = b"\n\n\n\n"
 SEND_TIMEOUT = 5.0
 #: Seconds between looks when nothing says something changed (ns_server's 25 s).
 IDLE_LOOK = 25.0
+#: Seconds between checks that the reader is still there (a stream that lost it ends within this).
+GONE_CHECK = 2.0
 
 
 @routes.get("/pools/default/bs/{bucket}")
@@ -75,17 +78,26 @@ async def _stream(request: web.Request, build) -> web.StreamResponse:
     response.enable_chunked_encoding()
     try:
         await response.prepare(request)
-        last = None
+        loop = asyncio.get_running_loop()
+        last, sent_at, looked_at = None, loop.time(), loop.time()
         while not listener.closing and server.buckets.get(name) is bucket:
-            changed.clear()
-            data = json.dumps(build(request, bucket), separators=(",", ":")).encode()
-            if data != last:
-                await asyncio.wait_for(_send(response, data), SEND_TIMEOUT)
-                last = data
-            elif heartbeat is not None:
+            if request.transport is None or request.transport.is_closing():
+                return response  # the reader left (aiohttp lets the handler run on: it ends here)
+            if changed.is_set() or last is None or loop.time() - looked_at >= IDLE_LOOK:
+                changed.clear()
+                looked_at = loop.time()
+                data = json.dumps(build(request, bucket), separators=(",", ":")).encode()
+                if data != last:
+                    await asyncio.wait_for(_send(response, data), SEND_TIMEOUT)
+                    last, sent_at = data, loop.time()
+            if heartbeat is not None and loop.time() - sent_at >= heartbeat:
                 await asyncio.wait_for(response.write(SEPARATOR), SEND_TIMEOUT)
-            with contextlib.suppress(TimeoutError):  # a heartbeat is due, or a look
-                await asyncio.wait_for(changed.wait(), heartbeat or IDLE_LOOK)
+                sent_at = loop.time()
+            due = [GONE_CHECK, looked_at + IDLE_LOOK - loop.time()]
+            if heartbeat is not None:
+                due.append(sent_at + heartbeat - loop.time())
+            with contextlib.suppress(TimeoutError):  # a heartbeat or a look is due, or a check for the reader
+                await asyncio.wait_for(changed.wait(), max(min(due), 0.01))
         await response.write_eof()  # the bucket is gone, or the server stops
     except TimeoutError:
         server.log.warning("http-stream-timeout", "dropped the config stream of %s to %s: it took no bytes for "
