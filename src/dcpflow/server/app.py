@@ -233,8 +233,9 @@ class ServerBucket:
 
     def _apply_settings(self) -> None:
         """The management settings the engine acts on: history retention (server/mgmt/buckets.py)."""
-        self.engine.history_retention_seconds = self.settings.get("historyRetentionSeconds", 0)
-        self.engine.history_retention_bytes = self.settings.get("historyRetentionBytes", 0)
+        history = self.keeps_history  # only a magma bucket keeps history (mgmt/buckets.py)
+        self.engine.history_retention_seconds = self.settings.get("historyRetentionSeconds", 0) if history else 0
+        self.engine.history_retention_bytes = self.settings.get("historyRetentionBytes", 0) if history else 0
 
     def _local_map(self) -> list[list[int]]:
         """Single-node map from local states: active vbuckets here, every other one without an active."""

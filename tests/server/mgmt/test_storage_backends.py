@@ -105,8 +105,12 @@ def test_the_storage_backend_migrates_as_ns_server_allows_and_survives_a_restart
     again = make_server()
     assert http_of(again).get(BUCKETS + "/default").json["storageBackend"] == "magma"
     assert "nonDedupedHistory" in kv_map(again, "default")["bucketCapabilities"]
+    assert http_of(again).post(BUCKETS + "/default", {"historyRetentionSeconds": "60"}).status == 200
+    engine = again.server.buckets["default"].engine
+    assert again.call(lambda: engine.history_retention_seconds) == 60
     assert http_of(again).post(BUCKETS + "/default", {"storageBackend": "couchstore"}).status == 200
     assert "nonDedupedHistory" not in kv_map(again, "default")["bucketCapabilities"]
+    assert again.call(lambda: engine.history_retention_seconds) == 0  # couchstore keeps no history
 
 
 def test_the_official_sdks_collection_manager_gets_feature_unavailable_on_couchstore_and_history_on_magma(
