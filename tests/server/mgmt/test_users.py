@@ -119,6 +119,26 @@ def test_the_rest_answers_as_ns_server_does(server):
     assert http.delete(USERS + "/local/alice").body == b'""'
 
 
+def test_a_user_changes_its_own_password_through_the_sdk(sdk_server, sdk_cluster):
+    sdk_cluster.users().upsert_user(User(username="eve", password="evepw1", roles=[Role(name="data_reader",
+                                                                                        bucket="default")]))
+    eve = connect(sdk_server.port, user="eve", password="evepw1")
+    try:
+        eve.users().change_password("evepw2")  # POST /controller/changePassword, as eve
+    finally:
+        eve.close()
+    with pytest.raises(AuthenticationException):
+        connect(sdk_server.port, user="eve", password="evepw1").wait_until_ready(timedelta_s(5))
+    again = connect(sdk_server.port, user="eve", password="evepw2")
+    try:
+        again.wait_until_ready(timedelta_s(10))
+    finally:
+        again.close()
+    got = sdk_cluster.users().get_user("eve")  # the roles stay
+    assert [(r.role.name, r.role.bucket) for r in got.effective_roles] == [("data_reader", "default")]
+    sdk_cluster.users().drop_user("eve")
+
+
 def test_only_an_administrator_manages_users(server):
     http = http_of(server)
     reader = http.as_user("reader", "readpw")
@@ -135,6 +155,9 @@ def test_only_an_administrator_manages_users(server):
         .status == 200
     assert reader.get("/pools/default").status == 401
     assert http.as_user("reader", "readpw2").get("/pools/default").status == 200
+    short = http.as_user("reader", "readpw2").post("/controller/changePassword", {"password": "abc"})
+    assert short.status == 400 and "at least 6" in short.json["errors"]["password"]
+    assert http.as_user(None).post("/controller/changePassword", {"password": "whatever"}).status == 401
 
 
 def test_changes_take_effect_on_open_kv_connections(server):

@@ -8,8 +8,10 @@ https://github.com/couchbase/ns_server), which the SDKs' user managers (`cluster
     GET    /settings/rbac/users/<domain>/<name>      one user (404 "Unknown user.")
     PUT    /settings/rbac/users/local/<name>         make or change: form password, roles, name, groups
     DELETE /settings/rbac/users/local/<name>         drop (404 "Unknown user.")
+    POST   /controller/changePassword                the user changes its own password: form password
 
-Only an administrator may call them (ns_server's security permissions: 403 otherwise). A user is
+Only an administrator may call them (ns_server's security permissions: 403 otherwise), but any
+user may change its own password (the SDKs' `change_password`). A user is
 ns_server's JSON: id, domain, roles (each with its bucket_name / scope_name / collection_name and
 origins), groups, external_groups, name, password_change_date. Answers are ns_server's: 200 `""` for
 a change, 400 {"errors": {field: message}} for invalid input - a password under 6 characters, a role
@@ -31,7 +33,7 @@ import asyncio
 from aiohttp import web
 
 from ..auth import ROLES, hashed_user, make_user, parse_role
-from .app import SERVER, HTTPError, errors, read_form, reply_json, require
+from .app import SERVER, USER, HTTPError, errors, read_form, reply_json, require, unauthorized
 
 routes = web.RouteTableDef()
 
@@ -187,10 +189,8 @@ async def put_user(request: web.Request) -> web.Response:
     password = form.get("password")
     if password is None and existing is None:
         problems["password"] = "Field must be given"
-    elif password is not None and len(password) < MIN_PASSWORD:
-        problems["password"] = f"The password must be at least {MIN_PASSWORD} characters long."
-    elif password is not None and any(ord(c) < 32 or ord(c) == 127 for c in password):
-        problems["password"] = "The password must not contain control characters"
+    elif password is not None and (problem := _password_problem(password)):
+        problems["password"] = problem
     if problems:
         raise errors(problems)
     full_name = form.get("name", existing.full_name if existing is not None else None)
@@ -204,6 +204,39 @@ async def put_user(request: web.Request) -> web.Response:
     server.mgmt.observer.record("user", "", f"user {name!r} {'changed' if existing else 'created'}: "
                                 f"roles {', '.join(roles) or 'none'}")
     return reply_json("")
+
+
+def _password_problem(password: str) -> str | None:
+    """ns_server's default password policy (menelaus_web_rbac.erl, is_valid_password)."""
+    if len(password) < MIN_PASSWORD:
+        return f"The password must be at least {MIN_PASSWORD} characters long."
+    if any(ord(c) < 32 or ord(c) == 127 for c in password):
+        return "The password must not contain control characters"
+    return None
+
+
+@routes.post("/controller/changePassword")
+async def change_password(request: web.Request) -> web.Response:
+    """The authenticated user's own password (its roles stay); 200 with no body, as ns_server."""
+    user = request.get(USER)
+    if user is None:
+        raise unauthorized()
+    form = await read_form(request)
+    problems = {key: "Unsupported key" for key in form if key != "password"}
+    password = form.get("password")
+    problems.update({"password": "The value must be supplied"} if password is None else
+                    {"password": p} if (p := _password_problem(password)) else {})
+    if problems:
+        raise errors(problems)
+    server = request.app[SERVER]
+    hashed = await asyncio.get_running_loop().run_in_executor(None, hashed_user, user.name, password, ())
+    current = server.users.get(user.name)  # as it is now (changed or dropped while the keys were derived?)
+    if current is None:
+        raise _unknown_user()
+    server.users.upsert(make_user(current.name, roles=current.roles, credentials=hashed.credentials,
+                                  full_name=current.full_name, password_change_date=hashed.password_change_date))
+    server.user_changed(user.name)
+    return web.Response(status=200)
 
 
 @routes.delete("/settings/rbac/users/{domain}/{name}")
