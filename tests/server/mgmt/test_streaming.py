@@ -218,3 +218,15 @@ def test_a_stream_whose_reader_left_ends_and_stops_watching(server, streams):
     while watching() > before:
         assert time.monotonic() < deadline
         time.sleep(0.05)
+
+
+def test_node_services_streaming_sends_the_cluster_map_after_every_change(server, streams):
+    """ns_server's /pools/default/nodeServicesStreaming (menelaus_web_cluster.erl,
+    serve_node_services_streaming): the cluster-level map, which gocbcore polls with no bucket open."""
+    http = http_of(server)
+    s = streams(server.mgmt_port, "/pools/default/nodeServicesStreaming")
+    first = s.next_config()
+    assert first == http.get("/pools/default/nodeServices").json and "vBucketServerMap" not in first
+    assert http.post("/pools/default/buckets", {"name": "more", "ramQuotaMB": "100"}).status == 202
+    assert s.next_config()["rev"] > first["rev"]
+    assert streams(server.mgmt_port, "/pools/default/nodeServicesStreaming", auth=None).status == 401

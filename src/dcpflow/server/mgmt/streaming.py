@@ -1,7 +1,8 @@
 """The streaming config endpoints, as ns_server serves them: `/pools/default/bs/<bucket>` (the
-terse bucket map, the one `/pools/default/b/<bucket>` and the KV port serve) and
+terse bucket map, the one `/pools/default/b/<bucket>` and the KV port serve),
 `/pools/default/bucketsStreaming/<bucket>` (the bucket's JSON, as `/pools/default/buckets/<bucket>`
-without its fast-changing basicStats). SDKs that bootstrap over HTTP poll these (gocbcore's HTTP
+without its fast-changing basicStats) and `/pools/default/nodeServicesStreaming` (the cluster-level
+map of `/pools/default/nodeServices`). SDKs that bootstrap over HTTP poll these (gocbcore's HTTP
 config poller reads `bs` and, before this endpoint existed, logged "bad bucket" every 10 s).
 
 What ns_server does (menelaus_util.erl, handle_streaming, in https://github.com/couchbase/ns_server)
@@ -27,7 +28,7 @@ from aiohttp import web
 
 from .app import LISTENER, SERVER, error, not_found, require
 from .buckets import bucket_json
-from .nodes import bucket_map
+from .nodes import bucket_map, cluster_map
 
 routes = web.RouteTableDef()
 
@@ -42,12 +43,30 @@ GONE_CHECK = 2.0
 
 @routes.get("/pools/default/bs/{bucket}")
 async def terse_bucket_streaming(request: web.Request) -> web.StreamResponse:
-    return await _stream(request, bucket_map)
+    bucket = _bucket(request)
+    return await _stream(request, lambda: bucket_map(request, bucket), bucket)
 
 
 @routes.get("/pools/default/bucketsStreaming/{bucket}")
 async def bucket_streaming(request: web.Request) -> web.StreamResponse:
-    return await _stream(request, lambda req, bucket: bucket_json(req, bucket, streaming=True))
+    bucket = _bucket(request)
+    return await _stream(request, lambda: bucket_json(request, bucket, streaming=True), bucket)
+
+
+@routes.get("/pools/default/nodeServicesStreaming")
+async def node_services_streaming(request: web.Request) -> web.StreamResponse:
+    """The cluster-level map (what gocbcore polls when no bucket is open), for as long as the reader reads."""
+    require(request, "pools.read")
+    return await _stream(request, lambda: cluster_map(request), None)
+
+
+def _bucket(request: web.Request):
+    name = request.match_info["bucket"]
+    require(request, "bucket.read", name)
+    bucket = request.app[SERVER].buckets.get(name)
+    if bucket is None:
+        raise not_found()
+    return bucket
 
 
 def _heartbeat(request: web.Request) -> float | None:
@@ -63,13 +82,10 @@ def _heartbeat(request: web.Request) -> float | None:
     return float(seconds)
 
 
-async def _stream(request: web.Request, build) -> web.StreamResponse:
-    name = request.match_info["bucket"]
-    require(request, "bucket.read", name)
+async def _stream(request: web.Request, build, bucket) -> web.StreamResponse:
+    """Stream `build()` until the reader leaves, the server stops or `bucket` (if any) is dropped."""
     server, listener = request.app[SERVER], request.app[LISTENER]
-    bucket = server.buckets.get(name)
-    if bucket is None:
-        raise not_found()
+    name = bucket.name if bucket is not None else None
     heartbeat = _heartbeat(request)
     changed = asyncio.Event()
     server.topology.watchers.add(changed.set)
@@ -80,13 +96,13 @@ async def _stream(request: web.Request, build) -> web.StreamResponse:
         await response.prepare(request)
         loop = asyncio.get_running_loop()
         last, sent_at, looked_at = None, loop.time(), loop.time()
-        while not listener.closing and server.buckets.get(name) is bucket:
+        while not listener.closing and (bucket is None or server.buckets.get(name) is bucket):
             if request.transport is None or request.transport.is_closing():
                 return response  # the reader left (aiohttp lets the handler run on: it ends here)
             if changed.is_set() or last is None or loop.time() - looked_at >= IDLE_LOOK:
                 changed.clear()
                 looked_at = loop.time()
-                data = json.dumps(build(request, bucket), separators=(",", ":")).encode()
+                data = json.dumps(build(), separators=(",", ":")).encode()
                 if data != last:
                     await asyncio.wait_for(_send(response, data), SEND_TIMEOUT)
                     last, sent_at = data, loop.time()
@@ -100,8 +116,8 @@ async def _stream(request: web.Request, build) -> web.StreamResponse:
                 await asyncio.wait_for(changed.wait(), max(min(due), 0.01))
         await response.write_eof()  # the bucket is gone, or the server stops
     except TimeoutError:
-        server.log.warning("http-stream-timeout", "dropped the config stream of %s to %s: it took no bytes for "
-                           "%.0f s", name, request.remote, SEND_TIMEOUT)
+        server.log.warning("http-stream-timeout", "dropped the config stream %s to %s: it took no bytes for "
+                           "%.0f s", request.path, request.remote, SEND_TIMEOUT)
         if request.transport is not None:
             request.transport.abort()
     except (ConnectionError, asyncio.CancelledError):
