@@ -230,3 +230,7 @@ def test_node_services_streaming_sends_the_cluster_map_after_every_change(server
     assert http.post("/pools/default/buckets", {"name": "more", "ramQuotaMB": "100"}).status == 202
     assert s.next_config()["rev"] > first["rev"]
     assert streams(server.mgmt_port, "/pools/default/nodeServicesStreaming", auth=None).status == 401
+    pool = streams(server.mgmt_port, http.get("/pools").json["pools"][0]["streamingUri"])  # what /pools advertises
+    assert [b["bucketName"] for b in pool.next_config()["bucketNames"]] == ["default", "more"]
+    assert http.delete("/pools/default/buckets/more").status == 200
+    assert [b["bucketName"] for b in pool.next_config()["bucketNames"]] == ["default"]

@@ -125,14 +125,19 @@ async def pools(request: web.Request) -> web.Response:
 @routes.get("/pools/nodes")
 async def pool_default(request: web.Request) -> web.Response:
     user = require(request, "pools.read")
+    return reply_json(pool_json(request, user))
+
+
+def pool_json(request: web.Request, user, *, stable: bool = False) -> dict:
+    """The pool (the cluster); `stable`: without the nodes' fast-changing figures (node_entries)."""
     server = request.app[SERVER]
     uuid = server.topology.cluster_uuid
     cmap = cluster_map(request)
     names = [name for name in server.buckets if allowed(user, "bucket.read", name)]
-    return reply_json({
+    return {
         "name": "default",
         "clusterName": server.topology.cluster_name,
-        "nodes": node_entries(request, cmap["nodesExt"]),
+        "nodes": node_entries(request, cmap["nodesExt"], stable=stable),
         "bucketNames": [{"bucketName": n, "uuid": server.buckets[n].uuid} for n in names],
         "buckets": {"uri": f"/pools/default/buckets?v={server.topology.rev}&uuid={uuid}",
                     "terseBucketsBase": "/pools/default/b/",
@@ -141,7 +146,7 @@ async def pool_default(request: web.Request) -> web.Response:
         "rebalanceStatus": "none",
         "balanced": True,
         "memoryQuota": sum(b.settings.get("ramQuotaMB", 100) for b in server.buckets.values()),
-    })
+    }
 
 
 @routes.get("/pools/default/nodeServices")

@@ -1,8 +1,9 @@
 """The streaming config endpoints, as ns_server serves them: `/pools/default/bs/<bucket>` (the
 terse bucket map, the one `/pools/default/b/<bucket>` and the KV port serve),
 `/pools/default/bucketsStreaming/<bucket>` (the bucket's JSON, as `/pools/default/buckets/<bucket>`
-without its fast-changing basicStats) and `/pools/default/nodeServicesStreaming` (the cluster-level
-map of `/pools/default/nodeServices`). SDKs that bootstrap over HTTP poll these (gocbcore's HTTP
+without its fast-changing basicStats), `/pools/default/nodeServicesStreaming` (the cluster-level
+map of `/pools/default/nodeServices`) and `/poolsStreaming/default` (the pool of `/pools/default`,
+whose `streamingUri` `/pools` advertises). SDKs that bootstrap over HTTP poll these (gocbcore's HTTP
 config poller reads `bs` and, before this endpoint existed, logged "bad bucket" every 10 s).
 
 What ns_server does (menelaus_util.erl, handle_streaming, in https://github.com/couchbase/ns_server)
@@ -28,7 +29,7 @@ from aiohttp import web
 
 from .app import LISTENER, SERVER, error, not_found, require
 from .buckets import bucket_json
-from .nodes import bucket_map, cluster_map
+from .nodes import bucket_map, cluster_map, pool_json
 
 routes = web.RouteTableDef()
 
@@ -58,6 +59,13 @@ async def node_services_streaming(request: web.Request) -> web.StreamResponse:
     """The cluster-level map (what gocbcore polls when no bucket is open), for as long as the reader reads."""
     require(request, "pools.read")
     return await _stream(request, lambda: cluster_map(request), None)
+
+
+@routes.get("/poolsStreaming/default")
+async def pool_streaming(request: web.Request) -> web.StreamResponse:
+    """The pool as /pools/default describes it (the `streamingUri` /pools advertises)."""
+    user = require(request, "pools.read")
+    return await _stream(request, lambda: pool_json(request, user, stable=True), None)
 
 
 def _bucket(request: web.Request):
