@@ -6,6 +6,7 @@ import json
 from dcpflow.cli import main
 from dcpflow.collections_cli import split_target
 from tests.server.conftest import make_server, server  # noqa: F401  (fixtures)
+from tests.server.mgmt.rest_client import http_of
 
 
 def run(server, capsys, *argv, password="password"):  # noqa: F811
@@ -19,6 +20,9 @@ def test_create_list_and_drop(server, capsys):  # noqa: F811
     assert run(server, capsys, "create", "app") == (0, "create app: manifest uid 1\n", "")
     code, out, _ = run(server, capsys, "create", "app.orders", "--max-ttl", "60")
     assert (code, out) == (0, "create app.orders: manifest uid 2\n")
+    code, _, err = run(server, capsys, "create", "app.events", "--history")  # couchstore keeps no history
+    assert code == 1 and err == "dcpflow collections create: 400: Not allowed on this type of bucket\n"
+    assert http_of(server).post("/pools/default/buckets/default", {"storageBackend": "magma"}).status == 200
     assert run(server, capsys, "create", "app.events", "--history")[0] == 0
     code, out, _ = run(server, capsys, "list")
     assert code == 0 and out.splitlines() == [

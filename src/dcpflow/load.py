@@ -186,7 +186,10 @@ def create_collections(loader: Loader, scope: str, history: Iterable[str] = (), 
     """`scope` with one collection per kind (COLLECTION_OF), made by the SDK's collection manager as
     an application would: the collections named in `history` keep every version (DCP change
     streams; the bucket's history retention must be set for them to keep any), `max_ttl` maps a
-    collection to its maxTTL in seconds (documents written without an expiry get it)."""
+    collection to its maxTTL in seconds (documents written without an expiry get it). Collections
+    keep history only in a magma bucket, as in Couchbase: with `history` given, every collection is
+    told whether it keeps history (a magma bucket's default is to keep it); without, none is told
+    (a couchstore bucket refuses the setting, even false)."""
     from couchbase.management.collections import CreateCollectionSettings
 
     history, max_ttl = set(history), max_ttl or {}
@@ -198,7 +201,7 @@ def create_collections(loader: Loader, scope: str, history: Iterable[str] = (), 
     for name in COLLECTION_OF.values():
         ttl = max_ttl.get(name)
         settings = CreateCollectionSettings(max_expiry=timedelta(seconds=ttl) if ttl else None,
-                                            history=True if name in history else None)
+                                            history=(name in history) if history else None)
         manager.create_collection(scope, name, settings)
 
 

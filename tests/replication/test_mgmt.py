@@ -30,6 +30,10 @@ def test_every_node_serves_its_own_listener_and_every_map_advertises_them(make_c
         assert [e["services"]["mgmt"] for e in ext] == ports and ext[i]["thisNode"] is True
         bucket = Http(port).get("/pools/default/buckets/default").json
         assert [n["hostname"] for n in bucket["nodes"]] == [f"127.0.0.1:{p}" for p in ports]
+    # one cluster, one identity: every node's map names the cluster its cluster manager pushed
+    identities = {(Http(p).get("/pools/default/b/default").json["clusterUUID"], Http(p).get("/pools").json["uuid"])
+                  for p in ports}
+    assert len(identities) == 1 and len({*identities.pop()}) == 1
     sdk = sdk_connect(cluster.connstr)
     try:
         sdk.bucket("default")

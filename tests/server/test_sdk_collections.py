@@ -30,11 +30,16 @@ from dcpflow.protocol.opcodes import Opcode
 from dcpflow.protocol.status import Status
 
 from .client import RawClient
+from .mgmt.rest_client import Http
 
 
 @pytest.fixture(scope="module")
-def app(sdk_cluster):
-    """Scope `app` with `orders` (maxTTL 60 s) and `events` (history), made by the SDK's manager."""
+def app(sdk_server, sdk_cluster):
+    """Scope `app` with `orders` (maxTTL 60 s) and `events` (history), made by the SDK's manager in
+    `default` once it is a magma bucket (history needs magma: test_storage_backends.py)."""
+    migrated = Http(sdk_server.mgmt_port).post("/pools/default/buckets/default", {
+        "storageBackend": "magma", "historyRetentionCollectionDefault": "false"})
+    assert migrated.status == 200, migrated.text
     manager = sdk_cluster.bucket("default").collections()
     manager.create_scope("app")
     manager.create_collection("app", "orders", CreateCollectionSettings(max_expiry=timedelta(seconds=60)))

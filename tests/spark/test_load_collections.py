@@ -17,10 +17,13 @@ from dcpflow.load import (
     make_doc,
 )
 from tests.server.conftest import sdk_server  # noqa: F401  (fixture reused)
+from tests.server.mgmt.rest_client import Http
 
 
 @pytest.fixture(scope="module")
 def shop(sdk_server):  # noqa: F811
+    magma = Http(sdk_server.mgmt_port).post("/pools/default/buckets/default", {"storageBackend": "magma"})
+    assert magma.status == 200, magma.text  # `orders` keeps history: the bucket must be magma
     loader = Loader(f"couchbase://127.0.0.1:{sdk_server.port}/default", "Administrator", "password")
     try:
         create_collections(loader, "shop", history=("orders",), max_ttl={"sessions": 3600})

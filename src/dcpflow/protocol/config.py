@@ -1,7 +1,9 @@
 """The cluster map ("bucket config") JSON: build it as a server, parse it and route with it as a client.
 
 The shape the official SDKs read: rev, revEpoch, name, uuid, bucketType,
-nodeLocator, bucketCapabilities, collectionsManifestUid (hex string), nodes[] index-aligned with
+nodeLocator, bucketCapabilities, collectionsManifestUid (hex string), clusterName and clusterUUID
+(ns_server's bucket_info_cache puts both in every map: the SDKs label their metrics and tracing
+spans with the cluster name), nodes[] index-aligned with
 nodesExt[] (services kv / mgmt / kvSSL, hostname, thisNode), and vBucketServerMap {numReplicas,
 serverList, vBucketMap}. `mgmt` (and `mgmtSSL` with TLS) is the node's HTTP management port, which
 the SDKs use for bucket management and `ping()`. Hostnames stay the literal `$HOST`: a client
@@ -22,12 +24,15 @@ from .keys import vbucket_for_key
 HOST_PLACEHOLDER = "$HOST"
 DEFAULT_MGMT_PORT = 8091
 DEFAULT_MGMT_SSL_PORT = 18091
-#: "nonDedupedHistory": collections may keep history (DCP change streams); the SDKs' collection
-#: managers send `history` only to a bucket that says so.
 DEFAULT_BUCKET_CAPABILITIES = ("collections", "dcp", "cccp", "nodesExt", "xattr", "cbhello", "touch",
-                               "couchapi", "nonDedupedHistory", "subdoc.ReplicaRead", "subdoc.AccessDeleted",
+                               "couchapi", "subdoc.ReplicaRead", "subdoc.AccessDeleted",
                                "subdoc.ReplaceBodyWithXattr", "subdoc.DocumentMacroSupport",
                                "subdoc.ReviveDocument", "tombstonedUserXAttrs", "preserve_expiry", "rangeScan")
+#: "nonDedupedHistory": collections may keep history (DCP change streams). ns_server advertises
+#: it only for a magma bucket (bucket_info_cache.erl, build_bucket_capabilities), and the SDKs'
+#: collection managers refuse to send `history` (FeatureUnavailable) to a bucket without it.
+HISTORY_CAPABILITY = "nonDedupedHistory"
+DEFAULT_CLUSTER_NAME = "dcpflow"
 
 
 class Node(NamedTuple):
@@ -85,7 +90,8 @@ def balanced_vbucket_map(num_vbuckets: int, num_nodes: int, num_replicas: int = 
 def build_bucket_config(name: str, nodes, *, vbucket_map=None, num_vbuckets: int = 1024,
                         num_replicas: int = 0, rev: int = 1, rev_epoch: int = 1, uuid: str = "",
                         bucket_type: str = "membase", capabilities=DEFAULT_BUCKET_CAPABILITIES,
-                        collections_manifest_uid: int = 0) -> dict:
+                        collections_manifest_uid: int = 0, cluster_name: str = DEFAULT_CLUSTER_NAME,
+                        cluster_uuid: str = "") -> dict:
     """The bucket config as a JSON-ready dict. `vbucket_map` defaults to a balanced one."""
     nodes = list(nodes)
     if not nodes:
@@ -109,6 +115,8 @@ def build_bucket_config(name: str, nodes, *, vbucket_map=None, num_vbuckets: int
         "bucketCapabilitiesVer": "",
         "bucketCapabilities": list(capabilities),
         "collectionsManifestUid": format(collections_manifest_uid, "x"),
+        "clusterName": cluster_name,
+        "clusterUUID": cluster_uuid,
         "nodes": [_node_entry(n) for n in nodes],
         "nodesExt": [_node_ext_entry(n) for n in nodes],
         "vBucketServerMap": {
@@ -120,13 +128,15 @@ def build_bucket_config(name: str, nodes, *, vbucket_map=None, num_vbuckets: int
     }
 
 
-def build_cluster_config(nodes, *, rev: int = 1, rev_epoch: int = 1) -> dict:
+def build_cluster_config(nodes, *, rev: int = 1, rev_epoch: int = 1, cluster_name: str = DEFAULT_CLUSTER_NAME,
+                         cluster_uuid: str = "") -> dict:
     """The cluster-level config (GET_CLUSTER_CONFIG with no bucket selected): nodes, no vbucket map."""
     nodes = list(nodes)
     if not nodes:
         raise ValueError("a cluster map needs at least one node")
     return {"rev": rev, "revEpoch": rev_epoch, "nodesExt": [_node_ext_entry(n) for n in nodes],
-            "clusterCapabilitiesVer": [1, 0], "clusterCapabilities": {}}
+            "clusterCapabilitiesVer": [1, 0], "clusterCapabilities": {}, "clusterName": cluster_name,
+            "clusterUUID": cluster_uuid}
 
 
 def _node_entry(n: Node) -> dict:
@@ -166,6 +176,8 @@ class ClusterMap(NamedTuple):
     node_locator: str | None = None
     capabilities: tuple[str, ...] = ()
     collections_manifest_uid: int | None = None
+    cluster_name: str | None = None
+    cluster_uuid: str | None = None
 
     @property
     def version(self) -> tuple[int, int]:
@@ -280,4 +292,5 @@ def _parse(doc: dict) -> ClusterMap:
         vbucket_map=vbucket_map, num_replicas=num_replicas, name=doc.get("name"), uuid=doc.get("uuid"),
         bucket_type=doc.get("bucketType"), node_locator=doc.get("nodeLocator"),
         capabilities=tuple(doc.get("bucketCapabilities", ())),
-        collections_manifest_uid=None if uid is None else int(str(uid), 16))
+        collections_manifest_uid=None if uid is None else int(str(uid), 16),
+        cluster_name=doc.get("clusterName"), cluster_uuid=doc.get("clusterUUID"))

@@ -411,11 +411,13 @@ class ClusterManager:
 
     def config_json(self) -> bytes:
         members, vmap = self.published_map()
+        cluster_uuid = uuidlib.uuid5(uuidlib.NAMESPACE_URL, f"dcpflow-cluster:{self.uuid}").hex
         config = build_bucket_config(self.bucket, [Node(n.port, hostname=n.host,
                                                         mgmt_port=n.mgmt_port or DEFAULT_MGMT_PORT)
                                                    for n in members],
                                      vbucket_map=vmap, num_replicas=self.num_replicas, rev=self.rev,
-                                     rev_epoch=self.rev_epoch, uuid=self.uuid)
+                                     rev_epoch=self.rev_epoch, uuid=self.uuid,
+                                     cluster_uuid=cluster_uuid)  # one cluster, one uuid: every node serves it
         return encode_config(config)
 
     async def _push_map(self, node: NodeState) -> None:

@@ -150,6 +150,7 @@ def _lower_thread_priority(steps: int) -> None:
 SEAL_AFTER_IDLE = 1.0
 #: The buckets created through the management API (served again after a restart).
 CREATED_BUCKETS_FILE = "buckets.json"
+USERS_OVERLAY_FILE = "users-managed.json"  # auth.UserDB.attach_overlay
 #: Seconds between two looks at the rate-limited logs (an interval that ended writes its summary).
 LOG_TICK = 1.0
 #: Seconds between two looks at whether a bucket is over its high watermark (engine/memory.py).
@@ -190,6 +191,10 @@ class ServerBucket:
         # Settings the management API keeps for this bucket (server/mgmt/buckets.py owns their meaning);
         # its RAM quota is the engine's memory quota.
         self.settings: dict = json.loads(engine.store.get_meta("mgmt_settings") or "{}")
+        if "storageBackend" not in self.settings and self._kept_history():
+            # made before buckets had a storage backend, and keeping history: it is a magma bucket
+            self.settings["storageBackend"] = "magma"
+            engine.store.set_meta("mgmt_settings", json.dumps(self.settings, sort_keys=True))
         if "ramQuotaMB" in self.settings:
             engine.set_memory_quota(int(self.settings["ramQuotaMB"]) * 1024 * 1024)
         engine.memory.on_high = server.wake_pager
@@ -203,7 +208,18 @@ class ServerBucket:
         engine.add_persistence_listener(self._on_persisted)
 
     def config(self) -> bytes:
-        return self.server.topology.bucket_config(self.name, self.uuid, self._local_map, self.engine.manifest.uid)
+        return self.server.topology.bucket_config(self.name, self.uuid, self._local_map, self.engine.manifest.uid,
+                                                  history=self.keeps_history)
+
+    def _kept_history(self) -> bool:
+        return bool(self.settings.get("historyRetentionSeconds") or self.settings.get("historyRetentionBytes")
+                    or any(c.history for scope in self.engine.manifest.scopes for c in scope.collections))
+
+    @property
+    def keeps_history(self) -> bool:
+        """Collections of this bucket may keep history: its storage is magma, as Couchbase requires
+        (server/mgmt/buckets.py; dcpflow's one store serves both backends)."""
+        return self.settings.get("storageBackend") == "magma"
 
     def save_settings(self, settings: dict) -> None:
         self.engine.store.set_meta("mgmt_settings", json.dumps(settings, sort_keys=True))
@@ -212,11 +228,14 @@ class ServerBucket:
             self.engine.set_memory_quota(int(settings["ramQuotaMB"]) * 1024 * 1024)
             self.server.wake_pager()
         self._apply_settings()
+        # the map's capabilities follow the storage backend; the streaming endpoints send the change
+        self.server.topology.bump()
 
     def _apply_settings(self) -> None:
         """The management settings the engine acts on: history retention (server/mgmt/buckets.py)."""
-        self.engine.history_retention_seconds = self.settings.get("historyRetentionSeconds", 0)
-        self.engine.history_retention_bytes = self.settings.get("historyRetentionBytes", 0)
+        history = self.keeps_history  # only a magma bucket keeps history (mgmt/buckets.py)
+        self.engine.history_retention_seconds = self.settings.get("historyRetentionSeconds", 0) if history else 0
+        self.engine.history_retention_bytes = self.settings.get("historyRetentionBytes", 0) if history else 0
 
     def _local_map(self) -> list[list[int]]:
         """Single-node map from local states: active vbuckets here, every other one without an active."""
@@ -255,9 +274,11 @@ class Server:
         if users is None:
             self.users = UserDB.default()
         elif isinstance(users, UserDB):
-            self.users = users
+            self.users = UserDB(users.users.values())  # this server's own: its changes are its own
         else:
             self.users = UserDB.load(users)
+        # users made, changed or dropped through the management API, kept across restarts
+        self.users.attach_overlay(Path(config.data_dir) / USERS_OVERLAY_FILE)
         self.buckets: dict[str, ServerBucket] = {}
         self.connections: set[Connection] = set()
         self.total_connections = 0
@@ -339,7 +360,9 @@ class Server:
             nodes[cfg.this_node] = nodes[cfg.this_node]._replace(mgmt_port=me.mgmt_port, mgmt_ssl_port=me.mgmt_ssl_port)
         else:
             nodes = [me]
-        self.topology = Topology(nodes, cfg.this_node)
+        # Stable for a data directory, so a restarted server is the same cluster to a client
+        cluster_uuid = uuidlib.uuid5(uuidlib.NAMESPACE_URL, "dcpflow:" + str(Path(cfg.data_dir).resolve())).hex
+        self.topology = Topology(nodes, cfg.this_node, cluster_uuid=cluster_uuid)
         for listener in (self._listener, self._tls_listener):
             if listener is not None:
                 listener.start()
@@ -673,6 +696,17 @@ class Server:
                 bucket.fragmentation_compactions += 1
                 bucket.fragmentation = await asyncio.get_running_loop().run_in_executor(
                     None, engine.store.fragmentation)
+
+    # -- users at run time (the management API) ------------------------------------------------
+    def user_changed(self, name: str) -> None:
+        """`name` was made, changed or dropped (server/mgmt/users.py): every open connection of
+        that user gets a new privilege context at once (Connection.reload_user), as kv_engine
+        rebuilds a stale one, and the management port forgets its logins."""
+        user = self.users.get(name)
+        for conn in list(self.connections):
+            if conn.user is not None and conn.user.name == name:
+                conn.reload_user(user)
+        self.mgmt.logins.forget(name)
 
     # -- buckets at run time (the management API) ----------------------------------------------
     @property

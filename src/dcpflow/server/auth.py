@@ -18,7 +18,16 @@ The users file is JSON::
 A user has either a plain `password` (kept only to derive SCRAM keys; fine for tests and demos)
 or CBSASL-style `scram-sha-512` / `scram-sha-256` / `scram-sha-1` entries (several hashes allow
 password rotation). PLAIN is checked against the SCRAM keys, so a hashed user needs no plain text.
-Roles are `admin` or `ROLE[bucket]` with `*` for every bucket; see ROLES.
+Roles are `admin` or `ROLE[bucket]` with `*` for every bucket (`ROLE[bucket:*:*]`, ns_server's
+collection-aware spelling, is the same); see ROLES. An entry may also have `name` (the full
+name) and `password_change_date`.
+
+Users change at run time through the management port's user REST (server/mgmt/users.py):
+`UserDB.upsert` / `UserDB.drop`. With an overlay file (`attach_overlay`, the server's
+`<data_dir>/users-managed.json`) those changes are kept across restarts: the overlay lists the users
+made or changed that way (SCRAM hashes only, never a password) and the names dropped, applied over
+the users the server starts with (its users file, or the default admin), so the users file keeps
+working as it did and a change made over REST wins over it.
 """
 
 import base64
@@ -26,6 +35,7 @@ import hashlib
 import hmac
 import json
 import os
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import IntFlag
@@ -130,6 +140,8 @@ class User:
     credentials: dict[str, ScramCredential] = field(default_factory=dict)  # by hashlib name
     is_admin: bool = False
     bucket_privileges: dict[str, Privilege] = field(default_factory=dict)  # "*" = every bucket
+    full_name: str | None = None
+    password_change_date: str | None = None  # ISO 8601, as ns_server reports it
 
     def credential(self, algorithm: str) -> ScramCredential | None:
         """The SCRAM keys for `algorithm`, derived from the plain password on first use."""
@@ -150,6 +162,21 @@ class User:
     def may_access(self, bucket: str) -> bool:
         return bool(self.privileges(bucket))
 
+    def to_json(self) -> dict:
+        """The user as a users-file entry, with SCRAM hashes for every algorithm it can have and
+        never a plain password."""
+        entry: dict = {}
+        for algorithm, key in _CBSASL_KEYS.items():
+            cred = self.credential(algorithm)
+            if cred is not None:
+                entry[key] = cred.to_json()
+        entry["roles"] = list(self.roles)
+        if self.full_name is not None:
+            entry["name"] = self.full_name
+        if self.password_change_date is not None:
+            entry["password_change_date"] = self.password_change_date
+        return entry
+
     def check_password(self, password: str) -> bool:
         """PLAIN: compare with the plain password, else against any stored SCRAM key."""
         if self.password is not None:
@@ -163,19 +190,29 @@ class User:
 
 
 def parse_role(role: str) -> tuple[str, str | None]:
-    """`admin` -> ("admin", None); `data_reader[default]` -> ("data_reader", "default")."""
+    """`admin` -> ("admin", None); `data_reader[default]` -> ("data_reader", "default"); ns_server's
+    `data_reader[default:*:*]` (every scope and collection of the bucket) is the same. Roles are
+    granted per bucket here: a role on one scope or collection is a ValueError."""
     role = role.strip()
     if "[" not in role:
         return role, None
     name, _, rest = role.partition("[")
     if not rest.endswith("]") or not rest[:-1]:
         raise ValueError(f"role {role!r} must look like name[bucket]")
-    return name, rest[:-1]
+    bucket, *within = rest[:-1].split(":")
+    if len(within) > 2 or not bucket:
+        raise ValueError(f"role {role!r} must look like name[bucket] or name[bucket:scope:collection]")
+    if any(part != "*" for part in within):
+        raise ValueError(f"role {role!r} is on a scope or collection: dcpflow grants roles per bucket "
+                         f"(name[bucket], or name[bucket:*:*])")
+    return name, bucket
 
 
 def make_user(name: str, *, password: str | None = None, roles: Iterable[str] = (),
-              credentials: dict[str, ScramCredential] | None = None) -> User:
-    user = User(name, tuple(roles), password, dict(credentials or {}))
+              credentials: dict[str, ScramCredential] | None = None, full_name: str | None = None,
+              password_change_date: str | None = None) -> User:
+    user = User(name, tuple(roles), password, dict(credentials or {}), full_name=full_name,
+                password_change_date=password_change_date)
     if password is None and not user.credentials:
         raise ValueError(f"user {name!r} needs a password or SCRAM hashes")
     for role in user.roles:
@@ -190,15 +227,70 @@ def make_user(name: str, *, password: str | None = None, roles: Iterable[str] = 
     return user
 
 
+def hashed_user(name: str, password: str, roles: Iterable[str], full_name: str | None = None) -> User:
+    """A user made at run time: SCRAM keys for every algorithm, derived once, and no plain text."""
+    creds = {algorithm: ScramCredential.derive(algorithm, password) for algorithm in _CBSASL_KEYS}
+    return make_user(name, roles=roles, credentials=creds, full_name=full_name,
+                     password_change_date=time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime()))
+
+
 class UserDB:
-    """The users the server knows, by name."""
+    """The users the server knows, by name; see the module docstring for run-time changes."""
 
     def __init__(self, users: Iterable[User] = ()):
         self.users = {u.name: u for u in users}
         self._secret = os.urandom(32)  # salts for users that do not exist (see ScramServer)
+        self.overlay_path: Path | None = None
+        self._overlay: dict = {"users": {}, "dropped": []}
 
     def get(self, name: str) -> User | None:
         return self.users.get(name)
+
+    def attach_overlay(self, path: str | Path) -> None:
+        """Apply the run-time changes kept in `path` (if it exists) and keep the next ones there."""
+        self.overlay_path = Path(path)
+        try:
+            doc = json.loads(self.overlay_path.read_text(encoding="utf-8"))
+            made = UserDB.from_json({"users": doc["users"]})
+            dropped = [str(n) for n in doc["dropped"]]
+        except FileNotFoundError:
+            return
+        except (ValueError, KeyError, TypeError) as e:
+            raise ValueError(f"{self.overlay_path} is damaged ({e}): fix or remove it (it keeps the users made, "
+                             f"changed and dropped through the management API)") from None
+        self._overlay = {"users": doc["users"], "dropped": dropped}
+        for name in dropped:
+            self.users.pop(name, None)
+        self.users.update(made.users)
+
+    def upsert(self, user: User) -> None:
+        """Add or replace a user (kept in the overlay, if there is one)."""
+        self.users[user.name] = user
+        self._overlay["users"][user.name] = user.to_json()
+        self._overlay["dropped"] = [n for n in self._overlay["dropped"] if n != user.name]
+        self._save()
+
+    def drop(self, name: str) -> bool:
+        """Remove a user; False if there was none."""
+        if self.users.pop(name, None) is None:
+            return False
+        self._overlay["users"].pop(name, None)
+        if name not in self._overlay["dropped"]:
+            self._overlay["dropped"].append(name)
+        self._save()
+        return True
+
+    def _save(self) -> None:
+        if self.overlay_path is None:
+            return
+        self.overlay_path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.overlay_path.with_suffix(".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # SCRAM hashes: the owner's only
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(self._overlay, fh, indent=1, sort_keys=True)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, self.overlay_path)
 
     @classmethod
     def default(cls, name: str = "Administrator", password: str = "password") -> "UserDB":
@@ -214,7 +306,8 @@ class UserDB:
             creds = {alg: ScramCredential.from_json(entry[key])
                      for alg, key in _CBSASL_KEYS.items() if key in entry}
             out.append(make_user(name, password=entry.get("password"), roles=entry.get("roles", ()),
-                                 credentials=creds))
+                                 credentials=creds, full_name=entry.get("name"),
+                                 password_change_date=entry.get("password_change_date")))
         return cls(out)
 
     @classmethod

@@ -37,7 +37,6 @@ import logging
 import socket
 import time
 import traceback
-from typing import TYPE_CHECKING
 
 from dcpflow.engine.errors import EngineError
 from dcpflow.protocol import kv as kvproto
@@ -61,10 +60,7 @@ from dcpflow.protocol.status import Status
 
 from . import durable
 from .audit import COMMAND_ACCESS_FAILURE, INVALID_PACKET, PRIVILEGES_CHANGED
-from .auth import Privilege
-
-if TYPE_CHECKING:
-    from .auth import User
+from .auth import Privilege, User
 
 log = logging.getLogger("dcpflow.server")
 
@@ -635,6 +631,21 @@ class Connection(asyncio.Protocol):
         self.user = user
         self.server.set_system(self, user is not None and self.server.is_system_user(user))
         self.select_bucket(None)
+
+    def reload_user(self, user: "User | None") -> None:
+        """The definition of this connection's user changed (user management, server.user_changed):
+        a new privilege context at once, on the bucket selected, as kv_engine rebuilds a stale one
+        (https://github.com/couchbase/kv_engine/blob/master/daemon/connection.cc,
+        getPrivilegeContext). A user no longer defined keeps the connection but no privilege: every
+        command that needs one answers EACCESS; DCP streams without DcpProducer end (LostPrivileges)."""
+        if self.user is None:
+            return
+        self.user = user if user is not None else User(self.user.name)  # no roles: no privileges
+        self.server.set_system(self, user is not None and self.server.is_system_user(user))
+        self.privileges = int(self.user.privileges(self.bucket.name if self.bucket is not None else None))
+        self._refresh_ready()
+        if self.dcp is not None and hasattr(self.dcp, "privileges_changed"):
+            self.dcp.privileges_changed()
 
     def select_bucket(self, bucket) -> None:
         self.bucket = bucket

@@ -220,7 +220,7 @@ def set_cluster_config(conn: Connection, frame: Frame) -> bytes:
         return conn.error_reply(frame.opcode, frame.opaque, Status.EINVAL, f"the map has {cmap.num_vbuckets} "
                                 f"vbuckets; bucket {name!r} has {bucket.engine.num_vbuckets}")
     if conn.server.topology.adopt(name, list(cmap.nodes), conn.server.port, cmap.vbucket_map, cmap.num_replicas,
-                                  cmap.version) and cmap.uuid:
+                                  cmap.version, (cmap.cluster_name, cmap.cluster_uuid)) and cmap.uuid:
         bucket.uuid = cmap.uuid  # one bucket, one uuid, whichever node a client asks
     return response(frame.opcode, opaque=frame.opaque)
 

@@ -146,7 +146,9 @@ def run_demo(docs: int = 100_000, workdir: str | Path | None = None, vbuckets: i
 
         work = Workload(docs=docs, updates=max(docs // 10, 10), deletes=max(docs // 50, 5),
                         expiring=max(docs // 100, 5), ttl=2, rounds=rounds)
-        server.set_bucket("default", "Administrator", "password", historyRetentionSeconds=RETENTION_SECONDS)
+        # `orders` keeps every version: history needs a magma bucket, as in Couchbase
+        server.set_bucket("default", "Administrator", "password", storageBackend="magma",
+                          historyRetentionSeconds=RETENTION_SECONDS)
         client = Loader(connection, "Administrator", "password")
         create_collections(client, SCOPE, history=HISTORY, max_ttl=MAX_TTL)
         made = next(sc for sc in client.bucket.collections().get_all_scopes() if sc.name == SCOPE).collections

@@ -30,8 +30,16 @@ def test_the_manifest_is_the_engines_in_ns_servers_shape(server):
     assert [s["name"] for s in kv["scopes"]] == [s["name"] for s in got.json["scopes"]]
 
 
+def magma(http) -> None:
+    """Make `default` a magma bucket (history needs it) whose new collections keep no history unless told."""
+    made = http.post("/pools/default/buckets/default", {"storageBackend": "magma",
+                                                         "historyRetentionCollectionDefault": "false"})
+    assert made.status == 200, made.text
+
+
 def test_changes_make_the_next_manifest_everywhere(server):
     http = http_of(server)
+    magma(http)
     assert http.post(BASE, {"name": "inventory"}).json == {"uid": "1"}
     made = http.post(BASE + "/inventory/collections", {"name": "beers", "maxTTL": "60", "history": "true"})
     assert made.status == 200 and made.json == {"uid": "2"}
@@ -57,6 +65,7 @@ def test_changes_make_the_next_manifest_everywhere(server):
 
 def test_refusals_answer_what_ns_server_answers(server):
     http = http_of(server)
+    magma(http)
     exists = http.post(BASE, {"name": "_default"})
     assert exists.status == 400 and exists.json["errors"]["_"] == "Scope with name '_default' already exists"
     assert http.post(BASE, {}).status == 400

@@ -75,3 +75,45 @@ def test_the_collection_manager_sees_the_default_scope(sdk_cluster):
     manager.drop_scope("inventory")
     with pytest.raises(ScopeNotFoundException):
         manager.drop_scope("inventory")
+
+
+def test_the_sdks_metrics_label_every_operation_with_the_clusters_name_and_uuid(sdk_server):
+    """The official SDK reads clusterName/clusterUUID from the KV cluster map and labels each
+    operation's metrics with them (couchbase.cluster.name / couchbase.cluster.uuid), as its own
+    tests check (tests/environments/metrics/base/validators.py in couchbase-python-client)."""
+    import json
+    import urllib.request
+    from base64 import b64encode
+
+    from couchbase.observability.metrics import Meter, ValueRecorder
+
+    seen: list[dict] = []
+
+    class Recorder(ValueRecorder):
+        def __init__(self, tags):
+            self.tags = dict(tags)
+
+        def record_value(self, value: int) -> None:
+            seen.append(self.tags)
+
+    class Recording(Meter):
+        def value_recorder(self, name, tags):
+            return Recorder(tags)
+
+    cluster = connect(sdk_server.port, meter=Recording())
+    try:
+        collection = cluster.bucket("default").default_collection()
+        collection.upsert("labelled", {"v": 1})
+        assert collection.get("labelled").content_as[dict] == {"v": 1}
+    finally:
+        cluster.close()
+    auth = {"Authorization": "Basic " + b64encode(b"Administrator:password").decode()}
+    base = f"http://127.0.0.1:{sdk_server.mgmt_port}"
+    with urllib.request.urlopen(urllib.request.Request(base + "/pools/default", headers=auth), timeout=30) as r:
+        name = json.load(r)["clusterName"]
+    with urllib.request.urlopen(base + "/pools", timeout=30) as r:
+        uuid = json.load(r)["uuid"]
+    kv = [tags for tags in seen if tags.get("db.operation.name") in ("upsert", "get")]
+    assert kv, seen
+    assert all(tags.get("couchbase.cluster.name") == name for tags in kv), kv
+    assert all(tags.get("couchbase.cluster.uuid") == uuid for tags in kv), kv

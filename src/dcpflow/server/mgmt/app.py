@@ -226,6 +226,14 @@ class Logins:
             self._checked.popitem(last=False)
         return user
 
+    def forget(self, name: str) -> None:
+        """`name` was changed or dropped (user management): its remembered logins and web sessions
+        go, so the next request is checked against what the user is now."""
+        for digest in [d for d, user in self._checked.items() if user.name == name]:
+            del self._checked[digest]
+        for token in [t for t, (user, _) in self.sessions.items() if user.name == name]:
+            del self.sessions[token]
+
     def open_session(self, user: User) -> str:
         token = secrets.token_urlsafe(32)
         self.sessions[token] = (user, time.monotonic())
@@ -370,6 +378,7 @@ class ManagementListener:
         self._runner: web.AppRunner | None = None
         self._listeners: list[Listener] = []
         self._opening: set[asyncio.Task] = set()
+        self.closing = False  # the config streams (streaming.py) end when set
 
     def bind(self, host: str, port: int | None, tls_port: int | None, tls: ssl.SSLContext | None) -> None:
         sock = _bind(host, port, DEFAULT_MGMT_PORT)
@@ -435,6 +444,9 @@ class ManagementListener:
             sock.close()
 
     async def close(self) -> None:
+        self.closing = True
+        if self.server.topology is not None:
+            self.server.topology.notify()  # wakes the config streams, which end (streaming.py)
         for listener in self._listeners:
             listener.close()  # closes the sockets of _socks
         self._listeners.clear()

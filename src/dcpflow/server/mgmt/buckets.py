@@ -21,13 +21,27 @@ with the bucket and reported back; a single server places no replicas, so its ma
 whatever replicaNumber says. Creating, changing, dropping and flushing buckets is a single
 server's: a node of `dcpflow cluster` serves the bucket its cluster manager set up and answers
 those with 400.
+
+Storage backends. Couchbase keeps history (collections with `history`, DCP change streams) only
+in magma buckets, so dcpflow has ns_server's `storageBackend`: `couchstore` (the default) or
+`magma`, both served by dcpflow's one store - the setting decides what the bucket may do, as in
+Couchbase, not how it is stored. Only a magma bucket advertises `nonDedupedHistory` in its map (the
+SDKs' collection managers refuse `history` to a bucket without it: FeatureUnavailable), reports
+historyRetentionSeconds / historyRetentionBytes / historyRetentionCollectionDefault (true unless set,
+as ns_server's default), and accepts them; a couchstore bucket answers them with ns_server's 400
+"History Retention can only used with Magma" (menelaus_web_buckets.erl,
+parse_validate_history_param_inner). historyRetentionBytes is 0 or at least 2 GiB, as ns_server's.
+Changing `storageBackend` of an existing bucket is ns_server's storage mode migration, at once here
+(one store): to magma always; back to couchstore refused with ns_server's 400 texts while the
+bucket's historyRetentionCollectionDefault is explicitly true or a collection keeps history
+(ns_bucket.erl, is_storage_mode_update_allowed).
 """
 
 import re
 
 from aiohttp import web
 
-from .app import SERVER, allowed, error, errors, not_found, path_bucket, read_form, reply_json, require
+from .app import SERVER, HTTPError, allowed, error, errors, not_found, path_bucket, read_form, reply_json, require
 from .nodes import bucket_map, node_entries
 
 routes = web.RouteTableDef()
@@ -45,15 +59,19 @@ DEFAULTS = {
     "replicaIndex": False,
     "historyRetentionSeconds": 0,
     "historyRetentionBytes": 0,
-    "historyRetentionCollectionDefault": False,
 }
+#: The history settings, which only a magma bucket has (ns_server's build_magma_bucket_info)
+HISTORY_SETTINGS = ("historyRetentionSeconds", "historyRetentionBytes", "historyRetentionCollectionDefault")
+HISTORY_RETENTION_BYTES_MIN = 2 * 1024 ** 3  # ns_bucket.hrl
+MAX_UINT64 = (1 << 64) - 1
+_MAGMA_ONLY = "History Retention can only used with Magma"  # ns_server's words
 MIN_RAM_QUOTA_MB = 100
 MAX_TTL = 2_147_483_647
 MAX_VBUCKETS = 1024
 _NAME = re.compile(r"[A-Za-z0-9._%-]{1,100}")
 #: Parameters that are fixed when a bucket is created.
-_CREATION_ONLY = ("bucketType", "conflictResolutionType", "numVBuckets", "storageBackend")
-_UPDATABLE = ("ramQuotaMB", "ramQuota", "replicaNumber", "flushEnabled", "maxTTL", "compressionMode",
+_CREATION_ONLY = ("bucketType", "conflictResolutionType", "numVBuckets")
+_UPDATABLE = ("ramQuotaMB", "ramQuota", "replicaNumber", "flushEnabled", "maxTTL", "compressionMode", "storageBackend",
               "evictionPolicy", "durabilityMinLevel", "replicaIndex", "historyRetentionCollectionDefault",
               "historyRetentionBytes", "historyRetentionSeconds")
 _UNSUPPORTED = "is not supported by dcpflow"
@@ -62,7 +80,15 @@ _UNSUPPORTED = "is not supported by dcpflow"
 def settings_of(bucket) -> dict:
     quota = bucket.engine.memory.quota
     reported = {"ramQuotaMB": quota // (1024 * 1024)} if quota else {}
-    return {**DEFAULTS, **reported, **bucket.settings}
+    settings = {**DEFAULTS, **reported, **bucket.settings}
+    settings["historyRetentionCollectionDefault"] = history_default(bucket)
+    return settings
+
+
+def history_default(bucket) -> bool:
+    """Whether a new collection of the bucket keeps history when not told: ns_server's
+    history_retention_collection_default - true unless set, and only ever for magma."""
+    return bucket.keeps_history and bool(bucket.settings.get("historyRetentionCollectionDefault", True))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -143,14 +169,19 @@ def parse_settings(form: dict, *, creating: bool) -> tuple[dict, dict]:
         if value is not None:
             settings[key] = value
     # history retention (DCP change streams): what compaction keeps of the older versions of
-    # collections with history; the default `history` of new collections
-    for key in ("historyRetentionBytes", "historyRetentionSeconds"):
-        value = _int(form, key, 0, 1 << 62, problems, f"{key} must be a non-negative integer")
+    # collections with history; the default `history` of new collections (magma only: check_history)
+    for key, low in (("historyRetentionBytes", HISTORY_RETENTION_BYTES_MIN), ("historyRetentionSeconds", 0)):
+        if form.get(key, "").strip() == "0":
+            settings[key] = 0  # off: no minimum (ns_server's special case)
+            continue
+        value = _int(form, key, low, MAX_UINT64, problems,
+                     f"Value must be an integer between {low} and {MAX_UINT64}, inclusive")
         if value is not None:
             settings[key] = value
-    value = _flag(form, "historyRetentionCollectionDefault", problems)
-    if value is not None:
-        settings["historyRetentionCollectionDefault"] = value
+    if form.get("historyRetentionCollectionDefault") not in (None, "true", "false"):
+        problems["historyRetentionCollectionDefault"] = "Value must be true or false"
+    elif "historyRetentionCollectionDefault" in form:
+        settings["historyRetentionCollectionDefault"] = form["historyRetentionCollectionDefault"] == "true"
     creation: dict = {}
     _choice(form, "bucketType", ("couchbase", "membase"), ("couchbase", "membase", "ephemeral", "memcached"),
             problems)
@@ -161,12 +192,31 @@ def parse_settings(form: dict, *, creating: bool) -> tuple[dict, dict]:
                     f"Number of vbuckets must be an integer from 1 to {MAX_VBUCKETS}")
     if vbuckets is not None:
         creation["num_vbuckets"] = vbuckets
-    backend = _choice(form, "storageBackend", ("couchstore",), ("couchstore", "magma"), problems)
+    backend = _choice(form, "storageBackend", ("couchstore", "magma"), ("couchstore", "magma"), problems)
     if backend is not None:
         settings["storageBackend"] = backend
     if problems:
         raise errors(problems)
     return settings, creation
+
+
+def check_history(settings: dict, magma: bool) -> None:
+    """ns_server's 400 for history settings given to a bucket whose storage is not magma."""
+    if not magma:
+        given = {key: _MAGMA_ONLY for key in HISTORY_SETTINGS if key in settings}
+        if given:
+            raise errors(given)
+
+
+def check_migration(bucket, backend: str) -> None:
+    """A change of storage backend (ns_server's storage mode migration): back to couchstore only
+    while nothing keeps history - ns_server answers these in plain text."""
+    if backend == "magma" or not bucket.keeps_history:
+        return
+    if bucket.settings.get("historyRetentionCollectionDefault") is True:
+        raise HTTPError(400, "Cannot migrate storage mode. history_retention enabled on bucket.", "text/plain")
+    if any(c.history for scope in bucket.engine.manifest.scopes for c in scope.collections):
+        raise HTTPError(400, "Cannot migrate storage mode. history_retention enabled on collections.", "text/plain")
 
 
 def check_name(name: str | None, existing) -> None:
@@ -186,7 +236,9 @@ def check_name(name: str | None, existing) -> None:
 # answers
 
 
-def bucket_json(request: web.Request, bucket, *, skip_map: bool = False) -> dict:
+def bucket_json(request: web.Request, bucket, *, skip_map: bool = False, streaming: bool = False) -> dict:
+    """The bucket as ns_server describes it; `streaming`: without basicStats, which change with every
+    write (ns_server's streaming info level leaves them out too)."""
     server = request.app[SERVER]
     engine = bucket.engine
     settings = settings_of(bucket)
@@ -208,7 +260,7 @@ def bucket_json(request: web.Request, bucket, *, skip_map: bool = False) -> dict
         "bucketCapabilities": config["bucketCapabilities"],
         "collectionsManifestUid": format(engine.manifest.uid, "x"),
         "controllers": {"compactAll": f"{base}/controller/compactBucket"},
-        "nodes": node_entries(request, config["nodesExt"]),
+        "nodes": node_entries(request, config["nodesExt"], stable=streaming),
         "stats": {"uri": f"{base}/stats"},
         "authType": "sasl",
         "replicaIndex": settings["replicaIndex"],
@@ -230,10 +282,14 @@ def bucket_json(request: web.Request, bucket, *, skip_map: bool = False) -> dict
         "maxTTL": settings["maxTTL"],
         "compressionMode": settings["compressionMode"],
     }
+    if bucket.keeps_history:
+        doc.update({key: settings[key] for key in HISTORY_SETTINGS})
     if settings["flushEnabled"]:
         doc["controllers"]["flush"] = f"{base}/controller/doFlush"
     if not skip_map:
         doc["vBucketServerMap"] = config["vBucketServerMap"]
+    if streaming:
+        del doc["basicStats"]
     return doc
 
 
@@ -264,6 +320,7 @@ async def create_bucket(request: web.Request) -> web.Response:
     _single_server(server)
     check_name(form.get("name"), server.buckets)
     settings, creation = parse_settings(form, creating=True)
+    check_history(settings, settings.get("storageBackend") == "magma")
     name = form["name"]
     try:
         server.create_bucket(name, settings=settings, **creation)
@@ -290,10 +347,12 @@ async def update_bucket(request: web.Request) -> web.Response:
              "num_vbuckets": ("numVBuckets", engine.num_vbuckets)}
     problems = {param: f"{param} cannot be changed after the bucket is created (it is {current})"
                 for key, (param, current) in fixed.items() if key in creation and creation[key] != current}
-    if settings.get("storageBackend", settings_of(bucket)["storageBackend"]) != settings_of(bucket)["storageBackend"]:
-        problems["storageBackend"] = "storageBackend cannot be changed"
     if problems:
         raise errors(problems)
+    backend = settings.get("storageBackend", settings_of(bucket)["storageBackend"])
+    check_history(settings, backend == "magma")
+    if backend != settings_of(bucket)["storageBackend"]:
+        check_migration(bucket, backend)
     bucket.save_settings({**bucket.settings, **settings})
     return web.Response(status=200)
 

@@ -16,7 +16,11 @@ SDKs' collection manager waits for that uid to reach the KV nodes); 404 "Scope w
 found" / "Collection with name ... is not found"; 400 "... already exists" or why a name, a maxTTL
 or a change is not valid; and for what this server does not do (dropping the `_default`
 collection, history on it) 400 with ns_server's "Not allowed on this version of cluster" first, from
-which the SDKs raise FeatureNotAvailable. A dropped collection's documents are purged from disk by
+which the SDKs raise FeatureNotAvailable. `history=true` on a bucket whose storage is not magma
+answers ns_server's 400 "Not allowed on this type of bucket" in plain text
+(menelaus_web_collections.erl, history_validator); the SDKs do not get that far, as such a bucket
+does not advertise nonDedupedHistory (mgmt/buckets.py). A new collection without `history` takes the
+bucket's historyRetentionCollectionDefault. A dropped collection's documents are purged from disk by
 the server once the drop is persisted (Server._flush_loop).
 """
 
@@ -24,7 +28,8 @@ from aiohttp import web
 
 from dcpflow.engine.collections import Manifest, ManifestError
 
-from .app import SERVER, error, path_bucket, read_form, read_json, reply_json
+from .app import SERVER, HTTPError, error, path_bucket, read_form, read_json, reply_json
+from .buckets import history_default
 
 routes = web.RouteTableDef()
 
@@ -60,11 +65,13 @@ def _ttl(form: dict) -> int | None:
     return value
 
 
-def _history(form: dict) -> bool | None:
+def _history(form: dict, bucket) -> bool | None:
     if "history" not in form:
         return None
     if form["history"] not in ("true", "false"):
         raise error(400, "history must be true or false", field="history")
+    if form["history"] == "true" and not bucket.keeps_history:
+        raise HTTPError(400, "Not allowed on this type of bucket", "text/plain")
     return form["history"] == "true"
 
 
@@ -114,9 +121,9 @@ async def create_collection(request: web.Request) -> web.Response:
     if not name:
         raise error(400, "Collection name is missing", field="name")
     scope = request.match_info["scope"]
-    ttl, history = _ttl(form), _history(form)
-    if history is None:  # the bucket's default for new collections (historyRetentionCollectionDefault)
-        history = bool(bucket.settings.get("historyRetentionCollectionDefault", False))
+    ttl, history = _ttl(form), _history(form, bucket)
+    if history is None:
+        history = history_default(bucket)
     return _change(request, bucket, lambda m: m.add_collection(scope, name, max_ttl=ttl or 0, history=history))
 
 
@@ -125,7 +132,7 @@ async def update_collection(request: web.Request) -> web.Response:
     bucket = path_bucket(request, "bucket.write")
     form = await read_form(request)
     scope, name = request.match_info["scope"], request.match_info["collection"]
-    ttl, history = _ttl(form), _history(form)
+    ttl, history = _ttl(form), _history(form, bucket)
     return _change(request, bucket, lambda m: m.update_collection(scope, name, max_ttl=ttl, history=history))
 
 

@@ -1,4 +1,5 @@
-"""The cluster and its nodes over REST: `/pools`, `/pools/default`, `/pools/default/nodeServices`,
+"""The cluster and its nodes over REST: `/pools`, `/pools/default` (and `/pools/nodes`, which
+ns_server serves as its alias: menelaus_web.erl, MB-10859), `/pools/default/nodeServices`,
 the terse bucket map `/pools/default/b/<bucket>`, and `/` (what the SDKs' `ping()` and
 `wait_until_ready()` fetch to see that the management service answers).
 
@@ -6,7 +7,10 @@ Shapes follow ns_server (https://docs.couchbase.com/server/current/rest-api/rest
 rest-cluster-details.html, rest-list-node-services.html): the SDKs read nodes[].hostname, otpNode,
 version, os, status and services of /pools/default, and nodeServices is the cluster-level map
 (nodesExt with each node's service ports). Every map comes from the one the KV port serves
-(server/topology.py), with `$HOST` replaced by the address the HTTP client dialled.
+(server/topology.py), with `$HOST` replaced by the address the HTTP client dialled. Each node
+also says `configuredHostname`, the host:port of its REST port (what the official Python SDK's
+test harness reads from /pools/nodes to reach every node), and the cluster's name and uuid are the
+ones the KV port's maps carry.
 """
 
 import json
@@ -15,7 +19,6 @@ import platform
 import sys
 import time
 import uuid as uuidlib
-from pathlib import Path
 
 from aiohttp import web
 
@@ -39,11 +42,6 @@ def cluster_map(request: web.Request) -> dict:
     return _substitute(request, request.app[SERVER].topology.cluster_config())
 
 
-def cluster_uuid(server) -> str:
-    """Stable for a data directory, so a restarted server is the same cluster to a client."""
-    return uuidlib.uuid5(uuidlib.NAMESPACE_URL, "dcpflow:" + str(Path(server.config.data_dir).resolve())).hex
-
-
 def _memory() -> tuple[int, int]:
     try:
         pages, avail = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_AVPHYS_PAGES")
@@ -53,8 +51,10 @@ def _memory() -> tuple[int, int]:
         return 0, 0
 
 
-def node_entries(request: web.Request, nodes_ext: list[dict]) -> list[dict]:
-    """ns_server's node objects for the map's nodes (index-aligned with nodesExt)."""
+def node_entries(request: web.Request, nodes_ext: list[dict], *, stable: bool = False) -> list[dict]:
+    """ns_server's node objects for the map's nodes (index-aligned with nodesExt); `stable`: without
+    the figures that change all the time (uptime, memory, items), as ns_server's streaming info
+    leaves them out, so a stream sends a node again only when it changed."""
     server = request.app[SERVER]
     total, free = _memory()
     items = sum(b.engine.stats()["curr_items"] for b in server.buckets.values())
@@ -68,6 +68,7 @@ def node_entries(request: web.Request, nodes_ext: list[dict]) -> list[dict]:
             ports["httpsMgmt"] = services["mgmtSSL"]
         entry = {
             "hostname": f"{host}:{services['mgmt']}",
+            "configuredHostname": f"{host}:{services['mgmt']}",
             "otpNode": f"ns_1@{host.strip('[]')}",
             "nodeUUID": uuidlib.uuid5(uuidlib.NAMESPACE_URL, f"dcpflow-node:{host}:{services['kv']}").hex,
             "clusterMembership": "active",
@@ -80,7 +81,7 @@ def node_entries(request: web.Request, nodes_ext: list[dict]) -> list[dict]:
             "services": ["kv"],
             "ports": ports,
         }
-        if this:
+        if this and not stable:
             entry.update({
                 "uptime": str(int(time.time() - server.started)),
                 "memoryTotal": total,
@@ -102,7 +103,7 @@ async def root(request: web.Request) -> web.Response:
 async def pools(request: web.Request) -> web.Response:
     """Served without credentials, as ns_server does (clients discover the cluster with it)."""
     server = request.app[SERVER]
-    uuid = cluster_uuid(server)
+    uuid = server.topology.cluster_uuid
     user = request.get(USER)
     return reply_json({
         "isAdminCreds": bool(user is not None and user.is_admin),
@@ -121,16 +122,22 @@ async def pools(request: web.Request) -> web.Response:
 
 
 @routes.get("/pools/default")
+@routes.get("/pools/nodes")
 async def pool_default(request: web.Request) -> web.Response:
     user = require(request, "pools.read")
+    return reply_json(pool_json(request, user))
+
+
+def pool_json(request: web.Request, user, *, stable: bool = False) -> dict:
+    """The pool (the cluster); `stable`: without the nodes' fast-changing figures (node_entries)."""
     server = request.app[SERVER]
-    uuid = cluster_uuid(server)
+    uuid = server.topology.cluster_uuid
     cmap = cluster_map(request)
     names = [name for name in server.buckets if allowed(user, "bucket.read", name)]
-    return reply_json({
+    return {
         "name": "default",
-        "clusterName": "dcpflow",
-        "nodes": node_entries(request, cmap["nodesExt"]),
+        "clusterName": server.topology.cluster_name,
+        "nodes": node_entries(request, cmap["nodesExt"], stable=stable),
         "bucketNames": [{"bucketName": n, "uuid": server.buckets[n].uuid} for n in names],
         "buckets": {"uri": f"/pools/default/buckets?v={server.topology.rev}&uuid={uuid}",
                     "terseBucketsBase": "/pools/default/b/",
@@ -139,7 +146,7 @@ async def pool_default(request: web.Request) -> web.Response:
         "rebalanceStatus": "none",
         "balanced": True,
         "memoryQuota": sum(b.settings.get("ramQuotaMB", 100) for b in server.buckets.values()),
-    })
+    }
 
 
 @routes.get("/pools/default/nodeServices")

@@ -35,7 +35,7 @@ MAX_EVENTS = 200
 
 class Event(NamedTuple):
     time: float
-    kind: str  # failover, takeover, rollback, stream-end, dcp, bucket, flush, fault
+    kind: str  # failover, takeover, rollback, stream-end, dcp, bucket, flush, fault, user
     bucket: str
     text: str
 
