@@ -111,11 +111,17 @@ class EventStream(_Reader):
         self.targets: dict[int, int] = {}
         self._loaded = None
         self._last_save = time.monotonic()
+        #: with rollback mitigation (mitigation.py): (max held bytes, markers asked for) and the
+        #: HoldGate made once the starts are known; the offsets saved are then the gate's
+        self.gate_args: tuple | None = None
+        self.gate = None
         super().__init__(client)
 
     @property
     def offsets(self) -> dict[int, Offset]:
         """The committed offset of each vbucket: a safe point at or before what was consumed."""
+        if self.gate is not None:
+            return self.gate.offsets()
         if self.feed is None:
             return dict(self.starts)
         return {vb: vs.held if vs.held is not None else vs.consumed.committed for vb, vs in self.feed.streams.items()}
@@ -143,6 +149,9 @@ class EventStream(_Reader):
     async def _run(self):
         vbuckets, start, end, state, rollback, ignore_purged = self._args
         self._loaded = await self._open(vbuckets, start, end, state, rollback, ignore_purged, **self._feed_extra)
+        if self.gate_args is not None:
+            from .mitigation import HoldGate
+            self.gate = HoldGate(dict(self.starts), *self.gate_args)
         # the ends themselves when bounded: a read bounded by "now" may lower them (streams.NewEnd)
         self.targets = self.ends if self.ends else await self.client.high_seqnos(list(self.starts))
         feed = self.feed

@@ -276,13 +276,16 @@ async def tail_jsonl(client: DcpClient, *, start: str, store, vbuckets, until: s
 async def tail(url: str, *, username: str, password: str, start: str, state_path: str | None,
                vbuckets: list[int] | None, fmt: str, until: str | None, progress: bool | None,
                save_interval: float, out=sys.stdout, err=sys.stderr, scope: str | None = None,
-               collections=None, history: bool = False) -> int:
+               collections=None, history: bool = False, mitigate_rollbacks: bool = False,
+               persistence_poll_interval: float | None = None) -> int:
     store = JsonFileStore(state_path) if state_path else None
     if start == "saved" and store is None:
         raise ValueError("--from saved needs --state FILE")
     filters = {"scope": scope, "collections": collections, "history": history}
-    client = await DcpClient.connect(url, username, password)
-    if fmt == "jsonl":
+    options = {"mitigate_rollbacks": True, "persistence_poll_interval": persistence_poll_interval} \
+        if mitigate_rollbacks else {}
+    client = await DcpClient.connect(url, username, password, **options)
+    if fmt == "jsonl" and not mitigate_rollbacks:  # mitigation holds events one by one: the event path
         try:
             interrupted, save = await tail_jsonl(client, start=start, store=store, vbuckets=vbuckets, until=until,
                                                  progress=progress, save_interval=save_interval, filters=filters,
@@ -314,7 +317,11 @@ async def tail(url: str, *, username: str, password: str, start: str, state_path
             async for ev in stream:
                 if isinstance(ev, StreamEnd):
                     continue
-                line = as_row(ev, names=client.names)
+                if fmt == "jsonl":
+                    doc = as_json(ev, client.names)
+                    line = None if doc is None else json.dumps(doc, separators=(",", ":"))
+                else:
+                    line = as_row(ev, names=client.names)
                 if line is not None:
                     out.write(line + "\n")
                     if not dirty:
@@ -350,7 +357,9 @@ def main(args) -> int:
         return asyncio.run(tail(args.url, username=args.username, password=password, start=start,
                                 state_path=args.state, vbuckets=vbuckets, fmt=args.format, until=args.until,
                                 progress=args.progress, save_interval=args.save_interval, scope=args.scope,
-                                collections=args.collection, history=args.history))
+                                collections=args.collection, history=args.history,
+                                mitigate_rollbacks=args.mitigate_rollbacks,
+                                persistence_poll_interval=args.persistence_poll_interval))
     except (ClientError, ValueError) as e:
         print(f"dcpflow tail: {e}", file=sys.stderr)
         return 1
@@ -377,6 +386,11 @@ def add_arguments(p) -> None:
                    help="only this collection (repeatable); a bare name is in --scope, else _default")
     p.add_argument("--history", action="store_true",
                    help="change streams: every retained version of collections with history (7.2+)")
+    p.add_argument("--mitigate-rollbacks", action="store_true",
+                   help="print a change only once the active and every replica in the cluster map persisted it, "
+                   "so a failover cannot take back what was printed (adds the persistence delay)")
+    p.add_argument("--persistence-poll-interval", type=float, default=None, metavar="SECONDS",
+                   help="with --mitigate-rollbacks: how often to ask the nodes how far they persisted (default 0.1)")
 
 
 
