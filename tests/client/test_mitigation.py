@@ -174,3 +174,53 @@ def test_delivered_events_are_persisted_in_order_and_never_above_a_later_rollbac
             last = e.seqno
     gone = [e for e in delivered if type(e) is Mutation and any(e.vbuuid <= u and e.seqno > p for p, u in cuts)]
     assert gone == []
+
+
+def test_held_events_are_bounded_and_flow_control_holds_the_producer(server, writer):
+    """Persistence paused, far more data written than the client may hold: the gate fills to its
+    bound and stops; the connection never has more than its window unacknowledged, so the producer
+    waits; nothing is delivered; after persistence resumes everything arrives once, in order."""
+    import asyncio
+
+    from dcpflow.client import DcpClient
+    from tests.server.faults.helpers import http_of
+
+    from .conftest import PASSWORD, USER, run, url, write
+
+    http = http_of(server)
+    assert http.post("/faults/buckets/default/persistence/pause").status == 200
+    docs = write(writer, 600, size=1000)
+    window, bound = 64 * 1024, 48 * 1024
+    biggest = max(event_size(mut(1, value=v)) for v in docs.values()) + 64
+
+    async def go():
+        async with await DcpClient.connect(url(server.port), USER, PASSWORD, buffer_size=window,
+                                           mitigate_rollbacks=True, persistence_poll_interval=0.01,
+                                           max_held_bytes=bound) as c:
+            stream = c.events(start="beginning", end="now")
+            got = []
+
+            async def read():
+                async for ev in stream:
+                    got.append(ev)
+            task = asyncio.ensure_future(read())
+            while not (stream.gate is not None and stream.gate.full):
+                assert not task.done(), task.exception()
+                await asyncio.sleep(0.01)
+            polls = stream.gate.stats["polls"]
+            while stream.gate.stats["polls"] < polls + 20:  # the poller keeps looking; nothing moves
+                await asyncio.sleep(0.01)
+            assert got == []
+            assert stream.gate.stats["held_max_bytes"] <= bound + biggest
+            assert stream.feed.outstanding() <= window + 2048
+            received = sum(conn.charged_total for conn in stream.feed._conns.values())
+            assert received <= bound + 2 * window  # the producer was held back: not all 600 KB came
+            resumed = await asyncio.to_thread(http.post, "/faults/buckets/default/persistence/resume")
+            assert resumed.status == 200
+            await task
+            return got, stream.gate.stats
+
+    got, stats = run(go(), 120)
+    keys = [ev.key for ev in got if type(ev) is Mutation]
+    assert sorted(keys) == sorted(docs) and len(keys) == len(set(keys))
+    assert stats["held_max_bytes"] <= bound + biggest

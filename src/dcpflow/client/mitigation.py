@@ -73,7 +73,7 @@ class HoldGate:
         self.max_bytes = max_bytes
         self.markers = markers
         self.bytes = 0
-        self.stats = {"held_max_bytes": 0, "released": 0, "dropped": 0, "rollbacks_hidden": 0}
+        self.stats = {"held_max_bytes": 0, "released": 0, "dropped": 0, "rollbacks_hidden": 0, "polls": 0}
 
     @property
     def full(self) -> bool:
@@ -349,6 +349,7 @@ class MitigatedStream:
             if not wanted:
                 continue
             found = await observe_persisted(self.client, wanted, timeout)
+            gate.stats["polls"] += 1
             for vb, seqno in found.items():
                 self._deliver(gate.persisted(vb, seqno))
 
