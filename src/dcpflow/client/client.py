@@ -498,6 +498,25 @@ class DcpClient:
         return BatchReader(self, ranges if ranges is not None else start, end, max_rows, vbuckets, rollback,
                            flush_interval, ignore_purged_tombstones, max_bytes, extra, purge_seqnos)
 
+    def group(self, name: str, *, member: int | None = None, of: int | None = None, lease: float = 10.0,
+              start: str = "beginning", save_interval: float = 5.0, member_id: str | None = None, on_change=None,
+              **read_options):
+        """Read as one member of the consumer group `name` (groups.py): `async for event in
+        client.group("indexer")`. The members share the bucket's vbuckets evenly and keep one set
+        of offsets in the bucket (documents under the reserved prefix `_dcpflow:`, whose changes
+        are not handed out).
+
+        Static membership: `member=I, of=N` reads share I of N. Dynamic (the default): members
+        heartbeat through a document in the bucket; one that stops for `lease` seconds is dropped,
+        and on every join, leave or death the vbuckets are rebalanced - every member stops, saves
+        and acknowledges, then each reads its new share from the group's saved offsets, so no
+        vbucket is read by two members and nothing is skipped. `start` ("beginning" or "now") is
+        where a vbucket without a saved offset starts. `read_options` go to events() (scope,
+        collections, history, include_xattrs...); `mitigate_rollbacks` applies as for events()."""
+        from .groups import GroupReader
+        return GroupReader(self, name, member=member, of=of, lease=lease, start=start, save_interval=save_interval,
+                           member_id=member_id, on_change=on_change, read_options=read_options)
+
     async def close(self) -> None:
         if self._closed:
             return

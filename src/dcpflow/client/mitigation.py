@@ -242,6 +242,7 @@ class MitigatedStream:
         self._room = asyncio.Event()
         self._error: BaseException | None = None
         self._pumped = False
+        self._closed = False
         self._held_at: dict[int, deque] = {}
         self.latencies: deque = deque(maxlen=100_000)  # seconds from arrival to release, newest last
         self._agen = self._run()
@@ -297,6 +298,10 @@ class MitigatedStream:
         await self.inner.save()
 
     async def aclose(self) -> None:
+        """Close the read (also from another task while the application waits): held events are
+        never delivered, and the offsets stay those of what was released."""
+        self._closed = True
+        self._wake.set()
         await self.inner.aclose()
         with contextlib.suppress(RuntimeError):
             await self._agen.aclose()
@@ -358,7 +363,7 @@ class MitigatedStream:
         poll = asyncio.ensure_future(self._poll())
         poll.add_done_callback(lambda _: self._wake.set())
         try:
-            while True:
+            while not self._closed:
                 if self._ready:
                     yield self._ready.popleft()
                     continue
