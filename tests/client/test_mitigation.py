@@ -224,3 +224,41 @@ def test_held_events_are_bounded_and_flow_control_holds_the_producer(server, wri
     keys = [ev.key for ev in got if type(ev) is Mutation]
     assert sorted(keys) == sorted(docs) and len(keys) == len(set(keys))
     assert stats["held_max_bytes"] <= bound + biggest
+
+
+def test_closing_a_read_that_holds_events_ends_its_iteration(server, writer):
+    """aclose() from another task while events are held (persistence paused): the application's
+    `async for` ends, nothing held is delivered, and the offsets are still the released ones."""
+    import asyncio
+
+    from dcpflow.client import DcpClient
+    from tests.server.faults.helpers import http_of
+
+    from .conftest import PASSWORD, USER, run, url, write
+
+    http = http_of(server)
+    assert http.post("/faults/buckets/default/persistence/pause").status == 200
+    try:
+        write(writer, 50)
+
+        async def go():
+            async with await DcpClient.connect(url(server.port), USER, PASSWORD, mitigate_rollbacks=True,
+                                               persistence_poll_interval=0.01) as c:
+                stream = c.events(start="beginning")
+                got = []
+
+                async def read():
+                    async for ev in stream:
+                        got.append(ev)
+                task = asyncio.ensure_future(read())
+                while not (stream.gate is not None and stream.gate.stats["released"] == 0
+                           and stream.gate.bytes and stream.gate.stats["polls"] > 5):
+                    await asyncio.sleep(0.01)
+                await stream.aclose()
+                await asyncio.wait_for(task, 10)
+                return got, stream.offsets
+
+        got, offsets = run(go(), 60)
+        assert got == [] and all(o.seqno == 0 for o in offsets.values())
+    finally:
+        assert http.post("/faults/buckets/default/persistence/resume").status == 200
