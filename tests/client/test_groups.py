@@ -98,8 +98,10 @@ class Member:
         self.shares: list[tuple[float, dict]] = []
         self.stderr: list[str] = []
         self.lock = threading.Lock()
-        threading.Thread(target=self._read_out, daemon=True).start()
-        threading.Thread(target=self._read_err, daemon=True).start()
+        self.readers = [threading.Thread(target=self._read_out, daemon=True),
+                        threading.Thread(target=self._read_err, daemon=True)]
+        for t in self.readers:
+            t.start()
 
     def _read_out(self) -> None:
         for line in self.proc.stdout:
@@ -125,6 +127,8 @@ class Member:
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
         self.proc.wait(30)
+        for t in self.readers:  # the pipes are at their end: every line has been collected
+            t.join(30)
 
 
 def settled(members: list["Member"], num_vbuckets: int = NUM_VBUCKETS) -> int | None:
@@ -263,3 +267,16 @@ def test_dynamic_group_survives_kill9_and_rebalances_when_a_member_joins(server,
             m.stop()
     for m in survivors + [fourth]:
         assert m.proc.returncode == 130, "".join(m.stderr)[-2000:]
+
+
+def test_static_members_with_until_now_drain_their_shares_and_exit(server, writer):
+    docs = write(writer, 150)
+    members = [Member(server.port, "drain", "--member", str(i), "--of", "3", "--until", "now") for i in range(3)]
+    for m in members:
+        m.proc.wait(60)
+        m.stop()
+        assert m.proc.returncode == 0, "".join(m.stderr)[-2000:]
+    assert union_keys(members) >= {k.decode() for k in docs}
+    bad = subprocess.run([sys.executable, "-m", "dcpflow.cli", "tail", url(server.port), "--group", "g", "--until",
+                          "now"], capture_output=True, text=True, env=_env(), timeout=60)
+    assert bad.returncode == 1 and "static membership" in bad.stderr

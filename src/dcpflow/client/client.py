@@ -506,7 +506,8 @@ class DcpClient:
         of offsets in the bucket (documents under the reserved prefix `_dcpflow:`, whose changes
         are not handed out).
 
-        Static membership: `member=I, of=N` reads share I of N. Dynamic (the default): members
+        Static membership: `member=I, of=N` reads share I of N (and may be bounded, `end="now"`:
+        the iteration then ends once the share is read). Dynamic (the default): members
         heartbeat through a document in the bucket; one that stops for `lease` seconds is dropped,
         and on every join, leave or death the vbuckets are rebalanced - every member stops, saves
         and acknowledges, then each reads its new share from the group's saved offsets, so no

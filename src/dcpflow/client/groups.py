@@ -221,6 +221,8 @@ class GroupReader:
             split(client.num_vbuckets, of, member)  # checks the index
         if start not in ("beginning", "now"):
             raise ValueError(f"a group starts vbuckets without saved offsets from 'beginning' or 'now', not {start!r}")
+        if of is None and read_options and read_options.get("end") is not None:
+            raise ValueError("a bounded read (end=...) needs static membership: a dynamic group's shares change")
         if lease <= 0 or save_interval <= 0:
             raise ValueError("lease and save_interval must be positive")
         self.client = client

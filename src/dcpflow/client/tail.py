@@ -281,8 +281,10 @@ async def tail(url: str, *, username: str, password: str, start: str, state_path
                member: int | None = None, of: int | None = None, lease: float = 10.0) -> int:
     store = JsonFileStore(state_path) if state_path else None
     if group is not None:
-        if store is not None or start == "saved" or until is not None:
-            raise ValueError("--group keeps its offsets in the bucket: no --state, --from saved or --until")
+        if store is not None or start == "saved":
+            raise ValueError("--group keeps its offsets in the bucket: no --state or --from saved")
+        if until is not None and member is None:
+            raise ValueError("--until needs static membership (--member I --of N): a dynamic group's shares change")
     elif member is not None or of is not None:
         raise ValueError("--member and --of need --group NAME")
     if start == "saved" and store is None:
@@ -293,7 +295,7 @@ async def tail(url: str, *, username: str, password: str, start: str, state_path
     client = await DcpClient.connect(url, username, password, **options)
     if group is not None:
         try:
-            return await tail_group(client, group, member=member, of=of, lease=lease, start=start, fmt=fmt,
+            return await tail_group(client, group, member=member, of=of, lease=lease, start=start, fmt=fmt, until=until,
                                     save_interval=save_interval, filters=filters, out=out, err=err)
         finally:
             await client.close()
@@ -357,7 +359,7 @@ async def tail(url: str, *, username: str, password: str, start: str, state_path
 
 
 async def tail_group(client: DcpClient, group: str, *, member, of, lease: float, start: str, fmt: str,
-                     save_interval: float, filters: dict, out, err) -> int:
+                     until: str | None, save_interval: float, filters: dict, out, err) -> int:
     """One member of a consumer group (groups.py): its share of the vbuckets, as JSON lines or a
     table; each time its share changes, a `group {...}` line on stderr says which vbuckets it now
     reads and the seqno each starts after."""
@@ -369,7 +371,8 @@ async def tail_group(client: DcpClient, group: str, *, member, of, lease: float,
         err.flush()
 
     reader = client.group(group, member=member, of=of, lease=lease, start=start, save_interval=save_interval,
-                          on_change=changed, **{k: v for k, v in filters.items() if v})
+                          on_change=changed, **{k: v for k, v in filters.items() if v},
+                          **({"end": "now"} if until == "now" else {}))
     loop = asyncio.get_running_loop()
     dirty = False
 
