@@ -262,3 +262,44 @@ def test_closing_a_read_that_holds_events_ends_its_iteration(server, writer):
         assert got == [] and all(o.seqno == 0 for o in offsets.values())
     finally:
         assert http.post("/faults/buckets/default/persistence/resume").status == 200
+
+
+def test_released_events_the_application_has_not_taken_count_against_the_bound(server, writer):
+    """Everything persisted, an application that takes one event and then stops: the events
+    released but not taken count with the held ones, so the reader stops at the bound and the
+    producer at its window (they are not piled up in memory)."""
+    import asyncio
+
+    from dcpflow.client import DcpClient
+    from tests.server.faults.helpers import high_seqnos
+    from tests.server.faults.helpers import persisted as wait_persisted
+
+    from .conftest import PASSWORD, USER, run, url, write
+
+    docs = write(writer, 600, size=1000)
+    for vb, high in high_seqnos(writer).items():
+        if high:
+            wait_persisted(writer, vb, high)
+    window, bound = 64 * 1024, 48 * 1024
+    biggest = max(event_size(mut(1, value=v)) for v in docs.values()) + 64
+
+    async def go():
+        async with await DcpClient.connect(url(server.port), USER, PASSWORD, buffer_size=window,
+                                           mitigate_rollbacks=True, persistence_poll_interval=0.01,
+                                           max_held_bytes=bound) as c:
+            stream = c.events(start="beginning", end="now")
+            it = stream.__aiter__()
+            first = await it.__anext__()
+            polls = stream.gate.stats["polls"]
+            while stream.gate.stats["polls"] < polls + 20:
+                await asyncio.sleep(0.01)
+            gate = stream.gate
+            assert gate.bytes + gate.out_bytes <= bound + biggest
+            received = sum(conn.charged_total for conn in stream.feed._conns.values())
+            assert received <= bound + 2 * window
+            rest = [ev async for ev in it]
+            return [first, *rest]
+
+    got = run(go(), 120)
+    keys = [ev.key for ev in got if type(ev) is Mutation]
+    assert sorted(keys) == sorted(docs)

@@ -23,7 +23,8 @@ connector ("persistence polling") and go-dcp avoid this the same way, and so doe
 A node that does not answer (killed, not yet failed over) keeps its vbuckets' events held until
 the cluster fails it over and the map no longer lists it: that is the point of waiting.
 
-Memory: the held events are bounded by `max_held_bytes`. When the gate is full the reader stops
+Memory: the held events, and the released ones the application has not taken yet, are bounded
+by `max_held_bytes`. When the gate is full the reader stops
 taking data from the feed, so the feed stops acknowledging bytes, and the producer stops at its
 flow-control window: at most `max_held_bytes` held plus the connection buffer in flight. When
 persistence stalls (a paused flusher, a dead replica the map still lists), delivery stops; nothing
@@ -33,7 +34,6 @@ is dropped and the read continues when persistence does.
 import asyncio
 import contextlib
 import logging
-import time
 from collections import deque
 
 from dcpflow.protocol import kv as kvproto
@@ -73,6 +73,8 @@ class HoldGate:
         self.max_bytes = max_bytes
         self.markers = markers
         self.bytes = 0
+        #: bytes released since the reader last said the application took everything (`taken`)
+        self.out_bytes = 0
         self.stats = {"held_max_bytes": 0, "released": 0, "dropped": 0, "rollbacks_hidden": 0, "polls": 0}
 
     @property
@@ -145,6 +147,7 @@ class HoldGate:
         while q and q[0][0] <= limit:
             _, event, size, _ = q.popleft()
             self.bytes -= size
+            self.out_bytes += size
             t = type(event)
             if t is SnapshotMarker:
                 if tr.marker is not None and event.start <= tr.marker[1]:
@@ -229,9 +232,11 @@ async def observe_persisted(client, wanted: dict[int, int], timeout: float) -> d
 class MitigatedStream:
     """`client.events(...)` with rollback mitigation: an EventStream whose events pass a HoldGate.
 
-    Two tasks feed it: the pump takes events from the stream into the gate (and stops while the
-    gate is full, which stops the flow-control acks), the poller asks for persisted seqnos every
-    `interval` seconds; the application's iteration takes what they released."""
+    Two tasks feed it: the pump takes events from the stream into the gate, the poller asks for
+    persisted seqnos every `interval` seconds; the application's iteration takes what they
+    released. The pump stops while the events held and those released but not yet taken reach
+    `max_held_bytes` (it resumes once the application has taken every released event), so the
+    stream stops acknowledging bytes and the producer stops at its window."""
 
     def __init__(self, inner, client, interval: float):
         self.inner = inner  # an EventStream with gate_args set: it makes the gate once its starts are known
@@ -243,8 +248,6 @@ class MitigatedStream:
         self._error: BaseException | None = None
         self._pumped = False
         self._closed = False
-        self._held_at: dict[int, deque] = {}
-        self.latencies: deque = deque(maxlen=100_000)  # seconds from arrival to release, newest last
         self._agen = self._run()
 
     # the EventStream surface applications use
@@ -308,31 +311,21 @@ class MitigatedStream:
 
     def _deliver(self, events: list) -> None:
         if events:
-            now = time.monotonic()
-            for ev in events:
-                arrived = self._held_at.get(ev.vbucket)
-                if arrived and getattr(ev, "seqno", None) is not None and type(ev) not in (Rollback, StreamEnd):
-                    while arrived and arrived[0][0] < ev.seqno:
-                        arrived.popleft()
-                    if arrived and arrived[0][0] == ev.seqno:
-                        self.latencies.append(now - arrived.popleft()[1])
             self._ready.extend(events)
             self._wake.set()
-        if not self.gate.full:
-            self._room.set()
+
+    def _full(self) -> bool:
+        """Held events and released ones the application has not taken yet count together: the
+        bound covers everything the reader keeps."""
+        gate = self.gate
+        return gate.bytes + gate.out_bytes >= gate.max_bytes
 
     async def _pump(self) -> None:
         try:
-            async for ev in self.inner:
-                t = type(ev)
-                if t is Rollback:  # the arrival times of what it drops
-                    arrived = self._held_at.get(ev.vbucket)
-                    while arrived and arrived[-1][0] > ev.offset.seqno:
-                        arrived.pop()
-                elif t is not StreamEnd and t is not SnapshotMarker:
-                    self._held_at.setdefault(ev.vbucket, deque()).append((ev.seqno, time.monotonic()))
-                self._deliver(self.gate.add(ev))
-                while self.gate.full:
+            inner = self.inner
+            async for ev in inner:
+                self._deliver(inner.gate.add(ev))  # the gate exists once the stream has started
+                while self._full():
                     self._room.clear()
                     await self._room.wait()
         except BaseException as e:  # noqa: BLE001 - handed to the application's iteration
@@ -350,11 +343,11 @@ class MitigatedStream:
             gate = self.gate
             if gate is None:
                 continue
+            gate.stats["polls"] += 1  # poll periods passed (a clock for tests and stats)
             wanted = gate.waiting()
             if not wanted:
                 continue
             found = await observe_persisted(self.client, wanted, timeout)
-            gate.stats["polls"] += 1
             for vb, seqno in found.items():
                 self._deliver(gate.persisted(vb, seqno))
 
@@ -363,10 +356,14 @@ class MitigatedStream:
         poll = asyncio.ensure_future(self._poll())
         poll.add_done_callback(lambda _: self._wake.set())
         try:
+            ready = self._ready
             while not self._closed:
-                if self._ready:
-                    yield self._ready.popleft()
+                if ready:
+                    yield ready.popleft()
                     continue
+                if self.gate is not None:
+                    self.gate.out_bytes = 0  # the application has taken every released event
+                self._room.set()
                 if self._error is not None:
                     raise self._error
                 if poll.done() and poll.exception() is not None:
