@@ -176,27 +176,53 @@ def test_delivered_events_are_persisted_in_order_and_never_above_a_later_rollbac
     assert gone == []
 
 
+WINDOW, BOUND = 64 * 1024, 48 * 1024  # the flow-control window and max_held_bytes of the bounded reads
+
+
+def connect_bounded(port: int):
+    from dcpflow.client import DcpClient
+
+    from .conftest import PASSWORD, USER, url
+    return DcpClient.connect(url(port), USER, PASSWORD, buffer_size=WINDOW, mitigate_rollbacks=True,
+                             persistence_poll_interval=0.01, max_held_bytes=BOUND)
+
+
+def assert_bounded(stream, docs: dict) -> None:
+    """What the read keeps is within the bound (plus one event), what the connection holds
+    unacknowledged within the window, and the producer was held back: far from all of `docs` came."""
+    gate = stream.gate
+    biggest = max(event_size(mut(1, value=v)) for v in docs.values()) + 64
+    assert gate.bytes + gate.out_bytes <= BOUND + biggest
+    assert gate.stats["held_max_bytes"] <= BOUND + biggest
+    assert stream.feed.outstanding() <= WINDOW + 2048
+    received = sum(conn.charged_total for conn in stream.feed._conns.values())
+    assert received <= BOUND + 2 * WINDOW < sum(len(v) for v in docs.values())
+
+
+async def wait_polls(stream, n: int) -> None:
+    """Until the poller has had `n` more periods (whether or not anything was held)."""
+    import asyncio
+    polls = stream.gate.stats["polls"]
+    while stream.gate.stats["polls"] < polls + n:
+        await asyncio.sleep(0.01)
+
+
 def test_held_events_are_bounded_and_flow_control_holds_the_producer(server, writer):
     """Persistence paused, far more data written than the client may hold: the gate fills to its
     bound and stops; the connection never has more than its window unacknowledged, so the producer
     waits; nothing is delivered; after persistence resumes everything arrives once, in order."""
     import asyncio
 
-    from dcpflow.client import DcpClient
     from tests.server.faults.helpers import http_of
 
-    from .conftest import PASSWORD, USER, run, url, write
+    from .conftest import run, write
 
     http = http_of(server)
     assert http.post("/faults/buckets/default/persistence/pause").status == 200
     docs = write(writer, 600, size=1000)
-    window, bound = 64 * 1024, 48 * 1024
-    biggest = max(event_size(mut(1, value=v)) for v in docs.values()) + 64
 
     async def go():
-        async with await DcpClient.connect(url(server.port), USER, PASSWORD, buffer_size=window,
-                                           mitigate_rollbacks=True, persistence_poll_interval=0.01,
-                                           max_held_bytes=bound) as c:
+        async with await connect_bounded(server.port) as c:
             stream = c.events(start="beginning", end="now")
             got = []
 
@@ -207,23 +233,17 @@ def test_held_events_are_bounded_and_flow_control_holds_the_producer(server, wri
             while not (stream.gate is not None and stream.gate.full):
                 assert not task.done(), task.exception()
                 await asyncio.sleep(0.01)
-            polls = stream.gate.stats["polls"]
-            while stream.gate.stats["polls"] < polls + 20:  # the poller keeps looking; nothing moves
-                await asyncio.sleep(0.01)
+            await wait_polls(stream, 20)  # the poller keeps looking; nothing moves
             assert got == []
-            assert stream.gate.stats["held_max_bytes"] <= bound + biggest
-            assert stream.feed.outstanding() <= window + 2048
-            received = sum(conn.charged_total for conn in stream.feed._conns.values())
-            assert received <= bound + 2 * window  # the producer was held back: not all 600 KB came
+            assert_bounded(stream, docs)
             resumed = await asyncio.to_thread(http.post, "/faults/buckets/default/persistence/resume")
             assert resumed.status == 200
             await task
-            return got, stream.gate.stats
+            return got
 
-    got, stats = run(go(), 120)
+    got = run(go(), 120)
     keys = [ev.key for ev in got if type(ev) is Mutation]
     assert sorted(keys) == sorted(docs) and len(keys) == len(set(keys))
-    assert stats["held_max_bytes"] <= bound + biggest
 
 
 def test_closing_a_read_that_holds_events_ends_its_iteration(server, writer):
@@ -268,35 +288,23 @@ def test_released_events_the_application_has_not_taken_count_against_the_bound(s
     """Everything persisted, an application that takes one event and then stops: the events
     released but not taken count with the held ones, so the reader stops at the bound and the
     producer at its window (they are not piled up in memory)."""
-    import asyncio
-
-    from dcpflow.client import DcpClient
     from tests.server.faults.helpers import high_seqnos
     from tests.server.faults.helpers import persisted as wait_persisted
 
-    from .conftest import PASSWORD, USER, run, url, write
+    from .conftest import run, write
 
     docs = write(writer, 600, size=1000)
     for vb, high in high_seqnos(writer).items():
         if high:
             wait_persisted(writer, vb, high)
-    window, bound = 64 * 1024, 48 * 1024
-    biggest = max(event_size(mut(1, value=v)) for v in docs.values()) + 64
 
     async def go():
-        async with await DcpClient.connect(url(server.port), USER, PASSWORD, buffer_size=window,
-                                           mitigate_rollbacks=True, persistence_poll_interval=0.01,
-                                           max_held_bytes=bound) as c:
+        async with await connect_bounded(server.port) as c:
             stream = c.events(start="beginning", end="now")
             it = stream.__aiter__()
             first = await it.__anext__()
-            polls = stream.gate.stats["polls"]
-            while stream.gate.stats["polls"] < polls + 20:
-                await asyncio.sleep(0.01)
-            gate = stream.gate
-            assert gate.bytes + gate.out_bytes <= bound + biggest
-            received = sum(conn.charged_total for conn in stream.feed._conns.values())
-            assert received <= bound + 2 * window
+            await wait_polls(stream, 20)
+            assert_bounded(stream, docs)
             rest = [ev async for ev in it]
             return [first, *rest]
 

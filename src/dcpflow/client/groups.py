@@ -42,6 +42,7 @@ from dcpflow.protocol.status import Status
 from .errors import ClientError, ConnectError, ConnectionLostError, ServerError, status_name
 from .events import Deletion, Expiration, Mutation
 from .offsets import Offset
+from .reader import Iterating
 
 log = logging.getLogger("dcpflow.client")
 
@@ -208,7 +209,7 @@ def _vbs_text(vbs: list[int]) -> str:
     return ",".join(parts)
 
 
-class GroupReader:
+class GroupReader(Iterating):
     """`async for event in client.group(...)`: the events of this member's vbuckets; see
     DcpClient.group. `on_change(generation, vbuckets, starts)` is called (if given) each time the
     member starts reading a generation's share."""
@@ -246,18 +247,6 @@ class GroupReader:
         self._error: BaseException | None = None
         self._closed = False
         self._agen = self._run()
-
-    def __aiter__(self):
-        return self._agen
-
-    async def __anext__(self):
-        return await self._agen.__anext__()
-
-    async def __aenter__(self):
-        return self
-
-    async def __aexit__(self, *exc) -> None:
-        await self.aclose()
 
     @property
     def members_key(self) -> bytes:

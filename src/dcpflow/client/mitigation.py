@@ -42,6 +42,7 @@ from dcpflow.protocol.status import Status
 from .errors import ConnectError, ConnectionLostError, ServerError
 from .events import Rollback, SnapshotMarker, StreamEnd
 from .offsets import Offset, VbTracker
+from .reader import Iterating
 
 log = logging.getLogger("dcpflow.client")
 
@@ -229,7 +230,7 @@ async def observe_persisted(client, wanted: dict[int, int], timeout: float) -> d
     return {vb: s for vb, s in result.items() if s is not None}
 
 
-class MitigatedStream:
+class MitigatedStream(Iterating):
     """`client.events(...)` with rollback mitigation: an EventStream whose events pass a HoldGate.
 
     Two tasks feed it: the pump takes events from the stream into the gate, the poller asks for
@@ -249,19 +250,6 @@ class MitigatedStream:
         self._pumped = False
         self._closed = False
         self._agen = self._run()
-
-    # the EventStream surface applications use
-    def __aiter__(self):
-        return self._agen
-
-    async def __anext__(self):
-        return await self._agen.__anext__()
-
-    async def __aenter__(self):
-        return self
-
-    async def __aexit__(self, *exc) -> None:
-        await self.aclose()
 
     @property
     def gate(self) -> HoldGate | None:

@@ -46,14 +46,11 @@ def _split_key(key: bytes) -> tuple[int, bytes]:
     return cid, key[used:]
 
 
-class _Reader:
-    def __init__(self, client):
-        self.client = client
-        self.feed: Feed | None = None
-        self.starts: dict[int, Offset] = {}
-        self.ends: dict[int, int] = {}
-        self._agen = self._run()
-        client._readers.add(self)
+class Iterating:
+    """What every read object shares (these, mitigation.MitigatedStream, groups.GroupReader): it
+    is iterated through its async generator `_agen`, and `async with` closes it (`aclose`)."""
+
+    _agen = None
 
     def __aiter__(self):
         return self._agen  # `async for` drives the generator directly: one frame less per item
@@ -66,6 +63,16 @@ class _Reader:
 
     async def __aexit__(self, *exc) -> None:
         await self.aclose()
+
+
+class _Reader(Iterating):
+    def __init__(self, client):
+        self.client = client
+        self.feed: Feed | None = None
+        self.starts: dict[int, Offset] = {}
+        self.ends: dict[int, int] = {}
+        self._agen = self._run()
+        client._readers.add(self)
 
     async def aclose(self) -> None:
         """Close the read's connections (also from another task while it waits for data)."""

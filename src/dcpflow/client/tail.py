@@ -273,6 +273,38 @@ async def tail_jsonl(client: DcpClient, *, start: str, store, vbuckets, until: s
     return interrupted, save
 
 
+async def write_events(stream, fmt: str, names, out, bar: Progress | None = None) -> None:
+    """Each event of `stream` as a JSON line or a table row (the event-by-event path: rollback
+    mitigation and groups hand events out one by one), flushed at most every 0.1 s."""
+    loop = asyncio.get_running_loop()
+    dirty = False
+
+    def flush():
+        nonlocal dirty
+        dirty = False
+        out.flush()
+
+    if fmt == "table":
+        out.write(_TABLE_HEAD + "\n")
+    async for ev in stream:
+        if isinstance(ev, StreamEnd):
+            continue
+        if fmt == "jsonl":
+            doc = as_json(ev, names)
+            line = None if doc is None else json.dumps(doc, separators=(",", ":"))
+        else:
+            line = as_row(ev, names=names)
+        if line is not None:
+            out.write(line + "\n")
+            if not dirty:
+                dirty = True
+                loop.call_later(0.1, flush)
+        if bar is not None:
+            bar.update()
+    if bar is not None:
+        bar.update(force=True)
+
+
 async def tail(url: str, *, username: str, password: str, start: str, state_path: str | None,
                vbuckets: list[int] | None, fmt: str, until: str | None, progress: bool | None,
                save_interval: float, out=sys.stdout, err=sys.stderr, scope: str | None = None,
@@ -310,42 +342,14 @@ async def tail(url: str, *, username: str, password: str, start: str, state_path
         finally:
             await client.close()
         return 130 if interrupted else 0
-    loop = asyncio.get_running_loop()
     stream = None
     interrupted = False
     try:
         stream = client.events(vbuckets, start=start, end="now" if until == "now" else None, state=store,
                                save_interval=save_interval if store else None, **filters)
         bar = Progress(stream, err, err.isatty() if progress is None else progress)
-        dirty = False
-
-        def flush():
-            nonlocal dirty
-            dirty = False
-            out.flush()
-
-        async def consume():
-            nonlocal dirty
-            if fmt == "table":
-                out.write(_TABLE_HEAD + "\n")
-            async for ev in stream:
-                if isinstance(ev, StreamEnd):
-                    continue
-                if fmt == "jsonl":
-                    doc = as_json(ev, client.names)
-                    line = None if doc is None else json.dumps(doc, separators=(",", ":"))
-                else:
-                    line = as_row(ev, names=client.names)
-                if line is not None:
-                    out.write(line + "\n")
-                    if not dirty:
-                        dirty = True
-                        loop.call_later(0.1, flush)
-                bar.update()
-            bar.update(force=True)
-
         try:
-            interrupted = await until_signal(consume())
+            interrupted = await until_signal(write_events(stream, fmt, client.names, out, bar))
         finally:
             out.flush()
     finally:
@@ -373,32 +377,8 @@ async def tail_group(client: DcpClient, group: str, *, member, of, lease: float,
     reader = client.group(group, member=member, of=of, lease=lease, start=start, save_interval=save_interval,
                           on_change=changed, **{k: v for k, v in filters.items() if v},
                           **({"end": "now"} if until == "now" else {}))
-    loop = asyncio.get_running_loop()
-    dirty = False
-
-    def flush():
-        nonlocal dirty
-        dirty = False
-        out.flush()
-
-    async def consume():
-        nonlocal dirty
-        if fmt == "table":
-            out.write(_TABLE_HEAD + "\n")
-        async for ev in reader:
-            if fmt == "jsonl":
-                doc = as_json(ev, client.names)
-                line = None if doc is None else json.dumps(doc, separators=(",", ":"))
-            else:
-                line = as_row(ev, names=client.names)
-            if line is not None:
-                out.write(line + "\n")
-                if not dirty:
-                    dirty = True
-                    loop.call_later(0.1, flush)
-
     try:
-        interrupted = await until_signal(consume())
+        interrupted = await until_signal(write_events(reader, fmt, client.names, out))
     finally:
         out.flush()
         await reader.aclose()
