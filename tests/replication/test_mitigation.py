@@ -9,6 +9,7 @@ from dcpflow.client import Mutation, Rollback
 from dcpflow.protocol.dcp import VBucketState
 from dcpflow.protocol.keys import vbucket_for_key
 from dcpflow.protocol.status import Status
+from tests.server.mgmt.rest_client import Http
 
 from .helpers import ClientModel, high_seqnos, vb_contents
 
@@ -66,6 +67,8 @@ def test_mitigation_hides_the_changes_a_failover_takes_back(make_cluster):
 
         node0_vbs = {vb for vb, chain in enumerate(mgr.map) if chain[0] == 0}
         cluster.run(mgr.hold_replication(cluster.address(0)))  # node 0's writes stop reaching its replicas
+        paused = Http(mgr.nodes[0].mgmt_port).post("/faults/buckets/default/persistence/pause")
+        assert paused.status == 200, paused  # ... and its own disk
         doomed = [k for k in (b"doomed%d" % i for i in range(80)) if vbucket_for_key(k, VBUCKETS) in node0_vbs]
         for key in doomed:
             put(cluster, key, b"never replicated")
@@ -76,7 +79,7 @@ def test_mitigation_hides_the_changes_a_failover_takes_back(make_cluster):
         assert any(ev.key.startswith(b"doomed") for ev in list(plain.delivered) if type(ev) is Mutation)
         before = len(safe.delivered)
 
-        cluster.procs[0].kill()  # kill -9: node 0 dies with writes no other copy has
+        cluster.procs[0].kill()  # kill -9: node 0 dies with writes no disk and no other copy has
         result = cluster.run(mgr.failover(cluster.address(0)))
         assert result, result
         assert all(chain[0] != 0 for chain in mgr.map)
