@@ -32,7 +32,7 @@ def gate(max_bytes=1 << 20, vbs=(0,), markers=False):
 def test_nothing_is_released_before_it_is_persisted_everywhere():
     g = gate()
     assert g.add(marker(1, 3)) == []
-    assert [g.add(mut(s, start=1, end=3)) for s in (1, 2, 3)] == [[], [], []]
+    assert [list(g.add(mut(s, start=1, end=3))) for s in (1, 2, 3)] == [[], [], []]
     assert g.waiting() == {0: UUID}
     assert seqnos(g.persisted(0, 2)) == [1, 2]
     assert g.offsets()[0].seqno == 0  # 2 is inside snapshot 1..3: no boundary released yet
@@ -80,7 +80,7 @@ def test_the_persisted_seqno_before_a_rollback_does_not_release_the_new_branch()
     g.persisted(0, 1)
     g.persisted(0, 9)  # the old branch had persisted further than we had read
     g.add(Rollback(0, 1, Offset(0xCD, 1, 1, 1)))
-    assert g.add(mut(2, uuid=0xCD)) == []
+    assert not g.add(mut(2, uuid=0xCD))
     assert seqnos(g.persisted(0, 2)) == [2]
 
 

@@ -40,7 +40,7 @@ from dcpflow.protocol import kv as kvproto
 from dcpflow.protocol.status import Status
 
 from .errors import ConnectError, ConnectionLostError, ServerError
-from .events import Rollback, SnapshotMarker, StreamEnd
+from .events import Deletion, Expiration, Mutation, Rollback, SnapshotMarker, StreamEnd, SystemEvent
 from .offsets import Offset, VbTracker
 from .reader import Iterating
 
@@ -48,6 +48,7 @@ log = logging.getLogger("dcpflow.client")
 
 #: What a held event costs beyond its key and value (the record, its tuple, the deque slot).
 EVENT_OVERHEAD = 200
+_NONE = ()  # add() released nothing
 
 
 def event_size(event) -> int:
@@ -76,7 +77,19 @@ class HoldGate:
         self.bytes = 0
         #: bytes released since the reader last said the application took everything (`taken`)
         self.out_bytes = 0
-        self.stats = {"held_max_bytes": 0, "released": 0, "dropped": 0, "rollbacks_hidden": 0, "polls": 0}
+        self.held_max = 0  # the most bytes ever held
+        self.released_count = 0
+        self._stats = {"dropped": 0, "rollbacks_hidden": 0, "polls": 0}
+
+    @property
+    def stats(self) -> dict:
+        """held_max_bytes, released (events), dropped (above a rollback point), rollbacks_hidden
+        (nothing released to undo), polls (poll periods passed); the counters of the hot path are
+        kept in attributes and gathered here."""
+        st = self._stats
+        st["held_max_bytes"] = self.held_max
+        st["released"] = self.released_count
+        return st
 
     @property
     def full(self) -> bool:
@@ -100,23 +113,40 @@ class HoldGate:
                 out[vb] = uuid if uuid is not None else self.trackers[vb].vbuuid
         return out
 
-    def add(self, event) -> list:
+    def add(self, event) -> list | tuple:
+        """Hold `event`; return what may go to the application now (an empty tuple: nothing)."""
+        t = type(event)
         vb = event.vbucket
         q = self.held[vb]
+        if t is Mutation or t is Deletion or t is Expiration:  # the common case, kept short
+            seqno = event.seqno
+            size = EVENT_OVERHEAD + len(event.key) + len(event.value)
+            if not q and seqno <= self.confirmed[vb]:  # nothing before it, persisted already
+                tr = self.trackers[vb]
+                tr.vbuuid = event.vbuuid
+                tr.item(seqno)
+                self.released[vb] = seqno
+                self.out_bytes += size
+                self.released_count += 1
+                return (event,)
+            q.append((seqno, event, size, event.vbuuid))
+            self.bytes += size
+            if self.bytes > self.held_max:
+                self.held_max = self.bytes
+            return _NONE if q[0][0] > self.confirmed[vb] else self._release(vb)
         last = q[-1][0] if q else self.released[vb]
-        t = type(event)
         if t is SnapshotMarker:
             entry = (max(last, event.start - 1), event, 0, None)
         elif t is Rollback:
             return self._rollback(event)
         elif t is StreamEnd:
             entry = (last, event, 0, None)
-        else:
+        else:  # a system event (collections): it has a seqno, and a manifest uid to carry
             size = event_size(event)
             entry = (event.seqno, event, size, event.vbuuid)
             self.bytes += size
-            if self.bytes > self.stats["held_max_bytes"]:
-                self.stats["held_max_bytes"] = self.bytes
+            if self.bytes > self.held_max:
+                self.held_max = self.bytes
         q.append(entry)
         return self._release(vb)
 
@@ -129,7 +159,7 @@ class HoldGate:
             _, dropped, size, _ = q.pop()
             self.bytes -= size
             if size:
-                self.stats["dropped"] += 1
+                self._stats["dropped"] += 1
         self.confirmed[vb] = min(self.confirmed[vb], point)
         q.append((q[-1][0] if q else min(self.released[vb], point), event, 0, None))
         return self._release(vb)
@@ -145,10 +175,19 @@ class HoldGate:
         limit = self.confirmed[vb]
         out = []
         tr = self.trackers[vb]
+        freed = 0
         while q and q[0][0] <= limit:
-            _, event, size, _ = q.popleft()
-            self.bytes -= size
-            self.out_bytes += size
+            key, event, size, uuid = q.popleft()
+            if uuid is not None:  # a document or system event
+                freed += size
+                tr.vbuuid = uuid  # the branch it came from (the feed's trackers learn it on open)
+                if type(event) is SystemEvent and event.manifest_uid is not None:
+                    tr.saw_manifest(event.manifest_uid)
+                tr.item(key)
+                self.released[vb] = key
+                self.released_count += 1
+                out.append(event)
+                continue
             t = type(event)
             if t is SnapshotMarker:
                 if tr.marker is not None and event.start <= tr.marker[1]:
@@ -165,20 +204,13 @@ class HoldGate:
                 if undoes:
                     out.append(event)
                 else:
-                    self.stats["rollbacks_hidden"] += 1
-            elif t is StreamEnd:
+                    self._stats["rollbacks_hidden"] += 1
+            else:  # StreamEnd
                 if event.reason == 0:  # OK: the snapshot holding the end is complete
                     tr.stream_end_ok()
                 out.append(event)
-            else:
-                tr.vbuuid = event.vbuuid  # the branch it came from (the feed's trackers learn it on open)
-                uid = getattr(event, "manifest_uid", None)
-                if uid is not None:
-                    tr.saw_manifest(uid)
-                tr.item(event.seqno)
-                self.released[vb] = event.seqno
-                self.stats["released"] += 1
-                out.append(event)
+        self.bytes -= freed
+        self.out_bytes += freed
         return out
 
 
