@@ -225,8 +225,9 @@ def persisted_from(reply: kvproto.ObserveSeqnoResponse, uuid: int) -> int:
 
 async def observe_persisted(client, wanted: dict[int, int], timeout: float) -> dict[int, int]:
     """{vbucket: the smallest persisted seqno among the active and every replica the cluster map
-    lists} for `wanted` {vbucket: UUID}; a vbucket some copy of which did not answer is absent (its
-    events stay held). Refreshes the map when a copy says NOT_MY_VBUCKET."""
+    lists} for `wanted` {vbucket: UUID}; a vbucket some copy of which did not answer within
+    `timeout` is absent (its events stay held), so a hung node holds back only the vbuckets it has
+    a copy of. Refreshes the map when a copy says NOT_MY_VBUCKET."""
     cmap = client.cluster_map
     by_node: dict[int, list[int]] = {}
     for vb in wanted:
@@ -255,7 +256,15 @@ async def observe_persisted(client, wanted: dict[int, int], timeout: float) -> d
             if vb in result:
                 result[vb] = seqno if result[vb] is None else min(result[vb], seqno)
 
-    await asyncio.gather(*(ask(i, vbs) for i, vbs in by_node.items()))
+    async def ask_within(index: int, vbs: list[int]) -> None:
+        try:
+            await asyncio.wait_for(ask(index, vbs), timeout)  # a connect in progress goes on (shielded)
+        except TimeoutError:
+            log.debug("OBSERVE_SEQNO to node %d: no answer within %.1fs", index, timeout)
+            for vb in vbs:
+                result.pop(vb, None)
+
+    await asyncio.gather(*(ask_within(i, vbs) for i, vbs in by_node.items()))
     if remap:
         with contextlib.suppress(ConnectError):
             await client.refresh_map()
@@ -357,7 +366,9 @@ class MitigatedStream(Iterating):
             self._wake.set()
 
     async def _poll(self) -> None:
-        timeout = float(self.client.options["connect_timeout"])
+        # A node that does not answer within this holds back only its vbuckets, and the next poll
+        # asks it again: the others go on at the poll's pace.
+        timeout = min(float(self.client.options["connect_timeout"]), max(1.0, 10 * self.interval))
         while True:
             await asyncio.sleep(self.interval)
             gate = self.gate
