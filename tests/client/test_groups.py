@@ -280,3 +280,51 @@ def test_static_members_with_until_now_drain_their_shares_and_exit(server, write
     bad = subprocess.run([sys.executable, "-m", "dcpflow.cli", "tail", url(server.port), "--group", "g", "--until",
                           "now"], capture_output=True, text=True, env=_env(), timeout=60)
     assert bad.returncode == 1 and "static membership" in bad.stderr
+
+
+def test_a_group_member_with_rollback_mitigation_saves_only_released_offsets(server, writer):
+    """client.group() over a mitigated client: with persistence paused nothing is handed out and
+    the group's saved offsets stay where they were; once it resumes, everything arrives and the
+    offsets saved in the bucket cover it."""
+    import asyncio
+
+    from tests.server.faults.helpers import high_seqnos, http_of
+
+    http = http_of(server)
+    assert http.post("/faults/buckets/default/persistence/pause").status == 200
+    try:
+        docs = write(writer, 40)
+
+        async def go():
+            async with await DcpClient.connect(url(server.port), USER, PASSWORD, mitigate_rollbacks=True,
+                                               persistence_poll_interval=0.01) as c:
+                reader = c.group("safe", member=0, of=1, save_interval=0.05)
+                got = []
+
+                async def read():
+                    async for ev in reader:
+                        got.append(ev)
+                task = asyncio.ensure_future(read())
+                while reader.stats["saves"] < 5 or reader.stream is None or reader.stream.gate is None:
+                    assert not task.done(), task
+                    await asyncio.sleep(0.01)
+                before = len(got)
+                offsets_paused = dict(reader.stream.offsets)
+                resumed = await asyncio.to_thread(http.post, "/faults/buckets/default/persistence/resume")
+                assert resumed.status == 200
+                while len({ev.key for ev in got}) < len(docs):
+                    assert not task.done(), task
+                    await asyncio.sleep(0.01)
+                await reader.aclose()
+                return before, offsets_paused, got
+
+        before, offsets_paused, got = run(go(), 60)
+    finally:
+        http.post("/faults/buckets/default/persistence/resume")
+    assert before == 0 and all(o.seqno == 0 for o in offsets_paused.values())
+    assert {ev.key for ev in got} == set(docs)
+    saved = group_offsets(server.port, "safe", range(NUM_VBUCKETS))
+    highs = high_seqnos(writer)
+    for key in docs:
+        vb = writer.vbucket_of(key)
+        assert saved[vb].seqno >= 1 and saved[vb].seqno <= highs[vb]

@@ -141,6 +141,11 @@ class GroupOffsets:
                 out[vb] = self._saved[vb] = Offset.from_json(doc[0], f"group {self.group} vbucket {vb}")
         return out
 
+    def known(self, offsets: dict[int, Offset]) -> None:
+        """These offsets need no document (a start from the beginning is what a missing one means)."""
+        for vb, o in offsets.items():
+            self._saved.setdefault(vb, o)
+
     async def save(self, offsets: dict[int, Offset]) -> int:
         """Store the offsets that changed since this process last saved or loaded them."""
         changed = {vb: o for vb, o in offsets.items() if self._saved.get(vb) != o}
@@ -263,6 +268,8 @@ class GroupReader(Iterating):
             starts.update(fresh)
             if self.start == "now":  # a later owner must resume from here, not from "now" again
                 await self.offsets_store.save(fresh)
+            else:
+                self.offsets_store.known(fresh)
         self.generation, self.vbuckets = generation, vbuckets
         self.stats["generations"] += 1
         stream = self.client.events(vbuckets, start=starts, **self.read_options) if vbuckets else None
