@@ -328,3 +328,57 @@ def test_a_group_member_with_rollback_mitigation_saves_only_released_offsets(ser
     for key in docs:
         vb = writer.vbucket_of(key)
         assert saved[vb].seqno >= 1 and saved[vb].seqno <= highs[vb]
+
+
+def test_a_member_that_cannot_renew_its_heartbeat_stops_reading_then_rejoins(server, writer):
+    """The bucket stops answering the member's writes (SET replies delayed): after 0.75 x the lease
+    without a heartbeat written it stops reading on its own - before the others could declare it
+    dead and take its vbuckets over - and once the writes go through again it reads again."""
+    import asyncio
+    import logging
+    import time as clock
+
+    from tests.server.mgmt.rest_client import http_of
+
+    http = http_of(server)
+    write(writer, 20)
+    lease = 4.0
+
+    async def go():
+        async with await DcpClient.connect(url(server.port), USER, PASSWORD) as c:
+            reader = c.group("fence", lease=lease, save_interval=0.2)
+            got = []
+
+            async def read():
+                async for ev in reader:
+                    got.append(ev)
+            task = asyncio.ensure_future(read())
+            while reader.stream is None or len(got) < 20:
+                assert not task.done(), task
+                await asyncio.sleep(0.01)
+            first = reader.generation
+            cut = clock.monotonic()
+            delayed = await asyncio.to_thread(http.post, "/faults/delays", {"opcode": "set", "seconds": "30"})
+            assert delayed.status == 200
+            while reader.stream is not None:
+                assert not task.done(), task
+                await asyncio.sleep(0.01)
+            stopped = clock.monotonic() - cut
+            cleared = await asyncio.to_thread(http.delete, "/faults/delays")
+            assert cleared.status == 200
+            while reader.stream is None:
+                assert not task.done(), task
+                await asyncio.sleep(0.01)
+            again = reader.generation
+            await reader.aclose()
+            return stopped, first, again
+
+    logging.getLogger("dcpflow.client").setLevel(logging.ERROR)
+    try:
+        stopped, first, again = run(go(), 90)
+    finally:
+        http.delete("/faults/delays")
+    # It fenced itself 0.75 x the lease after its last heartbeat (written at most lease / 5 before
+    # the cut): within the lease, before any other member may declare it dead.
+    assert stopped < lease, stopped
+    assert again is not None and again >= first

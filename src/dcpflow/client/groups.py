@@ -15,7 +15,7 @@ Like the Kafka connector's tasks and go-dcp's membership groups, with nothing ou
   and acknowledges the generation; a member starts reading its share of the new generation only
   when every live member has acknowledged it, so the previous owner of a vbucket has stopped and
   saved first. A dead member cannot acknowledge, but it is no longer a member; and a member that
-  could not renew its heartbeat for 0.8 x the lease stops reading on its own (it may have been
+  could not renew its heartbeat for 0.75 x the lease stops reading on its own (it may have been
   declared dead), before any other member can have taken its vbuckets over.
 * **Offsets** live in the bucket too, one document per vbucket
   (`_dcpflow:group:<name>:offset:<vb>`, the client's compact offset JSON): the committed offset of
@@ -240,13 +240,15 @@ class GroupReader(Iterating):
         self.member_id = member_id or f"{socket.gethostname()}:{os.getpid()}:{os.urandom(3).hex()}"
         self.on_change = on_change
         self.read_options = read_options or {}
-        self.docs = BucketDocs(client, timeout=max(2.0, lease))
+        self.docs = BucketDocs(client, timeout=max(5.0, lease))
+        self.beats = BucketDocs(client, timeout=max(0.5, lease / 4))  # a heartbeat retries within its lease
         self.offsets_store = GroupOffsets(self.docs, group)
         self.membership = Membership(self.member_id, lease)
         self.generation: int | None = None
         self.vbuckets: list[int] = []
         self.stream = None
-        self.stats = {"generations": 0, "handovers": 0, "saves": 0}
+        self.stats = {"generations": 0, "handovers": 0, "saves": 0, "fenced": 0}
+        self._last_ok = time.monotonic()  # when the last heartbeat that was written began
         self._ready: asyncio.Queue = asyncio.Queue()
         self._tasks: list[asyncio.Task] = []
         self._error: BaseException | None = None
@@ -280,13 +282,13 @@ class GroupReader(Iterating):
                  _vbs_text(vbuckets) or "none")
         await self._ready.put(stream)
 
-    async def _end(self) -> None:
+    async def _end(self, save: bool = True) -> None:
         """Stop reading and save where the application stands."""
         stream, self.stream = self.stream, None
         if stream is None:
             return
         await stream.aclose()
-        if stream.feed is not None:
+        if save and stream.feed is not None:
             await self.offsets_store.save(stream.offsets)
             self.stats["saves"] += 1
 
@@ -298,44 +300,57 @@ class GroupReader(Iterating):
             self.stats["saves"] += 1
 
     # -- membership ------------------------------------------------------------------------------
+    async def _fence(self) -> None:
+        """Stop reading once no heartbeat was written for 0.75 x the lease: the others may be about
+        to declare this member dead and take its vbuckets over (they wait a whole lease from the
+        last heartbeat they saw). A task of its own, so a store that hangs cannot delay it. No
+        offsets are saved then (the bucket is not taking this member's writes, and a late one
+        could land after the new owner's); the periodic saves stand."""
+        while not self._closed:
+            await asyncio.sleep(self.lease / 20)
+            since = time.monotonic() - self._last_ok
+            if self.stream is not None and since > 0.75 * self.lease:
+                log.warning("group %s member %s: no heartbeat written for %.1fs; stopping (the group may take "
+                            "its vbuckets over)", self.group, self.member_id, since)
+                self.stats["fenced"] += 1
+                await self._end(save=False)
+                self.generation = None
+
     async def _heartbeat(self) -> None:
         interval = self.lease / 5
-        last_ok = time.monotonic()
         last_save = time.monotonic()
         while not self._closed:
             began = time.monotonic()
             try:
-                got = await self.docs.get(self.members_key)
+                got = await self.beats.get(self.members_key)
                 doc, cas = (got if got is not None else (None, None))
                 new = self.membership.next_doc(doc, began)
-                written = await self.docs.store(self.members_key, new, cas)
+                written = await self.beats.store(self.members_key, new, cas)
             except ServerError as e:
                 log.warning("group %s: heartbeat failed: %s", self.group, e)
                 written = None
                 new = None
-            if written is None:
-                if self.stream is not None and time.monotonic() - last_ok > 0.8 * self.lease:
-                    log.warning("group %s member %s: no heartbeat written for %.1fs; stopping (the group may "
-                                "have taken its vbuckets over)", self.group, self.member_id, time.monotonic() - last_ok)
-                    await self._end()
-                    self.generation = None
+            if written is None:  # (the fence task stops the reading if this lasts)
                 await asyncio.sleep(0.02 if new is not None else interval)  # lost a CAS race: at once
                 continue
-            last_ok = began
+            self._last_ok = began
             gen = new["generation"]
-            if self.generation is not None and gen != self.generation:
-                self.stats["handovers"] += 1
-                await self._end()
-                self.generation = None
-            if self.generation is None:
-                if self.membership.acked != gen:
-                    self.membership.acked = gen
-                    continue  # write the acknowledgement now
-                if Membership.settled(new):
-                    await self._begin(gen, self.membership.share(new, self.client.num_vbuckets))
-            elif time.monotonic() - last_save >= self.save_interval:
-                await self.save()
-                last_save = time.monotonic()
+            try:
+                if self.generation is not None and gen != self.generation:
+                    self.stats["handovers"] += 1
+                    self.generation = None
+                    await self._end()
+                if self.generation is None:
+                    if self.membership.acked != gen:
+                        self.membership.acked = gen
+                        continue  # write the acknowledgement now
+                    if Membership.settled(new):
+                        await self._begin(gen, self.membership.share(new, self.client.num_vbuckets))
+                elif time.monotonic() - last_save >= self.save_interval:
+                    await self.save()
+                    last_save = time.monotonic()
+            except ServerError as e:  # offsets not saved or loaded now: the next heartbeat tries again
+                log.warning("group %s: %s", self.group, e)
             await asyncio.sleep(max(0.0, interval - (time.monotonic() - began)) if self.generation is not None
                                 else min(interval, 0.2))
 
@@ -362,9 +377,11 @@ class GroupReader(Iterating):
             self._ready.put_nowait(None)
 
     async def _run(self):
-        task = asyncio.ensure_future(self._static() if self.static else self._heartbeat())
-        task.add_done_callback(self._task_done)
-        self._tasks.append(task)
+        coros = [self._static()] if self.static else [self._heartbeat(), self._fence()]
+        for coro in coros:
+            task = asyncio.ensure_future(coro)
+            task.add_done_callback(self._task_done)
+            self._tasks.append(task)
         try:
             while True:
                 stream = await self._ready.get()
