@@ -18,6 +18,19 @@ four ways:
 * decode   - the client's own work alone: the bytes the raw reader received, fed to the client's
              connection walker and Arrow decoder in-process (no socket, no server).
 
+and, on the same server:
+
+* mitigated - `events()` with rollback mitigation (`mitigate_rollbacks=True`) over the same
+             backfill, against the plain event API (everything is persisted: what it costs when
+             nothing waits for the disk);
+* groups   - a static consumer group of 1, 2 and 3 `dcpflow tail --group --member I --of N --until
+             now > /dev/null` processes draining the bucket together (whole-process time, from the
+             first start to the last exit), against one `dcpflow tail` process;
+* latency  - documents written at a steady --rate for --latency-seconds, each carrying its write
+             time; a plain reader and a mitigated one (polling every --poll s) from "now": the
+             delivery latency p50 / p99 of each, and what mitigation adds (the server's persistence
+             latency plus the poll).
+
 Then, unless --rss-docs 0, peak RSS of a separate process that streams --rss-docs documents with
 the batch API and with the event API (VmRSS sampled every 0.25 s; the target is flat and under
 200 MB whatever the backlog, because flow control bounds what the client holds).
@@ -82,8 +95,8 @@ async def read_batches(port: int, highs: dict[int, int], buffer: int,
         return secs, rows, reader.stats.get("stream_bytes", 0)  # not kept for a shared connection
 
 
-async def read_events(port: int, highs: dict[int, int], buffer: int) -> tuple[float, int]:
-    async with await DcpClient.connect(connstr(port, buffer), USER, PASSWORD) as c:
+async def read_events(port: int, highs: dict[int, int], buffer: int, mitigate: bool = False) -> tuple[float, int]:
+    async with await DcpClient.connect(connstr(port, buffer), USER, PASSWORD, mitigate_rollbacks=mitigate) as c:
         t0 = time.perf_counter()
         n = 0
         async for ev in c.events(end=highs):
@@ -125,6 +138,67 @@ def run_tail(port: int, buffer: int) -> tuple[float, int]:
         secs = time.perf_counter() - t0
     assert code == 0
     return secs, out.lines
+
+
+async def latency(port: int, rate: float, seconds: float, poll: float) -> dict[str, list[float]]:
+    """Documents written at a steady `rate` for `seconds`, each carrying the time it was written;
+    a plain reader and one with rollback mitigation (polling every `poll` s), both from "now",
+    note when each arrives: {"plain": [seconds], "mitigated": [seconds]} from write to delivery."""
+    from dcpflow.client.groups import BucketDocs
+    got: dict[str, list[float]] = {"plain": [], "mitigated": []}
+    total = int(rate * seconds)
+    async with await DcpClient.connect(connstr(port, 20 << 20), USER, PASSWORD) as plain, \
+            await DcpClient.connect(connstr(port, 20 << 20), USER, PASSWORD, mitigate_rollbacks=True,
+                                    persistence_poll_interval=poll) as safe:
+        streams = {"plain": plain.events(start="now"), "mitigated": safe.events(start="now")}
+
+        async def read(name):
+            async for ev in streams[name]:
+                if type(ev) is Mutation and ev.key.startswith(b"lat"):
+                    got[name].append(time.perf_counter() - json.loads(ev.value)["t"])
+                    if len(got[name]) == total:
+                        return
+        readers = [asyncio.ensure_future(read(n)) for n in streams]
+        await asyncio.sleep(0.5)  # both streams open
+        docs = BucketDocs(plain)
+        writing = True
+
+        async def behind():  # how far the server's persistence trails its writes, sampled
+            while writing:
+                highs, persisted = await asyncio.gather(plain.high_seqnos(), plain.persisted_seqnos())
+                got["behind"].append(sum(highs.values()) - sum(persisted.values()))
+                await asyncio.sleep(0.05)
+        got["behind"] = []
+        sampler = asyncio.ensure_future(behind())
+        t0 = time.perf_counter()
+        for i in range(total):
+            await asyncio.sleep(max(0.0, t0 + i / rate - time.perf_counter()))
+            await docs.store(b"lat%d" % i, {"t": time.perf_counter()})
+        writing = False
+        await sampler
+        await asyncio.wait_for(asyncio.gather(*readers), 60)
+        for st in streams.values():
+            await st.aclose()
+    return got
+
+
+def pct(values: list[float], q: float) -> float:
+    v = sorted(values)
+    return v[min(len(v) - 1, int(q * len(v)))]
+
+
+def run_group(port: int, buffer: int, members: int, name: str) -> float:
+    """`members` processes of a static group (`dcpflow tail --group NAME --member I --of N --until
+    now > /dev/null`) draining the bucket together: seconds until the last one exits."""
+    env = child_env()
+    t0 = time.perf_counter()
+    procs = [subprocess.Popen([sys.executable, "-m", "dcpflow.cli", "tail", connstr(port, buffer), "--group", name,
+                               "--member", str(i), "--of", str(members), "--until", "now", "--from", "beginning"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env) for i in range(members)]
+    for p in procs:
+        _, err = p.communicate()
+        assert p.returncode == 0, err
+    return time.perf_counter() - t0
 
 
 def run_tail_process(port: int, buffer: int) -> float:
@@ -285,6 +359,9 @@ def main() -> int:
     p.add_argument("--rss-docs", type=int, default=2_000_000, help="documents for the RSS phase (0 = skip)")
     p.add_argument("--smoke", action="store_true",
                    help="a seconds-long run that checks the bench works: 2,000 docs, 8 vbuckets, one round")
+    p.add_argument("--rate", type=float, default=2000.0, help="writes/s of the latency phase")
+    p.add_argument("--latency-seconds", type=float, default=10.0, help="length of the latency phase")
+    p.add_argument("--poll", type=float, default=0.1, help="mitigation's persistence poll interval (latency phase)")
     p.add_argument("--rss-child", type=int, help=argparse.SUPPRESS)
     p.add_argument("--build", help=argparse.SUPPRESS)
     p.add_argument("--mode", default="batches", help=argparse.SUPPRESS)
@@ -294,6 +371,7 @@ def main() -> int:
         return 0
     if args.smoke:
         args.docs, args.vbuckets, args.repeat, args.rss_docs = 2_000, 8, 1, 2_000
+        args.rate, args.latency_seconds = 200.0, 1.0
     if args.build:
         value = b'{"v":"' + b"x" * max(0, args.value_size - 8) + b'"}'
         print(json.dumps(build_data_here(args.build, args.docs, value, args.vbuckets, datatype=1)))
@@ -305,7 +383,8 @@ def main() -> int:
         print(f"built {args.docs:,} docs ({args.value_size}-byte values, {args.vbuckets} vbuckets) in "
               f"{time.perf_counter() - t:.1f}s", flush=True)
         proc, port = start_server(os.path.join(tmp, "data"), args.vbuckets)
-        b_secs = e_secs = r_secs = t_secs = p_secs = s_secs = float("inf")
+        b_secs = e_secs = r_secs = t_secs = p_secs = s_secs = m_secs = float("inf")
+        g_secs: dict[int, float] = {}
         cpu = {"batch": float("inf"), "event": float("inf"), "raw": float("inf"), "sid": float("inf")}
         try:
             for _ in range(args.repeat):  # interleaved, best of each: the server's caches warm up alike
@@ -321,11 +400,19 @@ def main() -> int:
                 secs, events = asyncio.run(read_events(port, highs, args.buffer))
                 c2 = time.process_time()
                 e_secs, cpu["event"] = min(e_secs, secs), min(cpu["event"], c2 - c1)
+                secs, m_events = asyncio.run(read_events(port, highs, args.buffer, mitigate=True))
+                m_secs = min(m_secs, secs)
+                assert m_events == events, (m_events, events)
                 secs, r_bytes, record = read_raw(port, highs, args.buffer, stream_bytes)
                 r_secs, cpu["raw"] = min(r_secs, secs), min(cpu["raw"], time.process_time() - c2)
                 secs, tail_lines = run_tail(port, args.buffer)
                 t_secs = min(t_secs, secs)
                 p_secs = min(p_secs, run_tail_process(port, args.buffer))
+            # These write to the bucket (latency documents, the groups' offsets): after the reads above.
+            for rnd in range(args.repeat):
+                for n in (1, 2, 3):
+                    g_secs[n] = min(g_secs.get(n, float("inf")), run_group(port, args.buffer, n, f"bench{rnd}x{n}"))
+            lat = asyncio.run(latency(port, args.rate, args.latency_seconds, args.poll))
         finally:
             stop(proc)
         d_secs, d_rows = decode_only(record, highs)
@@ -351,6 +438,22 @@ def main() -> int:
               f"{r_bytes / d_secs / 1e6:8.1f} MB/s   client CPU alone; {args.docs / d_secs / limit:.2f}x of limit")
         print(f"batch API / event API: {e_secs / b_secs:.2f}x in items/s, {us['event'] / us['batch']:.2f}x in client "
               f"CPU per item")
+        print(f"{'events, mitigated':<22} {args.docs / m_secs:>12,.0f} items/s  {m_secs:8.2f} s      "
+              f"mitigation on / off: {e_secs / m_secs:.2f}x the event API's rate (everything already persisted)")
+        behind = lat.pop("behind")
+        p50 = {k: pct(v, 0.5) * 1e3 for k, v in lat.items()}
+        p99 = {k: pct(v, 0.99) * 1e3 for k, v in lat.items()}
+        print(f"delivery latency at {args.rate:g} writes/s for {args.latency_seconds:g}s (poll {args.poll:g}s): plain "
+              f"p50 {p50['plain']:.1f} ms p99 {p99['plain']:.1f} ms; mitigated p50 {p50['mitigated']:.1f} ms p99 "
+              f"{p99['mitigated']:.1f} ms; mitigation adds p50 {p50['mitigated'] - p50['plain']:.1f} ms, "
+              f"p99 {p99['mitigated'] - p99['plain']:.1f} ms")
+        if behind:
+            print(f"the server's persistence meanwhile trailed its writes by a median {pct(behind, 0.5):,.0f} seqnos "
+                  f"(~{pct(behind, 0.5) / args.rate * 1e3:.0f} ms of writes), p99 {pct(behind, 0.99):,.0f}")
+        for n, secs in sorted(g_secs.items()):
+            print(f"group of {n} (processes) {args.docs / secs:>10,.0f} items/s  {secs:8.2f} s      "
+                  f"{g_secs[1] / secs:.2f}x the rate of a group of 1 (the same event-by-event JSON path); one "
+                  f"`dcpflow tail` (batch JSON path) took {p_secs:.2f} s")
 
     if args.rss_docs:
         with tempfile.TemporaryDirectory(prefix="bench-client-rss-") as tmp:

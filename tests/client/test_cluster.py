@@ -2,6 +2,7 @@
 node that owns requested vbuckets - and when a vbucket moves, it re-maps and reopens it there."""
 
 import asyncio
+import contextlib
 import socket
 
 from dcpflow.client import DcpClient, Mutation, Rollback
@@ -129,5 +130,49 @@ def test_refresh_never_trades_the_map_for_an_older_one(tmp_path):
                 assert (await c.refresh_map()).version > newest  # a newer one is taken
         run(go())
     finally:
+        for st in servers:
+            st.stop()
+
+
+def test_mitigation_a_node_that_does_not_answer_holds_back_only_its_own_vbuckets(tmp_path):
+    """Rollback mitigation polls every copy; node 1 stops answering OBSERVE_SEQNO (its replies are
+    delayed a minute): vbucket 40, on node 1, stays held, while vbucket 1, on node 0, is released
+    at the poll's pace - not after the client's connect timeout (30 s here) for node 1's answer."""
+    import time
+
+    from tests.server.mgmt.rest_client import http_of
+
+    servers, vbmap = cluster(tmp_path)
+    try:
+        for vb in (1, 40):
+            with owner_client(servers, vbmap, vb) as w:
+                for k in keys_in(vb, 3, prefix=f"m{vb}-"):
+                    assert w.set(k, b"x", vbucket=vb).status == Status.SUCCESS
+        http = http_of(servers[1])
+        assert http.post("/faults/delays", {"opcode": "0x91", "seconds": "60"}).status == 200
+
+        async def go():
+            async with await DcpClient.connect(url(servers[0].port, connect_timeout=30), USER, PASSWORD,
+                                               mitigate_rollbacks=True, persistence_poll_interval=0.05) as c:
+                stream = c.events([1, 40])
+                got = []
+                t0 = time.monotonic()
+                async for ev in stream:
+                    if isinstance(ev, Mutation):
+                        got.append(ev)
+                        if len(got) == 3:
+                            break
+                took = time.monotonic() - t0
+                held = stream.gate.waiting()
+                await stream.aclose()
+                return got, took, held
+
+        got, took, held = run(go(), 60)
+        assert {ev.vbucket for ev in got} == {1}
+        assert took < 15, took  # the poll's per-node bound (1 s here), far below the 30 s connect timeout
+        assert 40 in held
+    finally:
+        with contextlib.suppress(Exception):
+            http_of(servers[1]).delete("/faults/delays")
         for st in servers:
             st.stop()

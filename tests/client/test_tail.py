@@ -220,3 +220,41 @@ def test_json_lines_without_arrow_are_the_same_objects(server, writer, monkeypat
     assert {d["key"] for d in events if d["event"] == "mutation"} == {k.decode() for k in docs} - {"doc7"}
     assert [d["key"] for d in events if d["event"] == "deletion"] == ["doc7"]
     assert {d["kind"] for d in events if d["event"] == "system"} == {"scope_created"}
+
+
+def test_mitigate_rollbacks_prints_a_change_only_once_it_is_persisted(server, writer, tmp_path):
+    """--mitigate-rollbacks: with the server's persistence paused, what is only in memory is held
+    (a plain tail prints it at once); it is printed when persistence resumes, and the saved
+    offsets are those of what was printed."""
+    from tests.server.faults.helpers import high_seqnos, http_of
+    from tests.server.faults.helpers import persisted as wait_persisted
+    http = http_of(server)
+    state = tmp_path / "offsets.json"
+    docs = write(writer, 20)
+    for vb, high in high_seqnos(writer).items():  # every document on disk
+        if high:
+            wait_persisted(writer, vb, high)
+    assert http.post("/faults/buckets/default/persistence/pause").status == 200
+    try:
+        held = write(writer, 10, prefix="held")
+        plain = tail(url(server.port), "--until", "now")
+        assert {d["key"] for d in lines(plain.stdout)} >= {k.decode() for k in held}  # streamed at once
+        proc = subprocess.Popen([sys.executable, "-m", "dcpflow.cli", "tail", url(server.port), "--until", "now",
+                                 "--mitigate-rollbacks", "--persistence-poll-interval", "0.02", "--state", str(state)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
+        printed = []
+        deadline = time.monotonic() + 60
+        while {d["key"] for d in printed} < {k.decode() for k in docs}:
+            line = proc.stdout.readline()
+            assert line and time.monotonic() < deadline, proc.stderr.read() if proc.poll() is not None else printed
+            printed.append(json.loads(line))
+        assert proc.poll() is None  # still waiting for the held changes
+        assert not [d for d in printed if d["key"].startswith("held")]
+    finally:
+        assert http.post("/faults/buckets/default/persistence/resume").status == 200
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    printed += lines(out)
+    assert {d["key"] for d in printed} == {k.decode() for k in docs} | {k.decode() for k in held}
+    saved = json.loads(state.read_text())["offsets"]
+    assert sum(off[1] for off in saved.values()) == len(docs) + len(held)  # one seqno per document written

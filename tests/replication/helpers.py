@@ -146,9 +146,11 @@ class ClientModel(threading.Thread):
     """A dcpflow DcpClient streaming every vbucket from the beginning (rollback policy "resume"),
     applying its events to a model that honours Rollback events: what an application derives."""
 
-    def __init__(self, connstr: str):
+    def __init__(self, connstr: str, **options):
         super().__init__(daemon=True)
         self.connstr = connstr
+        self.options = options  # DcpClient.connect's (mitigate_rollbacks...)
+        self.delivered: list = []  # every event in the order the application got it
         self.history: dict[int, list[tuple[int, bytes, bytes, int, bool]]] = {}  # vb -> (seqno, key, value, cas, del)
         self.rollbacks: list[Rollback] = []
         self.error: BaseException | None = None
@@ -165,7 +167,7 @@ class ClientModel(threading.Thread):
         self._halt = asyncio.Event()
         try:
             async with await DcpClient.connect(self.connstr, "Administrator", "password",
-                                               noop_interval=1.0) as client:
+                                               noop_interval=1.0, **self.options) as client:
                 stream = client.events(start="beginning", rollback="resume")
                 self.started.set()
                 it = stream.__aiter__()
@@ -185,6 +187,7 @@ class ClientModel(threading.Thread):
 
     def _apply(self, ev) -> None:
         with self._lock:
+            self.delivered.append(ev)
             if isinstance(ev, Mutation):
                 self.history.setdefault(ev.vbucket, []).append((ev.seqno, ev.key, ev.value, ev.cas, False))
             elif isinstance(ev, Deletion | Expiration):

@@ -348,3 +348,49 @@ def test_synthetic_source_reads_its_rows_once_as_a_batch_and_as_a_stream(spark, 
     assert run() == 3000 and run() == 0  # restarted from its checkpoint: nothing new
     rows = spark.read.parquet(str(tmp_path / "log"))
     assert rows.count() == 3000 and rows.columns == batch.columns
+
+
+def test_mitigate_rollbacks_plans_only_what_every_copy_persisted(server):
+    """mitigateRollbacks=true: a micro-batch (and a batch read) ends at what is on disk; changes
+    only in memory (persistence paused) wait for the next batch after they are persisted."""
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    from dcpflow.spark import offsets as off
+    from dcpflow.spark.source import DcpDataSource
+    from tests.server.faults.helpers import http_of
+
+    def planned(r, start, end):
+        return sum(rng.weight for p in r.partitions(start, end) for rng in p.ranges)
+
+    def moved(a, b) -> int:  # seqnos between two offsets (one per new document)
+        a, b = off.SourceOffset.from_json(a), off.SourceOffset.from_json(b)
+        return sum(o.seqno - a.vbuckets[vb].seqno for vb, o in b.vbuckets.items())
+
+    write(server.port, Workload(docs=40, updates=0, deletes=0, expiring=0, rounds=0, seed=31))
+    http = http_of(server)
+    src = DcpDataSource(source_options(server.port, mitigateRollbacks="true"))
+    plain = DcpDataSource(source_options(server.port))
+    r, p = src.streamReader(src.schema()), plain.streamReader(plain.schema())
+    r.STATE_REUSE_SECONDS = p.STATE_REUSE_SECONDS = 0
+    try:
+        start = r.initialOffset()
+        deadline = time.monotonic() + 30
+        while planned(r, start, end := r.latestOffset(start, ReadAllAvailable())) < 40:  # the flusher's turn
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert http.post("/faults/buckets/default/persistence/pause").status == 200
+        try:
+            write(server.port, Workload(docs=25, updates=0, deletes=0, expiring=0, rounds=0, seed=32))
+            assert r.latestOffset(end, ReadAllAvailable()) == end  # nothing new is on disk
+            assert moved(end, p.latestOffset(end, ReadAllAvailable())) == 25  # without the option: planned
+            batch = src.reader(src.schema()).partitions()
+            assert sum(rng.weight for part in batch for rng in part.ranges) == 40
+        finally:
+            assert http.post("/faults/buckets/default/persistence/resume").status == 200
+        deadline = time.monotonic() + 30
+        while moved(end, r.latestOffset(end, ReadAllAvailable())) < 25:  # on disk now: planned
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    finally:
+        r.stop()
+        p.stop()

@@ -40,7 +40,8 @@ log = logging.getLogger("dcpflow.client")
 
 DEFAULTS = {"buffer_size": 20 * 1024 * 1024, "noop_interval": 20.0, "connect_timeout": 10.0,
             "reconnect_timeout": 120.0, "dead_timeout": None, "sasl_mech_force": "SCRAM-SHA512", "tls_verify": "peer",
-            "ca_file": None, "stream_ids": False}
+            "ca_file": None, "stream_ids": False, "mitigate_rollbacks": False, "persistence_poll_interval": 0.1,
+            "max_held_bytes": None}
 
 
 def _split_address(address: str) -> tuple[str, int]:
@@ -80,8 +81,12 @@ class DcpClient:
                       **options) -> "DcpClient":
         """Connect and bootstrap. Keyword `options` override the connection string's (buffer_size,
         noop_interval, connect_timeout, reconnect_timeout, sasl_mech_force, ca_file, tls_verify,
-        stream_ids). With `stream_ids=True` the client's reads share one DCP connection per node,
-        each under its own DCP stream-id, where the server grants them (shared.py).
+        stream_ids, mitigate_rollbacks, persistence_poll_interval, max_held_bytes). With
+        `stream_ids=True` the client's reads share one DCP connection per node, each under its own
+        DCP stream-id, where the server grants them (shared.py). With `mitigate_rollbacks=True`
+        events() hands out only changes persisted on the active and every replica the cluster map
+        lists, polled with OBSERVE_SEQNO every `persistence_poll_interval` seconds (default 0.1),
+        holding at most `max_held_bytes` (default: the buffer size) meanwhile (mitigation.py).
         `features` are the HELLO features every connection asks for."""
         spec = parse_connection_string(connstr)
         bucket = bucket or spec.bucket
@@ -275,6 +280,19 @@ class DcpClient:
                 await self.refresh_map()
         raise ServerError(f"vbuckets {missing[:8]} are not active where the cluster map says (rebalance?)")
 
+    async def persisted_seqnos(self, vbuckets=None, uuids: dict[int, int] | None = None) -> dict[int, int]:
+        """{vbucket: how far the active and every replica the cluster map lists have all persisted}
+        (OBSERVE_SEQNO to each copy; mitigation.py): what a failover to any of them cannot take
+        back. `uuids` {vbucket: vbucket UUID} name the branch (default: the newest failover entry);
+        a vbucket a copy of which does not answer gets 0 (nothing of it is known to be safe)."""
+        from .mitigation import observe_persisted
+        vbs = self._vbucket_list(vbuckets)
+        if uuids is None:
+            logs = await self.failover_logs(vbs)
+            uuids = {vb: logs[vb][0][0] if logs[vb] else 0 for vb in vbs}
+        found = await observe_persisted(self, {vb: uuids[vb] for vb in vbs}, float(self.options["connect_timeout"]))
+        return {vb: found.get(vb, 0) for vb in vbs}
+
     async def failover_logs(self, vbuckets) -> dict[int, list[tuple[int, int]]]:
         """{vbucket: [(vbuuid, seqno), ...]} newest entry first (GET_FAILOVER_LOG 0x96)."""
         vbs = self._vbucket_list(vbuckets)
@@ -434,8 +452,21 @@ class DcpClient:
         extra = self._filter_options(scope, collections, history)
         extra["sync_writes"] = bool(sync_writes)
         extra["include_xattrs"] = bool(include_xattrs)
-        return EventStream(self, vbuckets, start, end, state, rollback, markers, save_interval,
-                           ignore_purged_tombstones, extra)
+        if not self.options["mitigate_rollbacks"]:
+            return EventStream(self, vbuckets, start, end, state, rollback, markers, save_interval,
+                               ignore_purged_tombstones, extra)
+        if sync_writes:
+            raise ValueError("mitigate_rollbacks does not combine with sync_writes: a prepare is not a change that "
+                             "persistence makes safe (read the committed versions instead)")
+        if rollback != "resume":
+            raise ValueError("mitigate_rollbacks needs rollback='resume': the held events above a rollback point are "
+                             "dropped and the read goes on")
+        from .mitigation import MitigatedStream
+        inner = EventStream(self, vbuckets, start, end, state, rollback, True, save_interval,
+                            ignore_purged_tombstones, extra)
+        max_held = self.options["max_held_bytes"] or int(self.options["buffer_size"]) or 20 * 1024 * 1024
+        inner.gate_args = (int(max_held), bool(markers))
+        return MitigatedStream(inner, self, float(self.options["persistence_poll_interval"]))
 
     def batches(self, ranges: dict | None = None, end=None, max_rows: int = 65536, *, vbuckets=None,
                 start=None, rollback: str = "raise", flush_interval: float | None = None,
@@ -466,6 +497,26 @@ class DcpClient:
             extra["sync_writes"] = True
         return BatchReader(self, ranges if ranges is not None else start, end, max_rows, vbuckets, rollback,
                            flush_interval, ignore_purged_tombstones, max_bytes, extra, purge_seqnos)
+
+    def group(self, name: str, *, member: int | None = None, of: int | None = None, lease: float = 10.0,
+              start: str = "beginning", save_interval: float = 5.0, member_id: str | None = None, on_change=None,
+              **read_options):
+        """Read as one member of the consumer group `name` (groups.py): `async for event in
+        client.group("indexer")`. The members share the bucket's vbuckets evenly and keep one set
+        of offsets in the bucket (documents under the reserved prefix `_dcpflow:`, whose changes
+        are not handed out).
+
+        Static membership: `member=I, of=N` reads share I of N (and may be bounded, `end="now"`:
+        the iteration then ends once the share is read). Dynamic (the default): members
+        heartbeat through a document in the bucket; one that stops for `lease` seconds is dropped,
+        and on every join, leave or death the vbuckets are rebalanced - every member stops, saves
+        and acknowledges, then each reads its new share from the group's saved offsets, so no
+        vbucket is read by two members and nothing is skipped. `start` ("beginning" or "now") is
+        where a vbucket without a saved offset starts. `read_options` go to events() (scope,
+        collections, history, include_xattrs...); `mitigate_rollbacks` applies as for events()."""
+        from .groups import GroupReader
+        return GroupReader(self, name, member=member, of=of, lease=lease, start=start, save_interval=save_interval,
+                           member_id=member_id, on_change=on_change, read_options=read_options)
 
     async def close(self) -> None:
         if self._closed:

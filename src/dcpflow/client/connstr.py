@@ -20,6 +20,9 @@ Options (unknown ones are an error, so a typo is not silently ignored):
     reconnect_timeout=SECONDS  how long to keep retrying a lost node (default 120; 0 = forever).
     dead_timeout=SECONDS  a connection that delivers nothing (not even a noop) this long is dead
                           (default 2 x noop_interval + 5).
+    mitigate_rollbacks=true  hand out only changes persisted on the active and its replicas
+                          (mitigation.py); persistence_poll_interval=SECONDS (default 0.1) and
+                          max_held_bytes=BYTES (default: buffer_size) tune it.
 """
 
 import urllib.parse
@@ -64,9 +67,17 @@ _OPTIONS = {
     "connect_timeout": lambda n, v: _float(n, v, 0.001),
     "reconnect_timeout": lambda n, v: _float(n, v),
     "dead_timeout": lambda n, v: _float(n, v, 0.1),
-    "stream_ids": lambda n, v: v.lower() == "true" if v.lower() in ("true", "false") else _bad_choice(
-        n, v, ("true", "false")),
+    "stream_ids": lambda n, v: _bool(n, v),
+    "mitigate_rollbacks": lambda n, v: _bool(n, v),
+    "persistence_poll_interval": lambda n, v: _float(n, v, 0.001),
+    "max_held_bytes": lambda n, v: _int(n, v, 1 << 40),
 }
+
+
+def _bool(name: str, value: str) -> bool:
+    if value.lower() not in ("true", "false"):
+        _bad_choice(name, value, ("true", "false"))
+    return value.lower() == "true"
 
 
 def _bad_choice(name: str, value: str, choices) -> None:

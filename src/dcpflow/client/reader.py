@@ -46,14 +46,11 @@ def _split_key(key: bytes) -> tuple[int, bytes]:
     return cid, key[used:]
 
 
-class _Reader:
-    def __init__(self, client):
-        self.client = client
-        self.feed: Feed | None = None
-        self.starts: dict[int, Offset] = {}
-        self.ends: dict[int, int] = {}
-        self._agen = self._run()
-        client._readers.add(self)
+class Iterating:
+    """What every read object shares (these, mitigation.MitigatedStream, groups.GroupReader): it
+    is iterated through its async generator `_agen`, and `async with` closes it (`aclose`)."""
+
+    _agen = None
 
     def __aiter__(self):
         return self._agen  # `async for` drives the generator directly: one frame less per item
@@ -66,6 +63,16 @@ class _Reader:
 
     async def __aexit__(self, *exc) -> None:
         await self.aclose()
+
+
+class _Reader(Iterating):
+    def __init__(self, client):
+        self.client = client
+        self.feed: Feed | None = None
+        self.starts: dict[int, Offset] = {}
+        self.ends: dict[int, int] = {}
+        self._agen = self._run()
+        client._readers.add(self)
 
     async def aclose(self) -> None:
         """Close the read's connections (also from another task while it waits for data)."""
@@ -111,11 +118,17 @@ class EventStream(_Reader):
         self.targets: dict[int, int] = {}
         self._loaded = None
         self._last_save = time.monotonic()
+        #: with rollback mitigation (mitigation.py): (max held bytes, markers asked for) and the
+        #: HoldGate made once the starts are known; the offsets saved are then the gate's
+        self.gate_args: tuple | None = None
+        self.gate = None
         super().__init__(client)
 
     @property
     def offsets(self) -> dict[int, Offset]:
         """The committed offset of each vbucket: a safe point at or before what was consumed."""
+        if self.gate is not None:
+            return self.gate.offsets()
         if self.feed is None:
             return dict(self.starts)
         return {vb: vs.held if vs.held is not None else vs.consumed.committed for vb, vs in self.feed.streams.items()}
@@ -143,6 +156,9 @@ class EventStream(_Reader):
     async def _run(self):
         vbuckets, start, end, state, rollback, ignore_purged = self._args
         self._loaded = await self._open(vbuckets, start, end, state, rollback, ignore_purged, **self._feed_extra)
+        if self.gate_args is not None:
+            from .mitigation import HoldGate
+            self.gate = HoldGate(dict(self.starts), *self.gate_args)
         # the ends themselves when bounded: a read bounded by "now" may lower them (streams.NewEnd)
         self.targets = self.ends if self.ends else await self.client.high_seqnos(list(self.starts))
         feed = self.feed

@@ -275,16 +275,65 @@ async def tail_jsonl(client: DcpClient, *, start: str, store, vbuckets, until: s
     return interrupted, save
 
 
+async def write_events(stream, fmt: str, names, out, bar: Progress | None = None) -> None:
+    """Each event of `stream` as a JSON line or a table row (the event-by-event path: rollback
+    mitigation and groups hand events out one by one), flushed at most every 0.1 s."""
+    loop = asyncio.get_running_loop()
+    dirty = False
+
+    def flush():
+        nonlocal dirty
+        dirty = False
+        out.flush()
+
+    if fmt == "table":
+        out.write(_TABLE_HEAD + "\n")
+    async for ev in stream:
+        if isinstance(ev, StreamEnd):
+            continue
+        if fmt == "jsonl":
+            doc = as_json(ev, names)
+            line = None if doc is None else json.dumps(doc, separators=(",", ":"))
+        else:
+            line = as_row(ev, names=names)
+        if line is not None:
+            out.write(line + "\n")
+            if not dirty:
+                dirty = True
+                loop.call_later(0.1, flush)
+        if bar is not None:
+            bar.update()
+    if bar is not None:
+        bar.update(force=True)
+
+
 async def tail(url: str, *, username: str, password: str, start: str, state_path: str | None,
                vbuckets: list[int] | None, fmt: str, until: str | None, progress: bool | None,
                save_interval: float, out=sys.stdout, err=sys.stderr, scope: str | None = None,
-               collections=None, history: bool = False) -> int:
+               collections=None, history: bool = False, mitigate_rollbacks: bool = False,
+               persistence_poll_interval: float | None = None, group: str | None = None,
+               member: int | None = None, of: int | None = None, lease: float = 10.0) -> int:
     store = JsonFileStore(state_path) if state_path else None
+    if group is not None:
+        if store is not None or start == "saved":
+            raise ValueError("--group keeps its offsets in the bucket: no --state or --from saved")
+        if until is not None and member is None:
+            raise ValueError("--until needs static membership (--member I --of N): a dynamic group's shares change")
+    elif member is not None or of is not None:
+        raise ValueError("--member and --of need --group NAME")
     if start == "saved" and store is None:
         raise ValueError("--from saved needs --state FILE")
     filters = {"scope": scope, "collections": collections, "history": history}
-    client = await DcpClient.connect(url, username, password)
-    if fmt == "jsonl" and columnar():
+    options = {"mitigate_rollbacks": True, "persistence_poll_interval": persistence_poll_interval} \
+        if mitigate_rollbacks else {}
+    client = await DcpClient.connect(url, username, password, **options)
+    if group is not None:
+        try:
+            return await tail_group(client, group, member=member, of=of, lease=lease, start=start, fmt=fmt, until=until,
+                                    save_interval=save_interval, filters=filters, out=out, err=err)
+        finally:
+            await client.close()
+    if fmt == "jsonl" and not mitigate_rollbacks and columnar():  # mitigation holds events one by one: the event path
         try:
             interrupted, save = await tail_jsonl(client, start=start, store=store, vbuckets=vbuckets, until=until,
                                                  progress=progress, save_interval=save_interval, filters=filters,
@@ -295,38 +344,14 @@ async def tail(url: str, *, username: str, password: str, start: str, state_path
         finally:
             await client.close()
         return 130 if interrupted else 0
-    loop = asyncio.get_running_loop()
     stream = None
     interrupted = False
     try:
         stream = client.events(vbuckets, start=start, end="now" if until == "now" else None, state=store,
                                save_interval=save_interval if store else None, **filters)
         bar = Progress(stream, err, err.isatty() if progress is None else progress)
-        dirty = False
-
-        def flush():
-            nonlocal dirty
-            dirty = False
-            out.flush()
-
-        async def consume():
-            nonlocal dirty
-            if fmt == "table":
-                out.write(_TABLE_HEAD + "\n")
-            async for ev in stream:
-                if isinstance(ev, StreamEnd):
-                    continue
-                line = as_row(ev, names=client.names) if fmt == "table" else _json_line(ev, client.names)
-                if line is not None:
-                    out.write(line + "\n")
-                    if not dirty:
-                        dirty = True
-                        loop.call_later(0.1, flush)
-                bar.update()
-            bar.update(force=True)
-
         try:
-            interrupted = await until_signal(consume())
+            interrupted = await until_signal(write_events(stream, fmt, client.names, out, bar))
         finally:
             out.flush()
     finally:
@@ -345,9 +370,28 @@ def columnar() -> bool:
     return all(importlib.util.find_spec(name) is not None for name in ("pyarrow", "numpy"))
 
 
-def _json_line(ev, names) -> str | None:
-    doc = as_json(ev, names)
-    return None if doc is None else json.dumps(doc, separators=(",", ":"))
+async def tail_group(client: DcpClient, group: str, *, member, of, lease: float, start: str, fmt: str,
+                     until: str | None, save_interval: float, filters: dict, out, err) -> int:
+    """One member of a consumer group (groups.py): its share of the vbuckets, as JSON lines or a
+    table; each time its share changes, a `group {...}` line on stderr says which vbuckets it now
+    reads and the seqno each starts after."""
+
+    def changed(generation, vbuckets, starts):
+        doc = {"group": group, "member": reader.member_id, "generation": generation,
+               "vbuckets": [int(vb) for vb in vbuckets], "starts": {str(vb): o.seqno for vb, o in starts.items()}}
+        err.write("group " + json.dumps(doc, separators=(",", ":")) + "\n")
+        err.flush()
+
+    reader = client.group(group, member=member, of=of, lease=lease, start=start, save_interval=save_interval,
+                          on_change=changed, **{k: v for k, v in filters.items() if v},
+                          **({"end": "now"} if until == "now" else {}))
+    try:
+        interrupted = await until_signal(write_events(reader, fmt, client.names, out))
+    finally:
+        out.flush()
+        await reader.aclose()
+    err.write(f"group {group}: offsets saved in the bucket\n")
+    return 130 if interrupted else 0
 
 
 def main(args) -> int:
@@ -363,7 +407,10 @@ def main(args) -> int:
         return asyncio.run(tail(args.url, username=args.username, password=password, start=start,
                                 state_path=args.state, vbuckets=vbuckets, fmt=args.format, until=args.until,
                                 progress=args.progress, save_interval=args.save_interval, scope=args.scope,
-                                collections=args.collection, history=args.history))
+                                collections=args.collection, history=args.history,
+                                mitigate_rollbacks=args.mitigate_rollbacks,
+                                persistence_poll_interval=args.persistence_poll_interval, group=args.group,
+                                member=args.member, of=args.of, lease=args.lease))
     except (ClientError, ValueError) as e:
         print(f"dcpflow tail: {e}", file=sys.stderr)
         return 1
@@ -390,6 +437,18 @@ def add_arguments(p) -> None:
                    help="only this collection (repeatable); a bare name is in --scope, else _default")
     p.add_argument("--history", action="store_true",
                    help="change streams: every retained version of collections with history (7.2+)")
+    p.add_argument("--mitigate-rollbacks", action="store_true",
+                   help="print a change only once the active and every replica in the cluster map persisted it, "
+                   "so a failover cannot take back what was printed (adds the persistence delay)")
+    p.add_argument("--group", metavar="NAME",
+                   help="read as a member of this consumer group: the members share the vbuckets and keep their "
+                   "offsets in the bucket (dynamic membership unless --member/--of)")
+    p.add_argument("--member", type=int, metavar="I", help="static membership: this is member I (0-based) ...")
+    p.add_argument("--of", type=int, metavar="N", help="... of N members")
+    p.add_argument("--lease", type=float, default=10.0, metavar="SECONDS",
+                   help="dynamic membership: a member without a heartbeat this long is dropped (default 10)")
+    p.add_argument("--persistence-poll-interval", type=float, default=None, metavar="SECONDS",
+                   help="with --mitigate-rollbacks: how often to ask the nodes how far they persisted (default 0.1)")
 
 
 

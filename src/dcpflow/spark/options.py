@@ -24,7 +24,7 @@ OPTION_NAMES = (
     "connection", "bucket", "username", "password", "vbuckets", "startingOffsets", "endingOffsets",
     "maxSeqnosPerTrigger", "maxBytesPerTrigger", "partitions", "keyFormat", "valueFormat", "valueSchema",
     "inferSchemaSamples", "rollback", "bufferSize", "maxRowsPerBatch", "timeout", "scope", "collections", "history",
-    "syncWrites", "withMeta", "writeBatchSize",  # df.write.format("dcp") only (writer.py)
+    "syncWrites", "mitigateRollbacks", "withMeta", "writeBatchSize",  # df.write.format("dcp") only (writer.py)
 )
 _BY_LOWER = {name.lower(): name for name in OPTION_NAMES}
 _IGNORED = {"path"}  # Spark may pass `path` for load(path); it means nothing to us
@@ -60,6 +60,7 @@ class DcpOptions:
     collections: tuple[str, ...] = ()  # or these collections ("scope.collection"; bare: in `scope`)
     history: bool = False  # change streams: every retained version of collections with history
     sync_writes: bool = False  # rows for prepares, commits and aborts too (a durability audit)
+    mitigate_rollbacks: bool = False  # plan only seqnos every copy persisted (no failover takes them back)
 
     @property
     def filters(self) -> dict:
@@ -115,9 +116,9 @@ def parse_options(options: Mapping[str, str]) -> DcpOptions:
             Filter.build(scope, collections)
         except FilterError as e:
             raise DcpOptionError(f"option 'collections': {e}") from None
-    history, sync_writes = (_bool(raw, name) for name in ("history", "syncWrites"))
+    history, sync_writes, mitigate = (_bool(raw, name) for name in ("history", "syncWrites", "mitigateRollbacks"))
     return DcpOptions(
-        scope=scope, collections=collections, history=history, sync_writes=sync_writes,
+        scope=scope, collections=collections, history=history, sync_writes=sync_writes, mitigate_rollbacks=mitigate,
         connection=raw["connection"].strip(), bucket=bucket, username=raw["username"], password=raw["password"],
         vbuckets=parse_vbuckets(raw["vbuckets"]) if raw.get("vbuckets", "").strip() not in ("", "all") else None,
         starting_offsets=parse_offsets_option(raw.get("startingOffsets", "earliest"), "startingOffsets"),

@@ -115,6 +115,23 @@ async def collection_ids(client, opts: DcpOptions, first: bool) -> dict[str, int
     return out
 
 
+def persisted_cap(high: dict[int, int], persisted: dict[int, int], start: off.SourceOffset) -> dict[int, int]:
+    """With mitigateRollbacks: each vbucket's high seqno lowered to what the active and every
+    replica the cluster map lists have persisted (DcpClient.persisted_seqnos), so a batch never
+    plans a change a failover could take back. Never below the start offset: a copy that persisted
+    less than was already read (a replica being rebuilt) holds the vbucket still, and is not a
+    rollback; a high seqno below the start (the server's history really went back) is kept as it
+    is, for rollback detection."""
+    out = {}
+    for vb, h in high.items():
+        s = start.vbuckets.get(vb)
+        if s is not None and s.seqno > h:
+            out[vb] = h
+        else:
+            out[vb] = max(s.seqno if s is not None else 0, min(h, persisted.get(vb, 0)))
+    return out
+
+
 def chosen_vbuckets(opts: DcpOptions, num_vbuckets: int) -> list[int]:
     """The vbuckets to read; options naming a vbucket the bucket does not have are errors (an
     offset for one would otherwise be dropped without a word)."""
@@ -238,6 +255,13 @@ class DcpBatchReader(DataSourceReader):
             raise DcpOptionError("startingOffsets=latest makes an empty batch read; use earliest or JSON offsets")
         start = off.SourceOffset(off.resolve(opts.starting_offsets, vbs, high, uuids), 0)
         limit = dict(high)
+        if opts.mitigate_rollbacks:
+            session = ClientSession(opts)
+            try:
+                persisted = session.run(lambda client: client.persisted_seqnos(vbs, uuids))
+            finally:
+                session.close()
+            limit = persisted_cap(limit, persisted, start)
         if opts.ending_offsets not in (None, "latest"):
             if opts.ending_offsets == "earliest":
                 raise DcpOptionError("endingOffsets=earliest makes an empty batch read; use latest or JSON offsets")
@@ -333,6 +357,10 @@ class DcpStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             high, logs, _ = self._state()
         if self._target is not None:
             high = {vb: min(h, self._target.get(vb, h)) for vb, h in high.items()}
+        if self.opts.mitigate_rollbacks:
+            uuids = {vb: (logs[vb][0][0] if logs.get(vb) else 0) for vb in high}
+            persisted = self._session.run(lambda client: client.persisted_seqnos(list(high), uuids))
+            high = persisted_cap(high, persisted, start_off)
         added = [vb for vb in self._vbuckets if vb not in start_off.vbuckets]
         if added:
             # The `vbuckets` option grew since the checkpoint was written: the new vbuckets start
