@@ -8,6 +8,7 @@ min(requested snapshot start, real start)); stream-end.md's reasons; rebalance.m
 
 import pytest
 
+from dcpflow.dcp.backfills import opened, read_whole
 from dcpflow.dcp.producer import ReplyOutcome, Started
 from dcpflow.engine import VBucketState
 from dcpflow.protocol import dcp
@@ -365,3 +366,30 @@ def test_consumer_error_reply_disconnects_and_tolerated_ones_do_not(engine):
     for status in (Status.KEY_EEXISTS, Status.KEY_ENOENT):  # no longer tolerated with v7 status codes
         assert p.reply(status, op, stream.opaque, 101.0) == ReplyOutcome(disconnect=True)
     assert p.reply(Status.DCP_STREAM_NOT_FOUND, op, stream.opaque, 101.0) == ReplyOutcome(tolerated=True)
+
+
+# -- backfill decisions the server's shell asks dcp/backfills.py for ----------------------------
+
+def test_a_backfill_purged_under_ends_with_rollback_else_goes_on(engine):
+    """`opened`: a scan that opens above the purge seqno goes on; one whose range lost
+    tombstones to a purge since the request ends the stream with ROLLBACK (rollback.md)."""
+    keys = fill(engine, 1, 6)
+    for k in keys[:3]:
+        engine.vbucket(1).delete(k)
+    fill(engine, 1, 1, prefix="after")
+    to_disk_only(engine, 1)
+    p = producer(engine)
+    stream = ask(p, 1, 5, 10, engine.vbucket(1).uuid, 5, 5)
+    assert stream.backfill is not None and stream.backfill.start == 6
+    assert opened(stream, 5) is None  # nothing above what the consumer has was purged
+    assert opened(stream, 9) is StreamEndReason.ROLLBACK
+
+
+@pytest.mark.parametrize("page_read,chunks,scan_closed,whole", [
+    (True, 3, True, True),  # the scan closed itself after a short page: that was the range
+    (True, 0, False, True),  # nothing in the range
+    (True, 3, False, False),  # more to read: a task reads on
+    (False, 0, False, False),  # no room for a first page: the task reads it later
+])
+def test_a_first_page_is_the_whole_backfill_or_the_scan_reads_on(page_read, chunks, scan_closed, whole):
+    assert read_whole(page_read, chunks, scan_closed) is whole
