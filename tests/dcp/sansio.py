@@ -9,6 +9,7 @@ scan, apply `dcp.backfills.opened` to its purge seqno, hand the pages to the str
 from dcpflow.dcp.backfills import opened
 from dcpflow.dcp.producer import ProducerConnection
 from dcpflow.engine import Bucket, VBucketState
+from dcpflow.engine.store import EncodedPage
 from dcpflow.protocol import dcp
 from dcpflow.protocol.dcp import OpenFlag
 from dcpflow.protocol.frame import Frame, FrameDecoder
@@ -94,8 +95,13 @@ def run_backfills(p: ProducerConnection) -> int:
                 p.end_stream(stream, outcome)
                 continue
             stream.backfill_begin(scan.purge_seqno)
-            while rows := scan.next_rows():
-                stream.backfill_rows(rows)
+            encoded = stream.takes_encoded_pages  # pages SQLite encodes, as the shell asks for them
+            while chunk := (scan.next_chunk(stream.opaque, stream.opts.collections) if encoded
+                            else scan.next_rows()):
+                if chunk.__class__ is EncodedPage:
+                    stream.backfill_encoded(chunk)
+                else:
+                    stream.backfill_rows(chunk)
                 if scan.closed:
                     break
             stream.backfill_complete()
