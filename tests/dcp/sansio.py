@@ -6,6 +6,8 @@ not a socket, and it gives the failover logs, checkpoints, purges and persisted 
 read. A backfill is run here the way server/backfill.py runs it, on the calling thread: open the
 scan, apply `dcp.backfills.opened` to its purge seqno, hand the pages to the stream."""
 
+import pytest
+
 from dcpflow.dcp.backfills import opened
 from dcpflow.dcp.producer import ProducerConnection
 from dcpflow.engine import Bucket, VBucketState
@@ -22,6 +24,16 @@ def make_engine(path, num_vbuckets: int = 4, state: VBucketState = VBucketState.
     for vb in range(num_vbuckets):
         bucket.set_vbucket_state(vb, state)
     return bucket
+
+
+def engine_fixture(num_vbuckets: int):
+    """A module's `engine` fixture: a bucket of `num_vbuckets` active vbuckets in tmp_path."""
+    @pytest.fixture
+    def engine(tmp_path):
+        bucket = make_engine(tmp_path, num_vbuckets)
+        yield bucket
+        bucket.close(clean=False)
+    return engine
 
 
 def producer(engine, flags: int = OpenFlag.PRODUCER, name: str = "t", **kw) -> ProducerConnection:

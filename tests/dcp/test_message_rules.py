@@ -13,16 +13,12 @@ from dcpflow.protocol import dcp
 from dcpflow.protocol.datatype import Datatype, join_xattrs
 from dcpflow.protocol.dcp import OpenFlag
 
-from .sansio import drain, fill, items, make_engine, markers, producer, request, to_disk_only
+from .sansio import drain, engine_fixture, fill, items, markers, producer, request, to_disk_only
 
 P = OpenFlag.PRODUCER
 
 
-@pytest.fixture
-def engine(tmp_path):
-    bucket = make_engine(tmp_path, 4)
-    yield bucket
-    bucket.close(clean=False)
+engine = engine_fixture(4)
 
 
 def stream(engine, flags=P, *, start=0, end=1, uuid=0, collections=False, opaque=1, name="t", **controls):

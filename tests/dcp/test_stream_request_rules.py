@@ -23,14 +23,22 @@ from dcpflow.protocol.frame import request as raw_request
 from dcpflow.protocol.opcodes import Opcode
 from dcpflow.protocol.status import Status
 
-from .sansio import MAX, drain, ends, fill, frame, items, make_engine, markers, producer, request, to_disk_only
+from .sansio import (
+    MAX,
+    drain,
+    ends,
+    engine_fixture,
+    fill,
+    frame,
+    items,
+    make_engine,
+    markers,
+    producer,
+    request,
+    to_disk_only,
+)
 
-
-@pytest.fixture
-def engine(tmp_path):
-    bucket = make_engine(tmp_path, 8)
-    yield bucket
-    bucket.close(clean=False)
+engine = engine_fixture(8)
 
 
 def ask(p, vb: int, *args, collections: bool = False, **kw):

@@ -16,16 +16,24 @@ from dcpflow.protocol.dcp import MarkerVersion, SnapshotFlag, StreamEndReason, S
 from dcpflow.protocol.opcodes import Opcode
 from dcpflow.protocol.status import Status
 
-from .sansio import MAX, drain, ends, fill, items, make_engine, markers, producer, request, to_disk_only, written
+from .sansio import (
+    MAX,
+    drain,
+    ends,
+    engine_fixture,
+    fill,
+    items,
+    markers,
+    producer,
+    request,
+    to_disk_only,
+    written,
+)
 
 MEM, DISK, CHK, ACK = SnapshotFlag.MEMORY, SnapshotFlag.DISK, SnapshotFlag.CHECKPOINT, SnapshotFlag.ACK
 
 
-@pytest.fixture
-def engine(tmp_path):
-    bucket = make_engine(tmp_path, 12)
-    yield bucket
-    bucket.close(clean=False)
+engine = engine_fixture(12)
 
 
 def ask(p, vb: int, *args, collections: bool = False, **kw):
@@ -175,14 +183,19 @@ def test_v1_by_default(engine):
     assert m.version == MarkerVersion.V1
 
 
-def test_v2_0_with_sync_replication(engine):
-    fill(engine, 0, 3)
+def disk_then_memory(engine, disk: int, memory: int, collections: bool = False, **ctl) -> list:
+    """The markers of a stream over `disk` items only on disk and `memory` items after them."""
+    fill(engine, 0, disk)
     to_disk_only(engine, 0)
-    fill(engine, 0, 2, prefix="m")
+    fill(engine, 0, memory, prefix="m")
     p = producer(engine)
-    controls(p, enable_sync_writes="true", consumer_name="replica")
-    ask(p, 0, 0, 5)
-    disk, mem = markers(drain(p))
+    controls(p, collections=collections, **ctl)
+    ask(p, 0, 0, disk + memory, collections=collections)
+    return markers(drain(p))
+
+
+def test_v2_0_with_sync_replication(engine):
+    disk, mem = disk_then_memory(engine, 3, 2, enable_sync_writes="true", consumer_name="replica")
     assert disk.version == mem.version == MarkerVersion.V2_0
     assert (disk.max_visible_seqno, disk.high_completed_seqno) == (3, 0)  # no SyncWrite ever completed
     assert mem.max_visible_seqno == 5
@@ -198,27 +211,15 @@ def test_sync_writes_without_consumer_name_stays_v1(engine):
 
 
 def test_v2_2_for_disk_snapshots_only(engine):
-    fill(engine, 0, 3)
-    to_disk_only(engine, 0)
-    fill(engine, 0, 2, prefix="m")
-    p = producer(engine)
-    controls(p, collections=True, enable_noop="true", max_marker_version="2.2")
-    ask(p, 0, 0, 5, collections=True)
-    disk, mem = markers(drain(p))
+    disk, mem = disk_then_memory(engine, 3, 2, True, enable_noop="true", max_marker_version="2.2")
     assert disk.version == MarkerVersion.V2_2 and disk.purge_seqno == engine.vbucket(0).purge_seqno
     assert (disk.start_seqno, disk.end_seqno, disk.max_visible_seqno) == (0, 3, 3)
     assert mem.version == MarkerVersion.V1
 
 
 def test_v2_2_with_sync_replication_memory_is_v2_0(engine):
-    fill(engine, 0, 3)
-    to_disk_only(engine, 0)
-    fill(engine, 0, 1, prefix="m")
-    p = producer(engine)
-    controls(p, collections=True, enable_noop="true", max_marker_version="2.2", enable_sync_writes="true",
-             consumer_name="r")
-    ask(p, 0, 0, 4, collections=True)
-    disk, mem = markers(drain(p))
+    disk, mem = disk_then_memory(engine, 3, 1, True, enable_noop="true", max_marker_version="2.2",
+                                 enable_sync_writes="true", consumer_name="r")
     assert (disk.version, mem.version) == (MarkerVersion.V2_2, MarkerVersion.V2_0)
 
 
