@@ -13,8 +13,9 @@ from dcpflow.dcp.producer import ProducerConnection
 from dcpflow.engine import Bucket, VBucketState
 from dcpflow.engine.store import EncodedPage
 from dcpflow.protocol import dcp
-from dcpflow.protocol.dcp import OpenFlag
+from dcpflow.protocol.dcp import OpenFlag, StreamEndReason, SystemEventId
 from dcpflow.protocol.frame import Frame, FrameDecoder
+from dcpflow.protocol.keys import split_key
 
 MAX = 0xFFFFFFFFFFFFFFFF
 
@@ -143,6 +144,29 @@ def items(messages) -> list:
 
 def markers(messages) -> list:
     return [m for m in messages if isinstance(m, dcp.DcpSnapshotMarker)]
+
+
+def summary(messages) -> list[tuple]:
+    """What a stream sent, in order: ("event", seqno, id, key), ("doc", seqno, cid, key), ("adv", seqno),
+    ("end", reason); markers as ("marker", start, end)."""
+    out = []
+    for m in messages:
+        if isinstance(m, dcp.DcpSystemEvent):
+            out.append(("event", m.by_seqno, SystemEventId(m.event), m.key))
+        elif isinstance(m, (dcp.DcpMutation, dcp.DcpDeletion)):
+            cid, key = split_key(m.key)
+            out.append(("doc", m.by_seqno, cid, key))
+        elif isinstance(m, dcp.DcpSeqnoAdvanced):
+            out.append(("adv", m.by_seqno))
+        elif isinstance(m, dcp.DcpStreamEnd):
+            out.append(("end", StreamEndReason(m.reason)))
+        elif isinstance(m, dcp.DcpSnapshotMarker):
+            out.append(("marker", m.start_seqno, m.end_seqno))
+    return out
+
+
+def no_markers(rows):
+    return [r for r in rows if r[0] != "marker"]
 
 
 def ends(messages) -> list[tuple[int, int]]:
