@@ -134,16 +134,3 @@ def test_noop_request_to_a_producer_disconnects(server, clients):
     with pytest.raises(Closed):
         c.recv()
 
-
-@pytest.mark.parametrize("kw", [dict(extras=b"\0\0\0\0")])  # every shape: test_open_control_rules.py
-def test_close_stream_shape(server, clients, kw):
-    c = clients()
-    assert c.stream_request(0).status == Status.SUCCESS
-    assert c.call(Opcode.DCP_CLOSE_STREAM, vbucket=0, **kw).status == Status.EINVAL  # close-stream.md
-
-
-@pytest.mark.parametrize("extras", [b"\0" * 4])  # every length: test_open_control_rules.py
-def test_open_extras_must_be_8_bytes(server, extras):
-    with login(server) as c:
-        assert c.call(Opcode.DCP_OPEN, key=b"x", extras=extras).status == Status.EINVAL
-

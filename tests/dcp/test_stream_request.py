@@ -18,7 +18,7 @@ from dcpflow.protocol.opcodes import Opcode
 from dcpflow.protocol.status import Status
 
 from .client import items, markers
-from .conftest import engine_of, fill, to_disk_only, vbucket, wait_persisted
+from .conftest import fill, vbucket, wait_persisted
 
 MAX = 0xFFFFFFFFFFFFFFFF
 COLLECTIONS = (Feature.XERROR, Feature.COLLECTIONS)
@@ -34,26 +34,10 @@ def test_ok_response_carries_the_failover_log(server, clients, writer):
     assert len(items(c.until_stream_end(3))) == 2
 
 
-@pytest.mark.parametrize("extras_len", [47])  # every length: test_stream_request_rules.py
-def test_extras_must_be_48_bytes(server, clients, extras_len):
-    c = clients()
-    assert c.call(Opcode.DCP_STREAM_REQ, extras=bytes(extras_len)).status == Status.EINVAL
-
-
 @pytest.mark.parametrize("flags", [0x200])  # every flag rule: test_stream_request_rules.py
 def test_invalid_stream_flags(server, clients, flags):
     c = clients()
     assert c.stream_request(0, flags=flags).status == Status.EINVAL
-
-
-@pytest.mark.parametrize("start,end,snap_start,snap_end", [
-    (5, 4, 5, 5),  # start > end (the other cases: test_stream_request_rules.py)
-])
-def test_erange(server, clients, writer, start, end, snap_start, snap_end):
-    fill(writer, 0, 5)
-    c = clients()
-    uuid = vbucket(server, 0).uuid
-    assert c.stream_request(0, start, end, uuid, snap_start, snap_end).status == Status.ERANGE
 
 
 def test_unknown_vbucket_is_not_my_vbucket(make_server, tmp_path):
@@ -207,20 +191,6 @@ def test_stream_request_on_a_consumer_connection_disconnects(server, clients, wr
     assert not [f for f in answers if f.is_response and f.opcode == Opcode.DCP_STREAM_REQ
                 and f.status == Status.SUCCESS], answers
     assert not [f for f in answers if not f.is_response and f.opcode == Opcode.DCP_MUTATION], answers
-
-
-def test_backfill_then_memory_marker_sequence(server, clients, writer):
-    fill(writer, 2, 6)
-    to_disk_only(server, 2)
-    fill(writer, 2, 3, prefix="m")
-    c = clients()
-    assert c.stream_request(2, 0, 9).status == Status.SUCCESS
-    msgs = c.until_stream_end(2)
-    disk, mem = markers(msgs)
-    assert disk.flags == SnapshotFlag.DISK | SnapshotFlag.CHECKPOINT and (disk.start_seqno, disk.end_seqno) == (0, 6)
-    assert mem.flags & SnapshotFlag.MEMORY and (mem.start_seqno, mem.end_seqno) == (7, 9)
-    assert [m.by_seqno for m in items(msgs)] == list(range(1, 10))
-    assert engine_of(server)  # the fixture served the stream from the real engine
 
 
 def test_raw_request_bytes(server, clients):
