@@ -118,7 +118,7 @@ def test_a_stream_retired_before_its_continuation_starts_closes_its_scan(make_se
     """A stream whose scan the trip left open goes on in a task of its own; retired (here: closed)
     before that task took its first step, the scan is still closed, not left to the collector."""
     opened, closed = [], set()
-    real_open, real_close, real_purged = backfill._open_scans, BackfillScan.close, backfill.purged_under
+    real_open, real_close, real_decide = backfill._open_scans, BackfillScan.close, backfill.opened
 
     def no_first_pages(store, work, budget):  # every stream goes on in _continue_backfill
         out = real_open(store, [w[:-1] + (False,) for w in work], budget)
@@ -129,15 +129,15 @@ def test_a_stream_retired_before_its_continuation_starts_closes_its_scan(make_se
         closed.add(id(scan))
         real_close(scan)
 
-    def purged_under(stream, purge_seqno):
+    def decide(stream, purge_seqno):  # dcp/backfills.opened, asked as each opened scan lands
         if stream.vbid == 3:  # a CLOSE_STREAM already in the loop's queue when the trip's result lands
             (producer,) = [conn.dcp for conn in srv.server.connections if conn.dcp is not None]
             asyncio.get_running_loop().call_soon(producer.end_stream, stream, StreamEndReason.CLOSED)
-        return real_purged(stream, purge_seqno)
+        return real_decide(stream, purge_seqno)
 
     monkeypatch.setattr(backfill, "_open_scans", no_first_pages)
     monkeypatch.setattr(BackfillScan, "close", close)
-    monkeypatch.setattr(backfill, "purged_under", purged_under)
+    monkeypatch.setattr(backfill, "opened", decide)
     srv = make_server(data_dir=small_vbuckets)
     c = DcpClient(srv.port).connect()
     request_all(c)

@@ -1,9 +1,10 @@
 """What the stream messages carry: MUTATION fields, DELETION V1/V2, EXPIRATION (only with the
 expiry opcode *and* delete times: `enable_expiry_opcode` alone is accepted and does nothing, erratum
 13), xattrs kept or stripped, NoValue variants, SEQNO_ADVANCED, and official-SDK writes arriving in
-seqno order."""
+seqno order. End to end here: one case of each path (a mutation written over KV, backfill pages
+read on the server's threads, xattrs with their DCP_OPEN flag, writes during streaming, an
+official SDK); every message rule is checked without a socket in test_message_rules.py."""
 
-import time
 
 import pytest
 
@@ -13,8 +14,8 @@ from dcpflow.protocol.dcp import OpenFlag, StreamFlag
 from dcpflow.protocol.hello import Feature
 from dcpflow.protocol.status import Status
 
-from .client import items, markers
-from .conftest import engine_of, fill, keys_in, to_disk_only, vbucket
+from .client import items
+from .conftest import engine_of, fill, keys_in, to_disk_only
 
 MAX = 0xFFFFFFFFFFFFFFFF
 P = OpenFlag.PRODUCER
@@ -34,7 +35,7 @@ def test_mutation_fields(server, clients, writer):
     assert m.lock_time == 0 and m.nru == 0
 
 
-@pytest.mark.parametrize("collections", [False, True])
+@pytest.mark.parametrize("collections", [True])  # both: test_message_rules.py
 def test_backfill_sends_what_memory_sends(server, clients, writer, collections):
     """Mutations backfilled from disk (pages SQLite encodes, engine/store.py) carry exactly the
     fields, key layout and opaque that the same mutations carry when memory serves them."""
@@ -61,67 +62,6 @@ def test_backfill_sends_what_memory_sends(server, clients, writer, collections):
     assert [m[:8] for m in from_disk] == [m[:8] for m in from_memory if m[2] != 4]
 
 
-def deleted_doc(server, writer, vb: int = 0):
-    key = keys_in(vb, 1, prefix="del")[0]
-    writer.set(key, b"v", vbucket=vb)
-    assert writer.delete(key, vbucket=vb).status == Status.SUCCESS
-    return key, server.call(lambda: engine_of(server).vbucket(vb).ht[key])
-
-
-def test_deletion_v1_without_delete_times(server, clients, writer):
-    key, tomb = deleted_doc(server, writer)
-    c = clients()
-    c.stream_request(0, 0, 2)
-    (m,) = items(c.until_stream_end(0))
-    assert isinstance(m, dcp.DcpDeletion) and m.delete_time is None  # 18-byte extras
-    assert (m.key, m.by_seqno, m.cas, m.rev_seqno, m.value) == (key, 2, tomb.cas, tomb.rev_seqno, b"")
-
-
-@pytest.mark.parametrize("disk", [False, True])
-def test_deletion_v2_with_delete_times(server, clients, writer, disk):
-    key, tomb = deleted_doc(server, writer)
-    if disk:
-        to_disk_only(server, 0)
-    c = clients(flags=P | OpenFlag.INCLUDE_DELETE_TIMES)
-    c.stream_request(0, 0, 2)
-    (m,) = items(c.until_stream_end(0))
-    assert isinstance(m, dcp.DcpDeletion) and m.delete_time == tomb.delete_time > 0
-
-
-def expired_doc(server, writer, vb: int = 0):
-    key = keys_in(vb, 1, prefix="exp")[0]
-    writer.set(key, b"v", vbucket=vb, expiry=1)  # relative: one second
-    server.call(lambda: engine_of(server).run_expiry_pager(now=time.time() + 5))
-    return key, server.call(lambda: engine_of(server).vbucket(vb).ht[key])
-
-
-def test_expiration_with_expiry_opcode_and_delete_times(server, clients, writer):
-    key, tomb = expired_doc(server, writer)
-    c = clients(flags=P | OpenFlag.INCLUDE_DELETE_TIMES)
-    c.controls(enable_expiry_opcode="true")
-    c.stream_request(0, 0, 2)
-    (m,) = items(c.until_stream_end(0))
-    assert isinstance(m, dcp.DcpExpiration)
-    assert (m.key, m.by_seqno, m.delete_time) == (key, 2, tomb.delete_time)
-
-
-def test_expiry_opcode_without_delete_times_sends_a_deletion(server, clients, writer):
-    expired_doc(server, writer)
-    c = clients()
-    assert c.control("enable_expiry_opcode", "true") == Status.SUCCESS  # accepted, stays off (erratum 13)
-    c.stream_request(0, 0, 2)
-    (m,) = items(c.until_stream_end(0))
-    assert isinstance(m, dcp.DcpDeletion) and m.delete_time is None
-
-
-def test_expiration_without_the_control_is_a_deletion(server, clients, writer):
-    expired_doc(server, writer)
-    c = clients(flags=P | OpenFlag.INCLUDE_DELETE_TIMES)
-    c.stream_request(0, 0, 2)
-    (m,) = items(c.until_stream_end(0))
-    assert isinstance(m, dcp.DcpDeletion) and m.delete_time is not None
-
-
 def xattr_doc(server, vb: int = 0):
     key = keys_in(vb, 1, prefix="x")[0]
     body = b'{"b":2}'
@@ -133,14 +73,6 @@ def xattr_doc(server, vb: int = 0):
     return key, value, body
 
 
-def test_xattrs_are_stripped_without_include_xattrs(server, clients):
-    key, value, body = xattr_doc(server)
-    c = clients()
-    c.stream_request(0, 0, 1)
-    (m,) = items(c.until_stream_end(0))
-    assert (m.value, m.datatype) == (body, Datatype.JSON)
-
-
 def test_xattrs_are_kept_with_include_xattrs(server, clients):
     key, value, body = xattr_doc(server)
     c = clients(flags=P | OpenFlag.INCLUDE_XATTRS)
@@ -148,75 +80,6 @@ def test_xattrs_are_kept_with_include_xattrs(server, clients):
     c.stream_request(0, 0, 1)
     (m,) = items(c.until_stream_end(0))
     assert (m.value, m.datatype) == (value, Datatype.XATTR | Datatype.JSON)
-
-
-def test_no_value(server, clients):
-    xattr_doc(server)
-    c = clients(flags=P | OpenFlag.NO_VALUE)
-    c.stream_request(0, 0, 1)
-    (m,) = items(c.until_stream_end(0))
-    assert (m.value, m.datatype) == (b"", 0)  # the datatype describes what is sent
-
-
-def test_no_value_with_xattrs_sends_the_xattrs(server, clients):
-    key, value, body = xattr_doc(server)
-    c = clients(flags=P | OpenFlag.NO_VALUE | OpenFlag.INCLUDE_XATTRS)
-    c.controls(enable_noop="true")
-    c.stream_request(0, 0, 1)
-    (m,) = items(c.until_stream_end(0))
-    assert (m.value, m.datatype) == (value[:len(value) - len(body)], Datatype.XATTR)
-
-
-def test_no_value_with_underlying_datatype(server, clients):
-    xattr_doc(server)
-    c = clients(flags=P | OpenFlag.NO_VALUE_WITH_UNDERLYING_DATATYPE)
-    c.stream_request(0, 0, 1)
-    (m,) = items(c.until_stream_end(0))
-    assert (m.value, m.datatype) == (b"", Datatype.JSON)  # the document's datatype, xattrs not sent
-
-
-def test_deletion_keeps_system_xattrs_only_with_include_xattrs(server, clients, writer):
-    key, value, body = xattr_doc(server)
-    assert writer.delete(key, vbucket=0).status == Status.SUCCESS
-    c = clients(flags=P | OpenFlag.INCLUDE_XATTRS)
-    c.controls(enable_noop="true")
-    c.stream_request(0, 0, 2)
-    (m,) = items(c.until_stream_end(0))
-    assert isinstance(m, dcp.DcpDeletion) and m.datatype == Datatype.XATTR
-    assert m.value == join_xattrs({"_sys": '{"s":1}'}, b"")
-    plain = clients(name="plain")
-    plain.stream_request(0, 0, 2)
-    (m,) = items(plain.until_stream_end(0))
-    assert (m.value, m.datatype) == (b"", 0)
-
-
-def test_skip_deletes_in_initial_backfill_with_seqno_advanced(server, clients, writer):
-    keys = fill(writer, 0, 3)
-    writer.delete(keys[2], vbucket=0)  # 4: the last item of the disk snapshot is a tombstone
-    to_disk_only(server, 0)
-    c = clients(flags=P | OpenFlag.SKIP_DELETES_IN_INITIAL_BACKFILL, features=(Feature.XERROR, Feature.COLLECTIONS))
-    c.controls(enable_noop="true")
-    c.stream_request(0, 0, 4)
-    msgs = c.until_stream_end(0)
-    assert [m.by_seqno for m in items(msgs)] == [1, 2]
-    adv = [m for m in msgs if isinstance(m, dcp.DcpSeqnoAdvanced)]
-    assert [a.by_seqno for a in adv] == [4]  # the consumer learns it reached the snapshot end
-    # a backfill that does not start at 0 sends the tombstone
-    uuid = vbucket(server, 0).uuid
-    d = clients(name="d", flags=P | OpenFlag.SKIP_DELETES_IN_INITIAL_BACKFILL)
-    d.stream_request(0, 2, 4, uuid, 2, 2)
-    assert [m.by_seqno for m in items(d.until_stream_end(0))] == [4]
-
-
-def test_seqno_advanced_only_for_collection_aware_consumers(server, clients, writer):
-    keys = fill(writer, 0, 3)
-    writer.delete(keys[2], vbucket=0)
-    to_disk_only(server, 0)
-    c = clients(flags=P | OpenFlag.SKIP_DELETES_IN_INITIAL_BACKFILL)
-    c.stream_request(0, 0, 4)
-    msgs = c.until_stream_end(0)
-    assert not [m for m in msgs if isinstance(m, dcp.DcpSeqnoAdvanced)]
-    assert markers(msgs)[0].end_seqno == 4
 
 
 def test_writes_during_streaming_arrive_in_seqno_order(server, clients, writer):

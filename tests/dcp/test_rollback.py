@@ -2,7 +2,10 @@
 itself: an unclean restart (`kill -9` with unpersisted writes), vbucket state changes, and
 tombstone purges (KV-Engine's rollback.md as its code decides; the rules are stated in
 tests/engine/test_failover.py: the purge rule compares the start seqno, not the snapshot start, and
-a request from 0 checks its UUID only with StrictVbUuid - erratum 36)."""
+a request from 0 checks its UUID only with StrictVbUuid - erratum 36). End to end here: a real
+restart and purges racing queued backfills; every branch of the decision, over failover logs the
+engine builds, is checked without a socket in test_stream_request_rules.py (with a hypothesis
+property)."""
 
 import json
 import time
@@ -79,86 +82,6 @@ def test_unclean_restart_branches(spawn_server, tmp_path):
     # the newest branch itself: fine up to the high seqno
     assert c.stream_request(0, 5, MAX, uuid2, 5, 5).status == Status.SUCCESS
     c.close()
-
-
-def test_state_change_creates_a_branch(server, clients, writer):
-    fill(writer, 1, 4)
-    old = vbucket(server, 1).uuid
-    assert writer.call(Opcode.SET_VBUCKET, vbucket=1, extras=bytes([2])).status == Status.SUCCESS  # replica
-    assert writer.call(Opcode.SET_VBUCKET, vbucket=1, extras=bytes([1])).status == Status.SUCCESS  # active again
-    fill(writer, 1, 2, prefix="new")
-    c = clients()
-    log = failover_log(c, 1)
-    assert log[0][1] == 4 and log[1][0] == old
-    # a consumer of the old branch that stopped at 4 continues without rollback
-    resp = c.stream_request(1, 4, 6, old, 4, 4)
-    assert resp.status == Status.SUCCESS
-    assert [m.by_seqno for m in items(c.until_stream_end(1))] == [5, 6]
-    # 4c on the old branch: a snapshot [3, 5] that straddles the branch point at 4
-    resp = c.stream_request(1, 4, MAX, old, 3, 5)
-    assert (resp.status, resp.rollback_seqno) == (Status.ROLLBACK, 3)
-
-
-def test_start_zero_branches(server, clients, writer):
-    fill(writer, 2, 3)
-    uuid = vbucket(server, 2).uuid
-    c = clients()
-    # 1: start 0 needs no history check, whatever the uuid ...
-    assert c.stream_request(2, 0, 3, 0xBAD).status == Status.SUCCESS
-    c.until_stream_end(2)
-    # ... unless StrictVbUuid, which checks a non-zero uuid even at 0 (rollback.md's case 1.b applies
-    # only then: erratum 36)
-    resp = c.stream_request(2, 0, 3, 0xBAD, flags=StreamFlag.STRICT_VBUUID)
-    assert (resp.status, resp.rollback_seqno) == (Status.ROLLBACK, 0)
-    assert c.stream_request(2, 0, 3, 0, flags=StreamFlag.STRICT_VBUUID).status == Status.SUCCESS
-    c.until_stream_end(2)
-    assert c.stream_request(2, 0, 3, uuid, flags=StreamFlag.STRICT_VBUUID).status == Status.SUCCESS
-    c.until_stream_end(2)
-    # a non-zero start with uuid 0 is an unknown branch
-    resp = c.stream_request(2, 1, 3, 0, 1, 1)
-    assert (resp.status, resp.rollback_seqno) == (Status.ROLLBACK, 0)
-    # FromLatest replaces a zero uuid with the current one
-    assert c.stream_request(2, 0, MAX, 0, flags=StreamFlag.FROM_LATEST).status == Status.SUCCESS
-
-
-def test_purge_seqno_branches(make_server):
-    """Tombstones purged below the consumer's start: roll back to 0 unless IgnorePurgedTombstones
-    or the consumer already saw that purge seqno (stream-request value `purge_seqno`)."""
-    srv = make_server(purge_interval=0.0)
-    w = srv.login()
-    keys = fill(w, 0, 6)
-    for k in keys[:3]:
-        assert w.delete(k, vbucket=0).status == Status.SUCCESS  # seqnos 7..9
-    fill(w, 0, 1, prefix="after")  # 10
-    to_disk_only(srv, 0)
-    srv.call(lambda: engine_of(srv).compact(0, now=time.time() + 10))
-    purge = vbucket(srv, 0).purge_seqno
-    uuid = vbucket(srv, 0).uuid
-    assert purge == 9
-    c = DcpClient(srv.port)
-    c.connect(features=(Feature.XERROR, Feature.COLLECTIONS))
-    c.controls(enable_noop="true")
-    resp = c.stream_request(0, 5, MAX, uuid, 5, 5)
-    assert (resp.status, resp.rollback_seqno) == (Status.ROLLBACK, 0)
-    resp = c.stream_request(0, 5, MAX, uuid, 5, 5, value=json.dumps({"purge_seqno": "3"}).encode())
-    assert (resp.status, resp.rollback_seqno) == (Status.ROLLBACK, 0)
-    resp = c.stream_request(0, 5, MAX, uuid, 5, 5, value=json.dumps({"purge_seqno": str(purge)}).encode())
-    assert resp.status == Status.SUCCESS
-    assert c.close_stream(0) == Status.SUCCESS
-    assert c.stream_request(0, 5, MAX, uuid, 5, 5, flags=StreamFlag.IGNORE_PURGED_TOMBSTONES).status == \
-        Status.SUCCESS
-    assert c.close_stream(0) == Status.SUCCESS
-    assert c.stream_request(0, 9, MAX, uuid, 9, 9).status == Status.SUCCESS  # start == purge seqno: fine
-    assert c.close_stream(0) == Status.SUCCESS
-    c.close()
-    # from 0 the purged tombstones are simply absent from the disk snapshot
-    c = DcpClient(srv.port)
-    c.connect()
-    assert c.stream_request(0, 0, 10, uuid).status == Status.SUCCESS
-    got = items(c.until_stream_end(0))
-    assert [m.by_seqno for m in got] == [4, 5, 6, 10]
-    c.close()
-    w.close()
 
 
 def test_purge_before_a_queued_backfill_opens_ends_with_rollback(make_server):

@@ -2,7 +2,9 @@
 the real event: end seqno, CLOSE_STREAM, vbucket state change, server shutdown, a failed disk
 scan, a vbucket rollback, and lost privileges. Slow is not sent: only the streams of a connection
 that opted in have droppable cursors, and they recover from disk (tested here too). FilterEmpty
-cannot happen here: only the default collection exists and it cannot be dropped."""
+cannot happen here: only the default collection exists and it cannot be dropped. The rules
+themselves (which reason, what a stream drops, when nothing is sent) are also checked without a
+socket in test_stream_rules.py."""
 
 import os
 
@@ -28,23 +30,6 @@ def test_close_stream_sends_stream_end_when_asked(server, clients):
     assert c.close_stream(0) == Status.SUCCESS
     msgs = c.until_stream_end(0)
     assert ends(msgs) == [(0, StreamEndReason.CLOSED)]
-
-
-def test_close_stream_is_silent_by_default(server, clients, writer):
-    c = clients()
-    c.stream_request(0)
-    assert c.close_stream(0) == Status.SUCCESS
-    fill(writer, 0, 3)
-    assert c.quiet(0.5) == []
-
-
-def test_state_change_ends_the_stream(server, clients, writer):
-    c = clients()
-    c.stream_request(5)
-    c.stream_request(6)
-    assert writer.call(Opcode.SET_VBUCKET, vbucket=5, extras=bytes([2])).status == Status.SUCCESS
-    assert ends(c.until_stream_end(5)) == [(5, StreamEndReason.STATE_CHANGED)]
-    assert c.close_stream(6) == Status.SUCCESS  # the other stream is untouched
 
 
 def test_server_shutdown_ends_streams_as_disconnected(make_server):

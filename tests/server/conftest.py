@@ -73,7 +73,10 @@ class ServerThread:
 
     def start(self) -> "ServerThread":
         self._thread.start()
-        self._ready.wait(30)
+        # warm-up reads the whole data dir (a million items in the large-backfill test): on a busy
+        # machine that can take minutes; the bound only keeps a hung start from hanging the suite
+        if not self._ready.wait(600):
+            raise TimeoutError("the server did not start within 600 s")
         if self._error is not None:
             raise self._error
         return self

@@ -25,7 +25,10 @@ task reading it), or None while its scan opens in a group trip.
 
 from collections import OrderedDict
 
+from dcpflow.protocol.dcp import StreamEndReason
+
 from .active_stream import ActiveStream
+from .stream_request import purged_under
 
 #: The next backfill page is read only when the stream's queue is below this (dcp_scan_byte_limit).
 BACKFILL_QUEUE_BYTES = 4 * 1024 * 1024
@@ -51,6 +54,20 @@ def next_page_size(items: int, nbytes: int) -> int:
     """Items to ask for in a scan's next page, from what the last one held: about
     BACKFILL_PAGE_BYTES (rows of large documents make a page of bytes, not of items)."""
     return max(1, min(8192, BACKFILL_PAGE_BYTES * items // nbytes))
+
+
+def opened(stream: ActiveStream, purge_seqno: int) -> StreamEndReason | None:
+    """A backfill's scan opened with the store's `purge_seqno`: the reason to end the stream with
+    instead of sending its disk snapshot (ROLLBACK: tombstones the consumer has not seen were
+    purged meanwhile, stream_request.purged_under), or None to go on (`backfill_begin`)."""
+    return StreamEndReason.ROLLBACK if purged_under(stream, purge_seqno) else None
+
+
+def read_whole(page_read: bool, chunks: int, scan_closed: bool) -> bool:
+    """Was the first page the trip read the whole range (complete the backfill now), rather than
+    the start of a scan that reads on? A page with no chunks, or a scan that closed itself after
+    a short page, is the end."""
+    return page_read and (scan_closed or chunks == 0)
 
 
 class BackfillQueue:

@@ -34,9 +34,10 @@ from dcpflow.dcp.backfills import (
     ENCODED_PAGE_ITEMS,
     BackfillQueue,
     next_page_size,
+    opened,
+    read_whole,
 )
 from dcpflow.dcp.producer import ProducerConnection
-from dcpflow.dcp.stream_request import purged_under
 from dcpflow.engine.store import EncodedPage
 from dcpflow.protocol.dcp import StreamEndReason
 
@@ -260,17 +261,18 @@ class ConnectionBackfills:
                 scan, page = result
                 if stream.dead or producer.closed or stream.backfill is not rng or not queue.is_opening(stream):
                     continue
-                if purged_under(stream, scan.purge_seqno):
+                end = opened(stream, scan.purge_seqno)  # dcp/backfills.py decides
+                if end is not None:
                     log.info("DCP %s: vbucket %d purged tombstones above %d (purge seqno %d) before its backfill "
-                             "opened: STREAM_END(Rollback)", producer.name, stream.vbid, rng.start - 1,
-                             scan.purge_seqno)
+                             "opened: STREAM_END(%s)", producer.name, stream.vbid, rng.start - 1,
+                             scan.purge_seqno, end.name)
                     queue.drop_opening(stream)
-                    producer.end_stream(stream, StreamEndReason.ROLLBACK)
+                    producer.end_stream(stream, end)
                     continue
                 stream.backfill_begin(scan.purge_seqno)
                 if page is not None:
                     self._feed(stream, scan, page)
-                if page is not None and (scan.closed or not page[0]):
+                if read_whole(page is not None, len(page[0]) if page is not None else 0, scan.closed):
                     queue.drop_opening(stream)
                     stream.backfill_complete()  # that was the whole range
                 else:
