@@ -1,0 +1,89 @@
+"""Dispatch: opcode -> command type (REQUEST_TYPES / RESPONSE_TYPES) and decode_kv.
+"""
+
+
+from .. import rules
+from ..errors import ProtocolError
+from ..frame import Frame
+from ..status import Status
+from .common import RawResponse
+from .reads import Gat, Get, GetReplica, GetResponse, Touch
+from .server_info import (
+    ClusterConfigResponse,
+    ErrorMapResponse,
+    GetClusterConfig,
+    GetErrorMap,
+    Noop,
+    Quit,
+    Version,
+    VersionResponse,
+)
+from .session import (
+    Hello,
+    HelloResponse,
+    ListBuckets,
+    ListBucketsResponse,
+    SaslAuth,
+    SaslListMechs,
+    SaslListMechsResponse,
+    SaslResponse,
+    SelectBucket,
+)
+from .stats import Stat, StatResponse
+from .vbuckets import (
+    GetAllVbSeqnos,
+    GetAllVbSeqnosResponse,
+    GetVbucket,
+    GetVbucketResponse,
+    ObserveSeqno,
+    ObserveSeqnoResponse,
+    SeqnoPersistence,
+    SetVbucket,
+)
+from .writes import Arithmetic, ArithmeticResponse, Concat, Delete, MutationResponse, Store
+
+# ---------------------------------------------------------------------------------------------
+# Dispatch
+
+#: Request opcode -> command type.
+REQUEST_TYPES: dict[int, type] = {}
+for _cls in (Hello, SaslListMechs, SelectBucket, ListBuckets, GetClusterConfig, GetErrorMap, Version, Noop,
+             Stat, Touch, SetVbucket, GetVbucket, GetAllVbSeqnos, ObserveSeqno, SeqnoPersistence, GetReplica):
+    REQUEST_TYPES[_cls.opcode] = _cls
+for _cls in (SaslAuth, Quit, Get, Store, Delete, Arithmetic, Concat, Gat):
+    for _op in _cls.OPCODES:
+        REQUEST_TYPES[_op] = _cls
+
+#: Response opcode -> type of its success (or, for SASL, AUTH_CONTINUE) reply.
+RESPONSE_TYPES: dict[int, type] = {}
+for _cls in (HelloResponse, SaslListMechsResponse, ListBucketsResponse, ClusterConfigResponse,
+             ErrorMapResponse, VersionResponse, StatResponse, GetVbucketResponse, GetAllVbSeqnosResponse,
+             ObserveSeqnoResponse):
+    RESPONSE_TYPES[_cls.opcode] = _cls
+for _cls in (SaslResponse, MutationResponse, ArithmeticResponse, GetResponse):
+    for _op in _cls.OPCODES:
+        RESPONSE_TYPES[_op] = _cls
+del _op, _cls
+
+
+def decode_kv(frame: Frame, types: tuple[dict[int, type], dict[int, type]] | None = None):
+    """The typed message for a frame of this module (raises ProtocolError if malformed or unknown).
+
+    Responses with an error status, and successes without a typed body (NOOP, SELECT_BUCKET, ...),
+    decode as RawResponse, except SASL's AUTH_CONTINUE, which is a step of the exchange. `types` lets
+    a caller merge other modules' (REQUEST_TYPES, RESPONSE_TYPES).
+    """
+    req_types, resp_types = types or (REQUEST_TYPES, RESPONSE_TYPES)
+    if frame.is_response:
+        cls = resp_types.get(frame.opcode)
+        if frame.status == Status.SUCCESS and cls is not None:
+            return cls.from_frame(frame)
+        if frame.status == Status.AUTH_CONTINUE and frame.opcode in SaslAuth.OPCODES:
+            return SaslResponse.from_frame(frame)
+        return RawResponse.from_frame(frame)
+    cls = req_types.get(frame.opcode)
+    if cls is None:
+        rules.check(frame)
+        raise ProtocolError(f"opcode {rules.opcode_name(frame.opcode)} has no typed decoder here",
+                            Status.UNKNOWN_COMMAND, opcode=frame.opcode, opaque=frame.opaque)
+    return cls.from_frame(frame)
