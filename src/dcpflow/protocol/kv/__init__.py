@@ -2,7 +2,7 @@
 
 Pages (under https://github.com/couchbase/kv_engine/blob/master/): docs/BinaryProtocol.md
 (one section per opcode), docs/sasl.md, docs/ErrorMap.md, docs/Collections.md,
-docs/dcp/documentation/commands/get_seqno.md and persist_seqno.md. The pattern is dcp.py's: every command is an
+docs/dcp/documentation/commands/get_seqno.md and persist_seqno.md. The pattern is the dcp package's: every command is an
 immutable NamedTuple with `encode()` and `from_frame()` (which runs the page's rules first, see
 rules.py), and REQUEST_TYPES / RESPONSE_TYPES map opcodes to types.
 
@@ -17,7 +17,8 @@ map (`decode_kv` chooses). Response types with a non-success status encode an em
 The package is split by page family: common (shared structs, checks, RawResponse, error replies),
 session (HELLO, SASL, SELECT_BUCKET, LIST_BUCKETS), server_info (cluster config, error map, version,
 no-op, quit), stats, reads (GET family, touch, locks, replica), writes (store, delete, arithmetic,
-concat), vbuckets (vbucket state, seqnos, observe, persistence, collection ids) and decoder (dispatch).
+concat), replies (reply headers packed whole, the mutation token), vbuckets (vbucket state, seqnos,
+observe, persistence, collection ids) and decoder (dispatch).
 Import from the package: it re-exports them all.
 """
 from .common import (
@@ -36,7 +37,6 @@ from .decoder import (
     decode_kv,
 )
 from .reads import (
-    GET_RESPONSE_HEAD,
     Gat,
     Get,
     GetLocked,
@@ -44,6 +44,15 @@ from .reads import (
     GetResponse,
     Touch,
     Unlock,
+)
+from .replies import (
+    GET_RESPONSE_HEAD,
+    MUTATION_RESPONSE_WITH_TOKEN,
+    MUTATION_TOKEN,
+    MutationToken,
+    pack_get_response_head,
+    pack_mutation_response,
+    pack_response,
 )
 from .server_info import (
     ClusterConfigResponse,
@@ -88,7 +97,6 @@ from .vbuckets import (
     SetVbucket,
 )
 from .writes import (
-    MUTATION_RESPONSE_WITH_TOKEN,
     Arithmetic,
     ArithmeticResponse,
     Concat,
@@ -122,6 +130,8 @@ __all__ = [
     "ListBuckets",
     "ListBucketsResponse",
     "MUTATION_RESPONSE_WITH_TOKEN",
+    "MUTATION_TOKEN",
+    "MutationToken",
     "MutationResponse",
     "NO_BUCKET_NAME",
     "Noop",
@@ -157,5 +167,8 @@ __all__ = [
     "error_response",
     "negotiate",
     "not_my_vbucket",
+    "pack_get_response_head",
+    "pack_mutation_response",
+    "pack_response",
     "sasl_step",
 ]

@@ -12,13 +12,13 @@ from ..datatype import KNOWN_DATATYPE_BITS, Datatype
 from ..errors import ProtocolError
 from ..frame import Frame, Magic, response
 from ..status import Status
+from .replies import MUTATION_TOKEN, MutationToken
 
 _U16 = struct.Struct(">H")
 _U32 = struct.Struct(">I")
 _U64 = struct.Struct(">Q")
 #: SET/ADD/REPLACE extras: flags u32, expiry u32 (Store; the server's SET path unpacks them itself).
 STORE_EXTRAS = struct.Struct(">II")
-_MUTATION_EXTRAS = struct.Struct(">QQ")
 _ARITH_EXTRAS = struct.Struct(">QQI")
 _CONFIG_VERSION = struct.Struct(">qq")
 _STATE_COLLECTION = struct.Struct(">II")
@@ -66,13 +66,12 @@ def _check_opcode(frame: Frame, opcodes, cls: type, response_expected: bool) -> 
 def _mutation_extras(vbucket_uuid: int | None, seqno: int | None) -> bytes:
     if vbucket_uuid is None:
         return b""
-    return _MUTATION_EXTRAS.pack(vbucket_uuid, seqno or 0)
+    return MUTATION_TOKEN.pack(vbucket_uuid, seqno or 0)
 
 
 def _mutation_token(extras: bytes) -> tuple[int | None, int | None]:
-    if len(extras) == 16:
-        return _MUTATION_EXTRAS.unpack(extras)
-    return None, None
+    token = MutationToken.from_extras(extras)
+    return (None, None) if token is None else token
 
 
 def _json_value_problems(frame: Frame, what: str, page: str, object_only: bool = False):

@@ -2,12 +2,11 @@
 GET_REPLICA.
 """
 
-import struct
 from typing import NamedTuple
 
 from .. import rules
 from ..errors import ProtocolError
-from ..frame import HEADER, Frame, request, response
+from ..frame import Frame, request, response
 from ..opcodes import Opcode
 from ..rules import MAY, MUST, Shape
 from ..status import Status
@@ -82,12 +81,6 @@ class GetResponse(NamedTuple):
 
 for _op in Get.OPCODES:
     rules.register(_op, Shape(_GET_PAGE, key=MUST), Shape(_GET_PAGE, extras=(4,), key=MAY, value=MAY))
-
-#: A GetResponse's header and flags extras in one struct (key and value follow): (magic, opcode, key
-#: length, 4, datatype, 0, body length, opaque, cas, flags). For a server's GET path, which packs
-#: the reply without building a GetResponse; the bytes are GetResponse.encode()'s.
-GET_RESPONSE_HEAD = struct.Struct(HEADER.format + "I")
-
 
 @rules.response_check(Opcode.GET_K, Opcode.GET_KQ)
 def _getk_response_rules(frame: Frame):

@@ -2,12 +2,11 @@
 PREPEND, with the mutation reply and its token.
 """
 
-import struct
 from typing import NamedTuple
 
 from .. import rules
 from ..errors import ProtocolError
-from ..frame import HEADER, Frame, request, response
+from ..frame import Frame, request, response
 from ..opcodes import Opcode
 from ..rules import MAY, MUST, Shape
 from ..status import Status
@@ -105,10 +104,6 @@ class MutationResponse(NamedTuple):
         return None if self.vbucket_uuid is None else (self.vbucket_uuid, self.seqno or 0)
 
 
-#: A MutationResponse with its mutation token in one struct: (magic, opcode, 0, 16, 0, 0, 16, opaque,
-#: cas, vbucket uuid, seqno). For a server's write paths, which pack the reply without building a
-#: MutationResponse (without the token the reply is the bare HEADER); the bytes are encode()'s.
-MUTATION_RESPONSE_WITH_TOKEN = struct.Struct(HEADER.format + "QQ")
 
 
 _DELETE_PAGE = _BP + "#0x04-delete"

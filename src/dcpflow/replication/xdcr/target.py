@@ -21,7 +21,6 @@ failed over or restarted uncleanly.
 import asyncio
 import contextlib
 import logging
-import struct
 import urllib.parse
 from typing import NamedTuple
 
@@ -43,7 +42,6 @@ SET, DELETE, EXPIRE = "set", "delete", "expire"
 #: Statuses after which the same request is sent again (after a pause, or a map refresh).
 _AGAIN = frozenset({Status.ETMPFAIL, Status.EBUSY, Status.ENOMEM, Status.NOT_INITIALIZED, Status.NOT_MY_VBUCKET})
 MAX_BACKOFF = 2.0
-_TOKEN = struct.Struct(">QQ")
 
 
 class Change(NamedTuple):
@@ -146,13 +144,12 @@ class Target:
 
     @staticmethod
     def _outcome(frame, vb: int) -> Outcome:
-        # A reply per change: its mutation token is read in place (BinaryProtocol.md #0x01-set:
-        # 16 bytes of extras, vbucket UUID then seqno), not through the validating decoder.
+        # A reply per change: its mutation token is read from the extras in place, not through the
+        # validating decoder.
         if frame.status == Status.SUCCESS:
-            extras = frame.extras
-            if len(extras) == 16:
-                vbuuid, seqno = _TOKEN.unpack(extras)
-                return Outcome(Status.SUCCESS, vb, vbuuid, seqno)
+            token = kvproto.MutationToken.from_extras(frame.extras)
+            if token is not None:
+                return Outcome(Status.SUCCESS, vb, token.vbucket_uuid, token.seqno)
             return Outcome(Status.SUCCESS, vb)
         return Outcome(frame.status, vb)
 
