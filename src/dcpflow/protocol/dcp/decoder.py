@@ -15,6 +15,7 @@ from ..frame import (
 from ..kv import RawResponse
 from ..opcodes import Opcode
 from ..status import Status
+from . import streams
 from .cache_transfer import DcpCacheTransfer, DcpCacheTransferEnd
 from .control import DcpBufferAck, DcpControl, DcpNoop, DcpOpen
 from .documents import DcpDeletion, DcpExpiration, DcpMutation
@@ -33,16 +34,7 @@ from .layouts import (
     MARKER_V22_SHORT,
 )
 from .snapshots import DcpOsoSnapshot, DcpSeqnoAdvanced, DcpSnapshotMarker
-from .streams import (
-    DcpAddStream,
-    DcpAddStreamResponse,
-    DcpCloseStream,
-    DcpGetFailoverLog,
-    DcpStreamEnd,
-    DcpStreamRequest,
-    DcpStreamRequestResponse,
-    FailoverLogResponse,
-)
+from .streams import DcpStreamEnd
 from .sync_writes import DcpAbort, DcpCommit, DcpPrepare, DcpSeqnoAcknowledged
 
 # ---------------------------------------------------------------------------------------------
@@ -51,7 +43,8 @@ from .sync_writes import DcpAbort, DcpCommit, DcpPrepare, DcpSeqnoAcknowledged
 #: Request opcode -> message type, for decoding anything that arrives on a DCP connection.
 REQUEST_TYPES: dict[int, type] = {
     cls.opcode: cls for cls in (
-        DcpOpen, DcpAddStream, DcpCloseStream, DcpStreamRequest, DcpGetFailoverLog, DcpStreamEnd,
+        DcpOpen, streams.DcpAddStream, streams.DcpCloseStream, streams.DcpStreamRequest,
+        streams.DcpGetFailoverLog, DcpStreamEnd,
         DcpSnapshotMarker, DcpMutation, DcpDeletion, DcpExpiration, DcpSetVbucketState, DcpNoop,
         DcpBufferAck, DcpControl, DcpSystemEvent, DcpPrepare, DcpSeqnoAcknowledged, DcpCommit, DcpAbort,
         DcpSeqnoAdvanced, DcpOsoSnapshot, DcpCacheTransfer, DcpCacheTransferEnd)
@@ -68,10 +61,10 @@ STREAM_OPCODES = frozenset({
 
 #: Response opcode -> message type, where the response has a body worth typing.
 RESPONSE_TYPES: dict[int, type] = {
-    Opcode.DCP_STREAM_REQ: DcpStreamRequestResponse,
-    Opcode.DCP_GET_FAILOVER_LOG: FailoverLogResponse,
-    Opcode.GET_FAILOVER_LOG: FailoverLogResponse,
-    Opcode.DCP_ADD_STREAM: DcpAddStreamResponse,
+    Opcode.DCP_STREAM_REQ: streams.DcpStreamRequestResponse,
+    Opcode.DCP_GET_FAILOVER_LOG: streams.FailoverLogResponse,
+    Opcode.GET_FAILOVER_LOG: streams.FailoverLogResponse,
+    Opcode.DCP_ADD_STREAM: streams.DcpAddStreamResponse,
 }
 
 

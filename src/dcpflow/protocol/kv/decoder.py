@@ -1,66 +1,35 @@
-"""Dispatch: opcode -> command type (REQUEST_TYPES / RESPONSE_TYPES) and decode_kv.
-"""
-
+"""Dispatch: opcode -> command type (REQUEST_TYPES / RESPONSE_TYPES) and decode_kv."""
 
 from .. import rules
 from ..errors import ProtocolError
 from ..frame import Frame
 from ..status import Status
+from . import reads, server_info, session, stats, vbuckets, writes
 from .common import RawResponse
-from .reads import Gat, Get, GetReplica, GetResponse, Touch
-from .server_info import (
-    ClusterConfigResponse,
-    ErrorMapResponse,
-    GetClusterConfig,
-    GetErrorMap,
-    Noop,
-    Quit,
-    Version,
-    VersionResponse,
-)
-from .session import (
-    Hello,
-    HelloResponse,
-    ListBuckets,
-    ListBucketsResponse,
-    SaslAuth,
-    SaslListMechs,
-    SaslListMechsResponse,
-    SaslResponse,
-    SelectBucket,
-)
-from .stats import Stat, StatResponse
-from .vbuckets import (
-    GetAllVbSeqnos,
-    GetAllVbSeqnosResponse,
-    GetVbucket,
-    GetVbucketResponse,
-    ObserveSeqno,
-    ObserveSeqnoResponse,
-    SeqnoPersistence,
-    SetVbucket,
-)
-from .writes import Arithmetic, ArithmeticResponse, Concat, Delete, MutationResponse, Store
 
 # ---------------------------------------------------------------------------------------------
 # Dispatch
 
 #: Request opcode -> command type.
 REQUEST_TYPES: dict[int, type] = {}
-for _cls in (Hello, SaslListMechs, SelectBucket, ListBuckets, GetClusterConfig, GetErrorMap, Version, Noop,
-             Stat, Touch, SetVbucket, GetVbucket, GetAllVbSeqnos, ObserveSeqno, SeqnoPersistence, GetReplica):
+for _cls in (session.Hello, session.SaslListMechs, session.SelectBucket, session.ListBuckets,
+             server_info.GetClusterConfig, server_info.GetErrorMap, server_info.Version, server_info.Noop,
+             stats.Stat, reads.Touch, reads.GetReplica, vbuckets.SetVbucket, vbuckets.GetVbucket,
+             vbuckets.GetAllVbSeqnos, vbuckets.ObserveSeqno, vbuckets.SeqnoPersistence):
     REQUEST_TYPES[_cls.opcode] = _cls
-for _cls in (SaslAuth, Quit, Get, Store, Delete, Arithmetic, Concat, Gat):
+for _cls in (session.SaslAuth, server_info.Quit, reads.Get, reads.Gat, writes.Store, writes.Delete,
+             writes.Arithmetic, writes.Concat):
     for _op in _cls.OPCODES:
         REQUEST_TYPES[_op] = _cls
 
 #: Response opcode -> type of its success (or, for SASL, AUTH_CONTINUE) reply.
 RESPONSE_TYPES: dict[int, type] = {}
-for _cls in (HelloResponse, SaslListMechsResponse, ListBucketsResponse, ClusterConfigResponse,
-             ErrorMapResponse, VersionResponse, StatResponse, GetVbucketResponse, GetAllVbSeqnosResponse,
-             ObserveSeqnoResponse):
+for _cls in (session.HelloResponse, session.SaslListMechsResponse, session.ListBucketsResponse,
+             server_info.ClusterConfigResponse, server_info.ErrorMapResponse, server_info.VersionResponse,
+             stats.StatResponse, vbuckets.GetVbucketResponse, vbuckets.GetAllVbSeqnosResponse,
+             vbuckets.ObserveSeqnoResponse):
     RESPONSE_TYPES[_cls.opcode] = _cls
-for _cls in (SaslResponse, MutationResponse, ArithmeticResponse, GetResponse):
+for _cls in (session.SaslResponse, writes.MutationResponse, writes.ArithmeticResponse, reads.GetResponse):
     for _op in _cls.OPCODES:
         RESPONSE_TYPES[_op] = _cls
 del _op, _cls
@@ -78,8 +47,8 @@ def decode_kv(frame: Frame, types: tuple[dict[int, type], dict[int, type]] | Non
         cls = resp_types.get(frame.opcode)
         if frame.status == Status.SUCCESS and cls is not None:
             return cls.from_frame(frame)
-        if frame.status == Status.AUTH_CONTINUE and frame.opcode in SaslAuth.OPCODES:
-            return SaslResponse.from_frame(frame)
+        if frame.status == Status.AUTH_CONTINUE and frame.opcode in session.SaslAuth.OPCODES:
+            return session.SaslResponse.from_frame(frame)
         return RawResponse.from_frame(frame)
     cls = req_types.get(frame.opcode)
     if cls is None:
