@@ -13,9 +13,12 @@ for as long as it takes, since a replication must not drop a change: an outcome 
 when the target said SUCCESS, KEY_EEXISTS (its version won conflict resolution: counted, not
 retried, as goxdcr does) or refused the change for good (an error naming it).
 
-HELLO MutationSeqno makes every success carry the target's vbucket UUID and seqno: the
-checkpoints record them (checkpoints.py), and a UUID that changed tells the replicator the target
-failed over or restarted uncleanly.
+HELLO MutationSeqno makes every success carry the target's vbucket UUID and seqno: XDCR's
+checkpoints record them (replication/xdcr/checkpoints.py), and a UUID that changed tells its
+replicator the target failed over or restarted uncleanly.
+
+It is a client of the target bucket, used by XDCR (dcpflow.replication.xdcr) and by the Spark
+writer (dcpflow.spark.writer) alike, so it lives in the client package both may import.
 """
 
 import asyncio
@@ -24,9 +27,6 @@ import logging
 import urllib.parse
 from typing import NamedTuple
 
-from dcpflow.client import DcpClient
-from dcpflow.client.connection import FEATURES
-from dcpflow.client.errors import ClientError, ConnectError
 from dcpflow.protocol import kv as kvproto
 from dcpflow.protocol.errors import ProtocolError
 from dcpflow.protocol.hello import Feature
@@ -34,6 +34,11 @@ from dcpflow.protocol.keys import make_key
 from dcpflow.protocol.meta import DelWithMeta, GetMeta, GetMetaResponse, SetWithMeta, WithMetaOption
 from dcpflow.protocol.opcodes import Opcode
 from dcpflow.protocol.status import Status
+
+from . import rest_client
+from .client import DcpClient
+from .connection import FEATURES
+from .errors import ClientError, ConnectError
 
 log = logging.getLogger("dcpflow.xdcr")
 
@@ -210,7 +215,6 @@ class Target:
 
 async def bucket_conflict_mode(client: DcpClient, username: str, password: str) -> str:
     """The bucket's conflictResolutionType, from the REST API of any node of its cluster."""
-    from dcpflow import rest_client
     path = "/pools/default/buckets/" + urllib.parse.quote(client.bucket, safe="")
     errors = []
     for node in client.cluster_map.nodes:
