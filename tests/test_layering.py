@@ -3,10 +3,12 @@ circle.
 
 Direction (DESIGN.md): cli -> spark / replication / client / server -> dcp / engine -> protocol.
 The protocol imports nothing of ours, the engine not the DCP state machines (dcp may use the
-engine), and spark uses the client, never the server. Every module-level import counts, those
-under `if TYPE_CHECKING:` too: an annotation that names a module above is a dependency all the
-same, and a cycle through one is a knot the next change pulls tight. Imports inside functions
-are not read (they run late, and say so).
+engine), spark uses the client, never the server or replication, and replication does not reach
+into the server. Every import counts: those under `if TYPE_CHECKING:` (an annotation that names a
+module above is a dependency all the same, and a cycle through one is a knot the next change
+pulls tight), those inside functions (a late import hides a dependency from the interpreter, not
+from the reader) and a package module's imports of its own parent package (`from . import x`
+where x is defined in `__init__`). The few arrows left to a later pass are listed, with why.
 """
 
 import ast
@@ -18,7 +20,25 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "dcpflow"
 #: package -> its layer; a module may import its own layer's peers or lower layers only.
 LAYERS = {"protocol": 0, "engine": 1, "dcp": 1, "client": 2, "server": 2, "replication": 2, "spark": 2, "cli": 3}
 #: Imports the layers alone would allow, and the design forbids.
-FORBIDDEN = {("engine", "dcp"), ("spark", "server")}
+FORBIDDEN = {("engine", "dcp"), ("spark", "server"), ("spark", "replication"), ("replication", "server")}
+
+#: Arrows against the direction that stay for now (issue 44 names them; each waits for a larger move).
+ALLOWED_WRONG_WAY = {
+    # The node runner starts a server in-process: it belongs at the CLI level (issue 44, point 5).
+    ("dcpflow.replication.node", "dcpflow.server"),
+    ("dcpflow.replication.node", "dcpflow.server.faults"),
+    # The demo and the synthetic source reuse `dcpflow load`'s workload and document shapes, late
+    # (inside functions); they move with the workload generator (issue 44, point 5).
+    ("dcpflow.spark.demo", "dcpflow.load"),
+    ("dcpflow.spark.synthetic", "dcpflow.load"),
+}
+#: Import cycles that stay for now: server/mgmt's __init__ imports the routers, which import `app`,
+#: which imports ROUTERS from __init__ (issue 44, point 5: the routers get registered by the server).
+ALLOWED_CYCLES = [{
+    "dcpflow.server.mgmt", "dcpflow.server.mgmt.app", "dcpflow.server.mgmt.buckets", "dcpflow.server.mgmt.collections",
+    "dcpflow.server.mgmt.faults", "dcpflow.server.mgmt.metrics", "dcpflow.server.mgmt.nodes",
+    "dcpflow.server.mgmt.streaming", "dcpflow.server.mgmt.ui", "dcpflow.server.mgmt.users",
+}]
 
 
 def modules() -> dict[str, Path]:
@@ -47,10 +67,10 @@ def parse(path: Path) -> ast.Module:
             gc.enable()
 
 
-def imports_of(name: str, path: Path, known: dict[str, Path], nested: bool = False) -> set[str]:
-    """The dcpflow modules `name` imports at module level (in if/try blocks and TYPE_CHECKING too),
-    and with `nested` inside functions as well. `from pkg import mod` counts as importing pkg.mod;
-    a package's own parents do not count."""
+def imports_of(name: str, path: Path, known: dict[str, Path], nested: bool = True) -> set[str]:
+    """The dcpflow modules `name` imports: at module level (in if/try blocks and TYPE_CHECKING too)
+    and, with `nested` (the default), inside functions and classes as well. `from pkg import mod`
+    counts as importing pkg.mod, `from pkg import name` as importing pkg, its own parent too."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found: set[str] = set()
 
@@ -80,10 +100,10 @@ def imports_of(name: str, path: Path, known: dict[str, Path], nested: bool = Fal
         visit([node for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))])
     else:
         visit(tree.body)
-    return {m for m in found if m in known and m != name and not name.startswith(m + ".")}
+    return {m for m in found if m in known and m != name}
 
 
-def graph(nested: bool = False) -> dict[str, set[str]]:
+def graph(nested: bool = True) -> dict[str, set[str]]:
     known = modules()
     return {name: imports_of(name, path, known, nested) for name, path in known.items()}
 
@@ -137,6 +157,10 @@ def test_the_graph_is_read():
     assert "dcpflow.engine.vbucket" in g["dcpflow.engine.flusher"]  # under TYPE_CHECKING
     assert "dcpflow.dcp.active_stream" in g["dcpflow.dcp.producer"]
     assert "dcpflow.protocol.dcp" in g["dcpflow.dcp.active_stream"]
+    # ...imports inside functions (the metrics server starts late) and of a module's own parent
+    assert "dcpflow.replication.xdcr.metrics" in g["dcpflow.replication.xdcr.command"]
+    assert "dcpflow.replication.xdcr.metrics" not in graph(nested=False)["dcpflow.replication.xdcr.command"]
+    assert "dcpflow.server.mgmt" in g["dcpflow.server.mgmt.app"]  # `from . import ROUTERS`
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [{"a", "b", "c"}]
 
 
@@ -165,19 +189,22 @@ def test_the_direction_rules():
 
 
 def test_imports_run_one_way():
-    wrong = wrong_way(graph())
+    allowed = {f"{a} imports {b}" for a, b in ALLOWED_WRONG_WAY}
+    found = wrong_way(graph())
+    wrong = [w for w in found if w.rpartition(" (")[0] not in allowed]
     assert not wrong, "\n".join(wrong)
+    stale = allowed - {w.rpartition(" (")[0] for w in found}
+    assert not stale, f"allowed but no longer there (drop them from ALLOWED_WRONG_WAY): {sorted(stale)}"
 
 
 def test_no_import_cycles():
+    """Through imports inside functions too: a late import hides a knot from the interpreter, not
+    from the reader."""
     found = cycles(graph())
-    assert not found, "import cycles:\n" + "\n".join(" <-> ".join(sorted(c)) for c in found)
-
-
-def test_no_cycle_even_through_imports_inside_functions():
-    """A late import inside a function hides a knot from the interpreter, not from the reader."""
-    found = cycles(graph(nested=True))
-    assert not found, "import cycles:\n" + "\n".join(" <-> ".join(sorted(c)) for c in found)
+    new = [c for c in found if c not in ALLOWED_CYCLES]
+    assert not new, "import cycles:\n" + "\n".join(" <-> ".join(sorted(c)) for c in new)
+    stale = [c for c in ALLOWED_CYCLES if c not in found]
+    assert not stale, f"allowed but no longer there (drop them from ALLOWED_CYCLES): {stale}"
 
 
 #: What the sans-I/O package must not use: the shells in dcpflow.server own sockets, the event loop,

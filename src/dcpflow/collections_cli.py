@@ -18,7 +18,7 @@ import json
 import sys
 import urllib.parse
 
-from .rest_client import RestError, admin_arguments, call, password_of
+from .client.rest_client import RestError, admin_arguments, call, password_of
 
 PROG = "dcpflow collections"
 

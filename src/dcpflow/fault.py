@@ -12,12 +12,12 @@ import json
 import sys
 import urllib.parse
 
-from .rest_client import RestError, admin_arguments, call, password_of
+from .client.rest_client import RestError, admin_arguments, call, password_of
 
 PROG = "dcpflow fault"
 
 
-#: The REST client's error (rest_client.py): the server refused, or could not be reached.
+#: The REST client's error (client/rest_client.py): the server refused, or could not be reached.
 FaultCommandError = RestError
 
 

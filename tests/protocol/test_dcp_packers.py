@@ -1,4 +1,4 @@
-"""The producer's per-item packers (protocol/dcp.py) give exactly the bytes of the message
+"""The producer's per-item packers (protocol/dcp/documents.py) give exactly the bytes of the message
 classes, for every field value the wire can carry; and `whole_messages` cuts encoded runs only
 between messages."""
 

@@ -1,4 +1,4 @@
-"""Session and KV commands (protocol/kv.py): every worked example of KV-Engine's BinaryProtocol.md,
+"""Session and KV commands (the protocol.kv package): every worked example of KV-Engine's BinaryProtocol.md,
 sasl.md, Collections.md (https://github.com/couchbase/kv_engine/tree/master/docs), get_seqno.md and
 persist_seqno.md (https://github.com/couchbase/kv_engine/tree/master/docs/dcp/documentation/commands)
 byte-exact both ways in its corrected reading, the errata that correct them (each test named
@@ -443,7 +443,7 @@ def test_set_vbucket_takes_the_json_value_erratum_30():
     assert kv.SetVbucket.from_frame(one(data)) == msg and msg.json["topology"] == [["n0", "n1"]]
     assert "datatype JSON" in reasons(one(request(Opcode.SET_VBUCKET, extras=b"\x01", value=value)))
     assert "state 7" in reasons(one(kv.SetVbucket(0, 7).encode()))
-    # ...whereas the DCP opcode that page names rejects any value (its rule lives in dcp.py).
+    # ...whereas the DCP opcode that page names rejects any value (its rule lives in protocol/dcp/).
     assert dcp.DcpSetVbucketState.opcode == Opcode.DCP_SET_VBUCKET_STATE
     dcp_with_value = one(request(Opcode.DCP_SET_VBUCKET_STATE, extras=b"\x01", value=value, datatype=1))
     assert "must not have a value" in reasons(dcp_with_value)

@@ -374,7 +374,7 @@ def test_target_cluster_failover_mid_replication_is_followed_and_revalidated(mak
 
 
 def _make_collections(srv, *paths: str) -> dict[str, int]:
-    from dcpflow import rest_client
+    from dcpflow.client import rest_client
     mgmt = f"http://127.0.0.1:{srv.mgmt_port}"
     engine = srv.server.buckets["default"].engine
     scopes = set(srv.call(lambda: [x.name for x in engine.manifest.scopes]))

@@ -174,7 +174,7 @@ def test_an_idle_replication_of_named_collections_has_no_changes_left(two, tmp_p
 
 def _rest_collection(proc, scope: str, collection: str) -> int:
     """Make scope.collection on a `dcpflow server` process through its REST API; its id."""
-    from dcpflow import rest_client
+    from dcpflow.client import rest_client
     mgmt = f"http://127.0.0.1:{proc.mgmt_port}"
     base = "/pools/default/buckets/default/scopes"
     rest_client.call(mgmt, "Administrator", "password", "POST", base, {"name": scope})

@@ -79,6 +79,7 @@ from dcpflow.engine.durability.items import Abort, Commit, Prepare, is_sync_item
 from dcpflow.engine.item import DATATYPE_SNAPPY, DATATYPE_XATTR, Item
 from dcpflow.engine.store import ITEM_COLUMNS, LARGE_VALUE, EncodedPage, item_from_row
 from dcpflow.protocol import snappy
+from dcpflow.protocol.datatype import xattr_body_offset
 from dcpflow.protocol.dcp import (
     DcpAbort,
     DcpCommit,
@@ -391,7 +392,7 @@ class ActiveStream:
         value, datatype = item.value, item.datatype
         opts = self.opts
         if datatype & DATATYPE_XATTR and not datatype & DATATYPE_SNAPPY:
-            xlen = 4 + int.from_bytes(value[:4], "big")
+            xlen = xattr_body_offset(value)
             if not opts.include_xattrs:
                 value, datatype = value[xlen:], datatype & ~DATATYPE_XATTR
                 xattrs = b""

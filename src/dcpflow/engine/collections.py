@@ -123,12 +123,6 @@ class Manifest:
                 return s
         raise ManifestError("unknown_scope", f"Scope with name {name!r} is not found")
 
-    def scope_by_id(self, sid: int) -> Scope | None:
-        for s in self.scopes:
-            if s.uid == sid:
-                return s
-        return None
-
     def collection(self, scope: str, name: str) -> Collection:
         return self.scope(scope).collection(name)
 
@@ -310,7 +304,7 @@ def event_item(change: Change, manifest_uid: int, *, seqno: int, cas: int, now: 
 
 @dataclass(frozen=True, slots=True)
 class SystemEvent:
-    """A system event Item read back: what DCP encodes (dcp/system_events.py) and what warm-up
+    """A system event Item read back: what DCP encodes (protocol/system_events.py) and what warm-up
     rebuilds a vbucket's collections from."""
 
     event: SystemEventId

@@ -6,14 +6,17 @@ never mutated after creation, so the hash table, the checkpoints, a flush batch 
 thread and a DCP stream can all hold the same object safely.
 """
 
+from dcpflow.protocol.datatype import (
+    DATATYPE_JSON,
+    DATATYPE_SNAPPY,
+    DATATYPE_XATTR,
+    pack_xattr_section,
+    xattr_pair_spans,
+)
 from dcpflow.protocol.document import DeleteSource, Document
 
 __all__ = ["DATATYPE_JSON", "DATATYPE_SNAPPY", "DATATYPE_XATTR", "ITEM_OVERHEAD", "NOT_RESIDENT", "DeleteSource",
            "Item", "retain_system_xattrs"]
-
-DATATYPE_JSON = 0x01
-DATATYPE_SNAPPY = 0x02
-DATATYPE_XATTR = 0x04
 
 #: Rough per-item bookkeeping cost, used only for checkpoint memory accounting (cursor dropping).
 ITEM_OVERHEAD = 96
@@ -52,16 +55,7 @@ def retain_system_xattrs(value: bytes, datatype: int) -> tuple[bytes, int]:
     """
     if not datatype & DATATYPE_XATTR or datatype & DATATYPE_SNAPPY or len(value) < 4:
         return b"", 0
-    total = int.from_bytes(value[:4], "big")
-    end = min(4 + total, len(value))
-    pos, kept = 4, []
-    while pos + 4 <= end:
-        pair_len = int.from_bytes(value[pos:pos + 4], "big")
-        pair_end = pos + 4 + pair_len
-        if value[pos + 4:pos + 5] == b"_":
-            kept.append(value[pos:pair_end])
-        pos = pair_end
+    kept = [value[start:end] for start, end in xattr_pair_spans(value) if value[start + 4:start + 5] == b"_"]
     if not kept:
         return b"", 0
-    blob = b"".join(kept)
-    return len(blob).to_bytes(4, "big") + blob, DATATYPE_XATTR
+    return pack_xattr_section(b"".join(kept)), DATATYPE_XATTR

@@ -143,7 +143,3 @@ class RangeScans:
 
     def remove(self, scan_id: bytes) -> None:
         self._scans.pop(scan_id, None)
-
-    def cancel_vbucket(self, vbucket: int) -> None:
-        for scan_id in [s.id for s in self._scans.values() if s.vbucket == vbucket]:
-            del self._scans[scan_id]

@@ -213,17 +213,6 @@ def _not_json(why: str = "the document is not valid JSON") -> SubdocError:
     return SubdocError(Status.SUBDOC_DOC_NOT_JSON, why)
 
 
-def _value_end(s: str, i: int) -> int:
-    try:
-        return _scan(s, i)[1]
-    except StopIteration:
-        raise _not_json() from None
-    except ValueError:
-        raise _not_json() from None
-    except RecursionError:
-        raise SubdocError(Status.SUBDOC_DOC_E2DEEP, "the document nests too deeply") from None
-
-
 #: A member of a container, as a tuple (cheap to make): its raw key (objects; None in arrays),
 #: where it starts (its key's quote, or the value), where its value starts and ends.
 _Child = tuple

@@ -24,7 +24,7 @@ import json
 import secrets
 from typing import NamedTuple
 
-from dcpflow.protocol.datatype import Datatype, split_xattrs
+from dcpflow.protocol.datatype import Datatype, pack_xattr_pair, pack_xattr_section, split_xattrs, xattr_body_offset
 from dcpflow.protocol.opcodes import Opcode
 from dcpflow.protocol.status import Status
 from dcpflow.protocol.subdoc import (
@@ -111,7 +111,7 @@ class _Document:
         self.vbucket_vattr = vbucket_vattr
         self.datatype = datatype
         if datatype & _XATTR:
-            end = 4 + int.from_bytes(value[:4], "big")
+            end = xattr_body_offset(value)
             self._section: bytes | None = value[:end]  # the stored xattr section, as it is
             self.body = value[end:]
         else:
@@ -216,13 +216,8 @@ class _Document:
         pairs = paths.members(self.xattrs_text)
         if not pairs:
             return body, self.datatype & ~_XATTR
-        blob = b"".join(_pair(k.encode("utf-8"), v.encode("utf-8")) for k, v in pairs)
-        return len(blob).to_bytes(4, "big") + blob + body, self.datatype | _XATTR
-
-
-def _pair(key: bytes, value: bytes) -> bytes:
-    pair = key + b"\x00" + value + b"\x00"
-    return len(pair).to_bytes(4, "big") + pair
+        blob = b"".join(pack_xattr_pair(k.encode("utf-8"), v.encode("utf-8")) for k, v in pairs)
+        return pack_xattr_section(blob) + body, self.datatype | _XATTR
 
 
 def _is_json(data: bytes) -> bool:
@@ -402,8 +397,8 @@ def expand_macros(value: bytes, datatype: int, macros: tuple[tuple[bytes, bytes]
     CRC32C of the body, each as a "0x..." hex string of the field's full width."""
     if not macros or not datatype & _XATTR:
         return value
-    total = int.from_bytes(value[:4], "big")
-    section, body = value[:4 + total], value[4 + total:]
+    end = xattr_body_offset(value)
+    section, body = value[:end], value[end:]
     for placeholder, macro in macros:
         if macro == MACRO_CAS:
             text = f'"0x{int.from_bytes(cas.to_bytes(8, "big"), "little"):016x}"'

@@ -19,7 +19,41 @@ class Datatype(IntFlag):
 
 
 KNOWN_DATATYPE_BITS = 0x07
+#: The bits as plain ints, for hot paths: `int & IntFlag` runs enum's Python __rand__ per call.
+DATATYPE_JSON = int(Datatype.JSON)
+DATATYPE_SNAPPY = int(Datatype.SNAPPY)
+DATATYPE_XATTR = int(Datatype.XATTR)
 _U32 = struct.Struct(">I")
+
+
+def xattr_body_offset(value: bytes) -> int:
+    """Where the body starts in a value with the XATTR bit (uncompressed): after the u32 length of
+    the xattr section and the section (Document.md). Reads the length only: the value was checked
+    when it was stored."""
+    return 4 + int.from_bytes(value[:4], "big")
+
+
+def pack_xattr_pair(key: bytes, value: bytes) -> bytes:
+    """One pair of an xattr section: u32 pair length, then `key NUL value NUL` (Document.md)."""
+    pair = key + b"\x00" + value + b"\x00"
+    return _U32.pack(len(pair)) + pair
+
+
+def pack_xattr_section(pairs: bytes) -> bytes:
+    """An xattr section from its packed pairs: their u32 total length, then the pairs."""
+    return _U32.pack(len(pairs)) + pairs
+
+
+def xattr_pair_spans(value: bytes):
+    """(start, end) of each packed pair (its u32 length included) of the xattr section at the start
+    of `value`, leniently: a section longer than the value ends with it, a truncated pair ends the
+    walk. For readers of stored values that keep or drop whole pairs (a deletion's system xattrs)."""
+    end = min(xattr_body_offset(value), len(value))
+    pos = 4
+    while pos + 4 <= end:
+        pair_end = pos + 4 + int.from_bytes(value[pos:pos + 4], "big")
+        yield pos, pair_end
+        pos = pair_end
 
 
 def _xattr_pairs(value: bytes) -> tuple[list[tuple[bytes, bytes]], int]:
@@ -112,9 +146,4 @@ def check_xattrs(value: bytes) -> None:
 
 def join_xattrs(xattrs: dict[str, str], body: bytes) -> bytes:
     """Build a value with an xattr section (the inverse of `split_xattrs`)."""
-    parts = []
-    for k, v in xattrs.items():
-        pair = k.encode() + b"\x00" + v.encode() + b"\x00"
-        parts.append(_U32.pack(len(pair)) + pair)
-    section = b"".join(parts)
-    return _U32.pack(len(section)) + section + body
+    return pack_xattr_section(b"".join(pack_xattr_pair(k.encode(), v.encode()) for k, v in xattrs.items())) + body

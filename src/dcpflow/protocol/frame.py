@@ -260,6 +260,13 @@ def durability_frame(level: int, timeout_ms: int | None = None) -> bytes:
     return encode_frame_info(RequestFrameId.DURABILITY, payload)
 
 
+def parse_durability(payload: bytes) -> tuple[int, int | None]:
+    """(level, timeout in ms or None for the server's default) of a durability FrameInfo's payload
+    (BinaryProtocol.md ID:1: level u8, then an optional u16 timeout), the inverse of
+    `durability_frame`'s payload. The payload is one `check_request_frame_infos` accepted."""
+    return payload[0], (int.from_bytes(payload[1:3], "big") if len(payload) == 3 else None)
+
+
 def encode_server_duration(micros: float) -> int:
     """Response frame 0/3 encoding: (micros * 2) ^ (1 / 1.74), clamped to a u16."""
     return min(0xFFFF, round((micros * 2) ** (1.0 / 1.74)))

@@ -24,7 +24,8 @@ from . import rules
 from .datatype import Datatype, split_xattrs
 from .errors import ProtocolError
 from .frame import Frame, request, response
-from .kv import MutationResponse, _check_opcode, _datatype_problems
+from .kv import MutationResponse
+from .kv.common import _check_opcode, _datatype_problems
 from .opcodes import Opcode
 from .rules import MAY, MUST, Shape
 from .status import Status

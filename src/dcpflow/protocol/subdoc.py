@@ -34,6 +34,9 @@ from . import rules
 from .datatype import xattr_key_problem
 from .errors import ProtocolError
 from .frame import HEADER, Frame, Magic, request, response
+from .kv.common import _mutation_extras as _token_extras
+from .kv.common import _mutation_token as _token
+from .kv.replies import MUTATION_RESPONSE_WITH_TOKEN
 from .opcodes import Opcode
 from .rules import MAY, MUST, Shape
 from .status import Status
@@ -41,10 +44,12 @@ from .status import Status
 PAGE = "docs/SubDocument.md"
 _U16 = struct.Struct(">H")
 _U32 = struct.Struct(">I")
-_MUTATION_EXTRAS = struct.Struct(">QQ")
 _SINGLE_HEAD = struct.Struct(">HB")
-_LOOKUP_SPEC = struct.Struct(">BBH")
-_MUTATION_SPEC = struct.Struct(">BBHI")
+#: The head of one spec of a multi-path body (SubDocument.md): a lookup's (opcode u8, path flags u8,
+#: path length u16) and a mutation's, which adds the value length u32; the path (and value) follow.
+#: A server's fast path reads the first spec in place with them.
+LOOKUP_SPEC_HEAD = struct.Struct(">BBH")
+MUTATION_SPEC_HEAD = struct.Struct(">BBHI")
 _LOOKUP_RESULT = struct.Struct(">HI")
 _MUTATION_RESULT = struct.Struct(">BH")
 
@@ -241,9 +246,9 @@ class SubdocSpec(NamedTuple):
 
     def encode(self, mutation: bool) -> bytes:
         if mutation:
-            return _MUTATION_SPEC.pack(self.opcode, self.flags, len(self.path), len(self.value)) + self.path + \
+            return MUTATION_SPEC_HEAD.pack(self.opcode, self.flags, len(self.path), len(self.value)) + self.path + \
                 self.value
-        return _LOOKUP_SPEC.pack(self.opcode, self.flags, len(self.path)) + self.path
+        return LOOKUP_SPEC_HEAD.pack(self.opcode, self.flags, len(self.path)) + self.path
 
 
 def _single_extras(path_len: int, path_flags: int, expiry: int | None, user_flags: int | None,
@@ -434,7 +439,7 @@ def _parse_multi(frame: Frame) -> tuple[list[SubdocSpec], ProtocolError | None]:
     if problem is not None:
         return specs, problem
     value, pos, end, count = frame.value, 0, len(frame.value), 0
-    head = _MUTATION_SPEC if mutation else _LOOKUP_SPEC
+    head = MUTATION_SPEC_HEAD if mutation else LOOKUP_SPEC_HEAD
     head_size, unpack = head.size, head.unpack_from
     xattrs_allowed = body_allowed = True
     while pos < end and count < MAX_PATHS:
@@ -502,14 +507,6 @@ SINGLE_BODY_STATUSES = frozenset((Status.SUCCESS, Status.SUBDOC_SUCCESS_DELETED)
 LOOKUP_BODY_STATUSES = frozenset((Status.SUCCESS, Status.SUBDOC_SUCCESS_DELETED, Status.SUBDOC_MULTI_PATH_FAILURE,
                                   Status.SUBDOC_MULTI_PATH_FAILURE_DELETED))
 MUTATION_BODY_STATUSES = frozenset((Status.SUCCESS, Status.SUBDOC_SUCCESS_DELETED, Status.SUBDOC_MULTI_PATH_FAILURE))
-
-
-def _token_extras(vbucket_uuid: int | None, seqno: int | None) -> bytes:
-    return b"" if vbucket_uuid is None else _MUTATION_EXTRAS.pack(vbucket_uuid, seqno or 0)
-
-
-def _token(extras: bytes) -> tuple[int | None, int | None]:
-    return _MUTATION_EXTRAS.unpack(extras) if len(extras) == 16 else (None, None)
 
 
 class SubdocResponse(NamedTuple):
@@ -642,7 +639,7 @@ def one_lookup_reply(status: int, result_status: int, value: bytes, opaque: int,
                                   cas, result_status, len(value)) + value
 
 
-_TOKEN_REPLY = struct.Struct(HEADER.format + "QQ")
+_TOKEN_REPLY = MUTATION_RESPONSE_WITH_TOKEN  # a body may follow: its length counts in the header
 _PLAIN_REPLY = HEADER
 
 

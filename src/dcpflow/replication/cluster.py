@@ -14,7 +14,7 @@ What it owns:
 * **Replication** - for every (active node, replica node) pair a Replicator relays one DCP
   producer connection and one DCP consumer connection, and ADD_STREAM asks the replica node's
   consumer for each vbucket (the consumer then requests the stream itself; see
-  server/consumer.py). A reconcile loop keeps the streams the map wants and drops the rest, so a
+  dcp/consumer.py). A reconcile loop keeps the streams the map wants and drops the rest, so a
   stream that ended (state change, lost connection) is re-added.
 * **Publication** - every change bumps `rev` and pushes the map to every reachable node with
   SET_CLUSTER_CONFIG; nodes serve it to clients (GET_CLUSTER_CONFIG, NOT_MY_VBUCKET replies).

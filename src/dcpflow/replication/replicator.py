@@ -27,11 +27,11 @@ log = logging.getLogger("dcpflow.replication")
 #: The producer side: xattrs travel with the documents, deletions carry their delete time and
 #: expirations their own opcode (the consumer asks `enable_expiry_opcode`, which needs it).
 PRODUCER_FLAGS = OpenFlag.PRODUCER | OpenFlag.INCLUDE_XATTRS | OpenFlag.INCLUDE_DELETE_TIMES
-#: Stream ends after which the consumer requests the stream again by itself (server/consumer.py,
+#: Stream ends after which the consumer requests the stream again by itself (dcp/consumer.py,
 #: as kv_engine's PassiveStream does): the stream stays this replicator's. Counting it as ended
 #: made the cluster's reconcile send ADD_STREAM again, which the consumer refused (KEY_EEXISTS)
 #: every second, and left the vbucket out of `streams`, so a later map change did not close it.
-#: If the consumer's own request then fails, it closes its connection (server/consumer.py), and
+#: If the consumer's own request then fails, it closes its connection (dcp/consumer.py), and
 #: `on_lost` makes the manager add every stream again.
 CONSUMER_RETRIES = frozenset({StreamEndReason.SLOW, StreamEndReason.BACKFILL_FAIL, StreamEndReason.ROLLBACK})
 

@@ -88,7 +88,7 @@ COMMANDS: dict[int, Command] = build([
     _entry([Opcode.STOP_PERSISTENCE], kv.stop_persistence, privilege=P.NODE_MANAGEMENT),
     _entry([Opcode.START_PERSISTENCE], kv.start_persistence, privilege=P.NODE_MANAGEMENT),
     _entry([Opcode.SEQNO_PERSISTENCE], kv.seqno_persistence),
-    # collections: only the default collection exists (kv.py)
+    # collections: the manifest and id lookups (kv.py)
     _entry([Opcode.COLLECTIONS_GET_MANIFEST], kv.get_collections_manifest),
     _entry([Opcode.COLLECTIONS_GET_ID], kv.get_collection_id),
     _entry([Opcode.COLLECTIONS_GET_SCOPE_ID], kv.get_scope_id),

@@ -20,7 +20,7 @@ from dcpflow.engine.durability import DEFAULT_TIMEOUT, Outcome
 from dcpflow.engine.errors import EngineError
 from dcpflow.protocol import subdoc as sdproto
 from dcpflow.protocol.errors import ProtocolError
-from dcpflow.protocol.frame import Frame
+from dcpflow.protocol.frame import Frame, parse_durability
 from dcpflow.protocol.opcodes import Opcode
 from dcpflow.protocol.status import Status
 
@@ -39,9 +39,8 @@ EXPIRY_RECHECK = 0.05
 
 def requirement(payload: bytes) -> tuple[int, float]:
     """(level, timeout in seconds) of a durability frame info the frame checks already validated."""
-    level = payload[0]
-    timeout = int.from_bytes(payload[1:3], "big") / 1000 if len(payload) == 3 else DEFAULT_TIMEOUT
-    return level, timeout
+    level, timeout_ms = parse_durability(payload)
+    return level, (DEFAULT_TIMEOUT if timeout_ms is None else timeout_ms / 1000)
 
 
 def run(conn, frame: Frame, handler, payload: bytes):

@@ -39,10 +39,8 @@ from dcpflow.protocol import snappy
 from dcpflow.protocol.datatype import Datatype, check_xattrs, is_json, split_xattrs
 from dcpflow.protocol.errors import ProtocolError
 from dcpflow.protocol.frame import (
-    HEADER,
     MAX_VALUE_LEN,
     Frame,
-    Magic,
     RequestFrameId,
     decode_frame_infos,
     response,
@@ -85,21 +83,20 @@ def active_vbucket(conn: Connection, vbid: int) -> VBucket:
     return vb
 
 
-_RESPONSE = int(Magic.RESPONSE)
-_pack_header = HEADER.pack  # a reply with no body: the mutation replies without a token
-_pack_mutation_reply = kvproto.MUTATION_RESPONSE_WITH_TOKEN.pack
-_pack_get_head = kvproto.GET_RESPONSE_HEAD.pack  # key and value follow
+_pack_response = kvproto.pack_response  # a reply with no body: the mutation replies without a token
+_pack_mutation_reply = kvproto.pack_mutation_response
+_pack_get_head = kvproto.pack_get_response_head  # key and value follow
 
 
 def mutation_reply(conn: Connection, frame: Frame, vb: VBucket, cas: int, seqno: int) -> bytes:
     """Success reply of a mutation: CAS, plus (vbucket uuid, seqno) with HELLO MutationSeqno.
 
-    The hot paths (GET, SET, DELETE) pack whole replies with the protocol's structs (HEADER,
-    MUTATION_RESPONSE_WITH_TOKEN, GET_RESPONSE_HEAD) instead of encoding a typed response: same
-    bytes, without building a message per reply."""
+    The hot paths (GET, SET, DELETE) pack whole replies with the protocol's packers
+    (pack_response, pack_mutation_response, pack_get_response_head) instead of encoding a typed
+    response: same bytes, without building a message per reply."""
     if conn.mutation_seqno:
-        return _pack_mutation_reply(_RESPONSE, frame.opcode, 0, 16, 0, 0, 16, frame.opaque, cas, vb.uuid, seqno)
-    return _pack_header(_RESPONSE, frame.opcode, 0, 0, 0, 0, 0, frame.opaque, cas)
+        return _pack_mutation_reply(frame.opcode, frame.opaque, cas, vb.uuid, seqno)
+    return _pack_response(frame.opcode, frame.opaque, cas)
 
 
 def _looks_like_json(value: bytes) -> bool:
@@ -213,8 +210,7 @@ def _get_reply(conn: Connection, vb: VBucket, item, key: bytes, wire_key: bytes,
         value = item.value
     cas = _reported_cas(vb, key, item.cas) if vb.locks else item.cas
     key = wire_key if op in _GET_WITH_KEY else b""
-    return b"".join((_pack_get_head(_RESPONSE, op, len(key), 4, datatype, 0, 4 + len(key) + len(value),
-                                    opaque, cas, item.flags), key, value))
+    return b"".join((_pack_get_head(op, opaque, cas, item.flags, datatype, len(key), len(value)), key, value))
 
 
 async def _bg_fetch(conn: Connection, vb: VBucket, key: bytes, wire_key: bytes, op: int, opaque: int) -> bytes | None:
@@ -277,8 +273,8 @@ def store(conn: Connection, frame: Frame) -> bytes | None:
     if op in _QUIET_STORE_OPS:
         return None
     if conn.mutation_seqno:
-        return _pack_mutation_reply(_RESPONSE, op, 0, 16, 0, 0, 16, opaque, item.cas, vb.uuid, item.by_seqno)
-    return _pack_header(_RESPONSE, op, 0, 0, 0, 0, 0, opaque, item.cas)
+        return _pack_mutation_reply(op, opaque, item.cas, vb.uuid, item.by_seqno)
+    return _pack_response(op, opaque, item.cas)
 
 
 def _current_expiry(vb: VBucket, key: bytes, default: int) -> int:

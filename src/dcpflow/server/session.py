@@ -33,7 +33,7 @@ SUPPORTED_FEATURES = frozenset({
     Feature.SELECT_BUCKET,
     Feature.JSON,  # the JSON datatype bit is kept and returned
     Feature.ALT_REQUEST_SUPPORT,  # magic 0x08 (framing extras) is decoded
-    Feature.COLLECTIONS,  # keys carry the LEB128 collection id; only the default collection exists
+    Feature.COLLECTIONS,  # keys carry the LEB128 collection id of any collection of the manifest
     Feature.PRESERVE_TTL,  # the preserve-TTL frame on SET/REPLACE keeps the document's expiry
     Feature.SNAPPY,  # values may arrive Snappy-compressed (kv.inflate); they are stored and served inflated
     Feature.GET_CLUSTER_CONFIG_WITH_KNOWN_VERSION,

@@ -20,7 +20,6 @@ Keys take their collection from the key the way every KV handler does (`kv.doc_k
 """
 
 import json
-import struct
 import time
 
 from dcpflow.engine.errors import EngineError
@@ -31,7 +30,7 @@ from dcpflow.engine.subdoc import get as get_path
 from dcpflow.engine.subdoc_document import Failure, Meta, expand_macros, has_system_xattrs, lookup, mutate
 from dcpflow.engine.vbucket import VBucket, VBucketState
 from dcpflow.protocol import subdoc as sdproto
-from dcpflow.protocol.datatype import Datatype
+from dcpflow.protocol.datatype import Datatype, xattr_body_offset
 from dcpflow.protocol.frame import MAX_VALUE_LEN, Frame
 from dcpflow.protocol.opcodes import Opcode
 from dcpflow.protocol.status import Status
@@ -148,7 +147,7 @@ def multi_lookup(conn: Connection, frame: Frame) -> bytes:
     return sdproto.SubdocMultiLookupResponse(found.results, cas, status, frame.opaque).encode()
 
 
-_LOOKUP_SPEC_HEAD = struct.Struct(">BBH")
+_LOOKUP_SPEC_HEAD = sdproto.LOOKUP_SPEC_HEAD
 _BODY_LOOKUPS = frozenset((int(Opcode.SUBDOC_GET), int(Opcode.SUBDOC_EXISTS)))
 _ACTIVE = VBucketState.ACTIVE
 _SUBDOC_GET = int(Opcode.SUBDOC_GET)
@@ -238,7 +237,8 @@ def _run_mutations(conn: Connection, frame: Frame, wire_key: bytes, specs: tuple
     if revive:
         deleted = False
     was_deleted = deleted  # the reply says SUBDOC_SUCCESS_DELETED for a tombstone that stays one
-    if deleted and not outcome.delete_document and new_value[_body_offset(new_value, new_datatype):]:
+    if deleted and not outcome.delete_document and \
+            new_value[xattr_body_offset(new_value) if new_datatype & Datatype.XATTR else 0:]:
         raise EngineError(Status.SUBDOC_DELETED_DOCUMENT_CANT_HAVE_VALUE, "a deleted document cannot have a body")
     if outcome.delete_document:
         deleted = True
@@ -258,12 +258,6 @@ def _run_mutations(conn: Connection, frame: Frame, wire_key: bytes, specs: tuple
     return _Stored(item, vb, outcome.returned, was_deleted)
 
 
-def _body_offset(value: bytes, datatype: int) -> int:
-    if not datatype & Datatype.XATTR:
-        return 0
-    return 4 + int.from_bytes(value[:4], "big")
-
-
 def _token(conn: Connection, stored: _Stored) -> tuple[int | None, int | None]:
     return (stored.vb.uuid, stored.item.by_seqno) if conn.mutation_seqno else (None, None)
 
@@ -281,7 +275,7 @@ def mutation_single(conn: Connection, frame: Frame) -> bytes:
                                   _JSON if value and conn.json else 0).encode()
 
 
-_MUTATION_SPEC_HEAD = struct.Struct(">BBHI")
+_MUTATION_SPEC_HEAD = sdproto.MUTATION_SPEC_HEAD
 _BODY_MUTATIONS = frozenset(int(op) for op in (
     Opcode.SUBDOC_DICT_ADD, Opcode.SUBDOC_DICT_UPSERT, Opcode.SUBDOC_REPLACE, Opcode.SUBDOC_ARRAY_PUSH_LAST,
     Opcode.SUBDOC_ARRAY_PUSH_FIRST, Opcode.SUBDOC_ARRAY_INSERT, Opcode.SUBDOC_ARRAY_ADD_UNIQUE, Opcode.SUBDOC_COUNTER))

@@ -1,5 +1,5 @@
 """`df.write.format("dcp")`: rows into a bucket, by Spark tasks in parallel (each task opens its own
-client and pipelines its rows per target node, dcpflow.replication.xdcr.target).
+client and pipelines its rows per target node, dcpflow.client.with_meta).
 
 Two modes:
 
@@ -63,8 +63,8 @@ def write_settings(raw: dict) -> tuple[bool, int]:
 
 def row_change(row, with_meta: bool):
     """The Change a row asks for, or None for a marker (a rollback, or a collection's drop)."""
-    from dcpflow.replication.xdcr.target import DELETE as DEL
-    from dcpflow.replication.xdcr.target import EXPIRE, SET, Change
+    from dcpflow.client.with_meta import DELETE as DEL
+    from dcpflow.client.with_meta import EXPIRE, SET, Change
 
     d = row.asDict(recursive=True)
     if d.get(CHANGE_TYPE) in (ROLLBACK, DROP):
@@ -132,14 +132,14 @@ class DcpWriter(DataSourceWriter):
         return asyncio.run(self._write(iterator))
 
     async def _write(self, iterator) -> WriteResult:
-        from dcpflow.replication.xdcr.target import Target
+        from dcpflow.client.with_meta import Target
 
         result = WriteResult()
         target = await asyncio.wait_for(Target.connect(self.opts.connection_string, self.opts.username,
                                                        self.opts.password), self.opts.timeout)
         try:
             if self.with_meta:  # LWW buckets take *WithMeta only with FORCE_ACCEPT_WITH_META_OPS
-                from dcpflow.replication.xdcr.target import bucket_conflict_mode
+                from dcpflow.client.with_meta import bucket_conflict_mode
                 mode = await bucket_conflict_mode(target.client, self.opts.username, self.opts.password)
                 target.lww = mode == "lww"
             collections = TargetCollections(await target.client.manifest(), self.opts.bucket)

@@ -13,7 +13,7 @@ from .replicator import ReplicationError, Settings, XdcrReplicator
 
 
 async def _run(args) -> int:
-    from dcpflow.rest_client import password_of
+    from dcpflow.client.rest_client import password_of
     password = password_of(args)
     settings = Settings(
         filters=Filters(args.filter_key, args.skip_deletions, args.skip_expirations, args.strip_ttl),

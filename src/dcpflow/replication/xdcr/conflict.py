@@ -8,10 +8,9 @@ The comparison is the engine's, the one the target itself applies (dcpflow.engin
 the bucket's mode: rev seqno first for "seqno" buckets, CAS first for "lww".
 """
 
+from dcpflow.client.with_meta import SET, Change, Target
 from dcpflow.engine.conflict import ConflictResolutionMode, DocMeta, incoming_wins
 from dcpflow.protocol.status import Status
-
-from .target import SET, Change, Target
 
 DEFAULT_OPTIMISTIC_THRESHOLD = 256
 

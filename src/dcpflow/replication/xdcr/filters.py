@@ -6,7 +6,7 @@ target's copy then never expires)."""
 import re
 from typing import NamedTuple
 
-from .target import DELETE, EXPIRE, Change
+from dcpflow.client.with_meta import DELETE, EXPIRE, Change
 
 
 class Filters(NamedTuple):

@@ -24,8 +24,7 @@ import asyncio
 import logging
 
 from dcpflow.client.manifest import DEFAULT
-
-from .target import MAX_BACKOFF
+from dcpflow.client.with_meta import MAX_BACKOFF
 
 log = logging.getLogger("dcpflow.xdcr")
 

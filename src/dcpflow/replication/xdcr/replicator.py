@@ -47,13 +47,13 @@ from typing import NamedTuple
 from dcpflow.client import DcpClient
 from dcpflow.client.manifest import FilterError
 from dcpflow.client.offsets import Offset
+from dcpflow.client.with_meta import DELETE, EXPIRE, SET, Change, ReplicationError, Target, bucket_conflict_mode
 from dcpflow.engine.conflict import ConflictResolutionMode
 
 from .checkpoints import CheckpointStore, Generation, Generations, target_survives, write_atomically
 from .conflict import DEFAULT_OPTIMISTIC_THRESHOLD, source_side_losers
 from .filters import Filters
 from .namespaces import CollectionMapping
-from .target import DELETE, EXPIRE, SET, Change, ReplicationError, Target, bucket_conflict_mode
 
 log = logging.getLogger("dcpflow.xdcr")
 

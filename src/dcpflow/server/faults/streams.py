@@ -18,7 +18,7 @@ class StreamRef(NamedTuple):
     """An open producer stream: its connection and what identifies it there."""
 
     producer: DcpProducer
-    stream: object  # engine/stream.py ActiveStream
+    stream: object  # dcp/active_stream.py ActiveStream
     vbucket: int
     sid: int | None
 

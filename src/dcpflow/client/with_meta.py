@@ -13,21 +13,20 @@ for as long as it takes, since a replication must not drop a change: an outcome 
 when the target said SUCCESS, KEY_EEXISTS (its version won conflict resolution: counted, not
 retried, as goxdcr does) or refused the change for good (an error naming it).
 
-HELLO MutationSeqno makes every success carry the target's vbucket UUID and seqno: the
-checkpoints record them (checkpoints.py), and a UUID that changed tells the replicator the target
-failed over or restarted uncleanly.
+HELLO MutationSeqno makes every success carry the target's vbucket UUID and seqno: XDCR's
+checkpoints record them (replication/xdcr/checkpoints.py), and a UUID that changed tells its
+replicator the target failed over or restarted uncleanly.
+
+It is a client of the target bucket, used by XDCR (dcpflow.replication.xdcr) and by the Spark
+writer (dcpflow.spark.writer) alike, so it lives in the client package both may import.
 """
 
 import asyncio
 import contextlib
 import logging
-import struct
 import urllib.parse
 from typing import NamedTuple
 
-from dcpflow.client import DcpClient
-from dcpflow.client.connection import FEATURES
-from dcpflow.client.errors import ClientError, ConnectError
 from dcpflow.protocol import kv as kvproto
 from dcpflow.protocol.errors import ProtocolError
 from dcpflow.protocol.hello import Feature
@@ -36,6 +35,11 @@ from dcpflow.protocol.meta import DelWithMeta, GetMeta, GetMetaResponse, SetWith
 from dcpflow.protocol.opcodes import Opcode
 from dcpflow.protocol.status import Status
 
+from . import rest_client
+from .client import DcpClient
+from .connection import FEATURES
+from .errors import ClientError, ConnectError
+
 log = logging.getLogger("dcpflow.xdcr")
 
 WRITER_FEATURES = FEATURES + (Feature.MUTATION_SEQNO,)
@@ -43,7 +47,6 @@ SET, DELETE, EXPIRE = "set", "delete", "expire"
 #: Statuses after which the same request is sent again (after a pause, or a map refresh).
 _AGAIN = frozenset({Status.ETMPFAIL, Status.EBUSY, Status.ENOMEM, Status.NOT_INITIALIZED, Status.NOT_MY_VBUCKET})
 MAX_BACKOFF = 2.0
-_TOKEN = struct.Struct(">QQ")
 
 
 class Change(NamedTuple):
@@ -146,13 +149,12 @@ class Target:
 
     @staticmethod
     def _outcome(frame, vb: int) -> Outcome:
-        # A reply per change: its mutation token is read in place (BinaryProtocol.md #0x01-set:
-        # 16 bytes of extras, vbucket UUID then seqno), not through the validating decoder.
+        # A reply per change: its mutation token is read from the extras in place, not through the
+        # validating decoder.
         if frame.status == Status.SUCCESS:
-            extras = frame.extras
-            if len(extras) == 16:
-                vbuuid, seqno = _TOKEN.unpack(extras)
-                return Outcome(Status.SUCCESS, vb, vbuuid, seqno)
+            token = kvproto.MutationToken.from_extras(frame.extras)
+            if token is not None:
+                return Outcome(Status.SUCCESS, vb, token.vbucket_uuid, token.seqno)
             return Outcome(Status.SUCCESS, vb)
         return Outcome(frame.status, vb)
 
@@ -213,7 +215,6 @@ class Target:
 
 async def bucket_conflict_mode(client: DcpClient, username: str, password: str) -> str:
     """The bucket's conflictResolutionType, from the REST API of any node of its cluster."""
-    from dcpflow import rest_client
     path = "/pools/default/buckets/" + urllib.parse.quote(client.bucket, safe="")
     errors = []
     for node in client.cluster_map.nodes:
