@@ -1,4 +1,4 @@
-"""Rollback mitigation's rule, without sockets (mitigation.HoldGate): events are held until every
+"""Rollback mitigation's rule, without sockets (hold.HoldGate): events are held until every
 copy persisted them, released in order, dropped above a rollback point, and the offsets saved are
 those of released events only."""
 
@@ -6,7 +6,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dcpflow.client.events import Mutation, Rollback, SnapshotMarker, StreamEnd
-from dcpflow.client.mitigation import HoldGate, event_size, persisted_from
+from dcpflow.client.hold import HoldGate, event_size
+from dcpflow.client.mitigation import persisted_from
 from dcpflow.client.offsets import Offset
 from dcpflow.protocol.kv import ObserveSeqnoResponse
 

@@ -30,6 +30,7 @@ from dcpflow.protocol.keys import decode_leb128
 
 from .connection import Segment
 from .events import Abort, Commit, Deletion, Expiration, Mutation, Prepare, SnapshotMarker, system_event
+from .hold import HoldGate
 from .offsets import Offset
 from .streams import TIMEOUT, ConnLost, Feed, NewEnd, replay
 
@@ -157,7 +158,6 @@ class EventStream(_Reader):
         vbuckets, start, end, state, rollback, ignore_purged = self._args
         self._loaded = await self._open(vbuckets, start, end, state, rollback, ignore_purged, **self._feed_extra)
         if self.gate_args is not None:
-            from .mitigation import HoldGate
             self.gate = HoldGate(dict(self.starts), *self.gate_args)
         # the ends themselves when bounded: a read bounded by "now" may lower them (streams.NewEnd)
         self.targets = self.ends if self.ends else await self.client.high_seqnos(list(self.starts))
