@@ -44,7 +44,7 @@ replica vbuckets first, then active ones, each walked in its hash table's order 
 were first written) from where the last pass stopped, round-robin over the vbuckets; a pass ends
 at the low watermark, after a budget of visited entries (the caller runs the next pass later, so
 the event loop keeps serving), or once a whole round found nothing to evict. A read of an evicted
-value fetches it back from the store (vbucket.py; the server does it off the event loop).
+value fetches it back from the store (vb_items.py; the server does it off the event loop).
 """
 
 import math
