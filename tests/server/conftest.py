@@ -73,7 +73,10 @@ class ServerThread:
 
     def start(self) -> "ServerThread":
         self._thread.start()
-        self._ready.wait(30)
+        # Warm-up of a big data dir (a million items) on a busy machine takes minutes: the wait
+        # only bounds a failure, which then says so instead of leaving `server` None.
+        if not self._ready.wait(600):
+            raise AssertionError("the server did not start (warm-up included) within 600 s")
         if self._error is not None:
             raise self._error
         return self
