@@ -1,5 +1,17 @@
-"""The bucket memory quota from outside: `dcpflow server`'s resident memory under loads that would
-grow it without one. Two cases, each against a fresh server subprocess:
+"""The bucket's memory from outside: what `dcpflow server` spends per document, and its resident
+memory under loads that would grow it without a quota. Three cases, each against a fresh server
+subprocess:
+
+* density: `--items` (100k and 1M) documents with 15-byte keys and `--density-value-size` (310)
+  byte JSON values, the shape of issue 46's measurement, SET into a bucket whose quota
+  (`--density-quota`, 8g) evicts nothing, then persisted. Prints the engine's own metadata
+  accounting per item (STAT ep_meta_data_memory, `kv_ep_meta_data_memory_bytes` in /metrics) and
+  what it spends beyond the key, against kv_engine's StoredValue (about 56 bytes plus the key: the
+  baseline, a published figure - kv_engine does not run here), as the ratio; mem_used; and the
+  server's RSS, idle and loaded, per item. The engine's metadata figure is its estimate
+  (HT_ITEM_OVERHEAD per entry, engine/memory.py); RSS growth per item is the measured one.
+  10M items need about 10x the 1M run's RSS (12-13 GB today) and about an hour of loading on a
+  2-core machine: `--items 10000000` where the memory is free.
 
 * quota: `--docs` unique documents (1M) of `--value-size` bytes (4096) SET into a bucket with
   `--memory-quota` (1g), windows of 64, ETMPFAIL retried after a short pause as the SDKs do. The
@@ -12,9 +24,10 @@ grow it without one. Two cases, each against a fresh server subprocess:
   the consumer. Without checkpoint memory bounds the consumer's cursors pinned every checkpoint
   and RSS climbed storm after storm; with them the two curves should stay alike.
 
-    .venv/bin/python bench/kv_memory.py                     # both cases
+    .venv/bin/python bench/kv_memory.py                     # all three cases
+    .venv/bin/python bench/kv_memory.py --case density --items 100000,1000000
     .venv/bin/python bench/kv_memory.py --case quota --docs 300000
-    .venv/bin/python bench/kv_memory.py --smoke             # seconds: 3,000 documents into 8 MiB, 1 s storms
+    .venv/bin/python bench/kv_memory.py --smoke             # seconds: 3,000 documents, 8 MiB, 1 s storms
 """
 
 import argparse
@@ -131,6 +144,53 @@ def quota(args) -> None:
             stop(proc)
 
 
+#: kv_engine's StoredValue: about 56 bytes of metadata per item plus the key (issue 46).
+KV_ENGINE_META_BYTES = 56
+DENSITY_KEY = b"doc-%011d"  # 15 bytes
+
+
+def density_value(size: int) -> bytes:
+    """A JSON object of exactly `size` bytes (at least 12)."""
+    head = b'{"pad":"'
+    return head + b"x" * (size - len(head) - 2) + b'"}'
+
+
+def density(args) -> None:
+    value = density_value(args.density_value_size)
+    key_len = len(DENSITY_KEY % 0)
+    for n in args.items:
+        with tempfile.TemporaryDirectory(prefix="dcpflow-bench-") as tmp:
+            proc, port = start_server(tmp, args.vbuckets, "--allow-plain-over-tcp",
+                                      "--memory-quota", args.density_quota)
+            try:
+                client = Client.logged_in(port)
+                idle = rss(proc.pid)
+                t0 = time.monotonic()
+                step = 20_000
+                for lo in range(0, n, step):
+                    set_all(client, [DENSITY_KEY % i for i in range(lo, min(lo + step, n))], value, args.vbuckets)
+                took = time.monotonic() - t0
+                client.settle(600)
+                stats = client.stats()
+                loaded = rss(proc.pid)
+                meta, used = int(stats[b"ep_meta_data_memory"]), int(stats[b"mem_used"])
+                ckpt, ejected = int(stats[b"ep_checkpoint_memory"]), int(stats[b"ep_num_value_ejects"])
+                beyond = meta / n - key_len
+                grown = (loaded - idle) / n
+                print(f"density: {n:,} items ({key_len}-byte keys, {len(value)}-byte JSON values, {args.vbuckets} "
+                      f"vbuckets) loaded in {took:.0f} s ({n / took:,.0f} SETs/s), {ejected:,} values ejected")
+                print(f"  metadata (ep_meta_data_memory) {meta / n:,.0f} bytes/item: {beyond:,.0f} beyond the key, "
+                      f"{beyond / KV_ENGINE_META_BYTES:.1f}x kv_engine's ~{KV_ENGINE_META_BYTES}")
+                print(f"  mem_used {used / MiB:,.0f} MiB ({used / n:,.0f} bytes/item for {key_len + len(value)} bytes "
+                      f"of key and value; checkpoints {ckpt / MiB:,.1f} MiB)")
+                print(f"  server RSS idle {idle / MiB:,.0f} MiB, loaded {loaded / MiB:,.0f} MiB: {grown:,.0f} "
+                      f"bytes/item, {grown - key_len - len(value):,.0f} beyond key and value "
+                      f"({(grown - key_len - len(value)) / KV_ENGINE_META_BYTES:.1f}x kv_engine's ~"
+                      f"{KV_ENGINE_META_BYTES}); RSS / mem_used {loaded / used:.2f}")
+            finally:
+                stop(proc)
+
+
 def stalled_consumer(port: int, vbuckets: int) -> socket.socket:
     """A DCP connection with streams on every vbucket and a 1 MiB window that never reads a byte."""
     sock = socket.create_connection(("127.0.0.1", port), timeout=30)
@@ -198,7 +258,12 @@ def stalled(args) -> None:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--case", choices=("quota", "stalled", "both"), default="both")
+    p.add_argument("--case", choices=("density", "quota", "stalled", "all"), default="all")
+    p.add_argument("--items", type=lambda t: [int(x) for x in t.split(",")], default=[100_000, 1_000_000],
+                   help="density: comma-separated item counts (default 100000,1000000)")
+    p.add_argument("--density-value-size", type=int, default=310, help="density: JSON value bytes (default 310)")
+    p.add_argument("--density-quota", default="8g", help="density: the bucket's quota, one that evicts nothing "
+                                                         "(default 8g)")
     p.add_argument("--docs", type=int, default=1_000_000, help="quota: unique documents (default 1000000)")
     p.add_argument("--value-size", type=int, default=4096, help="quota: value bytes (default 4096)")
     p.add_argument("--memory-quota", default="1g", help="quota: the bucket's quota (default 1g)")
@@ -215,10 +280,12 @@ def main() -> int:
     args = p.parse_args()
     if args.smoke:
         args.docs, args.memory_quota, args.keys, args.storms, args.seconds, args.pause = 3_000, "8m", 300, 2, 1.0, 0.2
-        args.vbuckets = 64
-    if args.case in ("quota", "both"):
+        args.vbuckets, args.items = 64, [3_000]
+    if args.case in ("density", "all"):
+        density(args)
+    if args.case in ("quota", "all"):
         quota(args)
-    if args.case in ("stalled", "both"):
+    if args.case in ("stalled", "all"):
         stalled(args)
     return 0
 

@@ -25,6 +25,7 @@ FIGURE_LINES = {
     "kv.py --durability majority": "ratio durable/plain",
     "kv_instructions.py": "SET",
     "kv_memory.py": "server RSS",
+    "kv_memory.py --case density": "beyond the key",
     "kv_persist.py": "all persisted",
     "producer.py": "in-memory producer",
     "producer_instructions.py": "instructions per streamed item",

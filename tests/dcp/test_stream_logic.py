@@ -22,6 +22,7 @@ items_st = st.builds(
     delete_time=st.integers(0, 2**32 - 1), delete_source=st.sampled_from(list(DeleteSource)))
 
 
+@settings(deadline=None)
 @given(item=items_st, collections=st.booleans(), delete_times=st.booleans(), opaque=st.integers(0, 2**32 - 1),
        vbid=st.integers(0, 1023))
 def test_fast_encoding_is_the_protocol_encoding(item, collections, delete_times, opaque, vbid):
@@ -168,6 +169,7 @@ def plain_stream(end: int, collections: bool, delete_times: bool) -> ActiveStrea
                         snap_start_seqno=0, options=StreamOptions(collections=collections, delete_times=delete_times))
 
 
+@settings(deadline=None)  # a property of bytes, not of time: a busy machine took one example past 200 ms
 @given(page=st.lists(items_st, max_size=12), collections=st.booleans(), delete_times=st.booleans(),
        big=st.booleans(), end=st.integers(1, 2**63))
 def test_backfill_rows_encode_like_items(page, collections, delete_times, big, end):
@@ -184,6 +186,7 @@ def test_backfill_rows_encode_like_items(page, collections, delete_times, big, e
     assert out[0] == out[1]
 
 
+@settings(deadline=None)
 @given(page=st.lists(items_st, max_size=12), collections=st.booleans(), delete_times=st.booleans(),
        big=st.booleans())
 def test_in_memory_runs_encode_like_single_items(page, collections, delete_times, big):

@@ -12,9 +12,9 @@ from dcpflow.engine.item import NOT_RESIDENT
 from dcpflow.engine.memory import (
     CHECKPOINT_MEMORY_RATIO,
     HT_ITEM_OVERHEAD,
+    MAX_CHECKPOINTS,
     MEM_HIGH_WAT,
     MEM_LOW_WAT,
-    MIN_CHECKPOINT_BYTES,
     MUTATION_MEM_THRESHOLD,
     BucketMemory,
 )
@@ -70,7 +70,7 @@ def test_the_marks_are_kv_engines_fractions_of_the_quota():
                                                          100 * MiB * MUTATION_MEM_THRESHOLD)
     assert m.checkpoint_quota == 100 * MiB * CHECKPOINT_MEMORY_RATIO == 30 * MiB
     assert (m.checkpoint_upper, m.checkpoint_lower) == (27 * MiB, 18 * MiB)
-    assert m.checkpoint_max_bytes(1024) == MIN_CHECKPOINT_BYTES  # 3 KiB per checkpoint would be too small
+    assert m.checkpoint_max_bytes(1024) == 30 * MiB / 10240  # 3 KiB: no floor (see the next test)
     assert m.checkpoint_max_bytes(4) == 30 * MiB / 40
     unlimited = BucketMemory()
     assert not unlimited.refuses_writes() and unlimited.checkpoint_max_bytes(4) == float("inf")
@@ -178,10 +178,120 @@ def test_checkpoint_memory_over_its_quota_is_etmpfail_while_the_flusher_lags(mak
     bucket.vbucket(0).set(b"after", VALUE)
 
 
+@pytest.mark.parametrize("quota", [1 * MiB, 100 * MiB, 10 * 1024 * MiB])
+@pytest.mark.parametrize("num_vbuckets", [1, 64, 1024, 4096])
+def test_open_checkpoints_together_fit_a_tenth_of_the_checkpoint_quota(quota, num_vbuckets):
+    """Whatever the vbucket count: every vbucket's open checkpoint at its size limit takes a tenth of
+    the checkpoint quota, so the rest, which recovery can release, stays in closed checkpoints.
+    (The 64 KiB floor this replaces made 1024 open checkpoints 64 MiB against a 30 MiB quota.)"""
+    m = BucketMemory(quota)
+    assert num_vbuckets * m.checkpoint_max_bytes(num_vbuckets) == pytest.approx(m.checkpoint_quota / MAX_CHECKPOINTS)
+    assert num_vbuckets * m.checkpoint_max_bytes(num_vbuckets) < m.checkpoint_upper - m.checkpoint_lower
+
+
+def _stalled_cursors(bucket, droppable: bool) -> list:
+    """A DCP cursor from seqno 0 on every vbucket that never reads; the names dropped are collected."""
+    dropped: list[str] = []
+    for vb in bucket.vbuckets.values():
+        vb.checkpoint_manager.register_cursor(f"stalled:{vb.id}", 0, droppable=droppable,
+                                              on_drop=lambda c: dropped.append(c.name))
+    return dropped
+
+
+@pytest.mark.parametrize("droppable", [False, True], ids=["plain", "cursor-dropping"])
+def test_a_stalled_cursor_on_each_of_1024_vbuckets_is_dropped_before_a_write_is_refused(make_bucket, droppable):
+    """The defaults (1024 vbuckets, a 100 MiB quota, 30% of it for checkpoints), a cursor on every
+    vbucket that never reads, the flusher keeping up, 36,000 distinct 1 KiB documents (more than the
+    checkpoint quota holds): no write is refused. Droppable cursors go first; a consumer without
+    cursor dropping loses its cursor too (its stream ends SLOW) once nothing else frees enough -
+    at the upper mark, before the quota is full. (No age limit on checkpoints: the rule must not
+    depend on how long the writes take.)"""
+    bucket = active(make_bucket(memory_quota=100 * MiB, num_vbuckets=1024, checkpoint_max_age=None))
+    mem = bucket.memory
+    dropped = _stalled_cursors(bucket, droppable)
+    peak = 0
+    value = b"d" * 1024
+    for i in range(36_000):
+        key = b"doc%05d" % i
+        vb_of(bucket, key).set(key, value)  # raises EngineError(ETMPFAIL) if refused
+        peak = max(peak, mem.checkpoint)
+        if i % 500 == 499:
+            bucket.flush_all()  # the flusher keeps up: only the stalled cursors pin checkpoints
+    assert dropped and mem.num_cursors_dropped == len(dropped)
+    assert peak < mem.checkpoint_quota
+    assert counters(bucket) == recount(bucket)
+
+
+def test_a_stalled_cursor_is_dropped_on_1024_vbuckets_with_the_floor_it_replaces(make_bucket):
+    """The same with `max_bytes` forced to the old 64 KiB floor: open checkpoints never fill, yet the
+    recovery closes the open checkpoints its cursors have not read and drops them (the open-checkpoint
+    rule alone is enough, whatever the size limit)."""
+    bucket = active(make_bucket(memory_quota=100 * MiB, num_vbuckets=1024, checkpoint_max_age=None))
+    for vb in bucket.vbuckets.values():
+        vb.checkpoint_manager.max_bytes = 64 * 1024
+    mem = bucket.memory
+    dropped = _stalled_cursors(bucket, droppable=True)
+    value = b"d" * 1024
+    for i in range(36_000):
+        key = b"doc%05d" % i
+        vb_of(bucket, key).set(key, value)
+        if i % 500 == 499:
+            bucket.flush_all()
+    assert dropped
+    assert mem.checkpoint < mem.checkpoint_quota
+
+
+def test_recovery_closes_a_full_open_checkpoint_the_next_write_would_have_closed(make_bucket):
+    """An open checkpoint past its size stays open until its vbucket's next write; recovery closes
+    it (kv_engine's maybeCreateNewCheckpoint), so a cursor that has not read it becomes droppable."""
+    bucket = active(make_bucket(memory_quota=64 * MiB))
+    vb = bucket.vbucket(0)
+    cm = vb.checkpoint_manager
+    cm.max_bytes = 2 * len(VALUE)
+    cursor = cm.register_cursor("stalled", 0, droppable=True).cursor
+    keys = [k for k in (f"f{i}".encode() for i in range(400)) if vbucket_for_key(k, 4) == 0][:2]
+    for key in keys:
+        vb.set(key, VALUE)
+    bucket.flush_all()
+    full = cm.open_checkpoint
+    assert full.mem_usage >= cm.max_bytes and len(cm.checkpoints) == 1
+    assert cm.release_for_memory(lambda: True) == 0  # the cursor is in the open checkpoint
+    assert cm.close_open_if_full()
+    assert not full.is_open and cm.open_checkpoint is not full and cursor.checkpoint is full
+    assert not cm.close_open_if_full()  # the new one is empty
+    assert cm.release_for_memory(lambda: True) == 1 and cursor.dropped
+    assert cm.checkpoints == [cm.open_checkpoint] and cm.mem_usage == 0  # what only the cursor pinned is released
+    assert counters(bucket) == recount(bucket)
+
+
+def test_release_for_memory_closes_the_open_checkpoint_a_cursor_has_not_read_only_when_asked(make_bucket):
+    """A cursor inside the open checkpoint pins nothing dropping it would release; `close_open`
+    closes that checkpoint first - only once the flusher has read it (else it pins it anyway), and
+    only for cursors of the kind being dropped."""
+    bucket = active(make_bucket(memory_quota=64 * MiB))
+    vb = bucket.vbucket(0)
+    cm = vb.checkpoint_manager
+    plain = cm.register_cursor("plain", 0, droppable=False).cursor
+    keys = [k for k in (f"o{i}".encode() for i in range(400)) if vbucket_for_key(k, 4) == 0][:3]
+    for key in keys:
+        vb.set(key, VALUE)
+    assert len(cm.checkpoints) == 1
+    assert cm.release_for_memory(lambda: True, close_open=True) == 0  # the flusher has not read it
+    assert len(cm.checkpoints) == 1
+    bucket.flush_all()
+    assert cm.release_for_memory(lambda: True) == 0  # in the open checkpoint: not a candidate
+    assert cm.release_for_memory(lambda: True, close_open=True) == 0  # not droppable
+    assert len(cm.checkpoints) == 1
+    assert cm.release_for_memory(lambda: True, undroppable=True, close_open=True) == 1
+    assert plain.dropped and len(cm.checkpoints) == 1 and cm.mem_usage == 0
+    assert counters(bucket) == recount(bucket)
+
+
 def test_lagging_cursors_are_dropped_over_the_checkpoint_upper_mark(make_bucket):
     """Bucket-wide: the opted-in (droppable) cursor goes at the upper mark; one that did not opt in
-    keeps its place until checkpoints fill their quota, then goes too (its owner ends its stream
-    SLOW). Memory comes back below the lower mark each time."""
+    keeps its place while dropping the others frees enough, then goes too (its owner ends its stream
+    SLOW), also at the upper mark: no write is refused meanwhile, the flusher keeping up. Memory
+    comes back below the lower mark each time."""
     bucket = active(make_bucket(memory_quota=8 * MiB, checkpoint_max_items=5))
     dropped: list[str] = []
     plain = []
@@ -203,10 +313,7 @@ def test_lagging_cursors_are_dropped_over_the_checkpoint_upper_mark(make_bucket)
     assert mem.checkpoint < mem.checkpoint_upper
     while not any(name.startswith("plain") for name in dropped):
         key = f"k{i}".encode()
-        try:
-            vb_of(bucket, key).set(key, VALUE)
-        except EngineError as e:  # the quota is full until the plain cursors go
-            assert e.status == Status.ETMPFAIL
+        vb_of(bucket, key).set(key, VALUE)  # never refused: the plain cursors go before the quota is full
         bucket.flush()
         i += 1
         assert i < 20_000
@@ -216,12 +323,10 @@ def test_lagging_cursors_are_dropped_over_the_checkpoint_upper_mark(make_bucket)
 
 
 def test_open_checkpoints_read_and_persisted_are_released_when_checkpoints_fill_their_quota(make_bucket):
-    """Many vbuckets, a small quota: each open checkpoint may reach MIN_CHECKPOINT_BYTES before it
-    closes, so open checkpoints alone can fill the checkpoint quota. Once the flusher has written
-    them, the recovery a refused write starts releases them: writes go on, none is refused forever."""
+    """Many vbuckets, a small quota: once the flusher has written the open checkpoints, the recovery
+    a refused write starts releases them: writes go on, none is refused forever."""
     bucket = active(make_bucket(memory_quota=8 * MiB, num_vbuckets=64))
     mem = bucket.memory
-    assert mem.checkpoint_quota < 64 * MIN_CHECKPOINT_BYTES
     written = 0
     for i in range(3000):
         key = f"d{i}".encode()
@@ -242,7 +347,7 @@ def test_open_checkpoints_read_and_persisted_are_released_when_checkpoints_fill_
 def test_open_checkpoints_close_at_the_buckets_checkpoint_max_size(make_bucket):
     bucket = active(make_bucket(memory_quota=4 * MiB, checkpoint_max_items=10_000))
     cm = bucket.vbucket(0).checkpoint_manager
-    assert cm.max_bytes == max(4 * MiB * 0.3 / 40, MIN_CHECKPOINT_BYTES)
+    assert cm.max_bytes == 4 * MiB * 0.3 / 40
     keys = [k for k in (f"c{i}".encode() for i in range(2000)) if vbucket_for_key(k, 4) == 0][:60]
     for key in keys:
         bucket.vbucket(0).set(key, VALUE)

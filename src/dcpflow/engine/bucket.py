@@ -535,33 +535,41 @@ class Bucket:
         return self.pager.run() if budget is None else self.pager.run(budget)
 
     def recover_checkpoint_memory(self) -> int:
-        """Bring checkpoint memory back under its upper mark (memory.py): release open checkpoints
-        every cursor has read and the flusher has written (CheckpointManager.release_open_if_read),
-        then drop the droppable cursors
-        pinning old checkpoints, the vbuckets with the most checkpoint memory first, down to the
-        lower mark; if checkpoints still fill their quota (writes are refused meanwhile), the other
-        DCP cursors pinning old checkpoints go too - their streams end with STREAM_END(SLOW),
-        stream-end.md's "cannot read from the stream fast enough". The persistence cursor is never
-        dropped: what it pins is released once the flusher has written it. Returns cursors dropped."""
+        """Bring checkpoint memory back under its upper mark (memory.py), down to the lower mark, as
+        kv_engine's CheckpointMemRecoveryTask does, the vbuckets with the most checkpoint memory
+        first, each step only while memory is still above the lower mark:
+
+        1. what costs no cursor: open checkpoints every cursor has read and the flusher has written
+           are released (CheckpointManager.release_open_if_read), full ones are closed
+           (close_open_if_full) so that what they hold can be released once read;
+        2. the droppable DCP cursors (consumers that support cursor dropping) pinning closed
+           checkpoints are dropped: those streams go on from disk;
+        3. if memory is still at the upper mark, open checkpoints that such cursors have not read
+           are closed too, and those cursors dropped;
+        4. if memory is still at the upper mark, the other DCP cursors go the same way: their
+           streams end with STREAM_END(SLOW), stream-end.md's "cannot read from the stream fast
+           enough" - before the quota refuses a write, so that no consumer can stop the writers.
+
+        The persistence cursor is never dropped: what it pins is released once the flusher has
+        written it (writes wait for the flusher meanwhile). Returns the cursors dropped."""
         mem = self.memory
         dropped = 0
         if mem.checkpoint >= mem.checkpoint_upper:
             managers = sorted((vb.checkpoint_manager for vb in self._vbuckets.values()),
                               key=lambda cm: cm.mem_usage, reverse=True)
             above_lower = lambda: mem.checkpoint > mem.checkpoint_lower  # noqa: E731
-            for cm in managers:  # first what costs no cursor: open checkpoints read and persisted
-                if not above_lower():
-                    break
-                cm.release_open_if_read()
             for cm in managers:
                 if not above_lower():
                     break
-                dropped += cm.release_for_memory(above_lower)
-            if mem.checkpoint >= mem.checkpoint_quota:
+                if not cm.release_open_if_read():
+                    cm.close_open_if_full()
+            for undroppable, close_open in ((False, False), (False, True), (True, True)):
+                if (close_open and mem.checkpoint < mem.checkpoint_upper) or not above_lower():
+                    break
                 for cm in managers:
                     if not above_lower():
                         break
-                    dropped += cm.release_for_memory(above_lower, undroppable=True)
+                    dropped += cm.release_for_memory(above_lower, undroppable=undroppable, close_open=close_open)
         mem.recovered()
         return dropped
 

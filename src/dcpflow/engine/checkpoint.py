@@ -550,11 +550,41 @@ class CheckpointManager:
         self.create_checkpoint()
         return before - self.mem_usage
 
-    def release_for_memory(self, wanted: Callable[[], bool], *, undroppable: bool = False) -> int:
+    def close_open_if_full(self) -> bool:
+        """Close the open checkpoint if it holds `max_bytes` or more. A write closes it, but the
+        write after the one that filled it: that write may never come to this vbucket, or be the
+        one refused for memory, and until then a cursor in it cannot be dropped. kv_engine's
+        checkpoint memory recovery does this first (CheckpointManager::maybeCreateNewCheckpoint)."""
+        cp = self.checkpoints[-1]
+        if not cp.num_items or cp.mem_usage < self.max_bytes:
+            return False
+        self._roll_over(cp)
+        return True
+
+    def _close_open_for_cursors(self, undroppable: bool) -> bool:
+        """Close the open checkpoint, whatever its size, when a DCP cursor `release_for_memory` may
+        drop has not read all of it and the flusher has: the cursor, then in a closed checkpoint,
+        pins something dropping it releases (memory.py, "Checkpoint sizes fit the quota")."""
+        cp = self.checkpoints[-1]
+        top = self.high_seqno
+        pc = self.persistence_cursor
+        if not cp.num_items or (pc is not None and pc.seqno < top):
+            return False
+        if not any(c is not pc and (c.droppable or undroppable) and c.checkpoint is cp and c.seqno < top
+                   for c in self.cursors.values()):
+            return False
+        self._roll_over(cp)
+        return True
+
+    def release_for_memory(self, wanted: Callable[[], bool], *, undroppable: bool = False,
+                           close_open: bool = False) -> int:
         """Drop cursors that pin old checkpoints, the one pinning the oldest first, while `wanted()`;
         only droppable ones unless `undroppable` (then any but the persistence cursor: their owners
         end their streams). A cursor in the open checkpoint, or one no older than the persistence
-        cursor's, pins nothing that dropping it would release. Returns the cursors dropped."""
+        cursor's, pins nothing that dropping it would release - unless `close_open`, which first
+        closes the open checkpoint such a cursor has not finished reading. Returns the cursors dropped."""
+        if close_open and wanted():
+            self._close_open_for_cursors(undroppable)
         limit = self.persistence_cursor.checkpoint.id if self.persistence_cursor else None
         open_cp = self.open_checkpoint
         candidates = sorted((c for c in self.cursors.values()

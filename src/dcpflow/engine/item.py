@@ -25,7 +25,7 @@ ITEM_OVERHEAD = 96
 class _NotResident(bytes):
     """The value of a hash-table entry whose value was evicted (memory.py): empty bytes, so memory
     accounting counts nothing for it, told apart by identity (`item.value is NOT_RESIDENT`). Only
-    the hash table holds such entries; every read of a value fetches it back first (vbucket.py)."""
+    the hash table holds such entries; every read of a value fetches it back first (vb_items.py)."""
 
     __slots__ = ()
 

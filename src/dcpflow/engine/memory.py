@@ -11,9 +11,24 @@ the same marks, as fractions of the quota:
   still make room (clean values are resident, or dirty ones will be clean once the flusher has
   written them), ENOMEM when it cannot (keys, metadata and checkpoints alone are over it);
 * checkpoints may hold at most 30% of the quota (checkpoint_memory_ratio). Above 90% of that
-  (checkpoint_memory_recovery_upper_mark) the bucket drops cursors that pin old checkpoints, down
-  to 60% (the lower mark); at 100% front-end writes get ETMPFAIL, as kv_engine's do when its
-  checkpoint quota is full - which also bounds what the flusher may have left to write.
+  (checkpoint_memory_recovery_upper_mark) the bucket recovers checkpoint memory down to 60% (the
+  lower mark; Bucket.recover_checkpoint_memory, kv_engine's CheckpointMemRecoveryTask); at 100%
+  front-end writes get ETMPFAIL, as kv_engine's do when its checkpoint quota is full - which also
+  bounds what the flusher may have left to write.
+
+**Checkpoint sizes fit the quota for any number of vbuckets.** An open checkpoint is closed once it
+holds `checkpoint_max_size` = checkpoint quota / (vbuckets x MAX_CHECKPOINTS) bytes (kv_engine's
+auto-configured checkpoint_max_size, with no floor): all the open checkpoints of a bucket together
+hold at most a tenth of the checkpoint quota (plus one item each, the one that took a checkpoint
+past its size), so the rest - what recovery can release - is in closed checkpoints. A cursor can
+only be dropped for memory from a closed checkpoint (dropping one in the open checkpoint frees
+nothing while the open checkpoint stays), and a checkpoint closes on the write after it is full;
+so recovery closes full open checkpoints itself (kv_engine's recovery task does the same) and,
+when that and dropping cursors from closed checkpoints do not bring memory under the upper mark,
+closes open checkpoints holding items some DCP cursor has not read, whatever their size. With a
+floor under the size (dcpflow once had 64 KiB), 1024 vbuckets x 64 KiB exceeded a 100 MiB bucket's
+30 MiB checkpoint quota: checkpoints never closed, no cursor was ever droppable, and one consumer
+that stopped reading stopped every writer.
 
 **What is counted** (`used`): every hash-table entry's key and metadata (`HT_ITEM_OVERHEAD` per
 entry: the Python objects of a document version, measured), its value while resident, and the
@@ -29,7 +44,7 @@ replica vbuckets first, then active ones, each walked in its hash table's order 
 were first written) from where the last pass stopped, round-robin over the vbuckets; a pass ends
 at the low watermark, after a budget of visited entries (the caller runs the next pass later, so
 the event loop keeps serving), or once a whole round found nothing to evict. A read of an evicted
-value fetches it back from the store (vbucket.py; the server does it off the event loop).
+value fetches it back from the store (vb_items.py; the server does it off the event loop).
 """
 
 import math
@@ -52,10 +67,9 @@ MUTATION_MEM_THRESHOLD = 0.93
 CHECKPOINT_MEMORY_RATIO = 0.3
 CHECKPOINT_UPPER_MARK = 0.9
 CHECKPOINT_LOWER_MARK = 0.6
-#: checkpoint_max_size = checkpoint quota / (vbuckets x MAX_CHECKPOINTS), at least MIN_CHECKPOINT_BYTES:
-#: an open checkpoint is closed at that size, so that what it holds can be released.
+#: checkpoint_max_size = checkpoint quota / (vbuckets x MAX_CHECKPOINTS): an open checkpoint is closed
+#: at that size, so that what it holds can be released (module docstring).
 MAX_CHECKPOINTS = 10
-MIN_CHECKPOINT_BYTES = 64 * 1024
 #: Hash-table entries the pager looks at per `ItemPager.run` call.
 PAGER_VISIT_BUDGET = 4096
 _INF = math.inf
@@ -100,10 +114,11 @@ class BucketMemory:
         return self.values + self.meta + self.checkpoint
 
     def checkpoint_max_bytes(self, num_vbuckets: int) -> float:
-        """The size at which an open checkpoint is closed (module docstring)."""
+        """The size at which an open checkpoint is closed (module docstring): no floor, so that the
+        open checkpoints of all `num_vbuckets` together stay a tenth of the checkpoint quota."""
         if self.quota is None:
             return _INF
-        return max(self.checkpoint_quota / (max(num_vbuckets, 1) * MAX_CHECKPOINTS), MIN_CHECKPOINT_BYTES)
+        return self.checkpoint_quota / (max(num_vbuckets, 1) * MAX_CHECKPOINTS)
 
     def refuses_writes(self) -> bool:
         return (self.values + self.meta + self.checkpoint > self.mutation_limit

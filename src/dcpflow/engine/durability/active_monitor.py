@@ -12,7 +12,7 @@ first is aborted, and its writer is told the outcome is ambiguous (replicas may 
 Prepares taken over from a replica that became active (`adopt`) have no deadline: the old active
 may have committed them, so the new one may only drive them to commit, never abort them.
 
-The monitor decides; the vbucket (vbucket.py) queues the commits and aborts. Completion callbacks
+The monitor decides; the vbucket (vb_sync_writes.py) queues the commits and aborts. Completion callbacks
 run after the vbucket queued the commit or abort.
 """
 
