@@ -26,6 +26,7 @@ FIGURE_LINES = {
     "kv_instructions.py": "SET",
     "kv_memory.py": "server RSS",
     "kv_persist.py": "all persisted",
+    "kv_pressure.py": "ratio quota/no quota",
     "producer.py": "in-memory producer",
     "producer_instructions.py": "instructions per streamed item",
     "replication.py": "ratio replicated/written",
