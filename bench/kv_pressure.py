@@ -4,7 +4,7 @@ bucket without a quota, each against a fresh `dcpflow server` subprocess, in the
 
 With a quota, every value must be written by the flusher before the item pager may evict it, so
 the load can go no faster than the store writes; what this measures is whether it goes that fast.
-Each load is `set_all` of bench/kv_memory.py (windows of 64 on one connection, an ETMPFAIL retried
+Each load is `load_docs` of bench/kv_memory.py (windows of 64 on one connection, an ETMPFAIL retried
 after 10 ms as the SDKs back off); the load ends when the last SET is acknowledged. Printed per
 load: SETs/s, ETMPFAIL replies, the server's CPU seconds, and from its stats the values ejected
 and items persisted when the last SET was acknowledged; then how long until the flusher had written
@@ -22,7 +22,7 @@ import tempfile
 import time
 
 from kv import Client, random_value
-from kv_memory import set_all
+from kv_memory import load_docs
 from serverproc import cpu_seconds, start_server, stop
 
 MiB = 1 << 20
@@ -36,16 +36,14 @@ def load(args, quota: str) -> dict:
             client = Client.logged_in(port)
             value = random_value(args.value_size)
             cpu0, t0 = cpu_seconds(proc.pid), time.monotonic()
-            done = refused = 0
-            step = 10_000
-            for lo in range(0, args.docs, step):
-                d, r = set_all(client, [b"doc-%09d" % i for i in range(lo, min(lo + step, args.docs))],
-                               value, args.vbuckets)
-                done, refused = done + d, refused + r
-                if args.progress and (lo // step) % 10 == 9:
-                    took = time.monotonic() - t0
-                    print(f"  {quota}: {done:,} SET in {took:.0f} s ({done / took:,.0f}/s), "
-                          f"{refused:,} ETMPFAIL", flush=True)
+
+            def progress(done: int, refused: int) -> None:
+                took = time.monotonic() - t0
+                print(f"  {quota}: {done:,} SET in {took:.0f} s ({done / took:,.0f}/s), {refused:,} ETMPFAIL",
+                      flush=True)
+
+            done, refused = load_docs(client, args.docs, value, args.vbuckets, 10_000,
+                                      progress if args.progress else None)
             took = time.monotonic() - t0
             cpu = cpu_seconds(proc.pid) - cpu0
             stats = client.stats()
