@@ -172,10 +172,12 @@ FD_HEADROOM = 128
 
 
 def writes_wait_for_flusher(mem: BucketMemory) -> bool:
-    """Is the bucket past its high watermark (only what the flusher writes can be evicted) or its
-    checkpoint upper mark (the flusher's backlog fills the checkpoint quota)? Then writes wait
-    for the flusher (engine/memory.py)."""
-    return mem.quota is not None and (mem.used > mem.high_wat or mem.checkpoint >= mem.checkpoint_upper)
+    """Is the bucket past its low watermark (the pager has evicted down to it, and only what the
+    flusher writes can be evicted next) or its checkpoint upper mark (the flusher's backlog fills
+    the checkpoint quota)? Then writes wait, or soon will, for the flusher (engine/memory.py).
+    Not the high watermark: a load into a full quota swings between the two marks, and a batch
+    collected on the way up would be written by the niced thread."""
+    return mem.quota is not None and (mem.used > mem.low_wat or mem.checkpoint >= mem.checkpoint_upper)
 
 
 def connection_limit(requested: int, reserve: int, nofile: int | None = None) -> int:
