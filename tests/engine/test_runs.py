@@ -11,7 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dcpflow.engine import Bucket, Item, Store, VBucketState
+from dcpflow.engine import Bucket, FailoverTable, Item, Store, VBucketState, VBucketStateRecord
+from dcpflow.engine import store as store_module
 from dcpflow.engine.item import DATATYPE_XATTR
 from dcpflow.engine.store import ENCODED_VALUE_LIMIT, EncodedPage
 
@@ -382,6 +383,30 @@ def test_a_full_flush_batch_with_more_to_write_is_behind(make_bucket):
         bucket.flusher.complete(batch)
     assert behind == [True, True, False]
     assert bucket.store.deferred_runs() == 1 and runs_of(bucket.store.path) == []
-    bucket.close()  # a clean close seals every deferred vbucket
+    bucket.close()  # a clean close leaves deferred runs for later: a shutdown waits for no backlog of them
+    assert runs_of(bucket.store.path) == []
+    store = Store(bucket.store.path, synchronous="OFF")  # opening seals what is small enough
+    store.close()
     runs = runs_of(bucket.store.path, 0)
     assert runs and runs[-1][2] == 120
+
+
+def test_opening_a_store_defers_the_runs_of_a_big_backlog(tmp_path, monkeypatch):
+    """After a big load written without runs, opening the store marks those vbuckets deferred
+    (for the idle flusher) instead of writing every run before it serves."""
+    path = tmp_path / "store.sqlite3"
+    s = Store(path, synchronous="OFF", run_bytes=2000, run_min_bytes=500)
+    for vb, n in ((0, 60), (1, 5)):
+        items = [plain(i, i + 1) for i in range(n)]
+        state = VBucketStateRecord(vb, 1, FailoverTable([(1, 0)]).to_json(), n, 1, n)
+        s.write([(vb, items)], [state], [(vb, 1, n)], cut_runs=False)
+    s.close()
+    monkeypatch.setattr(store_module, "DEFER_AT_OPEN_BYTES", 4000)
+    s = Store(path, synchronous="OFF", run_bytes=2000, run_min_bytes=500)
+    try:
+        assert runs_of(path, 0) == [] and runs_of(path, 1) != [] and s.deferred_runs() == 1
+        s.seal_runs()
+        assert runs_of(path, 0)[-1][2] == 60 and s.deferred_runs() == 0
+        assert assert_runs_hold_their_rows(path) == len(runs_of(path))
+    finally:
+        s.close()

@@ -58,7 +58,8 @@ in one query: the bytes kept twice (the row's `dcp` and the run) buy a read that
 The flusher cuts them as it writes (`_cut_runs`): a run ends when it reaches `run_bytes`, or just
 before a row that is not a plain mutation; what is left over at the vbucket's end waits for more
 writes or for `seal_runs` (the server calls it when the flusher is idle, a clean close does,
-and opening a store seals what an earlier process left). While the flusher has a backlog it
+and opening a store seals what an earlier process left, up to DEFER_AT_OPEN_BYTES a
+vbucket). While the flusher has a backlog it
 writes without cutting runs (`write(cut_runs=False)`): the copy would double the bytes of every
 flush just when writers wait for the disk (a load into a full memory quota), so those vbuckets'
 runs are cut by `seal_runs` once the flusher is idle, a bounded number of vbuckets a call, and
@@ -354,6 +355,9 @@ ENCODED_VALUE_LIMIT = 8192
 #: (a scattered 1% of rewritten keys already drops most small runs). 256 KiB sits between the two.
 RUN_BYTES = 256 * 1024
 RUN_MIN_BYTES = 8 * 1024
+#: Opening a store cuts the runs an earlier process left unbuilt, unless a vbucket has more than
+#: this after its last run (a backlog's deferred runs): those wait for the idle flusher.
+DEFER_AT_OPEN_BYTES = 4 * RUN_BYTES
 
 #: The writer connection's page cache. SQLite's default (2 MiB) holds little of the by-key and
 #: history indexes a flush updates at random places, so a flush of rewrites would re-read the
@@ -708,30 +712,47 @@ class Store:
         """Vbuckets whose runs wait for `seal_runs` (written with `cut_runs=False`)."""
         return len(self._deferred)
 
-    def seal_runs(self, *, every: bool = False, max_vbuckets: int | None = None) -> int:
+    def seal_runs(self, *, every: bool = False, max_vbuckets: int | None = None, deferred: bool = True) -> int:
         """Make a run of each vbucket's leftover rows of at least run_min_bytes, and cut the runs of
-        the vbuckets whose runs were deferred (the flusher is idle, or the store closes); `every`:
-        of every vbucket with persisted state, looking at its rows first if this store has not
-        yet (at open: what an earlier process left). `max_vbuckets` bounds one call's transaction
-        (the server's idle flusher calls again until nothing is left). Returns how many runs were
-        built besides the deferred ones."""
+        the vbuckets whose runs were deferred (the flusher is idle); `every`: of every vbucket
+        with persisted state, looking at its rows first if this store has not yet (at open: what
+        an earlier process left - a vbucket with more than DEFER_AT_OPEN_BYTES of messages
+        after its last run is marked deferred instead, so opening a store after a big load does
+        not write them all). `max_vbuckets` bounds one call's transaction (the server's idle
+        flusher calls again until nothing is left); `deferred=False` leaves the deferred
+        vbuckets as they are (a clean close: runs are a cache, and a shutdown should not wait
+        for a backlog's worth of them). Returns how many runs were built besides the deferred ones."""
         with self._lock:
             if every:
                 vbs = [r[0] for r in self._db.execute("SELECT vb FROM vbucket_state")]
             else:
-                vbs = [*self._deferred, *(vb for vb, t in self._tails.items() if t.sealable(self.run_min_bytes))]
+                vbs = [*(self._deferred if deferred else ()),
+                       *(vb for vb, t in self._tails.items() if t.sealable(self.run_min_bytes))]
             vbs = vbs[:max_vbuckets]
             if not vbs:
                 return 0
             built = 0
             with self._txn() as db:
                 for vb in vbs:
+                    if every and vb not in self._tails and self._defer_at_open(db, vb):
+                        continue
                     tail = self._tail(db, vb)
                     if tail.sealable(self.run_min_bytes):
                         self._build_runs(db, vb, [(tail.lo, tail.top)])
                         tail.lo, tail.pending = tail.top, 0
                         built += 1
             return built
+
+    def _defer_at_open(self, db: sqlite3.Connection, vb: int) -> bool:
+        """Mark the vbucket deferred if its rows after its last run hold more than
+        DEFER_AT_OPEN_BYTES of messages (length() reads a blob's size, not its pages)."""
+        lo = db.execute("SELECT max(hi) FROM runs WHERE id >= ? AND id <= ?", _vb_rowids(vb)).fetchone()[0] or 0
+        size = db.execute("SELECT total(length(dcp)) FROM items WHERE id > ? AND id <= ?",
+                          (_rowid(vb, lo), _rowid(vb, MAX_STORED_SEQNO))).fetchone()[0]
+        if size <= DEFER_AT_OPEN_BYTES:
+            return False
+        self._deferred.add(vb)
+        return True
 
     def run_count(self, vb: int) -> int:
         with self._lock:
