@@ -37,6 +37,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 
 from dcpflow.protocol import dcp
 from dcpflow.protocol.frame import FrameDecoder, request
@@ -90,6 +91,19 @@ def set_all(client: Client, keys: list[bytes], value: bytes, vbuckets: int, wind
     return done, refused
 
 
+def load_docs(client: Client, docs: int, value: bytes, vbuckets: int, step: int = 20_000,
+              progress: Callable[[int, int], None] | None = None) -> tuple[int, int]:
+    """SET `docs` unique documents (doc-000000000, ...) with `set_all`, `step` keys at a time;
+    `progress(SETs acknowledged, ETMPFAIL replies)` after every tenth step. Returns the two counts."""
+    done = refused = 0
+    for lo in range(0, docs, step):
+        d, r = set_all(client, [b"doc-%09d" % i for i in range(lo, min(lo + step, docs))], value, vbuckets)
+        done, refused = done + d, refused + r
+        if progress is not None and (lo // step) % 10 == 9:
+            progress(done, refused)
+    return done, refused
+
+
 class RssSampler:
     """The largest RSS of a process, sampled every `interval` seconds in a thread."""
 
@@ -120,14 +134,8 @@ def quota(args) -> None:
             sampler = RssSampler(proc.pid)
             value = random_value(args.value_size)
             t0 = time.monotonic()
-            done = refused = 0
-            step = 20_000
-            for lo in range(0, args.docs, step):
-                d, r = set_all(client, [b"doc-%09d" % i for i in range(lo, min(lo + step, args.docs))],
-                               value, args.vbuckets)
-                done, refused = done + d, refused + r
-                if args.progress and (lo // step) % 10 == 9:
-                    print(f"  {done:,} SET, RSS {rss(proc.pid) / MiB:,.0f} MiB", flush=True)
+            done, refused = load_docs(client, args.docs, value, args.vbuckets, progress=lambda done, _: print(
+                f"  {done:,} SET, RSS {rss(proc.pid) / MiB:,.0f} MiB", flush=True) if args.progress else None)
             took = time.monotonic() - t0
             largest = sampler.stop()
             stats = client.stats()

@@ -27,6 +27,7 @@ FIGURE_LINES = {
     "kv_memory.py": "server RSS",
     "kv_memory.py --case density": "beyond the key",
     "kv_persist.py": "all persisted",
+    "kv_pressure.py": "ratio quota/no quota",
     "producer.py": "in-memory producer",
     "producer_instructions.py": "instructions per streamed item",
     "replication.py": "ratio replicated/written",

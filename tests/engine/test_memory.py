@@ -422,3 +422,31 @@ def test_nothing_dirty_is_evicted(make_bucket):
     bucket.flush_all()
     freed, _ = bucket.evict()
     assert freed > 0
+
+
+def test_with_an_owner_task_a_refused_write_wakes_it_instead_of_recovering_checkpoints_itself(make_bucket):
+    """Checkpoints full while the flusher lags: recovering there finds nothing to release, so a
+    recovery per refused write only burns the CPU the flusher needs. With an owner task (`on_high`,
+    the server's pager task) every refused write wakes it and none recovers inline; the task's one
+    recovery frees what the flusher wrote meanwhile. Without one the refused write recovers itself."""
+    bucket = active(make_bucket(memory_quota=8 * MiB, checkpoint_max_items=10))
+    mem = bucket.memory
+    recoveries, wakes = [], []
+    mem.on_checkpoint_pressure = lambda: recoveries.append(bucket.recover_checkpoint_memory())
+    mem.on_high = lambda: wakes.append(1)
+    written, refused = fill_until_refused(bucket)
+    assert refused.status == Status.ETMPFAIL and mem.checkpoint >= mem.checkpoint_quota
+    inline = len(recoveries)  # the write path's own recoveries at the upper mark (checkpoint_grew)
+    for i in range(50):
+        with pytest.raises(EngineError) as e:
+            vb_of(bucket, b"more%d" % i).set(b"more%d" % i, VALUE)
+        assert e.value.status == Status.ETMPFAIL
+    assert len(recoveries) == inline and len(wakes) >= 51
+    bucket.flush_all()
+    bucket.recover_checkpoint_memory()  # what the woken task does
+    assert mem.checkpoint < mem.checkpoint_quota
+    vb_of(bucket, b"after").set(b"after", VALUE)
+    mem.on_high = None  # no owner task: the refused write recovers itself
+    fill_until_refused(bucket, prefix="again")
+    assert len(recoveries) > inline
+    assert counters(bucket) == recount(bucket)

@@ -11,7 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dcpflow.engine import Bucket, Item, Store, VBucketState
+from dcpflow.engine import Bucket, FailoverTable, Item, Store, VBucketState, VBucketStateRecord
+from dcpflow.engine import store as store_module
 from dcpflow.engine.item import DATATYPE_XATTR
 from dcpflow.engine.store import ENCODED_VALUE_LIMIT, EncodedPage
 
@@ -342,3 +343,70 @@ def test_runs_stay_true_when_another_writer_changes_rows(store):
         else:
             seqnos += [r[1] for r in chunk]
     assert seqnos == [s for s in range(1, 41) if s != 20]
+
+
+def test_a_flusher_behind_defers_runs_and_the_idle_seal_cuts_them_in_pieces(store):
+    """With a backlog the flusher writes rows without runs (Store.write cut_runs=False: a run would
+    write every message a second time). The vbucket stays deferred until sealed - a later batch that
+    cuts runs must not inherit the whole backlog's - backfills read its rows meanwhile, and
+    `seal_runs` cuts the runs at run_bytes, `max_vbuckets` vbuckets a call."""
+    for vb in (1, 2, 3):
+        store.write([(vb, [plain(i, i + 1) for i in range(60)])], cut_runs=False)
+    assert runs_of(store.path) == [] and store.unsealed() and store.deferred_runs() == 3
+    write(store, 1, [plain(i, i + 1) for i in range(60, 100)])  # caught up: still no runs for vbucket 1
+    assert runs_of(store.path) == []
+    assert check(store, 1, 0, 100, 16, 7, False) == 100  # read as encoded pages
+    per_run = -(-2000 // message_size(store, 1, 1))
+    assert store.seal_runs(max_vbuckets=2) == 2  # two deferred vbuckets cut, their leftovers sealed
+    assert store.deferred_runs() == 1 and store.unsealed()
+    store.seal_runs(max_vbuckets=2)
+    assert store.deferred_runs() == 0 and not store.unsealed()
+    full = 100 // per_run
+    assert [r[1:3] for r in runs_of(store.path, 1)] == [(i * per_run, (i + 1) * per_run) for i in range(full)] \
+        + [(full * per_run, 100)]
+    assert [r[2] for r in runs_of(store.path, 2)][-1] == 60
+    assert assert_runs_hold_their_rows(store.path) == len(runs_of(store.path))
+    assert check(store, 1, 0, 100, 16, 7, False, runs=True) == 100
+    write(store, 2, [plain(i, 61 + i) for i in range(60)])  # sealed: the flusher cuts runs as it writes again
+    assert runs_of(store.path, 2)[-1][2] > 60
+
+
+def test_a_full_flush_batch_with_more_to_write_is_behind(make_bucket):
+    bucket = make_bucket(flush_batch_items=50, checkpoint_max_items=25)  # a batch ends with a checkpoint
+    bucket.set_vbucket_state(0, VBucketState.ACTIVE)
+    for i in range(120):
+        bucket.vbucket(0).set(b"key-%d" % i, b"x" * 100)
+    behind = []
+    while batch := bucket.flusher.collect(50):
+        behind.append(batch.behind)
+        bucket.flusher.write(batch)
+        bucket.flusher.complete(batch)
+    assert behind == [True, True, False]
+    assert bucket.store.deferred_runs() == 1 and runs_of(bucket.store.path) == []
+    bucket.close()  # a clean close leaves deferred runs for later: a shutdown waits for no backlog of them
+    assert runs_of(bucket.store.path) == []
+    store = Store(bucket.store.path, synchronous="OFF")  # opening seals what is small enough
+    store.close()
+    runs = runs_of(bucket.store.path, 0)
+    assert runs and runs[-1][2] == 120
+
+
+def test_opening_a_store_defers_the_runs_of_a_big_backlog(tmp_path, monkeypatch):
+    """After a big load written without runs, opening the store marks those vbuckets deferred
+    (for the idle flusher) instead of writing every run before it serves."""
+    path = tmp_path / "store.sqlite3"
+    s = Store(path, synchronous="OFF", run_bytes=2000, run_min_bytes=500)
+    for vb, n in ((0, 60), (1, 5)):
+        items = [plain(i, i + 1) for i in range(n)]
+        state = VBucketStateRecord(vb, 1, FailoverTable([(1, 0)]).to_json(), n, 1, n)
+        s.write([(vb, items)], [state], [(vb, 1, n)], cut_runs=False)
+    s.close()
+    monkeypatch.setattr(store_module, "DEFER_AT_OPEN_BYTES", 4000)
+    s = Store(path, synchronous="OFF", run_bytes=2000, run_min_bytes=500)
+    try:
+        assert runs_of(path, 0) == [] and runs_of(path, 1) != [] and s.deferred_runs() == 1
+        s.seal_runs()
+        assert runs_of(path, 0)[-1][2] == 60 and s.deferred_runs() == 0
+        assert assert_runs_hold_their_rows(path) == len(runs_of(path))
+    finally:
+        s.close()

@@ -220,3 +220,37 @@ def _send_retrying(c: RawClient, window: list[tuple[bytes, bytes]]) -> None:
         window = [(k, f) for k, f in window if int.from_bytes(f[12:16], "big") in refused]
         if window:
             time.sleep(0.02)
+
+
+def test_batches_that_writers_wait_for_are_written_at_the_servers_priority(make_server):
+    """The flusher thread is niced below the server (flusher_nice): beside a write storm the loop
+    keeps the CPU. Once writes are refused for memory, only the flusher can make room, so the
+    batches then go to a thread at the server's own priority; without pressure they stay niced."""
+    server = make_server(memory_quota=16 * MiB, flusher_nice=5)
+    flusher = engine(server).flusher
+    writers: list[tuple[str, int]] = []
+    write = flusher.write
+
+    def recording_write(batch):
+        writers.append((threading.current_thread().name, os.getpriority(os.PRIO_PROCESS, threading.get_native_id())))
+        write(batch)
+
+    server.call(setattr, flusher, "write", recording_write)
+    own = os.getpriority(os.PRIO_PROCESS, 0)
+    with server.login() as c:
+        assert c.set(b"calm", VALUE).status == Status.SUCCESS
+        wait_for(lambda: server.call(lambda: engine(server).vbucket(engine(server).vbucket_for_key(b"calm"))
+                                     .persisted_seqno) > 0, what="the first write persisted")
+        assert writers and writers[-1][0].startswith("dcpflow-flusher_")
+        if os.name == "posix" and writers[-1][1] == own:
+            pytest.skip("this platform does not nice a thread apart from its process")
+        assert c.call(Opcode.STOP_PERSISTENCE).status == Status.SUCCESS
+        i = 0
+        while c.set(b"doc%05d" % i, VALUE).status == Status.SUCCESS:
+            i += 1
+            assert i < 8000, "a bucket of dirty values over its quota accepted every write"
+        seen = len(writers)
+        assert c.call(Opcode.START_PERSISTENCE).status == Status.SUCCESS
+        set_retrying(c, b"doc%05d" % i, VALUE)
+        wait_for(lambda: len(writers) > seen, what="a flush batch after the refusal")
+    assert writers[seen][0].startswith("dcpflow-flusher-urgent") and writers[seen][1] == own, writers[seen:]

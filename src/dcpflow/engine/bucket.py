@@ -592,7 +592,7 @@ class Bucket:
         if clean:
             self._check_idle()
             self.flusher.flush_all(self.flush_batch_items)
-            self.store.seal_runs()  # the next process backfills what is at rest from runs
+            self.store.seal_runs(deferred=False)  # the next process backfills what is at rest from runs
             self.store.save_vbucket_states([vb.state_record() for vb in self._vbuckets.values()])
             self.store.set_meta("clean_shutdown", "1")
         self.store.close()

@@ -6,7 +6,9 @@ A flush has three steps so the slow one can leave the owner thread:
    round-robin, up to about `max_items` items, and build a FlushBatch (items + the vbucket-state
    rows to write with them). Only one batch is in flight at a time.
 2. `write(batch)` (any thread): one SQLite transaction. It touches no engine state - items are
-   immutable - so an asyncio server may run it with `loop.run_in_executor`.
+   immutable - so an asyncio server may run it with `loop.run_in_executor`. A batch that leaves
+   more to flush (`behind`) is written without backfill runs (store.py, "Runs"): then the disk
+   writes each value once, and the idle flusher cuts the runs later.
 3. `complete(batch)` (owner thread): advance each vbucket's persisted seqno and snapshot, let the
    checkpoint manager release what is now durable, and tell persistence listeners.
    If the write failed, `abort(batch)` rewinds the persistence cursors instead; nothing was lost
@@ -70,6 +72,8 @@ def _split_sync(entry: VBucketFlush) -> None:
 class FlushBatch:
     entries: list[VBucketFlush]
     states: list[VBucketStateRecord] = field(default_factory=list)
+    #: The batch is full and more is left to flush: the store defers its runs (Store.write).
+    behind: bool = False
 
     @property
     def num_items(self) -> int:
@@ -152,14 +156,14 @@ class Flusher:
                 break
         if not entries:
             return None
-        self.in_flight = FlushBatch(entries, states)
+        self.in_flight = FlushBatch(entries, states, n >= max_items and bool(self._dirty))
         return self.in_flight
 
     def write(self, batch: FlushBatch) -> None:
         """The durable part; safe to run on another thread."""
         self.store.write(((e.vb.id, e.stored) for e in batch.entries), batch.states,
                          [(e.vb.id, start, end) for e in batch.entries for start, end in e.ranges],
-                         [(e.vb.id, e.sync_items) for e in batch.entries if e.sync_items])
+                         [(e.vb.id, e.sync_items) for e in batch.entries if e.sync_items], cut_runs=not batch.behind)
 
     def complete(self, batch: FlushBatch) -> None:
         self._check(batch)

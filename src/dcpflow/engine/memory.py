@@ -126,12 +126,17 @@ class BucketMemory:
 
     def refusal(self) -> EngineError:
         """The error of a write refused for memory: ENOMEM when eviction cannot make room (keys,
-        metadata and checkpoints alone are over the threshold), else ETMPFAIL (retry shortly)."""
+        metadata and checkpoints alone are over the threshold), else ETMPFAIL (retry shortly).
+
+        With checkpoints full, checkpoint memory is recovered here only if no owner task runs the
+        pager (`on_high` None): an owner's task, woken by `on_high`, recovers once for all the
+        writes refused meanwhile. A recovery per refused write walked every vbucket's checkpoints
+        each time while the flusher was behind, and took the CPU the flusher needed."""
         if self.on_high is not None:
             self.on_high()
         if self.checkpoint >= self.checkpoint_quota:
             self.num_tmp_oom += 1
-            if self.on_checkpoint_pressure is not None:
+            if self.on_checkpoint_pressure is not None and self.on_high is None:
                 self.on_checkpoint_pressure()
             return EngineError(Status.ETMPFAIL, f"checkpoint memory is full ({self.checkpoint} of "
                                f"{int(self.checkpoint_quota)} bytes): retry once the flusher and DCP consumers "

@@ -58,7 +58,12 @@ in one query: the bytes kept twice (the row's `dcp` and the run) buy a read that
 The flusher cuts them as it writes (`_cut_runs`): a run ends when it reaches `run_bytes`, or just
 before a row that is not a plain mutation; what is left over at the vbucket's end waits for more
 writes or for `seal_runs` (the server calls it when the flusher is idle, a clean close does,
-and opening a store seals what an earlier process left). A run is a cache of the rows, never the
+and opening a store seals what an earlier process left, up to DEFER_AT_OPEN_BYTES a
+vbucket). While the flusher has a backlog it
+writes without cutting runs (`write(cut_runs=False)`): the copy would double the bytes of every
+flush just when writers wait for the disk (a load into a full memory quota), so those vbuckets'
+runs are cut by `seal_runs` once the flusher is idle, a bounded number of vbuckets a call, and
+backfills read their rows as encoded pages meanwhile. A run is a cache of the rows, never the
 truth: the statement that builds one checks that every row in its range is encoded (`_BUILD_RUN`),
 and triggers in the file drop a run when any row in its range changes, whoever changes it
 (`_RUN_TRIGGERS`).
@@ -350,6 +355,9 @@ ENCODED_VALUE_LIMIT = 8192
 #: (a scattered 1% of rewritten keys already drops most small runs). 256 KiB sits between the two.
 RUN_BYTES = 256 * 1024
 RUN_MIN_BYTES = 8 * 1024
+#: Opening a store cuts the runs an earlier process left unbuilt, unless a vbucket has more than
+#: this after its last run (a backlog's deferred runs): those wait for the idle flusher.
+DEFER_AT_OPEN_BYTES = 4 * RUN_BYTES
 
 #: The writer connection's page cache. SQLite's default (2 MiB) holds little of the by-key and
 #: history indexes a flush updates at random places, so a flush of rewrites would re-read the
@@ -548,6 +556,7 @@ class Store:
             raise ValueError(f"need 0 < run_min_bytes ({run_min_bytes}) <= run_bytes ({run_bytes})")
         self.run_bytes, self.run_min_bytes = run_bytes, run_min_bytes
         self._tails: dict[int, _Tail] = {}  # per vbucket, once known (`_tail`)
+        self._deferred: set[int] = set()  # vbuckets written with cut_runs=False: no tail until sealed
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.synchronous = synchronous.upper()
@@ -638,6 +647,7 @@ class Store:
             for table in ("runs", "items", "history", "snapshots", "vbucket_state", "prepares"):
                 db.execute(f"DELETE FROM {table}")  # no WHERE: SQLite truncates the table
             self._tails.clear()
+            self._deferred.clear()
 
     def delete_vbucket(self, vb: int) -> None:
         with self._txn() as db:
@@ -667,6 +677,7 @@ class Store:
                              _vb_rowids(vb)).fetchone()
             tail = self._tails[vb] = _Tail(row[0] or 0)
             tail.top = tail.lo
+            self._deferred.discard(vb)
             rows = db.execute("SELECT seqno, length(dcp) FROM items WHERE id > ? AND id <= ? ORDER BY id",
                               (_rowid(vb, tail.lo), _rowid(vb, MAX_STORED_SEQNO)))
             self._build_runs(db, vb, _cut_runs(tail, rows, self.run_bytes, self.run_min_bytes))
@@ -689,33 +700,59 @@ class Store:
         trigger's look-up per row)."""
         db.execute("DELETE FROM runs WHERE id >= ? AND id <= ?", _vb_rowids(vb))
         self._tails.pop(vb, None)
+        self._deferred.discard(vb)
 
     def unsealed(self) -> bool:
-        """Are there leftover rows `seal_runs` would make a run of? (Cheap, from any thread.)"""
+        """Are there leftover rows `seal_runs` would make a run of, or vbuckets whose runs were
+        deferred? (Cheap, from any thread.)"""
         least = self.run_min_bytes
-        return any(t.sealable(least) for t in list(self._tails.values()))
+        return bool(self._deferred) or any(t.sealable(least) for t in list(self._tails.values()))
 
-    def seal_runs(self, *, every: bool = False) -> int:
-        """Make a run of each vbucket's leftover rows of at least run_min_bytes (the flusher is
-        idle, or the store closes); `every`: of every vbucket with persisted state, looking at
-        its rows first if this store has not yet (at open: what an earlier process left).
-        Returns how many runs were built."""
+    def deferred_runs(self) -> int:
+        """Vbuckets whose runs wait for `seal_runs` (written with `cut_runs=False`)."""
+        return len(self._deferred)
+
+    def seal_runs(self, *, every: bool = False, max_vbuckets: int | None = None, deferred: bool = True) -> int:
+        """Make a run of each vbucket's leftover rows of at least run_min_bytes, and cut the runs of
+        the vbuckets whose runs were deferred (the flusher is idle); `every`: of every vbucket
+        with persisted state, looking at its rows first if this store has not yet (at open: what
+        an earlier process left - a vbucket with more than DEFER_AT_OPEN_BYTES of messages
+        after its last run is marked deferred instead, so opening a store after a big load does
+        not write them all). `max_vbuckets` bounds one call's transaction (the server's idle
+        flusher calls again until nothing is left); `deferred=False` leaves the deferred
+        vbuckets as they are (a clean close: runs are a cache, and a shutdown should not wait
+        for a backlog's worth of them). Returns how many runs were built besides the deferred ones."""
         with self._lock:
             if every:
                 vbs = [r[0] for r in self._db.execute("SELECT vb FROM vbucket_state")]
             else:
-                vbs = [vb for vb, t in self._tails.items() if t.sealable(self.run_min_bytes)]
+                vbs = [*(self._deferred if deferred else ()),
+                       *(vb for vb, t in self._tails.items() if t.sealable(self.run_min_bytes))]
+            vbs = vbs[:max_vbuckets]
             if not vbs:
                 return 0
             built = 0
             with self._txn() as db:
                 for vb in vbs:
+                    if every and vb not in self._tails and self._defer_at_open(db, vb):
+                        continue
                     tail = self._tail(db, vb)
                     if tail.sealable(self.run_min_bytes):
                         self._build_runs(db, vb, [(tail.lo, tail.top)])
                         tail.lo, tail.pending = tail.top, 0
                         built += 1
             return built
+
+    def _defer_at_open(self, db: sqlite3.Connection, vb: int) -> bool:
+        """Mark the vbucket deferred if its rows after its last run hold more than
+        DEFER_AT_OPEN_BYTES of messages (length() reads a blob's size, not its pages)."""
+        lo = db.execute("SELECT max(hi) FROM runs WHERE id >= ? AND id <= ?", _vb_rowids(vb)).fetchone()[0] or 0
+        size = db.execute("SELECT total(length(dcp)) FROM items WHERE id > ? AND id <= ?",
+                          (_rowid(vb, lo), _rowid(vb, MAX_STORED_SEQNO))).fetchone()[0]
+        if size <= DEFER_AT_OPEN_BYTES:
+            return False
+        self._deferred.add(vb)
+        return True
 
     def run_count(self, vb: int) -> int:
         with self._lock:
@@ -726,12 +763,18 @@ class Store:
     def write(self, batches: Iterable[tuple[int, Sequence[Item]]],
               states: Iterable[VBucketStateRecord] = (),
               snapshot_ranges: Iterable[tuple[int, int, int]] = (),
-              sync_batches: Iterable[tuple[int, Sequence[Item]]] = ()) -> None:
+              sync_batches: Iterable[tuple[int, Sequence[Item]]] = (), *, cut_runs: bool = True) -> None:
         """Persist items (seqno order per vbucket), state rows and the (vb, snap_start, snap_end)
         ranges the items belong to, in one transaction. `sync_batches` are the prepares, commits
         and aborts (durability/items.py) of the same batch, in seqno order: a prepare is stored in
         `prepares`, and marked completed by its commit or abort (a commit's version is among the
-        items)."""
+        items).
+
+        `cut_runs=False` (the flusher has a backlog) leaves the batch's vbuckets without runs
+        until `seal_runs`: a run copies its rows' messages, so cutting them as the rows are
+        written doubles the bytes a flush writes, when the disk is what writes wait for. A
+        vbucket stays deferred until sealed, whatever later batches say, so that no flush
+        inherits the runs of a whole backlog."""
         with self._txn() as db:
             pending: list[tuple] = []  # rows not yet written: every vbucket's go into the same statements
             written = []
@@ -755,7 +798,11 @@ class Store:
             for vb, latest, older, sizes in written:
                 if older and self._keep_history:
                     self._file_older_versions(db, vb, older, latest)
-                self._extend_runs(db, vb, sizes)
+                if cut_runs and vb not in self._deferred:
+                    self._extend_runs(db, vb, sizes)
+                else:  # `_tail` finds the rows again when the vbucket is sealed
+                    self._tails.pop(vb, None)
+                    self._deferred.add(vb)
             for vb, items in sync_batches:
                 self._write_sync(db, vb, items)
             db.executemany(_UPSERT_STATE, [r._params() for r in states])

@@ -17,7 +17,9 @@ server runs three background tasks on it:
   HISTORY_KEPT of the documents. The store's work runs on the flusher's thread;
 * the item pager - whenever a bucket is over its high watermark (checked every PAGER_INTERVAL,
   after each flush batch, and at once when a write is refused for memory), evict values in passes
-  of a few thousand entries, yielding to the loop between them (engine/memory.py).
+  of a few thousand entries, yielding to the loop between them (engine/memory.py); and when
+  writes are refused because checkpoints fill their quota, recover checkpoint memory once for
+  all of them (Bucket.recover_checkpoint_memory), as kv_engine's CheckpointMemRecoveryTask does.
 
 A lock serialises a flush batch and compaction (compaction requires no batch in flight).
 
@@ -47,6 +49,7 @@ In-process use (tests, the DCP work): `async with Server(ServerConfig(data_dir=.
 import asyncio
 import concurrent.futures
 import contextlib
+import functools
 import gc
 import json
 import logging
@@ -64,6 +67,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dcpflow.engine import Bucket, VBucketState
+from dcpflow.engine.memory import BucketMemory
 from dcpflow.protocol import error_map
 from dcpflow.protocol.config import Node
 
@@ -148,6 +152,9 @@ def _lower_thread_priority(steps: int) -> None:
 
 #: Seconds without a flush batch before the flusher seals the store's unfinished runs.
 SEAL_AFTER_IDLE = 1.0
+#: Vbuckets one sealing transaction covers: after a backlog the store cuts the runs it deferred
+#: (store.py, "Runs") in pieces, so a flush batch never waits behind all of them.
+SEAL_VBUCKETS = 16
 #: The buckets created through the management API (served again after a restart).
 CREATED_BUCKETS_FILE = "buckets.json"
 USERS_OVERLAY_FILE = "users-managed.json"  # auth.UserDB.attach_overlay
@@ -163,6 +170,15 @@ HISTORY_KEPT = 0.25
 #: Descriptors kept for everything but client connections: each bucket's store (the database, its
 #: WAL and shared memory, pooled backfill readers), the management port and its clients, pipes.
 FD_HEADROOM = 128
+
+
+def writes_wait_for_flusher(mem: BucketMemory) -> bool:
+    """Is the bucket past its low watermark (the pager has evicted down to it, and only what the
+    flusher writes can be evicted next) or its checkpoint upper mark (the flusher's backlog fills
+    the checkpoint quota)? Then writes wait, or soon will, for the flusher (engine/memory.py).
+    Not the high watermark: a load into a full quota swings between the two marks, and a batch
+    collected on the way up would be written by the niced thread."""
+    return mem.quota is not None and (mem.used > mem.low_wat or mem.checkpoint >= mem.checkpoint_upper)
 
 
 def connection_limit(requested: int, reserve: int, nofile: int | None = None) -> int:
@@ -204,6 +220,8 @@ class ServerBucket:
         self.checked_at_items = -1  # the flusher's count when fragmentation was last measured
         self.fragmentation = None  # the last Store.fragmentation() measured
         self.flushed_at = 0.0  # monotonic time of the last batch the flusher wrote (seal_runs waits)
+        self.recovered_at = 0.0  # monotonic time the pager task last recovered checkpoint memory
+        self.tmp_oom_seen = 0  # the engine's ETMPFAIL count when the flusher last collected a batch
         self._waiters: dict[int, list[tuple[int, asyncio.Future]]] = {}
         engine.add_persistence_listener(self._on_persisted)
 
@@ -300,6 +318,7 @@ class Server:
         self._wake_pager: asyncio.Event | None = None
         self._maintenance: asyncio.Lock | None = None
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._urgent_executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._error_maps: dict[int, bytes] = {}
         self.commands = COMMANDS  # opcode -> Command: what every connection answers (commands.py)
         self.dcp_names = DcpNames()  # a DCP connection name opened again closes the older connection
@@ -319,6 +338,8 @@ class Server:
         self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="dcpflow-flusher",
                                                                initializer=_lower_thread_priority,
                                                                initargs=(cfg.flusher_nice,))
+        # the same work at the server's own priority, for batches that writers wait for (flush_batch)
+        self._urgent_executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="dcpflow-flusher-urgent")
         try:
             # Bound first (a port in use fails before any bucket is created in the data dir), serving
             # only once the buckets are open and the map (which needs the bound ports) exists.
@@ -337,6 +358,7 @@ class Server:
             self.mgmt.unbind()
             self._close_buckets(clean=True)
             self._executor.shutdown(wait=True)
+            self._urgent_executor.shutdown(wait=True)
             raise
         # Warm-up loaded every document as a long-lived object; a full collection walks all of
         # them and stalls the loop for as long. Freeze them out of the collector's generations:
@@ -427,6 +449,7 @@ class Server:
         async with self._maintenance:
             self._close_buckets(clean=True)
         self._executor.shutdown(wait=True)
+        self._urgent_executor.shutdown(wait=True)
         self.log.tick()
         self.audit.tick()
         self.audit.close()
@@ -585,7 +608,14 @@ class Server:
         return after_batch()
 
     async def flush_batch(self, bucket: ServerBucket) -> int:
-        """Persist one batch of `bucket`: collect here, write on the flusher thread, complete here."""
+        """Persist one batch of `bucket`: collect here, write on the flusher thread, complete here.
+
+        The flusher thread is nicer than the server (`flusher_nice`): beside a write storm the
+        loop keeps the CPU and checkpoint de-duplication absorbs what is not written yet. Under
+        memory pressure that is backwards - writes are refused until the flusher has written what
+        the pager may evict, the loop has nothing better to do, and on a busy host a niced thread
+        gets a sliver of a core - so then the batch is written by a thread at the server's own
+        priority (an unprivileged thread cannot take back the nice levels it gave up)."""
         engine = bucket.engine
         async with self._maintenance:
             if engine.closed:
@@ -593,8 +623,12 @@ class Server:
             batch = engine.flusher.collect(engine.flush_batch_items)
             if batch is None:
                 return 0
+            mem = engine.memory
+            urgent = mem.num_tmp_oom != bucket.tmp_oom_seen or writes_wait_for_flusher(mem)
+            bucket.tmp_oom_seen = mem.num_tmp_oom  # writes refused since the last batch: urgent too
+            executor = self._urgent_executor if urgent else self._executor
             try:
-                await asyncio.get_running_loop().run_in_executor(self._executor, engine.flusher.write, batch)
+                await asyncio.get_running_loop().run_in_executor(executor, engine.flusher.write, batch)
             except BaseException:
                 engine.flusher.abort(batch)
                 raise
@@ -617,7 +651,8 @@ class Server:
         engine = bucket.engine
         async with self._maintenance:
             if not engine.closed:
-                await asyncio.get_running_loop().run_in_executor(self._executor, engine.store.seal_runs)
+                await asyncio.get_running_loop().run_in_executor(
+                    self._executor, functools.partial(engine.store.seal_runs, max_vbuckets=SEAL_VBUCKETS))
 
     def wake_pager(self) -> None:
         if self._wake_pager is not None:
@@ -630,6 +665,14 @@ class Server:
             for bucket in list(self.buckets.values()):
                 engine = bucket.engine
                 try:
+                    mem, now = engine.memory, time.monotonic()
+                    if not engine.closed and mem.checkpoint >= mem.checkpoint_quota \
+                            and now - bucket.recovered_at >= PAGER_INTERVAL:
+                        # writes are refused (BucketMemory.refusal): a recovery walks every vbucket's
+                        # checkpoints, so once an interval, not once a wake; after each flush batch
+                        # the bucket recovers anyway (Bucket._after_flush)
+                        bucket.recovered_at = now
+                        engine.recover_checkpoint_memory()
                     while not engine.closed and engine.pager.wanted() and not self._stopping.is_set():
                         _, done = engine.evict()
                         if done:
