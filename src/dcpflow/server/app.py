@@ -480,27 +480,30 @@ class Server:
         await self.close()
 
     # -- connections ---------------------------------------------------------------------------
-    def _admit(self, sock: socket.socket, tls: ssl.SSLContext | None) -> None:
+    def _admit(self, sock: socket.socket, tls: ssl.SSLContext | None) -> bool:
         """A listener accepted `sock`: make it a Connection. With every slot (max_connections and
         the reserve) taken, the oldest unauthenticated connection makes room; with none, `sock` is
-        closed at once."""
+        closed at once. Connections still being made are unauthenticated too, but cannot be closed
+        yet: `sock` is admitted beyond the limit, the oldest unauthenticated connection is closed
+        once it is made (connection_made), and the listener stops for this pass (returns False)."""
         if self.closed:
             sock.close()
-            return
+            return True
         n = len(self.connections) + len(self._opening)
-        # (connections still being made are unauthenticated too: once made, the oldest unauthenticated
-        # beyond the limit is closed, connection_made)
-        if n >= self.max_connections + self.config.system_connections and not self._evict_unauthenticated() \
-                and not self._opening:
-            self.refused_connections["limit"] += 1
-            self.log.warning("connection-limit", "refused a connection from %s: %d connections are open, all "
-                             "authenticated, and the limit (%d and %d reserved for administrators) is reached",
-                             _peer(sock), n, self.max_connections, self.config.system_connections)
-            sock.close()
-            return
+        keep_accepting = True
+        if n >= self.max_connections + self.config.system_connections and not self._evict_unauthenticated():
+            if not self._opening:
+                self.refused_connections["limit"] += 1
+                self.log.warning("connection-limit", "refused a connection from %s: %d connections are open, all "
+                                 "authenticated, and the limit (%d and %d reserved for administrators) is reached",
+                                 _peer(sock), n, self.max_connections, self.config.system_connections)
+                sock.close()
+                return True
+            keep_accepting = False
         task = asyncio.get_running_loop().create_task(self._open(sock, tls))
         self._opening.add(task)
         task.add_done_callback(self._opening.discard)
+        return keep_accepting
 
     def _evict_unauthenticated(self) -> bool:
         """Close the oldest connection that has not authenticated, to make room; False if none."""

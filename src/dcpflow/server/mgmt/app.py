@@ -481,25 +481,30 @@ class ManagementListener:
         """HTTP connections open, or being opened (a TLS handshake)."""
         return len(self._runner.server.connections) + len(self._opening) if self._runner is not None else 0
 
-    def _accepted(self, sock: socket.socket, tls: ssl.SSLContext | None) -> None:
+    def _accepted(self, sock: socket.socket, tls: ssl.SSLContext | None) -> bool:
         """Hand an accepted socket to aiohttp. At `mgmt_max_connections` (each costs a descriptor
         and a handler: a client opening connections without end must not take the node's
         descriptors from KV) the oldest connection without a request in progress makes room -
         one that never sent a request first -, or with none `sock` is closed at once."""
         server = self.server
         n = self.open_connections
-        # (connections still being made have sent nothing either: once made, the oldest silent one
-        # beyond the limit is closed, _open)
-        if n >= server.mgmt_max_connections and not self._evict() and not self._opening:
-            server.refused_connections["http_limit"] += 1
-            server.log.warning("http-connection-limit", "refused an HTTP connection: all %d open on the management "
-                               "port (its limit, fitted to the descriptor limit) have a request in progress", n)
-            sock.close()
-            return
+        keep_accepting = True
+        if n >= server.mgmt_max_connections and not self._evict():
+            if not self._opening:
+                server.refused_connections["http_limit"] += 1
+                server.log.warning("http-connection-limit", "refused an HTTP connection: all %d open on the "
+                                   "management port (its limit, fitted to the descriptor limit) have a request in "
+                                   "progress", n)
+                sock.close()
+                return True
+            # connections still being made have sent nothing either: admitted, the oldest silent one
+            # beyond the limit is closed once this one is made (_open), and the listener waits a pass
+            keep_accepting = False
         loop = asyncio.get_running_loop()
         task = loop.create_task(self._open(loop, sock, tls))
         self._opening.add(task)
         task.add_done_callback(self._opening.discard)
+        return keep_accepting
 
     async def _open(self, loop: asyncio.AbstractEventLoop, sock: socket.socket, tls: ssl.SSLContext | None) -> None:
         try:
