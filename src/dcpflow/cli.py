@@ -195,11 +195,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "none): near it values are evicted and writes get ETMPFAIL; a bucket created through the "
                         "management API has its own ramQuotaMB")
     p.add_argument("--max-connections", type=int, default=60_000, metavar="N",
-                   help="client connections admitted (default 60000, ns_server's; lowered to fit the open-files "
-                        "limit); beyond them and the reserve a connection is closed at once")
+                   help="connections that may be authenticated as ordinary users (default 60000, ns_server's; "
+                        "lowered to fit the open-files limit with --mgmt-max-connections)")
     p.add_argument("--system-connections", type=int, default=16, metavar="N",
-                   help="connections kept beyond --max-connections for administrators and the cluster manager "
-                        "(default 16)")
+                   help="connections kept beyond --max-connections for administrators and the cluster manager, "
+                        "counted after authentication (default 16)")
     p.add_argument("--mgmt-max-connections", type=int, default=1_000, metavar="N",
                    help="HTTP connections the management port keeps open at once (default 1000; lowered to fit the "
                         "open-files limit with the KV connections); beyond, the oldest without a request in "

@@ -6,6 +6,7 @@ port, whose limit is fitted to the descriptor limit with the KV one. Running out
 anyway pauses accepting, is logged once per interval (never a traceback per accept), and the
 connections that waited are served once descriptors are free."""
 
+import contextlib
 import os
 import re
 import resource
@@ -101,6 +102,23 @@ def _spawn(args: list[str], nofile: int, loop: str, tmp_path: Path) -> tuple[sub
     return proc, int(m.group(1)), int(m.group(2)), err
 
 
+@contextlib.contextmanager
+def _limited_server(tmp_path: Path, nofile: int, *args: str):
+    """A server subprocess under RLIMIT_NOFILE `nofile`: yields (port, mgmt_port, its stderr file,
+    a list for the test's sockets); closes those sockets and stops the server afterwards."""
+    proc, port, mgmt_port, err = _spawn(["--data-dir", str(tmp_path / "data"), "--vbuckets", "16", *args], nofile,
+                                        "asyncio", tmp_path)
+    socks: list[socket.socket] = []
+    try:
+        yield port, mgmt_port, err, socks
+    finally:
+        for s in socks:
+            s.close()
+        proc.terminate()
+        proc.wait(30)
+        proc.stdout.close()
+
+
 @pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
 def test_running_out_of_descriptors_is_logged_once_per_interval(tmp_path, loop):
     """A server whose descriptor limit drops to 300 after it fitted its connection limits to 1024
@@ -181,10 +199,7 @@ def test_idle_strangers_cannot_lock_the_administrator_out(tmp_path):
     strangers give way (the oldest is closed for each newcomer), the administrator authenticates
     at once, long before any timeout (here 600 s), and can work; the strangers' own slots were
     never theirs to keep."""
-    proc, port, mgmt_port, err = _spawn(["--data-dir", str(tmp_path / "data"), "--vbuckets", "16",
-                                         "--auth-timeout", "600"], 256, "asyncio", tmp_path)
-    strangers = []
-    try:
+    with _limited_server(tmp_path, 256, "--auth-timeout", "600") as (port, mgmt_port, err, strangers):
         assert 'kv_max_connections{type="client"} 96' in _metric(mgmt_port, "kv_max_connections")
         for _ in range(200):
             strangers.append(socket.create_connection(("127.0.0.1", port), timeout=10))
@@ -198,12 +213,6 @@ def test_idle_strangers_cannot_lock_the_administrator_out(tmp_path):
         evicted = _metric(mgmt_port, 'kv_connections_refused_total{reason="unauthenticated_evicted"}')
         assert int(evicted.split()[-1]) >= 200 - 112 + 1
         assert _closed_by_peer(strangers[0])  # the oldest made room first
-    finally:
-        for s in strangers:
-            s.close()
-        proc.terminate()
-        proc.wait(30)
-        proc.stdout.close()
     text = err.read_text()
     assert "Traceback" not in text and "Too many open files" not in text, text[-3000:]
 
@@ -287,12 +296,8 @@ def test_the_management_port_at_the_descriptor_limit(tmp_path):
     HTTP sockets never take the node's descriptors - each newcomer closes the oldest silent one -,
     KV clients are served meanwhile, an administrator's REST call goes through, and nothing is
     logged about running out of files."""
-    import base64
-    proc, port, mgmt_port, err = _spawn(["--data-dir", str(tmp_path / "data"), "--vbuckets", "16",
-                                         "--auth-timeout", "600", "--http-idle-timeout", "600"], 256, "asyncio",
-                                        tmp_path)
-    hogs = []
-    try:
+    with _limited_server(tmp_path, 256, "--auth-timeout", "600", "--http-idle-timeout", "600") as (
+            port, mgmt_port, err, hogs):
         assert 'kv_max_connections{type="http"} 16' in _metric(mgmt_port, "kv_max_connections")
         for _ in range(300):
             hogs.append(socket.create_connection(("127.0.0.1", mgmt_port), timeout=10))
@@ -305,12 +310,5 @@ def test_the_management_port_at_the_descriptor_limit(tmp_path):
         evicted = _metric(mgmt_port, 'kv_connections_refused_total{reason="http_evicted"}')
         assert int(evicted.split()[-1]) >= 300 - 16
         assert _closed_by_peer(hogs[0])
-        del base64
-    finally:
-        for s in hogs:
-            s.close()
-        proc.terminate()
-        proc.wait(30)
-        proc.stdout.close()
     text = err.read_text()
     assert "Too many open files" not in text and "cannot accept" not in text and "Traceback" not in text, text[-3000:]

@@ -15,12 +15,7 @@ from pathlib import Path
 import dcpflow
 from dcpflow.server.app import out_of_files
 
-
-def wait_for(fn, timeout: float = 30.0):
-    deadline = time.monotonic() + timeout
-    while not fn():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.02)
+from .test_connection_limits import wait_for
 
 
 def test_what_counts_as_out_of_descriptors():

@@ -378,6 +378,7 @@ class Server:
         gc.freeze()
         gen0, gen1, _ = gc.get_threshold()
         gc.set_threshold(gen0, gen1, 100)
+        self.audit.open()
         self.port = self._listener.port
         if self._tls_listener is not None:
             self.tls_port = self._tls_listener.port

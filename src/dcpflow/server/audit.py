@@ -123,6 +123,11 @@ class Audit:
         if self.limiter.allow(event.name):
             log.warning("audit %s", line)
 
+    def open(self) -> None:
+        """Open the file now (the server starts with it: its descriptor is taken before clients
+        can take them all); a failure is said and counted as any other."""
+        self._to_file(None)
+
     def tick(self) -> None:
         self.limiter.tick()
         if self._failed_at is not None and self._clock() - self._failed_at >= self.interval:
@@ -140,7 +145,8 @@ class Audit:
                     "; the audit file has every one" if self.path is not None else "")
 
     def _to_file(self, line: str | None) -> None:
-        """Append `line` (None: only retry a file that failed) - every event, or count it lost."""
+        """Append `line` (None: only open the file, or retry one that failed) - every event, or
+        count it lost."""
         if self.path is None:
             return
         if self._failed_at is not None and self._clock() - self._failed_at < self.interval:

@@ -190,10 +190,10 @@ def require(request: web.Request, permission: str, bucket: str | None = None) ->
     wrong credentials) or 403 (naming the permission it lacks)."""
     user = request.get(USER)
     if user is None:
-        audit(request, HTTP_AUTHENTICATION_FAILURE, None, raw_url=request.raw_path, reason="no credentials")
+        _audit(request, HTTP_AUTHENTICATION_FAILURE, None, raw_url=request.raw_path, reason="no credentials")
         raise unauthorized()
     if not allowed(user, permission, bucket):
-        audit(request, ACCESS_FORBIDDEN, user.name, raw_url=request.raw_path, method=request.method,
+        _audit(request, ACCESS_FORBIDDEN, user.name, raw_url=request.raw_path, method=request.method,
               bucket_name=bucket or "", reason=f"lacks {PERMISSIONS[permission].format(bucket=bucket)}")
         raise _json_error(403, {"message": "Forbidden. User needs the following permissions",
                                 "permissions": [PERMISSIONS[permission].format(bucket=bucket)]})
@@ -280,7 +280,7 @@ async def _authenticate(request: web.Request, handler):
     if header is not None:
         creds = _basic_credentials(header)
         if creds is None:
-            audit(request, HTTP_AUTHENTICATION_FAILURE, "", raw_url=request.raw_path,
+            _audit(request, HTTP_AUTHENTICATION_FAILURE, "", raw_url=request.raw_path,
                   reason="malformed basic credentials")
             raise unauthorized()
         user = check_login(request, *creds, event=HTTP_AUTHENTICATION_FAILURE)
@@ -301,14 +301,14 @@ def check_login(request: web.Request, name: str, password: str, *, event) -> Use
     wait = server.throttle.check(address, name)
     if wait:
         seconds = math.ceil(wait)
-        audit(request, event, name, raw_url=request.raw_path,
+        _audit(request, event, name, raw_url=request.raw_path,
               reason=f"locked out after failed logins: try again in {seconds} s")
         message = f"Too many failed logins from this address or as this user: try again in {seconds} s"
         raise HTTPError(429, json.dumps({"message": message}), headers={"Retry-After": str(seconds)})
     user = request.app[LISTENER].logins.check(name, password)
     if user is None:
         server.throttle.failed(address, name)
-        audit(request, event, name, raw_url=request.raw_path, reason="unknown user or wrong password")
+        _audit(request, event, name, raw_url=request.raw_path, reason="unknown user or wrong password")
         return None
     server.throttle.succeeded(address, name)
     return user
@@ -322,10 +322,10 @@ def _remote_ip(request: web.Request) -> str:
 def audit_change(request: web.Request, event, **fields) -> None:
     """A change made through the management API (a bucket, a scope, a user...), by the request's user."""
     user = request.get(USER)
-    audit(request, event, user.name if user is not None else None, **fields)
+    _audit(request, event, user.name if user is not None else None, **fields)
 
 
-def audit(request: web.Request, event, user: str | None, **fields) -> None:
+def _audit(request: web.Request, event, user: str | None, **fields) -> None:
     """An event of the management port in the server's audit trail (server/audit.py): the client's
     and the server's addresses, the user (None: no credentials) and the event's own fields."""
     transport = request.transport
