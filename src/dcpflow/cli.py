@@ -48,8 +48,9 @@ def _cmd_server(args: argparse.Namespace) -> int:
                           plain_over_tcp=args.allow_plain_over_tcp, mgmt_port=args.mgmt_port,
                           mgmt_tls_port=args.mgmt_tls_port, audit_log=args.audit_log,
                           max_connections=args.max_connections, system_connections=args.system_connections,
-                          mgmt_max_connections=args.mgmt_max_connections,
-                          memory_quota=args.memory_quota,
+                          mgmt_max_connections=args.mgmt_max_connections, auth_timeout=args.auth_timeout,
+                          http_idle_timeout=args.http_idle_timeout, login_failures=args.login_failures,
+                          login_lockout=args.login_lockout, memory_quota=args.memory_quota,
                           fragmentation_threshold=args.fragmentation_threshold / 100 or None)
     if (args.tls_cert is None) != (args.tls_key is None):
         print("dcpflow server: --tls-cert and --tls-key go together", file=sys.stderr)
@@ -97,6 +98,17 @@ def _raise_descriptor_limit() -> None:
     if hard == resource.RLIM_INFINITY or hard > soft:
         with contextlib.suppress(OSError, ValueError):  # else kept: the connection limit follows the soft one
             resource.setrlimit(resource.RLIMIT_NOFILE, (hard if hard != resource.RLIM_INFINITY else 1 << 20, hard))
+
+
+def _positive(text: str) -> float:
+    """Seconds as the timeouts take them: a number above 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be above 0")
+    return value
 
 
 _SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
@@ -184,17 +196,30 @@ def build_parser() -> argparse.ArgumentParser:
                         "none): near it values are evicted and writes get ETMPFAIL; a bucket created through the "
                         "management API has its own ramQuotaMB")
     p.add_argument("--max-connections", type=int, default=60_000, metavar="N",
-                   help="client connections admitted (default 60000, ns_server's; lowered to fit the open-files "
-                        "limit); beyond them and the reserve a connection is closed at once")
+                   help="connections that may be authenticated as ordinary users (default 60000, ns_server's; "
+                        "lowered to fit the open-files limit with --mgmt-max-connections)")
     p.add_argument("--system-connections", type=int, default=16, metavar="N",
-                   help="connections kept beyond --max-connections for administrators and the cluster manager "
-                        "(default 16)")
+                   help="connections kept beyond --max-connections for administrators and the cluster manager, "
+                        "counted after authentication (default 16)")
     p.add_argument("--mgmt-max-connections", type=int, default=1_000, metavar="N",
-                   help="HTTP connections the management port keeps open at once (default 1000); beyond, a new "
-                        "one is closed at once")
+                   help="HTTP connections the management port keeps open at once (default 1000; lowered to fit the "
+                        "open-files limit with the KV connections); beyond, the oldest without a request in "
+                        "progress is closed for a new one")
+    p.add_argument("--auth-timeout", type=_positive, default=5.0, metavar="SECONDS",
+                   help="close a KV connection that has not authenticated, or an HTTP connection that has not sent "
+                        "a request, this long after it was accepted (default 5)")
+    p.add_argument("--http-idle-timeout", type=_positive, default=60.0, metavar="SECONDS",
+                   help="close an HTTP connection idle this long between requests (default 60)")
+    p.add_argument("--login-failures", type=int, default=5, metavar="N",
+                   help="failed logins an address or a user may have before further attempts are refused for a "
+                        "while (default 5; 0: no throttling); see --login-lockout")
+    p.add_argument("--login-lockout", type=_positive, default=1.0, metavar="SECONDS",
+                   help="the first lockout after --login-failures failures; it doubles with each further "
+                        "failure, up to 64 times this (default 1)")
     p.add_argument("--audit-log", metavar="FILE",
-                   help="also write the audit trail of refusals (failed logins, EACCESS, invalid packets; always "
-                        "logged at WARNING, rate-limited) to FILE as JSON lines, Couchbase's audit event format")
+                   help="also write the audit trail (failed logins on both ports, 401/403/EACCESS refusals, invalid "
+                        "packets, bucket, scope, collection and user changes) to FILE as JSON lines in Couchbase's "
+                        "audit event format: every event, never rate-limited (the copy logged at WARNING is)")
     p.add_argument("--loop", choices=("auto", "asyncio", "uvloop"), default="auto",
                    help="event loop: uvloop if installed (auto, the default: faster socket I/O), or asyncio")
     p.add_argument("--debug", action="store_true", help="log to stderr, including unknown opcodes")

@@ -33,8 +33,11 @@ class Closed(Exception):
 
 
 class RawClient:
-    def __init__(self, port: int, host: str = "127.0.0.1", timeout: float = 10.0, tls: bool = False):
-        self.sock = socket.create_connection((host, port), timeout=timeout)
+    def __init__(self, port: int, host: str = "127.0.0.1", timeout: float = 10.0, tls: bool = False,
+                 source: str | None = None):
+        # `source`: connect from this local address (127.0.0.2 is another client host on Linux's loopback)
+        self.sock = socket.create_connection((host, port), timeout=timeout,
+                                             source_address=(source, 0) if source else None)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         if tls:  # the test certificate is self-signed: encryption without verification
             ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)

@@ -101,8 +101,8 @@ class ServerThread:
         self._thread.join(30)
         assert not self._thread.is_alive(), "server thread did not stop"
 
-    def client(self, **login) -> RawClient:
-        c = RawClient(self.port)
+    def client(self, source: str | None = None) -> RawClient:
+        c = RawClient(self.port, source=source)
         c.num_vbuckets = self.config.num_vbuckets
         return c
 

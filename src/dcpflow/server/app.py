@@ -23,14 +23,25 @@ server runs three background tasks on it:
 
 A lock serialises a flush batch and compaction (compaction requires no batch in flight).
 
-Connections: the KV listeners accept for the server (listener.py), which admits up to
-`max_connections` client connections plus `system_connections` kept for administrators and the
-cluster manager (kv_engine keeps such a reserve: docs/Connections.md); beyond both a new connection
-is closed at once, as memcached's "disconnect" policy does. A connection admitted into the reserve
-must authenticate as an administrator or a user with node-management privileges (session.py).
-`max_connections` is lowered at start to what the descriptor limit (RLIMIT_NOFILE) leaves after
-FD_HEADROOM for the buckets' files, the management port and backfill readers. Running out of
-descriptors anyway pauses accepting and is logged once per interval (boundedlog.py).
+Connections: the KV listeners accept for the server (listener.py), which holds up to
+`max_connections` + `system_connections` connections. Like kv_engine's system connections
+(https://github.com/couchbase/kv_engine/blob/master/docs/Connections.md), the reserve is counted
+after authentication: at most `max_connections` connections may be authenticated as users other
+than administrators and the cluster manager (is_system_user); one more is told ETMPFAIL and closed
+(session.py). A connection that has not authenticated holds a slot only until someone needs it:
+with every slot taken, a new connection closes the oldest unauthenticated one (or, with none, is
+closed itself, as memcached's "disconnect" policy does), and any unauthenticated connection is
+closed `auth_timeout` seconds after it was accepted (kv_engine drops connections that do not
+authenticate in time). So idle strangers can never take the reserve: while it is not full of
+administrators, an administrator can always connect. The management port does the same with its
+own HTTP connections (server/mgmt/app.py). Both limits are lowered at start to fit the
+descriptor limit (RLIMIT_NOFILE) together, after FD_HEADROOM for the buckets' files, backfill
+readers and the listening sockets (connection_limits). Running out of descriptors anyway pauses
+accepting and is logged once per interval (boundedlog.py); a maintenance task that cannot open a
+file backs off and says so once per interval, without a traceback.
+
+Failed logins on either port are throttled per source address and per user (throttle.py), and
+every security event goes to the audit trail (audit.py).
 
 Beside the KV port the server runs its management listener (server/mgmt: the REST API the SDKs'
 management calls use, /metrics, the /ui/ page) on the port the map advertises as `mgmt`. Through
@@ -47,8 +58,10 @@ In-process use (tests, the DCP work): `async with Server(ServerConfig(data_dir=.
 """
 
 import asyncio
+import collections
 import concurrent.futures
 import contextlib
+import errno
 import functools
 import gc
 import json
@@ -57,6 +70,7 @@ import os
 import resource
 import shutil
 import socket
+import sqlite3
 import ssl
 import sys
 import threading
@@ -83,6 +97,7 @@ from .faults import Faults
 from .listener import Listener, listening_sockets
 from .mgmt import ManagementListener
 from .session import SERVER_VERSION
+from .throttle import FIRST_LOCKOUT, FREE_FAILURES, LoginThrottle
 from .topology import Topology
 
 log = logging.getLogger("dcpflow.server")
@@ -122,8 +137,16 @@ class ServerConfig:
     # (ns_server's defaults are 60000 and 5000); lowered at start to fit the descriptor limit.
     max_connections: int = 60_000
     system_connections: int = 16
-    # HTTP connections the management port keeps open at once; beyond, a new one is closed at once
+    # HTTP connections the management port keeps open at once (lowered to fit the descriptor limit)
     mgmt_max_connections: int = 1_000
+    # Seconds a connection has to authenticate (KV) or send its first request (HTTP) before it is closed
+    auth_timeout: float = 5.0
+    # Seconds an HTTP connection may stay idle between requests
+    http_idle_timeout: float = 60.0
+    # Failed logins per address or user before they are locked out, and the first lockout (throttle.py);
+    # login_failures 0: no throttling
+    login_failures: int = FREE_FAILURES
+    login_lockout: float = FIRST_LOCKOUT
     # PLAIN sends the password in clear: like Couchbase Server, offer it only inside TLS unless allowed here.
     plain_over_tcp: bool = False
     # HTTP management (REST, /metrics, /ui/): None = 8091 (with TLS also 18091) when free, else a free
@@ -168,8 +191,14 @@ FRAGMENTATION_CHECK_INTERVAL = 10.0
 #: after it, fragmentation is at most about 20%, so the next one waits for new overwrites.
 HISTORY_KEPT = 0.25
 #: Descriptors kept for everything but client connections: each bucket's store (the database, its
-#: WAL and shared memory, pooled backfill readers), the management port and its clients, pipes.
+#: WAL and shared memory, pooled backfill readers), the listening sockets, the audit file, pipes.
 FD_HEADROOM = 128
+#: When the descriptors do not cover every requested connection, the management port gets at
+#: least this share of what FD_HEADROOM leaves (and at least MGMT_MIN_CONNECTIONS); KV the rest.
+MGMT_SHARE = 1 / 8
+MGMT_MIN_CONNECTIONS = 16
+#: The longest a failing maintenance task waits before it tries again.
+MAINTENANCE_MAX_BACKOFF = 300.0
 
 
 def writes_wait_for_flusher(mem: BucketMemory) -> bool:
@@ -181,14 +210,29 @@ def writes_wait_for_flusher(mem: BucketMemory) -> bool:
     return mem.quota is not None and (mem.used > mem.low_wat or mem.checkpoint >= mem.checkpoint_upper)
 
 
-def connection_limit(requested: int, reserve: int, nofile: int | None = None) -> int:
-    """The client connections a server may admit: `requested`, lowered so that with the reserve
-    and FD_HEADROOM it fits the soft descriptor limit (at least 1)."""
+def connection_limits(kv: int, reserve: int, mgmt: int, nofile: int | None = None) -> tuple[int, int]:
+    """(KV client connections, HTTP connections) a server may hold: as requested, lowered so that
+    with the KV reserve and FD_HEADROOM both fit the soft descriptor limit together (each at least 1)."""
     if nofile is None:
         nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     if nofile == resource.RLIM_INFINITY:
-        return requested
-    return max(1, min(requested, nofile - FD_HEADROOM - reserve))
+        return kv, mgmt
+    budget = nofile - FD_HEADROOM
+    if kv + reserve + mgmt <= budget:
+        return kv, mgmt
+    mgmt = max(1, min(mgmt, max(MGMT_MIN_CONNECTIONS, int(budget * MGMT_SHARE), budget - reserve - kv)))
+    return max(1, min(kv, budget - reserve - mgmt)), mgmt
+
+
+def out_of_files(error: BaseException) -> bool:
+    """Whether `error` is the process running out of descriptors (or kernel memory for them), as
+    the OS or SQLite ("unable to open database file") reports it."""
+    if isinstance(error, OSError):
+        return error.errno in (errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS)
+    if isinstance(error, sqlite3.OperationalError):
+        text = str(error).lower()
+        return "unable to open" in text or "too many open files" in text
+    return False
 
 
 class ServerBucket:
@@ -300,9 +344,16 @@ class Server:
         self.buckets: dict[str, ServerBucket] = {}
         self.connections: set[Connection] = set()
         self.total_connections = 0
-        self.max_connections = config.max_connections  # what start() admits (connection_limit)
+        self.max_connections = config.max_connections  # what start() admits (connection_limits)
+        self.mgmt_max_connections = config.mgmt_max_connections
         self.system_count = 0  # connections authenticated as administrators (they use the reserve first)
-        self.refused_connections: dict[str, int] = {"limit": 0, "reserve": 0, "descriptors": 0, "http_limit": 0}
+        # connections not (or no longer) authenticated -> when they became so, oldest first
+        self.unauthenticated: collections.OrderedDict[Connection, float] = collections.OrderedDict()
+        self.refused_connections: dict[str, int] = {
+            "limit": 0, "reserve": 0, "descriptors": 0, "unauthenticated_evicted": 0, "auth_timeout": 0,
+            "http_limit": 0, "http_evicted": 0, "http_timeout": 0}
+        self.throttle = LoginThrottle(config.login_failures, config.login_lockout)  # failed logins (throttle.py)
+        self.maintenance_failures = 0  # runs of maintenance tasks that failed (see _periodic)
         self._opening: set[asyncio.Task] = set()  # accepted sockets whose Connection is being made (TLS)
         self.started = time.time()
         self.topology: Topology | None = None
@@ -325,7 +376,8 @@ class Server:
         self.passive_streams: dict = {}  # (bucket, vbid) -> the live PassiveStream replicating it
         self.backfills = BackfillScheduler()  # DCP backfill threads and their server-wide limits
         # Per-request warnings and the audit trail of refusals, each rate-limited (boundedlog.py, audit.py)
-        self.log = BoundedLog(log, kind_samples={"descriptors": 1})  # running out of descriptors: once per interval
+        # running out of descriptors (accepting, maintenance): once per interval
+        self.log = BoundedLog(log, kind_samples={"descriptors": 1, "maintenance-descriptors": 1})
         self.audit = Audit(config.audit_log)
         self._debug_limiter = None
         self.closed = False
@@ -369,13 +421,16 @@ class Server:
         gc.freeze()
         gen0, gen1, _ = gc.get_threshold()
         gc.set_threshold(gen0, gen1, 100)
+        self.audit.open()
         self.port = self._listener.port
         if self._tls_listener is not None:
             self.tls_port = self._tls_listener.port
-        self.max_connections = connection_limit(cfg.max_connections, cfg.system_connections)
-        if self.max_connections < cfg.max_connections:
-            log.info("admitting at most %d client connections (and %d reserved): the descriptor limit is %d",
-                     self.max_connections, cfg.system_connections, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+        self.max_connections, self.mgmt_max_connections = connection_limits(
+            cfg.max_connections, cfg.system_connections, cfg.mgmt_max_connections)
+        if self.max_connections < cfg.max_connections or self.mgmt_max_connections < cfg.mgmt_max_connections:
+            log.info("admitting at most %d client connections (and %d reserved) and %d HTTP connections: the "
+                     "descriptor limit is %d", self.max_connections, cfg.system_connections,
+                     self.mgmt_max_connections, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
         me = Node(self.port, kv_ssl_port=self.tls_port, mgmt_port=self.mgmt.port, mgmt_ssl_port=self.mgmt.tls_port)
         if cfg.nodes:  # this node's entry carries the management ports it bound (the others' come with the map)
             nodes = list(cfg.nodes)
@@ -472,29 +527,63 @@ class Server:
         await self.close()
 
     # -- connections ---------------------------------------------------------------------------
-    def _admit(self, sock: socket.socket, tls: ssl.SSLContext | None) -> None:
-        """A listener accepted `sock`: make it a Connection, into the reserve beyond
-        max_connections, or close it at once beyond the reserve too."""
+    def _admit(self, sock: socket.socket, tls: ssl.SSLContext | None) -> bool:
+        """A listener accepted `sock`: make it a Connection. With every slot (max_connections and
+        the reserve) taken, the oldest unauthenticated connection makes room; with none, `sock` is
+        closed at once. Connections still being made are unauthenticated too, but cannot be closed
+        yet: `sock` is admitted beyond the limit, the oldest unauthenticated connection is closed
+        once it is made (connection_made), and the listener stops for this pass (returns False)."""
         if self.closed:
             sock.close()
-            return
+            return True
         n = len(self.connections) + len(self._opening)
-        if n >= self.max_connections + self.config.system_connections:
-            self.refused_connections["limit"] += 1
-            self.log.warning("connection-limit", "refused a connection from %s: %d connections are open, the limit "
-                             "(%d and %d reserved for administrators) is reached", _peer(sock), n,
-                             self.max_connections, self.config.system_connections)
-            sock.close()
-            return
-        reserved = n - self.system_count >= self.max_connections
-        task = asyncio.get_running_loop().create_task(self._open(sock, tls, reserved))
+        keep_accepting = True
+        if n >= self.max_connections + self.config.system_connections and not self._evict_unauthenticated():
+            if not self._opening:
+                self.refused_connections["limit"] += 1
+                self.log.warning("connection-limit", "refused a connection from %s: %d connections are open, all "
+                                 "authenticated, and the limit (%d and %d reserved for administrators) is reached",
+                                 _peer(sock), n, self.max_connections, self.config.system_connections)
+                sock.close()
+                return True
+            keep_accepting = False
+        task = asyncio.get_running_loop().create_task(self._open(sock, tls))
         self._opening.add(task)
         task.add_done_callback(self._opening.discard)
+        return keep_accepting
 
-    async def _open(self, sock: socket.socket, tls: ssl.SSLContext | None, reserved: bool) -> None:
+    def _evict_unauthenticated(self) -> bool:
+        """Close the oldest connection that has not authenticated, to make room; False if none."""
+        if not self.unauthenticated:
+            return False
+        conn, since = self.unauthenticated.popitem(last=False)
+        self.refused_connections["unauthenticated_evicted"] += 1
+        self.log.warning("connection-limit", "closed the unauthenticated connection from %s (%.1f s old) to admit "
+                         "a new one: all %d connections (%d of them reserved for administrators) are in use",
+                         conn.peer, time.monotonic() - since, self.max_connections + self.config.system_connections,
+                         self.config.system_connections)
+        self.connection_lost(conn)  # its slot is free now; the transport's own callback finds it gone
+        conn.drop()
+        return True
+
+    def _expire_unauthenticated(self) -> None:
+        """Close the connections that have not authenticated within auth_timeout."""
+        deadline = time.monotonic() - self.config.auth_timeout
+        while self.unauthenticated:
+            conn, since = next(iter(self.unauthenticated.items()))
+            if since > deadline:
+                break
+            del self.unauthenticated[conn]
+            self.refused_connections["auth_timeout"] += 1
+            self.log.warning("auth-timeout", "closing the connection from %s: it did not authenticate within "
+                             "%g s", conn.peer, self.config.auth_timeout)
+            conn.close()
+
+    async def _open(self, sock: socket.socket, tls: ssl.SSLContext | None) -> None:
         loop = asyncio.get_running_loop()
         try:
-            await loop.connect_accepted_socket(lambda: Connection(self, reserved=reserved), sock, ssl=tls)
+            await loop.connect_accepted_socket(lambda: Connection(self), sock, ssl=tls,
+                                               ssl_handshake_timeout=self.config.auth_timeout if tls else None)
         except (OSError, ssl.SSLError, TimeoutError) as e:  # a TLS handshake that failed, a peer that left
             self.log.warning("connection-setup", "a connection from %s failed before it was made: %s", _peer(sock), e)
             sock.close()
@@ -511,11 +600,25 @@ class Server:
         """Administrators and the cluster manager (node management on some bucket) may use the reserve."""
         return user.is_admin or any(p & Privilege.NODE_MANAGEMENT for p in user.bucket_privileges.values())
 
-    def may_use_reserve(self, conn: Connection, user) -> bool:
-        """Whether `conn`, admitted into the reserve, may stay as `user`: an administrator may; anyone
-        else only if a client connection has closed meanwhile."""
-        others = len(self.connections) - self.system_count - (0 if conn.system else 1)
-        return self.is_system_user(user) or others < self.max_connections
+    def may_stay(self, conn: Connection, user) -> bool:
+        """Whether `conn` may stay authenticated as `user`: an administrator may (into the reserve);
+        anyone else while fewer than max_connections other connections are authenticated as users
+        that are not (kv_engine counts its system connections after authentication too)."""
+        if self.is_system_user(user):
+            return True
+        users = len(self.connections) - self.system_count - len(self.unauthenticated)
+        if conn in self.connections and not conn.system and conn not in self.unauthenticated:
+            users -= 1
+        return users < self.max_connections
+
+    def set_authenticated(self, conn: Connection, authenticated: bool) -> None:
+        """`conn` authenticated, or (a failed re-authentication) is no longer: the timeout of
+        unauthenticated connections starts again."""
+        if authenticated:
+            self.unauthenticated.pop(conn, None)
+        elif conn in self.connections:
+            self.unauthenticated.pop(conn, None)
+            self.unauthenticated[conn] = time.monotonic()
 
     def set_system(self, conn: Connection, system: bool) -> None:
         """`conn` is (no longer) an administrator's: the count of the reserve follows."""
@@ -528,16 +631,22 @@ class Server:
             conn.transport.close()
             return
         self.connections.add(conn)
+        self.unauthenticated[conn] = time.monotonic()
         self.total_connections += 1
+        while len(self.connections) > self.max_connections + self.config.system_connections \
+                and self._evict_unauthenticated():
+            pass
 
     def connection_lost(self, conn: Connection) -> None:
+        self.unauthenticated.pop(conn, None)
         if conn in self.connections:
             self.connections.discard(conn)
             if conn.system:
                 self.system_count -= 1
 
     def refuse_reserved(self, conn: Connection) -> None:
-        """`conn` authenticated into the reserve as a user it is not kept for: counted, logged."""
+        """`conn` authenticated as a user the reserve is not kept for, with the other slots taken by
+        authenticated users: counted, logged."""
         self.refused_connections["reserve"] += 1
         self.log.warning("connection-limit", "closing a connection from %s: user %r is not an administrator and "
                          "the %d client connections are in use (the rest are reserved)", conn.peer,
@@ -578,8 +687,8 @@ class Server:
                         await self.purge_collections(bucket)
                     if time.monotonic() - bucket.flushed_at >= SEAL_AFTER_IDLE and bucket.engine.store.unsealed():
                         await self.seal_runs(bucket)
-                except Exception:
-                    log.exception("flushing bucket %s failed; will retry", bucket.name)
+                except Exception as e:
+                    self._maintenance_failed(f"flushing bucket {bucket.name}", e, self.config.flush_interval)
 
     @contextlib.asynccontextmanager
     async def maintenance(self):
@@ -683,15 +792,36 @@ class Server:
                                    traceback.format_exc(), keep_newlines=True)
 
     async def _periodic(self, interval: float, fn) -> None:
-        while await self._sleep(interval, self._stopping):
+        """fn() every `interval`; after a failure, the wait doubles with each one in a row (up to
+        MAINTENANCE_MAX_BACKOFF, never below `interval`) and resets after a success."""
+        failures = 0
+        while await self._sleep(interval if not failures else
+                                max(interval, min(interval * 2 ** failures, MAINTENANCE_MAX_BACKOFF)), self._stopping):
             try:
                 await fn()
-            except Exception:
-                log.exception("%s failed", fn.__name__)
+                failures = 0
+            except Exception as e:
+                failures += 1
+                self._maintenance_failed(fn.__name__.strip("_"), e,
+                                         max(interval, min(interval * 2 ** failures, MAINTENANCE_MAX_BACKOFF)))
+
+    def _maintenance_failed(self, what: str, error: Exception, retry_in: float) -> None:
+        """A background task failed: out of descriptors is said in one line (once per interval, no
+        traceback: it is the node's state, not a bug); anything else with its traceback, rate-limited too."""
+        self.maintenance_failures += 1
+        if out_of_files(error):
+            self.log.warning("maintenance-descriptors", "%s cannot open a file (%s; the descriptor limit is %d): "
+                             "retrying in %.0f s", what, error, resource.getrlimit(resource.RLIMIT_NOFILE)[0],
+                             retry_in)
+        else:
+            self.log.error("maintenance-failure", "%s failed; retrying in %.0f s:\n%s", what, retry_in,
+                           traceback.format_exc(), keep_newlines=True)
 
     async def _tick_logs(self) -> None:
         self.log.tick()
         self.audit.tick()
+        self._expire_unauthenticated()
+        self.mgmt.expire_idle()
 
     def debug_print(self, kind: str, text: str) -> None:
         """With `debug`: `text` on stderr, rate-limited per kind like every per-request line."""

@@ -87,6 +87,11 @@ class AuthFailed(Exception):
     telling a client whether the user exists would help an attacker."""
 
 
+class BadCredentials(AuthFailed):
+    """The credentials were checked and are wrong (an unknown user or a wrong password): what the
+    login throttle counts (throttle.py), unlike a malformed exchange."""
+
+
 def _b64(data: bytes) -> str:
     return base64.b64encode(data).decode("ascii")
 
@@ -333,7 +338,7 @@ def plain_authenticate(users: UserDB, payload: bytes) -> User:
     authzid, name, password = (p.decode("utf-8", "replace") for p in parts)
     user = users.get(name)
     if user is None or (authzid and authzid != name) or not user.check_password(password):
-        raise AuthFailed(f"PLAIN: bad user or password for {name!r}")
+        raise BadCredentials(f"PLAIN: bad user or password for {name!r}")
     return user
 
 
@@ -423,7 +428,7 @@ class ScramServer:
         if attrs.get("r") != self._combined_nonce:
             raise AuthFailed("nonce mismatch")
         if self._credential is None or self.user is None:
-            raise AuthFailed(f"unknown user {self._username!r}")
+            raise BadCredentials(f"unknown user {self._username!r}")
         auth_message = f"{self._client_first_bare},{self._server_first},{without_proof}".encode()
         proof = _unb64(proof_b64)
         for stored_key, server_key in self._credential.keys:
@@ -433,4 +438,4 @@ class ScramServer:
             client_key = bytes(a ^ b for a, b in zip(proof, signature, strict=True))
             if hmac.compare_digest(hashlib.new(self.algorithm, client_key).digest(), stored_key):
                 return b"v=" + _b64(hmac.digest(server_key, auth_message, self.algorithm)).encode()
-        raise AuthFailed(f"wrong password for {self._username!r}")
+        raise BadCredentials(f"wrong password for {self._username!r}")

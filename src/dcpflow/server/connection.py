@@ -152,17 +152,17 @@ class Connection(asyncio.Protocol):
     """See the module docstring. Session state: `user`, `bucket`, `features`, and the per-bucket
     `privileges` of the user, recomputed whenever either changes."""
 
-    def __init__(self, server, reserved: bool = False):
+    def __init__(self, server):
         # `server` is the app.Server this connection belongs to, and `bucket` below one of its
         # app.ServerBuckets: app imports this module, so neither is named here
         self.server = server
-        self.reserved = reserved  # admitted beyond max_connections: kept only for an administrator (app.py)
         self.system = False  # authenticated as an administrator (counted in the server's reserve)
         self.commands = server.commands  # opcode -> Command (commands.py)
         self.debug = server.config.debug
         self.transport: asyncio.Transport | None = None
         self.writer: Writer | None = None
         self.peer = "?"
+        self.peer_ip = "?"  # the client's address without its port (throttle.py counts failed logins by it)
         self.sockname = "?"
         self.tls = False
         self._decoder = FrameDecoder(max_packet_len=MAX_PACKET_LEN, strict=True)
@@ -205,6 +205,7 @@ class Connection(asyncio.Protocol):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        self.peer_ip = str(peer[0]) if isinstance(peer, tuple) else str(peer)
         sockname = transport.get_extra_info("sockname")
         self.sockname = f"{sockname[0]}:{sockname[1]}" if isinstance(sockname, tuple) else str(sockname)
         self.server.connection_made(self)
@@ -393,9 +394,9 @@ class Connection(asyncio.Protocol):
     def audit(self, event, **fields) -> None:
         """An audit event about this connection (audit.py): its peer, its address and its user."""
         user = fields.pop("user", None)
-        if user is None and self.user is not None:
-            user = self.user.name
-        self.server.audit.record(event, peer=self.peer, sock=self.sockname, user=user, **fields)
+        if user is None:
+            user = self.user.name if self.user is not None else ""
+        self.server.audit.record(event, remote=self.peer, local=self.sockname, user=user, **fields)
 
     def refresh_commands(self) -> None:
         """The server's delay rules changed (server/faults/delays.py): recompute the fast path."""
@@ -630,6 +631,7 @@ class Connection(asyncio.Protocol):
                        dcp=self.dcp is not None)
         self.user = user
         self.server.set_system(self, user is not None and self.server.is_system_user(user))
+        self.server.set_authenticated(self, user is not None)
         self.select_bucket(None)
 
     def reload_user(self, user: "User | None") -> None:

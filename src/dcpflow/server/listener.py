@@ -6,9 +6,11 @@ event - and schedules a retry for each, which keep firing (and failing on the cl
 the listener is gone. A client that opens connections faster than they close then fills the log
 instead of being told no. Here a listener accepts up to ACCEPTS_PER_PASS connections per readiness
 event and hands each to `on_accept(sock, tls)`, which admits or refuses it (the connection limit
-lives with the server, app.py). When accept() fails for lack of descriptors (EMFILE, ENFILE) or
-kernel memory, the listener stops reading its socket for EXHAUSTED_PAUSE seconds and tells
-`on_exhausted(error)` once per failure, which the server logs at a bounded rate: the connections
+lives with the server, app.py), and returns False to end the pass early (the server is at its
+limit with connections still being made: the rest wait in the backlog for the next pass).
+When accept() fails for lack of descriptors (EMFILE, ENFILE) or kernel memory, the listener
+stops reading its socket for EXHAUSTED_PAUSE seconds and tells `on_exhausted(error)` once per
+failure, which the server logs at a bounded rate: the connections
 waiting meanwhile stay in the kernel's backlog, which is sized for bursts (LISTEN_BACKLOG, as
 memcached's is), and are accepted once descriptors are free again.
 """
@@ -64,7 +66,7 @@ class Listener:
     """One or more listening sockets of one port (see the module docstring)."""
 
     def __init__(self, socks: list[socket.socket], tls: ssl.SSLContext | None,
-                 on_accept: Callable[[socket.socket, ssl.SSLContext | None], None],
+                 on_accept: Callable[[socket.socket, ssl.SSLContext | None], bool | None],
                  on_exhausted: Callable[[OSError], None]):
         self.socks = socks
         self.tls = tls
@@ -104,7 +106,8 @@ class Listener:
                     return
                 raise
             conn.setblocking(False)
-            self._on_accept(conn, self.tls)
+            if self._on_accept(conn, self.tls) is False:
+                return
 
     def close(self) -> None:
         """Stop accepting and close the sockets (connections already accepted are the server's)."""

@@ -5,6 +5,7 @@ Pages: BinaryProtocol.md (#0x1f-helo, #0x89-select-bucket, #0xb5-get-cluster-con
 #0xfe-get-error-map, #0x0b-version, #0x0a-no-op, #0x07-quit), docs/sasl.md, docs/ErrorMap.md.
 """
 
+import math
 
 from dcpflow.protocol import error_map
 from dcpflow.protocol import kv as kvproto
@@ -17,7 +18,7 @@ from dcpflow.protocol.opcodes import Opcode
 from dcpflow.protocol.status import Status
 
 from .audit import AUTHENTICATION_FAILED
-from .auth import MECHANISMS, SCRAM_MECHANISMS, AuthFailed, Privilege, ScramServer, plain_authenticate
+from .auth import MECHANISMS, SCRAM_MECHANISMS, AuthFailed, BadCredentials, Privilege, ScramServer, plain_authenticate
 from .connection import Connection
 
 #: What the server version answers; the official SDKs enable features by it, so it must look like a
@@ -77,14 +78,27 @@ def sasl_list_mechs(conn: Connection, frame: Frame) -> bytes:
 
 
 def _sasl_failed(conn: Connection, frame: Frame, why: str, public: bool = False, user: str = "",
-                 mechanism: str = "") -> bytes:
+                 mechanism: str = "", guess: bool = False) -> bytes:
     """Credentials problems get the generic context (no user enumeration); `public` reasons (a
-    mechanism this connection may not use) are told to the client so it can fix them. Every failure
-    is audited (authentication failed) with the user the client named and the real reason."""
+    mechanism this connection may not use, a lockout) are told to the client so it can act on them.
+    Every failure is audited (authentication failed) with the user the client named and the real
+    reason; a wrong `guess` (bad credentials) also counts for the login throttle (throttle.py)."""
     conn.audit(AUTHENTICATION_FAILED, user=user, reason=why, mechanism=mechanism)
+    if guess:
+        conn.server.throttle.failed(conn.peer_ip, user)
     conn.sasl = None
     conn.set_user(None)
     return conn.error_reply(frame.opcode, frame.opaque, Status.AUTH_ERROR, why if public else "Authentication failed")
+
+
+def _locked_out(conn: Connection, frame: Frame, user: str, mechanism: str) -> bytes | None:
+    """AUTH_ERROR, without a look at the credentials, while failed logins lock out this address
+    or (for an address that failed as it) this user (throttle.py); None if the attempt may go on."""
+    wait = conn.server.throttle.check(conn.peer_ip, user)
+    if not wait:
+        return None
+    return _sasl_failed(conn, frame, f"too many failed logins from this address or as this user: try again in "
+                        f"{math.ceil(wait)} s", public=True, user=user, mechanism=mechanism)
 
 
 def sasl_auth(conn: Connection, frame: Frame) -> bytes:
@@ -99,6 +113,9 @@ def sasl_auth(conn: Connection, frame: Frame) -> bytes:
                 return _sasl_failed(conn, frame, "PLAIN is offered only over TLS: use SCRAM-SHA512, the TLS "
                                     "port, or start the server with --allow-plain-over-tcp", public=True,
                                     user=_plain_user(req.payload), mechanism=mech)
+            locked = _locked_out(conn, frame, _plain_user(req.payload), mech)
+            if locked is not None:
+                return locked
             user = plain_authenticate(conn.server.users, req.payload)
             return _authenticated(conn, frame, user, response(frame.opcode, opaque=frame.opaque))
         algorithm = SCRAM_MECHANISMS.get(mech)
@@ -109,7 +126,10 @@ def sasl_auth(conn: Connection, frame: Frame) -> bytes:
         server_first = exchange.start(req.payload)
     except AuthFailed as e:
         user = exchange.username if exchange is not None else _plain_user(req.payload)
-        return _sasl_failed(conn, frame, str(e), user=user, mechanism=mech)
+        return _sasl_failed(conn, frame, str(e), user=user, mechanism=mech, guess=isinstance(e, BadCredentials))
+    locked = _locked_out(conn, frame, exchange.username, mech)
+    if locked is not None:
+        return locked
     conn.sasl = (mech, exchange)
     return kvproto.SaslResponse(server_first, Status.AUTH_CONTINUE, frame.opaque, frame.opcode).encode()
 
@@ -121,19 +141,25 @@ def sasl_step(conn: Connection, frame: Frame) -> bytes:
         return _sasl_failed(conn, frame, f"SASL_STEP for {mech!r} without a matching SASL_AUTH", mechanism=mech)
     exchange = conn.sasl[1]
     conn.sasl = None
+    locked = _locked_out(conn, frame, exchange.username, mech)  # (locked since the exchange began)
+    if locked is not None:
+        return locked
     try:
         server_final = exchange.step(req.payload)
     except AuthFailed as e:
-        return _sasl_failed(conn, frame, str(e), user=exchange.username, mechanism=mech)
+        return _sasl_failed(conn, frame, str(e), user=exchange.username, mechanism=mech,
+                            guess=isinstance(e, BadCredentials))
     return _authenticated(conn, frame, exchange.user,
                           kvproto.SaslResponse(server_final, Status.SUCCESS, frame.opaque, frame.opcode).encode())
 
 
 def _authenticated(conn: Connection, frame: Frame, user, reply: bytes) -> bytes | None:
-    """The user proved who they are. A connection admitted into the reserve of connections (the
-    server was at its limit) stays only for an administrator or the cluster manager: anyone else
-    hears ETMPFAIL and is disconnected, as kv_engine keeps its system connections."""
-    if conn.reserved and not conn.server.may_use_reserve(conn, user):
+    """The user proved who they are (the throttle forgets this address's failures as them). With
+    max_connections connections already authenticated as ordinary users, only an administrator or
+    the cluster manager stays (the reserve): anyone else hears ETMPFAIL and is disconnected, as
+    kv_engine keeps its system connections."""
+    conn.server.throttle.succeeded(conn.peer_ip, user.name)
+    if not conn.server.may_stay(conn, user):
         conn.set_user(user)
         conn.server.refuse_reserved(conn)
         conn.writer.write(conn.error_reply(frame.opcode, frame.opaque, Status.ETMPFAIL,

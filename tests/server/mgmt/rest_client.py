@@ -24,13 +24,14 @@ class Reply(NamedTuple):
 
 class Http:
     def __init__(self, port: int, user: str | None = "Administrator", password: str = "password",
-                 host: str = "127.0.0.1", tls_context=None):
+                 host: str = "127.0.0.1", tls_context=None, source: str | None = None):
         self.port, self.host = port, host
+        self.source = (source, 0) if source else None  # the local address to connect from
         self.user, self.password = user, password
         self.tls_context = tls_context
 
     def as_user(self, user: str | None, password: str = "") -> "Http":
-        return Http(self.port, user, password, self.host, self.tls_context)
+        return Http(self.port, user, password, self.host, self.tls_context, self.source[0] if self.source else None)
 
     def request(self, method: str, path: str, body: bytes | str | dict | None = None,
                 headers: dict | None = None) -> Reply:
@@ -44,9 +45,10 @@ class Http:
         if isinstance(body, str):
             body = body.encode()
         if self.tls_context is not None:
-            conn = http.client.HTTPSConnection(self.host, self.port, timeout=30, context=self.tls_context)
+            conn = http.client.HTTPSConnection(self.host, self.port, timeout=30, context=self.tls_context,
+                                               source_address=self.source)
         else:
-            conn = http.client.HTTPConnection(self.host, self.port, timeout=30)
+            conn = http.client.HTTPConnection(self.host, self.port, timeout=30, source_address=self.source)
         try:
             conn.request(method, path, body=body, headers=hdrs)
             resp = conn.getresponse()

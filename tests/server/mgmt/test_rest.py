@@ -312,12 +312,13 @@ def test_a_failing_handler_answers_500_without_its_traceback(server, monkeypatch
 
 
 def test_the_management_port_holds_at_most_its_connection_limit(make_server):
-    """--mgmt-max-connections: connections beyond it are closed at once (counted in /metrics and
-    logged at a bounded rate); one that closes makes room; the KV port is not concerned."""
+    """--mgmt-max-connections: at the limit a newcomer closes the oldest connection with no request
+    in progress and is served; with a request in progress on every one, the newcomer is closed at
+    once (both counted in /metrics and logged at a bounded rate); the KV port is not concerned."""
     server = make_server(mgmt_port=0, mgmt_max_connections=3)
     port = server.mgmt_port
-    request = (b"GET /pools HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Basic QWRtaW5pc3RyYXRvcjpwYXNzd29yZA==\r\n"
-               b"\r\n")
+    auth = b"Authorization: Basic QWRtaW5pc3RyYXRvcjpwYXNzd29yZA==\r\n"
+    request = b"GET /pools HTTP/1.1\r\nHost: 127.0.0.1\r\n" + auth + b"\r\n"
 
     def keep_alive() -> socket.socket:
         s = socket.create_connection(("127.0.0.1", port), timeout=10)
@@ -325,22 +326,38 @@ def test_the_management_port_holds_at_most_its_connection_limit(make_server):
         assert s.recv(65536).startswith(b"HTTP/1.1 200")  # served: aiohttp holds the connection now
         return s
 
+    def closed(s: socket.socket) -> bool:
+        try:
+            return s.recv(65536) == b""
+        except ConnectionResetError:
+            return True
+
     held = [keep_alive() for _ in range(3)]
-    extra = socket.create_connection(("127.0.0.1", port), timeout=10)
-    try:
-        extra.sendall(request)
-        assert extra.recv(65536) == b""  # closed at once, unanswered
-    except ConnectionResetError:
-        pass  # closed with the request unread: a reset
-    extra.close()
-    held.pop().close()
-    assert server.call(lambda: server.server.refused_connections["http_limit"]) == 1
+    newcomer = keep_alive()  # the oldest idle one made room
+    assert closed(held[0])
+    assert server.call(lambda: server.server.refused_connections["http_evicted"]) == 1
+    for s in held + [newcomer]:
+        s.close()
     deadline = time.monotonic() + 10
-    while server.call(lambda: server.server.mgmt.open_connections) >= 3:  # until the server sees the close
+    while server.call(lambda: server.server.mgmt.open_connections) > 0:  # until the server sees the closes
         assert time.monotonic() < deadline
         time.sleep(0.02)
-    held.append(keep_alive())
+    busy = []
+    for _ in range(3):  # a request whose body never ends: in progress
+        s = socket.create_connection(("127.0.0.1", port), timeout=10)
+        s.sendall(b"POST /pools/default/buckets HTTP/1.1\r\nHost: x\r\n" + auth +
+                  b"Content-Type: application/x-www-form-urlencoded\r\nContent-Length: 100\r\n\r\nname=")
+        busy.append(s)
+    deadline = time.monotonic() + 10
+    while server.call(lambda: len(server.server.mgmt._busy)) < 3:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    extra = socket.create_connection(("127.0.0.1", port), timeout=10)
+    extra.sendall(request)
+    assert closed(extra)  # closed at once, unanswered
+    extra.close()
+    assert server.call(lambda: server.server.refused_connections["http_limit"]) == 1
     with server.login() as c:
         assert c.call(Opcode.NOOP).status == Status.SUCCESS
-    for s in held:
+    for s in busy:
         s.close()

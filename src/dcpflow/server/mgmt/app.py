@@ -17,7 +17,15 @@ What this module owns, the same for every router:
   cookie `/uilogin` sets for the web page (accepted for GET and HEAD only, so a page elsewhere
   cannot make a logged-in browser change anything). A request without credentials for a
   protected resource gets ns_server's 401; `require()` checks a permission (the same RBAC roles
-  as the KV port) and answers ns_server's 403 naming the permission.
+  as the KV port) and answers ns_server's 403 naming the permission. Wrong credentials count for
+  the server's login throttle (server/throttle.py): while it locks the client out, credentials
+  are not looked at and the answer is 429 with Retry-After. Every 401, 403 and lockout is in the
+  audit trail (server/audit.py, ns_server's events 8264 and 8275; 8193 for the login form).
+* Connections - at most the server's `mgmt_max_connections` (fitted to the descriptor limit with
+  the KV port's, server/app.py). A connection must send its first request within the server's
+  `auth_timeout` and may then stay idle between requests for `http_idle_timeout`; with every slot
+  taken, a new connection closes the oldest connection that has no request in progress (one that
+  never sent a request first), so idle sockets can never keep an administrator out.
 * Errors - every error is an HTTP status with an ns_server-shaped body: malformed form or JSON
   bodies 400, unknown resources 404, bodies over MAX_BODY 413, anything unexpected 500 with
   the details in the server log, never in the answer.
@@ -35,6 +43,7 @@ import hashlib
 import hmac
 import json
 import logging
+import math
 import re
 import secrets
 import socket
@@ -47,7 +56,7 @@ from aiohttp import web
 
 from dcpflow.protocol.config import DEFAULT_MGMT_PORT, DEFAULT_MGMT_SSL_PORT
 
-from ..audit import AUTHENTICATION_FAILED, COMMAND_ACCESS_FAILURE
+from ..audit import ACCESS_FORBIDDEN, HTTP_AUTHENTICATION_FAILURE
 from ..auth import Privilege, User, parse_role
 from ..listener import LISTEN_BACKLOG, Listener
 from .observe import Observer
@@ -181,10 +190,11 @@ def require(request: web.Request, permission: str, bucket: str | None = None) ->
     wrong credentials) or 403 (naming the permission it lacks)."""
     user = request.get(USER)
     if user is None:
+        _audit(request, HTTP_AUTHENTICATION_FAILURE, None, raw_url=request.raw_path, reason="no credentials")
         raise unauthorized()
     if not allowed(user, permission, bucket):
-        _audit(request, COMMAND_ACCESS_FAILURE, user.name, command=f"{request.method} {request.path}",
-               bucket=bucket or "", reason=f"lacks {PERMISSIONS[permission].format(bucket=bucket)}")
+        _audit(request, ACCESS_FORBIDDEN, user.name, raw_url=request.raw_path, method=request.method,
+              bucket_name=bucket or "", reason=f"lacks {PERMISSIONS[permission].format(bucket=bucket)}")
         raise _json_error(403, {"message": "Forbidden. User needs the following permissions",
                                 "permissions": [PERMISSIONS[permission].format(bucket=bucket)]})
     return user
@@ -277,10 +287,12 @@ async def _authenticate(request: web.Request, handler):
     header = request.headers.get("Authorization")
     if header is not None:
         creds = _basic_credentials(header)
-        user = logins.check(*creds) if creds is not None else None
+        if creds is None:
+            _audit(request, HTTP_AUTHENTICATION_FAILURE, "", raw_url=request.raw_path,
+                  reason="malformed basic credentials")
+            raise unauthorized()
+        user = check_login(request, *creds, event=HTTP_AUTHENTICATION_FAILURE)
         if user is None:
-            _audit(request, AUTHENTICATION_FAILED, creds[0] if creds else "", mechanism="HTTP basic",
-                   reason="unknown user or wrong password" if creds else "malformed basic credentials")
             raise unauthorized()
         request[USER] = user
     elif request.method in ("GET", "HEAD") and (token := request.cookies.get(SESSION_COOKIE)):
@@ -288,11 +300,63 @@ async def _authenticate(request: web.Request, handler):
     return await handler(request)
 
 
-def _audit(request: web.Request, event, user: str, **fields) -> None:
-    """A refusal of the management port in the server's audit trail (server/audit.py)."""
-    sock = request.transport.get_extra_info("sockname") if request.transport is not None else None
-    request.app[SERVER].audit.record(event, peer=str(request.remote), sock=f"{sock[0]}:{sock[1]}" if sock else "?",
-                                     user=user, source="local", **fields)
+def check_login(request: web.Request, name: str, password: str, *, event) -> User | None:
+    """The user if `password` is theirs; None (audited as `event`, counted by the login throttle)
+    if not; 429 with Retry-After, without a look at the password, while the throttle locks this
+    client's address or - for an address that failed as them - this user out."""
+    server = request.app[SERVER]
+    address = _remote_ip(request)
+    wait = server.throttle.check(address, name)
+    if wait:
+        seconds = math.ceil(wait)
+        _audit(request, event, name, raw_url=request.raw_path,
+              reason=f"locked out after failed logins: try again in {seconds} s")
+        message = f"Too many failed logins from this address or as this user: try again in {seconds} s"
+        raise HTTPError(429, json.dumps({"message": message}), headers={"Retry-After": str(seconds)})
+    user = request.app[LISTENER].logins.check(name, password)
+    if user is None:
+        server.throttle.failed(address, name)
+        _audit(request, event, name, raw_url=request.raw_path, reason="unknown user or wrong password")
+        return None
+    server.throttle.succeeded(address, name)
+    return user
+
+
+def _remote_ip(request: web.Request) -> str:
+    peer = request.transport.get_extra_info("peername") if request.transport is not None else None
+    return str(peer[0]) if isinstance(peer, tuple) else str(request.remote)
+
+
+def audit_change(request: web.Request, event, **fields) -> None:
+    """A change made through the management API (a bucket, a scope, a user...), by the request's user."""
+    user = request.get(USER)
+    _audit(request, event, user.name if user is not None else None, **fields)
+
+
+def _audit(request: web.Request, event, user: str | None, **fields) -> None:
+    """An event of the management port in the server's audit trail (server/audit.py): the client's
+    and the server's addresses, the user (None: no credentials) and the event's own fields."""
+    transport = request.transport
+    peer = transport.get_extra_info("peername") if transport is not None else None
+    sock = transport.get_extra_info("sockname") if transport is not None else None
+    request.app[SERVER].audit.record(event, remote=peer or str(request.remote), local=sock or "?", user=user,
+                                     **fields)
+
+
+@web.middleware
+async def _track(request: web.Request, handler):
+    """The listener knows which connections have a request in progress (ManagementListener)."""
+    listener = request.app[LISTENER]
+    listener.request_started(request.protocol)
+    try:
+        return await handler(request)
+    finally:
+        listener.request_done(request.protocol)
+
+
+def _peer_of(handler: web.RequestHandler) -> str:
+    peer = handler.transport.get_extra_info("peername") if handler.transport is not None else None
+    return f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else "?"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -379,6 +443,11 @@ class ManagementListener:
         self._listeners: list[Listener] = []
         self._opening: set[asyncio.Task] = set()
         self.closing = False  # the config streams (streaming.py) end when set
+        # connections with no request in progress, oldest first -> since when: those that never sent
+        # one (closed after auth_timeout, evicted first) and those between requests (http_idle_timeout)
+        self._fresh: OrderedDict[web.RequestHandler, float] = OrderedDict()
+        self._idle: OrderedDict[web.RequestHandler, float] = OrderedDict()
+        self._busy: dict[web.RequestHandler, int] = {}  # requests in progress per connection
 
     def bind(self, host: str, port: int | None, tls_port: int | None, tls: ssl.SSLContext | None) -> None:
         sock = _bind(host, port, DEFAULT_MGMT_PORT)
@@ -397,7 +466,7 @@ class ManagementListener:
     def application(self) -> web.Application:
         from . import ROUTERS
 
-        app = web.Application(middlewares=[_errors, _authenticate], client_max_size=MAX_BODY)
+        app = web.Application(middlewares=[_track, _errors, _authenticate], client_max_size=MAX_BODY)
         app[SERVER] = self.server
         app[LISTENER] = self
         for router in ROUTERS:
@@ -407,7 +476,8 @@ class ManagementListener:
     async def start(self) -> None:
         """Serve: the KV port's accept loop (server/listener.py) hands each connection to aiohttp,
         so running out of descriptors pauses this port too and is logged at a bounded rate."""
-        self._runner = web.AppRunner(self.application(), access_log=None, shutdown_timeout=1.0)
+        self._runner = web.AppRunner(self.application(), access_log=None, shutdown_timeout=1.0,
+                                     keepalive_timeout=self.server.config.http_idle_timeout)
         await self._runner.setup()
         for sock, tls in self._socks:
             listener = Listener([sock], tls, self._accepted, self.server._exhausted)
@@ -420,28 +490,93 @@ class ManagementListener:
         """HTTP connections open, or being opened (a TLS handshake)."""
         return len(self._runner.server.connections) + len(self._opening) if self._runner is not None else 0
 
-    def _accepted(self, sock: socket.socket, tls: ssl.SSLContext | None) -> None:
-        """Hand an accepted socket to aiohttp, or close it at once when the port already holds
-        `mgmt_max_connections` (each costs a descriptor and a handler: a client opening connections
-        without end must not take the node's descriptors from KV)."""
+    def _accepted(self, sock: socket.socket, tls: ssl.SSLContext | None) -> bool:
+        """Hand an accepted socket to aiohttp. At `mgmt_max_connections` (each costs a descriptor
+        and a handler: a client opening connections without end must not take the node's
+        descriptors from KV) the oldest connection without a request in progress makes room -
+        one that never sent a request first -, or with none `sock` is closed at once."""
         server = self.server
         n = self.open_connections
-        if n >= server.config.mgmt_max_connections:
-            server.refused_connections["http_limit"] += 1
-            server.log.warning("http-connection-limit", "refused an HTTP connection: %d are open on the management "
-                               "port, its limit (--mgmt-max-connections %d)", n, server.config.mgmt_max_connections)
-            sock.close()
-            return
+        keep_accepting = True
+        if n >= server.mgmt_max_connections and not self._evict():
+            if not self._opening:
+                server.refused_connections["http_limit"] += 1
+                server.log.warning("http-connection-limit", "refused an HTTP connection: all %d open on the "
+                                   "management port (its limit, fitted to the descriptor limit) have a request in "
+                                   "progress", n)
+                sock.close()
+                return True
+            # connections still being made have sent nothing either: admitted, the oldest silent one
+            # beyond the limit is closed once this one is made (_open), and the listener waits a pass
+            keep_accepting = False
         loop = asyncio.get_running_loop()
         task = loop.create_task(self._open(loop, sock, tls))
         self._opening.add(task)
         task.add_done_callback(self._opening.discard)
+        return keep_accepting
 
     async def _open(self, loop: asyncio.AbstractEventLoop, sock: socket.socket, tls: ssl.SSLContext | None) -> None:
         try:
-            await loop.connect_accepted_socket(self._runner.server, sock, ssl=tls)
+            _, handler = await loop.connect_accepted_socket(
+                self._runner.server, sock, ssl=tls,
+                ssl_handshake_timeout=self.server.config.auth_timeout if tls else None)
         except (OSError, ssl.SSLError, TimeoutError):  # a failed TLS handshake, a client that left
             sock.close()
+            return
+        self._fresh[handler] = time.monotonic()
+        if len(self._runner.server.connections) > self.server.mgmt_max_connections:
+            self._evict()  # one for one (those closed a moment ago may still be counted)
+
+    def request_started(self, handler: web.RequestHandler) -> None:
+        self._fresh.pop(handler, None)
+        self._idle.pop(handler, None)
+        self._busy[handler] = self._busy.get(handler, 0) + 1
+
+    def request_done(self, handler: web.RequestHandler) -> None:
+        left = self._busy.pop(handler, 1) - 1
+        if left:
+            self._busy[handler] = left
+        elif handler.transport is not None:
+            self._idle[handler] = time.monotonic()
+
+    def _evict(self) -> bool:
+        """Close the oldest connection with no request in progress; False if there is none."""
+        for table in (self._fresh, self._idle):
+            while table:
+                handler, since = table.popitem(last=False)
+                if handler.transport is None or handler.transport.is_closing():
+                    continue  # closed meanwhile
+                self.server.refused_connections["http_evicted"] += 1
+                self.server.log.warning("http-connection-limit", "closed an HTTP connection from %s, %s for %.1f s, "
+                                        "to admit a new one: all %d are open", _peer_of(handler),
+                                        "silent" if table is self._fresh else "idle", time.monotonic() - since,
+                                        self.server.mgmt_max_connections)
+                handler.force_close()
+                return True
+        return False
+
+    def expire_idle(self) -> None:
+        """Close connections silent for auth_timeout since they were accepted, or idle for
+        http_idle_timeout since their last request; forget those that closed (every second)."""
+        if self._runner is None:
+            return
+        live = set(self._runner.server.connections)
+        now = time.monotonic()
+        for table, timeout in ((self._fresh, self.server.config.auth_timeout),
+                               (self._idle, self.server.config.http_idle_timeout)):
+            for handler in [h for h in table if h not in live]:
+                del table[handler]
+            while table:
+                handler, since = next(iter(table.items()))
+                if now - since < timeout:
+                    break
+                del table[handler]
+                self.server.refused_connections["http_timeout"] += 1
+                self.server.log.warning("http-timeout", "closing an HTTP connection from %s: %s for %g s",
+                                        _peer_of(handler), "no request" if table is self._fresh else "idle", timeout)
+                handler.force_close()
+        for handler in [h for h in self._busy if h not in live]:
+            del self._busy[handler]
 
     async def close(self) -> None:
         self.closing = True

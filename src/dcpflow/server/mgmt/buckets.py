@@ -37,11 +37,25 @@ bucket's historyRetentionCollectionDefault is explicitly true or a collection ke
 (ns_bucket.erl, is_storage_mode_update_allowed).
 """
 
+import json
 import re
 
 from aiohttp import web
 
-from .app import SERVER, HTTPError, allowed, error, errors, not_found, path_bucket, read_form, reply_json, require
+from ..audit import CREATE_BUCKET, DELETE_BUCKET, FLUSH_BUCKET, MODIFY_BUCKET
+from .app import (
+    SERVER,
+    HTTPError,
+    allowed,
+    audit_change,
+    error,
+    errors,
+    not_found,
+    path_bucket,
+    read_form,
+    reply_json,
+    require,
+)
 from .nodes import bucket_map, node_entries
 
 routes = web.RouteTableDef()
@@ -327,6 +341,7 @@ async def create_bucket(request: web.Request) -> web.Response:
     except ValueError as e:
         raise errors({"name": str(e)}) from None
     server.mgmt.observer.record("bucket", name, f"bucket {name!r} created")
+    audit_change(request, CREATE_BUCKET, bucket_name=name, type="membase", props=json.dumps(form, sort_keys=True))
     return web.Response(status=202)
 
 
@@ -354,6 +369,8 @@ async def update_bucket(request: web.Request) -> web.Response:
     if backend != settings_of(bucket)["storageBackend"]:
         check_migration(bucket, backend)
     bucket.save_settings({**bucket.settings, **settings})
+    audit_change(request, MODIFY_BUCKET, bucket_name=bucket.name, type="membase",
+                 props=json.dumps(form, sort_keys=True))
     return web.Response(status=200)
 
 
@@ -367,6 +384,7 @@ async def delete_bucket(request: web.Request) -> web.Response:
     _single_server(server)
     await server.drop_bucket(name)
     server.mgmt.observer.record("bucket", name, f"bucket {name!r} dropped: its connections were closed")
+    audit_change(request, DELETE_BUCKET, bucket_name=name)
     return web.Response(status=200)
 
 
@@ -383,4 +401,5 @@ async def flush_bucket(request: web.Request) -> web.Response:
         raise not_found() from None
     server.mgmt.observer.record("flush", bucket.name, f"bucket {bucket.name!r} flushed: {removed} documents "
                                 "removed, every vbucket has a new failover entry (DCP clients roll back to 0)")
+    audit_change(request, FLUSH_BUCKET, bucket_name=bucket.name)
     return web.Response(status=200)

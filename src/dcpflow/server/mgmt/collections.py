@@ -24,11 +24,14 @@ bucket's historyRetentionCollectionDefault. A dropped collection's documents are
 the server once the drop is persisted (Server._flush_loop).
 """
 
+import json
+
 from aiohttp import web
 
 from dcpflow.engine.collections import Manifest, ManifestError
 
-from .app import SERVER, HTTPError, error, path_bucket, read_form, read_json, reply_json
+from ..audit import CREATE_COLLECTION, CREATE_SCOPE, DROP_COLLECTION, DROP_SCOPE, MODIFY_COLLECTION, SET_MANIFEST
+from .app import SERVER, HTTPError, audit_change, error, path_bucket, read_form, read_json, reply_json
 from .buckets import history_default
 
 routes = web.RouteTableDef()
@@ -37,9 +40,9 @@ _BASE = "/pools/default/buckets/{bucket}/scopes"
 _STATUS = {"unknown_scope": 404, "unknown_collection": 404, "exists": 400, "invalid": 400, "unsupported": 400}
 
 
-def _change(request: web.Request, bucket, fn) -> web.Response:
+def _change(request: web.Request, bucket, fn, event, **fields) -> web.Response:
     """Apply a manifest change; the answer carries the new manifest uid (so does the cluster map
-    from now on: its revision moves)."""
+    from now on: its revision moves). Audited as `event` (ns_server's fields) once applied."""
     before = bucket.engine.manifest
     try:
         manifest: Manifest = bucket.engine.change_manifest(fn)
@@ -50,6 +53,7 @@ def _change(request: web.Request, bucket, fn) -> web.Response:
         raise error(_STATUS[e.kind], message) from None
     if manifest is not before:
         request.app[SERVER].topology.bump()
+    audit_change(request, event, bucket_name=bucket.name, **fields, new_manifest_uid=format(manifest.uid, "x"))
     return reply_json({"uid": format(manifest.uid, "x")})
 
 
@@ -93,7 +97,8 @@ async def set_manifest(request: web.Request) -> web.Response:
         wanted = {s["name"]: [c["name"] for c in s.get("collections", [])] for s in doc["scopes"]}
     except (TypeError, KeyError, AttributeError):
         raise error(400, "Every scope and collection of the manifest needs a name") from None
-    return _change(request, bucket, lambda m: m.with_scopes(wanted))
+    return _change(request, bucket, lambda m: m.with_scopes(wanted), SET_MANIFEST,
+                   input_manifest=json.dumps(doc, separators=(",", ":")))
 
 
 @routes.post(_BASE)
@@ -103,14 +108,14 @@ async def create_scope(request: web.Request) -> web.Response:
     name = form.get("name")
     if not name:
         raise error(400, "Scope name is missing", field="name")
-    return _change(request, bucket, lambda m: m.add_scope(name))
+    return _change(request, bucket, lambda m: m.add_scope(name), CREATE_SCOPE, scope_name=name)
 
 
 @routes.delete(_BASE + "/{scope}")
 async def drop_scope(request: web.Request) -> web.Response:
     bucket = path_bucket(request, "bucket.write")
     scope = request.match_info["scope"]
-    return _change(request, bucket, lambda m: m.drop_scope(scope))
+    return _change(request, bucket, lambda m: m.drop_scope(scope), DROP_SCOPE, scope_name=scope)
 
 
 @routes.post(_BASE + "/{scope}/collections")
@@ -124,7 +129,8 @@ async def create_collection(request: web.Request) -> web.Response:
     ttl, history = _ttl(form), _history(form, bucket)
     if history is None:
         history = history_default(bucket)
-    return _change(request, bucket, lambda m: m.add_collection(scope, name, max_ttl=ttl or 0, history=history))
+    return _change(request, bucket, lambda m: m.add_collection(scope, name, max_ttl=ttl or 0, history=history),
+                   CREATE_COLLECTION, scope_name=scope, collection_name=name)
 
 
 @routes.patch(_BASE + "/{scope}/collections/{collection}")
@@ -133,11 +139,13 @@ async def update_collection(request: web.Request) -> web.Response:
     form = await read_form(request)
     scope, name = request.match_info["scope"], request.match_info["collection"]
     ttl, history = _ttl(form), _history(form, bucket)
-    return _change(request, bucket, lambda m: m.update_collection(scope, name, max_ttl=ttl, history=history))
+    return _change(request, bucket, lambda m: m.update_collection(scope, name, max_ttl=ttl, history=history),
+                   MODIFY_COLLECTION, scope_name=scope, collection_name=name)
 
 
 @routes.delete(_BASE + "/{scope}/collections/{collection}")
 async def drop_collection(request: web.Request) -> web.Response:
     bucket = path_bucket(request, "bucket.write")
     scope, name = request.match_info["scope"], request.match_info["collection"]
-    return _change(request, bucket, lambda m: m.drop_collection(scope, name))
+    return _change(request, bucket, lambda m: m.drop_collection(scope, name), DROP_COLLECTION, scope_name=scope,
+                   collection_name=name)

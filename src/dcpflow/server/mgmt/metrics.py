@@ -3,10 +3,12 @@
 own (https://docs.couchbase.com/server/current/metrics-reference/data-service-metrics.html):
 
 node        kv_uptime_seconds, kv_curr_connections, kv_total_connections, kv_max_connections{type} (client,
-            system), kv_connections_refused_total{reason} (limit, reserve, descriptors),
-            process_resident_memory_bytes,
-            kv_audit_events_total{event} (refusals, audit.py), kv_log_lines_suppressed_total{event}
-            (per-request lines over the log's rate limit, boundedlog.py)
+            system, http), kv_connections_refused_total{reason} (limit, reserve, descriptors,
+            unauthenticated_evicted, auth_timeout, http_limit, http_evicted, http_timeout),
+            process_resident_memory_bytes, kv_login_lockouts_total (throttle.py),
+            kv_audit_events_total{event} (audit.py), kv_audit_dropped_events_total (events the audit file
+            lost), kv_log_lines_suppressed_total{event} (per-request lines over the log's rate limit,
+            boundedlog.py)
 bucket      kv_ops{op,result}, kv_curr_items, kv_curr_items_tot, kv_num_vbuckets{state},
             kv_ep_queue_size (the flusher's queue), kv_ep_total_persisted, kv_checkpoint_memory_bytes,
             memory (engine/memory.py): kv_mem_used_bytes, kv_ep_max_size_bytes, kv_ep_mem_high_wat_bytes,
@@ -120,14 +122,20 @@ def collect(server, may_see=lambda bucket: True) -> Exposition:
           "for administrators.", server.max_connections, type="client")
     m.add("kv_max_connections", "gauge", "Client connections the server admits, and those it reserves beyond them "
           "for administrators.", server.config.system_connections, type="system")
+    m.add("kv_max_connections", "gauge", "Client connections the server admits, and those it reserves beyond them "
+          "for administrators.", server.mgmt_max_connections, type="http")
     for reason, n in server.refused_connections.items():
         m.add("kv_connections_refused_total", "counter", "Connections refused or closed unserved: over the limit and "
-              "the reserve, a reserved one that was not an administrator's, accepts that failed for lack of "
-              "descriptors, or management (HTTP) connections over their limit.", n, reason=reason)
+              "the reserve, one more authenticated as an ordinary user, accepts that failed for lack of descriptors, "
+              "unauthenticated ones closed for a newcomer or after the timeout, and the same for management (HTTP) "
+              "connections.", n, reason=reason)
+    m.add("kv_login_lockouts_total", "counter", "Login attempts refused unchecked because failed logins locked "
+          "their address or user out.", server.throttle.refused)
     m.add("process_resident_memory_bytes", "gauge", "Resident memory of the server process.", _resident_bytes())
     for event in AUDIT_EVENTS:
-        m.add("kv_audit_events_total", "counter", "Refusals recorded in the audit trail since the server started "
-              "(written or over the rate limit).", server.audit.counts[event.name], event=event.name)
+        m.add("kv_audit_events_total", "counter", "Security events recorded in the audit trail since the server "
+              "started.", server.audit.counts[event.name], event=event.name)
+    m.add("kv_audit_dropped_events_total", "counter", "Audit events the audit file could not take.", server.audit.lost)
     suppressed = server.log.limiter.suppressed + server.audit.limiter.suppressed
     for kind, n in sorted(suppressed.items()):
         m.add("kv_log_lines_suppressed_total", "counter", "Per-request log lines left out by the rate limit.", n,

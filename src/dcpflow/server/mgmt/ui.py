@@ -18,8 +18,9 @@ from pathlib import Path
 
 from aiohttp import web
 
+from ..audit import LOGIN_FAILURE
 from . import dcpview
-from .app import LISTENER, SERVER, SESSION_COOKIE, USER, allowed, read_form, reply_json
+from .app import LISTENER, SERVER, SESSION_COOKIE, USER, allowed, check_login, read_form, reply_json
 from .buckets import settings_of
 
 routes = web.RouteTableDef()
@@ -205,7 +206,7 @@ async def login_page(request: web.Request, message: str = "", status: int = 200)
 @routes.post("/uilogin")
 async def login(request: web.Request) -> web.Response:
     form = await read_form(request)
-    user = request.app[LISTENER].logins.check(form.get("user", ""), form.get("password", ""))
+    user = check_login(request, form.get("user", ""), form.get("password", ""), event=LOGIN_FAILURE)
     if user is None:
         return await login_page(request, "Wrong user name or password.", 401)
     token = request.app[LISTENER].logins.open_session(user)
