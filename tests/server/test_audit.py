@@ -247,6 +247,28 @@ def test_bucket_and_collection_changes_are_audited(make_server, tmp_path):
     assert events[2]["scope_name"] == "s" and events[2]["collection_name"] == "c" and events[2]["new_manifest_uid"]
 
 
+def test_user_changes_are_audited(make_server, tmp_path):
+    """Users made, changed (a password too) and dropped over the management REST are in the audit
+    file with ns_server's ids, the user they name and who did it."""
+    from tests.server.mgmt.rest_client import http_of
+    path = tmp_path / "audit.log"
+    server = make_server(audit_log=path)
+    http = http_of(server)
+    user = "/settings/rbac/users/local/ann"
+    assert http.request("PUT", user, {"password": "secret1", "roles": "admin"}).status == 200
+    assert http.request("PUT", user, {"roles": "data_reader[default]"}).status == 200
+    assert http.as_user("ann", "secret1").post("/controller/changePassword", {"password": "secret2"}).status == 200
+    assert http.delete(user).status == 200
+    wait_for(lambda: len(file_events(path)) == 4)
+    events = file_events(path)
+    assert [(e["id"], e["name"]) for e in events] == [
+        (8232, "set user"), (8232, "set user"), (8232, "set user"), (8194, "delete user")]
+    assert all(e["identity"] == {"domain": "local", "user": "ann"} for e in events)
+    assert [e["real_userid"]["user"] for e in events] == ["Administrator", "Administrator", "ann", "Administrator"]
+    assert [e.get("reason") for e in events] == ["added", "updated", "password changed", None]
+    assert events[1]["roles"] == ["data_reader[default]"]
+
+
 def test_an_unwritable_audit_file_is_said_once_counted_and_retried(make_server, tmp_path, caplog):
     """The audit file's directory is a file: the server says so once at ERROR, keeps serving,
     counts every event it could not write, and once the file can be written again records how

@@ -32,8 +32,9 @@ import asyncio
 
 from aiohttp import web
 
+from ..audit import DELETE_USER, SET_USER
 from ..auth import ROLES, hashed_user, make_user, parse_role
-from .app import SERVER, USER, HTTPError, errors, read_form, reply_json, require, unauthorized
+from .app import SERVER, USER, HTTPError, audit_change, errors, read_form, reply_json, require, unauthorized
 
 routes = web.RouteTableDef()
 
@@ -201,6 +202,8 @@ async def put_user(request: web.Request) -> web.Response:
                          full_name=full_name, password_change_date=existing.password_change_date)
     server.users.upsert(user)
     server.user_changed(name)
+    audit_change(request, SET_USER, identity={"domain": "local", "user": name}, roles=list(roles),
+                 full_name=full_name or "", reason="updated" if existing else "added")
     server.mgmt.observer.record("user", "", f"user {name!r} {'changed' if existing else 'created'}: "
                                 f"roles {', '.join(roles) or 'none'}")
     return reply_json("")
@@ -236,6 +239,8 @@ async def change_password(request: web.Request) -> web.Response:
     server.users.upsert(make_user(current.name, roles=current.roles, credentials=hashed.credentials,
                                   full_name=current.full_name, password_change_date=hashed.password_change_date))
     server.user_changed(user.name)
+    audit_change(request, SET_USER, identity={"domain": "local", "user": user.name}, roles=list(current.roles),
+                 full_name=current.full_name or "", reason="password changed")
     return web.Response(status=200)
 
 
@@ -247,5 +252,6 @@ async def delete_user(request: web.Request) -> web.Response:
     if _domain(request) != "local" or not server.users.drop(name):
         raise _unknown_user()
     server.user_changed(name)
+    audit_change(request, DELETE_USER, identity={"domain": "local", "user": name})
     server.mgmt.observer.record("user", "", f"user {name!r} dropped: its connections lost their privileges")
     return reply_json("")
