@@ -11,3 +11,7 @@ fi
 # planner on the driver), and where PYTHONDONTWRITEBYTECODE is set each would compile dcpflow anew
 # (~50 ms on the query's critical path). A stale .pyc is ignored by Python, so this is only a speed-up.
 .venv/bin/python -m compileall -q src
+# Delta Lake's Spark jars (the state table's MERGE INTO runs in Spark): resolved once here, through
+# Spark's own Ivy, into .venv/share/dcpflow/jars; sessions list those files in spark.jars and never
+# download (src/dcpflow/spark/jars.py). Skipped when the jars for the pinned version are there.
+.venv/bin/python -m dcpflow.spark.jars
