@@ -58,10 +58,29 @@ def latest_changes(changes):
     return latest, markers, dropped
 
 
+def batch_summary(batch_df) -> dict:
+    """What a writer needs of a batch on the driver, in one small aggregate: the newest change-log
+    version in it, the vbuckets a rollback marker resets and the collection ids dropped (at most
+    one per vbucket and dropped collection: bounded, whatever the batch's size)."""
+    from pyspark.sql import functions as F
+
+    row = batch_df.agg(
+        F.max(COMMIT_VERSION).alias("version"),
+        F.collect_set(F.when(F.col(CHANGE_TYPE) == ROLLBACK, F.col("vbucket"))).alias("resets"),
+        F.collect_set(F.when(F.col(CHANGE_TYPE) == DROP, F.col("collection_id"))).alias("drops")).first()
+    return {"version": None if row["version"] is None else int(row["version"]),
+            "resets": sorted(int(v) for v in row["resets"]), "drops": sorted(int(c) for c in row["drops"])}
+
+
 class StateWriter:
     """Keeps a latest-state table from change-log batches; `apply` is idempotent per batch id."""
 
     path: Path
+    merged: dict[int, int | None]
+
+    def changelog_version(self, batch_id: int) -> int | None:
+        """The newest change-log version that state batch `batch_id` merged, if known."""
+        return self.merged.get(batch_id)
 
     def apply(self, batch_df, batch_id: int) -> None:
         raise NotImplementedError
@@ -85,6 +104,15 @@ class DeltaStateWriter(StateWriter):
 
     def __init__(self, path: str | Path):
         self.path = Path(path).resolve()
+        self.merged: dict[int, int | None] = {}  # batch id -> change-log version, merged by this process
+
+    def changelog_version(self, batch_id: int) -> int | None:
+        """The newest change-log version (`_commit_version`) that state batch `batch_id` merged: from
+        this process's memory, else from the batch's commit in the Delta log (its userMetadata)
+        - as when the batches ran in a Spark Connect server's Python."""
+        if batch_id in self.merged:
+            return self.merged[batch_id]
+        return DeltaLog(self.path).changelog_version(batch_id) if self.exists() else None
 
     def exists(self) -> bool:
         return (self.path / "_delta_log" / f"{0:020d}.json").exists()
@@ -94,15 +122,24 @@ class DeltaStateWriter(StateWriter):
         return DeltaLog(self.path).snapshot().txns.get(APP_ID, -1) if self.exists() else -1
 
     def apply(self, batch_df, batch_id: int) -> None:
+        if batch_id <= self.last_batch():
+            return  # merged already (Delta would skip the MERGE too; this spares reading the batch)
+        spark = batch_df.sparkSession
+        batch_df = _once(batch_df)
+        try:
+            self._merge(spark, batch_df, batch_id)
+        finally:
+            batch_df.unpersist()
+
+    def _merge(self, spark, batch_df, batch_id: int) -> None:
         from pyspark.sql import functions as F
 
-        spark = batch_df.sparkSession
         # The markers only (at most one row per vbucket and per dropped collection): the one thing
         # brought to the driver, to name the rows a rollback or a drop removes from the table.
-        marks = (batch_df.filter(F.col(CHANGE_TYPE).isin(ROLLBACK, DROP))
-                 .select(CHANGE_TYPE, "vbucket", "collection_id").distinct().collect())
-        resets = sorted({int(r["vbucket"]) for r in marks if r[CHANGE_TYPE] == ROLLBACK})
-        drops = sorted({int(r["collection_id"]) for r in marks if r[CHANGE_TYPE] == DROP})
+        summary = batch_summary(batch_df)
+        resets, drops = summary["resets"], summary["drops"]
+        self.merged[batch_id] = summary["version"]
+        meta = json.dumps({"changelog_version": summary["version"]})
         latest, _, _ = latest_changes(batch_df)
         latest = latest.select(*STATE_COLUMNS, CHANGE_TYPE)
         if not self.exists():
@@ -110,7 +147,7 @@ class DeltaStateWriter(StateWriter):
             # state. One append instead of a MERGE that would probe an empty table for every key;
             # the batch id rides in the same commit.
             (latest.filter(F.col(CHANGE_TYPE) == UPSERT).select(*STATE_COLUMNS).write.format("delta")
-             .mode("append").option("txnAppId", APP_ID).option("txnVersion", batch_id)
+             .mode("append").option("txnAppId", APP_ID).option("txnVersion", batch_id).option("userMetadata", meta)
              .option("delta.enableDeletionVectors", "false").save(str(self.path)))
             return
         view = f"dcpflow_state_batch_{os.getpid()}_{batch_id}"
@@ -135,11 +172,13 @@ class DeltaStateWriter(StateWriter):
         conf.set("spark.databricks.delta.write.txnAppId", APP_ID)
         conf.set("spark.databricks.delta.write.txnVersion", str(batch_id))
         conf.set("spark.databricks.delta.write.txnVersion.autoReset.enabled", "true")
+        conf.set("spark.databricks.delta.commitInfo.userMetadata", meta)  # the change-log version merged
         try:
             spark.sql(sql)
         finally:
             conf.unset("spark.databricks.delta.write.txnAppId")
             conf.unset("spark.databricks.delta.write.txnVersion")
+            conf.unset("spark.databricks.delta.commitInfo.userMetadata")
             spark.catalog.dropTempView(view)
 
     def read(self, spark):
@@ -149,6 +188,16 @@ class DeltaStateWriter(StateWriter):
         if not self.exists():
             return []
         return [str(self.path / p) for p in DeltaLog(self.path).snapshot().files]
+
+
+def _once(batch_df):
+    """The batch, cached on the executors (memory, else their disk) for the several reads a writer
+    makes of it. Besides sparing re-reads of the change log: `foreachBatch` hands over a DataFrame
+    over the batch's own plan, and every computation of it adds to the query's `numInputRows`, so
+    uncached, a plan reading it three times reported three times the batch's rows."""
+    from pyspark import StorageLevel
+
+    return batch_df.persist(StorageLevel.MEMORY_AND_DISK)
 
 
 def _quoted(path: Path) -> str:
@@ -194,6 +243,27 @@ class DeltaLog:
             version = v
         return DeltaSnapshot(version, list(files), txns)
 
+    def changelog_version(self, batch_id: int, look: int = 20) -> int | None:
+        """The change-log version recorded by the commit of state batch `batch_id` (searched among
+        the newest `look` commits: the batch asked about is a recent one)."""
+        versions = sorted((int(p.name[:20]) for p in self.log.glob("*.json") if p.name[:20].isdigit()),
+                          reverse=True)[:look]
+        for v in versions:
+            txn = meta = None
+            with open(self.log / f"{v:020d}.json") as f:
+                for line in f:
+                    action = json.loads(line) if line.strip() else {}
+                    if action.get("txn", {}).get("appId") == APP_ID:
+                        txn = int(action["txn"]["version"])
+                    if "commitInfo" in action:
+                        meta = action["commitInfo"].get("userMetadata")
+            if txn == batch_id and meta:
+                try:
+                    return int(json.loads(meta)["changelog_version"])
+                except (ValueError, KeyError, TypeError):
+                    return None
+        return None
+
     def _action(self, action: dict, files: dict, txns: dict) -> None:
         if "add" in action:
             add = action["add"]
@@ -232,6 +302,13 @@ class SnapshotStateWriter(StateWriter):
     def __init__(self, path: str | Path, keep: int = 2):
         self.path = Path(path)
         self.keep = keep
+        self.merged: dict[int, int | None] = {}
+
+    def changelog_version(self, batch_id: int) -> int | None:
+        if batch_id in self.merged:
+            return self.merged[batch_id]
+        cur = self.current()
+        return cur.get("changelog_version") if cur and cur["batch_id"] == batch_id else None
 
     @property
     def pointer(self) -> Path:
@@ -248,12 +325,19 @@ class SnapshotStateWriter(StateWriter):
         return -1 if cur is None else int(cur["batch_id"])
 
     def apply(self, batch_df, batch_id: int) -> None:
-        from pyspark.sql import functions as F
-
         cur = self.current()
         if cur is not None and batch_id <= cur["batch_id"]:
             return
         spark = batch_df.sparkSession
+        batch_df = _once(batch_df)
+        try:
+            self._compact(spark, cur, batch_df, batch_id)
+        finally:
+            batch_df.unpersist()
+
+    def _compact(self, spark, cur: dict | None, batch_df, batch_id: int) -> None:
+        from pyspark.sql import functions as F
+
         changes = batch_df.select(*STATE_COLUMNS, CHANGE_TYPE)
         if cur is not None:
             base = (spark.read.parquet(str(self.path / cur["dir"])).select(*STATE_COLUMNS)
@@ -265,13 +349,15 @@ class SnapshotStateWriter(StateWriter):
         if target.exists():  # left by a crash before the pointer flip: not live, safe to redo
             shutil.rmtree(target)
         latest.filter(F.col(CHANGE_TYPE) == UPSERT).select(*STATE_COLUMNS).write.parquet(str(target))
-        self._flip(name, batch_id)
+        version = batch_summary(batch_df)["version"]
+        self.merged[batch_id] = version
+        self._flip(name, batch_id, version)
         self._prune(keep={name, cur["dir"] if cur else name})
 
-    def _flip(self, name: str, batch_id: int) -> None:
+    def _flip(self, name: str, batch_id: int, version: int | None = None) -> None:
         self.path.mkdir(parents=True, exist_ok=True)
         tmp = self.path / f"_current.json.{os.getpid()}"
-        tmp.write_text(json.dumps({"batch_id": batch_id, "dir": name}))
+        tmp.write_text(json.dumps({"batch_id": batch_id, "dir": name, "changelog_version": version}))
         os.replace(tmp, self.pointer)
         link = self.path / f".current.{os.getpid()}"
         if link.is_symlink() or link.exists():
