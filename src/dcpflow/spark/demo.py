@@ -30,7 +30,16 @@ from base64 import b64encode
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .pipeline import BatchReport, Pipeline, PipelineConfig, PipelineFailed, ProgressReader, failure_line
+from .pipeline import (
+    RESTARTS,
+    BatchReport,
+    Pipeline,
+    PipelineConfig,
+    PipelineFailed,
+    ProgressReader,
+    failure_line,
+    transient,
+)
 from .session import local_session, stop_spark
 
 READY = re.compile(r"dcpflow server ready: .* port=(\d+)")  # the KV port (mgmt_port= follows)
@@ -120,6 +129,7 @@ class DemoResult:
     seconds: float = 0.0
     collections: dict = field(default_factory=dict)  # name -> keys, live, mismatches
     versions: dict = field(default_factory=dict)  # name -> what the change log holds (_versions)
+    restarts: int = 0  # live queries started again after Spark failed to start a Python worker in time
 
     @property
     def ok(self) -> bool:
@@ -185,8 +195,8 @@ def run_demo(docs: int = 100_000, workdir: str | Path | None = None, vbuckets: i
 
         say(f"live: micro-batches every second while {rounds} rounds of updates, bursts of versions, deletes "
             "and expiring sessions arrive")
-        changelog_q, state_q = pipeline.start_live("1 second")
-        live = ProgressReader(changelog_q, "changelog-live", pipeline.changelog_version)
+        queries = list(pipeline.start_live("1 second"))
+        live = ProgressReader(queries[0], "changelog-live", pipeline.changelog_version)
         totals = {"updates": 0, "deletes": 0, "expiring": 0, "bursts": 0}
         burst_keys = max(docs // 1000, 3)
         try:
@@ -198,14 +208,14 @@ def run_demo(docs: int = 100_000, workdir: str | Path | None = None, vbuckets: i
                 say(f"round {i + 1}/{rounds}: {did['updates']:,} updates, {did['bursts']:,} more in bursts "
                     f"(3 versions in a row of {burst_keys} users and {burst_keys} orders), {did['deletes']:,} "
                     f"deletes, {did['expiring']:,} sessions expiring in {work.ttl}s")
-                _report_live(live, result, say, state_q)
+                live = _report_live(live, result, say, pipeline, queries)
                 time.sleep(1.0)
             deadline = time.monotonic() + work.ttl + 4
             while time.monotonic() < deadline:  # let the expiry pager turn sessions into expirations
                 time.sleep(1.0)
-                _report_live(live, result, say, state_q)
+                live = _report_live(live, result, say, pipeline, queries)
         finally:
-            pipeline.stop_live(changelog_q, state_q)
+            pipeline.stop_live(*queries)
         result.changes = totals
         say("draining what is left (AvailableNow)")
         pipeline.run_available_now(on_batch)
@@ -251,18 +261,29 @@ def run_demo(docs: int = 100_000, workdir: str | Path | None = None, vbuckets: i
             shutil.rmtree(base, ignore_errors=True)
 
 
-def _report_live(progress, result: DemoResult, say, *others) -> None:
-    """Report the live change log's new batches (`progress`: the query's ProgressReader); a live
-    query that stopped (`progress`'s or one of `others`) ends the demo with its reason."""
-    for query in (progress.query, *others):
+def _report_live(progress, result: DemoResult, say, pipeline: Pipeline, queries: list) -> ProgressReader:
+    """Report the live change log's new batches (`progress`: its ProgressReader). A live query that
+    stopped ends the demo with its reason, unless Spark only failed to start a Python worker in time
+    (pipeline.transient): that query starts again from its checkpoint, a few times at most.
+    Returns the change log's reader (a new one after a restart)."""
+    for i, name in enumerate(("changelog", "state")):
+        query = queries[i]
         try:
             active = query.isActive
             error = None if active else query.exception()
         except Exception as e:
-            raise PipelineFailed(f"the {query_name(query)} query failed: {failure_line(e)}") from e
-        if not active:
-            raise PipelineFailed(f"the {query_name(query)} query " +
-                                 (f"failed: {failure_line(error)}" if error else "stopped"))
+            raise PipelineFailed(f"the {name} query failed: {failure_line(e)}") from e
+        if active:
+            continue
+        reason = failure_line(error) if error else None
+        if reason and transient(reason) and result.restarts < RESTARTS:
+            result.restarts += 1
+            say(f"the {name} query failed: {reason}; restarting it from its checkpoint")
+            queries[:] = pipeline.restart(name, tuple(queries), "1 second")
+            if name == "changelog":
+                progress = ProgressReader(queries[0], "changelog-live", pipeline.changelog_version)
+            continue
+        raise PipelineFailed(f"the {name} query " + (f"failed: {reason}" if reason else "stopped"))
     for report in progress.batches():
         if report.lag is not None:
             result.max_lag = max(result.max_lag, report.lag)
@@ -270,6 +291,7 @@ def _report_live(progress, result: DemoResult, say, *others) -> None:
         result.live_batches += 1
         say(f"live {report.describe()}: {report.rows:,} changes in {report.seconds:.2f}s, "
             f"lag {report.lag if report.lag is not None else '?'} seqnos")
+    return progress
 
 
 def query_name(query) -> str:

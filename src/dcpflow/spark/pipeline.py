@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,6 +30,8 @@ from pathlib import Path
 
 from .offsets import SourceOffset
 from .state import StateWriter, make_writer
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -163,8 +166,17 @@ class Pipeline:
     def run_available_now(self, on_batch: Callable[[BatchReport], None] | None = None) -> list[BatchReport]:
         """Everything the server has now: the change log first, then the state from it."""
         self.changelog_path.mkdir(parents=True, exist_ok=True)
-        reports = follow(self.start_changelog(availableNow=True), "changelog", on_batch, self.changelog_version)
-        reports += follow(self.start_state(availableNow=True), "state", on_batch, self.state_version)
+        reports = []
+        for name, start, version in (("changelog", self.start_changelog, self.changelog_version),
+                                     ("state", self.start_state, self.state_version)):
+            for attempt in range(RESTARTS + 1):
+                try:
+                    reports += follow(start(availableNow=True), name, on_batch, version)
+                    break
+                except PipelineFailed as e:
+                    if attempt == RESTARTS or not transient(str(e)):
+                        raise
+                    log.warning("%s; restarting the query from its checkpoint", e)
         return reports
 
     def run_live(self, interval: str, on_batch: Callable[[BatchReport], None] | None = None,
@@ -173,6 +185,7 @@ class Pipeline:
         JVM gone) raises PipelineFailed at once, after the other is stopped; Ctrl-C stops both
         between batches."""
         queries = self.start_live(interval)
+        restarts = 0
         readers = [ProgressReader(queries[0], "changelog", self.changelog_version),
                    ProgressReader(queries[1], "state", self.state_version)]
         try:
@@ -188,6 +201,13 @@ class Pipeline:
                             on_batch(report)
                     if not active:
                         error = _query_error(query)
+                        if error and transient(error) and restarts < RESTARTS:
+                            restarts += 1
+                            log.warning("the %s query failed: %s; restarting it from its checkpoint", name, error)
+                            queries = self.restart(name, queries, interval)
+                            readers = [ProgressReader(queries[0], "changelog", self.changelog_version),
+                                       ProgressReader(queries[1], "state", self.state_version)]
+                            break
                         raise PipelineFailed(f"the {name} query " + (f"failed: {error}" if error else "stopped"))
                 time.sleep(poll)
         except KeyboardInterrupt:
@@ -196,6 +216,12 @@ class Pipeline:
         finally:
             for query in queries:
                 stop_between_batches(query)
+
+    def restart(self, name: str, queries: tuple, interval: str) -> tuple:
+        """`queries` (changelog, state) with the one named started again from its checkpoint."""
+        if name == "changelog":
+            return self.start_changelog(processingTime=interval), queries[1]
+        return queries[0], self.start_state(processingTime=interval)
 
     def start_live(self, interval: str = "1 second"):
         self.changelog_path.mkdir(parents=True, exist_ok=True)
@@ -223,6 +249,17 @@ class Pipeline:
         return self.writer.read(self.spark)
 
 
+#: Restarts (from the checkpoint) of a query that failed for a transient reason, per run.
+RESTARTS = 3
+
+
+def transient(reason: str) -> bool:
+    """Whether a query's failure is Spark not getting a Python worker started in time: its wait for
+    a new worker to connect back is a fixed 10 s (PythonWorkerFactory), which a machine busy enough
+    exceeds. The query's checkpoint makes starting it again exact; any other failure ends the run."""
+    return "failed to connect back" in reason or "CANNOT_OPEN_SOCKET" in reason
+
+
 class PipelineFailed(RuntimeError):
     """A query of the pipeline failed, or Spark itself went away; the message is one line naming
     which and why."""
@@ -234,9 +271,12 @@ def failure_line(error: BaseException) -> str:
     is gone (killed, or out of memory: sessions run it with -XX:+ExitOnOutOfMemoryError)."""
     name = type(error).__name__
     text = str(error)
-    if name in ("Py4JNetworkError", "ConnectionRefusedError", "ConnectionResetError", "BrokenPipeError") or (
-            name == "Py4JError" and ("Answer from Java side is empty" in text or "Connection refused" in text
-                                     or "while sending" in text or "while receiving" in text)):
+    chain, seen = [], error
+    while seen is not None and len(chain) < 10:  # py4j wraps the socket's error in its own
+        chain.append(type(seen).__name__)
+        seen = seen.__cause__ or seen.__context__
+    if set(chain) & {"Py4JNetworkError", "ConnectionRefusedError", "ConnectionResetError", "BrokenPipeError",
+                     "EOFError"} or (name == "Py4JError" and text.startswith("An error occurred while calling")):
         return "Spark's JVM is gone (killed, or it ran out of memory)"
     marker = "terminated with exception:"
     if marker in text:

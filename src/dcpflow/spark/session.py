@@ -110,6 +110,7 @@ def _start(builder, conf: dict | None):
         builder = builder.config(key, str(value))
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
+    quiet_py4j()
     register(spark)
     return spark
 
@@ -147,6 +148,24 @@ def register(spark) -> None:
 
     spark.dataSource.register(DcpDataSource)
     spark.dataSource.register(SyntheticDcpDataSource)
+
+
+class _Py4JNoise:
+    """A filter for the root logger: py4j logs each failed call to a JVM that is gone as a page of
+    traceback on the root logger (`logging.exception("Exception while sending command.")`); the
+    commands report that in one line of their own."""
+
+    @staticmethod
+    def filter(record) -> bool:
+        return record.getMessage() != "Exception while sending command."
+
+
+def quiet_py4j() -> None:
+    import logging
+
+    root = logging.getLogger()
+    if not any(isinstance(f, _Py4JNoise) for f in root.filters):
+        root.addFilter(_Py4JNoise())
 
 
 def stop_spark(spark) -> None:
