@@ -22,3 +22,7 @@ print("\n".join(project["build-system"]["requires"] + project["project"]["depend
 PY
 .venv/bin/python -m pip download --quiet --only-binary=:all: -d .venv/wheelhouse \
   -r .venv/plain-install-requirements.txt
+# Delta Lake's Spark jars (the state table's MERGE INTO runs in Spark): resolved once here, through
+# Spark's own Ivy, into .venv/share/dcpflow/jars; sessions list those files in spark.jars and never
+# download (src/dcpflow/spark/jars.py). Skipped when the jars for the pinned version are there.
+.venv/bin/python -m dcpflow.spark.jars

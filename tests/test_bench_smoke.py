@@ -31,6 +31,7 @@ FIGURE_LINES = {
     "producer.py": "in-memory producer",
     "producer_instructions.py": "instructions per streamed item",
     "replication.py": "ratio replicated/written",
+    "pipeline_scale.py": "catch-up / sink limit",
     "spark_ingest.py": "dcp changelog / synthetic changelog",
     "xdcr.py": "ratio xdcr / raw SetWithMeta",
 }

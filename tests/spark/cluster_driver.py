@@ -19,7 +19,7 @@ from pyspark.sql import SparkSession
 
 import dcpflow
 from dcpflow.spark.pipeline import Pipeline, PipelineConfig
-from dcpflow.spark.session import log4j2_file, register
+from dcpflow.spark.session import log4j2_file, register, with_delta
 
 
 def session(master: str, executors: int) -> SparkSession:
@@ -29,7 +29,10 @@ def session(master: str, executors: int) -> SparkSession:
     # `spark.pyspark.python` setting is read only by spark-submit).
     os.environ["PYSPARK_PYTHON"] = sys.executable
     java_opts = f"-Dlog4j2.configurationFile=file:{log4j2_file()} -XX:TieredStopAtLevel=1"
-    spark = (SparkSession.builder.master(master).appName("dcpflow-standalone-test")
+    # Delta Lake (the default state format) as dcpflow's sessions add it: the installed jars in
+    # spark.jars, which the driver serves to the executors - nothing installed on the workers.
+    builder = with_delta(SparkSession.builder)
+    spark = (builder.master(master).appName("dcpflow-standalone-test")
              .config("spark.executorEnv.PYTHONPATH", str(Path(dcpflow.__file__).resolve().parents[1]))
              .config("spark.executor.cores", "1").config("spark.cores.max", str(executors))
              .config("spark.executor.memory", "512m").config("spark.driver.memory", "512m")

@@ -29,6 +29,16 @@ from dcpflow.spark.session import log4j2_file
 SPARK_HOME = Path(pyspark.__file__).resolve().parent
 
 
+def delta_args() -> list[str]:
+    """spark-submit's arguments for Delta Lake from the installed jars (docs/spark.md, Spark Connect)."""
+    from dcpflow.spark.jars import DELTA_CONF, require_delta_jars
+
+    args = ["--jars", ",".join(str(j) for j in require_delta_jars())]
+    for key, value in DELTA_CONF.items():
+        args += ["--conf", f"{key}={value}"]
+    return args
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -179,7 +189,8 @@ class ConnectServer:
                  "org.apache.spark.sql.connect.service.SparkConnectServer", "--master", self.master,
                  "--driver-memory", "1g", "--conf", f"spark.connect.grpc.binding.port={self.port}",
                  "--conf", "spark.connect.grpc.binding.address=127.0.0.1", "--conf", "spark.ui.enabled=false",
-                 "--conf", "spark.sql.shuffle.partitions=2", "--conf", f"spark.driver.extraJavaOptions={java_opts}"],
+                 "--conf", "spark.sql.shuffle.partitions=2", "--conf", f"spark.driver.extraJavaOptions={java_opts}",
+                 *delta_args()],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         try:
             deadline = time.monotonic() + 90

@@ -40,6 +40,9 @@ class ScriptedQuery:
     def awaitTermination(self):
         return None
 
+    def exception(self):  # the query ended well
+        return None
+
 
 def test_follow_reports_each_batch_once_in_order_reading_everything_only_after_a_gap():
     b = {i: report(i, i) for i in range(3, 9)}
@@ -102,3 +105,29 @@ def test_reports_that_came_through_spark_connect_count_their_rows_per_source():
     assert reports[0]["numInputRows"] is None and reports[0].numInputRows == 40
     got = follow(ScriptedQuery([reports[:1], reports[:2], reports]), "changelog", poll=0)
     assert [(r.batch_id, r.rows) for r in got] == [(0, 40), (2, 25)]
+
+
+def test_failure_line_names_the_reason_in_one_line():
+    from py4j.protocol import Py4JError, Py4JNetworkError
+
+    from dcpflow.spark.pipeline import failure_line, transient
+
+    spark_error = ("[STREAM_FAILED] Query [id = 1, runId = 2] terminated with exception: [PYTHON_STREAMING_DATA_SOURCE_"
+                   "RUNTIME_ERROR] Failed when Python streaming data source perform latestOffset: Traceback (most "
+                   "recent call last):\n  File \"x.py\", line 1, in run\n    call()\n"
+                   "dcpflow.client.errors.ConnectionLostError: closed\n\nDuring handling of the above exception, "
+                   "another exception occurred:\n\nTraceback (most recent call last):\n  File \"y.py\", line 2\n"
+                   "dcpflow.client.errors.ConnectError: could not bootstrap: connection refused\n"
+                   "=== Streaming Query ===\nIdentifier: dcpflow_changelog [id = 1]\n")
+    line = failure_line(RuntimeError(spark_error))
+    assert line == ("[PYTHON_STREAMING_DATA_SOURCE_RUNTIME_ERROR] Failed when Python streaming data source perform "
+                    "latestOffset: ConnectError: could not bootstrap: connection refused")
+    try:
+        try:
+            raise Py4JNetworkError("Error while sending or receiving")
+        except Py4JNetworkError as e:
+            raise Py4JError("An error occurred while calling o81.isActive") from e
+    except Py4JError as e:
+        assert failure_line(e) == "Spark's JVM is gone (killed, or it ran out of memory)"
+    assert transient(failure_line(RuntimeError("Python worker failed to connect back. === Streaming Query ===")))
+    assert not transient(line)

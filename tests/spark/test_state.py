@@ -118,18 +118,33 @@ def test_writer_matches_model_with_rollback_and_replays(spark, writer):
 
 
 def test_delta_replay_leaves_table_version_alone(spark, tmp_path):
-    from deltalake import DeltaTable
+    """A replayed batch id (Spark re-runs a batch after a failure) is skipped by Delta itself: no
+    new commit, whether the batch was the table's first (an append) or a MERGE."""
+    from dcpflow.spark.state import DeltaLog
 
     writer = DeltaStateWriter(tmp_path / "state")
     schema = schema_ddl("string", "STRING")
     df = spark.createDataFrame([change(0, 1, "a", "mutation", 1, "x"), change(0, 2, "a", "mutation", 1, "y")], schema)
     writer.apply(df, 5)
-    version = DeltaTable(str(writer.path)).version()
+    version = DeltaLog(writer.path).snapshot().version
     writer.apply(df, 5)
     writer.apply(df, 3)
-    assert DeltaTable(str(writer.path)).version() == version
-    assert DeltaTable(str(writer.path)).transaction_version("dcpflow-state") == 5
-    assert pl.read_delta(str(writer.path)).select("key", "value").rows() == [("a", "y")]
+    assert DeltaLog(writer.path).snapshot().version == version
+    assert writer.last_batch() == 5
+    later = spark.createDataFrame([change(0, 3, "a", "mutation", 2, "z"), change(0, 4, "b", "mutation", 2, "w")],
+                                  schema)
+    writer.apply(later, 6)
+    merged = DeltaLog(writer.path).snapshot().version
+    assert merged == version + 1 and writer.last_batch() == 6
+    # the same MERGE again under its batch id, and under an older one: Delta skips both
+    again = spark.createDataFrame([change(0, 5, "a", "mutation", 3, "replayed")], schema)
+    writer.apply(again, 6)
+    writer.apply(again, 4)
+    writer._merge(spark, again, 6)  # past the writer's own check: Delta's app transaction skips it
+    assert DeltaLog(writer.path).snapshot().version == merged
+    assert pl.read_delta(str(writer.path)).select("key", "value").sort("key").rows() == [("a", "z"), ("b", "w")]
+    # no leftover transaction settings on the session: a later write carries no batch id
+    assert spark.conf.get("spark.databricks.delta.write.txnVersion", None) is None
 
 
 def test_marker_alone_empties_its_vbucket(spark, writer):
@@ -153,3 +168,17 @@ def test_first_batch_into_an_empty_state(spark, writer):
     assert read_three_ways(spark, writer) == ({"c": "z"},) * 3
     writer.apply(spark.createDataFrame([change(1, 2, "c", "deletion", 3, vbuuid=5)], schema), 1)
     assert read_three_ways(spark, writer)[0] == {}
+
+
+def test_a_state_batch_reports_its_rows_once(spark, writer, tmp_path):
+    """The state query's progress counts each change-log row once (the snapshot writer's plan read
+    its batch three times, and a 1M-row batch was reported as 3,000,000 rows)."""
+    schema = schema_ddl("string", "STRING")
+    rows = [r for batch in scenario(seed=3, batches=4) for r in batch]
+    spark.createDataFrame(rows, schema).write.parquet(str(tmp_path / "log"))
+    query = (spark.readStream.schema(schema).parquet(str(tmp_path / "log")).writeStream
+             .foreachBatch(writer.apply).option("checkpointLocation", str(tmp_path / "chk"))
+             .trigger(availableNow=True).start())
+    query.awaitTermination(300)
+    assert query.exception() is None
+    assert sum(p["numInputRows"] for p in query.recentProgress) == len(rows)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import time
 
@@ -17,7 +18,8 @@ def add_commands(sub) -> None:
     p.add_argument("--vbuckets", type=int, default=64, help="vbuckets of the embedded server (default 64)")
     p.add_argument("--rounds", type=int, default=5, help="rounds of live changes (default 5)")
     p.add_argument("--state-format", choices=("delta", "snapshot"), default="delta",
-                   help="state table: delta (delta-rs MERGE) or snapshot (Spark-native compaction)")
+                   help="state table: delta (Delta Lake's MERGE INTO, in Spark) or snapshot (Spark-native "
+                   "compaction, no jars)")
     p.add_argument("--dir", help="keep everything (server data, lake) in this directory")
     p.add_argument("--keep", action="store_true", help="keep the temporary directory")
     p.set_defaults(func=_cmd_demo, extra="spark")
@@ -60,8 +62,9 @@ def add_commands(sub) -> None:
                        "documents as tombstones), by Spark tasks in parallel.")
     p.add_argument("--lake", required=True, help="the lake directory of `dcpflow pipeline`")
     p.add_argument("--to", required=True, metavar="URL", help="connection string with the bucket to write to")
-    p.add_argument("--as-of", type=int, metavar="COMMIT_VERSION",
-                   help="the micro-batch (_commit_version) to restore as of (default: the newest)")
+    p.add_argument("--as-of", type=int, metavar="BATCH",
+                   help="the change-log batch to restore as of, as `dcpflow pipeline` prints it ('changelog batch "
+                        "N'; the rows' _commit_version); default: the newest")
     p.add_argument("-u", "--username", default="Administrator")
     p.add_argument("-p", "--password", default="password")
     p.add_argument("--partitions", type=int, help="Spark tasks writing (default: one per core)")
@@ -73,13 +76,43 @@ def add_commands(sub) -> None:
 
 def _cmd_demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
+    from .jars import JarsMissing
+    from .pipeline import PipelineFailed
 
     if args.docs < 1 or args.vbuckets < 1 or args.rounds < 1:
         print("dcpflow demo: --docs, --vbuckets and --rounds must be positive", file=sys.stderr)
         return 2
-    result = run_demo(docs=args.docs, workdir=args.dir, vbuckets=args.vbuckets, state_format=args.state_format,
-                      rounds=args.rounds, keep=args.keep)
+    try:
+        with stopped_by_signals():
+            result = run_demo(docs=args.docs, workdir=args.dir, vbuckets=args.vbuckets,
+                              state_format=args.state_format, rounds=args.rounds, keep=args.keep)
+    except (PipelineFailed, JarsMissing) as e:
+        print(f"dcpflow demo: {e}", file=sys.stderr, flush=True)
+        return 1
+    except KeyboardInterrupt:
+        print("dcpflow demo: stopped (its server, Spark and temporary directory are gone)", file=sys.stderr, flush=True)
+        return 130
     return 0 if result.ok else 1
+
+
+@contextlib.contextmanager
+def stopped_by_signals():
+    """SIGTERM as Ctrl-C: either unwinds the command through its `finally` blocks (the demo's
+    embedded server and Spark stop, its temporary directory goes) instead of ending the process on
+    the spot with them left behind. A second signal while that cleanup runs is ignored."""
+    import signal
+
+    def stop(signum, frame):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    previous = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 def _cmd_restore(args: argparse.Namespace) -> int:
@@ -108,7 +141,7 @@ def _cmd_restore(args: argparse.Namespace) -> int:
 
 def _cmd_pipeline(args: argparse.Namespace) -> int:
     from .options import DcpOptionError, parse_options
-    from .pipeline import Pipeline, PipelineConfig, input_rows
+    from .pipeline import Pipeline, PipelineConfig
 
     extra = {}
     for item in args.option:
@@ -143,47 +176,38 @@ def _cmd_pipeline(args: argparse.Namespace) -> int:
         print("dcpflow pipeline: --conf does not apply to a Spark Connect session (set it on its server)",
               file=sys.stderr)
         return 2
-    from .session import cluster_session, local_session
+    from .jars import JarsMissing
+    from .pipeline import PipelineFailed, failure_line
+    from .session import cluster_session, local_session, stop_spark
 
-    if args.master or args.remote:
-        spark = cluster_session("dcpflow-pipeline", master=args.master, remote=args.remote, conf=conf)
-    else:
-        spark = local_session("dcpflow-pipeline", conf=conf)
-    pipeline = Pipeline(spark, config)
+    try:
+        if args.master or args.remote:
+            spark = cluster_session("dcpflow-pipeline", master=args.master, remote=args.remote, conf=conf)
+        else:
+            spark = local_session("dcpflow-pipeline", conf=conf)
+    except Exception as e:  # no Java, a cluster or Connect server that cannot be reached...
+        print(f"dcpflow pipeline: Spark did not start: {failure_line(e)}", file=sys.stderr)
+        return 1
     started = time.monotonic()
 
     def show(r):
         lag = "" if r.lag is None else f", lag {r.lag:,} seqnos"
-        print(f"[{time.monotonic() - started:6.1f}s] {r.query} batch {r.batch_id}: {r.rows:,} rows in "
-              f"{r.seconds:.2f}s{lag}", flush=True)
+        took = f" in {r.seconds:.2f}s" if r.seconds else ""
+        print(f"[{time.monotonic() - started:6.1f}s] {r.describe()}: {r.rows:,} rows{took}{lag}", flush=True)
 
     try:
+        pipeline = Pipeline(spark, config)
         if args.trigger is None:
             pipeline.run_available_now(show)
             print(f"caught up: change log {pipeline.changelog_path}, state {pipeline.state_path}", flush=True)
             return 0
-        queries = pipeline.start_live(args.trigger)
         print(f"running every {args.trigger}; Ctrl-C stops (the checkpoints keep the position)", flush=True)
-        seen = set()
-        try:
-            while all(q.isActive for q in queries):
-                for q in queries:
-                    p = q.lastProgress
-                    if p and (q.name, p["batchId"]) not in seen and input_rows(p):
-                        seen.add((q.name, p["batchId"]))
-                        from .pipeline import lag_of
-                        lag = lag_of(p)
-                        print(f"[{time.monotonic() - started:6.1f}s] {q.name} batch {p['batchId']}: "
-                              f"{input_rows(p):,} rows" + ("" if lag is None else f", lag {lag:,} seqnos"),
-                              flush=True)
-                time.sleep(1.0)
-            for q in queries:
-                q.awaitTermination()
-        except KeyboardInterrupt:
-            pass
-        finally:
-            for q in queries:
-                q.stop()
+        with contextlib.suppress(KeyboardInterrupt):
+            pipeline.run_live(args.trigger, show)
         return 0
+    except (PipelineFailed, JarsMissing) as e:
+        print(f"dcpflow pipeline: {e}", file=sys.stderr, flush=True)
+        return 1
     finally:
-        spark.stop()
+        stop_spark(spark)
+

@@ -30,7 +30,17 @@ from base64 import b64encode
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .pipeline import BatchReport, Pipeline, PipelineConfig, ProgressReader
+from .pipeline import (
+    RESTARTS,
+    BatchReport,
+    Pipeline,
+    PipelineConfig,
+    PipelineFailed,
+    ProgressReader,
+    failure_line,
+    transient,
+)
+from .session import local_session, stop_spark
 
 READY = re.compile(r"dcpflow server ready: .* port=(\d+)")  # the KV port (mgmt_port= follows)
 MGMT = re.compile(r"mgmt_port=(\d+)")
@@ -119,6 +129,7 @@ class DemoResult:
     seconds: float = 0.0
     collections: dict = field(default_factory=dict)  # name -> keys, live, mismatches
     versions: dict = field(default_factory=dict)  # name -> what the change log holds (_versions)
+    restarts: int = 0  # live queries started again after Spark failed to start a Python worker in time
 
     @property
     def ok(self) -> bool:
@@ -161,7 +172,6 @@ def run_demo(docs: int = 100_000, workdir: str | Path | None = None, vbuckets: i
         say(f"loaded {docs:,} documents in {time.monotonic() - t0:.1f}s through the Couchbase SDK")
 
         say("starting Spark (local, quiet)")
-        from .session import local_session
         spark = local_session("dcpflow-demo")
         config = PipelineConfig(connection=connection, username="Administrator", password="password",
                                 lake=base / "lake", state_format=state_format,
@@ -174,7 +184,7 @@ def run_demo(docs: int = 100_000, workdir: str | Path | None = None, vbuckets: i
             result.batches.append(r)
             lag = "" if r.lag is None else f", lag {r.lag:,} seqnos"
             rate = f", {r.rows / r.seconds:,.0f} rows/s" if r.seconds > 0 else ""
-            say(f"{r.query} batch {r.batch_id}: {r.rows:,} rows in {r.seconds:.2f}s{rate}{lag}")
+            say(f"{r.describe()}: {r.rows:,} rows in {r.seconds:.2f}s{rate}{lag}")
 
         say(f"pipeline over scope {SCOPE} with change streams: AvailableNow → change log "
             f"{pipeline.changelog_path} → {state_format} state {pipeline.state_path}")
@@ -187,8 +197,8 @@ def run_demo(docs: int = 100_000, workdir: str | Path | None = None, vbuckets: i
 
         say(f"live: micro-batches every second while {rounds} rounds of updates, bursts of versions, deletes "
             "and expiring sessions arrive")
-        changelog_q, state_q = pipeline.start_live("1 second")
-        live = ProgressReader(changelog_q, "changelog-live")
+        queries = list(pipeline.start_live("1 second"))
+        live = ProgressReader(queries[0], "changelog-live", pipeline.changelog_version)
         totals = {"updates": 0, "deletes": 0, "expiring": 0, "bursts": 0}
         burst_keys = max(docs // 1000, 3)
         try:
@@ -200,14 +210,14 @@ def run_demo(docs: int = 100_000, workdir: str | Path | None = None, vbuckets: i
                 say(f"round {i + 1}/{rounds}: {did['updates']:,} updates, {did['bursts']:,} more in bursts "
                     f"(3 versions in a row of {burst_keys} users and {burst_keys} orders), {did['deletes']:,} "
                     f"deletes, {did['expiring']:,} sessions expiring in {work.ttl}s")
-                _report_live(live, result, say)
+                live = _report_live(live, result, say, pipeline, queries)
                 time.sleep(1.0)
             deadline = time.monotonic() + work.ttl + 4
             while time.monotonic() < deadline:  # let the expiry pager turn sessions into expirations
                 time.sleep(1.0)
-                _report_live(live, result, say)
+                live = _report_live(live, result, say, pipeline, queries)
         finally:
-            pipeline.stop_live(changelog_q, state_q)
+            pipeline.stop_live(*queries)
         result.changes = totals
         say("draining what is left (AvailableNow)")
         pipeline.run_available_now(on_batch)
@@ -246,22 +256,52 @@ def run_demo(docs: int = 100_000, workdir: str | Path | None = None, vbuckets: i
         return result
     finally:
         if spark is not None:
-            spark.stop()
+            stop_spark(spark)
         if server is not None:
             server.stop()
         if not keep and workdir is None:
             shutil.rmtree(base, ignore_errors=True)
 
 
-def _report_live(progress, result: DemoResult, say) -> None:
-    """Report the live change log's new batches (`progress`: the query's ProgressReader)."""
+def _report_live(progress, result: DemoResult, say, pipeline: Pipeline, queries: list) -> ProgressReader:
+    """Report the live change log's new batches (`progress`: its ProgressReader). A live query that
+    stopped ends the demo with its reason, unless Spark only failed to start a Python worker in time
+    (pipeline.transient): that query starts again from its checkpoint, a few times at most.
+    Returns the change log's reader (a new one after a restart)."""
+    for i, name in enumerate(("changelog", "state")):
+        query = queries[i]
+        try:
+            active = query.isActive
+            error = None if active else query.exception()
+        except Exception as e:
+            raise PipelineFailed(f"the {name} query failed: {failure_line(e)}") from e
+        if active:
+            continue
+        reason = failure_line(error) if error else None
+        if reason and transient(reason) and result.restarts < RESTARTS:
+            result.restarts += 1
+            say(f"the {name} query failed: {reason}; restarting it from its checkpoint")
+            queries[:] = pipeline.restart(name, tuple(queries), "1 second")
+            if name == "changelog":
+                progress = ProgressReader(queries[0], "changelog-live", pipeline.changelog_version)
+            continue
+        raise PipelineFailed(f"the {name} query " + (f"failed: {reason}" if reason else "stopped"))
     for report in progress.batches():
         if report.lag is not None:
             result.max_lag = max(result.max_lag, report.lag)
         result.batches.append(report)
         result.live_batches += 1
-        say(f"live batch {report.batch_id}: {report.rows:,} changes in {report.seconds:.2f}s, "
+        say(f"live {report.describe()}: {report.rows:,} changes in {report.seconds:.2f}s, "
             f"lag {report.lag if report.lag is not None else '?'} seqnos")
+    return progress
+
+
+def query_name(query) -> str:
+    """`changelog` or `state` for the pipeline's queries (named dcpflow_changelog, dcpflow_state)."""
+    try:
+        return (query.name or "streaming").removeprefix("dcpflow_")
+    except Exception:
+        return "streaming"
 
 
 def _state_dict(pipeline: Pipeline) -> dict[tuple[str, str, str], str]:

@@ -4,7 +4,8 @@ Why each setting: the UI and the console progress bar cost start-up time and pri
 progress; log4j at ERROR removes the INFO/WARN flood; Python workers must run *this* interpreter
 (`PYSPARK_PYTHON`), else they start the system `python3` without pyarrow; and workers import the
 data source by module name, so the directory that holds the `dcpflow` package goes on their
-`PYTHONPATH` (changing `sys.path` in the driver does not reach them).
+`PYTHONPATH` (changing `sys.path` in the driver does not reach them). Delta Lake's jars, when
+installed (jars.py), are listed in `spark.jars` from local files: a session never downloads.
 """
 
 from __future__ import annotations
@@ -22,6 +23,10 @@ appender.console.name = console
 appender.console.target = SYSTEM_ERR
 appender.console.layout.type = PatternLayout
 appender.console.layout.pattern = %d{HH:mm:ss} %p %c{1}: %m%n%ex
+# A failed query is reported by dcpflow in one line (pipeline.failure_line); Spark's own report of
+# it is a multi-page stack trace.
+logger.streaming.name = org.apache.spark.sql.execution.streaming
+logger.streaming.level = off
 """
 
 
@@ -58,7 +63,9 @@ def local_session(app_name: str = "dcpflow", *, cores: int | None = None, driver
     from pyspark.sql import SparkSession
 
     n = cores or os.cpu_count() or 2
-    java_opts = f"-Dlog4j2.configurationFile=file:{log4j2_file()}"
+    # A JVM out of memory exits at once instead of limping on with dead threads (a driver thread that
+    # died of it leaves its query waiting forever): the command then fails with a clear error.
+    java_opts = f"-Dlog4j2.configurationFile=file:{log4j2_file()} -XX:+ExitOnOutOfMemoryError"
     if fast_start:
         java_opts += " -XX:TieredStopAtLevel=1"
     # local[n,3]: a failed task is retried (local mode retries none by default), e.g. a read that
@@ -75,7 +82,26 @@ def local_session(app_name: str = "dcpflow", *, cores: int | None = None, driver
                .config("spark.sql.streaming.stopActiveRunOnRestart", "true"))
     if warehouse is not None:
         builder = builder.config("spark.sql.warehouse.dir", str(warehouse))
-    return _start(builder, conf)
+    return _start(with_delta(builder, conf), conf)
+
+
+def with_delta(builder, conf: dict | None = None):
+    """`builder` with Delta Lake's installed jars in `spark.jars` (shipped by the driver to a
+    cluster's executors) and its SQL extension and catalog, unless `conf` sets `spark.jars`,
+    `spark.jars.packages` or `spark.sql.extensions` itself (a user who brings Delta their way).
+    Without installed jars the session has no Delta: the snapshot state format still works."""
+    from .jars import DELTA_CONF, delta_jars
+
+    conf = conf or {}
+    if any(k in conf for k in ("spark.jars", "spark.jars.packages", "spark.sql.extensions")):
+        return builder
+    jars = delta_jars()
+    if not jars:
+        return builder
+    builder = builder.config("spark.jars", ",".join(str(j) for j in jars))
+    for key, value in DELTA_CONF.items():
+        builder = builder.config(key, value)
+    return builder
 
 
 def _start(builder, conf: dict | None):
@@ -84,6 +110,7 @@ def _start(builder, conf: dict | None):
         builder = builder.config(key, str(value))
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
+    quiet_py4j()
     register(spark)
     return spark
 
@@ -106,12 +133,12 @@ def cluster_session(app_name: str = "dcpflow", *, master: str | None = None, rem
         register(spark)
         return spark
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    java_opts = f"-Dlog4j2.configurationFile=file:{log4j2_file()}"
+    java_opts = f"-Dlog4j2.configurationFile=file:{log4j2_file()} -XX:+ExitOnOutOfMemoryError"
     builder = (SparkSession.builder.master(master).appName(app_name)
                .config("spark.ui.showConsoleProgress", "false")
                .config("spark.sql.session.timeZone", "UTC")
                .config("spark.driver.extraJavaOptions", java_opts))
-    return _start(builder, conf)
+    return _start(with_delta(builder, conf), conf)
 
 
 def register(spark) -> None:
@@ -121,3 +148,29 @@ def register(spark) -> None:
 
     spark.dataSource.register(DcpDataSource)
     spark.dataSource.register(SyntheticDcpDataSource)
+
+
+class _Py4JNoise:
+    """A filter for the root logger: py4j logs each failed call to a JVM that is gone as a page of
+    traceback on the root logger (`logging.exception("Exception while sending command.")`); the
+    commands report that in one line of their own."""
+
+    @staticmethod
+    def filter(record) -> bool:
+        return record.getMessage() != "Exception while sending command."
+
+
+def quiet_py4j() -> None:
+    import logging
+
+    root = logging.getLogger()
+    if not any(isinstance(f, _Py4JNoise) for f in root.filters):
+        root.addFilter(_Py4JNoise())
+
+
+def stop_spark(spark) -> None:
+    """Stop the session; a JVM already gone (killed, out of memory) has nothing left to stop."""
+    try:
+        spark.stop()
+    except Exception:  # noqa: SIM105 - py4j's errors when the JVM is gone; nothing to do
+        return

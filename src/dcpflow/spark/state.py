@@ -3,14 +3,16 @@
 Two writers behind one interface, `apply(batch_df, batch_id)`, made for `foreachBatch` and
 idempotent per batch id (Spark re-runs a batch after a failure with the same id):
 
-* `DeltaStateWriter` - a Delta table kept with delta-rs (`deltalake`) MERGE; no JVM jars needed
-  (Spark would have to fetch them from Maven, and no Delta runtime for Spark 4 is on PyPI). The
-  batch id goes into the commit as a Delta app transaction, so a replayed batch is skipped.
-  Collects each batch's latest changes to the driver (Arrow): right for one machine, not for
-  scale-out.
-* `SnapshotStateWriter` - Spark only, nothing collected: latest(current snapshot ∪ batch) is
-  written to a new versioned directory, then a pointer is flipped. Scales with Spark; costs
-  O(state) per batch, so give its query a longer trigger interval (it is a compaction).
+* `DeltaStateWriter` (the default) - a Delta table kept with Delta Lake's own `MERGE INTO`, run by
+  Spark's executors: nothing of the batch reaches the driver but the few rollback and drop
+  markers. The batch id goes into the merge's commit as a Delta app transaction
+  (`spark.databricks.delta.write.txnAppId`/`txnVersion`), so Delta itself skips a replayed batch.
+  Needs Delta's jars in the session (jars.py). Deletion vectors stay off, so the table's live
+  files are whole Parquet files that any Parquet reader (DuckDB, Polars, pyarrow) reads as they
+  are, listed by `files()` from the Delta log.
+* `SnapshotStateWriter` - Spark only, no jars: latest(current snapshot ∪ batch) is written to a
+  new versioned directory, then a pointer is flipped. Costs O(state) per batch, so give its query
+  a longer trigger interval (it is a compaction).
 
 A key is (scope, collection, key): the same key may live in several collections. A `drop` row
 (a collection dropped upstream) removes every key of its collection id (ids are never reused, so
@@ -27,6 +29,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import urllib.parse
 from pathlib import Path
 
 from .schema import CHANGE_TYPE, COMMIT_VERSION, DELETE, DROP, ROLLBACK, UPSERT
@@ -55,10 +58,29 @@ def latest_changes(changes):
     return latest, markers, dropped
 
 
+def batch_summary(batch_df) -> dict:
+    """What a writer needs of a batch on the driver, in one small aggregate: the newest change-log
+    version in it, the vbuckets a rollback marker resets and the collection ids dropped (at most
+    one per vbucket and dropped collection: bounded, whatever the batch's size)."""
+    from pyspark.sql import functions as F
+
+    row = batch_df.agg(
+        F.max(COMMIT_VERSION).alias("version"),
+        F.collect_set(F.when(F.col(CHANGE_TYPE) == ROLLBACK, F.col("vbucket"))).alias("resets"),
+        F.collect_set(F.when(F.col(CHANGE_TYPE) == DROP, F.col("collection_id"))).alias("drops")).first()
+    return {"version": None if row["version"] is None else int(row["version"]),
+            "resets": sorted(int(v) for v in row["resets"]), "drops": sorted(int(c) for c in row["drops"])}
+
+
 class StateWriter:
     """Keeps a latest-state table from change-log batches; `apply` is idempotent per batch id."""
 
     path: Path
+    merged: dict[int, int | None]
+
+    def changelog_version(self, batch_id: int) -> int | None:
+        """The newest change-log version that state batch `batch_id` merged, if known."""
+        return self.merged.get(batch_id)
 
     def apply(self, batch_df, batch_id: int) -> None:
         raise NotImplementedError
@@ -76,96 +98,199 @@ class StateWriter:
 
 
 class DeltaStateWriter(StateWriter):
-    """The state as a Delta table, merged with delta-rs on the driver."""
+    """The state as a Delta table, merged by Spark (Delta Lake's `MERGE INTO`)."""
 
     format = "delta"
 
     def __init__(self, path: str | Path):
-        self.path = Path(path)
+        self.path = Path(path).resolve()
+        self.merged: dict[int, int | None] = {}  # batch id -> change-log version, merged by this process
 
-    def _table(self):
-        from deltalake import DeltaTable
+    def changelog_version(self, batch_id: int) -> int | None:
+        """The newest change-log version (`_commit_version`) that state batch `batch_id` merged: from
+        this process's memory, else from the batch's commit in the Delta log (its userMetadata)
+        - as when the batches ran in a Spark Connect server's Python."""
+        if batch_id in self.merged:
+            return self.merged[batch_id]
+        return DeltaLog(self.path).changelog_version(batch_id) if self.exists() else None
 
-        return DeltaTable(str(self.path)) if DeltaTable.is_deltatable(str(self.path)) else None
+    def exists(self) -> bool:
+        return (self.path / "_delta_log" / f"{0:020d}.json").exists()
 
     def last_batch(self) -> int:
-        table = self._table()
-        if table is None:
-            return -1
-        version = table.transaction_version(APP_ID)
-        return -1 if version is None else int(version)
+        """The newest batch id merged (the table's app transaction), -1 if none."""
+        return DeltaLog(self.path).snapshot().txns.get(APP_ID, -1) if self.exists() else -1
 
     def apply(self, batch_df, batch_id: int) -> None:
-        import pyarrow.compute as pc
-        from deltalake import CommitProperties, Transaction, write_deltalake
-        from pyspark.sql import functions as F
-
         if batch_id <= self.last_batch():
-            return  # already merged: Spark is replaying this batch
-        batch_df = batch_df.persist()  # read by two actions below; read the change log once
+            return  # merged already (Delta would skip the MERGE too; this spares reading the batch)
+        spark = batch_df.sparkSession
+        batch_df = _once(batch_df)
         try:
-            latest, markers, dropped = latest_changes(batch_df)
-            resets = sorted(r["vbucket"] for r in markers.collect())
-            drops = sorted(r["collection_id"] for r in dropped.collect())
-            source = latest.select(*STATE_COLUMNS, F.col(CHANGE_TYPE)).toArrow()
+            self._merge(spark, batch_df, batch_id)
         finally:
             batch_df.unpersist()
-        source = _plain_strings(source)
-        commit = CommitProperties(app_transactions=[Transaction(app_id=APP_ID, version=batch_id)])
-        table = self._table()
-        if table is None or not table.file_uris():
-            # Nothing to merge into (the first batch: the initial catch-up): the batch's upserts are
-            # the state. One append, with the batch id in the same commit, instead of a MERGE that
-            # would probe an empty table for every key.
-            upserts = source.filter(pc.equal(source[CHANGE_TYPE], UPSERT)).select(list(STATE_COLUMNS))
-            write_deltalake(str(self.path), upserts, mode="append", commit_properties=commit)
+
+    def _merge(self, spark, batch_df, batch_id: int) -> None:
+        from pyspark.sql import functions as F
+
+        # The markers only (at most one row per vbucket and per dropped collection): the one thing
+        # brought to the driver, to name the rows a rollback or a drop removes from the table.
+        summary = batch_summary(batch_df)
+        resets, drops = summary["resets"], summary["drops"]
+        self.merged[batch_id] = summary["version"]
+        meta = json.dumps({"changelog_version": summary["version"]})
+        latest, _, _ = latest_changes(batch_df)
+        latest = latest.select(*STATE_COLUMNS, CHANGE_TYPE)
+        if not self.exists():
+            # Nothing to merge into (the first batch: the initial catch-up): its upserts are the
+            # state. One append instead of a MERGE that would probe an empty table for every key;
+            # the batch id rides in the same commit.
+            (latest.filter(F.col(CHANGE_TYPE) == UPSERT).select(*STATE_COLUMNS).write.format("delta")
+             .mode("append").option("txnAppId", APP_ID).option("txnVersion", batch_id).option("userMetadata", meta)
+             .option("delta.enableDeletionVectors", "false").save(str(self.path)))
             return
-        if source.num_rows == 0 and not resets and not drops:
-            # Nothing to change, but record the batch so a replay is recognised.
-            write_deltalake(str(self.path), source.select(list(STATE_COLUMNS)).slice(0, 0), mode="append",
-                            commit_properties=commit)
-            return
+        view = f"dcpflow_state_batch_{os.getpid()}_{batch_id}"
+        latest.createOrReplaceTempView(view)
         newer = (f"(s.{COMMIT_VERSION} > t.{COMMIT_VERSION} OR "
                  f"(s.{COMMIT_VERSION} = t.{COMMIT_VERSION} AND s.seqno > t.seqno))")
-        columns = {c: f"s.{c}" for c in STATE_COLUMNS}
-        merger = (table.merge(source=source, predicate=" AND ".join(f"t.{c} = s.{c}" for c in KEY), source_alias="s",
-                              target_alias="t", commit_properties=commit)
-                  .when_matched_delete(predicate=f"s.{CHANGE_TYPE} = '{DELETE}' AND {newer}")
-                  .when_matched_update(updates=columns, predicate=f"s.{CHANGE_TYPE} = '{UPSERT}' AND {newer}")
-                  .when_not_matched_insert(updates=columns, predicate=f"s.{CHANGE_TYPE} = '{UPSERT}'"))
-        gone = []
-        if resets:
-            gone.append(f"t.vbucket IN ({', '.join(str(v) for v in resets)})")
-        if drops:
-            gone.append(f"t.collection_id IN ({', '.join(str(c) for c in drops)})")
-        if gone:
-            merger = merger.when_not_matched_by_source_delete(predicate=" OR ".join(gone))
-        merger.execute()
+        columns = ", ".join(STATE_COLUMNS)
+        gone = [f"t.vbucket IN ({', '.join(map(str, resets))})"] if resets else []
+        gone += [f"t.collection_id IN ({', '.join(map(str, drops))})"] if drops else []
+        sql = (f"MERGE INTO delta.`{_quoted(self.path)}` AS t USING {view} AS s "
+               f"ON {' AND '.join(f't.{c} = s.{c}' for c in KEY)} "
+               f"WHEN MATCHED AND s.{CHANGE_TYPE} = '{DELETE}' AND {newer} THEN DELETE "
+               f"WHEN MATCHED AND s.{CHANGE_TYPE} = '{UPSERT}' AND {newer} THEN UPDATE SET "
+               + ", ".join(f"t.{c} = s.{c}" for c in STATE_COLUMNS) + " "
+               f"WHEN NOT MATCHED AND s.{CHANGE_TYPE} = '{UPSERT}' THEN INSERT ({columns}) VALUES "
+               f"({', '.join(f's.{c}' for c in STATE_COLUMNS)})"
+               + (f" WHEN NOT MATCHED BY SOURCE AND ({' OR '.join(gone)}) THEN DELETE" if gone else ""))
+        # Idempotence: Delta records (txnAppId, txnVersion) in the merge's commit and skips a DML
+        # whose version is not above the one recorded (a replay: nothing merged twice). autoReset
+        # clears both after the statement, so no other write of this session carries them.
+        conf = spark.conf
+        conf.set("spark.databricks.delta.write.txnAppId", APP_ID)
+        conf.set("spark.databricks.delta.write.txnVersion", str(batch_id))
+        conf.set("spark.databricks.delta.write.txnVersion.autoReset.enabled", "true")
+        conf.set("spark.databricks.delta.commitInfo.userMetadata", meta)  # the change-log version merged
+        try:
+            spark.sql(sql)
+        finally:
+            conf.unset("spark.databricks.delta.write.txnAppId")
+            conf.unset("spark.databricks.delta.write.txnVersion")
+            conf.unset("spark.databricks.delta.commitInfo.userMetadata")
+            spark.catalog.dropTempView(view)
+
+    def read(self, spark):
+        return spark.read.format("delta").load(str(self.path)) if self.exists() else None
 
     def files(self) -> list[str]:
-        table = self._table()
-        if table is None:
+        if not self.exists():
             return []
-        return [uri.removeprefix("file://") for uri in table.file_uris()]
+        return [str(self.path / p) for p in DeltaLog(self.path).snapshot().files]
 
 
-def _plain_strings(table):
-    """large_string/large_binary → string/binary, so the Delta schema stays the one Spark uses."""
-    import pyarrow as pa
+def _once(batch_df):
+    """The batch, cached on the executors (memory, else their disk) for the several reads a writer
+    makes of it. Besides sparing re-reads of the change log: `foreachBatch` hands over a DataFrame
+    over the batch's own plan, and every computation of it adds to the query's `numInputRows`, so
+    uncached, a plan reading it three times reported three times the batch's rows."""
+    from pyspark import StorageLevel
 
-    def fix(t):
-        if pa.types.is_large_string(t):
-            return pa.string()
-        if pa.types.is_large_binary(t):
-            return pa.binary()
-        if pa.types.is_struct(t):
-            return pa.struct([pa.field(f.name, fix(f.type), f.nullable) for f in t])
-        if pa.types.is_large_list(t) or pa.types.is_list(t):
-            return pa.list_(pa.field(t.value_field.name, fix(t.value_type), t.value_field.nullable))
-        return t
+    return batch_df.persist(StorageLevel.MEMORY_AND_DISK)
 
-    schema = pa.schema([pa.field(f.name, fix(f.type), f.nullable) for f in table.schema])
-    return table if schema == table.schema else table.cast(schema)
+
+def _quoted(path: Path) -> str:
+    return str(path).replace("`", "``")
+
+
+class DeltaSnapshot:
+    def __init__(self, version: int, files: list[str], txns: dict[str, int]):
+        self.version, self.files, self.txns = version, files, txns
+
+
+class DeltaLog:
+    """Just enough of a Delta log reader to list a table's live files and its app transactions
+    without a JVM (the Delta protocol's "Action Reconciliation": a checkpoint, then the JSON
+    commits after it, in order), for readers that take Parquet files: DuckDB, Polars, pyarrow.
+    Refuses what a plain Parquet read would get wrong (deletion vectors) or what it does not read
+    (V2 checkpoints): use a Delta reader then (Spark, delta-rs)."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.log = self.path / "_delta_log"
+
+    def snapshot(self) -> DeltaSnapshot:
+        files: dict[str, None] = {}
+        txns: dict[str, int] = {}
+        start = 0
+        try:
+            last = json.loads((self.log / "_last_checkpoint").read_text())
+        except FileNotFoundError:
+            last = None
+        if last is not None:
+            start = int(last["version"]) + 1
+            self._checkpoint(int(last["version"]), int(last.get("parts") or 0), files, txns)
+        versions = sorted(int(p.name[:20]) for p in self.log.glob("*.json") if p.name[:20].isdigit())
+        version = start - 1
+        for v in versions:
+            if v < start:
+                continue
+            with open(self.log / f"{v:020d}.json") as f:
+                for line in f:
+                    if line.strip():
+                        self._action(json.loads(line), files, txns)
+            version = v
+        return DeltaSnapshot(version, list(files), txns)
+
+    def changelog_version(self, batch_id: int, look: int = 20) -> int | None:
+        """The change-log version recorded by the commit of state batch `batch_id` (searched among
+        the newest `look` commits: the batch asked about is a recent one)."""
+        versions = sorted((int(p.name[:20]) for p in self.log.glob("*.json") if p.name[:20].isdigit()),
+                          reverse=True)[:look]
+        for v in versions:
+            txn = meta = None
+            with open(self.log / f"{v:020d}.json") as f:
+                for line in f:
+                    action = json.loads(line) if line.strip() else {}
+                    if action.get("txn", {}).get("appId") == APP_ID:
+                        txn = int(action["txn"]["version"])
+                    if "commitInfo" in action:
+                        meta = action["commitInfo"].get("userMetadata")
+            if txn == batch_id and meta:
+                try:
+                    return int(json.loads(meta)["changelog_version"])
+                except (ValueError, KeyError, TypeError):
+                    return None
+        return None
+
+    def _action(self, action: dict, files: dict, txns: dict) -> None:
+        if "add" in action:
+            add = action["add"]
+            if add.get("deletionVector"):
+                raise ValueError(f"{self.path} has deletion vectors: read it with a Delta reader (Spark, delta-rs)")
+            files[urllib.parse.unquote(add["path"])] = None
+        elif "remove" in action:
+            files.pop(urllib.parse.unquote(action["remove"]["path"]), None)
+        elif "txn" in action:
+            txns[action["txn"]["appId"]] = int(action["txn"]["version"])
+
+    def _checkpoint(self, version: int, parts: int, files: dict, txns: dict) -> None:
+        import pyarrow.parquet as pq
+
+        names = ([f"{version:020d}.checkpoint.parquet"] if not parts else
+                 [f"{version:020d}.checkpoint.{i:010d}.{parts:010d}.parquet" for i in range(1, parts + 1)])
+        for name in names:
+            if not (self.log / name).exists():
+                raise ValueError(f"{self.path}: checkpoint {name} not found (a V2 checkpoint? read it with a "
+                                 f"Delta reader)")
+            table = pq.read_table(self.log / name, columns=["add", "txn"])
+            for add in table.column("add").to_pylist():
+                if add is not None:
+                    self._action({"add": add}, files, txns)
+            for txn in table.column("txn").to_pylist():
+                if txn is not None:
+                    txns[txn["appId"]] = int(txn["version"])
 
 
 class SnapshotStateWriter(StateWriter):
@@ -177,6 +302,13 @@ class SnapshotStateWriter(StateWriter):
     def __init__(self, path: str | Path, keep: int = 2):
         self.path = Path(path)
         self.keep = keep
+        self.merged: dict[int, int | None] = {}
+
+    def changelog_version(self, batch_id: int) -> int | None:
+        if batch_id in self.merged:
+            return self.merged[batch_id]
+        cur = self.current()
+        return cur.get("changelog_version") if cur and cur["batch_id"] == batch_id else None
 
     @property
     def pointer(self) -> Path:
@@ -193,12 +325,19 @@ class SnapshotStateWriter(StateWriter):
         return -1 if cur is None else int(cur["batch_id"])
 
     def apply(self, batch_df, batch_id: int) -> None:
-        from pyspark.sql import functions as F
-
         cur = self.current()
         if cur is not None and batch_id <= cur["batch_id"]:
             return
         spark = batch_df.sparkSession
+        batch_df = _once(batch_df)
+        try:
+            self._compact(spark, cur, batch_df, batch_id)
+        finally:
+            batch_df.unpersist()
+
+    def _compact(self, spark, cur: dict | None, batch_df, batch_id: int) -> None:
+        from pyspark.sql import functions as F
+
         changes = batch_df.select(*STATE_COLUMNS, CHANGE_TYPE)
         if cur is not None:
             base = (spark.read.parquet(str(self.path / cur["dir"])).select(*STATE_COLUMNS)
@@ -210,13 +349,15 @@ class SnapshotStateWriter(StateWriter):
         if target.exists():  # left by a crash before the pointer flip: not live, safe to redo
             shutil.rmtree(target)
         latest.filter(F.col(CHANGE_TYPE) == UPSERT).select(*STATE_COLUMNS).write.parquet(str(target))
-        self._flip(name, batch_id)
+        version = batch_summary(batch_df)["version"]
+        self.merged[batch_id] = version
+        self._flip(name, batch_id, version)
         self._prune(keep={name, cur["dir"] if cur else name})
 
-    def _flip(self, name: str, batch_id: int) -> None:
+    def _flip(self, name: str, batch_id: int, version: int | None = None) -> None:
         self.path.mkdir(parents=True, exist_ok=True)
         tmp = self.path / f"_current.json.{os.getpid()}"
-        tmp.write_text(json.dumps({"batch_id": batch_id, "dir": name}))
+        tmp.write_text(json.dumps({"batch_id": batch_id, "dir": name, "changelog_version": version}))
         os.replace(tmp, self.pointer)
         link = self.path / f".current.{os.getpid()}"
         if link.is_symlink() or link.exists():

@@ -1,0 +1,282 @@
+"""The pipeline at size: N documents caught up (AvailableNow) into the change log and the Delta
+state table, then live changes at a steady rate with a 1 s trigger, against the sink's own limit
+measured in the same run.
+
+1. A `dcpflow server` subprocess (quota for N documents) loaded with N documents by `dcpflow
+   load`'s generator through the official SDK.
+2. **catch-up**: `Pipeline.run_available_now()` - DCP → change log (Parquet) → Delta state
+   (`MERGE INTO` in Spark; the first batch into an empty table is an append) - rows/s end to end.
+3. **sink limit** (the baseline): Spark writing the same rows, read from Parquet (the change log
+   just written), into a second change log (Parquet) and then through the same state writer into a
+   second Delta table: everything the pipeline does except reading DCP. Target: catch-up ≥ 0.5×.
+4. **live**: both queries on a 1 s processing-time trigger while a writer thread upserts existing
+   documents at `--rate` writes/s for `--live` seconds, each value carrying its write's number.
+   Freshness of a write = the end of the first state batch whose change-log version (the batch
+   that brought the write: its rows' `_commit_version`) covers it - from the state query's progress
+   reports - minus the time its upsert was acknowledged. p50/p99 over all writes. Target: p99 ≤ 5 s
+   at 5,000 writes/s.
+5. **memory**: peak RSS (VmHWM) of the Spark JVM - in local mode it is the driver and the executor
+   at once - and of this driver Python process, plus the highest sampled total RSS of Spark's
+   Python workers (the executors' Python side). Nothing collected on the driver grows with N.
+
+    .venv/bin/python bench/pipeline_scale.py --docs 1000000          # 1024 vbuckets, 60 s at 5,000/s
+    .venv/bin/python bench/pipeline_scale.py --smoke                 # 2,000 docs, 16 vbuckets, 5 s at 200/s
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from datetime import datetime
+from pathlib import Path
+
+from dcpflow.load import Loader, key_for, make_doc
+from dcpflow.spark.demo import EmbeddedServer
+from spark_ingest import load
+
+
+def rss_kib(pid: int, field: str = "VmRSS") -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def descendants(pid: int) -> set[int]:
+    out, todo = set(), [pid]
+    while todo:
+        for task in Path(f"/proc/{todo.pop()}/task").glob("*"):
+            try:
+                children = [int(c) for c in (task / "children").read_text().split()]
+            except OSError:
+                continue
+            todo.extend(c for c in children if c not in out)
+            out.update(children)
+    return out
+
+
+def cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+class MemoryWatch:
+    """Samples the total RSS of Spark's Python workers every 0.5 s (they come and go); the JVM's and
+    this process's peaks come from the kernel's VmHWM."""
+
+    def __init__(self):
+        self.workers_peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def jvm(self) -> int | None:
+        jvms = [p for p in descendants(os.getpid()) if b"java" in cmdline(p).split(b"\0")[0]]
+        return jvms[0] if jvms else None
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.5):
+            workers = [p for p in descendants(os.getpid()) if b"pyspark.daemon" in cmdline(p)
+                       or b"pyspark.worker" in cmdline(p) or b"python_worker" in cmdline(p)]
+            self.workers_peak = max(self.workers_peak, sum(rss_kib(p) for p in workers))
+
+    def report(self) -> dict:
+        jvm = self.jvm()
+        return {"jvm_peak_mib": (rss_kib(jvm, "VmHWM") if jvm else 0) / 1024,
+                "driver_python_peak_mib": rss_kib(os.getpid(), "VmHWM") / 1024,
+                "python_workers_peak_mib": self.workers_peak / 1024}
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+def sink_limit(spark, changelog: Path, base: Path) -> tuple[int, float]:
+    """Spark writing the change log's rows from Parquet into a second change log, then through the
+    state writer into a fresh Delta table: (rows, seconds)."""
+    from dcpflow.spark.state import DeltaStateWriter
+
+    copy = base / "sink-changelog"
+    started = time.perf_counter()
+    spark.read.parquet(str(changelog)).write.parquet(str(copy))
+    rows = spark.read.parquet(str(copy))
+    DeltaStateWriter(base / "sink-state").apply(rows, 0)
+    seconds = time.perf_counter() - started
+    return spark.read.parquet(str(copy)).count(), seconds
+
+
+def live_writes(connection: str, docs: int, seed: int, rate: int, seconds: float, acks: dict, stop: threading.Event):
+    """Upsert existing documents at `rate` per second in 10 ticks a second; acks[i] = the time write
+    i (its value's "w") was acknowledged."""
+    loader = Loader(connection, "Administrator", "password")
+    per_tick = max(1, rate // 10)
+    n = 0
+    start = time.monotonic()
+    try:
+        tick = 0
+        while not stop.is_set() and time.monotonic() - start < seconds:
+            batch = {}
+            for _ in range(per_tick):
+                key = key_for((n * 7919) % docs, seed)
+                doc = json.loads(make_doc(key, 1, seed))
+                doc["w"] = n
+                batch[key] = json.dumps(doc, separators=(",", ":")).encode()
+                n += 1
+            first = n - len(batch)
+            loader.upsert(batch)
+            now = time.time()
+            for i in range(first, n):
+                acks[i] = now
+            tick += 1
+            delay = start + tick / 10 - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+    finally:
+        loader.close()
+
+
+def freshness(spark, pipeline, reports: list[dict], acks: dict) -> list[float]:
+    """Seconds from each acknowledged write to the end of the first state batch covering it."""
+    from pyspark.sql import functions as F
+
+    ends = []  # (change-log version merged, wall time the state batch ended)
+    for p in reports:
+        if not p.get("numInputRows"):
+            continue
+        version = pipeline.state_version(p)
+        start = datetime.fromisoformat(p["timestamp"].replace("Z", "+00:00")).timestamp()
+        if version is not None:
+            ends.append((version, start + p["durationMs"]["triggerExecution"] / 1000))
+    ends.sort()
+    brought = (pipeline.changelog().filter(F.col("_change_type") == "upsert")
+               .select(F.get_json_object("value", "$.w").cast("long").alias("w"), "_commit_version")
+               .filter(F.col("w").isNotNull()).groupBy("w").agg(F.min("_commit_version").alias("v")).collect())
+    out = []
+    for row in brought:
+        ack = acks.get(row["w"])
+        seen = next((t for v, t in ends if v >= row["v"]), None)
+        if ack is not None and seen is not None:
+            out.append(max(0.0, seen - ack))
+    return out
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--docs", type=int, default=1_000_000)
+    ap.add_argument("--vbuckets", type=int, default=1024)
+    ap.add_argument("--rate", type=int, default=5000, help="live writes per second")
+    ap.add_argument("--live", type=float, default=60.0, help="seconds of live writes")
+    ap.add_argument("--driver-memory", default="2g")
+    ap.add_argument("--smoke", action="store_true")
+    args = ap.parse_args()
+    if args.smoke:
+        args.docs, args.vbuckets, args.rate, args.live = 2000, 16, 200, 5.0
+    seed = 47
+    base = Path(tempfile.mkdtemp(prefix="dcpflow-scale-"))
+    server = spark = watch = None
+    try:
+        server = EmbeddedServer(base / "server", args.vbuckets, docs=args.docs)
+        connection = f"couchbase://127.0.0.1:{server.port}/default"
+        print(f"loading {args.docs:,} documents ({args.vbuckets} vbuckets)...", flush=True)
+        loaded = load(connection, args.docs, seed)
+        print(f"loaded in {loaded:.1f}s", flush=True)
+
+        from dcpflow.spark.pipeline import Pipeline, PipelineConfig
+        from dcpflow.spark.session import local_session, stop_spark
+
+        started = time.perf_counter()
+        spark = local_session("dcpflow-scale", driver_memory=args.driver_memory,
+                              conf={"spark.sql.streaming.numRecentProgressUpdates": "2000"})
+        print(f"Spark session started in {time.perf_counter() - started:.1f}s", flush=True)
+        watch = MemoryWatch()
+        pipeline = Pipeline(spark, PipelineConfig(connection=connection, username="Administrator",
+                                                  password="password", lake=base / "lake"))
+        started = time.perf_counter()
+        reports = pipeline.run_available_now(lambda r: print(f"  {r.describe()}: {r.rows:,} rows in "
+                                                             f"{r.seconds:.1f}s", flush=True))
+        catchup = time.perf_counter() - started
+        rows = sum(r.rows for r in reports if r.query == "changelog")
+        state_rows = pipeline.state().count()
+        print(f"catch-up: {rows:,} changes in {catchup:.1f}s = {rows / catchup:,.0f} rows/s end to end "
+              f"(state: {state_rows:,} keys)", flush=True)
+        if state_rows != args.docs:
+            print(f"ERROR: the state holds {state_rows:,} keys, not {args.docs:,}", file=sys.stderr)
+            return 1
+
+        sink_rows, sink_seconds = sink_limit(spark, pipeline.changelog_path, base)
+        print(f"sink limit: Spark Parquet → change log → Delta state, {sink_rows:,} rows in {sink_seconds:.1f}s "
+              f"= {sink_rows / sink_seconds:,.0f} rows/s", flush=True)
+        ratio = (rows / catchup) / (sink_rows / sink_seconds)
+        print(f"catch-up / sink limit: {ratio:.2f}x (target >= 0.5)", flush=True)
+
+        print(f"live: {args.rate:,} writes/s for {args.live:.0f}s, 1 s trigger...", flush=True)
+        changelog_q, state_q = pipeline.start_live("1 second")
+        acks: dict[int, float] = {}
+        stop = threading.Event()
+        writer = threading.Thread(target=live_writes, args=(connection, args.docs, seed, args.rate, args.live,
+                                                             acks, stop), daemon=True)
+        live_started = time.monotonic()
+        writer.start()
+        writer.join()
+        written_in = time.monotonic() - live_started
+        # drain: until the state has merged the change log's newest version (bounded)
+        deadline = time.monotonic() + max(60.0, args.live)
+        for query in (changelog_q, state_q):
+            query.processAllAvailable()
+        while time.monotonic() < deadline:
+            if state_q.exception() or changelog_q.exception():
+                raise RuntimeError(f"a live query failed: {state_q.exception() or changelog_q.exception()}")
+            state_q.processAllAvailable()
+            if not state_q.status.get("isDataAvailable") and not changelog_q.status.get("isDataAvailable"):
+                break
+            time.sleep(0.5)
+        state_reports = state_q.recentProgress
+        changelog_reports = changelog_q.recentProgress
+        pipeline.stop_live(changelog_q, state_q)
+        for name, reps in (("change log", changelog_reports), ("state", state_reports)):
+            busy = [r["durationMs"]["triggerExecution"] / 1000 for r in reps if r.get("numInputRows")]
+            rows_in = sum(r["numInputRows"] for r in reps if r.get("numInputRows"))
+            print(f"live {name} batches: {len(busy)}, {rows_in:,} rows, duration median {pct(busy, 0.5):.2f}s "
+                  f"p99 {pct(busy, 0.99):.2f}s (where the freshness goes)", flush=True)
+        fresh = freshness(spark, pipeline, state_reports, acks)
+        print(f"live: {len(acks):,} writes in {written_in:.1f}s ({len(acks) / written_in:,.0f}/s acknowledged), "
+              f"{len(fresh):,} seen in the state", flush=True)
+        print(f"freshness p50 {pct(fresh, 0.5):.2f}s p99 {pct(fresh, 0.99):.2f}s max {max(fresh, default=0):.2f}s "
+              f"(target p99 <= 5 s)", flush=True)
+        mem = watch.report()
+        print(f"peak RSS: Spark JVM (driver + executor, local mode) {mem['jvm_peak_mib']:,.0f} MiB, driver Python "
+              f"{mem['driver_python_peak_mib']:,.0f} MiB, Python workers {mem['python_workers_peak_mib']:,.0f} MiB "
+              f"(docs {args.docs:,})", flush=True)
+        if len(fresh) < len(acks) * 0.99:
+            print(f"ERROR: only {len(fresh):,} of {len(acks):,} writes reached the state", file=sys.stderr)
+            return 1
+        return 0
+    finally:
+        if watch is not None:
+            watch.stop()
+        if spark is not None:
+            stop_spark(spark)
+        if server is not None:
+            server.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
