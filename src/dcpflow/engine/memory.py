@@ -124,6 +124,15 @@ class BucketMemory:
         return (self.values + self.meta + self.checkpoint > self.mutation_limit
                 or self.checkpoint >= self.checkpoint_quota)
 
+    def writes_wait_for_flusher(self) -> bool:
+        """Is the bucket past its low watermark (the pager has evicted down to it, and only what the
+        flusher writes can be evicted next) or its checkpoint upper mark (the flusher's backlog fills
+        the checkpoint quota)? Then writes wait, or soon will, for the flusher, and the server writes
+        its batches at its own priority. Not the high watermark: a load into a full quota swings
+        between the two marks, and a batch collected on the way up would be written by the niced
+        thread."""
+        return self.quota is not None and (self.used > self.low_wat or self.checkpoint >= self.checkpoint_upper)
+
     def refusal(self) -> EngineError:
         """The error of a write refused for memory: ENOMEM when eviction cannot make room (keys,
         metadata and checkpoints alone are over the threshold), else ETMPFAIL (retry shortly).

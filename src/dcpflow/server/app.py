@@ -81,7 +81,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dcpflow.engine import Bucket, VBucketState
-from dcpflow.engine.memory import BucketMemory
 from dcpflow.protocol import error_map
 from dcpflow.protocol.config import Node
 
@@ -199,15 +198,6 @@ MGMT_SHARE = 1 / 8
 MGMT_MIN_CONNECTIONS = 16
 #: The longest a failing maintenance task waits before it tries again.
 MAINTENANCE_MAX_BACKOFF = 300.0
-
-
-def writes_wait_for_flusher(mem: BucketMemory) -> bool:
-    """Is the bucket past its low watermark (the pager has evicted down to it, and only what the
-    flusher writes can be evicted next) or its checkpoint upper mark (the flusher's backlog fills
-    the checkpoint quota)? Then writes wait, or soon will, for the flusher (engine/memory.py).
-    Not the high watermark: a load into a full quota swings between the two marks, and a batch
-    collected on the way up would be written by the niced thread."""
-    return mem.quota is not None and (mem.used > mem.low_wat or mem.checkpoint >= mem.checkpoint_upper)
 
 
 def connection_limits(kv: int, reserve: int, mgmt: int, nofile: int | None = None) -> tuple[int, int]:
@@ -733,7 +723,7 @@ class Server:
             if batch is None:
                 return 0
             mem = engine.memory
-            urgent = mem.num_tmp_oom != bucket.tmp_oom_seen or writes_wait_for_flusher(mem)
+            urgent = mem.num_tmp_oom != bucket.tmp_oom_seen or mem.writes_wait_for_flusher()
             bucket.tmp_oom_seen = mem.num_tmp_oom  # writes refused since the last batch: urgent too
             executor = self._urgent_executor if urgent else self._executor
             try:
