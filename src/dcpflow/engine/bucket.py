@@ -33,6 +33,12 @@ are refused (ETMPFAIL, ENOMEM), `evict()` runs the item pager (the owner calls i
 (`recover_checkpoint_memory`, run from the write path when they pass the upper mark) and warm-up
 keeps values on disk once the bucket is past its low watermark.
 
+Eviction policy (eviction.py): `eviction_policy` is "valueOnly" (the pager evicts values; every
+key and its metadata stay in memory) or "fullEviction" (cold documents leave memory whole, a key
+filter per vbucket answers most misses, warm-up loads counts and filters, not documents). None
+opens the bucket with the policy it had (valueOnly for a new one); a policy given is stored, and
+`set_eviction_policy` changes it on a live bucket.
+
 Failover (`failover(vb, unclean=...)`, fault injection): an active vbucket starts a new branch of
 history as it would after a failover (an entry at the high seqno) or after a crash (unpersisted
 writes rolled back, an entry where warm-up would put it), without the process going away.
@@ -61,6 +67,7 @@ from .collections import Manifest, changes
 from .conflict import ConflictResolutionMode
 from .durability.items import make_prepare
 from .errors import EngineError
+from .eviction import BFILTER_FP_PROB, FULL_EVICTION, POLICIES, VALUE_ONLY, check_policy
 from .failover import FailoverEntry, FailoverTable
 from .flusher import Flusher
 from .hlc import HLC
@@ -129,12 +136,13 @@ class Bucket:
                  rollback_history_seqnos: int | None = 1_000_000, synchronous: str = "FULL",
                  history_retention_seconds: float = 0, history_retention_bytes: int = 0,
                  clock: Callable[[], float] = time.time, hlc_clock: Callable[[], int] = time.time_ns,
-                 rng: Random | None = None):
+                 rng: Random | None = None, eviction_policy: str | None = None):
         if num_vbuckets is not None and num_vbuckets < 1:
             raise ValueError("num_vbuckets must be >= 1")
         self.name = name
         self.data_dir = Path(data_dir)
         self.num_vbuckets = num_vbuckets  # settled against the store in _warmup
+        self.eviction_policy = None if eviction_policy is None else check_policy(eviction_policy)  # ditto
         self.conflict_resolution = None if conflict_resolution is None else ConflictResolutionMode(conflict_resolution)
         self.checkpoint_max_items = checkpoint_max_items
         self.checkpoint_max_age = checkpoint_max_age
@@ -189,6 +197,11 @@ class Bucket:
         self.conflict_resolution = ConflictResolutionMode(self._settle_meta(
             "conflict_resolution", None if self.conflict_resolution is None else self.conflict_resolution.value,
             ConflictResolutionMode.REV_SEQNO.value))
+        stored_policy = self.store.get_meta("eviction_policy") or VALUE_ONLY
+        self.eviction_policy = self.eviction_policy or stored_policy
+        if self.eviction_policy != stored_policy or self.store.get_meta("eviction_policy") is None:
+            self.store.set_meta("eviction_policy", self.eviction_policy)
+        full = self.eviction_policy == FULL_EVICTION
         self.clean_shutdown = self.store.get_meta("clean_shutdown") != "0"
         self.store.set_meta("clean_shutdown", "0")  # a crash from now on is unclean
         text = self.store.get_meta(MANIFEST_META)
@@ -206,7 +219,9 @@ class Bucket:
                 vbid, state, failover=failover, hlc=HLC(rec.max_cas, clock=self._hlc_clock),
                 high_seqno=rec.high_seqno, purge_seqno=rec.purge_seqno,
                 max_deleted_rev_seqno=rec.max_deleted_rev_seqno, history_start=rec.history_start,
-                persisted_snapshot=(rec.snap_start, rec.snap_end), items=self.store.load_items(vbid),
+                persisted_snapshot=(rec.snap_start, rec.snap_end),
+                items=self.store.load_events(vbid) if full else self.store.load_items(vbid),
+                key_rows=self.store.load_key_rows(vbid) if full else (),
                 hps=rec.hps, hcs=rec.hcs, prepares=stored_prepares(self.store.load_prepares(vbid)))
         if changed:
             self.store.save_vbucket_states([self._vbuckets[v].state_record() for v in changed])
@@ -220,7 +235,8 @@ class Bucket:
                        checkpoint_memory_quota=self.checkpoint_memory_quota,
                        checkpoint_max_bytes=self.memory.checkpoint_max_bytes(self.num_vbuckets), clock=self._clock,
                        on_seqno=self._notify_seqno if self._seqno_listeners else None,
-                       dirty=self.flusher.dirty, memory=self.memory, fetch=self.store.read, **kwargs)
+                       dirty=self.flusher.dirty, memory=self.memory, fetch=self.store.read,
+                       full_eviction=self.eviction_policy == FULL_EVICTION, disk_keys=self.store.keys, **kwargs)
 
     # -- vbuckets -----------------------------------------------------------------------------
     def vbucket_for_key(self, key: bytes) -> int:
@@ -529,6 +545,23 @@ class Bucket:
         for vb in self._vbuckets.values():
             vb.checkpoint_manager.max_bytes = max_bytes
 
+    def set_eviction_policy(self, policy: str) -> None:
+        """Change the eviction policy of the live bucket (eviction.py), as a restart with the new
+        policy would have it: to full eviction every vbucket builds its key filter; to value-only
+        the metadata of every evicted key comes back from the store (a warm-up's worth of reading).
+        Stored, so the next open keeps it."""
+        policy = check_policy(policy)
+        self._check_open()
+        if policy == self.eviction_policy:
+            return
+        for vb in self._vbuckets.values():
+            if policy == FULL_EVICTION:
+                vb.switch_to_full(self.store.keys)
+            else:
+                vb.switch_to_value_only(self.store.load_items(vb.id))
+        self.eviction_policy = policy
+        self.store.set_meta("eviction_policy", policy)
+
     def evict(self, budget: int | None = None) -> tuple[int, bool]:
         """One pass of the item pager (memory.py): (bytes of values evicted, done)."""
         self._check_open()
@@ -719,11 +752,23 @@ class Bucket:
         """Bucket-wide counters (`stats` with no group)."""
         by_state = {s: 0 for s in VBucketState}
         items = {s: 0 for s in VBucketState}
+        resident = {s: 0 for s in VBucketState}  # documents with their value in memory
         queue = 0
+        full = self.eviction_policy == FULL_EVICTION
         for vb in self._vbuckets.values():
             by_state[vb.state] += 1
             items[vb.state] += vb.num_items
+            resident[vb.state] += vb.resident_entries() - vb.num_deleted if not full else vb.resident_entries()
             queue += vb.high_seqno - vb.persisted_seqno
+        mem = self.memory
+        if not full:  # every key is in memory; the values the pager evicted and reads brought back
+            non_resident = max(0, mem.num_value_evictions - mem.num_bg_fetches)
+            resident[VBucketState.ACTIVE] -= non_resident
+        filters = [vb._filter for vb in self._vbuckets.values() if vb._filter is not None]
+
+        def perc(state: VBucketState) -> int:
+            n = items[state]
+            return 100 if n == 0 else max(0, min(100, 100 * resident[state] // n))
         return {
             "curr_items": items[VBucketState.ACTIVE],
             "curr_items_tot": sum(items.values()),
@@ -735,5 +780,14 @@ class Bucket:
             "ep_queue_size": queue,
             "ep_total_persisted": self.flusher.items_flushed,
             "ep_num_vbuckets": self.num_vbuckets,
+            "ep_item_eviction_policy": POLICIES[self.eviction_policy],
+            "vb_active_perc_mem_resident": perc(VBucketState.ACTIVE),
+            "vb_replica_perc_mem_resident": perc(VBucketState.REPLICA),
+            "ep_num_non_resident": max(0, sum(items.values()) - sum(resident.values())),
+            "vb_active_num_non_resident": max(0, items[VBucketState.ACTIVE] - resident[VBucketState.ACTIVE]),
+            "ep_bfilter_enabled": int(full),
+            "ep_bfilter_fp_prob": BFILTER_FP_PROB,
+            "ep_bfilter_key_count": sum(f.capacity for f in filters),
+            "ep_bfilter_memory": sum(f.size_in_bits for f in filters) // 8,
             **self.memory.stats(),
         }

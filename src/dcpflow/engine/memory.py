@@ -83,7 +83,8 @@ class BucketMemory:
     __slots__ = ("quota", "high_wat", "low_wat", "mutation_limit", "checkpoint_quota", "checkpoint_upper",
                  "checkpoint_lower", "values", "meta", "checkpoint", "on_high", "on_checkpoint_pressure",
                  "_recovery_at", "num_value_evictions", "num_bg_fetches", "num_tmp_oom", "num_oom",
-                 "num_cursors_dropped", "num_slow_streams")
+                 "num_cursors_dropped", "num_slow_streams", "num_bg_meta_fetches", "num_bg_fetch_avoided",
+                 "num_bg_fetch_false_positives")
 
     def __init__(self, quota: int | None = None):
         self.values = 0  # resident value bytes in the hash tables
@@ -94,6 +95,9 @@ class BucketMemory:
         self._recovery_at = _INF
         self.num_value_evictions = self.num_bg_fetches = self.num_tmp_oom = self.num_oom = 0
         self.num_cursors_dropped = self.num_slow_streams = 0
+        # full eviction (eviction.py): metadata fetched back, and misses the key filter answered
+        # without a store read or sent to one that found nothing
+        self.num_bg_meta_fetches = self.num_bg_fetch_avoided = self.num_bg_fetch_false_positives = 0
         self.set_quota(quota)
 
     def set_quota(self, quota: int | None) -> None:
@@ -192,6 +196,10 @@ class BucketMemory:
             "ep_checkpoint_memory_quota": int(self.checkpoint_quota) if q else 0,
             "ep_num_value_ejects": self.num_value_evictions,
             "ep_bg_fetched": self.num_bg_fetches,
+            "ep_bg_meta_fetched": self.num_bg_meta_fetches,
+            "ep_bg_num_samples": self.num_bg_fetches + self.num_bg_meta_fetches,
+            "ep_bfilter_negatives": self.num_bg_fetch_avoided,
+            "ep_bfilter_false_positives": self.num_bg_fetch_false_positives,
             "ep_tmp_oom_errors": self.num_tmp_oom,
             "ep_oom_errors": self.num_oom,
             "ep_cursors_dropped": self.num_cursors_dropped,
@@ -232,7 +240,12 @@ class ItemPager:
             snapshot, pos = self._snapshot, self._pos
             end = min(len(snapshot), pos + budget - visited)
             if vb is not None:
-                freed += self._evict(vb, snapshot[pos:end])
+                if vb._filter is not None:  # full eviction (eviction.py): keys and metadata leave too
+                    got = vb._evict_keys(snapshot[pos:end], mem.low_wat)
+                    self._freed_this_round += got
+                    freed += got
+                else:
+                    freed += self._evict(vb, snapshot[pos:end])
             visited += end - pos
             self._pos = end
             if end >= len(snapshot):

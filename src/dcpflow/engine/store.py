@@ -870,6 +870,40 @@ class Store:
             self._readers.put(db)
         return _item(row) if row else None
 
+    def load_key_rows(self, vb: int, page_size: int = 50_000) -> Iterator[list[tuple]]:
+        """Full eviction's warm-up (engine/eviction.py): pages of (cid, key, seqno, deleted, expiry)
+        of the vbucket's latest versions in seqno order, read by rowid range (a sequential walk of
+        the table that decodes no value), on a pooled read connection."""
+        lo, hi = _vb_rowids(vb)
+        db = self._readers.get()
+        try:
+            cur = db.execute("SELECT cid, key, seqno, deleted, expiry FROM items WHERE id >= ? AND id <= ?", (lo, hi))
+            while page := cur.fetchmany(page_size):
+                yield page
+        finally:
+            self._readers.put(db)
+
+    def keys(self, vb: int) -> list:
+        """The engine's keys (doc_key) of every version the vbucket has on disk, tombstones
+        included, read from the key index on a pooled read connection: what full eviction rebuilds
+        a vbucket's key filter from."""
+        db = self._readers.get()
+        try:
+            rows = db.execute("SELECT cid, key FROM items WHERE vb = ?", (vb,)).fetchall()
+        finally:
+            self._readers.put(db)
+        return [(cid, key) if cid else key for cid, key in rows]
+
+    def load_events(self, vb: int) -> list[Item]:
+        """The vbucket's collection system events (cid 1), in seqno order: what full eviction's
+        warm-up loads as items (the collections a vbucket has)."""
+        db = self._readers.get()
+        try:
+            rows = db.execute(f"SELECT {_ITEM_COLS} FROM items WHERE vb = ? AND cid = 1", (vb,)).fetchall()
+        finally:
+            self._readers.put(db)
+        return sorted((_item(r) for r in rows), key=lambda it: it.by_seqno)
+
     def load_items(self, vb: int, page_size: int = 10_000) -> Iterator[Item]:
         """Every stored version of a vbucket (warm-up), streamed in seqno order."""
         with self.scan(vb, 0, (1 << 63) - 1, page_size=page_size) as scan:

@@ -154,3 +154,5 @@ class ItemTable:
                 self.num_deleted -= 1
                 mem.meta -= len(item.key) + HT_ITEM_OVERHEAD
                 mem.values -= len(item.value)
+            elif item is None and self._filter is not None:
+                self.num_deleted -= 1  # an evicted tombstone (full eviction: eviction.py)

@@ -43,6 +43,8 @@ class ClientOps:
         if self.recommitting and key in self.recommitting:
             raise recommit_in_progress(key)
         item = self.ht.get(key)
+        if item is None and self._filter is not None:  # full eviction: maybe on disk (eviction.py)
+            item = self._fetch_evicted(key)
         if item is None or item.deleted:
             raise self._enoent(key)
         if item.expiry:
@@ -86,6 +88,8 @@ class ClientOps:
             return self._set_other(key, value, flags, expiry, datatype, cas)
         ht = self.ht
         prev = ht.get(key)
+        if prev is None and self._filter is not None:  # full eviction: maybe on disk (eviction.py)
+            prev = self._fetch_evicted(key, True)
         if prev is not None:
             key = prev.key  # one key object for the hash table, the checkpoint's index and the new version
         locks = self.locks
@@ -124,6 +128,8 @@ class ClientOps:
             mem.values += len(value)
             self.ops_create += 1
             self.num_items += 1
+            if self._filter is not None:
+                self._note_key(key)
         elif prev.deleted:
             mem.values += len(value) - len(prev.value)
             self.num_deleted -= 1
@@ -147,7 +153,7 @@ class ClientOps:
     def _set_other(self, key: tuple, value: bytes, flags: int, expiry: int, datatype: int, cas: int) -> Item:
         """`set` of a document of another collection than the default one: the general path."""
         now = self._clock()
-        prev = self.ht.get(key)
+        prev = self._lookup(key, True)
         if prev is not None and not prev.deleted and prev.expiry and prev.expiry <= now:
             prev = self._tombstone(prev, now, DeleteSource.TTL)
         if self.locks:
@@ -268,7 +274,7 @@ class ClientOps:
         or tombstone, None if unknown or expired (a replica never expires anything itself)."""
         if self.state != VBucketState.REPLICA:
             raise EngineError(Status.NOT_MY_VBUCKET, f"vbucket {self.id} is {self.state.name.lower()}, not a replica")
-        item = self.ht.get(key)
+        item = self._lookup(key)
         if item is not None and not item.deleted and item.expiry and item.expiry <= self._clock():
             return None
         return item

@@ -82,16 +82,17 @@ class SyncWrites:
                 self._check_lock(key, cas, now)
             if cas:
                 self._check_cas(key, prev, cas)
-            prev = self.ht.get(key)
+            prev = self._lookup(key, True)
         elif mode == "add":
             if cas:
                 raise EngineError(Status.EINVAL, "add does not take a CAS")
             if self._live(key, now) is not None:
                 raise EngineError(Status.KEY_EEXISTS, f"key {key!r} already exists")
-            prev = self.ht.get(key)
+            prev = self._lookup(key, True)
         elif mode in ("replace", "delete"):
             prev = self._writable(key, cas, now)
             if mode == "delete":
+                prev = self._resident(prev)  # its system xattrs are kept
                 value, datatype = retain_system_xattrs(prev.value, prev.datatype)
                 flags, deleted, delete_time = prev.flags, True, int(now)
         else:

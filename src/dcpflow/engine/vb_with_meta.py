@@ -89,7 +89,7 @@ class WithMeta:
         skip, regenerate = self._check_options(options, incoming.cas, deletion=deletion)
         if incoming.rev_seqno > MAX_REV_SEQNO:
             raise EngineError(Status.EINVAL, rev_too_big(incoming.rev_seqno))
-        existing = self.ht.get(key)
+        existing = self._lookup(key, True)
         live = existing if existing is not None and not existing.deleted else None
         if check_cas:
             self._check_cas(key, live, check_cas)

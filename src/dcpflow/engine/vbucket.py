@@ -47,6 +47,7 @@ from .conflict import ConflictResolutionMode
 from .durability import ActiveDurabilityMonitor, PassiveDurabilityMonitor, Topology
 from .durability.items import Prepare
 from .errors import EngineError
+from .eviction import FullEviction
 from .expiry import to_absolute
 from .failover import FailoverEntry, FailoverTable
 from .hlc import HLC
@@ -65,7 +66,7 @@ _ACTIVE = VBucketState.ACTIVE
 __all__ = ["MAX_META_CAS", "MAX_REV_SEQNO", "SYNC_BLOCK", "VBucket", "VBucketState", "WithMetaOption"]
 
 
-class VBucket(ClientOps, ItemTable, Locks, WithMeta, ReplicaApply, SyncWrites):
+class VBucket(ClientOps, ItemTable, FullEviction, Locks, WithMeta, ReplicaApply, SyncWrites):
     """See the module docstring. Owned by one thread (the bucket's owner)."""
 
     __slots__ = ("id", "state", "conflict_resolution", "failover", "hlc", "high_seqno", "purge_seqno",
@@ -73,7 +74,7 @@ class VBucket(ClientOps, ItemTable, Locks, WithMeta, ReplicaApply, SyncWrites):
                  "snapshot_end", "_clock", "_on_seqno", "_dirty", "checkpoint_manager", "ht", "num_items",
                  "num_deleted", "ops_create", "ops_update", "ops_delete", "_expiry_heap", "locks", "_mem", "_fetch",
                  "collections", "history_start", "prepares", "hps", "hcs", "persisted_hps", "persisted_hcs",
-                 "persisted_mvs", "topology", "adm", "pdm", "recommitting")
+                 "persisted_mvs", "topology", "adm", "pdm", "recommitting", "_filter", "_disk_keys")
 
     def __init__(self, vbid: int, state: VBucketState = VBucketState.ACTIVE, *,
                  conflict_resolution: ConflictResolutionMode | str = ConflictResolutionMode.REV_SEQNO,
@@ -86,7 +87,8 @@ class VBucket(ClientOps, ItemTable, Locks, WithMeta, ReplicaApply, SyncWrites):
                  on_seqno: Callable[[int, int], None] | None = None,
                  dirty: dict[int, None] | None = None, memory: BucketMemory | None = None,
                  fetch: Callable[[int, bytes], Item | None] | None = None, hps: int = 0, hcs: int = 0,
-                 prepares: Iterable[Prepare] = ()):
+                 prepares: Iterable[Prepare] = (), full_eviction: bool = False,
+                 disk_keys: Callable[[int], Iterable] | None = None, key_rows: Iterable[list[tuple]] = ()):
         self.id = vbid
         self.state = VBucketState(state)
         self.conflict_resolution = ConflictResolutionMode(conflict_resolution)
@@ -124,7 +126,13 @@ class VBucket(ClientOps, ItemTable, Locks, WithMeta, ReplicaApply, SyncWrites):
         # one truth test for them.
         self.locks: dict[bytes, tuple[int, float]] = {}
         self.collections = VBCollections()
+        # full eviction (eviction.py): the key filter (None: value-only eviction), and where the
+        # store's keys of a vbucket come from when it is rebuilt
+        self._filter = None
+        self._disk_keys = disk_keys
         self._load(items)
+        if full_eviction:
+            self._load_keys(key_rows)  # after `_load`: the collections its system events describe
         # sync writes (durability/): the in-flight prepares by doc key, the high prepared and high
         # completed seqnos (in memory and as last flushed), and the side's monitor
         self.prepares: dict = {}
@@ -207,6 +215,8 @@ class VBucket(ClientOps, ItemTable, Locks, WithMeta, ReplicaApply, SyncWrites):
             key = (cid, key)
         if old is False:
             old = self.ht.get(key)
+            if old is None and self._filter is not None:
+                old = self._fetch_evicted(key, True)
         if cid:
             colls = self.collections
             colls.note_other(item.by_seqno, self.high_seqno)
@@ -220,6 +230,8 @@ class VBucket(ClientOps, ItemTable, Locks, WithMeta, ReplicaApply, SyncWrites):
             mem.values += len(item.value)
             if not item.deleted:
                 self.ops_create += 1
+            if self._filter is not None:
+                self._note_key(key)
         elif old.deleted:
             mem.values += len(item.value) - len(old.value)
             self.num_deleted -= 1
@@ -253,7 +265,7 @@ class VBucket(ClientOps, ItemTable, Locks, WithMeta, ReplicaApply, SyncWrites):
         return prev.rev_seqno + 1 if prev is not None else self.max_deleted_rev_seqno + 1
 
     def _mutate(self, key, value: bytes, flags: int, expiry: int, datatype: int) -> Item:
-        prev = self.ht.get(key)
+        prev = self._lookup(key, True)
         cid = 0
         if key.__class__ is tuple:
             cid, key = key
@@ -281,7 +293,7 @@ class VBucket(ClientOps, ItemTable, Locks, WithMeta, ReplicaApply, SyncWrites):
 
     def _live(self, key: bytes, now: float) -> Item | None:
         """The live document for `key`; an expired one is turned into an expiration first."""
-        item = self.ht.get(key)
+        item = self._lookup(key, True)
         if item is None or item.deleted:
             return None
         if item.expiry and item.expiry <= now:
@@ -302,7 +314,7 @@ class VBucket(ClientOps, ItemTable, Locks, WithMeta, ReplicaApply, SyncWrites):
         done = 0
         while heap and heap[0][0] <= now and (limit is None or done < limit):
             _, seqno, key = heapq.heappop(heap)
-            item = ht.get(key)
+            item = self._lookup(key, True)
             if item is None or item.deleted or item.by_seqno != seqno:
                 continue  # superseded since it was scheduled
             if key in self.prepares:
@@ -310,7 +322,9 @@ class VBucket(ClientOps, ItemTable, Locks, WithMeta, ReplicaApply, SyncWrites):
             self._tombstone(item, now, DeleteSource.TTL)
             done += 1
         if len(heap) > 2 * self.num_items + 1024:  # drop entries of superseded versions
-            self._expiry_heap = [e for e in heap if (i := ht.get(e[2])) is not None and i.by_seqno == e[1]]
+            full = self._filter is not None  # an evicted document's entry stays (eviction.py)
+            self._expiry_heap = [e for e in heap if ((i := ht.get(e[2])) is None and full)
+                                 or (i is not None and i.by_seqno == e[1])]
             heapq.heapify(self._expiry_heap)
         return done
 
@@ -369,6 +383,8 @@ class VBucket(ClientOps, ItemTable, Locks, WithMeta, ReplicaApply, SyncWrites):
         self.locks.clear()
         self.collections = VBCollections()
         self._load(items)
+        if self._filter is not None:
+            self.rebuild_filter()
         self.high_seqno = self.persisted_seqno = seqno
         self.persisted_snapshot = snapshot or (seqno, seqno)
         self.snapshot_start, self.snapshot_end = self.persisted_snapshot
