@@ -51,6 +51,7 @@ def _cmd_server(args: argparse.Namespace) -> int:
                           mgmt_max_connections=args.mgmt_max_connections, auth_timeout=args.auth_timeout,
                           http_idle_timeout=args.http_idle_timeout, login_failures=args.login_failures,
                           login_lockout=args.login_lockout, memory_quota=args.memory_quota,
+                          eviction_policy=args.eviction_policy,
                           fragmentation_threshold=args.fragmentation_threshold / 100 or None)
     if (args.tls_cert is None) != (args.tls_key is None):
         print("dcpflow server: --tls-cert and --tls-key go together", file=sys.stderr)
@@ -195,6 +196,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="each bucket's memory quota, as 100m or 2g (default 100m, Couchbase's; `unlimited` for "
                         "none): near it values are evicted and writes get ETMPFAIL; a bucket created through the "
                         "management API has its own ramQuotaMB")
+    p.add_argument("--eviction-policy", choices=("valueOnly", "fullEviction"), default=None,
+                   help="each bucket's eviction policy, unless the management API gave it one (evictionPolicy): "
+                        "valueOnly evicts values and keeps every key in memory, fullEviction evicts whole "
+                        "documents so a bucket can hold more keys than its quota fits (default: as the bucket was, "
+                        "valueOnly for a new one)")
     p.add_argument("--max-connections", type=int, default=60_000, metavar="N",
                    help="connections that may be authenticated as ordinary users (default 60000, ns_server's; "
                         "lowered to fit the open-files limit with --mgmt-max-connections)")

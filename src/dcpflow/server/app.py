@@ -131,6 +131,9 @@ class ServerConfig:
     # Each bucket's memory quota (bytes; None: unlimited), unless the management API gave it one
     # (ramQuotaMB): kv_engine's and ns_server's default of 100 MiB.
     memory_quota: int | None = 100 * 1024 * 1024
+    # Each bucket's eviction policy (engine/eviction.py: "valueOnly" or "fullEviction"), unless the
+    # management API gave it one; None: as the bucket was (valueOnly for a new one).
+    eviction_policy: str | None = None
     dcp_idle_timeout: float = 360.0  # a DCP producer with noops disconnects after this long without input
     # Client connections, and the reserve beyond them for administrators and the cluster manager
     # (ns_server's defaults are 60000 and 5000); lowered at start to fit the descriptor limit.
@@ -284,7 +287,11 @@ class ServerBucket:
         self.server.topology.bump()
 
     def _apply_settings(self) -> None:
-        """The management settings the engine acts on: history retention (server/mgmt/buckets.py)."""
+        """The management settings the engine acts on: history retention and the eviction policy
+        (server/mgmt/buckets.py)."""
+        policy = self.settings.get("evictionPolicy")
+        if policy is not None and policy != self.engine.eviction_policy:
+            self.engine.set_eviction_policy(policy)
         history = self.keeps_history  # only a magma bucket keeps history (mgmt/buckets.py)
         self.engine.history_retention_seconds = self.settings.get("historyRetentionSeconds", 0) if history else 0
         self.engine.history_retention_bytes = self.settings.get("historyRetentionBytes", 0) if history else 0
@@ -460,7 +467,8 @@ class Server:
                         conflict_resolution or cfg.conflict_resolution,
                         flush_interval=cfg.flush_interval, purge_interval=cfg.purge_interval,
                         synchronous=cfg.synchronous, checkpoint_max_items=cfg.checkpoint_max_items,
-                        checkpoint_memory_quota=cfg.checkpoint_memory_quota, memory_quota=cfg.memory_quota)
+                        checkpoint_memory_quota=cfg.checkpoint_memory_quota, memory_quota=cfg.memory_quota,
+                        eviction_policy=cfg.eviction_policy)
         if not engine.vbuckets and (cfg.nodes is None or len(cfg.nodes) == 1):
             engine.create_vbuckets(range(engine.num_vbuckets), VBucketState.ACTIVE)  # a new single node owns all
         return engine

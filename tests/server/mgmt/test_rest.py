@@ -169,7 +169,7 @@ def test_created_buckets_are_served_after_a_restart(make_server, tmp_path):
     ({"name": "b", "ramQuotaMB": "100", "bucketType": "nosuch"}, "bucketType", "must be one of"),
     ({"name": "b", "ramQuotaMB": "100", "conflictResolutionType": "custom"}, "conflictResolutionType",
      "not supported"),
-    ({"name": "b", "ramQuotaMB": "100", "evictionPolicy": "fullEviction"}, "evictionPolicy", "not supported"),
+    ({"name": "b", "ramQuotaMB": "100", "evictionPolicy": "nruEviction"}, "evictionPolicy", "not supported"),
     ({"name": "b", "ramQuotaMB": "100", "numVBuckets": "2048"}, "numVBuckets", "1 to 1024"),
     ({"name": "b", "ramQuotaMB": "100", "flushEnabled": "yes"}, "flushEnabled", "0 or 1"),
     ({"name": "b", "ramQuotaMB": "100", "color": "blue"}, "color", "Unsupported parameter"),

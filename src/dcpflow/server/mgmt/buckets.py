@@ -12,7 +12,7 @@ unknown bucket 404; a flush of a bucket without flushEnabled 400 "Flush is disab
 bucket".
 
 What dcpflow serves: Couchbase (persistent) buckets with seqno or lww conflict resolution, any
-number of vbuckets up to 1024, value-only eviction, no minimum durability. Other values of those
+number of vbuckets up to 1024, value-only or full eviction, no minimum durability. Other values of those
 parameters are refused with a 400 that says so. `ramQuotaMB` (or `ramQuota`) is the bucket's memory
 quota (engine/memory.py), in force at once when changed; a bucket that was never given one
 reports the server's `--memory-quota`, and `basicStats` its memory use. The settings that change
@@ -95,6 +95,7 @@ def settings_of(bucket) -> dict:
     quota = bucket.engine.memory.quota
     reported = {"ramQuotaMB": quota // (1024 * 1024)} if quota else {}
     settings = {**DEFAULTS, **reported, **bucket.settings}
+    settings["evictionPolicy"] = bucket.engine.eviction_policy  # the server's flag, or as the bucket was
     settings["historyRetentionCollectionDefault"] = history_default(bucket)
     return settings
 
@@ -176,7 +177,8 @@ def parse_settings(form: dict, *, creating: bool) -> tuple[dict, dict]:
             settings[key] = value
     for key, supported, known in (
             ("compressionMode", ("off", "passive", "active"), ("off", "passive", "active")),
-            ("evictionPolicy", ("valueOnly",), ("valueOnly", "fullEviction", "noEviction", "nruEviction")),
+            ("evictionPolicy", ("valueOnly", "fullEviction"), ("valueOnly", "fullEviction", "noEviction",
+                                                              "nruEviction")),
             ("durabilityMinLevel", ("none",), ("none", "majority", "majorityAndPersistActive",
                                                "persistToMajority"))):
         value = _choice(form, key, supported, known, problems)
@@ -284,7 +286,7 @@ def bucket_json(request: web.Request, bucket, *, skip_map: bool = False, streami
         "basicStats": {
             "quotaPercentUsed": round(100 * memory.used / memory.quota, 3) if memory.quota else 0,
             "opsPerSec": server.mgmt.observer.ops_per_second(bucket.name),
-            "diskFetches": 0,
+            "diskFetches": stats["ep_bg_fetched"] + stats["ep_bg_meta_fetched"],
             "itemCount": stats["curr_items"],
             "diskUsed": 0,
             "dataUsed": 0,
