@@ -24,9 +24,16 @@ subprocess:
   the consumer. Without checkpoint memory bounds the consumer's cursors pinned every checkpoint
   and RSS climbed storm after storm; with them the two curves should stay alike.
 
-    .venv/bin/python bench/kv_memory.py                     # all three cases
+* full: `--full-items` (1M; the target is 10M) documents of the density shape SET into a bucket
+  with full eviction (`--eviction-policy fullEviction`) and a `--full-quota` (512m) quota: the
+  server's largest RSS against quota + 200 MB (the target, as the ratio), then every document read
+  back and checked, then a clean restart on the same data: warm-up time (process start to ready:
+  full eviction loads counts and key filters, not documents) against 60 s, and the RSS after it.
+
+    .venv/bin/python bench/kv_memory.py                     # all four cases
     .venv/bin/python bench/kv_memory.py --case density --items 100000,1000000
     .venv/bin/python bench/kv_memory.py --case quota --docs 300000
+    .venv/bin/python bench/kv_memory.py --case full --full-items 10000000
     .venv/bin/python bench/kv_memory.py --smoke             # seconds: 3,000 documents, 8 MiB, 1 s storms
 """
 
@@ -199,6 +206,91 @@ def density(args) -> None:
                 stop(proc)
 
 
+def get_all(client: Client, keys: list[bytes], vbuckets: int, window: int = 64) -> dict[bytes, bytes | None]:
+    """GET every key (windows of `window`): {key: value, None if not found}."""
+    sock, decoder = client.sock, client.decoder
+    out: dict[bytes, bytes | None] = {}
+    for start in range(0, len(keys), window):
+        pending = keys[start:start + window]
+        sock.sendall(b"".join(request(Opcode.GET, key=k, vbucket=vbucket_for_key(k, vbuckets), opaque=i)
+                              for i, k in enumerate(pending)))
+        for _ in pending:
+            frame = next_frame(sock, decoder)
+            if frame.status == Status.SUCCESS:
+                out[pending[frame.opaque]] = bytes(frame.value)
+            elif frame.status == Status.KEY_ENOENT:
+                out[pending[frame.opaque]] = None
+            else:
+                raise RuntimeError(f"GET failed with status 0x{frame.status:x}")
+    return out
+
+
+#: The RSS full eviction may take beyond the quota (issue 46), and its warm-up time, for 10M documents.
+FULL_RSS_SLACK = 200 * 10**6
+FULL_WARMUP_SECONDS = 60.0
+
+
+def full(args) -> None:
+    value = density_value(args.density_value_size)
+    n = args.full_items
+    with tempfile.TemporaryDirectory(prefix="dcpflow-bench-") as tmp:
+        opts = ("--allow-plain-over-tcp", "--memory-quota", args.full_quota, "--eviction-policy", "fullEviction")
+        proc, port = start_server(tmp, args.vbuckets, *opts)
+        try:
+            client = Client.logged_in(port)
+            idle = rss(proc.pid)
+            sampler = RssSampler(proc.pid)
+            t0 = time.monotonic()
+            done = refused = 0
+            step = 20_000
+            for lo in range(0, n, step):
+                d, r = set_all(client, [DENSITY_KEY % i for i in range(lo, min(lo + step, n))], value, args.vbuckets)
+                done, refused = done + d, refused + r
+                if args.progress and (lo // step) % 25 == 24:
+                    print(f"  {done:,} SET, RSS {rss(proc.pid) / MiB:,.0f} MiB", flush=True)
+            took = time.monotonic() - t0
+            client.settle(3600)
+            stats = client.stats()
+            q = int(stats[b"ep_max_size"])
+            print(f"full: {n:,} documents ({len(DENSITY_KEY % 0)}-byte keys, {len(value)}-byte JSON values, "
+                  f"{args.vbuckets} vbuckets) into a {q / MiB:,.0f} MiB quota with full eviction in {took:.0f} s "
+                  f"({done / took:,.0f} SETs/s, {refused:,} ETMPFAIL retried)")
+            resident = int(stats[b"vb_active_perc_mem_resident"])
+            print(f"  curr_items {int(stats[b'curr_items']):,}, resident {resident}%, "
+                  f"mem_used {int(stats[b'mem_used']) / MiB:,.0f} MiB, metadata "
+                  f"{int(stats[b'ep_meta_data_memory']) / MiB:,.0f} MiB, key filters "
+                  f"{int(stats[b'ep_bfilter_memory']) / MiB:,.1f} MiB")
+            t1 = time.monotonic()
+            bad = 0
+            for lo in range(0, n, step):
+                keys = [DENSITY_KEY % i for i in range(lo, min(lo + step, n))]
+                bad += sum(1 for v in get_all(client, keys, args.vbuckets).values() if v != value)
+            read_took = time.monotonic() - t1
+            largest = sampler.stop()
+            stats = client.stats()
+            print(f"  read back {n:,} in {read_took:.0f} s ({n / read_took:,.0f} GETs/s): {n - bad:,} right, "
+                  f"{bad:,} wrong or missing; ep_bg_fetched {int(stats[b'ep_bg_fetched']):,}")
+            print(f"  server RSS: idle {idle / MiB:,.0f} MiB, largest {largest / MiB:,.0f} MiB = quota "
+                  f"{(largest - q) / 1e6:+,.0f} MB; against quota + 200 MB: "
+                  f"{largest / (q + FULL_RSS_SLACK):.2f}x")
+        finally:
+            stop(proc, timeout=600)
+        t0 = time.monotonic()
+        proc, port = start_server(tmp, args.vbuckets, *opts)
+        warm = time.monotonic() - t0
+        try:
+            client = Client.logged_in(port)
+            stats = client.stats()
+            sample = [DENSITY_KEY % i for i in range(0, n, max(1, n // 1000))]
+            got = get_all(client, sample, args.vbuckets)
+            print(f"  warm-up (start to ready, same data): {warm:.1f} s, {warm / FULL_WARMUP_SECONDS:.2f}x the "
+                  f"{FULL_WARMUP_SECONDS:.0f} s target; curr_items {int(stats[b'curr_items']):,}, RSS "
+                  f"{rss(proc.pid) / MiB:,.0f} MiB, mem_used {int(stats[b'mem_used']) / MiB:,.0f} MiB; "
+                  f"{sum(v == value for v in got.values()):,} of {len(sample):,} sampled documents read back")
+        finally:
+            stop(proc, timeout=600)
+
+
 def stalled_consumer(port: int, vbuckets: int) -> socket.socket:
     """A DCP connection with streams on every vbucket and a 1 MiB window that never reads a byte."""
     sock = socket.create_connection(("127.0.0.1", port), timeout=30)
@@ -266,7 +358,10 @@ def stalled(args) -> None:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--case", choices=("density", "quota", "stalled", "all"), default="all")
+    p.add_argument("--case", choices=("density", "quota", "stalled", "full", "all"), default="all")
+    p.add_argument("--full-items", type=int, default=1_000_000, help="full: documents (default 1000000; the "
+                                                                     "target is 10000000)")
+    p.add_argument("--full-quota", default="512m", help="full: the bucket's quota (default 512m)")
     p.add_argument("--items", type=lambda t: [int(x) for x in t.split(",")], default=[100_000, 1_000_000],
                    help="density: comma-separated item counts (default 100000,1000000)")
     p.add_argument("--density-value-size", type=int, default=310, help="density: JSON value bytes (default 310)")
@@ -288,13 +383,15 @@ def main() -> int:
     args = p.parse_args()
     if args.smoke:
         args.docs, args.memory_quota, args.keys, args.storms, args.seconds, args.pause = 3_000, "8m", 300, 2, 1.0, 0.2
-        args.vbuckets, args.items = 64, [3_000]
+        args.vbuckets, args.items, args.full_items, args.full_quota = 64, [3_000], 20_000, "4m"
     if args.case in ("density", "all"):
         density(args)
     if args.case in ("quota", "all"):
         quota(args)
     if args.case in ("stalled", "all"):
         stalled(args)
+    if args.case in ("full", "all"):
+        full(args)
     return 0
 
 
