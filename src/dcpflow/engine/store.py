@@ -366,7 +366,10 @@ WRITER_CACHE_KIB = 64 * 1024
 #: Backfill scans read the file through a memory map of up to this size (SQLite caps it at its
 #: SQLITE_MAX_MMAP_SIZE, 2 GB in common builds): a page is then a pointer into the OS page cache,
 #: not a pread() into the connection's own cache, which saves a copy of every page a scan reads.
-#: The writer keeps pread.
+#: The writer keeps pread, and so do point reads (`read`, full eviction's key walks: the `_point`
+#: pool): the pages a map has touched count in the process's resident memory for as long as it is
+#: open, so background fetches scattered over a file larger than the bucket's quota would have
+#: grown the server's RSS with the file (1M documents: 518 MB of RssFile).
 READER_MMAP_BYTES = 1 << 31
 
 _SIGN = 1 << 63
@@ -573,6 +576,7 @@ class Store:
             self._db.execute(_HISTORY_TRIGGER)
         self.seal_runs(every=True)  # what an earlier process left unsealed
         self._readers = _ReaderPool(self.path)
+        self._point = _ReaderPool(self.path, mmap_bytes=0)
 
     @property
     def keep_history(self) -> bool:
@@ -610,6 +614,7 @@ class Store:
 
     def close(self) -> None:
         self._readers.close()
+        self._point.close()
         with self._lock:
             self._db.close()
 
@@ -862,12 +867,12 @@ class Store:
         (cid, bytes) in another): for any thread, never waiting for a flush batch's transaction
         (WAL readers see the last commit). What a bg fetch of an evicted value uses."""
         cid, key = key if key.__class__ is tuple else (0, key)
-        db = self._readers.get()
+        db = self._point.get()
         try:
             row = db.execute(f"SELECT {_ITEM_COLS} FROM items WHERE vb = ? AND cid = ? AND key = ?",
                              (vb, cid, key)).fetchone()
         finally:
-            self._readers.put(db)
+            self._point.put(db)
         return _item(row) if row else None
 
     def load_key_rows(self, vb: int, page_size: int = 50_000) -> Iterator[list[tuple]]:
@@ -875,33 +880,33 @@ class Store:
         of the vbucket's latest versions in seqno order, read by rowid range (a sequential walk of
         the table that decodes no value), on a pooled read connection."""
         lo, hi = _vb_rowids(vb)
-        db = self._readers.get()
+        db = self._point.get()
         try:
             cur = db.execute("SELECT cid, key, seqno, deleted, expiry FROM items WHERE id >= ? AND id <= ?", (lo, hi))
             while page := cur.fetchmany(page_size):
                 yield page
         finally:
-            self._readers.put(db)
+            self._point.put(db)
 
     def keys(self, vb: int) -> list:
         """The engine's keys (doc_key) of every version the vbucket has on disk, tombstones
         included, read from the key index on a pooled read connection: what full eviction rebuilds
         a vbucket's key filter from."""
-        db = self._readers.get()
+        db = self._point.get()
         try:
             rows = db.execute("SELECT cid, key FROM items WHERE vb = ?", (vb,)).fetchall()
         finally:
-            self._readers.put(db)
+            self._point.put(db)
         return [(cid, key) if cid else key for cid, key in rows]
 
     def load_events(self, vb: int) -> list[Item]:
         """The vbucket's collection system events (cid 1), in seqno order: what full eviction's
         warm-up loads as items (the collections a vbucket has)."""
-        db = self._readers.get()
+        db = self._point.get()
         try:
             rows = db.execute(f"SELECT {_ITEM_COLS} FROM items WHERE vb = ? AND cid = 1", (vb,)).fetchall()
         finally:
-            self._readers.put(db)
+            self._point.put(db)
         return sorted((_item(r) for r in rows), key=lambda it: it.by_seqno)
 
     def load_items(self, vb: int, page_size: int = 10_000) -> Iterator[Item]:
@@ -1138,9 +1143,10 @@ class _Transaction:
             self._on_rollback()
 
 
-def _reader(path: Path) -> sqlite3.Connection:
+def _reader(path: Path, mmap_bytes: int = READER_MMAP_BYTES) -> sqlite3.Connection:
     db = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30.0)
-    db.execute(f"PRAGMA mmap_size={READER_MMAP_BYTES}")
+    if mmap_bytes:
+        db.execute(f"PRAGMA mmap_size={mmap_bytes}")
     return db
 
 
@@ -1151,8 +1157,9 @@ class _ReaderPool:
 
     MAX_IDLE = 16
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, mmap_bytes: int = READER_MMAP_BYTES):
         self.path = path
+        self.mmap_bytes = mmap_bytes
         self._idle: list[sqlite3.Connection] = []
         self._lock = threading.Lock()
         self.closed = False
@@ -1161,7 +1168,7 @@ class _ReaderPool:
         with self._lock:
             if self._idle:
                 return self._idle.pop()
-        return _reader(self.path)
+        return _reader(self.path, self.mmap_bytes)
 
     def put(self, db: sqlite3.Connection) -> None:
         with self._lock:
