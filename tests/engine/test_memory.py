@@ -450,3 +450,23 @@ def test_with_an_owner_task_a_refused_write_wakes_it_instead_of_recovering_check
     fill_until_refused(bucket, prefix="again")
     assert len(recoveries) > inline
     assert counters(bucket) == recount(bucket)
+
+
+def test_the_pager_does_not_visit_values_it_evicted_on_an_earlier_round(make_bucket):
+    """A bucket mostly on disk: the pager's budget goes to the entries still resident, so a small
+    pass finds them at once rather than walking past everything it evicted before."""
+    bucket = make_bucket(num_vbuckets=1, memory_quota=64 * MiB)
+    bucket.create_vbuckets([0], VBucketState.ACTIVE)
+    vb = bucket.vbucket(0)
+    for i in range(600):
+        vb.set(b"old%d" % i, VALUE)
+    bucket.flush_all()
+    for i in range(600):  # evicted (EVICT_KEY): first in the hash table's order
+        assert vb.evict_key(b"old%d" % i) == "Ejected."
+    for i in range(100):
+        vb.set(b"new%d" % i, VALUE)
+    bucket.flush_all()
+    bucket.memory.set_quota(int(bucket.memory.used / 0.9))  # over the high watermark: some must go
+    assert bucket.pager.wanted()
+    freed, _ = bucket.evict(budget=150)
+    assert freed > 0 and bucket.memory.num_value_evictions > 600

@@ -266,7 +266,9 @@ class ItemPager:
                 return False
         vb = self._vbuckets.get(self._order[self._at])
         self._at += 1
-        self._snapshot = list(vb.ht.items()) if vb is not None else []
+        # Only the entries whose values are still in memory: those evicted on an earlier round are
+        # not visited again (a bucket mostly on disk would spend each pass's budget on them).
+        self._snapshot = [e for e in vb.ht.items() if e[1].value is not NOT_RESIDENT] if vb is not None else []
         self._pos = 0
         return True
 
