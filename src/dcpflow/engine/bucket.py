@@ -87,6 +87,10 @@ SeqnoListener = Callable[[int, int], None]
 VBucketListener = Callable[[int, str], None]
 
 
+#: The store's meta row where a clean shutdown leaves full eviction's warm-up stats (eviction.py).
+WARMUP_META = "full_eviction_warmup"
+
+
 def stored_prepares(rows) -> list:
     """The in-flight prepares the store kept (Store.load_prepares rows) as Prepare items."""
     out = []
@@ -203,6 +207,10 @@ class Bucket:
             self.store.set_meta("eviction_policy", self.eviction_policy)
         full = self.eviction_policy == FULL_EVICTION
         self.clean_shutdown = self.store.get_meta("clean_shutdown") != "0"
+        # full eviction's stats as the last clean shutdown left them (eviction.py); used once
+        summaries = json.loads(self.store.get_meta(WARMUP_META) or "{}") if full and self.clean_shutdown else {}
+        if self.store.get_meta(WARMUP_META) not in (None, "{}"):
+            self.store.set_meta(WARMUP_META, "{}")
         self.store.set_meta("clean_shutdown", "0")  # a crash from now on is unclean
         text = self.store.get_meta(MANIFEST_META)
         if text is not None:
@@ -215,13 +223,17 @@ class Bucket:
             if not self.clean_shutdown and state == VBucketState.ACTIVE:
                 failover.create_entry(rec.snap_end if rec.high_seqno == rec.snap_end else rec.snap_start)
                 changed.append(vbid)
+            summary = summaries.get(str(vbid))
+            if summary is not None and summary[0] != rec.high_seqno:
+                summary = None  # not this vbucket's state on disk: walk its rows
             self._vbuckets[vbid] = self._make_vbucket(
                 vbid, state, failover=failover, hlc=HLC(rec.max_cas, clock=self._hlc_clock),
                 high_seqno=rec.high_seqno, purge_seqno=rec.purge_seqno,
                 max_deleted_rev_seqno=rec.max_deleted_rev_seqno, history_start=rec.history_start,
                 persisted_snapshot=(rec.snap_start, rec.snap_end),
                 items=self.store.load_events(vbid) if full else self.store.load_items(vbid),
-                key_rows=self.store.load_key_rows(vbid) if full else (),
+                key_rows=self.store.load_key_rows(vbid) if full and summary is None else (),
+                warmup_summary=summary,
                 hps=rec.hps, hcs=rec.hcs, prepares=stored_prepares(self.store.load_prepares(vbid)))
         if changed:
             self.store.save_vbucket_states([self._vbuckets[v].state_record() for v in changed])
@@ -627,6 +639,9 @@ class Bucket:
             self.flusher.flush_all(self.flush_batch_items)
             self.store.seal_runs(deferred=False)  # the next process backfills what is at rest from runs
             self.store.save_vbucket_states([vb.state_record() for vb in self._vbuckets.values()])
+            if self.eviction_policy == FULL_EVICTION:
+                self.store.set_meta(WARMUP_META, json.dumps({vb.id: vb.warmup_summary()
+                                                             for vb in self._vbuckets.values()}))
             self.store.set_meta("clean_shutdown", "1")
         self.store.close()
         self.closed = True

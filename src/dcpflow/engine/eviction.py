@@ -19,9 +19,12 @@ The rules, as kv_engine has them (https://github.com/couchbase/kv_engine/blob/ma
   keys than that were added to it (kv_engine rebuilds its filters in compaction).
 * **Counts** (`num_items`, `num_deleted`, a collection's items) count documents, resident or not:
   eviction does not change them, and warm-up takes them from the store.
-* **Warm-up loads no documents**: per vbucket one walk of the store's rows (`Store.load_key_rows`,
-  no value decoded) gives the counts, the collections' high seqnos, the filter and the expiry
-  times; only the collections' system events are loaded as items. Reads and writes bring
+* **Warm-up loads no documents**, only stats and filters: a clean shutdown stores each vbucket's
+  counts, collections' counts and high seqnos and expiry times (`warmup_summary`, in the store's
+  meta table), and the next warm-up takes them back with the keys of the store's key index for the
+  filter (`Store.keys`: an index-only scan). After a crash (or for a vbucket whose high seqno is not
+  the summary's) one walk of the vbucket's rows (`Store.load_key_rows`, no value decoded) gives
+  the same. Only the collections' system events are loaded as items; reads and writes bring
   documents back as they come.
 * **Expiry**: the expiry pager's heap keeps the keys of evicted documents; a due one is fetched
   and expired as a resident one is, and a read of an expired non-resident document expires it.
@@ -180,6 +183,34 @@ class FullEviction:
             colls.high[cid] = max(colls.high.get(cid, 0), high)
             colls.other_high = max(colls.other_high, high)
         heapq.heapify(heap)
+
+    def warmup_summary(self) -> list:
+        """What the next warm-up takes instead of walking the rows (module docstring), as JSON
+        values: [high seqno, live documents, tombstones, default collection's high seqno, the last
+        other seqno, {cid: [documents, high seqno]}, [[expiry, seqno, cid, key hex], ...]]. Taken
+        at a clean shutdown, when the store has every version."""
+        colls = self.collections
+        heap = [[e, s, k[0], k[1].hex()] if k.__class__ is tuple else [e, s, 0, k.hex()]
+                for e, s, k in self._expiry_heap]
+        return [self.high_seqno, self.num_items, self.num_deleted, colls.default_high, colls.other_high,
+                {str(cid): [n, colls.high.get(cid, 0)] for cid, n in colls.items.items()}, heap]
+
+    def _load_summary(self, summary: list, keys: Iterable) -> None:
+        """Warm-up from a `warmup_summary` and the store's keys (after `_load` of the system events)."""
+        _, live, deleted, default_high, other_high, others, heap = summary
+        colls = self.collections
+        self._filter = KeyFilter(keys := list(keys), len(keys))
+        self.num_items += live
+        self.num_deleted += deleted
+        colls.default_high = max(colls.default_high, default_high)
+        colls.other_high = max(colls.other_high, other_high)
+        for cid, (n, high) in others.items():
+            cid = int(cid)
+            if cid in colls:
+                colls.items[cid] = n
+                colls.high[cid] = max(colls.high.get(cid, 0), high)
+        self._expiry_heap += [(e, s, (cid, bytes.fromhex(k)) if cid else bytes.fromhex(k)) for e, s, cid, k in heap]
+        heapq.heapify(self._expiry_heap)
 
     def _evict_keys(self, entries: Iterable[tuple], low_wat: float) -> int:
         """The pager's step under full eviction (memory.py): remove clean entries from the hash

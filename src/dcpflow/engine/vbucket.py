@@ -88,7 +88,8 @@ class VBucket(ClientOps, ItemTable, FullEviction, Locks, WithMeta, ReplicaApply,
                  dirty: dict[int, None] | None = None, memory: BucketMemory | None = None,
                  fetch: Callable[[int, bytes], Item | None] | None = None, hps: int = 0, hcs: int = 0,
                  prepares: Iterable[Prepare] = (), full_eviction: bool = False,
-                 disk_keys: Callable[[int], Iterable] | None = None, key_rows: Iterable[list[tuple]] = ()):
+                 disk_keys: Callable[[int], Iterable] | None = None, key_rows: Iterable[list[tuple]] = (),
+                 warmup_summary: list | None = None):
         self.id = vbid
         self.state = VBucketState(state)
         self.conflict_resolution = ConflictResolutionMode(conflict_resolution)
@@ -131,8 +132,10 @@ class VBucket(ClientOps, ItemTable, FullEviction, Locks, WithMeta, ReplicaApply,
         self._filter = None
         self._disk_keys = disk_keys
         self._load(items)
-        if full_eviction:
-            self._load_keys(key_rows)  # after `_load`: the collections its system events describe
+        if full_eviction and warmup_summary is not None:  # after `_load`: the collections its events describe
+            self._load_summary(warmup_summary, disk_keys(vbid))
+        elif full_eviction:
+            self._load_keys(key_rows)
         # sync writes (durability/): the in-flight prepares by doc key, the high prepared and high
         # completed seqnos (in memory and as last flushed), and the side's monitor
         self.prepares: dict = {}
