@@ -276,3 +276,17 @@ def test_switching_policies_on_a_live_bucket(make_bucket):
     assert make_bucket().eviction_policy == VALUE_ONLY
     with pytest.raises(ValueError):
         make_bucket(eviction_policy="nruEviction")
+
+
+def test_dropping_a_collection_uncounts_its_documents_on_disk(make_bucket):
+    bucket = full(make_bucket, num_vbuckets=1)
+    manifest = bucket.change_manifest(lambda m: m.add_collection("_default", "orders"))
+    cid = manifest.collection("_default", "orders").uid
+    vb = bucket.vbucket(0)
+    for i in range(20):
+        vb.set((cid, b"o%d" % i), b"{}")
+        vb.set(b"d%d" % i, b"{}")
+    evict_all(bucket)
+    assert vb.num_items == 40 and vb.collection_items(cid) == 20
+    bucket.change_manifest(lambda m: m.drop_collection("_default", "orders"))
+    assert vb.num_items == 20 and bucket.stats()["curr_items"] == 20

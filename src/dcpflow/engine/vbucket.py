@@ -344,10 +344,14 @@ class VBucket(ClientOps, ItemTable, FullEviction, Locks, WithMeta, ReplicaApply,
             item = event_item(change, uid, seqno=self.high_seqno + 1, cas=self.hlc.next(), now=int(now))
             self.checkpoint_manager.queue(item)
             colls.note_other(item.by_seqno, self.high_seqno)
+            counted = colls.items.get(change.collection.uid, 0) if change.collection is not None else 0
             colls.apply(change, item.by_seqno)
             if change.collection is not None and change.collection.uid not in colls:
+                live = self.num_items
                 self.num_items, self.num_deleted = self._drop_from_memory(
                     {change.collection.uid}, self.num_items, self.num_deleted)
+                if self._filter is not None:  # full eviction: its documents on disk go from the count too
+                    self.num_items = live - counted
             self.high_seqno = item.by_seqno
             events.append(item)
         if changes:
