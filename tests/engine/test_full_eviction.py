@@ -290,3 +290,27 @@ def test_dropping_a_collection_uncounts_its_documents_on_disk(make_bucket):
     assert vb.num_items == 40 and vb.collection_items(cid) == 20
     bucket.change_manifest(lambda m: m.drop_collection("_default", "orders"))
     assert vb.num_items == 20 and bucket.stats()["curr_items"] == 20
+
+
+def test_a_read_off_the_owner_thread_is_not_kept_if_the_key_was_evicted_again_meanwhile(make_bucket):
+    """The server reads a non-resident document on a worker (`get(fetch=False)`, then `restore`):
+    a read that began before the key was written and evicted again is stale and not kept."""
+    bucket = full(make_bucket, num_vbuckets=1)
+    vb = bucket.vbucket(0)
+    vb.set(b"k", b"v1")
+    evict_all(bucket)
+    with pytest.raises(EngineError) as e:
+        vb.get(b"absent", fetch=False)  # the filter answers, no stand-in
+    assert e.value.status == Status.KEY_ENOENT
+    stand_in = vb.get(b"k", fetch=False)
+    assert stand_in.value is NOT_RESIDENT and b"k" not in vb.ht
+    evicted = vb.evicted
+    stale = bucket.store.read(0, b"k")  # the worker's read...
+    vb.set(b"k", b"v2")  # ...while the key is written, persisted and evicted again
+    evict_all(bucket)
+    assert vb.restore(b"k", stale, evicted) is stale and b"k" not in vb.ht  # not kept
+    assert vb.get(b"k").value == b"v2"
+    evict_all(bucket)
+    evicted = vb.evicted
+    vb.restore(b"k", bucket.store.read(0, b"k"), evicted)  # a current read is kept
+    assert vb.ht[b"k"].value == b"v2"

@@ -119,6 +119,29 @@ class FullEviction:
         mem.values += len(stored.value)
         return stored
 
+    def _maybe_on_disk(self, key) -> Item:
+        """A GET without fetch (`get(key, fetch=False)`: the server reads off the event loop) of a
+        key memory lacks: KEY_ENOENT if the filter says so, else a stand-in entry with NOT_RESIDENT
+        for the caller to fetch and hand to `restore` (with `evicted` as it was before the read)."""
+        if key not in self._filter:
+            self._mem.num_bg_fetch_avoided += 1
+            raise self._enoent(key)
+        cid, doc = key if key.__class__ is tuple else (0, key)
+        return Item(doc, NOT_RESIDENT, cid=cid)
+
+    def _restore_evicted(self, key, stored: Item | None, evicted: int | None) -> None:
+        """`restore` of a key memory lacks (full eviction): the version read from the store goes
+        back into the hash table if nothing was evicted from this vbucket since the read began
+        (`evicted`: the vbucket's count then) - else the read may predate a version written and
+        evicted meanwhile, and the caller's next `get` reads again."""
+        if stored is None or evicted is None or evicted != self.evicted:
+            return
+        self.ht[key] = stored
+        mem = self._mem
+        mem.meta += len(stored.key) + HT_ITEM_OVERHEAD
+        mem.values += len(stored.value)
+        mem.num_bg_fetches += 1
+
     def _lookup(self, key, meta_only: bool = False) -> Item | None:
         """The key's hash-table entry, fetched back from the store under full eviction."""
         item = self.ht.get(key)
@@ -226,6 +249,7 @@ class FullEviction:
             if (prepares and key in prepares) or (recommitting and key in recommitting):
                 continue
             del ht[key]
+            self.evicted += 1
             size = len(item.key) + HT_ITEM_OVERHEAD
             mem.meta -= size
             mem.values -= len(item.value)

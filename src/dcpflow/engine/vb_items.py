@@ -123,12 +123,15 @@ class ItemTable:
             raise EngineError(Status.EINTERNAL, f"the value of {item.key!r} was evicted and there is no store")
         return self.restore(item.key, self._fetch(self.id, item.key))
 
-    def restore(self, key: bytes, stored: Item | None) -> Item:
+    def restore(self, key: bytes, stored: Item | None, evicted: int | None = None) -> Item:
         """A value fetched from the store (`stored`) for the evicted entry of `key`: put back in
         the hash table if the entry is still that version, and returns the key's entry as it is
         now (resident, or changed meanwhile). The metadata stays the hash table's: GET_LOCKED may
-        have given the entry a CAS the store does not have."""
+        have given the entry a CAS the store does not have. Under full eviction a key memory lacks
+        comes back whole (eviction.py, `_restore_evicted`)."""
         item = self.ht.get(key)
+        if item is None and self._filter is not None:
+            self._restore_evicted(key, stored, evicted)
         if item is None or item.value is not NOT_RESIDENT:
             return item if item is not None else stored
         if stored is None or stored.by_seqno != item.by_seqno:

@@ -44,6 +44,8 @@ class ClientOps:
             raise recommit_in_progress(key)
         item = self.ht.get(key)
         if item is None and self._filter is not None:  # full eviction: maybe on disk (eviction.py)
+            if not fetch:
+                return self._maybe_on_disk(key)
             item = self._fetch_evicted(key)
         if item is None or item.deleted:
             raise self._enoent(key)

@@ -74,7 +74,8 @@ class VBucket(ClientOps, ItemTable, FullEviction, Locks, WithMeta, ReplicaApply,
                  "snapshot_end", "_clock", "_on_seqno", "_dirty", "checkpoint_manager", "ht", "num_items",
                  "num_deleted", "ops_create", "ops_update", "ops_delete", "_expiry_heap", "locks", "_mem", "_fetch",
                  "collections", "history_start", "prepares", "hps", "hcs", "persisted_hps", "persisted_hcs",
-                 "persisted_mvs", "topology", "adm", "pdm", "recommitting", "_filter", "_disk_keys")
+                 "persisted_mvs", "topology", "adm", "pdm", "recommitting", "_filter", "_disk_keys",
+                 "evicted")
 
     def __init__(self, vbid: int, state: VBucketState = VBucketState.ACTIVE, *,
                  conflict_resolution: ConflictResolutionMode | str = ConflictResolutionMode.REV_SEQNO,
@@ -131,6 +132,7 @@ class VBucket(ClientOps, ItemTable, FullEviction, Locks, WithMeta, ReplicaApply,
         # store's keys of a vbucket come from when it is rebuilt
         self._filter = None
         self._disk_keys = disk_keys
+        self.evicted = 0  # entries the pager removed whole, and reloads (a read begun before is stale)
         self._load(items)
         if full_eviction and warmup_summary is not None:  # after `_load`: the collections its events describe
             self._load_summary(warmup_summary, disk_keys(vbid))
@@ -385,6 +387,7 @@ class VBucket(ClientOps, ItemTable, FullEviction, Locks, WithMeta, ReplicaApply,
         """Reload after the store rolled back to `seqno` (0 = the vbucket was reset); `snapshot`
         is the persisted snapshot that seqno lies in (its end if it is a consistent point)."""
         self.forget_memory()
+        self.evicted += 1
         self.ht = {}
         self._expiry_heap = []
         self.locks.clear()

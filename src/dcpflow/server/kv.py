@@ -218,8 +218,9 @@ async def _bg_fetch(conn: Connection, vb: VBucket, key: bytes, wire_key: bytes, 
     that no flush batch holds up), put back into the hash table here, then answered as the key
     stands now (it may have changed meanwhile)."""
     engine = conn.bucket.engine
+    evicted = vb.evicted  # full eviction: whether the read is still current when it is done
     stored = await asyncio.get_running_loop().run_in_executor(None, engine.store.read, vb.id, key)
-    vb.restore(key, stored)
+    vb.restore(key, stored, evicted)
     counters = conn.bucket.counters
     try:
         item = vb.get(key)
