@@ -94,7 +94,7 @@ from .counters import Counters
 from .dcp_commands import DcpNames
 from .faults import Faults
 from .listener import Listener, listening_sockets
-from .mgmt import ManagementListener
+from .mgmt import ROUTERS, ManagementListener
 from .session import SERVER_VERSION
 from .throttle import FIRST_LOCKOUT, FREE_FAILURES, LoginThrottle
 from .topology import Topology
@@ -349,7 +349,7 @@ class Server:
         self.topology: Topology | None = None
         self.port: int | None = None
         self.tls_port: int | None = None
-        self.mgmt = ManagementListener(self)  # its ports: mgmt.port, mgmt.tls_port
+        self.mgmt = ManagementListener(self, ROUTERS)  # its ports: mgmt.port, mgmt.tls_port
         self.faults = Faults(self)  # fault injection (server/faults), served by the management listener
         self._listener: Listener | None = None
         self._tls_listener: Listener | None = None
