@@ -193,8 +193,10 @@ class BatchBuilder:
             is_row |= ops == op
         rows = self._rows(fr, np.flatnonzero(is_row))
         cidx = np.flatnonzero(~is_row)
-        last = self._last_seqnos(fr, rows, cidx)
-        ctl = self._walk_others(fr, cidx, last, steps, events)
+        c_hdr = fr.hdr[cidx]
+        c_vb = field_column(c_hdr, _VBUCKET).astype(np.int64)
+        last = self._last_seqnos(rows, cidx, c_vb)
+        ctl = self._walk_others(fr, cidx, c_hdr, c_vb, last, steps, events)
         if not rows.n:
             return self._sync_batch(ctl.sync_rows, ctl.uuid) if ctl.sync_rows else None
         rows.strip_collections(fr)
@@ -242,12 +244,11 @@ class BatchBuilder:
         rows.cid = np.zeros(rows.n, dtype=np.int64)
         return rows
 
-    def _last_seqnos(self, fr: "_Frames", rows: "_Rows", cidx: np.ndarray) -> np.ndarray:
+    def _last_seqnos(self, rows: "_Rows", cidx: np.ndarray, c_vb: np.ndarray) -> np.ndarray:
         """The last document seqno of each group: the rows of a vbucket before its next other frame
         (indexed by that frame's position among the others), or after its last (nc + vbucket). The
         trackers need no more: seqnos rise within a vbucket."""
         nc, n, vb = len(cidx), rows.n, rows.vb
-        c_vb = field_column(fr.hdr[cidx], _VBUCKET).astype(np.int64)
         ckey = (c_vb << 32) | cidx
         corder = np.argsort(ckey, kind="stable")
         ckey_sorted = ckey[corder]
@@ -261,8 +262,8 @@ class BatchBuilder:
             np.maximum.at(last, group, rows.seq)
         return last
 
-    def _walk_others(self, fr: "_Frames", cidx: np.ndarray, last: np.ndarray, steps: list,
-                     events: list) -> "_Others":
+    def _walk_others(self, fr: "_Frames", cidx: np.ndarray, c_hdr: np.ndarray, c_vb: np.ndarray, last: np.ndarray,
+                     steps: list, events: list) -> "_Others":
         """The frames that are not document rows, in order, with the decoded trackers in step: the
         rows' last seqnos before each, markers (the snapshots of the rows), stream ends, and the
         few messages decoded whole."""
@@ -271,12 +272,11 @@ class BatchBuilder:
         ctl = _Others(self.size, streams)
         c_starts = fr.starts[cidx]
         c_sid = fr.sid[cidx]
-        c_hdr = fr.hdr[cidx]
-        c_vb = field_column(c_hdr, _VBUCKET).astype(np.int64)
         c_end = c_starts + HEADER_LEN + field_column(c_hdr, _BODY_LENGTH).astype(np.int64)
         c_op = c_hdr[:, _OPCODE.offset]
         datas = fr.datas
         nc = len(cidx)
+        current, mk_vb, mk_idx, mk_s, mk_e = ctl.current, ctl.mk_vb, ctl.mk_idx, ctl.mk_s, ctl.mk_e
         for j in range(nc):
             v = int(c_vb[j])
             vs = streams.get(v)
@@ -309,7 +309,11 @@ class BatchBuilder:
             if op == _SNAPSHOT_MARKER:
                 tr.snapshot(start, end)
                 steps.append((SNAPSHOT, v, (start, end)))
-                ctl.marker(v, int(cidx[j]), start, end)
+                current[v] = (start, end)
+                mk_vb.append(v)
+                mk_idx.append(int(cidx[j]))
+                mk_s.append(start)
+                mk_e.append(end)
             elif reason is not None:
                 ev = feed.stream_end(v, reason, steps)
                 if ev is not None:
@@ -472,13 +476,6 @@ class _Others:
         self.mk_vb, self.mk_idx, self.mk_s, self.mk_e = [], [], [], []
         self.current: dict[int, tuple[int, int]] = {}  # vbucket -> its last marker so far in this decode
         self.sync_rows: list = []  # (frame index, vbucket, message, snapshot, collections)
-
-    def marker(self, v: int, index: int, start: int, end: int) -> None:
-        self.current[v] = (start, end)
-        self.mk_vb.append(v)
-        self.mk_idx.append(index)
-        self.mk_s.append(start)
-        self.mk_e.append(end)
 
     def snapshot_of(self, v: int, seqno: int) -> tuple[int, int]:
         """The snapshot a sync write at `seqno` belongs to: the vbucket's last marker so far."""
