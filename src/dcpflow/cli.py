@@ -139,6 +139,32 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dcpflow", description="Couchbase DCP end to end: protocol tools, "
                                      "server, client and the Spark CDC pipeline.")
     sub = parser.add_subparsers(dest="command", required=True)
+    _add_inspect_command(sub)
+    _add_server_command(sub)
+
+    from .load import add_command as add_load_command
+    from .spark.commands import add_commands as add_spark_commands
+    add_load_command(sub)
+    add_spark_commands(sub)
+
+    from .client.tail import add_command as add_tail_command
+    add_tail_command(sub)
+
+    from .replication.commands import add_command as add_cluster_command
+    add_cluster_command(sub)
+
+    from .replication.xdcr.command import add_command as add_xdcr_command
+    add_xdcr_command(sub)
+
+    from .fault import add_command as add_fault_command
+    add_fault_command(sub)
+
+    from .collections_cli import add_command as add_collections_command
+    add_collections_command(sub)
+    return parser
+
+
+def _add_inspect_command(sub) -> None:
     p = sub.add_parser("inspect", help="decode hex frames (stdin or a file) into JSON, one object per frame",
                        description="Decode memcached-binary/DCP frames from hex. Whitespace, 0x prefixes, "
                        "commas and # comments are ignored; packet tables pasted from KV-Engine's docs (Byte/ "
@@ -149,6 +175,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--strict", action="store_true", help="exit 1 if any frame has a problem")
     p.set_defaults(func=_cmd_inspect)
 
+
+def _add_server_command(sub) -> None:
     p = sub.add_parser("server", help="run a KV server (Couchbase binary protocol) in the foreground",
                        description="Serve buckets over the memcached binary protocol with Couchbase's extensions "
                        "(HELLO, SASL SCRAM/PLAIN, cluster map, KV, *WithMeta, stats), and beside it the HTTP "
@@ -201,6 +229,15 @@ def build_parser() -> argparse.ArgumentParser:
                         "valueOnly evicts values and keeps every key in memory, fullEviction evicts whole "
                         "documents so a bucket can hold more keys than its quota fits (default: as the bucket was, "
                         "valueOnly for a new one)")
+    _add_server_limits(p)
+    p.add_argument("--loop", choices=("auto", "asyncio", "uvloop"), default="auto",
+                   help="event loop: uvloop if installed (auto, the default: faster socket I/O), or asyncio")
+    p.add_argument("--debug", action="store_true", help="log to stderr, including unknown opcodes")
+    p.set_defaults(func=_cmd_server)
+
+
+def _add_server_limits(p) -> None:
+    """`dcpflow server`'s limits on connections and logins, and its audit trail."""
     p.add_argument("--max-connections", type=int, default=60_000, metavar="N",
                    help="connections that may be authenticated as ordinary users (default 60000, ns_server's; "
                         "lowered to fit the open-files limit with --mgmt-max-connections)")
@@ -226,31 +263,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also write the audit trail (failed logins on both ports, 401/403/EACCESS refusals, invalid "
                         "packets, bucket, scope, collection and user changes) to FILE as JSON lines in Couchbase's "
                         "audit event format: every event, never rate-limited (the copy logged at WARNING is)")
-    p.add_argument("--loop", choices=("auto", "asyncio", "uvloop"), default="auto",
-                   help="event loop: uvloop if installed (auto, the default: faster socket I/O), or asyncio")
-    p.add_argument("--debug", action="store_true", help="log to stderr, including unknown opcodes")
-    p.set_defaults(func=_cmd_server)
-
-    from .load import add_command as add_load_command
-    from .spark.commands import add_commands as add_spark_commands
-    add_load_command(sub)
-    add_spark_commands(sub)
-
-    from .client.tail import add_command as add_tail_command
-    add_tail_command(sub)
-
-    from .replication.commands import add_command as add_cluster_command
-    add_cluster_command(sub)
-
-    from .replication.xdcr.command import add_command as add_xdcr_command
-    add_xdcr_command(sub)
-
-    from .fault import add_command as add_fault_command
-    add_fault_command(sub)
-
-    from .collections_cli import add_command as add_collections_command
-    add_collections_command(sub)
-    return parser
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dcpflow.client import connection as cmod
+from dcpflow.client import framing
 from dcpflow.client.connection import Connection
 from dcpflow.protocol.dcp import DcpMutation, DcpNoop, DcpStreamEnd
 from dcpflow.protocol.frame import HEADER_LEN, MAGIC_OPCODE_BODY
@@ -99,7 +100,7 @@ def test_every_stream_frame_reaches_the_sink_once_in_order_and_stays_as_it_was(t
 
 
 def test_a_frame_larger_than_the_buffer_arrives_whole_in_one_buffer():
-    big = _stream_frame(b"v" * (3 * cmod.RECV_BUFFER), 1)
+    big = _stream_frame(b"v" * (3 * framing.RECV_BUFFER), 1)
     data = _stream_frame(b"a", 2) + big + _stream_frame(b"b", 3)
 
     def check():
@@ -121,7 +122,7 @@ def test_small_reads_keep_a_small_buffer():
         conn, _ = _connection()
         for i in range(100):
             _deliver(conn, error_response(Opcode.GET, Status.SUCCESS, 0xDEAD0000 + i), [7])
-        assert len(conn._rbuf) <= 2 * cmod.RECV_FIRST
+        assert len(conn._rbuf) <= 2 * framing.RECV_FIRST
     _run(check)
 
 

@@ -12,7 +12,8 @@ import time
 import pytest
 
 from dcpflow.client import DcpClient, Deletion, Expiration, Mutation, Rollback
-from dcpflow.client.streams import FINISH, REOPEN, end_action
+from dcpflow.dcp.position import FINISH, REOPEN
+from dcpflow.dcp.position import stream_end as end_action
 from dcpflow.protocol import kv as kvproto
 from dcpflow.protocol.dcp import StreamEndReason
 from dcpflow.protocol.opcodes import Opcode

@@ -115,7 +115,10 @@ def test_kill9_failover_under_load_loses_no_replicated_write_and_the_client_roll
     writer = SdkWriter(cluster.connstr, keys)
     writer.start()
     assert writer.ready.wait(30)
-    time.sleep(0.5)
+    deadline = time.monotonic() + 30  # writes replicated before the hold (a busy machine acks fewer per second)
+    while len(writer.acked) <= 100:
+        assert time.monotonic() < deadline, f"only {len(writer.acked)} writes acknowledged"
+        time.sleep(0.05)
     # Node 0's replication falls behind (its links are cut); writes and the client go on.
     cluster.run(mgr.hold_replication(cluster.address(dead)))
     held_at = len(writer.acked)

@@ -22,6 +22,8 @@ documents):
 (or numpy `.view(np.uint64)`) gives the unsigned number back.
 """
 
+from typing import NamedTuple
+
 import numpy as np
 import pyarrow as pa
 
@@ -184,86 +186,97 @@ class BatchBuilder:
     def decode(self, segments, steps: list, events: list) -> pa.RecordBatch | None:
         """Decode `segments` (in order) into one batch; append tracker steps and application events
         (StreamEnd...) to the lists. Updates the feed's decoded trackers and handles stream ends."""
-        feed = self.feed
-        streams = feed.streams
-        # Frames stay in the segments they arrived in (no copy joins them): a frame is (segment
-        # sid, local start), and the Arrow columns point into the segments' buffers.
-        datas, u8s, starts_parts, sid_parts, coll_parts = [], [], [], [], []
-        for i, seg in enumerate(segments):
-            s = np.frombuffer(seg.starts, dtype=np.int64)
-            datas.append(seg.data)
-            u8s.append(np.frombuffer(seg.data, dtype=np.uint8))
-            starts_parts.append(s)
-            sid_parts.append(np.full(len(s), i, dtype=np.int64))
-            coll_parts.append(np.full(len(s), seg.conn.collections, dtype=bool))
-        one = len(starts_parts) == 1
-        starts = starts_parts[0] if one else np.concatenate(starts_parts)
-        sid = sid_parts[0] if one else np.concatenate(sid_parts)
-        coll = coll_parts[0] if one else np.concatenate(coll_parts)
-        hdr = gather(u8s, sid, starts, _WIDTH)  # every frame's header and first extras, copied
-        ops = hdr[:, _OPCODE.offset]
+        fr = _gather_frames(segments)
+        ops = fr.hdr[:, _OPCODE.offset]
         is_row = ops == _ROW_OPCODES[0]
         for op in _ROW_OPCODES[1:]:
             is_row |= ops == op
-        ridx = np.flatnonzero(is_row)
+        rows = self._rows(fr, np.flatnonzero(is_row))
         cidx = np.flatnonzero(~is_row)
-        rs = starts[ridx]
-        rsid = sid[ridx]
-        n = len(rs)
+        c_hdr = fr.hdr[cidx]
+        c_vb = field_column(c_hdr, _VBUCKET).astype(np.int64)
+        last = self._last_seqnos(rows, cidx, c_vb)
+        ctl = self._walk_others(fr, cidx, c_hdr, c_vb, last, steps, events)
+        if not rows.n:
+            return self._sync_batch(ctl.sync_rows, ctl.uuid) if ctl.sync_rows else None
+        rows.strip_collections(fr)
+        if self.end is not None:
+            keep = rows.seq <= self.end[rows.vb]
+            if not keep.all():
+                if not keep.any():
+                    return self._sync_batch(ctl.sync_rows, ctl.uuid) if ctl.sync_rows else None
+                rows.select(np.flatnonzero(keep))
+        batch = pa.RecordBatch.from_arrays(_columns(fr, rows, ctl), schema=SCHEMA)
+        if not ctl.sync_rows:
+            return batch
+        # the sync-write rows go where their frames were, among the documents
+        both = pa.Table.from_batches([batch, self._sync_batch(ctl.sync_rows, ctl.uuid)])
+        order = np.argsort(np.concatenate([rows.idx, np.asarray([r[0] for r in ctl.sync_rows], dtype=np.int64)]),
+                           kind="stable")
+        return both.take(_numeric(order)).combine_chunks().to_batches()[0]
 
-        mat = hdr[ridx]
+    def _rows(self, fr: "_Frames", ridx: np.ndarray) -> "_Rows":
+        """The document frames' fixed fields, checked: a layout the protocol defines, a key, and a
+        vbucket this read asked for."""
+        mat = fr.hdr[ridx]
+        rows = _Rows(ridx, fr.sid[ridx], mat)
         klen = field_column(mat, _KEY_LENGTH).astype(np.int64)
         ext = field_column(mat, _EXTRAS_LENGTH).astype(np.int64)
         blen = field_column(mat, _BODY_LENGTH).astype(np.int64)
-        rops = ops[ridx]
-        vb = field_column(mat, _VBUCKET).astype(np.int64)
-        seq_u = field_column(mat, _BY_SEQNO).astype(np.uint64)
-        is_mut = rops == _MUTATION
-        kind = _ROW_KIND.take((rops.astype(np.int64) << 8) | ext)
-        ok = kind >= 0
+        rops = fr.hdr[ridx, _OPCODE.offset]
+        vb = rows.vb = field_column(mat, _VBUCKET).astype(np.int64)
+        rows.seq = field_column(mat, _BY_SEQNO).astype(np.uint64)
+        rows.is_mut = rops == _MUTATION
+        rows.kind = _ROW_KIND.take((rops.astype(np.int64) << 8) | ext)
+        ok = rows.kind >= 0
         ok &= (klen > 0) & (ext + klen <= blen)
-        if n and not ok.all():
+        if rows.n and not ok.all():
             bad = int(np.flatnonzero(~ok)[0])
             raise ProtocolError(f"malformed DCP opcode 0x{int(rops[bad]):02x} for vbucket {int(vb[bad])}: extras "
                                 f"{int(ext[bad])}, key {int(klen[bad])}, body {int(blen[bad])} bytes "
                                 f"(mutation.md / deletion.md / expiration.md)")
-        if n and int(vb.max()) >= self.size:
+        if rows.n and int(vb.max()) >= self.size:
             raise ProtocolError(f"DCP message for vbucket {int(vb.max())}, which this read did not request")
+        rows.kstart = fr.starts[ridx] + HEADER_LEN + ext
+        rows.klen = klen
+        rows.vstart = rows.kstart + klen
+        rows.vlen = blen - ext - klen
+        rows.cid = np.zeros(rows.n, dtype=np.int64)
+        return rows
 
-        # -- the other frames, in order, with the trackers in step ---------------------------------
-        c_starts = starts[cidx]
-        c_sid = sid[cidx]
-        c_hdr = hdr[cidx]
-        c_vb = field_column(c_hdr, _VBUCKET).astype(np.int64)
-        c_end = c_starts + HEADER_LEN + field_column(c_hdr, _BODY_LENGTH).astype(np.int64)
-        c_op = ops[cidx]
-        nc = len(cidx)
-        rkey = (vb << 32) | ridx
+    def _last_seqnos(self, rows: "_Rows", cidx: np.ndarray, c_vb: np.ndarray) -> np.ndarray:
+        """The last document seqno of each group: the rows of a vbucket before its next other frame
+        (indexed by that frame's position among the others), or after its last (nc + vbucket). The
+        trackers need no more: seqnos rise within a vbucket."""
+        nc, n, vb = len(cidx), rows.n, rows.vb
         ckey = (c_vb << 32) | cidx
         corder = np.argsort(ckey, kind="stable")
         ckey_sorted = ckey[corder]
-        # Group = the next other-frame of the row's vbucket (its position in frame order), or a tail
-        # group per vbucket; the trackers need the last seqno of each group.
-        nxt = np.searchsorted(ckey_sorted, rkey)
+        nxt = np.searchsorted(ckey_sorted, (vb << 32) | rows.idx)
         has_next = nxt < nc
         nxt_c = np.minimum(nxt, max(nc - 1, 0))
         same = has_next & (c_vb[corder[nxt_c]] == vb) if nc else np.zeros(n, dtype=bool)
         group = np.where(same, corder[nxt_c] if nc else 0, nc + vb)
         last = np.zeros(nc + self.size, dtype=np.uint64)
         if n:
-            np.maximum.at(last, group, seq_u)
+            np.maximum.at(last, group, rows.seq)
+        return last
 
-        mk_vb, mk_idx, mk_s, mk_e = [], [], [], []
-        carry_s = np.full(self.size, -1, dtype=np.int64)
-        carry_e = np.full(self.size, -1, dtype=np.int64)
-        uuid = np.zeros(self.size, dtype=np.uint64)
-        for v, vs in streams.items():
-            m = vs.decoded.marker
-            if m is not None:
-                carry_s[v], carry_e[v] = m
-            uuid[v] = vs.decoded.vbuuid
-        sync_rows: list = []  # (frame index, vbucket, message, snapshot) of prepares, commits, aborts
-        current: dict[int, tuple[int, int]] = {}  # vbucket -> its last marker so far in this decode
+    def _walk_others(self, fr: "_Frames", cidx: np.ndarray, c_hdr: np.ndarray, c_vb: np.ndarray, last: np.ndarray,
+                     steps: list, events: list) -> "_Others":
+        """The frames that are not document rows, in order, with the decoded trackers in step: the
+        rows' last seqnos before each, markers (the snapshots of the rows), stream ends, and the
+        few messages decoded whole."""
+        feed = self.feed
+        streams = feed.streams
+        ctl = _Others(self.size, streams)
+        c_starts = fr.starts[cidx]
+        c_sid = fr.sid[cidx]
+        c_end = c_starts + HEADER_LEN + field_column(c_hdr, _BODY_LENGTH).astype(np.int64)
+        c_op = c_hdr[:, _OPCODE.offset]
+        datas = fr.datas
+        nc = len(cidx)
+        current, mk_vb, mk_idx, mk_s, mk_e = ctl.current, ctl.mk_vb, ctl.mk_idx, ctl.mk_s, ctl.mk_e
         for j in range(nc):
             v = int(c_vb[j])
             vs = streams.get(v)
@@ -305,25 +318,8 @@ class BatchBuilder:
                 ev = feed.stream_end(v, reason, steps)
                 if ev is not None:
                     events.append(ev)
-            elif type(msg) is DcpSeqnoAdvanced:
-                tr.seqno_advanced(msg.by_seqno)
-                steps.append((ADVANCED, v, msg.by_seqno))
-            elif type(msg) in _SYNC_MESSAGES:  # only to a read with sync_writes (the server sends none otherwise)
-                seqno = sync_seqno(msg)
-                if self.end is None or seqno <= int(self.end[v]):
-                    snap = current.get(v) or ((int(carry_s[v]), int(carry_e[v])) if carry_s[v] >= 0 else (seqno, seqno))
-                    sync_rows.append((int(cidx[j]), v, msg, snap, bool(coll[cidx[j]])))
-                tr.item(seqno)
-                steps.append((ITEM, v, seqno))
-            elif type(msg) is DcpSystemEvent:
-                ev = system_event(v, msg.by_seqno, msg.event, msg.version, msg.key, msg.value, tr.vbuuid, self.names)
-                if ev.manifest_uid is not None:
-                    tr.saw_manifest(ev.manifest_uid)
-                    steps.append((MANIFEST, v, ev.manifest_uid))
-                if self.system_events is not None and (self.end is None or msg.by_seqno <= int(self.end[v])):
-                    self.system_events.append(ev)
-                tr.item(msg.by_seqno)
-                steps.append((ITEM, v, msg.by_seqno))
+            else:
+                self._decoded(ctl, tr, v, msg, int(cidx[j]), bool(fr.coll[cidx[j]]), steps)
         for v in np.flatnonzero(last[nc:]):
             v = int(v)
             vs = streams.get(v)
@@ -331,88 +327,30 @@ class BatchBuilder:
                 s = int(last[nc + v])
                 vs.decoded.item(s)
                 steps.append((ITEM, v, s))
-        if not n:
-            return self._sync_batch(sync_rows, uuid) if sync_rows else None
+        return ctl
 
-        # -- keys (collection prefix stripped), values ----------------------------------------------
-        kstart = rs + HEADER_LEN + ext
-        vstart = kstart + klen
-        vlen = blen - ext - klen
-        cid = np.zeros(n, dtype=np.int64)
-        rcoll = coll[ridx]
-        if rcoll.any():
-            b0 = gather(u8s, rsid, kstart, 1)[:, 0].astype(np.int64)
-            multi = rcoll & (b0 >= 0x80)
-            cid = np.where(rcoll, b0, 0)
-            used = rcoll.astype(np.int64)
-            for i in np.flatnonzero(multi):
-                cid[i], used[i] = decode_leb128(datas[int(rsid[i])], int(kstart[i]))
-            kstart = kstart + used
-            klen = klen - used
-            if (klen <= 0).any():
-                raise ProtocolError("a DCP key holds only its collection-id prefix (Collections.md)")
-
-        # -- which rows to keep ---------------------------------------------------------------------
-        if self.end is not None:
-            keep = seq_u <= self.end[vb]
-            if not keep.all():
-                sel = np.flatnonzero(keep)
-                if not len(sel):
-                    return self._sync_batch(sync_rows, uuid) if sync_rows else None
-                mat, vb, seq_u, kind, is_mut, rsid = mat[sel], vb[sel], seq_u[sel], kind[sel], is_mut[sel], rsid[sel]
-                kstart, klen, vstart, vlen, cid, ridx = (kstart[sel], klen[sel], vstart[sel], vlen[sel], cid[sel],
-                                                         ridx[sel])
-                n = len(sel)
-
-        # -- snapshot of each row: the last marker of its vbucket before it, else the carried one ---
-        seq_i = seq_u.view(np.int64)
-        snap_s = carry_s[vb]
-        snap_e = carry_e[vb]
-        if mk_vb:
-            mvb = np.asarray(mk_vb, dtype=np.int64)
-            mkey = (mvb << 32) | np.asarray(mk_idx, dtype=np.int64)
-            morder = np.argsort(mkey, kind="stable")
-            mkey_sorted = mkey[morder]
-            pos = np.searchsorted(mkey_sorted, (vb << 32) | ridx, side="right") - 1
-            posc = np.maximum(pos, 0)
-            hit = (pos >= 0) & (mvb[morder][posc] == vb)
-            snap_s = np.where(hit, np.asarray(mk_s, dtype=np.uint64).view(np.int64)[morder][posc], snap_s)
-            snap_e = np.where(hit, np.asarray(mk_e, dtype=np.uint64).view(np.int64)[morder][posc], snap_e)
-        nosnap = snap_s < 0
-        if nosnap.any():
-            snap_s = np.where(nosnap, seq_i, snap_s)
-            snap_e = np.where(nosnap, seq_i, snap_e)
-
-        bufs = [pa.py_buffer(d) for d in datas]
-        flags = field_column(mat, _FLAGS).astype(np.int64)
-        delete_time = flags if _DELETE_TIME == _FLAGS else field_column(mat, _DELETE_TIME).astype(np.int64)
-        expiry = field_column(mat, _EXPIRY).astype(np.int64)
-        zero = np.zeros(n, dtype=np.int64)
-        columns = [
-            _numeric(vb.astype(np.int32)),
-            _numeric(seq_i),
-            _numeric(uuid[vb].view(np.int64)),
-            binary_column(bufs, u8s, rsid, kstart, klen),
-            binary_column(bufs, u8s, rsid, vstart, np.where(is_mut, vlen, 0), is_mut),
-            _EVENTS.take(_numeric(kind & _EVENT_MASK)),
-            _numeric(_u64_as_i64(mat, _CAS)),
-            _numeric(_u64_as_i64(mat, _REV_SEQNO)),
-            _numeric(np.where(is_mut, flags, zero)),
-            _numeric(np.where(is_mut, expiry, zero)),
-            _numeric(field_column(mat, _DATATYPE).astype(np.int32)),
-            _numeric(snap_s),
-            _numeric(snap_e),
-            _numeric(cid),
-            _numeric(np.where((kind & _WITH_DELETE_TIME) != 0, delete_time, zero)),
-        ]
-        batch = pa.RecordBatch.from_arrays(columns, schema=SCHEMA)
-        if not sync_rows:
-            return batch
-        # the sync-write rows go where their frames were, among the documents
-        both = pa.Table.from_batches([batch, self._sync_batch(sync_rows, uuid)])
-        order = np.argsort(np.concatenate([ridx, np.asarray([r[0] for r in sync_rows], dtype=np.int64)]),
-                           kind="stable")
-        return both.take(_numeric(order)).combine_chunks().to_batches()[0]
+    def _decoded(self, ctl: "_Others", tr, v: int, msg, index: int, collections: bool, steps: list) -> None:
+        """A SEQNO_ADVANCED, a sync write (only to a read with sync_writes: the server sends none
+        otherwise) or a system event, decoded whole."""
+        if type(msg) is DcpSeqnoAdvanced:
+            tr.seqno_advanced(msg.by_seqno)
+            steps.append((ADVANCED, v, msg.by_seqno))
+        elif type(msg) in _SYNC_MESSAGES:
+            seqno = sync_seqno(msg)
+            if self.end is None or seqno <= int(self.end[v]):
+                sync_rows = ctl.sync_rows
+                sync_rows.append((index, v, msg, ctl.snapshot_of(v, seqno), collections))
+            tr.item(seqno)
+            steps.append((ITEM, v, seqno))
+        elif type(msg) is DcpSystemEvent:
+            ev = system_event(v, msg.by_seqno, msg.event, msg.version, msg.key, msg.value, tr.vbuuid, self.names)
+            if ev.manifest_uid is not None:
+                tr.saw_manifest(ev.manifest_uid)
+                steps.append((MANIFEST, v, ev.manifest_uid))
+            if self.system_events is not None and (self.end is None or msg.by_seqno <= int(self.end[v])):
+                self.system_events.append(ev)
+            tr.item(msg.by_seqno)
+            steps.append((ITEM, v, msg.by_seqno))
 
     @staticmethod
     def _sync_batch(rows: list, uuid: np.ndarray) -> pa.RecordBatch:
@@ -451,3 +389,147 @@ def as_int64(u: int) -> int:
 
 _SYNC_EVENTS = {DcpPrepare: "prepare", DcpCommit: "commit", DcpAbort: "abort"}
 _SYNC_MESSAGES = tuple(_SYNC_EVENTS)
+
+
+class _Frames(NamedTuple):
+    """Every frame of one decode, in order: each is (segment `sid`, local start), never copied into
+    one buffer; `hdr` holds each frame's header and first extras (one gather)."""
+
+    datas: list
+    u8s: list
+    starts: np.ndarray
+    sid: np.ndarray
+    coll: np.ndarray  # the frame's connection negotiated collections (its keys carry a collection id)
+    hdr: np.ndarray
+
+
+def _gather_frames(segments) -> _Frames:
+    datas, u8s, starts_parts, sid_parts, coll_parts = [], [], [], [], []
+    for i, seg in enumerate(segments):
+        s = np.frombuffer(seg.starts, dtype=np.int64)
+        datas.append(seg.data)
+        u8s.append(np.frombuffer(seg.data, dtype=np.uint8))
+        starts_parts.append(s)
+        sid_parts.append(np.full(len(s), i, dtype=np.int64))
+        coll_parts.append(np.full(len(s), seg.conn.collections, dtype=bool))
+    one = len(starts_parts) == 1
+    starts = starts_parts[0] if one else np.concatenate(starts_parts)
+    sid = sid_parts[0] if one else np.concatenate(sid_parts)
+    coll = coll_parts[0] if one else np.concatenate(coll_parts)
+    return _Frames(datas, u8s, starts, sid, coll, gather(u8s, sid, starts, _WIDTH))
+
+
+class _Rows:
+    """The document frames of one decode, column by column: `idx` is each row's frame index,
+    `mat` its gathered header and extras, the rest what the columns are made of."""
+
+    __slots__ = ("idx", "sid", "mat", "vb", "seq", "kind", "is_mut", "kstart", "klen", "vstart", "vlen", "cid")
+    _COLUMNS = __slots__
+
+    def __init__(self, idx: np.ndarray, sid: np.ndarray, mat: np.ndarray):
+        self.idx, self.sid, self.mat = idx, sid, mat
+
+    @property
+    def n(self) -> int:
+        return len(self.idx)
+
+    def select(self, sel: np.ndarray) -> None:
+        """Keep the rows `sel` (the end filter)."""
+        for name in self._COLUMNS:
+            setattr(self, name, getattr(self, name)[sel])
+
+    def strip_collections(self, fr: _Frames) -> None:
+        """Rows from a connection with collections: the key's LEB128 collection id becomes `cid`."""
+        rcoll = fr.coll[self.idx]
+        if not rcoll.any():
+            return
+        kstart = self.kstart
+        b0 = gather(fr.u8s, self.sid, kstart, 1)[:, 0].astype(np.int64)
+        multi = rcoll & (b0 >= 0x80)
+        cid = np.where(rcoll, b0, 0)
+        used = rcoll.astype(np.int64)
+        for i in np.flatnonzero(multi):
+            cid[i], used[i] = decode_leb128(fr.datas[int(self.sid[i])], int(kstart[i]))
+        self.cid = cid
+        self.kstart = kstart + used
+        self.klen = self.klen - used
+        if (self.klen <= 0).any():
+            raise ProtocolError("a DCP key holds only its collection-id prefix (Collections.md)")
+
+
+class _Others:
+    """What the walk over the other frames leaves for the columns: each vbucket's snapshot from
+    before this decode (`carry_*`, -1: none) and vbuuid, the markers met (vbucket, frame index,
+    start, end), and the sync-write rows."""
+
+    __slots__ = ("carry_s", "carry_e", "uuid", "mk_vb", "mk_idx", "mk_s", "mk_e", "current", "sync_rows")
+
+    def __init__(self, size: int, streams: dict):
+        self.carry_s = np.full(size, -1, dtype=np.int64)
+        self.carry_e = np.full(size, -1, dtype=np.int64)
+        self.uuid = np.zeros(size, dtype=np.uint64)
+        for v, vs in streams.items():
+            m = vs.decoded.marker
+            if m is not None:
+                self.carry_s[v], self.carry_e[v] = m
+            self.uuid[v] = vs.decoded.vbuuid
+        self.mk_vb, self.mk_idx, self.mk_s, self.mk_e = [], [], [], []
+        self.current: dict[int, tuple[int, int]] = {}  # vbucket -> its last marker so far in this decode
+        self.sync_rows: list = []  # (frame index, vbucket, message, snapshot, collections)
+
+    def snapshot_of(self, v: int, seqno: int) -> tuple[int, int]:
+        """The snapshot a sync write at `seqno` belongs to: the vbucket's last marker so far."""
+        snap = self.current.get(v)
+        if snap is not None:
+            return snap
+        return (int(self.carry_s[v]), int(self.carry_e[v])) if self.carry_s[v] >= 0 else (seqno, seqno)
+
+    def snapshots(self, vb: np.ndarray, ridx: np.ndarray, seq_i: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Each row's snapshot: the last marker of its vbucket before it, else the carried one,
+        else the row's own seqno."""
+        snap_s = self.carry_s[vb]
+        snap_e = self.carry_e[vb]
+        if self.mk_vb:
+            mvb = np.asarray(self.mk_vb, dtype=np.int64)
+            mkey = (mvb << 32) | np.asarray(self.mk_idx, dtype=np.int64)
+            morder = np.argsort(mkey, kind="stable")
+            mkey_sorted = mkey[morder]
+            pos = np.searchsorted(mkey_sorted, (vb << 32) | ridx, side="right") - 1
+            posc = np.maximum(pos, 0)
+            hit = (pos >= 0) & (mvb[morder][posc] == vb)
+            snap_s = np.where(hit, np.asarray(self.mk_s, dtype=np.uint64).view(np.int64)[morder][posc], snap_s)
+            snap_e = np.where(hit, np.asarray(self.mk_e, dtype=np.uint64).view(np.int64)[morder][posc], snap_e)
+        nosnap = snap_s < 0
+        if nosnap.any():
+            snap_s = np.where(nosnap, seq_i, snap_s)
+            snap_e = np.where(nosnap, seq_i, snap_e)
+        return snap_s, snap_e
+
+
+def _columns(fr: _Frames, rows: _Rows, ctl: _Others) -> list[pa.Array]:
+    """SCHEMA's columns of the rows."""
+    mat, vb, kind, is_mut, n = rows.mat, rows.vb, rows.kind, rows.is_mut, rows.n
+    seq_i = rows.seq.view(np.int64)
+    snap_s, snap_e = ctl.snapshots(vb, rows.idx, seq_i)
+    bufs = [pa.py_buffer(d) for d in fr.datas]
+    flags = field_column(mat, _FLAGS).astype(np.int64)
+    delete_time = flags if _DELETE_TIME == _FLAGS else field_column(mat, _DELETE_TIME).astype(np.int64)
+    expiry = field_column(mat, _EXPIRY).astype(np.int64)
+    zero = np.zeros(n, dtype=np.int64)
+    return [
+        _numeric(vb.astype(np.int32)),
+        _numeric(seq_i),
+        _numeric(ctl.uuid[vb].view(np.int64)),
+        binary_column(bufs, fr.u8s, rows.sid, rows.kstart, rows.klen),
+        binary_column(bufs, fr.u8s, rows.sid, rows.vstart, np.where(is_mut, rows.vlen, 0), is_mut),
+        _EVENTS.take(_numeric(kind & _EVENT_MASK)),
+        _numeric(_u64_as_i64(mat, _CAS)),
+        _numeric(_u64_as_i64(mat, _REV_SEQNO)),
+        _numeric(np.where(is_mut, flags, zero)),
+        _numeric(np.where(is_mut, expiry, zero)),
+        _numeric(field_column(mat, _DATATYPE).astype(np.int32)),
+        _numeric(snap_s),
+        _numeric(snap_e),
+        _numeric(rows.cid),
+        _numeric(np.where((kind & _WITH_DELETE_TIME) != 0, delete_time, zero)),
+    ]

@@ -9,11 +9,8 @@ as events or straight into Arrow columns (batches.py), and tells the connection 
 it has consumed; the connection turns that into DCP_BUFFER_ACKNOWLEDGEMENTs (flow-control.md),
 which is what makes the application's pace the producer's pace.
 
-The transport reads straight into the connection's receive buffer (a BufferedProtocol), and the
-Segments point into that buffer: a received byte is copied once, by the kernel. A frame cut at
-the end of a read stays where it is until the rest arrives; only when the buffer runs out of room
-is it moved, with the next reads, to a new buffer - sized to hold it whole when it is large, so a
-20 MB value is not copied piece by piece.
+The receive buffer is framing.py's (the one buffered framing protocol, which the cluster manager's
+relay uses too), and the Segments point into it: a received byte is copied once, by the kernel.
 """
 
 import array
@@ -23,7 +20,6 @@ import functools
 import json
 import logging
 import os
-import socket
 import ssl
 import time
 from collections.abc import Callable
@@ -57,6 +53,7 @@ from .errors import (
     ServerError,
     status_name,
 )
+from .framing import FramedProtocol, dial, fail_waiter
 from .sasl import ScramClient, plain_payload
 
 log = logging.getLogger("dcpflow.client")
@@ -64,11 +61,6 @@ log = logging.getLogger("dcpflow.client")
 #: The frames a Segment carries: the messages a producer sends on a stream.
 _IS_STREAM = opcode_table(STREAM_OPCODES)
 MAX_BODY = 64 * 1024 * 1024  # a 20 MB document plus xattrs and headroom
-#: Receive buffers: the first is RECV_FIRST bytes, each next one twice the last up to RECV_BUFFER
-#: (or what a large frame needs); a read gets at least RECV_MIN_ROOM bytes of room.
-RECV_FIRST = 64 * 1024
-RECV_BUFFER = 1024 * 1024
-RECV_MIN_ROOM = 16 * 1024
 
 #: HELLO features we ask for: what a 7.x SDK DCP client negotiates that we understand.
 FEATURES = (Feature.TCP_NODELAY, Feature.XERROR, Feature.SELECT_BUCKET, Feature.JSON, Feature.COLLECTIONS,
@@ -103,28 +95,23 @@ class RawRequest(NamedTuple):
                        opaque=self.opaque)
 
 
-class Connection(asyncio.BufferedProtocol):
+class Connection(FramedProtocol):
     """A connection to one node. Create with `open_connection`."""
 
+    error = ConnectionLostError
+
     def __init__(self, address: tuple[str, int], label: str = ""):
+        super().__init__(label or f"{address[0]}:{address[1]}")
         self.address = address
-        self.label = label or f"{address[0]}:{address[1]}"
-        self.transport: asyncio.Transport | None = None
         self._pending: dict[int, asyncio.Future | Callable[[Frame], None]] = {}
         self._opaque = 0x10000
         self._cork: list[bytes] | None = None  # sends held by corked()
-        # Receive buffer (get_buffer): bytes [_rpos, _wpos) arrived and are not walked yet; _need
-        # is how many the frame at _rpos needs to be whole (0: none is cut).
-        self._rbuf = bytearray()
-        self._rview = memoryview(self._rbuf)
-        self._rpos = self._wpos = self._need = 0
         self.sink: Callable[[Segment], None] | None = None
         # With DCP stream-ids (enable_stream_id): the sink of each stream-id. Several reads then
         # share this connection, each under its own id (stream-request-value.md, "sid").
         self.sinks: dict[int, Callable[[Segment], None]] | None = None
         self._pausers: set = set()  # who asked to pause reading (a shared connection has several)
         self.on_lost: Callable[[Connection, BaseException | None], None] | None = None
-        self.lost: BaseException | None = None
         self.closed_by_us = False
         self.connected = asyncio.get_running_loop().create_future()
         self.last_rx = _now()
@@ -144,11 +131,7 @@ class Connection(asyncio.BufferedProtocol):
 
     # -- asyncio.Protocol ------------------------------------------------------------------
     def connection_made(self, transport) -> None:
-        self.transport = transport
-        sock = transport.get_extra_info("socket")
-        if sock is not None:
-            with contextlib.suppress(OSError):
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        super().connection_made(transport)
         if not self.connected.done():
             self.connected.set_result(None)
 
@@ -159,9 +142,7 @@ class Connection(asyncio.BufferedProtocol):
         pending, self._pending = self._pending, {}
         for waiter in pending.values():
             if isinstance(waiter, asyncio.Future):
-                if not waiter.done():
-                    waiter.set_exception(err)
-                    waiter.exception()  # seen: whoever awaits it gets the loss; on_lost reports it
+                fail_waiter(waiter, err)
             else:
                 try:
                     waiter(None)
@@ -193,34 +174,15 @@ class Connection(asyncio.BufferedProtocol):
             self.last_rx = _now()
             self.transport.resume_reading()
 
-    def get_buffer(self, sizehint: int) -> memoryview:
-        """Where the transport reads next: the free end of the receive buffer, so the bytes land
-        once, where the Segments handed out point (no bytes object per read, no join with the cut
-        frame before it). A new buffer takes over the unwalked bytes (at most a frame) when the
-        room left is small or the cut frame does not fit."""
-        room = len(self._rbuf) - self._wpos
-        if room < RECV_MIN_ROOM or self._need > len(self._rbuf) - self._rpos:
-            self._grow()
-        return self._rview[self._wpos:]
-
-    def _grow(self) -> None:
-        pending = self._wpos - self._rpos
-        # Doubling from RECV_FIRST up to RECV_BUFFER: a KV connection that only sees small replies
-        # keeps a small buffer; a frame larger than that gets a buffer that holds it whole.
-        size = max(min(RECV_BUFFER, 2 * len(self._rbuf)), RECV_FIRST, self._need + RECV_MIN_ROOM)
-        buf = bytearray(size)
-        buf[:pending] = self._rview[self._rpos:self._wpos]
-        self._rbuf, self._rview = buf, memoryview(buf)
-        self._rpos, self._wpos = 0, pending
-
     def buffer_updated(self, nbytes: int) -> None:
         self.last_rx = _now()
         self.rx_bytes += nbytes
-        self._wpos += nbytes
-        buf, end = self._rbuf, self._wpos
-        pos = first = self._rpos
-        if end - pos < self._need:
-            return  # the frame at pos is still cut
+        super().buffer_updated(nbytes)
+
+    def frames_received(self, buf: bytearray, pos: int, end: int) -> tuple[int, int]:
+        """Replies and noops at once; runs of stream messages as Segments to the sink (or, with
+        stream-ids, to each id's sink)."""
+        first = pos
         ctrl = 0
         starts = array.array("q")
         routed: dict[int, list] | None = None  # stream-id -> its runs: [classic frames, their starts, charged]
@@ -243,9 +205,9 @@ class Connection(asyncio.BufferedProtocol):
                 pos, run = walk(buf, pos, is_stream, end)
                 if run:
                     if sinks is not None:
-                        self._fatal(ProtocolError("a stream message without a stream-id on a connection with "
+                        self.broken(ProtocolError("a stream message without a stream-id on a connection with "
                                                   "enable_stream_id"))
-                        return
+                        return pos, 0
                     starts.frombytes(run)
                     seg_end = pos
                 if pos > limit:
@@ -253,8 +215,8 @@ class Connection(asyncio.BufferedProtocol):
                 try:
                     fend = head(buf, pos, end, MAX_BODY)[4]
                 except ProtocolError as e:
-                    self._fatal(e)
-                    return
+                    self.broken(e)
+                    return pos, 0
                 if fend > end:
                     need = fend - pos
                     break
@@ -262,13 +224,12 @@ class Connection(asyncio.BufferedProtocol):
                     if routed is None:
                         routed = {}
                     if not self._route(buf, pos, fend, routed):
-                        return
+                        return pos, 0
                 elif not self._control(buf, pos, fend):
-                    return
+                    return pos, 0
                 ctrl += fend - pos
                 pos = fend
         finally:
-            self._rpos = pos
             if starts and self.lost is None:
                 charged = pos - first - ctrl  # the walked bytes that were not replies or noops
                 self.charged_total += charged
@@ -281,7 +242,7 @@ class Connection(asyncio.BufferedProtocol):
                     self.sink(Segment(self, buf, starts, seg_end, charged))
             if routed and self.lost is None:
                 self._deliver_routed(routed)
-        self._need = need if need else HEADER_LEN if end - pos else 0
+        return pos, need
 
     def _route_run(self, data: bytes, starts: bytes, sids: bytes, routed: dict[int, list]) -> None:
         """A run of stream messages from walk_sid_stream: to their stream-ids' runs. Each message
@@ -336,10 +297,6 @@ class Connection(asyncio.BufferedProtocol):
         if outstanding > self.max_outstanding:
             self.max_outstanding = outstanding
 
-    def _fatal(self, error: ProtocolError) -> None:
-        """A header that cannot start a frame (frame_head's fatal error): nothing after it can be framed."""
-        self.abort(ConnectionLostError(f"{self.label}: {error.reason}: the byte stream cannot be trusted"))
-
     def _control(self, buf: bytes, pos: int, fend: int) -> bool:
         """Handle a reply or a connection-level request; False if it broke the connection."""
         try:
@@ -375,8 +332,8 @@ class Connection(asyncio.BufferedProtocol):
     def send(self, data: bytes) -> None:
         if self._cork is not None:
             self._cork.append(data)
-        elif self.transport is not None and not self.transport.is_closing():
-            self.transport.write(data)
+        else:
+            super().send(data)
 
     @contextlib.contextmanager
     def corked(self):
@@ -464,16 +421,7 @@ class Connection(asyncio.BufferedProtocol):
     # -- closing -----------------------------------------------------------------------------
     def close(self) -> None:
         self.closed_by_us = True
-        if self.lost is None:
-            self.lost = ConnectionLostError(f"{self.label}: closed")
-        if self.transport is not None:
-            self.transport.close()
-
-    def abort(self, exc: BaseException) -> None:
-        if self.lost is None:
-            self.lost = exc
-        if self.transport is not None:
-            self.transport.abort()
+        super().close()
 
 
 async def connect_once(pending: dict, key, make: Callable):
@@ -500,25 +448,8 @@ def tls_context(ca_file: str | None, verify: str = "peer") -> ssl.SSLContext:
 
 async def open_connection(host: str, port: int, *, tls: ssl.SSLContext | None = None,
                           timeout: float = 10.0, label: str = "") -> Connection:
-    loop = asyncio.get_running_loop()
-    where = f"{host}:{port}"
-    try:
-        _, conn = await asyncio.wait_for(
-            loop.create_connection(lambda: Connection((host, port), label or where), host, port, ssl=tls,
-                                   server_hostname=host if tls else None), timeout)
-    except TimeoutError:
-        raise ConnectError(f"{where}: no connection within {timeout:g}s") from None
-    except ssl.SSLCertVerificationError as e:
-        raise ConnectError(f"{where}: TLS certificate not trusted ({e.verify_message}); pass the cluster's CA with "
-                           f"?ca_file=PATH") from None
-    except ssl.SSLError as e:
-        raise ConnectError(f"{where}: TLS handshake failed ({e.reason or e}); is this the TLS port?") from None
-    except ConnectionRefusedError:
-        raise ConnectError(f"{where}: connection refused (is a server listening on that port?)") from None
-    except OSError as e:
-        reason = e.strerror or (os.strerror(e.errno) if e.errno else str(e))
-        raise ConnectError(f"{where}: {reason}") from None
-    return conn
+    return await dial(lambda: Connection((host, port), label or f"{host}:{port}"), host, port, error=ConnectError,
+                      tls=tls, timeout=timeout)
 
 
 def _fail(what: str, conn: Connection, frame: Frame) -> ServerError:

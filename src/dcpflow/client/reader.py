@@ -154,19 +154,24 @@ class EventStream(_Reader):
         await asyncio.to_thread(self.state.save, snapshot)
         self._last_save = time.monotonic()
 
-    async def _run(self):
+    async def _start(self) -> Feed:
+        """Open the read: its feed, the mitigation gate, and the seqnos that progress counts to."""
         vbuckets, start, end, state, rollback, ignore_purged = self._args
         self._loaded = await self._open(vbuckets, start, end, state, rollback, ignore_purged, **self._feed_extra)
         if self.gate_args is not None:
             self.gate = HoldGate(dict(self.starts), *self.gate_args)
         # the ends themselves when bounded: a read bounded by "now" may lower them (streams.NewEnd)
         self.targets = self.ends if self.ends else await self.client.high_seqnos(list(self.starts))
-        feed = self.feed
+        return self.feed
+
+    async def _run(self):
+        """The events, in order. Mutations and deletions (the bulk) are made here; the other
+        messages by `_other`. Each tracker pair moves around the yield: `decoded` before the
+        application sees the event, `consumed` once it asks for the next."""
+        feed = await self._start()
         streams = feed.streams
-        markers = self.markers
         interval = self.save_interval
         timed = interval is not None and self.state is not None
-        names = self.client.names
         flags: dict[int, int] = {}  # the flags of each vbucket's current snapshot
         try:
             while True:
@@ -216,68 +221,80 @@ class EventStream(_Reader):
                         tr.item(seq)
                         yield event
                         vs.consumed.item(seq)
-                    elif t is DcpPrepare or t is DcpCommit or t is DcpAbort:
-                        vs = streams[msg.vbucket]
-                        tr = vs.decoded
-                        cid, key = _split_key(msg.key) if coll else (0, msg.key)
-                        seq = sync_seqno(msg)
-                        if t is DcpPrepare:
-                            event = Prepare(msg.vbucket, seq, key, msg.value, msg.cas, msg.rev_seqno, msg.flags,
-                                            msg.expiration, msg.datatype, msg.durability_level, msg.deleted,
-                                            tr.vbuuid, cid)
-                        else:
-                            event = (Commit if t is DcpCommit else Abort)(msg.vbucket, seq, key, msg.prepared_seqno,
-                                                                          tr.vbuuid, cid)
-                        tr.item(seq)
-                        yield event
-                        if t is DcpPrepare:
-                            if not vs.open_prepares:
-                                vs.held = vs.consumed.committed
-                            vs.open_prepares.add(seq)
-                        else:
-                            vs.open_prepares.discard(msg.prepared_seqno)
-                            if not vs.open_prepares:
-                                vs.held = None
-                        vs.consumed.item(seq)
-                    elif t is DcpSnapshotMarker:
-                        vs = streams[msg.vbucket]
-                        vs.decoded.snapshot(msg.start_seqno, msg.end_seqno)
-                        flags[msg.vbucket] = msg.flags
-                        if msg.purge_seqno:
-                            vs.decoded.purge_seqno = vs.consumed.purge_seqno = msg.purge_seqno
-                        if markers:
-                            yield SnapshotMarker(msg.vbucket, msg.start_seqno, msg.end_seqno, msg.flags)
-                        vs.consumed.snapshot(msg.start_seqno, msg.end_seqno)
-                    elif t is DcpStreamEnd:
-                        steps = []
-                        event = feed.stream_end(msg.vbucket, msg.reason, steps)
-                        if event is not None:
+                    else:
+                        for event in self._other(msg, t, coll, flags):
                             yield event
-                        replay(streams, steps)
-                    elif t is DcpSeqnoAdvanced:
-                        vs = streams[msg.vbucket]
-                        vs.decoded.seqno_advanced(msg.by_seqno)
-                        vs.consumed.seqno_advanced(msg.by_seqno)
-                    elif t is DcpSystemEvent:
-                        vs = streams[msg.vbucket]
-                        event = system_event(msg.vbucket, msg.by_seqno, msg.event, msg.version, msg.key, msg.value,
-                                             vs.decoded.vbuuid, names)
-                        uid = event.manifest_uid
-                        if uid is not None:
-                            vs.decoded.saw_manifest(uid)
-                        vs.decoded.item(msg.by_seqno)
-                        yield event
-                        if uid is not None:
-                            vs.consumed.saw_manifest(uid)
-                        vs.consumed.item(msg.by_seqno)
-                    # anything else in the bytes (noops, replies) was handled by the connection
                 feed.done_with(item)
-                if interval is not None and self.state is not None and time.monotonic() - self._last_save >= interval:
+                if timed and time.monotonic() - self._last_save >= interval:
                     await self.save()
             if self.state is not None:
                 await self.save()
         finally:
             await feed.close()
+
+    def _other(self, msg, t, coll: bool, flags: dict[int, int]):
+        """The events of a message that is not a mutation, deletion or expiration (a generator:
+        what follows a yield runs when the application asks for the next event). Anything else in
+        the bytes (noops, replies) was handled by the connection."""
+        feed = self.feed
+        streams = feed.streams
+        if t is DcpPrepare or t is DcpCommit or t is DcpAbort:
+            yield from self._sync_write(msg, t, coll)
+        elif t is DcpSnapshotMarker:
+            vs = streams[msg.vbucket]
+            vs.decoded.snapshot(msg.start_seqno, msg.end_seqno)
+            flags[msg.vbucket] = msg.flags
+            if msg.purge_seqno:
+                vs.decoded.purge_seqno = vs.consumed.purge_seqno = msg.purge_seqno
+            if self.markers:
+                yield SnapshotMarker(msg.vbucket, msg.start_seqno, msg.end_seqno, msg.flags)
+            vs.consumed.snapshot(msg.start_seqno, msg.end_seqno)
+        elif t is DcpStreamEnd:
+            steps: list = []
+            event = feed.stream_end(msg.vbucket, msg.reason, steps)
+            if event is not None:
+                yield event
+            replay(streams, steps)
+        elif t is DcpSeqnoAdvanced:
+            vs = streams[msg.vbucket]
+            vs.decoded.seqno_advanced(msg.by_seqno)
+            vs.consumed.seqno_advanced(msg.by_seqno)
+        elif t is DcpSystemEvent:
+            vs = streams[msg.vbucket]
+            event = system_event(msg.vbucket, msg.by_seqno, msg.event, msg.version, msg.key, msg.value,
+                                 vs.decoded.vbuuid, self.client.names)
+            uid = event.manifest_uid
+            if uid is not None:
+                vs.decoded.saw_manifest(uid)
+            vs.decoded.item(msg.by_seqno)
+            yield event
+            if uid is not None:
+                vs.consumed.saw_manifest(uid)
+            vs.consumed.item(msg.by_seqno)
+
+    def _sync_write(self, msg, t, coll: bool):
+        """A DCP_PREPARE, COMMIT or ABORT (a read with sync_writes). While prepares are open the
+        offset saved is the committed one from before the first of them (VbStream.held)."""
+        vs = self.feed.streams[msg.vbucket]
+        tr = vs.decoded
+        cid, key = _split_key(msg.key) if coll else (0, msg.key)
+        seq = sync_seqno(msg)
+        if t is DcpPrepare:
+            event = Prepare(msg.vbucket, seq, key, msg.value, msg.cas, msg.rev_seqno, msg.flags, msg.expiration,
+                            msg.datatype, msg.durability_level, msg.deleted, tr.vbuuid, cid)
+        else:
+            event = (Commit if t is DcpCommit else Abort)(msg.vbucket, seq, key, msg.prepared_seqno, tr.vbuuid, cid)
+        tr.item(seq)
+        yield event
+        if t is DcpPrepare:
+            if not vs.open_prepares:
+                vs.held = vs.consumed.committed
+            vs.open_prepares.add(seq)
+        else:
+            vs.open_prepares.discard(msg.prepared_seqno)
+            if not vs.open_prepares:
+                vs.held = None
+        vs.consumed.item(seq)
 
 
 def _sizes(seg: Segment):

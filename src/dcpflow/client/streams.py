@@ -21,10 +21,13 @@ What it does (stream-request.md, stream-end.md, rollback.md, protocol-flow.md):
   reopens from where the stream stood (STATE_CHANGED after a map refresh, SLOW and BACKFILL_FAIL
   after a short backoff). A lost connection reopens all its streams on a new one, with
   exponential backoff, for up to `reconnect_timeout`.
-* Dead-connection detection (dead-connections.md): the producer sends a noop every interval
-  whatever else it sends (as KV-Engine's code does; the page says only when
-  idle), so a connection that delivers nothing for
-  `dead_timeout` (default 2 x the noop interval + 5 s) is closed and treated as lost.
+* Dead-connection detection (dead-connections.md): a connection that delivers nothing for
+  `dead_timeout` (default 2 x the noop interval + 5 s) is closed and treated as lost
+  (feed_conns.py, which keeps the read's connection to each node).
+
+What a snapshot marker, an item, a STREAM_END and a ROLLBACK do to a vbucket's position is decided
+by dcpflow.dcp.position (VbTracker, stream_end, stream_request), the rules the server's replica
+consumer follows too; the collections the read asks for are feed_filter.py's.
 
 Everything the consumer must see in order - the stream bytes (connection.Segment) and notices
 (a stream opened, rolled back, a connection lost) - goes through one queue. Each vbucket has two
@@ -42,10 +45,11 @@ import time
 from collections import defaultdict, deque
 from typing import NamedTuple
 
+from dcpflow.dcp import position
+from dcpflow.dcp.position import FINISH
 from dcpflow.protocol.dcp import (
     DcpCloseStream,
     DcpGetFailoverLog,
-    DcpStreamRequest,
     DcpStreamRequestResponse,
     FailoverLogResponse,
     StreamEndReason,
@@ -54,20 +58,20 @@ from dcpflow.protocol.dcp import (
 from dcpflow.protocol.kv import error_context
 from dcpflow.protocol.status import Status
 
-from .connection import Connection, Segment, connect_once, open_dcp
+from .connection import Connection, Segment
 from .errors import (
     ClientError,
     ConnectError,
     ConnectionLostError,
-    DeadConnectionError,
     RollbackError,
     ServerError,
     StreamError,
     status_name,
 )
 from .events import Rollback, StreamEnd
-from .follow import NameFollower
-from .manifest import Filter, FilterError, Resolved
+from .feed_conns import FeedConnections
+from .feed_filter import FeedFilter
+from .manifest import Filter
 from .offsets import U64_MAX, Offset, VbTracker
 
 log = logging.getLogger("dcpflow.client")
@@ -80,30 +84,10 @@ _RETRY_LATER = frozenset({Status.ETMPFAIL, Status.EBUSY, Status.ENOMEM, Status.N
 ITEM, SNAPSHOT, ADVANCED, END_OK, OPENED, ROLLED_BACK, MANIFEST = range(7)
 
 
-FINISH, REOPEN = "finish", "reopen"
-
-
 def _ignore_reply(frame) -> None:
     """CLOSE_STREAM of a read that is closing, or of a stream it leaves for a widened one
     (follow.py): whatever the answer, the read has moved on (the stream may have ended by itself
     meanwhile: KEY_ENOENT)."""
-
-
-def end_action(reason: int, closed_by_us: bool) -> tuple[str, bool, float]:
-    """What a STREAM_END means for the client (stream-end.md): (FINISH or REOPEN,
-    refresh the cluster map first?, seconds to wait before reopening).
-
-    OK finishes (the end seqno was reached); Closed finishes only if we closed the stream. Every
-    other reason reopens from where the stream stood: StateChanged and Disconnected after a map
-    refresh (the vbucket may have moved), Slow and BackfillFail after a short pause, Rollback at
-    once (the stream request then answers ROLLBACK), FilterEmpty and LostPrivileges at once (the
-    request then fails with an error naming the cause), and so does a reason we do not know. (A
-    Feed with a collections filter finishes a FilterEmpty stream itself: its collections are gone.)"""
-    if reason == StreamEndReason.OK or (reason == StreamEndReason.CLOSED and closed_by_us):
-        return FINISH, False, 0.0
-    remap = reason in (StreamEndReason.STATE_CHANGED, StreamEndReason.DISCONNECTED)
-    delay = 0.1 if reason in (StreamEndReason.SLOW, StreamEndReason.BACKFILL_FAIL) else 0.0
-    return REOPEN, remap, delay
 
 
 class Opened(NamedTuple):
@@ -219,39 +203,30 @@ class Feed:
             vs.decoded.purge_seqno = vs.consumed.purge_seqno = (purge_seqnos or {}).get(vb, 0)
             self.streams[vb] = vs
         self.name = f"dcpflow:{client.agent}:{os.urandom(6).hex()}"
-        self.resolved: Resolved | None = None  # the filter's ids (set by start)
+        self.filter = FeedFilter(client, options.filter)  # the collections it reads (feed_filter.py)
         self._queue: deque = deque()
         self._queued_bytes = 0
         self._held: dict[Connection, int] = {}  # bytes handed to the consumer, not yet done with
         self._wake = asyncio.Event()
-        self._conns: dict[tuple[str, int], Connection] = {}
-        self._connecting: dict[tuple[str, int], asyncio.Task] = {}
         self._tasks: set[asyncio.Task] = set()
         self._error: BaseException | None = None
-        self._closed = False
+        self.closed = False
         self._done = 0
         self.stats = defaultdict(int)  # stream_end_<reason>, reconnects, rollbacks, max_queued_bytes...
         buffer = options.buffer_size
         self._high_water = options.max_queued_bytes or max(2 * buffer, 8 * 1024 * 1024)
-        self._dead_timeout = options.dead_timeout or 2 * options.noop_interval + 5.0
         self._watchdog: asyncio.Task | None = None
         # With the client's shared connections (shared.py): this read's stream-id on them.
-        self._shared = client.shared if client.shared is not None and not options.sync_writes else None
-        self.sid = self._shared.allocate() if self._shared is not None else None
-        # A read by collection names follows them through a drop and a create (follow.py).
-        self._follow: NameFollower | None = None
-        self._wide: dict | None = None  # the widened streams' filter (a scope, or none)
+        self.shared = client.shared if client.shared is not None and not options.sync_writes else None
+        self.sid = self.shared.allocate() if self.shared is not None else None
+        self.links = FeedConnections(self)  # one DCP connection per node (feed_conns.py)
+        self._conns = self.links.conns
 
     # -- lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:
-        flt = self.options.filter
-        if flt is not None and flt.active:
-            self.resolved = await self._resolve_filter(initial=True)
-            if flt.collections:
-                self._follow = NameFollower(flt.collections, self.resolved.cids, self.client.names)
-                self._follow.on_drop = self._filtered_drop
-        self._watchdog = asyncio.create_task(self._watch())
-        if self.resolved is not None and self.resolved.empty:
+        await self.filter.start(self._filtered_drop)
+        self._watchdog = asyncio.create_task(self.links.watch())
+        if self.filter.empty:
             for vs in self.streams.values():  # ids all dropped since they were resolved: nothing to read
                 self._push(FilterGone(vs.vbucket))
             return
@@ -263,10 +238,11 @@ class Feed:
         return self._done == len(self.streams)
 
     async def close(self) -> None:
-        if self._closed:
+        if self.closed:
             return
-        self._closed = True
-        for task in list(self._tasks) + list(self._connecting.values()) + ([self._watchdog] if self._watchdog else []):
+        self.closed = True
+        watchdog = [self._watchdog] if self._watchdog else []
+        for task in list(self._tasks) + list(self.links.connecting.values()) + watchdog:
             task.cancel()
         # On a shared connection the window must get back what this read holds: queued, and taken
         # by the consumer but not done with (the producer counts it against every read on it).
@@ -282,16 +258,16 @@ class Feed:
             if conn.sinks is not None:
                 self._leave(conn)
             else:
-                self._retire_conn(conn)
+                self.links.retire(conn)
                 conn.close()
         self._conns.clear()
         if self.sid is not None:
-            self._shared.free(self.sid)
+            self.shared.free(self.sid)
         self._wake.set()
 
     def _leave(self, conn: Connection) -> None:
         """Close this read's streams on a shared connection (the others on it go on)."""
-        self._shared.detach(conn, self.sid)
+        self.shared.detach(conn, self.sid)
         if conn.lost is not None:
             return
         with conn.corked():
@@ -324,7 +300,7 @@ class Feed:
 
     def _task_done(self, task: asyncio.Task) -> None:
         self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None and not self._closed:
+        if not task.cancelled() and task.exception() is not None and not self.closed:
             exc = task.exception()
             self._fail(exc if isinstance(exc, ClientError) else ClientError(f"internal error: {exc!r}"))
 
@@ -333,8 +309,8 @@ class Feed:
         self._queue.append(item)
         self._wake.set()
 
-    def _on_segment(self, seg: Segment) -> None:
-        if self._closed:
+    def on_segment(self, seg: Segment) -> None:
+        if self.closed:
             return
         self._queue.append(seg)
         self._queued_bytes += seg.charged
@@ -360,14 +336,14 @@ class Feed:
                     if self._queued_bytes < self._high_water // 2:
                         for conn in self._conns.values():
                             conn.resume_reading(self.sid)
-                    if self._follow is not None:
-                        seg = self._follow.rewrite(item)
+                    if self.filter.follow is not None:
+                        seg = self.filter.follow.rewrite(item)
                         if seg is None:  # nothing of it is the read's
                             self.done_with(item)
                             continue
                         item = seg
                 return item
-            if self.finished or self._closed:
+            if self.finished or self.closed:
                 return None
             for conn in self._conns.values():  # idle: let the producer fill the window again
                 conn.flush_acks()
@@ -392,7 +368,7 @@ class Feed:
 
     def done_with(self, seg: Segment) -> None:
         """The consumer has finished with a segment: count it toward the flow-control acks."""
-        if self._closed:
+        if self.closed:
             return  # close() acknowledged what the read held
         self._held[seg.conn] -= seg.charged
         seg.conn.consumed(seg.charged)
@@ -437,20 +413,18 @@ class Feed:
         self.stats[f"stream_end_{name.lower()}"] += 1
         if vs is None or vs.state == DONE:
             return None
-        if vs.discarding or (reason == StreamEndReason.FILTER_EMPTY and self._follow is not None):
+        follow = self.filter.follow
+        if vs.discarding or (reason == StreamEndReason.FILTER_EMPTY and follow is not None):
             # Leaving for a widened stream (follow.py), or a widened stream's scope is gone: reopen
             # from the position the read has, which is at most the drop of a filtered collection.
             vs.discarding = False
-            self._follow.widen(vbucket)
-            self._follow.reset(vbucket)
-            if reason == StreamEndReason.FILTER_EMPTY:
-                self._wide = None  # the scope the widened streams filtered on may be gone: look again
+            self.filter.widen(vbucket, scope_gone=reason == StreamEndReason.FILTER_EMPTY)
+            follow.reset(vbucket)
             log.info("vbucket %d: a filtered collection was dropped; following its name from seqno %d",
                      vbucket, vs.decoded.position.seqno)
-            remap = reason in (StreamEndReason.STATE_CHANGED, StreamEndReason.DISCONNECTED)
-            self._reopen([vs], remap=remap, delay=0.0)
+            self._reopen([vs], remap=position.stream_end(reason).remap, delay=0.0)
             return None
-        if reason == StreamEndReason.FILTER_EMPTY and self.resolved is not None:
+        if reason == StreamEndReason.FILTER_EMPTY and self.filter.resolved is not None:
             # The filter's collections are gone from this vbucket: the manifest says which are
             # left (finish if none, reopen with the rest). A stream without a filter cannot be
             # emptied, so there the reason is handled like any other end (reopen).
@@ -458,7 +432,7 @@ class Feed:
             vs.conn = None
             self._spawn(self._refilter(vs))
             return None
-        action, remap, delay = end_action(reason, vs.closing)
+        action, remap, delay = position.stream_end(reason, closed_by_us=vs.closing)
         if action == FINISH:
             if reason == StreamEndReason.OK:
                 vs.decoded.stream_end_ok()
@@ -476,7 +450,7 @@ class Feed:
         for vs in lost:
             if vs.discarding:  # its stream is gone with the connection: reopen it widened
                 vs.discarding = False
-                self._follow.reset(vs.vbucket)
+                self.filter.follow.reset(vs.vbucket)
         self.stats["connections_lost"] += 1
         if lost:
             log.warning("%s: %s; reopening %d stream(s)", conn.label, error, len(lost))
@@ -494,15 +468,14 @@ class Feed:
         backoff = 0.05
         if delay:
             await asyncio.sleep(delay)
-        while not self._closed:
+        while not self.closed:
             todo = [vs for vs in streams if vs.state == WAITING]
             if not todo:
                 return
             try:
                 if remap:
                     await self.client.refresh_map()
-                if self._follow is not None and self._wide is None and self._follow.widened:
-                    self._wide = await self._widened_filter()
+                await self.filter.prepare_reopen()
                 self._set_ends(await self._now_ends(todo))
                 await self._open(todo)
                 self.stats["reopens"] += 1
@@ -525,7 +498,7 @@ class Feed:
             if address is None:
                 raise NoActiveCopy(f"vbucket {vs.vbucket} has no active copy in the cluster map")
             by_node[address].append(vs)
-        conns = await asyncio.gather(*(self._dcp_conn(a) for a in by_node))
+        conns = await asyncio.gather(*(self.links.get(a) for a in by_node))
         for conn, group in zip(conns, by_node.values(), strict=True):
             for vs in group:
                 if vs.state == WAITING:
@@ -556,65 +529,11 @@ class Feed:
                 vs.end = end
                 self._push(NewEnd(vb, end))
 
-    async def _dcp_conn(self, address: tuple[str, int]) -> Connection:
-        conn = self._conns.get(address)
-        if conn is not None and conn.lost is None:
-            return conn
-        return await connect_once(self._connecting, address, lambda: self._new_dcp_conn(address))
-
-    async def _new_dcp_conn(self, address: tuple[str, int]) -> Connection:
-        if self._shared is not None and self._shared.granted(address):
-            opts = self.options
-            key = (address, opts.buffer_size, opts.noop_interval, opts.history, opts.include_xattrs)
-            conn = await self._shared.attach(key, self.sid, self._on_segment, self._on_conn_lost)
-            if conn is not None:
-                self._check_collections(conn)
-                if self._closed:
-                    self._shared.detach(conn, self.sid)
-                    raise ConnectionLostError("feed closed")
-                self._conns[address] = conn
-                self.stats["shared_connections"] += 1
-                return conn
-        conn = await self.client._connect(address, fetch_map=False)
-        try:
-            conn.sink = self._on_segment
-            conn.on_lost = self._on_conn_lost
-            self._check_collections(conn)
-            await open_dcp(conn, f"{self.name}:{address[0]}:{address[1]}", buffer_size=self.options.buffer_size,
-                           noop_interval=self.options.noop_interval, history=self.options.history,
-                           sync_writes=self.options.sync_writes, include_xattrs=self.options.include_xattrs)
-        except BaseException:
-            conn.close()
-            raise
-        if self._closed:
-            conn.close()
-            raise ConnectionLostError("feed closed")
-        self._conns[address] = conn
-        self.stats["connections"] += 1
-        return conn
-
-    def _check_collections(self, conn: Connection) -> None:
-        if (self.resolved is not None or self.options.history) and not conn.collections:
-            raise ClientError(f"{conn.label}: the server does not support collections (HELLO Collections), so "
-                              f"it cannot " + ("filter by " + self.options.filter.describe()
-                                               if self.resolved is not None else "send history"))
-
-    def _retire_conn(self, conn: Connection) -> None:
-        """Fold a connection's counters into the feed's stats (once; not a shared connection's,
-        whose counters are every read's on it)."""
-        if conn.retired or conn.sinks is not None:
+    def on_conn_lost(self, conn: Connection, error: BaseException | None) -> None:
+        self.links.retire(conn)
+        if error is None or self.closed:
             return
-        conn.retired = True
-        self.stats["max_outstanding_bytes"] = max(self.stats["max_outstanding_bytes"], conn.max_outstanding)
-        self.stats["stream_bytes"] += conn.charged_total
-        self.stats["noops"] += conn.noops
-
-    def _on_conn_lost(self, conn: Connection, error: BaseException | None) -> None:
-        self._retire_conn(conn)
-        if error is None or self._closed:
-            return
-        if self._conns.get(conn.address) is conn:
-            del self._conns[conn.address]
+        self.links.forget(conn)
         self._push(ConnLost(conn, error))
 
     def _request(self, vs: VbStream, conn: Connection, offset: Offset | None = None) -> None:
@@ -628,19 +547,14 @@ class Feed:
         if conn.collections:
             if self.options.send_purge_seqno and purge:
                 body["purge_seqno"] = str(purge)
-            if self._follow is not None and vs.vbucket in self._follow.widened:
-                body.update(self._wide or {})
-            elif self.resolved is not None:
-                body.update(self.resolved.value())
+            body.update(self.filter.request_body(vs.vbucket))
             if pos.manifest_uid is not None:
                 body["uid"] = format(pos.manifest_uid, "x")  # resumption: the events seen up to pos
         if conn.sinks is not None:
             body["sid"] = self.sid  # a shared connection: this read's stream-id (shared.py)
         if body:
             value = json.dumps(body).encode()
-        # At or past the end: still ask (start == end), so the server can answer ROLLBACK.
-        req = DcpStreamRequest(vs.vbucket, pos.seqno, max(vs.end, pos.seqno), pos.vbuuid, pos.snapshot_start,
-                               pos.snapshot_end, int(flags), value)
+        req = position.stream_request(vs.vbucket, pos, vs.end, int(flags), value)
         vs.state = OPENING
         vs.conn = conn
         vs.opens += 1
@@ -659,7 +573,7 @@ class Feed:
         self._reopen([vs], remap=remap, delay=delay)
 
     def _on_reply(self, vs: VbStream, conn: Connection, pos: Offset, frame) -> None:
-        if frame is None or self._closed or vs.conn is not conn:
+        if frame is None or self.closed or vs.conn is not conn:
             return  # connection lost: its ConnLost notice reopens the stream
         status = frame.status
         vb = vs.vbucket
@@ -682,7 +596,7 @@ class Feed:
         if status in _RETRY_LATER:
             self._retry(vs, status_name(status), remap=False, delay=0.2)
             return
-        if status in (Status.UNKNOWN_COLLECTION, Status.UNKNOWN_SCOPE) and self.resolved is not None:
+        if status in (Status.UNKNOWN_COLLECTION, Status.UNKNOWN_SCOPE) and self.filter.resolved is not None:
             vs.state = WAITING
             self._spawn(self._refilter(vs))  # dropped since we resolved the names: follow what is left
             return
@@ -723,42 +637,21 @@ class Feed:
             self._request(vs, conn, offset)
 
     # -- collections ---------------------------------------------------------------------------
-    async def _resolve_filter(self, initial: bool = False) -> Resolved:
-        """The filter's ids in the bucket's manifest now. At the start every name must exist; later
-        (a scope or ids read whose stream request met UNKNOWN_SCOPE/COLLECTION) the ids can only
-        shrink. A read by collection names does not come here again: it follows its names through
-        the stream itself (follow.py), since a collection made again under a name may hold
-        documents before this stream's position, which a filter added now would never send."""
-        manifest = await self.client.manifest()
-        if initial and not self.client.collections_enabled:
-            raise ClientError(f"the server does not support collections (HELLO Collections), so it cannot filter "
-                              f"by {self.options.filter.describe()}")
-        got = manifest.resolve(self.options.filter)
-        if initial:
-            if got.missing and not self.options.filter.ids:  # ids resolved earlier may be dropped by now
-                raise FilterError(f"bucket {self.client.bucket!r} has no {', '.join(got.missing)} (manifest uid "
-                                  f"{manifest.uid:x})")
-            return got
-        old = self.resolved
-        if old.scope_id is not None:
-            return got if got.scope_id == old.scope_id else old._replace(uid=got.uid, scope_id=None, cids=frozenset())
-        return got._replace(cids=old.cids & got.cids)
-
     async def _refilter(self, vs: VbStream) -> None:
         """A stream request met UNKNOWN_COLLECTION/SCOPE: resolve again; reopen with what is left,
         or finish the vbucket (FILTER_EMPTY) if nothing is. A read by names widens the vbucket
         instead (follow.py): the names may come back."""
-        if self._follow is not None:
-            self._follow.widen(vs.vbucket)
-            self._wide = None
+        flt = self.filter
+        if flt.follow is not None:
+            flt.widen(vs.vbucket, scope_gone=True)
             self._reopen([vs], remap=False, delay=0.0)
             return
         try:
-            self.resolved = await self._resolve_filter()
+            flt.resolved = await flt.resolve()
         except (ConnectError, ConnectionLostError, ServerError, TimeoutError) as e:
             self._retry(vs, f"collections manifest: {e}", remap=True, delay=0.1)
             return
-        if self.resolved.empty:
+        if flt.empty:
             self._push(FilterGone(vs.vbucket))
             return
         self._reopen([vs], remap=False, delay=0.0)
@@ -769,28 +662,3 @@ class Feed:
         vs = self.streams[vbucket]
         vs.discarding = True
         self._close_stream(vs)
-
-    async def _widened_filter(self) -> dict:
-        """The filter of widened streams: the names' scope when they share one that exists now,
-        else none (the client then picks the names' collections out of everything)."""
-        scopes = {scope for scope, _ in self.options.filter.collections}
-        if len(scopes) != 1:
-            return {}
-        try:
-            manifest = await self.client.manifest()
-        except ServerError:
-            return {}
-        sid = manifest.scopes.get(next(iter(scopes)))
-        return {} if sid is None else {"scope": format(sid, "x")}
-
-    # -- dead connections --------------------------------------------------------------------
-    async def _watch(self) -> None:
-        period = max(0.05, min(1.0, self._dead_timeout / 4))
-        while not self._closed:
-            await asyncio.sleep(period)
-            now = time.monotonic()
-            for conn in list(self._conns.values()):
-                if not conn.paused and conn.lost is None and now - conn.last_rx > self._dead_timeout:
-                    self.stats["dead_connections"] += 1
-                    conn.abort(DeadConnectionError(f"{conn.label}: nothing received for "
-                                                   f"{now - conn.last_rx:.1f}s (noops stopped): connection dead"))

@@ -191,21 +191,26 @@ async def until_signal(coro) -> bool:
     return interrupted
 
 
-async def tail_jsonl(client: DcpClient, *, start: str, store, vbuckets, until: str | None, progress: bool | None,
-                     save_interval: float, filters: dict, out, err) -> tuple[bool, object]:
-    """JSON lines from Arrow batches; returns (interrupted, a function that saves the offsets)."""
-    from .jsonlines import format_batch
-    vbs = client._vbucket_list(vbuckets)
+async def _starts(client: DcpClient, start: str, store, vbs: list[int]) -> tuple[dict[int, Offset], object]:
+    """Where a tail starts (`saved`: the store's offsets, else the beginning; `now`; `beginning`),
+    and the state it loaded (checked to be this bucket's), if any."""
     loaded = await asyncio.to_thread(store.load) if store is not None else None
     if loaded is not None:
         loaded.check_bucket(client.bucket, client.bucket_uuid, store.path)
     if start == "saved":
         saved = loaded.offsets if loaded is not None else {}
-        starts = {vb: saved.get(vb, Offset()) for vb in vbs}
-    elif start == "now":
-        starts = await client.offsets_now(vbs)
-    else:
-        starts = {vb: Offset() for vb in vbs}
+        return {vb: saved.get(vb, Offset()) for vb in vbs}, loaded
+    if start == "now":
+        return await client.offsets_now(vbs), loaded
+    return {vb: Offset() for vb in vbs}, loaded
+
+
+async def tail_jsonl(client: DcpClient, *, start: str, store, vbuckets, until: str | None, progress: bool | None,
+                     save_interval: float, filters: dict, out, err) -> tuple[bool, object]:
+    """JSON lines from Arrow batches; returns (interrupted, a function that saves the offsets)."""
+    from .jsonlines import format_batch
+    vbs = client._vbucket_list(vbuckets)
+    starts, loaded = await _starts(client, start, store, vbs)
     purge = dict(loaded.purge_seqnos) if loaded is not None else {}
     reader = client.batches(starts, end="now" if until == "now" else None, max_rows=65536, rollback="resume",
                             purge_seqnos=purge, **filters)

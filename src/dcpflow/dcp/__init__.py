@@ -25,6 +25,9 @@ Producer side (a consumer asked this node for vbucket streams):
 Consumer side (this node replicates vbuckets from a producer elsewhere):
   consumer        ConsumerConnection: ADD_STREAM, its stream requests, applying what arrives
   passive_stream  PassiveStream: one replicated vbucket's position
+  position        the one consumer-side stream position: offsets, snapshots, stream ends and
+                  rollback points, for the replica consumer and the client's Feed alike
+                  (it imports only dcpflow.protocol)
 
 errors            Refusal: a request turned down, as a value (status and reason)
 

@@ -56,6 +56,7 @@ from dcpflow.protocol.keys import split_key
 from dcpflow.protocol.opcodes import Opcode
 from dcpflow.protocol.status import Status
 
+from . import position
 from .active_stream import MAX_SEQNO
 from .errors import Refusal
 from .flow_control import BufferAcker
@@ -69,7 +70,8 @@ DEFAULT_BUFFER_SIZE = 10 * 1024 * 1024
 NOOP_INTERVAL = 1.0
 #: Give up on a stream after this many ROLLBACK answers in a row (the producer keeps refusing).
 MAX_ROLLBACKS = 16
-STREAM_ENDS_TO_RETRY = frozenset({StreamEndReason.SLOW, StreamEndReason.BACKFILL_FAIL, StreamEndReason.ROLLBACK})
+#: The ends after which the consumer asks for the stream again by itself (position.stream_end).
+STREAM_ENDS_TO_RETRY = position.RESUMABLE_ENDS
 _REPLICA_STATES = (VBucketState.REPLICA, VBucketState.PENDING)
 _STRICT_VBUUID = int(StreamFlag.STRICT_VBUUID)
 _SNAPPY = int(Datatype.SNAPPY)
@@ -195,18 +197,12 @@ class ConsumerConnection:
         if vb is None:
             self._finish(stream, Status.NOT_MY_VBUCKET)
             return
-        start = vb.high_seqno
-        snap_start, snap_end = vb.snapshot_start, vb.snapshot_end
-        if snap_start > start:  # a marker arrived but none of its items: resume at the previous end
-            snap_start = snap_end = start
-        snap_end = max(snap_end, start)
-        # After a rollback to 0 that the producer answered with another rollback to 0, ask with no
-        # history (uuid 0): a StrictVbUuid request with an unknown uuid would loop otherwise.
-        uuid = 0 if start == 0 and stream.rollbacks and stream.flags & _STRICT_VBUUID else vb.uuid
+        pos = position.stored_position(vb.uuid, vb.high_seqno, vb.snapshot_start, vb.snapshot_end)
+        if stream.rollbacks and stream.flags & _STRICT_VBUUID:
+            pos = position.after_rollback_to_zero(pos)
         stream.state = PassiveState.PENDING
-        stream.snap_start, stream.snap_end = snap_start, snap_end
-        req = dcpproto.DcpStreamRequest(stream.vbid, start, MAX_SEQNO, uuid, snap_start, snap_end, stream.flags,
-                                        opaque=stream.opaque)
+        stream.snap_start, stream.snap_end = pos.snapshot_start, pos.snapshot_end
+        req = position.stream_request(stream.vbid, pos, MAX_SEQNO, stream.flags, opaque=stream.opaque)
         stream.requested = req
         self._waiting[stream.opaque] = stream
         self.out.append(req.encode())
@@ -442,7 +438,7 @@ class ConsumerConnection:
 
     def _stream_end(self, stream: PassiveStream, msg: dcpproto.DcpStreamEnd) -> None:
         reason = msg.reason
-        if reason in STREAM_ENDS_TO_RETRY and not stream.takeover:
+        if position.stream_end(reason, follows_map=False, takeover=stream.takeover).action == position.REOPEN:
             log.info("DCP consumer %s: vbucket %d stream ended (%s): requesting it again", self.name, stream.vbid,
                      _reason_name(reason))
             self._by_opaque.pop(stream.opaque, None)

@@ -620,23 +620,12 @@ class FrameDecoder:
                 continue
             magic, opcode, key_len, ext_len, datatype, vbs, body_len, opaque, cas = unpack(buf, pos)
             if body_len > max_body or magic not in _MAGICS:
-                if self._refusable(magic, body_len):
-                    frame_end = pos + HEADER_LEN + body_len
-                    if frame_end > end and self._tail:
-                        buf, pos = self._absorb(pos), 0
-                        end = len(buf)
-                        continue
-                    self._pass_over(frame_end, end)
-                    raise ProtocolError(f"body length {body_len} exceeds the limit of {max_body} bytes (a "
-                                        f"document value is at most {MAX_VALUE_LEN} bytes)", Status.E2BIG,
-                                        opcode=opcode, opaque=opaque, magic=magic)
-                error = header_error(magic, opcode, body_len, max_body)
-                if self.max_packet_len is not None and magic in _MAGICS and HEADER_LEN + body_len > self.max_packet_len:
-                    error = ProtocolError(f"a frame of {HEADER_LEN + body_len} bytes exceeds the maximum packet size "
-                                          f"of {self.max_packet_len} bytes", Status.E2BIG, fatal=True,
-                                          opcode=opcode, opaque=opaque, magic=magic)
-                self._poison(error)
-                raise error
+                refusable = self._refusable(magic, body_len)
+                if refusable and pos + HEADER_LEN + body_len > end and self._tail:
+                    buf, pos = self._absorb(pos), 0
+                    end = len(buf)
+                    continue
+                raise self._bad_header(refusable, magic, opcode, opaque, body_len, pos, end)
             frame_end = pos + HEADER_LEN + body_len
             if frame_end > end:
                 if self._tail:
@@ -669,6 +658,25 @@ class FrameDecoder:
                 return
             pos = frame_end
         self._pos = pos
+
+    def _bad_header(self, refusable: bool, magic: int, opcode: int, opaque: int, body_len: int, pos: int,
+                    end: int) -> ProtocolError:
+        """The error of a header whose body is over the limit, or whose magic is unknown: a
+        refusable request is read past (E2BIG, decoding goes on after it); anything else poisons
+        the decoder (a fatal error: nothing after it can be framed)."""
+        max_body = self.max_body_len
+        if refusable:
+            self._pass_over(pos + HEADER_LEN + body_len, end)
+            return ProtocolError(f"body length {body_len} exceeds the limit of {max_body} bytes (a document value "
+                                 f"is at most {MAX_VALUE_LEN} bytes)", Status.E2BIG, opcode=opcode, opaque=opaque,
+                                 magic=magic)
+        error = header_error(magic, opcode, body_len, max_body)
+        if self.max_packet_len is not None and magic in _MAGICS and HEADER_LEN + body_len > self.max_packet_len:
+            error = ProtocolError(f"a frame of {HEADER_LEN + body_len} bytes exceeds the maximum packet size "
+                                  f"of {self.max_packet_len} bytes", Status.E2BIG, fatal=True,
+                                  opcode=opcode, opaque=opaque, magic=magic)
+        self._poison(error)
+        return error
 
     def _refusable(self, magic: int, body_len: int) -> bool:
         """An oversize request that a server reads past and refuses (E2BIG) rather than disconnect."""

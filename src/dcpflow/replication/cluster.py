@@ -20,11 +20,11 @@ What it owns:
   SET_CLUSTER_CONFIG; nodes serve it to clients (GET_CLUSTER_CONFIG, NOT_MY_VBUCKET replies).
   The manager's maps use revEpoch 2, so they win over the single-node map a node serves before
   its first push (epoch 1). Failed-over nodes are left out of the published serverList.
-* **Failover** (`failover(node)`) - the node's active vbuckets are promoted on the replica with
+* **Failover** (`failover(node)`, rebalance.py) - the node's active vbuckets are promoted on the replica with
   the highest seqno: SET_VBUCKET active, so that replica starts a new branch of history (a new
   failover entry at its last complete snapshot). Writes the old active had not replicated are
   gone, and every DCP consumer that saw them is told to roll back by the new active.
-* **Rebalance** (`rebalance()`) - a new balanced map over the nodes that are up (a failed-over
+* **Rebalance** (`rebalance()`, rebalance.py) - a new balanced map (vbmap.py) over the nodes that are up (a failed-over
   node that is running again comes back, rolled back to the new history by DCP). New copies are
   built as replicas and streamed; each active that moves does so with a takeover stream: the old
   active streams the rest, hands over with DCP_SET_VBUCKET_STATE (pending, then active) and is
@@ -51,12 +51,17 @@ from dcpflow.protocol.config import (
     encode_config,
     parse_cluster_map,
 )
-from dcpflow.protocol.dcp import StreamEndReason, StreamFlag, VBucketState
+from dcpflow.protocol.dcp import StreamEndReason, VBucketState
 from dcpflow.protocol.errors import ProtocolError
 from dcpflow.protocol.status import Status
 
+from . import rebalance
+from .errors import ClusterError
 from .link import Link, LinkError
 from .replicator import Replicator, node_name
+from .vbmap import plan_map
+
+__all__ = ["STATE_FILE", "ClusterError", "ClusterManager", "NodeState", "plan_map"]
 
 log = logging.getLogger("dcpflow.replication")
 
@@ -65,10 +70,6 @@ REV_EPOCH = 2
 STATE_FILE = "cluster.json"
 _STATE_NAMES = {"active": VBucketState.ACTIVE, "replica": VBucketState.REPLICA, "pending": VBucketState.PENDING,
                 "dead": VBucketState.DEAD}
-
-
-class ClusterError(Exception):
-    """A cluster operation could not be done; the message says why and what to do."""
 
 
 class NodeState:
@@ -96,76 +97,6 @@ class NodeState:
 
     def __repr__(self) -> str:
         return f"<Node {self.index} {self.address}{' failed' if self.failed else ''}>"
-
-
-def plan_map(current: list[list[int]], live: list[int], num_replicas: int) -> list[list[int]]:
-    """A balanced map over `live` nodes that moves as little as it can.
-
-    Actives: each node gets an equal share (the nodes that hold most now get the odd ones); a
-    vbucket keeps its active where that node is live and under its share, else goes to a live
-    node holding a copy of it (its replica: the cheapest move), else to the least loaded node.
-    Replicas likewise, preferring nodes that already hold a copy. Chains are padded with -1 when
-    there are fewer live nodes than copies.
-    """
-    if not live:
-        raise ClusterError("no live node to place vbuckets on")
-    nv = len(current)
-    width = num_replicas + 1
-    held = [{x for x in chain if x in live} for chain in current]
-    counts = {n: sum(1 for chain in current if chain and chain[0] == n) for n in live}
-    order = sorted(live, key=lambda n: (-counts[n], n))
-    base, extra = divmod(nv, len(live))
-    share = {n: base + (1 if i < extra else 0) for i, n in enumerate(order)}
-    active = [-1] * nv
-    load = dict.fromkeys(live, 0)
-    for vb, chain in enumerate(current):
-        a = chain[0] if chain else -1
-        if a in share and load[a] < share[a]:
-            active[vb], load[a] = a, load[a] + 1
-    for vb in range(nv):
-        if active[vb] >= 0:
-            continue
-        free = [n for n in live if load[n] < share[n]]
-        best = min(free, key=lambda n: (n not in held[vb], load[n], n))
-        active[vb], load[best] = best, load[best] + 1
-    replicas = min(num_replicas, len(live) - 1)
-    out = [[a] for a in active]
-    if replicas:
-        total = nv * replicas
-        r_base, r_extra = divmod(total, len(live))
-        r_share = {n: r_base + (1 if i < r_extra else 0) for i, n in enumerate(sorted(live))}
-        r_load = dict.fromkeys(live, 0)
-        for _ in range(replicas):
-            for vb in range(nv):
-                chain = out[vb]
-                candidates = [n for n in live if n not in chain]
-                under = [n for n in candidates if r_load[n] < r_share[n]] or candidates
-                best = min(under, key=lambda n: (n not in held[vb], r_load[n], n))
-                chain.append(best)
-                r_load[best] += 1
-        # The greedy pass can leave a node short (late vbuckets whose active it is cannot use it):
-        # move replicas from nodes above their share to nodes below it, copies-in-place first.
-        for _ in range(total):
-            over = [n for n in live if r_load[n] > r_share[n]]
-            short = [n for n in live if r_load[n] < r_share[n]]
-            moved = False
-            for a in over:
-                for b in short:
-                    options = [vb for vb in range(nv) if a in out[vb][1:] and b not in out[vb]]
-                    if options:
-                        vb = min(options, key=lambda v: (b not in held[v], a in held[v], v))
-                        out[vb][out[vb].index(a)] = b
-                        r_load[a] -= 1
-                        r_load[b] += 1
-                        moved = True
-                        break
-                if moved:
-                    break
-            if not moved:
-                break
-    for chain in out:
-        chain.extend([-1] * (width - len(chain)))
-    return out
 
 
 class ClusterManager:
@@ -632,221 +563,11 @@ class ClusterManager:
             self.wake()
             await asyncio.sleep(0.05)
 
-    # -- failover ----------------------------------------------------------------------------------
+    # -- failover and rebalance (rebalance.py) -----------------------------------------------------
     async def failover(self, address: str) -> dict:
         """Hard failover of a node (failure-scenarios.md): promote the replicas of its actives."""
-        index = self.node_index(address)
-        async with self._lock:
-            node = self.nodes[index]
-            if node.failed:
-                raise ClusterError(f"node {address} is already failed over; `rebalance` brings it back")
-            if sum(1 for n in self.nodes if not n.failed) < 2:
-                raise ClusterError("cannot fail over the last node of the cluster")
-            node.failed = True
-            for key in [k for k in self.replicators if index in k]:
-                self.replicators.pop(key).close()
-            if node.healthy:  # still running: it must stop taking writes before others take over
-                with contextlib.suppress(LinkError, OSError):
-                    for vb, chain in enumerate(self.map):
-                        if index in chain:
-                            await self._set_state(node, vb, VBucketState.DEAD)
-            seqnos: dict[int, dict[int, int]] = {}
-            for other in self.nodes:
-                if self._usable(other.index):
-                    try:
-                        seqnos[other.index] = await self.seqnos(other, VBucketState.REPLICA)
-                    except (LinkError, OSError) as e:
-                        other.last_error = str(e)
-            promoted = lost = 0
-            for vb, chain in enumerate(self.map):
-                if index not in chain:
-                    continue
-                # Copies a rebalance was building count too (it may have stopped half-way): they
-                # hold the same history, and may be all that is left of the vbucket.
-                extra = self.extra_copies.get(vb, set())
-                rest = [x for x in dict.fromkeys([*chain[1:], *sorted(extra)])
-                        if x >= 0 and x != index and self._usable(x)]
-                if chain[0] == index:
-                    if rest:
-                        best = max(rest, key=lambda x: (seqnos.get(x, {}).get(vb, -1), -rest.index(x)))
-                        await self._set_state(self.nodes[best], vb, VBucketState.ACTIVE)
-                        rest.remove(best)
-                        new = [best, *rest]
-                        promoted += 1
-                    else:
-                        new = [-1, *rest]
-                        lost += 1
-                else:
-                    new = [chain[0], *rest]
-                self.map[vb] = (new + [-1] * (self.num_replicas + 1))[: self.num_replicas + 1]
-                extra.difference_update(self.map[vb])  # in the chain now: no longer an extra copy
-            self._event(f"failed over {address}: {promoted} vbucket(s) promoted" +
-                        (f", {lost} without any copy" if lost else ""))
-            await self._publish()
-            await self._reconcile()
-            return {"failed_over": address, "promoted": promoted, "without_copy": lost, "rev": self.rev}
+        return await rebalance.failover(self, address)
 
-    # -- rebalance ---------------------------------------------------------------------------------
     async def rebalance(self) -> dict:
         """Spread vbuckets evenly over the nodes that are up (see the module docstring)."""
-        async with self._lock:
-            await self._check_nodes()
-            for node in self.nodes:
-                if node.failed and node.process is not None and not node.process.alive() and \
-                        self.restart_node is not None:
-                    await self.restart_node(node)  # recovery of a failed-over node: start it again
-                    await self._connect(node, timeout=10.0)
-            down = [n.address for n in self.nodes if not n.failed and not n.healthy]
-            if down:
-                raise ClusterError(f"node(s) {', '.join(down)} are down: fail them over first (`dcpflow cluster "
-                                   f"failover ADDRESS`) or start them again, then rebalance")
-            live = [n.index for n in self.nodes if n.healthy]
-            if not live:
-                raise ClusterError("no node is up")
-            back = [n for n in self.nodes if n.failed and n.healthy]
-            for node in back:  # recovery: its data stays, DCP rolls it back to the cluster's history
-                for vb, state in (await self._node_states(node)).items():
-                    if state != VBucketState.DEAD:
-                        await self._set_state(node, vb, VBucketState.DEAD)
-                node.failed = False
-                self._event(f"node {node.address} rejoins")
-            target = plan_map(self.map, live, self.num_replicas)
-            moves = [vb for vb in range(self.num_vbuckets) if target[vb][0] != self.map[vb][0]]
-            built = await self._build_copies(target)
-            if built:
-                await self._wait_copies(timeout=self.takeover_timeout)
-            moved = 0
-            for vb in moves:
-                await self._move_active(vb, target[vb][0])
-                moved += 1
-            # Final chains: the target's. Old actives it keeps as replicas go from dead to replica
-            # (same history: a takeover adds no failover entry); copies it does not keep go dead.
-            self.map = [list(chain) for chain in target]
-            self.extra_copies.clear()
-            for node in self.nodes:
-                if node.healthy and not node.failed:
-                    await self._apply_states(node)
-            await self._publish()
-            await self._reconcile()
-            self._event(f"rebalanced over {len(live)} node(s): {moved} active move(s), {built} new cop(ies)")
-            return {"nodes": len(live), "moved": moved, "new_copies": built, "rev": self.rev}
-
-    async def _build_copies(self, target: list[list[int]]) -> int:
-        """Nodes the target gives a vbucket that hold no copy yet get it as a replica, streamed
-        from the current active."""
-        built = 0
-        for vb, chain in enumerate(target):
-            holders = {x for x in self.map[vb] if x >= 0}
-            for x in chain:
-                if x >= 0 and x not in holders and self.map[vb][0] >= 0:
-                    await self._set_state(self.nodes[x], vb, VBucketState.REPLICA)
-                    self.extra_copies.setdefault(vb, set()).add(x)
-                    built += 1
-        if built:
-            await self._reconcile()
-        return built
-
-    async def _wait_copies(self, timeout: float, gap: int = 100) -> None:
-        """Until the new copies are within `gap` items of their actives (the takeover sends the rest)."""
-        deadline = time.monotonic() + timeout
-        while True:
-            behind = await self._copies_behind(gap)
-            if not behind:
-                return
-            if time.monotonic() > deadline:
-                self._event(f"{behind} new copies still behind after {timeout:g} s; continuing")
-                return
-            await self._reconcile()
-            await asyncio.sleep(0.05)
-
-    async def _copies_behind(self, gap: int) -> int:
-        active: dict[int, int] = {}
-        replica: dict[int, dict[int, int]] = {}
-        for node in self.nodes:
-            if not self._usable(node.index):
-                continue
-            act = await self.seqnos(node, VBucketState.ACTIVE)
-            for vb, s in act.items():
-                if self.map[vb][0] == node.index:
-                    active[vb] = s
-            replica[node.index] = await self.seqnos(node, VBucketState.REPLICA)
-        behind = 0
-        for vb, copies in self.extra_copies.items():
-            for x in copies:
-                have = replica.get(x, {}).get(vb)
-                if have is None or have + gap < active.get(vb, 0):
-                    behind += 1
-        return behind
-
-    async def _move_active(self, vb: int, dst: int) -> None:
-        """Takeover (rebalance.md "VBucket Takeover"): the vbucket's active moves to `dst`."""
-        src = self.map[vb][0]
-        dst_node = self.nodes[dst]
-        if src < 0 or not self._usable(src):
-            # No active to take over from: promote the destination's copy (a failover of that vbucket).
-            await self._set_state(dst_node, vb, VBucketState.ACTIVE)
-            self.map[vb] = self._chain_with_active(vb, dst)
-            await self._publish()
-            return
-        self.moving.add(vb)
-        try:
-            rep = self.replicators.get((src, dst))
-            if rep is not None:
-                await rep.close_stream(vb)  # the replica stream gives way to the takeover stream
-            name = f"replication:takeover:{self.nodes[src].address}->{dst_node.address}:{self.bucket}:{vb}"
-            tko = Replicator(name, (self.nodes[src].host, self.nodes[src].port), (dst_node.host, dst_node.port),
-                             bucket=self.bucket, user=self.user, password=self.password)
-            await tko.start()
-            try:
-                await tko.add_stream(vb, StreamFlag.TAKEOVER)
-                reason = await tko.wait_stream_end(vb, self.takeover_timeout)
-            finally:
-                tko.close()
-            states = await self._node_states(dst_node)
-            if reason != StreamEndReason.OK or states.get(vb) != VBucketState.ACTIVE:
-                raise ClusterError(f"takeover of vbucket {vb} to {dst_node.address} did not complete (stream end "
-                                   f"{StreamEndReason(reason).name}, state {states.get(vb)!r})")
-            chain = self._chain_with_active(vb, dst)
-            if src not in chain and -1 in chain:
-                # Until the rebalance's final map, the old active (dead now, same history: a takeover
-                # adds no failover entry) stays a copy: if the new active dies before the rebalance
-                # ends, failover has it to promote (the final map keeps it or makes it dead).
-                with contextlib.suppress(LinkError, OSError):
-                    await self._set_state(self.nodes[src], vb, VBucketState.REPLICA)
-                    chain[chain.index(-1)] = src
-            self.map[vb] = chain
-            self._event(f"vbucket {vb} moved {self.nodes[src].address} -> {dst_node.address}")
-        except BaseException:
-            await self._undo_takeover(vb, src, dst)
-            raise
-        finally:
-            self.moving.discard(vb)
-        await self._publish()
-        await self._reconcile()
-
-    async def _undo_takeover(self, vb: int, src: int, dst: int) -> None:
-        """A takeover that failed: put the vbucket back as it was, one node at a time, so that a
-        node that died on the way (the reason it failed) does not stop the other from being set.
-        If the destination did become active (the source went dead before it), that is recorded
-        instead: the map must name the one active copy there is."""
-        dst_node = self.nodes[dst]
-        try:
-            dst_state = (await self._node_states(dst_node)).get(vb)
-        except (LinkError, OSError):
-            dst_state = None  # gone: whatever it holds is not serving
-        if dst_state == VBucketState.ACTIVE:
-            self.map[vb] = self._chain_with_active(vb, dst)
-            self._event(f"vbucket {vb} moved {self.nodes[src].address} -> {dst_node.address} (takeover ended "
-                        "with an error after the destination became active)")
-            with contextlib.suppress(LinkError, OSError):
-                await self._publish()
-            return
-        with contextlib.suppress(LinkError, OSError):
-            await self._set_state(self.nodes[src], vb, VBucketState.ACTIVE)  # it takes writes again
-        if dst_state is not None:
-            with contextlib.suppress(LinkError, OSError):
-                await self._set_state(dst_node, vb, VBucketState.REPLICA)
-
-    def _chain_with_active(self, vb: int, active: int) -> list[int]:
-        rest = [x for x in self.map[vb][1:] if x >= 0 and x != active]
-        return ([active, *rest] + [-1] * (self.num_replicas + 1))[: self.num_replicas + 1]
+        return await rebalance.rebalance(self)

@@ -63,11 +63,9 @@ def _manager_running(data_dir, pid: int) -> bool:
     return bool(entry) and entry.get("pid") == pid and _pid_alive(pid)
 
 
-async def run_up(args: argparse.Namespace) -> int:
-    from .node import NodeProcess
-
-    data_dir = Path(args.data_dir)
-    data_dir.mkdir(parents=True, exist_ok=True)
+def _cluster_of(args: argparse.Namespace, data_dir: Path) -> tuple[ClusterManager, list[int]] | int:
+    """The cluster `up` starts, and its nodes' ports: the one cluster.json describes (as it was,
+    whatever the options say), else a new one from the options; or the exit code of why not."""
     state_path = data_dir / STATE_FILE
     state = json.loads(state_path.read_text()) if state_path.exists() else None
     if state is not None and state.get("manager") and _pid_alive(state["manager"].get("pid")):
@@ -76,25 +74,35 @@ async def run_up(args: argparse.Namespace) -> int:
         return 1
     if state is not None:
         ports = [n["port"] for n in state["nodes"]]
-        mgr = ClusterManager.from_state(state, state_path=state_path)
         if args.nodes is not None or args.replicas is not None or args.vbuckets is not None:
             print(f"dcpflow cluster: {data_dir} already holds a cluster of {len(ports)} nodes, "
                   f"{state['num_replicas']} replica(s), {state['num_vbuckets']} vbuckets: starting it as it was",
                   file=sys.stderr)
-    else:
-        args.nodes = 3 if args.nodes is None else args.nodes
-        args.replicas = 1 if args.replicas is None else args.replicas
-        args.vbuckets = 64 if args.vbuckets is None else args.vbuckets
-        if args.nodes < 1 or args.vbuckets < 1:
-            print("dcpflow cluster: --nodes and --vbuckets must be at least 1", file=sys.stderr)
-            return 2
-        ports = free_ports(args.nodes) if args.base_port == 0 else [args.base_port + i for i in range(args.nodes)]
-        try:
-            mgr = ClusterManager([("127.0.0.1", p) for p in ports], num_vbuckets=args.vbuckets,
-                                 num_replicas=args.replicas, state_path=state_path)
-        except ClusterError as e:
-            print(f"dcpflow cluster: {e}", file=sys.stderr)
-            return 2
+        return ClusterManager.from_state(state, state_path=state_path), ports
+    args.nodes = 3 if args.nodes is None else args.nodes
+    args.replicas = 1 if args.replicas is None else args.replicas
+    args.vbuckets = 64 if args.vbuckets is None else args.vbuckets
+    if args.nodes < 1 or args.vbuckets < 1:
+        print("dcpflow cluster: --nodes and --vbuckets must be at least 1", file=sys.stderr)
+        return 2
+    ports = free_ports(args.nodes) if args.base_port == 0 else [args.base_port + i for i in range(args.nodes)]
+    try:
+        return ClusterManager([("127.0.0.1", p) for p in ports], num_vbuckets=args.vbuckets,
+                              num_replicas=args.replicas, state_path=state_path), ports
+    except ClusterError as e:
+        print(f"dcpflow cluster: {e}", file=sys.stderr)
+        return 2
+
+
+async def run_up(args: argparse.Namespace) -> int:
+    from .node import NodeProcess
+
+    data_dir = Path(args.data_dir)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    found = _cluster_of(args, data_dir)
+    if isinstance(found, int):
+        return found
+    mgr, ports = found
     if len(ports) < 2:
         print("dcpflow cluster: a cluster needs at least 2 nodes (use `dcpflow server` for one)", file=sys.stderr)
         return 2

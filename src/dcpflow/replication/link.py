@@ -6,23 +6,23 @@ connections per (source, destination) node pair that it proxies (rebalance.md, "
 Handshake": the consumer's stream requests "will be sent directly back to the EBucketMigrator
 process which will forward them to the Producer").
 
-A Link is an asyncio protocol that only walks frame headers. A response to one of the manager's
-own requests (matched by opcode and opaque) completes that request; everything else is relayed,
-as the original bytes, to the linked peer Link - whole runs of frames at a time, so a busy stream
-costs one write per read. Frames that arrive before the peer is linked are kept and sent once it
-is. Backpressure crosses the relay: when the peer's socket stops draining, this side stops
-reading. `watch(opcodes, fn)` lets the manager see relayed requests of some opcodes (STREAM_END,
-to know when a stream is gone) without taking them out of the stream.
+A Link is the client's buffered framing protocol (dcpflow.client.framing: the transport reads into
+its receive buffer) that only walks frame headers. A response to one of the manager's own requests
+(matched by opcode and opaque) completes that request; everything else is relayed, as the original
+bytes, to the linked peer Link - whole runs of frames at a time, each a view of the receive buffer,
+so a busy stream costs one write per read and no copy of its own. Frames that arrive before the
+peer is linked are kept and sent once it is. Backpressure crosses the relay: when the peer's socket
+stops draining, this side stops reading. `watch(opcodes, fn)` lets the manager see relayed requests
+of some opcodes (STREAM_END, to know when a stream is gone) without taking them out of the stream.
 """
 
 import asyncio
-import contextlib
 import json
 import logging
 import os
-import socket
 from collections.abc import Callable
 
+from dcpflow.client.framing import FramedProtocol, dial, fail_waiter
 from dcpflow.client.sasl import ScramClient
 from dcpflow.protocol import kv as kvproto
 from dcpflow.protocol.errors import ProtocolError
@@ -52,20 +52,17 @@ def status_text(status: int) -> str:
     return f"{status_name(status)} (0x{status:02x})"
 
 
-class Link(asyncio.Protocol):
+class Link(FramedProtocol):
     """See the module docstring. Create with `Link.open(host, port, ...)`."""
 
+    error = LinkError
+
     def __init__(self, label: str):
-        self.label = label
-        self.transport: asyncio.Transport | None = None
+        super().__init__(label)
         self.peer: Link | None = None
-        self.lost: BaseException | None = None
         self.closed = asyncio.get_running_loop().create_future()
         self._pending: dict[tuple[int, int], tuple[asyncio.Future, kvproto.StatsCollector | None]] = {}
         self._opaque = 0xC0000000  # far from the opaques nodes pick for their own requests
-        self._tail = b""
-        self._parts: list[bytes] | None = None
-        self._parts_len = self._need = 0
         self._held: list[bytes] = []  # relayed bytes waiting for the peer
         self._watch: dict[int, Callable[[Frame], None]] = {}
         # The requests (magic 0x80) relayed without a look: every opcode nobody watches.
@@ -80,23 +77,11 @@ class Link(asyncio.Protocol):
 
     @classmethod
     async def open(cls, host: str, port: int, *, label: str = "", timeout: float = 10.0) -> "Link":
-        loop = asyncio.get_running_loop()
-        where = f"{host}:{port}"
-        try:
-            _, link = await asyncio.wait_for(loop.create_connection(lambda: cls(label or where), host, port), timeout)
-        except TimeoutError:
-            raise LinkError(f"{where}: no connection within {timeout:g} s") from None
-        except OSError as e:
-            raise LinkError(f"{where}: cannot connect ({e.strerror or e})") from None
-        return link
+        return await dial(lambda: cls(label or f"{host}:{port}"), host, port, error=LinkError, timeout=timeout)
 
     # -- asyncio.Protocol ----------------------------------------------------------------------
     def connection_made(self, transport) -> None:
-        self.transport = transport
-        sock = transport.get_extra_info("socket")
-        if sock is not None:
-            with contextlib.suppress(OSError):
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        super().connection_made(transport)
         transport.set_write_buffer_limits(high=4 * 1024 * 1024)
 
     def connection_lost(self, exc) -> None:
@@ -105,12 +90,7 @@ class Link(asyncio.Protocol):
         err = LinkError(f"{self.label}: connection lost ({self.lost})")
         pending, self._pending = self._pending, {}
         for fut, _ in pending.values():
-            if not fut.done():
-                fut.set_exception(err)
-                # Marked as seen: the loss reaches whoever awaits the reply, and `lost`/`on_lost`
-                # report it; a pipelined request nobody awaits any more (the login's next step
-                # after a failed HELLO) must not log it again when collected.
-                fut.exception()
+            fail_waiter(fut, err)
         if not self.closed.done():
             self.closed.set_result(None)
         for callback in list(self.on_lost):
@@ -130,18 +110,9 @@ class Link(asyncio.Protocol):
         if self.peer is not None and self.peer.transport is not None and not self.peer.transport.is_closing():
             self.peer.transport.resume_reading()
 
-    def data_received(self, data: bytes) -> None:
-        if self._parts is not None:  # inside a large frame: collect, join once (no quadratic copying)
-            self._parts.append(data)
-            self._parts_len += len(data)
-            if self._parts_len < self._need:
-                return
-            buf = b"".join(self._parts)
-            self._parts = None
-        else:
-            buf = self._tail + data if self._tail else data
-        end = len(buf)
-        pos = run = 0  # [run, pos) is a run of frames to relay
+    def frames_received(self, buf: bytearray, pos: int, end: int) -> tuple[int, int]:
+        run = pos  # [run, pos) is a run of frames to relay
+        view = self._rview
         pending, watch, trace = self._pending, self._watch, self._trace
         walk, head, unwatched = walk_stream, frame_head, self._unwatched
         need = 0  # what the frame at pos needs to be whole, once its header is here
@@ -153,8 +124,8 @@ class Link(asyncio.Protocol):
             try:
                 magic, opcode, vbs, opaque, fend = head(buf, pos, end, MAX_BODY)
             except ProtocolError as e:
-                self.abort(LinkError(f"{self.label}: {e.reason}: the stream cannot be trusted"))
-                return
+                self.broken(e)  # nothing of this read is relayed
+                return pos, 0
             if fend > end:
                 need = fend - pos
                 break
@@ -163,25 +134,18 @@ class Link(asyncio.Protocol):
                           opaque, vbs)
             if magic in _RESPONSE_MAGICS and pending and (opcode, opaque) in pending:
                 if run < pos:
-                    self._relay(buf[run:pos])
-                self._reply(buf[pos:fend], opcode, opaque)
+                    self._relay(view[run:pos])
+                self._reply(bytes(view[pos:fend]), opcode, opaque)
                 run = fend
             elif watch and opcode in watch and magic not in _RESPONSE_MAGICS:
                 try:
-                    watch[opcode](decode_all(buf[pos:fend])[0])
+                    watch[opcode](decode_all(bytes(view[pos:fend]))[0])
                 except Exception:
                     log.exception("%s: watcher of opcode 0x%02x failed", self.label, opcode)
             pos = fend
         if run < pos:
-            self._relay(buf if run == 0 and pos == end else buf[run:pos])
-        rest = end - pos
-        self._tail = b""
-        if rest:
-            need = need or HEADER_LEN
-            if need > rest + 65536:
-                self._parts, self._parts_len, self._need = [buf[pos:]], rest, need
-            else:
-                self._tail = buf[pos:]
+            self._relay(view[run:pos])  # a view: the buffer is never written again below `end`
+        return pos, need
 
     def _reply(self, raw: bytes, opcode: int, opaque: int) -> None:
         fut, collector = self._pending[(opcode, opaque)]
@@ -194,7 +158,7 @@ class Link(asyncio.Protocol):
         if not fut.done():
             fut.set_result(frame)
 
-    def _relay(self, data: bytes) -> None:
+    def _relay(self, data) -> None:
         peer = self.peer
         if peer is None:
             self._held.append(data)
@@ -215,10 +179,6 @@ class Link(asyncio.Protocol):
         self._unwatched = opcode_table(op for op in range(256) if op not in self._watch)
 
     # -- own requests ------------------------------------------------------------------------------
-    def send(self, data: bytes) -> None:
-        if self.transport is not None and not self.transport.is_closing():
-            self.transport.write(data)
-
     def request(self, message) -> asyncio.Future:
         """Send a typed request (its opaque replaced); the future gets the reply Frame."""
         if self.lost is not None:
@@ -269,20 +229,3 @@ class Link(asyncio.Protocol):
                                 what=f"SELECT_BUCKET {bucket!r}")
         except TimeoutError:
             raise LinkError(f"{self.label}: login did not finish within {timeout:g} s") from None
-
-    # -- closing ----------------------------------------------------------------------------------
-    def close(self) -> None:
-        if self.lost is None:
-            self.lost = LinkError(f"{self.label}: closed")
-        if self.transport is not None:
-            self.transport.close()
-
-    def abort(self, exc: BaseException) -> None:
-        if self.lost is None:
-            self.lost = exc
-        if self.transport is not None:
-            self.transport.abort()
-
-    @property
-    def alive(self) -> bool:
-        return self.lost is None and self.transport is not None and not self.transport.is_closing()

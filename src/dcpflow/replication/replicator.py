@@ -14,6 +14,7 @@ import json
 import logging
 from collections.abc import Callable
 
+from dcpflow.dcp.position import RESUMABLE_ENDS
 from dcpflow.protocol import dcp as dcpproto
 from dcpflow.protocol.dcp import OpenFlag, StreamEndReason
 from dcpflow.protocol.frame import Frame
@@ -33,7 +34,7 @@ PRODUCER_FLAGS = OpenFlag.PRODUCER | OpenFlag.INCLUDE_XATTRS | OpenFlag.INCLUDE_
 #: every second, and left the vbucket out of `streams`, so a later map change did not close it.
 #: If the consumer's own request then fails, it closes its connection (dcp/consumer.py), and
 #: `on_lost` makes the manager add every stream again.
-CONSUMER_RETRIES = frozenset({StreamEndReason.SLOW, StreamEndReason.BACKFILL_FAIL, StreamEndReason.ROLLBACK})
+CONSUMER_RETRIES = RESUMABLE_ENDS
 
 
 def node_name(host: str, port: int) -> str:

@@ -59,10 +59,6 @@ In-process use (tests, the DCP work): `async with Server(ServerConfig(data_dir=.
 
 import asyncio
 import collections
-import concurrent.futures
-import contextlib
-import errno
-import functools
 import gc
 import json
 import logging
@@ -70,12 +66,9 @@ import os
 import resource
 import shutil
 import socket
-import sqlite3
 import ssl
 import sys
-import threading
 import time
-import traceback
 import uuid as uuidlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -87,6 +80,15 @@ from dcpflow.protocol.config import Node
 from .audit import Audit
 from .auth import Privilege, UserDB
 from .backfill import BackfillScheduler
+from .background import (  # noqa: F401 - the constants are the server's settings (tests and docs name them here)
+    HISTORY_KEPT,
+    MAINTENANCE_MAX_BACKOFF,
+    PAGER_INTERVAL,
+    SEAL_AFTER_IDLE,
+    SEAL_VBUCKETS,
+    Background,
+    out_of_files,
+)
 from .boundedlog import BoundedLog, RateLimiter, printable
 from .commands import COMMANDS
 from .connection import Connection
@@ -94,7 +96,7 @@ from .counters import Counters
 from .dcp_commands import DcpNames
 from .faults import Faults
 from .listener import Listener, listening_sockets
-from .mgmt import ManagementListener
+from .mgmt import ROUTERS, ManagementListener
 from .session import SERVER_VERSION
 from .throttle import FIRST_LOCKOUT, FREE_FAILURES, LoginThrottle
 from .topology import Topology
@@ -158,40 +160,13 @@ class ServerConfig:
     audit_log: str | Path | None = None  # also write the audit trail (audit.py) to this file, as JSON lines
 
 
-def _lower_thread_priority(steps: int) -> None:
-    """Make the calling thread `steps` nice levels nicer than it is (Linux: a thread is a task with
-    its own nice value; elsewhere setpriority would change the whole process, so nothing is done).
-
-    The flusher runs this: its SQLite work runs outside the GIL, on the cores that also run the
-    event loop and the clients on this host. At equal priority the scheduler takes turns between
-    them and preempts the loop in the middle of serving requests; a nicer flusher takes what CPU is
-    left, and under a write storm checkpoint de-duplication absorbs what it has not written yet."""
-    if steps <= 0 or not sys.platform.startswith("linux"):
-        return
-    tid = threading.get_native_id()
-    try:
-        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + steps))
-    except OSError as e:  # a sandbox may forbid it: run at the same priority
-        log.warning("could not lower the flusher thread's priority: %s", e)
-
-
-#: Seconds without a flush batch before the flusher seals the store's unfinished runs.
-SEAL_AFTER_IDLE = 1.0
-#: Vbuckets one sealing transaction covers: after a backlog the store cuts the runs it deferred
-#: (store.py, "Runs") in pieces, so a flush batch never waits behind all of them.
-SEAL_VBUCKETS = 16
 #: The buckets created through the management API (served again after a restart).
 CREATED_BUCKETS_FILE = "buckets.json"
 USERS_OVERLAY_FILE = "users-managed.json"  # auth.UserDB.attach_overlay
 #: Seconds between two looks at the rate-limited logs (an interval that ended writes its summary).
 LOG_TICK = 1.0
-#: Seconds between two looks at whether a bucket is over its high watermark (engine/memory.py).
-PAGER_INTERVAL = 0.1
 #: Seconds between two measures of a bucket's fragmentation (only after the flusher wrote).
 FRAGMENTATION_CHECK_INTERVAL = 10.0
-#: The history a compaction for fragmentation keeps, as a fraction of each vbucket's documents:
-#: after it, fragmentation is at most about 20%, so the next one waits for new overwrites.
-HISTORY_KEPT = 0.25
 #: Descriptors kept for everything but client connections: each bucket's store (the database, its
 #: WAL and shared memory, pooled backfill readers), the listening sockets, the audit file, pipes.
 FD_HEADROOM = 128
@@ -199,10 +174,6 @@ FD_HEADROOM = 128
 #: least this share of what FD_HEADROOM leaves (and at least MGMT_MIN_CONNECTIONS); KV the rest.
 MGMT_SHARE = 1 / 8
 MGMT_MIN_CONNECTIONS = 16
-#: The longest a failing maintenance task waits before it tries again.
-MAINTENANCE_MAX_BACKOFF = 300.0
-
-
 def connection_limits(kv: int, reserve: int, mgmt: int, nofile: int | None = None) -> tuple[int, int]:
     """(KV client connections, HTTP connections) a server may hold: as requested, lowered so that
     with the KV reserve and FD_HEADROOM both fit the soft descriptor limit together (each at least 1)."""
@@ -215,17 +186,6 @@ def connection_limits(kv: int, reserve: int, mgmt: int, nofile: int | None = Non
         return kv, mgmt
     mgmt = max(1, min(mgmt, max(MGMT_MIN_CONNECTIONS, int(budget * MGMT_SHARE), budget - reserve - kv)))
     return max(1, min(kv, budget - reserve - mgmt)), mgmt
-
-
-def out_of_files(error: BaseException) -> bool:
-    """Whether `error` is the process running out of descriptors (or kernel memory for them), as
-    the OS or SQLite ("unable to open database file") reports it."""
-    if isinstance(error, OSError):
-        return error.errno in (errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS)
-    if isinstance(error, sqlite3.OperationalError):
-        text = str(error).lower()
-        return "unable to open" in text or "too many open files" in text
-    return False
 
 
 class ServerBucket:
@@ -350,23 +310,17 @@ class Server:
             "limit": 0, "reserve": 0, "descriptors": 0, "unauthenticated_evicted": 0, "auth_timeout": 0,
             "http_limit": 0, "http_evicted": 0, "http_timeout": 0}
         self.throttle = LoginThrottle(config.login_failures, config.login_lockout)  # failed logins (throttle.py)
-        self.maintenance_failures = 0  # runs of maintenance tasks that failed (see _periodic)
+        self.work = Background(self)  # the flusher, the item pager, expiry, compaction (background.py)
         self._opening: set[asyncio.Task] = set()  # accepted sockets whose Connection is being made (TLS)
         self.started = time.time()
         self.topology: Topology | None = None
         self.port: int | None = None
         self.tls_port: int | None = None
-        self.mgmt = ManagementListener(self)  # its ports: mgmt.port, mgmt.tls_port
+        self.mgmt = ManagementListener(self, ROUTERS)  # its ports: mgmt.port, mgmt.tls_port
         self.faults = Faults(self)  # fault injection (server/faults), served by the management listener
         self._listener: Listener | None = None
         self._tls_listener: Listener | None = None
         self._tasks: list[asyncio.Task] = []
-        self._stopping: asyncio.Event | None = None
-        self._wake: asyncio.Event | None = None
-        self._wake_pager: asyncio.Event | None = None
-        self._maintenance: asyncio.Lock | None = None
-        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
-        self._urgent_executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._error_maps: dict[int, bytes] = {}
         self.commands = COMMANDS  # opcode -> Command: what every connection answers (commands.py)
         self.dcp_names = DcpNames()  # a DCP connection name opened again closes the older connection
@@ -382,13 +336,8 @@ class Server:
     # -- lifecycle -------------------------------------------------------------------------------
     async def start(self) -> "Server":
         cfg = self.config
-        self._stopping, self._wake, self._maintenance = asyncio.Event(), asyncio.Event(), asyncio.Lock()
-        self._wake_pager = asyncio.Event()
-        self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="dcpflow-flusher",
-                                                               initializer=_lower_thread_priority,
-                                                               initargs=(cfg.flusher_nice,))
-        # the same work at the server's own priority, for batches that writers wait for (flush_batch)
-        self._urgent_executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="dcpflow-flusher-urgent")
+        work = self.work
+        work.open(cfg.flusher_nice)
         try:
             # Bound first (a port in use fails before any bucket is created in the data dir), serving
             # only once the buckets are open and the map (which needs the bound ports) exists.
@@ -406,8 +355,7 @@ class Server:
                     listener.close()
             self.mgmt.unbind()
             self._close_buckets(clean=True)
-            self._executor.shutdown(wait=True)
-            self._urgent_executor.shutdown(wait=True)
+            work.shutdown()
             raise
         # Warm-up loaded every document as a long-lived object; a full collection walks all of
         # them and stalls the loop for as long. Freeze them out of the collector's generations:
@@ -442,16 +390,16 @@ class Server:
                 listener.start()
         await self.mgmt.start()
         self._tasks = [
-            asyncio.create_task(self._flusher_task(), name="dcpflow-flusher"),
-            asyncio.create_task(self._periodic(cfg.expiry_interval, self._run_expiry), name="dcpflow-expiry"),
-            asyncio.create_task(self._periodic(cfg.compaction_interval, self._run_compaction),
+            asyncio.create_task(work.flusher_task(), name="dcpflow-flusher"),
+            asyncio.create_task(work.periodic(cfg.expiry_interval, work.run_expiry), name="dcpflow-expiry"),
+            asyncio.create_task(work.periodic(cfg.compaction_interval, work.run_compaction),
                                 name="dcpflow-compaction"),
-            asyncio.create_task(self._periodic(LOG_TICK, self._tick_logs), name="dcpflow-log-summaries"),
-            asyncio.create_task(self._pager_task(), name="dcpflow-item-pager"),
+            asyncio.create_task(work.periodic(LOG_TICK, self._tick_logs), name="dcpflow-log-summaries"),
+            asyncio.create_task(work.pager_task(), name="dcpflow-item-pager"),
         ]
         if cfg.fragmentation_threshold is not None:
             self._tasks.append(asyncio.create_task(
-                self._periodic(FRAGMENTATION_CHECK_INTERVAL, self._check_fragmentation), name="dcpflow-fragmentation"))
+                work.periodic(FRAGMENTATION_CHECK_INTERVAL, work.check_fragmentation), name="dcpflow-fragmentation"))
         return self
 
     def _tls_context(self) -> ssl.SSLContext:
@@ -492,17 +440,14 @@ class Server:
             if conn.dcp is not None and hasattr(conn.dcp, "shutdown"):
                 conn.dcp.shutdown()  # STREAM_END(Disconnected) for every stream, written before the close
             conn.close()
-        self._stopping.set()
-        self._wake.set()
-        self._wake_pager.set()
+        self.work.stop()
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
         self.backfills.close()
         gc.unfreeze()  # what start() froze may be garbage now (in-process servers come and go)
-        async with self._maintenance:
+        async with self.work.lock:
             self._close_buckets(clean=True)
-        self._executor.shutdown(wait=True)
-        self._urgent_executor.shutdown(wait=True)
+        self.work.shutdown()
         self.log.tick()
         self.audit.tick()
         self.audit.close()
@@ -656,164 +601,42 @@ class Server:
             data = self._error_maps[version] = error_map.encode_error_map(version)
         return data
 
-    # -- background work -------------------------------------------------------------------------
+    # -- background work (background.py) -------------------------------------------------------
+    @property
+    def maintenance_failures(self) -> int:
+        """Runs of maintenance tasks that failed."""
+        return self.work.failures
+
+    @property
+    def _maintenance(self):
+        """The maintenance lock (Background.lock): no flush batch, compaction or sealing in its body."""
+        return self.work.lock
+
     def wake_flusher(self) -> None:
-        if self._wake is not None:
-            self._wake.set()
-
-    async def _sleep(self, seconds: float, event: asyncio.Event) -> bool:
-        """Sleep up to `seconds` or until `event`; False once the server is stopping."""
-        if self._stopping.is_set():
-            return False
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(event.wait(), seconds)
-        return not self._stopping.is_set()
-
-    async def _flusher_task(self) -> None:
-        while await self._sleep(self.config.flush_interval, self._wake):
-            self._wake.clear()
-            for bucket in list(self.buckets.values()):
-                if bucket.persistence_paused:
-                    continue
-                try:
-                    while not bucket.persistence_paused and await self.flush_batch(bucket) \
-                            and not self._stopping.is_set():
-                        bucket.flushed_at = time.monotonic()
-                        if bucket.engine.pager.wanted():
-                            self._wake_pager.set()
-                    if bucket.engine.dropped_collections and not bucket.persistence_paused:
-                        await self.purge_collections(bucket)
-                    if time.monotonic() - bucket.flushed_at >= SEAL_AFTER_IDLE and bucket.engine.store.unsealed():
-                        await self.seal_runs(bucket)
-                except Exception as e:
-                    self._maintenance_failed(f"flushing bucket {bucket.name}", e, self.config.flush_interval)
-
-    @contextlib.asynccontextmanager
-    async def maintenance(self):
-        """Hold off flush batches, compaction and run sealing while the body rewrites a vbucket
-        (a rollback, a failover): one of those already running finishes first."""
-        async with self._maintenance:
-            yield
-
-    async def flush_settled(self) -> None:
-        """Return once no flush batch is in flight (one already writing completes first)."""
-        async with self._maintenance:
-            pass
-
-    def when_no_flush(self, engine: Bucket, fn):
-        """fn() at once if no flush batch of `engine` is in flight, else an awaitable of fn() run
-        once none is. For changes acknowledged as durable (SET_VBUCKET, a takeover's state): a
-        batch being written carries the older state row, so the engine could only queue the new
-        one behind it. No await between the wait and fn(): no batch can start before its writes."""
-        if engine.flusher.in_flight is None:
-            return fn()
-
-        async def after_batch():
-            await self.flush_settled()
-            return fn()
-
-        return after_batch()
-
-    async def flush_batch(self, bucket: ServerBucket) -> int:
-        """Persist one batch of `bucket`: collect here, write on the flusher thread, complete here.
-
-        The flusher thread is nicer than the server (`flusher_nice`): beside a write storm the
-        loop keeps the CPU and checkpoint de-duplication absorbs what is not written yet. Under
-        memory pressure that is backwards - writes are refused until the flusher has written what
-        the pager may evict, the loop has nothing better to do, and on a busy host a niced thread
-        gets a sliver of a core - so then the batch is written by a thread at the server's own
-        priority (an unprivileged thread cannot take back the nice levels it gave up)."""
-        engine = bucket.engine
-        async with self._maintenance:
-            if engine.closed:
-                return 0
-            batch = engine.flusher.collect(engine.flush_batch_items)
-            if batch is None:
-                return 0
-            mem = engine.memory
-            urgent = mem.num_tmp_oom != bucket.tmp_oom_seen or mem.writes_wait_for_flusher()
-            bucket.tmp_oom_seen = mem.num_tmp_oom  # writes refused since the last batch: urgent too
-            executor = self._urgent_executor if urgent else self._executor
-            try:
-                await asyncio.get_running_loop().run_in_executor(executor, engine.flusher.write, batch)
-            except BaseException:
-                engine.flusher.abort(batch)
-                raise
-            engine.flusher.complete(batch)
-            return batch.num_items
-
-    async def purge_collections(self, bucket: ServerBucket) -> None:
-        """Nothing is left to flush: delete dropped collections' documents from disk
-        (Bucket.purge_dropped_collections), between flush batches."""
-        engine = bucket.engine
-        async with self._maintenance:
-            if not engine.closed and engine.flusher.in_flight is None:
-                engine.purge_dropped_collections()
-
-    async def seal_runs(self, bucket: ServerBucket) -> None:
-        """The flusher has been idle for SEAL_AFTER_IDLE: make runs of the rows it left unfinished
-        (store.py "Runs"), on its thread, so data at rest backfills from runs. Not at once: a
-        consumer that waited for persistence is likely reading right then, and a trickle of
-        writes would cut its runs small."""
-        engine = bucket.engine
-        async with self._maintenance:
-            if not engine.closed:
-                await asyncio.get_running_loop().run_in_executor(
-                    self._executor, functools.partial(engine.store.seal_runs, max_vbuckets=SEAL_VBUCKETS))
+        if self.work.flusher_wake is not None:
+            self.work.flusher_wake.set()
 
     def wake_pager(self) -> None:
-        if self._wake_pager is not None:
-            self._wake_pager.set()
+        if self.work.pager_wake is not None:
+            self.work.pager_wake.set()
 
-    async def _pager_task(self) -> None:
-        """Evict values of every bucket over its high watermark, a pass at a time (module docstring)."""
-        while await self._sleep(PAGER_INTERVAL, self._wake_pager):
-            self._wake_pager.clear()
-            for bucket in list(self.buckets.values()):
-                engine = bucket.engine
-                try:
-                    mem, now = engine.memory, time.monotonic()
-                    if not engine.closed and mem.checkpoint >= mem.checkpoint_quota \
-                            and now - bucket.recovered_at >= PAGER_INTERVAL:
-                        # writes are refused (BucketMemory.refusal): a recovery walks every vbucket's
-                        # checkpoints, so once an interval, not once a wake; after each flush batch
-                        # the bucket recovers anyway (Bucket._after_flush)
-                        bucket.recovered_at = now
-                        engine.recover_checkpoint_memory()
-                    while not engine.closed and engine.pager.wanted() and not self._stopping.is_set():
-                        _, done = engine.evict()
-                        if done:
-                            break
-                        await asyncio.sleep(0)  # let requests run between passes
-                except Exception:
-                    self.log.error("pager-failure", "evicting values of bucket %s failed:\n%s", bucket.name,
-                                   traceback.format_exc(), keep_newlines=True)
+    def maintenance(self):
+        """Hold off flush batches, compaction and run sealing while the body rewrites a vbucket
+        (a rollback, a failover): one of those already running finishes first."""
+        return self.work.maintenance()
 
-    async def _periodic(self, interval: float, fn) -> None:
-        """fn() every `interval`; after a failure, the wait doubles with each one in a row (up to
-        MAINTENANCE_MAX_BACKOFF, never below `interval`) and resets after a success."""
-        failures = 0
-        while await self._sleep(interval if not failures else
-                                max(interval, min(interval * 2 ** failures, MAINTENANCE_MAX_BACKOFF)), self._stopping):
-            try:
-                await fn()
-                failures = 0
-            except Exception as e:
-                failures += 1
-                self._maintenance_failed(fn.__name__.strip("_"), e,
-                                         max(interval, min(interval * 2 ** failures, MAINTENANCE_MAX_BACKOFF)))
+    async def flush_settled(self) -> None:
+        await self.work.flush_settled()
 
-    def _maintenance_failed(self, what: str, error: Exception, retry_in: float) -> None:
-        """A background task failed: out of descriptors is said in one line (once per interval, no
-        traceback: it is the node's state, not a bug); anything else with its traceback, rate-limited too."""
-        self.maintenance_failures += 1
-        if out_of_files(error):
-            self.log.warning("maintenance-descriptors", "%s cannot open a file (%s; the descriptor limit is %d): "
-                             "retrying in %.0f s", what, error, resource.getrlimit(resource.RLIMIT_NOFILE)[0],
-                             retry_in)
-        else:
-            self.log.error("maintenance-failure", "%s failed; retrying in %.0f s:\n%s", what, retry_in,
-                           traceback.format_exc(), keep_newlines=True)
+    def when_no_flush(self, engine: Bucket, fn):
+        return self.work.when_no_flush(engine, fn)
+
+    async def seal_runs(self, bucket: "ServerBucket") -> None:
+        await self.work.seal_runs(bucket)
+
+    async def compact(self, bucket: "ServerBucket", keep_history: float | None = None) -> None:
+        await self.work.compact(bucket, keep_history)
+
 
     async def _tick_logs(self) -> None:
         self.log.tick()
@@ -831,42 +654,6 @@ class Server:
                                       file=sys.stderr, flush=True))
         if self._debug_limiter.allow(kind):
             print(f"dcpflow server: {printable(text)}", file=sys.stderr, flush=True)
-
-    async def _run_expiry(self) -> None:
-        for bucket in list(self.buckets.values()):
-            bucket.engine.run_expiry_pager()
-
-    async def _run_compaction(self) -> None:
-        for bucket in list(self.buckets.values()):
-            await self.compact(bucket)
-
-    async def compact(self, bucket: "ServerBucket", keep_history: float | None = None) -> None:
-        """One compaction of `bucket` (Bucket.compact's steps): planned here, the store's part on
-        the flusher's thread (no flush batch meanwhile), the engine's part here again."""
-        engine = bucket.engine
-        async with self._maintenance:
-            if engine.closed:  # dropped meanwhile
-                return
-            plan = engine.compaction_plan(keep_history=keep_history)
-            results = await asyncio.get_running_loop().run_in_executor(self._executor, engine.store.compact, plan)
-            engine.finish_compaction(results)
-        bucket.compactions += 1
-
-    async def _check_fragmentation(self) -> None:
-        """Measure each bucket the flusher wrote to since the last look; compact a fragmented one."""
-        threshold = self.config.fragmentation_threshold
-        for bucket in list(self.buckets.values()):
-            engine = bucket.engine
-            bucket.fragmentation_checks += 1  # looks, measured or not (one at a time: tests wait for two)
-            if engine.closed or engine.flusher.items_flushed == bucket.checked_at_items:
-                continue
-            bucket.checked_at_items = engine.flusher.items_flushed
-            bucket.fragmentation = await asyncio.get_running_loop().run_in_executor(None, engine.store.fragmentation)
-            if bucket.fragmentation.fraction > threshold:
-                await self.compact(bucket, keep_history=HISTORY_KEPT)
-                bucket.fragmentation_compactions += 1
-                bucket.fragmentation = await asyncio.get_running_loop().run_in_executor(
-                    None, engine.store.fragmentation)
 
     # -- users at run time (the management API) ------------------------------------------------
     def user_changed(self, name: str) -> None:
@@ -934,7 +721,7 @@ class Server:
         for conn in list(self.connections):
             if conn.bucket is bucket:
                 conn.close()
-        async with self._maintenance:  # no flush batch of it in flight
+        async with self.work.lock:  # no flush batch of it in flight
             bucket.engine.close(clean=False)
         created = self._created_buckets()
         if name in created:
@@ -951,10 +738,10 @@ class Server:
         if not self.manages_buckets:
             raise ValueError("buckets of a dcpflow cluster are managed by its cluster manager")
         engine = self.buckets[name].engine
-        async with self._maintenance:  # no flush batch in flight while the store is emptied
+        async with self.work.lock:  # no flush batch in flight while the store is emptied
             if engine.closed:
                 raise KeyError(name)
-            await asyncio.get_running_loop().run_in_executor(self._executor, engine.store.clear)
+            await asyncio.get_running_loop().run_in_executor(self.work.executor, engine.store.clear)
             return engine.reset(store_cleared=True)
 
 

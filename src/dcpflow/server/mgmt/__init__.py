@@ -7,7 +7,8 @@ streaming config endpoints `bs` and `bucketsStreaming`), users (user management 
 Prometheus), ui (the `/ui/` page; `static/` holds its stylesheet and script), observe (samples
 for the charts, the event log, rollback and failover counters), dcpview (the one reader of
 the DCP connections' stats) and faults (fault injection, `/faults/...`; server/faults does the
-work). `ROUTERS` lists the modules whose `routes` the listener serves.
+work). `ROUTERS` lists the modules whose `routes` the listener serves; the server hands it to
+the listener it makes (server/app.py), so the routers import `app` and nothing imports them back.
 """
 
 from . import buckets, collections, faults, metrics, nodes, streaming, ui, users

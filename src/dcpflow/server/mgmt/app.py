@@ -430,10 +430,13 @@ def _bind(host: str, port: int | None, preferred: int) -> socket.socket:
 
 class ManagementListener:
     """See the module docstring. One per Server: `bind()`, `start()` once the server's buckets and
-    map exist, `close()` first when the server stops."""
+    map exist, `close()` first when the server stops. `routers` are the modules whose `routes` it
+    serves (the package's ROUTERS): registered by whoever makes the listener, so this module
+    imports none of them (they import it)."""
 
-    def __init__(self, server):
+    def __init__(self, server, routers):
         self.server = server
+        self.routers = tuple(routers)
         self.port: int | None = None
         self.tls_port: int | None = None
         self.logins = Logins(server.users)
@@ -464,12 +467,10 @@ class ManagementListener:
         self._socks.clear()
 
     def application(self) -> web.Application:
-        from . import ROUTERS
-
         app = web.Application(middlewares=[_track, _errors, _authenticate], client_max_size=MAX_BODY)
         app[SERVER] = self.server
         app[LISTENER] = self
-        for router in ROUTERS:
+        for router in self.routers:
             app.router.add_routes(router.routes)
         return app
 

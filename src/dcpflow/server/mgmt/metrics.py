@@ -117,7 +117,25 @@ _MEMORY = (
 
 
 def collect(server, may_see=lambda bucket: True) -> Exposition:
+    """Every family: the node's, then those of each bucket `may_see` lets through, then DCP's."""
     m = Exposition()
+    _node(m, server)
+    buckets = [(name, b) for name, b in list(server.buckets.items()) if may_see(name)]
+    for name, bucket in buckets:
+        c = bucket.counters
+        help_ops = "KV operations by type (get: hit or miss)."
+        m.add("kv_ops", "counter", help_ops, c.get_hits, bucket=name, op="get", result="hit")
+        m.add("kv_ops", "counter", help_ops, c.get_misses, bucket=name, op="get", result="miss")
+        m.add("kv_ops", "counter", help_ops, c.cmd_set, bucket=name, op="set")
+        m.add("kv_ops", "counter", help_ops, c.cmd_delete, bucket=name, op="delete")
+    for name, bucket in buckets:
+        _bucket(m, name, bucket, server.mgmt.observer)
+    _dcp(m, dcpview.views(server, may_see))
+    return m
+
+
+def _node(m: Exposition, server) -> None:
+    """The node's: uptime, connections and their limits, logins, memory, audit and log volume."""
     m.add("kv_uptime_seconds", "gauge", "Seconds since the server started.", round(time.time() - server.started, 3))
     m.add("kv_curr_connections", "gauge", "Open KV connections.", len(server.connections))
     m.add("kv_total_connections", "counter", "KV connections accepted since the server started.",
@@ -144,55 +162,53 @@ def collect(server, may_see=lambda bucket: True) -> Exposition:
     for kind, n in sorted(suppressed.items()):
         m.add("kv_log_lines_suppressed_total", "counter", "Per-request log lines left out by the rate limit.", n,
               event=kind)
-    observer = server.mgmt.observer
-    buckets = [(name, b) for name, b in list(server.buckets.items()) if may_see(name)]
-    for name, bucket in buckets:
-        c = bucket.counters
-        help_ops = "KV operations by type (get: hit or miss)."
-        m.add("kv_ops", "counter", help_ops, c.get_hits, bucket=name, op="get", result="hit")
-        m.add("kv_ops", "counter", help_ops, c.get_misses, bucket=name, op="get", result="miss")
-        m.add("kv_ops", "counter", help_ops, c.cmd_set, bucket=name, op="set")
-        m.add("kv_ops", "counter", help_ops, c.cmd_delete, bucket=name, op="delete")
-    for name, bucket in buckets:
-        engine = bucket.engine
-        stats = engine.stats()
-        m.add("kv_curr_items", "gauge", "Documents in active vbuckets.", stats["curr_items"], bucket=name)
-        m.add("kv_curr_items_tot", "gauge", "Documents in all vbuckets (active, replica, pending).",
-              stats["curr_items_tot"], bucket=name)
-        for state in ("active", "replica", "pending", "dead"):
-            m.add("kv_num_vbuckets", "gauge", "Vbuckets on this node by state.", stats[f"vb_{state}_num"],
-                  bucket=name, state=state)
-        m.add("kv_ep_queue_size", "gauge", "Mutations waiting for the flusher to persist them.",
-              stats["ep_queue_size"], bucket=name)
-        m.add("kv_ep_total_persisted", "counter", "Items the flusher has persisted since the bucket opened.",
-              stats["ep_total_persisted"], bucket=name)
-        vbuckets = sorted(engine.vbuckets.items())
-        m.add("kv_checkpoint_memory_bytes", "gauge", "Memory held by the vbuckets' checkpoints.",
-              sum(vb.checkpoint_manager.mem_usage for _, vb in vbuckets), bucket=name)
-        for metric, stat, kind, text in _MEMORY:
-            m.add(metric, kind, text, stats[stat], bucket=name)
-        store = fragmentation_stats(bucket)
-        for reason, key in (("any", "ep_compactions"), ("fragmentation", "ep_compactions_for_fragmentation")):
-            m.add("kv_ep_compactions_total", "counter", "Compactions of the bucket's store (any: every one; "
-                  "fragmentation: those its fragmentation started).", store[key], bucket=name, reason=reason)
-        if "couch_docs_fragmentation" in store:
-            m.add("kv_couch_docs_fragmentation", "gauge", "Percent of the store's rows that are older versions, as "
-                  "last measured.", store["couch_docs_fragmentation"], bucket=name)
-            m.add("kv_ep_db_file_size_bytes", "gauge", "The store's file.", store["ep_db_file_size"], bucket=name)
-            m.add("kv_ep_db_history_rows", "gauge", "Older versions kept for rollback, as last measured.",
-                  store["ep_db_history_rows"], bucket=name)
-        m.add("kv_vb_rollbacks_total", "counter", "Vbucket rollbacks applied on this node since it started.",
-              observer.rollbacks[name], bucket=name)
-        m.add("kv_vb_failovers_total", "counter",
-              "Vbuckets that became active here with a new failover entry since the server started.",
-              observer.failovers[name], bucket=name)
-        for vbid, vb in vbuckets:
-            m.add("kv_vb_high_seqno", "gauge", "High seqno of each vbucket.", vb.high_seqno, bucket=name,
-                  vb=vbid, state=vb.state.name.lower())
-        for vbid, vb in vbuckets:
-            m.add("kv_vb_persisted_seqno", "gauge", "Seqno up to which each vbucket is persisted.",
-                  vb.persisted_seqno, bucket=name, vb=vbid)
-    views = dcpview.views(server, may_see)
+
+
+def _bucket(m: Exposition, name: str, bucket, observer) -> None:
+    """A bucket's: items, vbuckets, persistence, memory, compaction, rollbacks and failovers, and
+    each vbucket's seqnos."""
+    engine = bucket.engine
+    stats = engine.stats()
+    m.add("kv_curr_items", "gauge", "Documents in active vbuckets.", stats["curr_items"], bucket=name)
+    m.add("kv_curr_items_tot", "gauge", "Documents in all vbuckets (active, replica, pending).",
+          stats["curr_items_tot"], bucket=name)
+    for state in ("active", "replica", "pending", "dead"):
+        m.add("kv_num_vbuckets", "gauge", "Vbuckets on this node by state.", stats[f"vb_{state}_num"],
+              bucket=name, state=state)
+    m.add("kv_ep_queue_size", "gauge", "Mutations waiting for the flusher to persist them.",
+          stats["ep_queue_size"], bucket=name)
+    m.add("kv_ep_total_persisted", "counter", "Items the flusher has persisted since the bucket opened.",
+          stats["ep_total_persisted"], bucket=name)
+    vbuckets = sorted(engine.vbuckets.items())
+    m.add("kv_checkpoint_memory_bytes", "gauge", "Memory held by the vbuckets' checkpoints.",
+          sum(vb.checkpoint_manager.mem_usage for _, vb in vbuckets), bucket=name)
+    for metric, stat, kind, text in _MEMORY:
+        m.add(metric, kind, text, stats[stat], bucket=name)
+    store = fragmentation_stats(bucket)
+    for reason, key in (("any", "ep_compactions"), ("fragmentation", "ep_compactions_for_fragmentation")):
+        m.add("kv_ep_compactions_total", "counter", "Compactions of the bucket's store (any: every one; "
+              "fragmentation: those its fragmentation started).", store[key], bucket=name, reason=reason)
+    if "couch_docs_fragmentation" in store:
+        m.add("kv_couch_docs_fragmentation", "gauge", "Percent of the store's rows that are older versions, as "
+              "last measured.", store["couch_docs_fragmentation"], bucket=name)
+        m.add("kv_ep_db_file_size_bytes", "gauge", "The store's file.", store["ep_db_file_size"], bucket=name)
+        m.add("kv_ep_db_history_rows", "gauge", "Older versions kept for rollback, as last measured.",
+              store["ep_db_history_rows"], bucket=name)
+    m.add("kv_vb_rollbacks_total", "counter", "Vbucket rollbacks applied on this node since it started.",
+          observer.rollbacks[name], bucket=name)
+    m.add("kv_vb_failovers_total", "counter",
+          "Vbuckets that became active here with a new failover entry since the server started.",
+          observer.failovers[name], bucket=name)
+    for vbid, vb in vbuckets:
+        m.add("kv_vb_high_seqno", "gauge", "High seqno of each vbucket.", vb.high_seqno, bucket=name,
+              vb=vbid, state=vb.state.name.lower())
+    for vbid, vb in vbuckets:
+        m.add("kv_vb_persisted_seqno", "gauge", "Seqno up to which each vbucket is persisted.",
+              vb.persisted_seqno, bucket=name, vb=vbid)
+
+
+def _dcp(m: Exposition, views) -> None:
+    """The DCP connections' and their streams' (dcpview.py reads them)."""
     counts: dict[tuple[str, str], int] = {}
     for v in views:
         counts[(v.bucket, v.type)] = counts.get((v.bucket, v.type), 0) + 1
@@ -225,7 +241,6 @@ def collect(server, may_see=lambda bucket: True) -> Exposition:
         if v.replication and v.type == "producer":
             m.add("kv_dcp_replication_lag_items", "gauge", "Items the replica at the other end of a replication "
                   "link is behind this node's active vbuckets.", v.items_remaining, bucket=v.bucket, link=v.name)
-    return m
 
 
 @routes.get("/metrics")
