@@ -31,9 +31,20 @@ def fill(srv, n: int, round_: int = 1) -> None:
             assert c.set(b"doc%d" % i, b'{"round":%d,"i":%d}' % (round_, i)).status == Status.SUCCESS
 
 
-def start(args: list[str], **kw) -> subprocess.Popen:
+def quick_jvm(env: dict | None = None) -> dict:
+    """The environment for a command under test, its JVMs compiling with C1 only (what the suite's
+    own session does with fast_start): Spark's JVM in a seconds-long run spends more of two busy
+    cores in C2's compiler threads than it ever gets back. Every JVM reads JAVA_TOOL_OPTIONS (and
+    says so on stderr, first)."""
+    env = dict(os.environ if env is None else env)
+    env["JAVA_TOOL_OPTIONS"] = (env.get("JAVA_TOOL_OPTIONS", "") + " -XX:TieredStopAtLevel=1").strip()
+    return env
+
+
+def start(args: list[str], env: dict | None = None) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "dcpflow.cli", *args], cwd=REPO, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, **kw)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            env=quick_jvm(env))
 
 
 def wait_for_line(proc: subprocess.Popen, pattern: re.Pattern, timeout: float = 300) -> list[str]:
@@ -91,7 +102,7 @@ def test_printed_batches_are_what_restore_as_of_takes(spark, make_server, tmp_pa
     lake = tmp_path / "lake"
     run = subprocess.run([sys.executable, "-m", "dcpflow.cli", "pipeline", "--connection", url(source), "--lake",
                           str(lake), "--max-seqnos-per-trigger", "120", "--partitions", "2"], cwd=REPO,
-                         stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=600)
+                         stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=600, env=quick_jvm())
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     printed = {int(n): int(rows.replace(",", "")) for n, rows in BATCH.findall(run.stdout)}
     assert len(printed) >= 3, run.stdout

@@ -182,3 +182,30 @@ def test_a_state_batch_reports_its_rows_once(spark, writer, tmp_path):
     query.awaitTermination(300)
     assert query.exception() is None
     assert sum(p["numInputRows"] for p in query.recentProgress) == len(rows)
+
+
+def test_a_merge_runs_no_stage_wider_than_the_cores(spark, tmp_path):
+    """A live batch's MERGE was mostly Delta rebuilding the table's snapshot in its default 50
+    tasks (a task's fixed cost each, for a log of a few files): every stage of a merge is now as
+    wide as the session's shuffles at most, with the session's own setting left alone after it."""
+    from dcpflow.spark.state import SNAPSHOT_PARTITIONS
+
+    writer = DeltaStateWriter(tmp_path / "state")
+    schema = schema_ddl("string", "STRING")
+    writer.apply(spark.createDataFrame([change(v, s, f"k{v}-{s}", "mutation", 1, "x") for v in range(NUM_VB)
+                                        for s in range(1, 30)], schema), 0)
+    spark.conf.unset(SNAPSHOT_PARTITIONS)  # as a user's session without dcpflow's setting: Delta's 50
+    group = f"merge-width-{tmp_path.name}"
+    spark.sparkContext.setJobGroup(group, "a merge")
+    try:
+        writer.apply(spark.createDataFrame([change(0, 40, "k0-1", "mutation", 2, "y"),
+                                            change(1, 40, "new", "mutation", 2, "z")], schema), 1)
+    finally:
+        spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)
+        spark.conf.set(SNAPSHOT_PARTITIONS, spark.conf.get("spark.sql.shuffle.partitions"))
+    tracker = spark.sparkContext.statusTracker()
+    widths = [tracker.getStageInfo(s).numTasks for j in tracker.getJobIdsForGroup(group)
+              for s in tracker.getJobInfo(j).stageIds if tracker.getStageInfo(s) is not None]
+    assert widths and max(widths) <= int(spark.conf.get("spark.sql.shuffle.partitions")), widths
+    state = dict(writer.read(spark).select("key", "value").collect())
+    assert state["k0-1"] == "y" and state["new"] == "z" and len(state) == NUM_VB * 29 + 1

@@ -138,6 +138,8 @@ class DemoResult:
 
 def run_demo(docs: int = 100_000, workdir: str | Path | None = None, vbuckets: int = 64, state_format: str = "delta",
              rounds: int = 5, keep: bool = False, out=None) -> DemoResult:
+    """The module docstring's five steps, each a function below; the server, Spark and (unless
+    kept) the working directory go whatever happens."""
     out = out or sys.stdout
     started = time.monotonic()
 
@@ -153,23 +155,7 @@ def run_demo(docs: int = 100_000, workdir: str | Path | None = None, vbuckets: i
             f"with its data in {base / 'server'}")
         server = EmbeddedServer(base / "server", vbuckets, docs=docs)
         connection = f"couchbase://127.0.0.1:{server.port}/default"
-        from dcpflow.load import ByKind, Loader, Workload, burst_round, churn_round, create_collections, load_initial
-
-        work = Workload(docs=docs, updates=max(docs // 10, 10), deletes=max(docs // 50, 5),
-                        expiring=max(docs // 100, 5), ttl=2, rounds=rounds)
-        # `orders` keeps every version: history needs a magma bucket, as in Couchbase
-        server.set_bucket("default", "Administrator", "password", storageBackend="magma",
-                          historyRetentionSeconds=RETENTION_SECONDS)
-        client = Loader(connection, "Administrator", "password")
-        create_collections(client, SCOPE, history=HISTORY, max_ttl=MAX_TTL)
-        made = next(sc for sc in client.bucket.collections().get_all_scopes() if sc.name == SCOPE).collections
-        say(f"created scope {SCOPE} through the SDK's collection manager: " + ", ".join(
-            c.name + (" (history)" if c.history else "")
-            + (f" (maxTTL {c.max_expiry.total_seconds():.0f}s)" if c.max_expiry else "") for c in made))
-        loader = ByKind(client, SCOPE)
-        t0 = time.monotonic()
-        load_initial(loader, work, lambda n, total: say(f"loaded {n:,}/{total:,} documents"))
-        say(f"loaded {docs:,} documents in {time.monotonic() - t0:.1f}s through the Couchbase SDK")
+        client, loader, work = _load(server, connection, docs, rounds, say)
 
         say("starting Spark (local, quiet)")
         spark = local_session("dcpflow-demo")
@@ -186,70 +172,11 @@ def run_demo(docs: int = 100_000, workdir: str | Path | None = None, vbuckets: i
             rate = f", {r.rows / r.seconds:,.0f} rows/s" if r.seconds > 0 else ""
             say(f"{r.describe()}: {r.rows:,} rows in {r.seconds:.2f}s{rate}{lag}")
 
-        say(f"pipeline over scope {SCOPE} with change streams: AvailableNow → change log "
-            f"{pipeline.changelog_path} → {state_format} state {pipeline.state_path}")
-        t0 = time.monotonic()
-        reports = pipeline.run_available_now(on_batch)
-        result.initial_seconds = time.monotonic() - t0
-        result.initial_rows = sum(r.rows for r in reports if r.query == "changelog")
-        say(f"initial catch-up: {result.initial_rows:,} changes in {result.initial_seconds:.1f}s "
-            f"({result.initial_rows / max(result.initial_seconds, 1e-9):,.0f} changes/s end to end)")
-
-        say(f"live: micro-batches every second while {rounds} rounds of updates, bursts of versions, deletes "
-            "and expiring sessions arrive")
-        queries = list(pipeline.start_live("1 second"))
-        live = ProgressReader(queries[0], "changelog-live", pipeline.changelog_version)
-        totals = {"updates": 0, "deletes": 0, "expiring": 0, "bursts": 0}
-        burst_keys = max(docs // 1000, 3)
-        try:
-            for i in range(rounds):
-                did = churn_round(loader, work, i)
-                did["bursts"] = burst_round(loader, work, i, keys=burst_keys, versions=3)
-                for k, v in did.items():
-                    totals[k] += v
-                say(f"round {i + 1}/{rounds}: {did['updates']:,} updates, {did['bursts']:,} more in bursts "
-                    f"(3 versions in a row of {burst_keys} users and {burst_keys} orders), {did['deletes']:,} "
-                    f"deletes, {did['expiring']:,} sessions expiring in {work.ttl}s")
-                live = _report_live(live, result, say, pipeline, queries)
-                time.sleep(1.0)
-            deadline = time.monotonic() + work.ttl + 4
-            while time.monotonic() < deadline:  # let the expiry pager turn sessions into expirations
-                time.sleep(1.0)
-                live = _report_live(live, result, say, pipeline, queries)
-        finally:
-            pipeline.stop_live(*queries)
-        result.changes = totals
+        _catch_up(pipeline, result, on_batch, say)
+        result.changes = _live(pipeline, loader, work, result, say)
         say("draining what is left (AvailableNow)")
         pipeline.run_available_now(on_batch)
-
-        say(f"verifying: the state table against the server, key by key in every collection of {SCOPE}")
-        keys = list(work.versions)
-        server_docs = loader.get_all(keys)
-        client.close()
-        state = _state_dict(pipeline)
-        result.keys_checked = len(keys)
-        result.live_keys = len(server_docs)
-        names = sorted(loader.loaders)
-        result.collections = {name: {"keys": 0, "live": 0, "mismatches": 0} for name in names}
-        for key in keys:
-            name = loader.collection_of(key)
-            stats = result.collections[name]
-            stats["keys"] += 1
-            want = server_docs.get(key)
-            stats["live"] += want is not None
-            got = state.get((SCOPE, name, key))
-            if (want.decode() if want is not None else None) != got:
-                stats["mismatches"] += 1
-                result.mismatches.append((f"{SCOPE}.{name}:{key}", want, got))
-        expected = {(SCOPE, loader.collection_of(k), k) for k in keys}
-        for extra in sorted(set(state) - expected):
-            result.mismatches.append((".".join(extra[:2]) + ":" + extra[2], None, state[extra]))
-            if extra[0] == SCOPE and extra[1] in result.collections:
-                result.collections[extra[1]]["mismatches"] += 1
-        changelog = pipeline.changelog()
-        result.events = {r["event"]: r["count"] for r in changelog.groupBy("event").count().collect()}
-        result.versions = _versions(changelog, loader)
-        result.mismatches.extend(version_mismatches(result.versions))
+        _verify(pipeline, client, loader, work, result, say)
         result.removed = not keep and workdir is None
         result.seconds = time.monotonic() - started
         _print_report(result, pipeline, out)
@@ -261,6 +188,107 @@ def run_demo(docs: int = 100_000, workdir: str | Path | None = None, vbuckets: i
             server.stop()
         if not keep and workdir is None:
             shutil.rmtree(base, ignore_errors=True)
+
+
+def _load(server: EmbeddedServer, connection: str, docs: int, rounds: int, say):
+    """Step 2: the bucket made magma with history, scope `shop` and its collections made through
+    the SDK, and the initial documents loaded. Returns (SDK client, loader by kind, workload)."""
+    from dcpflow.load import ByKind, Loader, Workload, create_collections, load_initial
+
+    work = Workload(docs=docs, updates=max(docs // 10, 10), deletes=max(docs // 50, 5),
+                    expiring=max(docs // 100, 5), ttl=2, rounds=rounds)
+    # `orders` keeps every version: history needs a magma bucket, as in Couchbase
+    server.set_bucket("default", "Administrator", "password", storageBackend="magma",
+                      historyRetentionSeconds=RETENTION_SECONDS)
+    client = Loader(connection, "Administrator", "password")
+    create_collections(client, SCOPE, history=HISTORY, max_ttl=MAX_TTL)
+    made = next(sc for sc in client.bucket.collections().get_all_scopes() if sc.name == SCOPE).collections
+    say(f"created scope {SCOPE} through the SDK's collection manager: " + ", ".join(
+        c.name + (" (history)" if c.history else "")
+        + (f" (maxTTL {c.max_expiry.total_seconds():.0f}s)" if c.max_expiry else "") for c in made))
+    loader = ByKind(client, SCOPE)
+    t0 = time.monotonic()
+    load_initial(loader, work, lambda n, total: say(f"loaded {n:,}/{total:,} documents"))
+    say(f"loaded {docs:,} documents in {time.monotonic() - t0:.1f}s through the Couchbase SDK")
+    return client, loader, work
+
+
+def _catch_up(pipeline: Pipeline, result: DemoResult, on_batch, say) -> None:
+    """Step 3: the pipeline over the scope with change streams, AvailableNow."""
+    say(f"pipeline over scope {SCOPE} with change streams: AvailableNow → change log "
+        f"{pipeline.changelog_path} → {pipeline.config.state_format} state {pipeline.state_path}")
+    t0 = time.monotonic()
+    reports = pipeline.run_available_now(on_batch)
+    result.initial_seconds = time.monotonic() - t0
+    result.initial_rows = sum(r.rows for r in reports if r.query == "changelog")
+    say(f"initial catch-up: {result.initial_rows:,} changes in {result.initial_seconds:.1f}s "
+        f"({result.initial_rows / max(result.initial_seconds, 1e-9):,.0f} changes/s end to end)")
+
+
+def _live(pipeline: Pipeline, loader, work, result: DemoResult, say) -> dict:
+    """Step 4: one-second micro-batches while the workload's rounds of updates, bursts,
+    deletions and expiring sessions arrive, then until the sessions have expired. Returns what
+    the rounds did, by kind."""
+    from dcpflow.load import burst_round, churn_round
+
+    rounds = work.rounds
+    say(f"live: micro-batches every second while {rounds} rounds of updates, bursts of versions, deletes "
+        "and expiring sessions arrive")
+    queries = list(pipeline.start_live("1 second"))
+    live = ProgressReader(queries[0], "changelog-live", pipeline.changelog_version)
+    totals = {"updates": 0, "deletes": 0, "expiring": 0, "bursts": 0}
+    burst_keys = max(work.docs // 1000, 3)
+    try:
+        for i in range(rounds):
+            did = churn_round(loader, work, i)
+            did["bursts"] = burst_round(loader, work, i, keys=burst_keys, versions=3)
+            for k, v in did.items():
+                totals[k] += v
+            say(f"round {i + 1}/{rounds}: {did['updates']:,} updates, {did['bursts']:,} more in bursts "
+                f"(3 versions in a row of {burst_keys} users and {burst_keys} orders), {did['deletes']:,} "
+                f"deletes, {did['expiring']:,} sessions expiring in {work.ttl}s")
+            live = _report_live(live, result, say, pipeline, queries)
+            time.sleep(1.0)
+        deadline = time.monotonic() + work.ttl + 4
+        while time.monotonic() < deadline:  # let the expiry pager turn sessions into expirations
+            time.sleep(1.0)
+            live = _report_live(live, result, say, pipeline, queries)
+    finally:
+        pipeline.stop_live(*queries)
+    return totals
+
+
+def _verify(pipeline: Pipeline, client, loader, work, result: DemoResult, say) -> None:
+    """Step 5: the state table against the server key by key in every collection (mismatches and
+    keys the state has that the workload never wrote), and the change log's versions."""
+    say(f"verifying: the state table against the server, key by key in every collection of {SCOPE}")
+    keys = list(work.versions)
+    server_docs = loader.get_all(keys)
+    client.close()
+    state = _state_dict(pipeline)
+    result.keys_checked = len(keys)
+    result.live_keys = len(server_docs)
+    names = sorted(loader.loaders)
+    result.collections = {name: {"keys": 0, "live": 0, "mismatches": 0} for name in names}
+    for key in keys:
+        name = loader.collection_of(key)
+        stats = result.collections[name]
+        stats["keys"] += 1
+        want = server_docs.get(key)
+        stats["live"] += want is not None
+        got = state.get((SCOPE, name, key))
+        if (want.decode() if want is not None else None) != got:
+            stats["mismatches"] += 1
+            result.mismatches.append((f"{SCOPE}.{name}:{key}", want, got))
+    expected = {(SCOPE, loader.collection_of(k), k) for k in keys}
+    for extra in sorted(set(state) - expected):
+        result.mismatches.append((".".join(extra[:2]) + ":" + extra[2], None, state[extra]))
+        if extra[0] == SCOPE and extra[1] in result.collections:
+            result.collections[extra[1]]["mismatches"] += 1
+    changelog = pipeline.changelog()
+    result.events = {r["event"]: r["count"] for r in changelog.groupBy("event").count().collect()}
+    result.versions = _versions(changelog, loader)
+    result.mismatches.extend(version_mismatches(result.versions))
 
 
 def _report_live(progress, result: DemoResult, say, pipeline: Pipeline, queries: list) -> ProgressReader:

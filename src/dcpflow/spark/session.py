@@ -74,6 +74,9 @@ def local_session(app_name: str = "dcpflow", *, cores: int | None = None, driver
                .config("spark.ui.enabled", "false")
                .config("spark.ui.showConsoleProgress", "false")
                .config("spark.sql.shuffle.partitions", str(n))
+               # Delta rebuilds a table's snapshot from its log in 50 tasks by default (state.py,
+               # merge_settings): as many as the cores, for the state table's reads too.
+               .config("spark.databricks.delta.snapshotPartitions", str(n))
                .config("spark.default.parallelism", str(n))
                .config("spark.sql.session.timeZone", "UTC")
                .config("spark.driver.memory", driver_memory)

@@ -173,12 +173,17 @@ class DeltaStateWriter(StateWriter):
         conf.set("spark.databricks.delta.write.txnVersion", str(batch_id))
         conf.set("spark.databricks.delta.write.txnVersion.autoReset.enabled", "true")
         conf.set("spark.databricks.delta.commitInfo.userMetadata", meta)  # the change-log version merged
+        speed = merge_settings(spark)
+        for key, value in speed.items():
+            conf.set(key, value)
         try:
             spark.sql(sql)
         finally:
             conf.unset("spark.databricks.delta.write.txnAppId")
             conf.unset("spark.databricks.delta.write.txnVersion")
             conf.unset("spark.databricks.delta.commitInfo.userMetadata")
+            for key in speed:
+                conf.unset(key)
             spark.catalog.dropTempView(view)
 
     def read(self, spark):
@@ -188,6 +193,24 @@ class DeltaStateWriter(StateWriter):
         if not self.exists():
             return []
         return [str(self.path / p) for p in DeltaLog(self.path).snapshot().files]
+
+
+#: Delta's setting for the tasks that rebuild a table's snapshot from its log (a shuffle; 50 by default).
+SNAPSHOT_PARTITIONS = "spark.databricks.delta.snapshotPartitions"
+
+
+def merge_settings(spark) -> dict[str, str]:
+    """Session settings for one MERGE of a micro-batch, where the session has none of its own.
+
+    Profiled on a live batch (bench/RESULTS.md, "pipeline_scale.py"), most of a MERGE's time was
+    Delta rebuilding the table's snapshot after the previous commit: a shuffle of the log into
+    `snapshotPartitions` tasks, 50 by default, each with a task's fixed cost, for a log of a few
+    files. Sized like the session's shuffles instead (about the cores). (Delta's own copy of the
+    source, `materializeSource`, stays: turned off, Delta refuses a source that is cached, and the
+    writer caches its batch for its several reads of it.)"""
+    if spark.conf.get(SNAPSHOT_PARTITIONS, None) is None:
+        return {SNAPSHOT_PARTITIONS: spark.conf.get("spark.sql.shuffle.partitions", "200")}
+    return {}
 
 
 def _once(batch_df):
