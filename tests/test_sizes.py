@@ -17,7 +17,6 @@ ALLOWED = {
     "dcpflow.engine.bucket:Bucket",  # the engine-memory work
     "dcpflow.server.connection:Connection",  # the server's DCP shells (issue 44, point 2)
     "dcpflow.server.backfill:ConnectionBackfills._open_group",  # its protocol decisions move into dcp/
-    "dcpflow.spark.demo:run_demo",  # the demo moves with the workload generator (point 5)
 }
 
 
