@@ -1,7 +1,9 @@
 """Sync writes over DCP against the real server: DCP_PREPARE / DCP_COMMIT / DCP_ABORT to streams
 that enabled sync writes, committed items only (markers ending at the max visible seqno) to the
 others, DCP_SEQNO_ACKNOWLEDGED from a named consumer completing a durable SET, V2.0 markers with
-the max visible and high completed seqnos, and disk backfills with completed and in-flight prepares."""
+the max visible and high completed seqnos, and disk backfills with completed and in-flight prepares.
+The stream rules (and the EINVAL of an ack without sync writes) are also checked without a socket
+in test_sync_write_rules.py."""
 
 import json
 import struct
@@ -124,13 +126,6 @@ def test_disk_backfill_markers_carry_the_hcs_and_send_in_flight_prepares_to_sync
         assert w.get(d, vbucket=vb).value == b"d"
     wait_persisted(server, vb)
     assert vbucket(server, vb).persisted_hcs == 6
-
-
-def test_seqno_ack_needs_sync_writes_and_a_consumer_name(server, clients):
-    c = clients(name="no-sync")
-    c.send(dcp.DcpSeqnoAcknowledged(0, 1, 0).encode())
-    reply = c.recv_frame()
-    assert reply.status == Status.EINVAL
 
 
 def test_a_durable_set_nobody_acknowledges_is_aborted_at_its_timeout_as_ambiguous(server, clients):

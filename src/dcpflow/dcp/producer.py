@@ -34,7 +34,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from dcpflow.engine.failover import FailoverEntry
-from dcpflow.protocol.dcp import DcpStreamRequest, OpenFlag, StreamEndReason
+from dcpflow.protocol.dcp import DcpNoop, DcpStreamRequest, OpenFlag, StreamEndReason, VBucketState
 from dcpflow.protocol.opcodes import Opcode
 from dcpflow.protocol.status import Status
 
@@ -45,7 +45,7 @@ from .controls import ControlContext, Effect, ProducerSettings, apply_control
 from .errors import Refusal
 from .filter import StreamFilter
 from .flow_control import FlowControlWindow
-from .noop import DEFAULT_IDLE_TIMEOUT, NoopPolicy
+from .noop import DEFAULT_IDLE_TIMEOUT, NoopAction, NoopPolicy
 from .outcomes import ARM_NOOP_TIMER, NOTHING, WAKE_ONLY, Close, Send, StopBackfill, Tolerated
 from .send_pass import SendPass, send_pass
 from .stream_types import StreamOptions
@@ -302,6 +302,35 @@ class ProducerConnection:
                         self.registry.pending[stream] = None
                     return actions
         return NOTHING
+
+    def seqno_ack(self, vbid: int, seqno: int, now: float) -> Refusal | tuple:
+        """DCP_SEQNO_ACKNOWLEDGED (seqno-acknowledged.md): a replica's ack completes the sync
+        writes it satisfies on an active vbucket; one for a vbucket no longer active here is
+        dropped (its prepares moved with it). Only a connection with sync writes and a consumer
+        name may send it (EINVAL)."""
+        settings = self.settings
+        if not settings.sync_replication:
+            return Refusal(Status.EINVAL, "DCP_SEQNO_ACKNOWLEDGED needs enable_sync_writes and consumer_name first")
+        self.noop.last_received = now
+        vb = self.engine.get_vbucket(vbid)
+        if vb is not None and vb.state == VBucketState.ACTIVE:
+            vb.seqno_ack(settings.consumer_name, seqno)
+        return NOTHING
+
+    # -- the noop timer -------------------------------------------------------------------------
+    def noop_timer(self, now: float) -> tuple:
+        """The noop timer fired (no-op.md, dead-connections.md, noop.py): `Close` a consumer idle for
+        longer than the idle timeout, else `Send` a DCP_NOOP when one is due and none is
+        outstanding, and re-arm the timer; nothing once noops are off."""
+        noop = self.noop
+        if not noop.enabled:
+            return NOTHING
+        action = noop.tick(now)
+        if action is NoopAction.DISCONNECT:
+            return (Close(f"nothing received for {noop.idle(now):.1f} s (dcp_idle_timeout)"),)
+        if action is NoopAction.SEND:
+            return (Send(DcpNoop(noop.opaque).encode()), ARM_NOOP_TIMER)
+        return (ARM_NOOP_TIMER,)
 
     # -- sending --------------------------------------------------------------------------------
     def buffer_ack(self, nbytes: int, now: float) -> tuple:

@@ -27,12 +27,12 @@ from typing import TYPE_CHECKING
 
 from dcpflow.dcp.active_stream import ActiveStream
 from dcpflow.dcp.errors import Refusal
-from dcpflow.dcp.noop import DEFAULT_IDLE_TIMEOUT, NoopAction
+from dcpflow.dcp.noop import DEFAULT_IDLE_TIMEOUT
 from dcpflow.dcp.outcomes import ARM_NOOP_TIMER, WAKE, Close, Send, SetVbucketState, StopBackfill, Tolerated
 from dcpflow.dcp.producer import ProducerConnection, Rollback
 from dcpflow.engine.errors import EngineError
 from dcpflow.protocol import dcp as dcpproto
-from dcpflow.protocol.dcp import StreamEndReason, VBucketState
+from dcpflow.protocol.dcp import StreamEndReason
 from dcpflow.protocol.errors import ProtocolError
 from dcpflow.protocol.frame import Frame
 from dcpflow.protocol.hello import Feature
@@ -163,16 +163,11 @@ class DcpProducer:
         self._do(self.state.buffer_ack(nbytes, _monotonic()))
 
     def seqno_ack(self, vbid: int, seqno: int) -> None:
-        """A replica's DCP_SEQNO_ACKNOWLEDGED: the vbucket completes the sync writes it satisfies. An
-        ack for a vbucket no longer active here is dropped (its prepares moved with it)."""
-        settings = self.state.settings
-        if not settings.sync_replication:
-            raise ProtocolError("DCP_SEQNO_ACKNOWLEDGED needs enable_sync_writes and consumer_name first",
-                                Status.EINVAL)
-        self.state.received(_monotonic())
-        vb = self.engine.get_vbucket(vbid)
-        if vb is not None and vb.state == VBucketState.ACTIVE:
-            vb.seqno_ack(settings.consumer_name, seqno)
+        """A replica's DCP_SEQNO_ACKNOWLEDGED (ProducerConnection.seqno_ack decides)."""
+        outcome = self.state.seqno_ack(vbid, seqno, _monotonic())
+        if outcome.__class__ is Refusal:
+            raise ProtocolError(outcome.reason, outcome.status)
+        self._do(outcome)
 
     def end_stream(self, stream: ActiveStream, reason: StreamEndReason) -> None:
         """End a stream from outside (whatever sends what is left goes in the next pass)."""
@@ -256,19 +251,8 @@ class DcpProducer:
 
     def _tick(self) -> None:
         self._timer = None
-        noop = self.state.noop
-        if self.closed or not noop.enabled:
-            return
-        now = _monotonic()
-        action = noop.tick(now)
-        if action is NoopAction.DISCONNECT:
-            self.server.log.warning("dcp-protocol", "DCP connection %s: nothing received for %.1f s "
-                                    "(dcp_idle_timeout): disconnecting", self.name, noop.idle(now))
-            self.conn.close()
-            return
-        if action is NoopAction.SEND:
-            self.conn.writer.send(dcpproto.DcpNoop(noop.opaque).encode())
-        self._timer = self.loop.call_later(noop.interval, self._tick)
+        if not self.closed:
+            self._do(self.state.noop_timer(_monotonic()))
 
     def on_response(self, frame: Frame) -> None:
         """A reply from the consumer (connection.response_handler)."""
