@@ -12,7 +12,7 @@ mixin holds the code that encodes them, over the stream's own fields (`opts`, `f
 from dcpflow.engine.collections import SYSTEM_CID, SystemEvent
 from dcpflow.engine.durability.items import Abort, Commit, Prepare
 from dcpflow.engine.item import DATATYPE_SNAPPY, DATATYPE_XATTR, Item
-from dcpflow.engine.store import ITEM_COLUMNS, LARGE_VALUE
+from dcpflow.engine.store import LARGE_VALUE
 from dcpflow.protocol import snappy
 from dcpflow.protocol.datatype import xattr_body_offset
 from dcpflow.protocol.dcp import (
@@ -36,9 +36,6 @@ from dcpflow.protocol.keys import encode_leb128
 from dcpflow.protocol.system_events import event_body
 
 from .stream_types import ACK, DISK, Frames, StreamState
-
-assert ITEM_COLUMNS[:7] == ("key", "seqno", "rev_seqno", "cas", "flags", "expiry", "datatype")
-assert ITEM_COLUMNS[7] == "deleted" and ITEM_COLUMNS[10] == "value" and ITEM_COLUMNS[11] == "cid"
 
 
 class _KeyPrefixes(dict):
