@@ -103,3 +103,32 @@ def test_seqno_ack_needs_sync_writes_and_a_consumer_name(engine):
     controls(p, consumer_name="r")
     assert p.seqno_ack(0, 1, 101.0) == NOTHING
 
+
+
+def test_a_prepare_completed_before_the_backfill_is_planned_reaches_a_sync_stream_as_its_commit(engine):
+    """A sync-write stream whose backfill covers a prepare that was completed, by a commit still in
+    memory, before the backfill was planned: the backfill does not send that prepare (it is no
+    longer in flight), so the commit must not go out as a DCP_COMMIT naming it - a replica would
+    refuse it (it holds no such prepare) and lose the write. It goes out as the mutation the
+    commit made (ActiveStream._prepare_was_sent)."""
+    vb = engine.vbucket(1)
+    vb.set_topology(["active", "acker"])
+    vb.prepare(b"d", b"d", level=DurabilityLevel.MAJORITY)  # 1
+    vb.set(b"e", b"e")  # 2
+    to_disk_only(engine, 1)  # seqnos 1-2 now only on disk
+    acker = producer(engine, name="pc-acker")
+    controls(acker, enable_sync_writes="true", consumer_name="acker")
+    acker.stream_request(request(1, 2, uuid=vb.failover.latest.uuid), collections=False)
+    assert acker.seqno_ack(1, 1, 101.0) == NOTHING  # committed at 3, in memory
+    written(acker, 1)
+    assert [m.commit_seqno for m in drain(acker) if isinstance(m, dcp.DcpCommit)] == [3]  # its cursor is past 2
+    engine.flush_all()
+    assert vb.checkpoint_manager.first_seqno > 2  # the checkpoint of seqnos 1-2 is released
+    sync = producer(engine, name="pc-sync")
+    controls(sync, enable_sync_writes="true", consumer_name="pc-sync")
+    sync.stream_request(request(1, 0, 3), collections=False)
+    got = drain(sync)
+    disk = markers(got)[0]
+    assert disk.flags & SnapshotFlag.DISK and disk.end_seqno == 2  # the prepare's seqno was backfilled
+    assert [(type(m).__name__, m.key, seqno_of(m)) for m in got if hasattr(m, "key")] == [
+        ("DcpMutation", b"e", 2), ("DcpMutation", b"d", 3)]
