@@ -38,7 +38,11 @@ def engine_fixture(num_vbuckets: int):
 
 
 def producer(engine, flags: int = OpenFlag.PRODUCER, name: str = "t", **kw) -> ProducerConnection:
-    return ProducerConnection(name, flags, engine, now=100.0, created=0.0, **kw)
+    """A producer connection; the engine's cursor drops reach it as they reach the server's shell
+    (`cursor_dropped`; the WAKE it answers is what `drain`'s send passes do anyway)."""
+    p = ProducerConnection(name, flags, engine, now=100.0, created=0.0,
+                           cursor_listener=lambda stream: p.cursor_dropped(stream), **kw)
+    return p
 
 
 def fill(engine, vb: int, n: int, prefix: str = "k", value: bytes = b'{"v":1}') -> list[bytes]:

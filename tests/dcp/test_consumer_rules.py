@@ -11,8 +11,9 @@ the test), so a replica follows an active and rolls back where it diverged."""
 import pytest
 
 from dcpflow.dcp import consumer as consumer_mod
-from dcpflow.dcp.consumer import ChangeState, ConsumerConnection, RollBack
+from dcpflow.dcp.consumer import ConsumerConnection
 from dcpflow.dcp.errors import Refusal
+from dcpflow.dcp.outcomes import ChangeState, Close, Reply, RollBack, Send
 from dcpflow.dcp.passive_stream import PassiveState
 from dcpflow.dcp.producer import Rollback, Started
 from dcpflow.engine import VBucketState
@@ -41,9 +42,68 @@ def active(tmp_path):
     bucket.close(clean=False)
 
 
-def consumer(engine, registry=None, name="replication:a", v7=True, consumer_name=None) -> ConsumerConnection:
-    c = ConsumerConnection(name, 0, engine, "default", {} if registry is None else registry, now=100.0,
-                           created=0.0, consumer_name=consumer_name)
+class Shell:
+    """What server/consumer.py does with the outcomes a ConsumerConnection returns, minus the socket:
+    `Send` data is collected in `out` (in order), `Close` sets `close_wanted`; the answer to the
+    call (a Refusal, a RollBack, a ChangeState, a message's Reply bytes) is returned, None if none."""
+
+    def __init__(self, state: ConsumerConnection):
+        self.state = state
+        self.out: list[bytes] = []
+        self.close_wanted = False
+
+    def __getattr__(self, name):  # the state's attributes (streams, engine...) read through
+        return getattr(self.state, name)
+
+    @property
+    def changing_state(self) -> bool:
+        return self.state.changing_state
+
+    @changing_state.setter
+    def changing_state(self, value: bool) -> None:
+        self.state.changing_state = value
+
+    def _run(self, outcome):
+        if outcome.__class__ is not tuple:
+            return outcome  # a Refusal
+        answer = None
+        for action in outcome:
+            if action.__class__ is Send:
+                self.out.append(action.data)
+            elif action.__class__ is Close:
+                self.close_wanted = True
+            elif action.__class__ is Reply:
+                answer = action.data
+            else:
+                assert answer is None, outcome
+                answer = action
+        return answer
+
+    def open(self):
+        return self._run(self.state.open())
+
+    def add_stream(self, req, add_opaque):
+        return self._run(self.state.add_stream(req, add_opaque))
+
+    def close_stream(self, vbid):
+        return self._run(self.state.close_stream(vbid))
+
+    def response(self, f, now):
+        return self._run(self.state.response(f, now))
+
+    def rolled_back(self, stream):
+        return self._run(self.state.rolled_back(stream))
+
+    def vbucket_changed(self, vbid, event):
+        return self._run(self.state.vbucket_changed(vbid, event))
+
+    def message(self, msg, opaque, collections):
+        return self._run(self.state.message(msg, opaque, collections))
+
+
+def consumer(engine, registry=None, name="replication:a", v7=True, consumer_name=None) -> Shell:
+    c = Shell(ConsumerConnection(name, 0, engine, "default", {} if registry is None else registry, now=100.0,
+                                 created=0.0, consumer_name=consumer_name))
     c.open()
     for f in sent(c):  # the producer accepts every control (v7 status codes unless told otherwise)
         key = f.key.decode()
@@ -52,7 +112,7 @@ def consumer(engine, registry=None, name="replication:a", v7=True, consumer_name
     return c
 
 
-def sent(c: ConsumerConnection) -> list:
+def sent(c: Shell) -> list:
     """The frames the consumer queued since the last call."""
     d = FrameDecoder()
     d.feed(b"".join(c.out))
@@ -63,7 +123,7 @@ def sent(c: ConsumerConnection) -> list:
     return out
 
 
-def stream_req(c: ConsumerConnection) -> dcp.DcpStreamRequest:
+def stream_req(c: Shell) -> dcp.DcpStreamRequest:
     (f,) = sent(c)
     assert f.opcode == Opcode.DCP_STREAM_REQ
     return dcp.DcpStreamRequest.from_frame(f)
@@ -101,13 +161,13 @@ def mutation(vb, seqno, key, value=b'{"v":1}', opaque=0):
 # -- controls and ADD_STREAM ------------------------------------------------------------------
 
 def test_consumer_negotiates_controls_after_open(replica):
-    c = ConsumerConnection("r", 0, replica, "default", {}, now=100.0, created=0.0)
+    c = Shell(ConsumerConnection("r", 0, replica, "default", {}, now=100.0, created=0.0))
     c.open()
     got = {f.key.decode(): f.value.decode() for f in sent(c)}
     assert got == {"connection_buffer_size": str(consumer_mod.DEFAULT_BUFFER_SIZE), "enable_noop": "true",
                    "set_noop_interval": "1", "set_priority": "high", "enable_expiry_opcode": "true",
                    "supports_cursor_dropping_vulcan": "true", "v7_dcp_status_codes": "true"}
-    named = ConsumerConnection("r", 0, replica, "default", {}, now=100.0, created=0.0, consumer_name="n1")
+    named = Shell(ConsumerConnection("r", 0, replica, "default", {}, now=100.0, created=0.0, consumer_name="n1"))
     named.open()
     got = [(f.key, f.value) for f in sent(named)]
     assert got[-2:] == [(b"enable_sync_writes", b"true"), (b"consumer_name", b"n1")]

@@ -3,14 +3,15 @@ and the status and reason of every refusal, against a ProducerConnection over a 
 
 import pytest
 
-from dcpflow.dcp.controls import CONTROLS, PRIORITY_BATCH, Effect
+from dcpflow.dcp.controls import CONTROLS, PRIORITY_BATCH
 from dcpflow.dcp.errors import Refusal
 from dcpflow.dcp.noop import DEFAULT_NOOP_INTERVAL
+from dcpflow.dcp.outcomes import ARM_NOOP_TIMER, NOTHING, WAKE
 from dcpflow.dcp.producer import ProducerConnection, Started
 from dcpflow.protocol.dcp import DcpStreamRequest, OpenFlag
 from dcpflow.protocol.status import Status
 
-OK = Effect.NONE
+OK = NOTHING  # accepted, nothing more to do
 
 
 @pytest.fixture
@@ -46,18 +47,18 @@ def test_an_unknown_key_is_einval(make):
 
 def test_enable_noop_any_value_and_the_timer(make):
     p = make()
-    assert control(p, "enable_noop", "true", now=150.0) is Effect.NOOP_TIMER
+    assert control(p, "enable_noop", "true", now=150.0) == (ARM_NOOP_TIMER,)
     assert p.noop.enabled and p.noop.last_sent == 150.0  # the first noop is due an interval from now
-    assert control(p, "enable_noop", "false", now=160.0) is Effect.NOOP_TIMER
+    assert control(p, "enable_noop", "false", now=160.0) == (ARM_NOOP_TIMER,)
     assert not p.noop.enabled and p.noop.last_sent == 160.0
-    assert control(p, "enable_noop", "yes") is Effect.NOOP_TIMER and not p.noop.enabled  # only "true" is on
+    assert control(p, "enable_noop", "yes") == (ARM_NOOP_TIMER,) and not p.noop.enabled  # only "true" is on
 
 
 @pytest.mark.parametrize("value, interval", [("0.1", 0.1), ("1", 1.0), ("20.5", 20.5), ("1e3", 1000.0)])
 def test_set_noop_interval_accepts_seconds(make, value, interval):
     p = make()
     assert p.noop.interval == DEFAULT_NOOP_INTERVAL
-    assert control(p, "set_noop_interval", value) is Effect.NOOP_TIMER
+    assert control(p, "set_noop_interval", value) == (ARM_NOOP_TIMER,)
     assert p.noop.interval == interval
 
 
@@ -78,7 +79,7 @@ def test_set_noop_interval_refusals(make, value, reason):
 @pytest.mark.parametrize("value", ["0", "1", "4096", str(0xFFFFFFFF)])
 def test_connection_buffer_size_accepts_u32(make, value):
     p = make()
-    assert control(p, "connection_buffer_size", value) is Effect.SEND
+    assert control(p, "connection_buffer_size", value) == (WAKE,)
     assert p.window.buffer_size == int(value)
 
 
@@ -99,7 +100,7 @@ def test_stream_buffer_size_is_not_supported(make):
 @pytest.mark.parametrize("value", ["high", "medium", "low"])
 def test_set_priority_sets_the_batch(make, value):
     p = make()
-    assert control(p, "set_priority", value) is OK
+    assert control(p, "set_priority", value) == OK
     assert (p.settings.priority, p.settings.batch) == (value, PRIORITY_BATCH[value])
 
 
@@ -120,9 +121,9 @@ def test_force_value_compression_needs_snappy(make):
     ("supports_hifi_MFU", "hifi_mfu"), ("enable_expiry_opcode", "expiry_opcode")])
 def test_boolean_keys(make, key, field):
     p = make()
-    assert control(p, key, "true") is OK and getattr(p.settings, field) is True
-    assert control(p, key, "false") is OK and getattr(p.settings, field) is False
-    assert control(p, key, "1") is OK and getattr(p.settings, field) is False
+    assert control(p, key, "true") == OK and getattr(p.settings, field) is True
+    assert control(p, key, "false") == OK and getattr(p.settings, field) is False
+    assert control(p, key, "1") == OK and getattr(p.settings, field) is False
 
 
 @pytest.mark.parametrize("key, field", [
@@ -133,16 +134,16 @@ def test_true_only_keys(make, key, field):
     for value in ("false", "TRUE", ""):
         assert control(p, key, value) == refusal(Status.EINVAL, f"{key} only accepts 'true'")
         assert getattr(p.settings, field) is False
-    assert control(p, key, "true") is OK and getattr(p.settings, field) is True
+    assert control(p, key, "true") == OK and getattr(p.settings, field) is True
 
 
 def test_stream_ids_and_sync_writes_exclude_each_other(make):
     p = make()
-    assert control(p, "enable_stream_id", "true") is OK
+    assert control(p, "enable_stream_id", "true") == OK
     assert control(p, "enable_sync_writes", "true") == refusal(
         Status.NOT_SUPPORTED, "sync writes and stream-ids are mutually exclusive")
     q = make()
-    assert control(q, "enable_sync_writes", "true") is OK
+    assert control(q, "enable_sync_writes", "true") == OK
     assert control(q, "enable_stream_id", "true") == refusal(
         Status.NOT_SUPPORTED, "stream-ids and sync writes are mutually exclusive")
     assert not q.settings.stream_ids
@@ -160,26 +161,26 @@ def test_send_stream_end_on_close_reaches_streams_already_running(make):
     p = make()
     started = p.stream_request(DcpStreamRequest(1, 0, 10, 0, 0, 0, 0), collections=False)
     assert not started.stream.opts.send_stream_end_on_close
-    assert control(p, "send_stream_end_on_client_close_stream", "false") is OK
+    assert control(p, "send_stream_end_on_client_close_stream", "false") == OK
     assert not p.settings.send_stream_end_on_close and not started.stream.opts.send_stream_end_on_close
-    assert control(p, "send_stream_end_on_client_close_stream", "true") is OK
+    assert control(p, "send_stream_end_on_client_close_stream", "true") == OK
     assert p.settings.send_stream_end_on_close and started.stream.opts.send_stream_end_on_close
-    assert control(p, "send_stream_end_on_client_close_stream", "false") is OK  # "false" changes nothing
+    assert control(p, "send_stream_end_on_client_close_stream", "false") == OK  # "false" changes nothing
     assert p.settings.send_stream_end_on_close
 
 
 def test_consumer_name(make):
     p = make()
     assert control(p, "consumer_name", "") == refusal(Status.EINVAL, "consumer_name must not be empty")
-    assert control(p, "consumer_name", "replica-1") is OK and p.settings.consumer_name == "replica-1"
+    assert control(p, "consumer_name", "replica-1") == OK and p.settings.consumer_name == "replica-1"
     assert not p.settings.sync_replication  # sync writes need both
-    assert control(p, "enable_sync_writes", "true") is OK and p.settings.sync_replication
+    assert control(p, "enable_sync_writes", "true") == OK and p.settings.sync_replication
 
 
 @pytest.mark.parametrize("value", ["true", "true_with_seqno_advanced"])
 def test_out_of_order_snapshots_accepted(make, value):
     p = make()
-    assert control(p, "enable_out_of_order_snapshots", value) is OK and p.settings.oso == value
+    assert control(p, "enable_out_of_order_snapshots", value) == OK and p.settings.oso == value
 
 
 def test_out_of_order_snapshots_refusal(make):
@@ -192,7 +193,7 @@ def test_include_deleted_user_xattrs_needs_the_open_flag(make):
     assert control(make(), "include_deleted_user_xattrs", "true") == refusal(Status.EINVAL, reason)
     p = make(OpenFlag.PRODUCER | OpenFlag.INCLUDE_DELETED_USER_XATTRS)
     assert control(p, "include_deleted_user_xattrs", "false") == refusal(Status.EINVAL, reason)
-    assert control(p, "include_deleted_user_xattrs", "true") is OK and p.settings.include_deleted_user_xattrs
+    assert control(p, "include_deleted_user_xattrs", "true") == OK and p.settings.include_deleted_user_xattrs
 
 
 def test_change_streams_needs_collections(make):
@@ -200,7 +201,7 @@ def test_change_streams_needs_collections(make):
     assert control(make(), "change_streams", "true") == refusal(
         Status.NOT_SUPPORTED, "change_streams needs HELLO Collections (history is per collection)")
     p = make()
-    assert control(p, "change_streams", "true", collections=True) is OK and p.settings.change_streams
+    assert control(p, "change_streams", "true", collections=True) == OK and p.settings.change_streams
     assert not isinstance(control(p, "enable_noop", "true", collections=True), Refusal)  # needed with collections
     opts = p.stream_request(DcpStreamRequest(2, 0, 10, 0, 0, 0, 0), collections=True).stream.opts
     assert opts.change_streams
@@ -212,14 +213,14 @@ def test_max_marker_version_needs_collections(make):
     assert control(p, "max_marker_version", "2.2") == refusal(
         Status.NOT_SUPPORTED, "max_marker_version=2.2 needs HELLO Collections")
     assert not p.settings.marker_v22
-    assert control(p, "max_marker_version", "2.2", collections=True) is OK and p.settings.marker_v22
+    assert control(p, "max_marker_version", "2.2", collections=True) == OK and p.settings.marker_v22
 
 
 def test_backfill_order(make):
     p = make()
     assert p.settings.backfill_order == "round-robin"
-    assert control(p, "backfill_order", "sequential") is OK and p.settings.backfill_order == "sequential"
-    assert control(p, "backfill_order", "round-robin") is OK and p.settings.backfill_order == "round-robin"
+    assert control(p, "backfill_order", "sequential") == OK and p.settings.backfill_order == "sequential"
+    assert control(p, "backfill_order", "round-robin") == OK and p.settings.backfill_order == "round-robin"
     assert control(p, "backfill_order", "random") == refusal(
         Status.EINVAL, "backfill_order must be round-robin or sequential")
 

@@ -15,8 +15,8 @@ import json
 import pytest
 
 from dcpflow.dcp.controls import CONTROLS as TABLE
-from dcpflow.dcp.controls import Effect
 from dcpflow.dcp.errors import Refusal
+from dcpflow.dcp.outcomes import NOTHING
 from dcpflow.protocol import dcp
 from dcpflow.protocol.dcp import OpenFlag
 from dcpflow.protocol.errors import ProtocolError
@@ -156,7 +156,7 @@ def test_control_keys(engine, key, value, want):
               p.noop.enabled, p.noop.interval, p.window.buffer_size)
     out = p.control(key, value, now=100.0, collections=False)
     if want == Status.SUCCESS:
-        assert isinstance(out, Effect), out
+        assert isinstance(out, tuple), out  # what to do, not a Refusal
     else:
         assert isinstance(out, Refusal) and out.status == want and out.reason, out
         after = (p.settings, p.noop.enabled, p.noop.interval, p.window.buffer_size)
@@ -170,15 +170,15 @@ def test_control_error_carries_a_reason(engine):
 
 def test_include_deleted_user_xattrs_with_its_open_flag(engine):
     p = producer(engine, OpenFlag.PRODUCER | OpenFlag.INCLUDE_XATTRS | OpenFlag.INCLUDE_DELETED_USER_XATTRS)
-    assert p.control("include_deleted_user_xattrs", "true", now=100.0, collections=False) is Effect.NONE
+    assert p.control("include_deleted_user_xattrs", "true", now=100.0, collections=False) == NOTHING
 
 
 def test_collections_and_snappy_unlock_their_keys(engine):
     p = producer(engine)
     for key in ("max_marker_version", "change_streams"):
         value = "2.2" if key == "max_marker_version" else "true"
-        assert p.control(key, value, now=100.0, collections=True) is Effect.NONE
-    assert p.control("force_value_compression", "true", now=100.0, collections=False, snappy=True) is Effect.NONE
+        assert p.control(key, value, now=100.0, collections=True) == NOTHING
+    assert p.control("force_value_compression", "true", now=100.0, collections=False, snappy=True) == NOTHING
     assert p.settings.marker_v22 and p.settings.change_streams and p.settings.force_compression
 
 

@@ -1,26 +1,12 @@
-"""Connection-level scheduling: backfill_order (sequential finishes one vbucket's backfill before
-the next), set_priority, and `stats dcp`."""
+"""Connection-level scheduling end to end: round-robin backfills deliver everything, and a
+disconnect releases cursors and backfills. The rules (backfill_order sequential and round-robin,
+`stats dcp` of a producer, what a released connection lets go of) are checked without a socket in
+test_scheduling_rules.py."""
 
-from dcpflow.protocol import dcp
 from dcpflow.protocol.status import Status
 
 from .client import items
 from .conftest import fill, to_disk_only
-
-
-def test_sequential_backfill_order(server, clients, writer):
-    for vb in (0, 1, 2):
-        fill(writer, vb, 300, value=b"s" * 200)
-        to_disk_only(server, vb)
-    c = clients()
-    c.controls(backfill_order="sequential")
-    for vb in (0, 1, 2):
-        assert c.stream_request(vb, 0, 300).status == Status.SUCCESS
-    msgs = []
-    for _ in range(3):
-        msgs += c.until_stream_end()
-    order = [m.vbucket for m in items(msgs)]
-    assert order == [0] * 300 + [1] * 300 + [2] * 300  # one vbucket at a time, in request order
 
 
 def test_round_robin_delivers_everything(server, clients, writer):
@@ -36,24 +22,6 @@ def test_round_robin_delivers_everything(server, clients, writer):
     for vb in (0, 1, 2):
         assert [m.by_seqno for m in items(msgs) if m.vbucket == vb] == list(range(1, 101))
 
-
-def test_stats_dcp(server, clients, writer):
-    fill(writer, 0, 5)
-    c = clients(name="statme")
-    c.controls(connection_buffer_size=100000, set_priority="high", enable_noop="true")
-    assert c.stream_request(0).status == Status.SUCCESS
-    c.messages_until(lambda m: isinstance(m, dcp.DcpMutation) and m.by_seqno == 5)
-    stats = writer.stats("dcp")
-    p = "eq_dcpq:statme:"
-    assert stats[p + "type"] == "producer"
-    assert stats[p + "priority"] == "high"
-    assert int(stats[p + "max_buffer_bytes"]) == 100000
-    assert int(stats[p + "unacked_bytes"]) == c.received_bytes
-    assert int(stats[p + "num_streams"]) == 1
-    assert int(stats[p + "noop_enabled"]) == 1
-    assert stats[p + "stream_0_state"] == "in-memory"
-    assert int(stats[p + "stream_0_last_sent_seqno"]) == 5
-    assert int(stats[p + "stream_0_items_sent"]) == 5
 
 
 def test_disconnect_releases_cursors_and_backfills(server, clients, writer):

@@ -8,7 +8,8 @@ import contextlib
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dcpflow.dcp.active_stream import ActiveStream, Frames, StreamOptions
+from dcpflow.dcp.active_stream import ActiveStream
+from dcpflow.dcp.stream_types import Frames, StreamOptions
 from dcpflow.engine.errors import EngineError
 from dcpflow.engine.item import DeleteSource, Item
 from dcpflow.engine.vbucket import VBucket

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from dcpflow.dcp.errors import Refusal
 from dcpflow.dcp.filter import COLLECTIONS_MANIFEST_IS_AHEAD
+from dcpflow.dcp.outcomes import WAKE
 from dcpflow.dcp.producer import Rollback, Started
 from dcpflow.engine import VBucketState
 from dcpflow.protocol.dcp import DcpStreamRequest, OpenFlag, SnapshotFlag, StreamEndReason, StreamFlag
@@ -315,7 +316,7 @@ def test_close_stream_with_stream_ids(engine):
     assert p.close_stream(0, None) == Refusal(
         Status.DCP_STREAM_ID_INVALID, "enable_stream_id is on: CLOSE_STREAM must carry a stream-id frame")
     assert p.close_stream(0, 5) == Refusal(Status.KEY_ENOENT, "no stream for vbucket 0 with sid 5 on this connection")
-    assert p.close_stream(0, 4) is None
+    assert p.close_stream(0, 4) == (WAKE,)
 
 
 def test_close_stream_sid_without_stream_ids(engine):
@@ -323,7 +324,7 @@ def test_close_stream_sid_without_stream_ids(engine):
     assert isinstance(ask(p, 0), Started)
     assert status(p.close_stream(0, 4)) == Status.DCP_STREAM_ID_INVALID
     assert status(p.close_stream(1, None)) == Status.KEY_ENOENT
-    assert p.close_stream(0, None) is None
+    assert p.close_stream(0, None) == (WAKE,)
     assert status(p.close_stream(0, None)) == Status.KEY_ENOENT
 
 
@@ -356,7 +357,7 @@ def test_branch_rules_after_a_failover(engine):
     assert ask(p, 0, 7, MAX, uuid1, 3, 8) == Rollback(3)  # 4c: mid-snapshot: the snapshot start
     out = ask(p, 0, 5, MAX, uuid1, 5, 9)  # 4a: start == snap_start counts as snap_end = start
     assert isinstance(out, Started) and out.failover_log == tuple(engine.vbucket(0).failover.entries)
-    assert p.close_stream(0, None) is None
+    assert p.close_stream(0, None) == (WAKE,)
     assert ask(p, 0, 4, MAX, 0xBAD, 4, 4) == Rollback(0)  # 3: a uuid the log never had
     assert isinstance(ask(p, 0, 5, MAX, uuid2, 5, 5), Started)
 
@@ -392,12 +393,12 @@ def test_purge_seqno_branches(engine):
     assert ask(p, 0, 5, MAX, uuid, 5, 5, collections=True) == Rollback(0)
     assert ask(p, 0, 5, MAX, uuid, 5, 5, value=value(purge_seqno="3"), collections=True) == Rollback(0)
     assert isinstance(ask(p, 0, 5, MAX, uuid, 5, 5, value=value(purge_seqno="9"), collections=True), Started)
-    assert p.close_stream(0, None) is None
+    assert p.close_stream(0, None) == (WAKE,)
     assert isinstance(ask(p, 0, 5, MAX, uuid, 5, 5, flags=StreamFlag.IGNORE_PURGED_TOMBSTONES, collections=True),
                       Started)
-    assert p.close_stream(0, None) is None
+    assert p.close_stream(0, None) == (WAKE,)
     assert isinstance(ask(p, 0, 9, MAX, uuid, 9, 9, collections=True), Started)  # start == purge seqno: fine
-    assert p.close_stream(0, None) is None
+    assert p.close_stream(0, None) == (WAKE,)
     q = producer(engine)  # from 0 the purged tombstones are simply absent from the disk snapshot
     assert isinstance(ask(q, 0, 0, 10, uuid), Started)
     assert [m.by_seqno for m in items(drain(q))] == [4, 5, 6, 10]

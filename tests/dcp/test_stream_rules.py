@@ -9,7 +9,8 @@ min(requested snapshot start, real start)); stream-end.md's reasons; rebalance.m
 import pytest
 
 from dcpflow.dcp.backfills import opened, read_whole
-from dcpflow.dcp.producer import ReplyOutcome, Started
+from dcpflow.dcp.outcomes import WAKE, Close, Send, SetVbucketState, Tolerated
+from dcpflow.dcp.producer import Started
 from dcpflow.engine import VBucketState
 from dcpflow.protocol import dcp
 from dcpflow.protocol.dcp import MarkerVersion, SnapshotFlag, StreamEndReason, StreamFlag
@@ -229,14 +230,14 @@ def test_close_stream_sends_stream_end_when_asked(engine):
     p = producer(engine)
     controls(p, send_stream_end_on_client_close_stream="true")
     ask(p, 0)
-    assert p.close_stream(0, None) is None
+    assert p.close_stream(0, None) == (WAKE,)
     assert ends(drain(p)) == [(0, StreamEndReason.CLOSED)]
 
 
 def test_close_stream_is_silent_by_default(engine):
     p = producer(engine)
     ask(p, 0)
-    assert p.close_stream(0, None) is None
+    assert p.close_stream(0, None) == (WAKE,)
     fill(engine, 0, 3)
     written(p, 0)
     assert drain(p) == []
@@ -249,7 +250,7 @@ def test_state_change_ends_the_streams_of_that_vbucket(engine):
     engine.set_vbucket_state(5, VBucketState.REPLICA)
     p.vbucket_changed(5, "state")  # what the shell does on the engine's notification
     assert ends(drain(p)) == [(5, StreamEndReason.STATE_CHANGED)]
-    assert p.close_stream(6, None) is None  # the other stream is untouched
+    assert p.close_stream(6, None) == (WAKE,)  # the other stream is untouched
 
 
 def test_rollback_ends_the_stream(engine):
@@ -266,7 +267,7 @@ def test_shutdown_ends_streams_as_disconnected(engine):
     ask(p, 0)
     ask(p, 1)
     out = dcp.DcpDecoder()
-    out.feed(b"".join(bytes(b) for b in p.shutdown()))
+    out.feed(b"".join(a.data for a in p.shutdown() if isinstance(a, Send)))  # what the shell writes
     assert sorted(ends(out.messages())) == [(0, StreamEndReason.DISCONNECTED), (1, StreamEndReason.DISCONNECTED)]
     assert not p.streams
 
@@ -331,14 +332,17 @@ def test_takeover_handshake(engine):
         bystander.vbucket_changed(vbid, "state")
         p.vbucket_changed(vbid, "state")
 
-    p = producer(engine, name="takeover", set_vbucket_state=set_state)
+    p = producer(engine, name="takeover")
     stream = ask(p, 3, 0, 10, flags=StreamFlag.TAKEOVER)
     log = drain(p)
     sv = [m for m in log if isinstance(m, dcp.DcpSetVbucketState)]
     assert [m.state for m in sv] == [VBucketState.PENDING]  # caught up, nothing to ack: pending at once
     assert engine.vbucket(3).state == VBucketState.ACTIVE  # until the consumer answers it takes writes
     fill(engine, 3, 2, prefix="late")  # 6, 7: must still reach the new owner
-    assert p.reply(Status.SUCCESS, Opcode.DCP_SET_VBUCKET_STATE, stream.opaque, 101.0) == ReplyOutcome()
+    actions = p.reply(Status.SUCCESS, Opcode.DCP_SET_VBUCKET_STATE, stream.opaque, 101.0)
+    assert reply_kind(actions) == "accepted"
+    assert actions == (SetVbucketState(3, VBucketState.DEAD), WAKE)  # the shell runs them, in order
+    set_state(*actions[0])
     assert engine.vbucket(3).state == VBucketState.DEAD
     more = drain(p)
     (acked,) = markers(more)
@@ -354,19 +358,27 @@ def test_takeover_handshake(engine):
     assert ends(drain(bystander)) == [(3, StreamEndReason.STATE_CHANGED)]  # other streams end
 
 
+def reply_kind(actions: tuple) -> str:
+    """What a reply from the consumer meant: the connection closes, the error is tolerated (logged), or
+    the reply was accepted."""
+    if any(isinstance(a, Close) for a in actions):
+        return "disconnect"
+    return "tolerated" if any(isinstance(a, Tolerated) for a in actions) else "accepted"
+
+
 def test_consumer_error_reply_disconnects_and_tolerated_ones_do_not(engine):
     p = producer(engine)
     stream = ask(p, 5, 0, MAX, flags=StreamFlag.TAKEOVER)
     drain(p)
     op = Opcode.DCP_SET_VBUCKET_STATE
-    assert p.reply(Status.EINVAL, op, stream.opaque, 101.0) == ReplyOutcome(disconnect=True)
+    assert reply_kind(p.reply(Status.EINVAL, op, stream.opaque, 101.0)) == "disconnect"
     for status in (Status.NOT_MY_VBUCKET, Status.DCP_STREAM_NOT_FOUND, Status.OPAQUE_NO_MATCH, Status.KEY_EEXISTS,
                    Status.KEY_ENOENT):
-        assert p.reply(status, op, stream.opaque, 101.0) == ReplyOutcome(tolerated=True)
+        assert reply_kind(p.reply(status, op, stream.opaque, 101.0)) == "tolerated"
     controls(p, v7_dcp_status_codes="true")
     for status in (Status.KEY_EEXISTS, Status.KEY_ENOENT):  # no longer tolerated with v7 status codes
-        assert p.reply(status, op, stream.opaque, 101.0) == ReplyOutcome(disconnect=True)
-    assert p.reply(Status.DCP_STREAM_NOT_FOUND, op, stream.opaque, 101.0) == ReplyOutcome(tolerated=True)
+        assert reply_kind(p.reply(status, op, stream.opaque, 101.0)) == "disconnect"
+    assert reply_kind(p.reply(Status.DCP_STREAM_NOT_FOUND, op, stream.opaque, 101.0)) == "tolerated"
 
 
 # -- backfill decisions the server's shell asks dcp/backfills.py for ----------------------------

@@ -1,7 +1,9 @@
 """Sync writes over DCP against the real server: DCP_PREPARE / DCP_COMMIT / DCP_ABORT to streams
 that enabled sync writes, committed items only (markers ending at the max visible seqno) to the
 others, DCP_SEQNO_ACKNOWLEDGED from a named consumer completing a durable SET, V2.0 markers with
-the max visible and high completed seqnos, and disk backfills with completed and in-flight prepares."""
+the max visible and high completed seqnos, and disk backfills with completed and in-flight prepares.
+The stream rules (and the EINVAL of an ack without sync writes, and a prepare completed before the
+backfill that covers it was planned) are also checked without a socket in test_sync_write_rules.py."""
 
 import json
 import struct
@@ -126,13 +128,6 @@ def test_disk_backfill_markers_carry_the_hcs_and_send_in_flight_prepares_to_sync
     assert vbucket(server, vb).persisted_hcs == 6
 
 
-def test_seqno_ack_needs_sync_writes_and_a_consumer_name(server, clients):
-    c = clients(name="no-sync")
-    c.send(dcp.DcpSeqnoAcknowledged(0, 1, 0).encode())
-    reply = c.recv_frame()
-    assert reply.status == Status.EINVAL
-
-
 def test_a_durable_set_nobody_acknowledges_is_aborted_at_its_timeout_as_ambiguous(server, clients):
     vb = 2
     (key,) = keys_in(vb, 1, prefix="to")
@@ -151,39 +146,6 @@ def test_a_durable_set_nobody_acknowledges_is_aborted_at_its_timeout_as_ambiguou
     assert (abort.key, abort.prepared_seqno, abort.abort_seqno) == (key, 2, 3)
     assert vbucket(server, vb).hcs == 2 and pending(server, vb) == []
 
-
-def test_a_prepare_completed_before_the_backfill_is_planned_reaches_a_sync_stream_as_its_commit(server, clients):
-    """A sync-write stream whose backfill covers a prepare that was completed, by a commit still in
-    memory, before the backfill was planned: the backfill does not send that prepare (it is no
-    longer in flight), so the commit must not go out as a DCP_COMMIT naming it - a replica would
-    refuse it (it holds no such prepare) and lose the write. It goes out as the mutation the
-    commit made."""
-    vb = 3
-    d, e = keys_in(vb, 2, prefix="pc")
-    set_topology(server, vb, ["self", "acker"])
-    with server.login() as w, server.login() as w2:
-        held = send_durable_set(w, d, b"d", vb, timeout_ms=60_000)  # prepare 1
-        assert w2.set(e, b"e", vbucket=vb).status == Status.SUCCESS  # 2
-        to_disk_only(server, vb)  # seqnos 1-2 now only on disk
-        acker = clients(name="pc-acker")
-        acker.controls(enable_sync_writes="true", consumer_name="acker")
-        uuid = vbucket(server, vb).failover.latest.uuid
-        assert acker.stream_request(vb, 2, uuid=uuid).status == Status.SUCCESS
-        acker.send(dcp.DcpSeqnoAcknowledged(vb, 1, 0).encode())
-        reply = w.recv()
-        assert (reply.opaque, reply.status) == (held, Status.SUCCESS)  # committed at 3, in memory
-    acker.messages_until(lambda m: isinstance(m, dcp.DcpCommit))  # the acker's cursor is past seqno 2 now
-    cm = vbucket(server, vb).checkpoint_manager
-    wait_persisted(server, vb)
-    wait_for(lambda: server.call(lambda: cm.first_seqno) > 2, what="the checkpoint of seqnos 1-2 released")
-    sync = clients(name="pc-sync")
-    sync.controls(enable_sync_writes="true", consumer_name="pc-sync")
-    assert sync.stream_request(vb, 0, 3).status == Status.SUCCESS
-    got = sync.until_stream_end(vb)
-    disk = markers(got)[0]
-    assert disk.flags & SnapshotFlag.DISK and disk.end_seqno == 2  # the prepare's seqno was backfilled
-    assert [(type(m).__name__, m.key, seqno_of(m)) for m in got if hasattr(m, "key")] == [
-        ("DcpMutation", e, 2), ("DcpMutation", d, 3)]
 
 
 def test_reads_of_a_prepare_a_promoted_vbucket_took_over_answer_recommit_in_progress(server, clients):

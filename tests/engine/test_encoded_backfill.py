@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dcpflow.dcp.active_stream import Frames
+from dcpflow.dcp.stream_types import Frames
 from dcpflow.engine import FailoverTable, Item, Store, VBucketStateRecord
 from dcpflow.engine.item import DATATYPE_XATTR
 from dcpflow.engine.store import _ENCODED_PAGE, ENCODED_VALUE_LIMIT, LARGE_VALUE, EncodedPage

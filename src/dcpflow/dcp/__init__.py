@@ -21,6 +21,9 @@ Producer side (a consumer asked this node for vbucket streams):
   send_pass       one pass: which queued messages go out now, under the window
   backfills       which backfills open next and how much they may read
   active_stream   ActiveStream: what one vbucket stream sends, encoded, in a ready queue
+  stream_messages its encoding half: items, markers, events, sync writes into the ready queue
+  stream_backfill its disk half: the pages a backfill hands it
+  stream_types    a stream's states and options, a backfill's range, a ready-queue entry
 
 Consumer side (this node replicates vbuckets from a producer elsewhere):
   consumer        ConsumerConnection: ADD_STREAM, its stream requests, applying what arrives
@@ -30,6 +33,8 @@ Consumer side (this node replicates vbuckets from a producer elsewhere):
                   (it imports only dcpflow.protocol)
 
 errors            Refusal: a request turned down, as a value (status and reason)
+outcomes          what every entry point answers: send, wake, arm a timer, stop a backfill,
+                  change a vbucket state, roll back, close - the shells execute them
 
 This package may use the engine (its vbuckets, checkpoint cursors and store pages) and the
 protocol; neither of those imports it, and it imports nothing of the server.

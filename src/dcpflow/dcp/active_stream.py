@@ -66,91 +66,29 @@ SET_VBUCKET_STATE(pending) and waits for the reply; then marks its own vbucket d
 was written meanwhile, sends SET_VBUCKET_STATE(active), waits for that reply and ends with
 STREAM_END(OK).
 """
-
-import functools
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
-from enum import Enum
 
 from dcpflow.engine.checkpoint import CheckpointType, Cursor, CursorDropped, Snapshot
-from dcpflow.engine.collections import SYSTEM_CID, SystemEvent
-from dcpflow.engine.durability.items import Abort, Commit, Prepare, is_sync_item
-from dcpflow.engine.item import DATATYPE_SNAPPY, DATATYPE_XATTR, Item
-from dcpflow.engine.store import ITEM_COLUMNS, LARGE_VALUE, EncodedPage, item_from_row
-from dcpflow.protocol import snappy
-from dcpflow.protocol.datatype import xattr_body_offset
+from dcpflow.engine.collections import SYSTEM_CID
+from dcpflow.engine.durability.items import is_sync_item
+from dcpflow.engine.item import Item
 from dcpflow.protocol.dcp import (
-    DcpAbort,
-    DcpCommit,
-    DcpDeletion,
-    DcpExpiration,
-    DcpMutation,
-    DcpPrepare,
-    DcpSeqnoAdvanced,
     DcpSetVbucketState,
-    DcpSnapshotMarker,
     DcpStreamEnd,
-    DcpSystemEvent,
-    MarkerVersion,
-    SnapshotFlag,
     StreamEndReason,
     StreamFlag,
-    SystemEventId,
     VBucketState,
-    encode_mutations,
-    pack_deletion,
-    pack_mutation_head,
-    pack_mutation_head_sid,
-    whole_messages,
 )
-from dcpflow.protocol.keys import encode_leb128
-from dcpflow.protocol.system_events import event_body
 
 from .filter import StreamFilter
-
-assert ITEM_COLUMNS[:7] == ("key", "seqno", "rev_seqno", "cas", "flags", "expiry", "datatype")
-assert ITEM_COLUMNS[7] == "deleted" and ITEM_COLUMNS[10] == "value" and ITEM_COLUMNS[11] == "cid"
-_U64 = 0xFFFFFFFFFFFFFFFF
-
-MAX_SEQNO = 0xFFFFFFFFFFFFFFFF
-_MEMORY, _DISK, _CHK, _ACK = (int(SnapshotFlag.MEMORY), int(SnapshotFlag.DISK), int(SnapshotFlag.CHECKPOINT),
-                              int(SnapshotFlag.ACK))
-_HISTORY, _MAY_DUPLICATE = int(SnapshotFlag.HISTORY), int(SnapshotFlag.MAY_CONTAIN_DUPLICATES)
-
-
-class _KeyPrefixes(dict):
-    """What a key starts with on a connection with HELLO Collections: its collection id in LEB128,
-    by id, made on first use (a stream looks one up per document)."""
-
-    def __missing__(self, cid: int) -> bytes:
-        prefix = self[cid] = encode_leb128(cid)
-        return prefix
+from .outcomes import NOTHING, WAKE, WAKE_ONLY, SetVbucketState
+from .stream_backfill import StreamBackfill
+from .stream_messages import StreamMessages, _KeyPrefixes
+from .stream_types import CHK, DISK, HISTORY, MAY_DUPLICATE, MEMORY, BackfillRange, StreamOptions, StreamState
 
 #: Plain ints: `int & IntFlag` runs enum's Python __rand__.
 _TAKEOVER, _DISK_ONLY = int(StreamFlag.TAKEOVER), int(StreamFlag.DISK_ONLY)
-
-
-class Frames:
-    """A ready-queue entry holding `count` whole messages (a backfill page SQLite encoded). The
-    owner may send a prefix of it (`split`), never part of a message."""
-
-    __slots__ = ("data", "count")
-
-    def __init__(self, data: bytes | memoryview, count: int):
-        self.data, self.count = data, count
-
-    def __len__(self) -> int:
-        return len(self.data)
-
-    def split(self, nbytes: int) -> tuple["Frames", "Frames | None"]:
-        """The shortest prefix of whole messages holding at least `nbytes` bytes, and the rest."""
-        data = memoryview(self.data)
-        pos, n = whole_messages(data, nbytes)
-        if pos >= len(data):
-            return self, None
-        return Frames(data[:pos], n), Frames(data[pos:], self.count - n)
-
 
 def _latest_versions(items: list[Item]) -> list[Item]:
     """A snapshot's items with only the last version of each key (a stream without change streams)."""
@@ -161,59 +99,20 @@ def _latest_versions(items: list[Item]) -> list[Item]:
     return items if keep is None else [it for i, it in enumerate(items) if i in keep or it.cid == SYSTEM_CID]
 
 
-class StreamState(Enum):
-    BACKFILLING = "backfilling"
-    IN_MEMORY = "in-memory"
-    TAKEOVER_SEND = "takeover-send"
-    TAKEOVER_WAIT = "takeover-wait"
-    DEAD = "dead"
-
-
-@dataclass(slots=True)
-class StreamOptions:
-    """The connection's settings that shape a stream's messages (DCP_OPEN flags, DCP_CONTROL keys,
-    HELLO Collections)."""
-
-    include_xattrs: bool = False
-    no_value: bool = False
-    no_value_underlying_datatype: bool = False
-    delete_times: bool = False
-    expiry_opcode: bool = False  # effective only with delete_times (as in KV-Engine): the producer checks
-    collections: bool = False  # keys carry the LEB128 collection id; SEQNO_ADVANCED may be sent
-    sync_replication: bool = False  # enable_sync_writes + consumer_name: markers at least V2.0
-    sync_writes: bool = False  # enable_sync_writes: DCP_PREPARE / DCP_COMMIT / DCP_ABORT (module docstring)
-    marker_v22: bool = False  # max_marker_version=2.2: Disk markers carry the purge seqno
-    skip_deletes_in_initial_backfill: bool = False
-    supports_cursor_dropping: bool = False
-    send_stream_end_on_close: bool = False
-    compress_values: bool = False  # force_value_compression: values go out Snappy-compressed
-    flatbuffers_events: bool = False  # flatbuffers_system_events: system event values as FlatBuffers
-    change_streams: bool = False  # history of the collections that keep it (module docstring)
-
-
-@dataclass(frozen=True, slots=True)
-class BackfillRange:
-    """Read items with start <= seqno <= end from disk (`Store.scan(vb, start - 1, end)`), and
-    every older version of the `history` collections."""
-
-    start: int
-    end: int
-    history: frozenset[int] = frozenset()
-
-
-class ActiveStream:
+class ActiveStream(StreamBackfill, StreamMessages):
     """One vbucket stream of a producer; see the module docstring.
 
-    `vb` is the engine VBucket; `set_vbucket_state(vbid, state)` is the bucket's (used by takeover
-    to mark the vbucket dead); `wake(stream)` tells the owner the stream has something new to do (it may
-    be called from inside another connection's write, so the owner must only schedule work).
+    `vb` is the engine VBucket. What the stream needs done beyond queuing bytes it returns as
+    outcomes (outcomes.py): the takeover handshake's `SetVbucketState`, and whether a send pass is
+    wanted. `cursor_listener(stream)`, if given, hears of the engine dropping the stream's cursor
+    (the engine's notification, like a write's: the listener runs inside the engine's call and
+    must only schedule a send pass).
     """
 
     def __init__(self, vb, *, name: str, opaque: int, start_seqno: int, end_seqno: int, snap_start_seqno: int,
                  flags: int = 0, stream_id: int | None = None, options: StreamOptions | None = None,
                  client_purge_seqno: int | None = None, filter: StreamFilter | None = None,
-                 set_vbucket_state: Callable[[int, VBucketState], object] | None = None,
-                 wake: "Callable[[ActiveStream], None]" = lambda stream: None):
+                 cursor_listener: "Callable[[ActiveStream], None] | None" = None):
         self.vb = vb
         self.vbid = vb.id
         self.name = name
@@ -233,8 +132,7 @@ class ActiveStream:
         self.client_purge_seqno = client_purge_seqno
         self.takeover = bool(flags & _TAKEOVER)
         self.disk_only = bool(flags & _DISK_ONLY)
-        self._set_vbucket_state = set_vbucket_state
-        self._wake = wake
+        self._cursor_listener = cursor_listener
         self.state = StreamState.IN_MEMORY
         self.ready: deque[bytes] = deque()
         self.ready_bytes = 0
@@ -268,6 +166,8 @@ class ActiveStream:
     @property
     def dead(self) -> bool:
         return self.state is StreamState.DEAD
+
+    ended = dead  # the name server/conn_handler.py's StreamHandle reads on any stream
 
     def start(self) -> None:
         """Place the cursor (or plan the backfill); a stream with start == end ends at once."""
@@ -313,11 +213,13 @@ class ActiveStream:
             self.cursor = None
 
     def _on_cursor_dropped(self, cursor: Cursor) -> None:
-        """CheckpointManager callback (memory quota): note it; the owner wakes us to act on it."""
+        """CheckpointManager callback (memory quota): note it; the listener has the owner wake us to
+        act on it (the next `fill` backfills from where we are, or ends with SLOW)."""
         if cursor is self.cursor:
             self.cursor_dropped = True
             self.cursor_drops += 1
-            self._wake(self)
+            if self._cursor_listener is not None:
+                self._cursor_listener(self)
 
     def release(self) -> None:
         """The connection is gone: drop the cursor and the queue, send nothing."""
@@ -344,387 +246,6 @@ class ActiveStream:
         if reason == StreamEndReason.CLOSED and not self.opts.send_stream_end_on_close:
             return
         self._push(DcpStreamEnd(self.vbid, reason, self.opaque, self.stream_id).encode())
-
-    # -- output --------------------------------------------------------------------------------
-    def _push(self, data: bytes) -> None:
-        self.ready.append(data)
-        self.ready_bytes += len(data)
-
-    def pop(self) -> bytes | memoryview | None:
-        """The next entry to send (a message, or a message's header followed by a `memoryview`
-        continuation holding its value), or None."""
-        if not self.ready:
-            return None
-        data = self.ready.popleft()
-        self.ready_bytes -= len(data)
-        return data.data if data.__class__ is Frames else data
-
-    def _marker(self, start: int, end: int, flags: int, purge_seqno: int, mvs: int | None = None,
-                hcs: int = 0) -> None:
-        """`mvs`: the snapshot's max visible seqno when not its end; `hcs`: its high completed
-        seqno, which a V2.0 marker carries on Disk snapshots only (snapshot-marker.md)."""
-        if self._first_marker:
-            start = min(self.snap_start_seqno, start)
-            self._first_marker = False
-        if end > self.end_seqno:
-            end = self.end_seqno
-        if self.state is StreamState.TAKEOVER_SEND:
-            flags |= _ACK
-            self.acks_outstanding += 1
-        self._marker_end = end
-        opts = self.opts
-        mvs = end if mvs is None else min(mvs, end)
-        if not flags & _DISK:
-            hcs = 0
-        if opts.marker_v22 and flags & _DISK:
-            msg = DcpSnapshotMarker(self.vbid, start, end, flags, MarkerVersion.V2_2, mvs, hcs, purge_seqno, 0,
-                                    self.opaque, self.stream_id)
-        elif opts.sync_replication:
-            msg = DcpSnapshotMarker(self.vbid, start, end, flags, MarkerVersion.V2_0, mvs, hcs, 0, 0,
-                                    self.opaque, self.stream_id)
-        else:
-            msg = DcpSnapshotMarker(self.vbid, start, end, flags, MarkerVersion.V1, opaque=self.opaque,
-                                    stream_id=self.stream_id)
-        self._push(msg.encode())
-
-    def _shape_value(self, item: Item) -> tuple[bytes, int]:
-        """The value and datatype to ship, per IncludeXattrs / NoValue / NoValueWithUnderlyingDatatype."""
-        value, datatype = item.value, item.datatype
-        opts = self.opts
-        if datatype & DATATYPE_XATTR and not datatype & DATATYPE_SNAPPY:
-            xlen = xattr_body_offset(value)
-            if not opts.include_xattrs:
-                value, datatype = value[xlen:], datatype & ~DATATYPE_XATTR
-                xattrs = b""
-            else:
-                xattrs = value[:xlen]
-        else:
-            xattrs = b""
-        if opts.no_value or opts.no_value_underlying_datatype or item.deleted:
-            sent_type = DATATYPE_XATTR if xattrs else 0
-            if opts.no_value_underlying_datatype and not item.deleted:
-                sent_type = item.datatype & ~DATATYPE_SNAPPY
-                if not opts.include_xattrs:
-                    sent_type &= ~DATATYPE_XATTR
-            return xattrs, sent_type
-        return value, datatype
-
-    def _queue_item(self, item: Item) -> None:
-        """Encode one item. The common shapes (a mutation, a deletion without stream-id) go through
-        the protocol's packers - the same bytes as `DcpMutation(...).encode()` /
-        `DcpDeletion(...).encode()` (tested) with no message object per item; everything else
-        through the message classes."""
-        opts = self.opts
-        key = item.key
-        if opts.collections:
-            key = self._prefixes[item.cid] + key
-        deleted, datatype = item.deleted, item.datatype
-        if deleted and (not datatype & DATATYPE_XATTR or datatype & DATATYPE_SNAPPY):
-            value, datatype = b"", 0  # what _shape_value gives a deletion without readable xattrs
-        elif datatype & DATATYPE_XATTR or opts.no_value or opts.no_value_underlying_datatype or deleted:
-            value, datatype = self._shape_value(item)
-        else:
-            value = item.value
-        if opts.compress_values and value:
-            value, datatype = snappy.compress(value), datatype | DATATYPE_SNAPPY
-        seqno = item.by_seqno
-        sid = self.stream_id
-        if not deleted:
-            if sid is None or len(key) < 256:  # the alternative framing has one byte of key length
-                vlen = len(value)
-                if sid is None:
-                    data = pack_mutation_head(self.vbid, seqno, item.rev_seqno, item.flags, item.expiry, key, vlen,
-                                              item.cas, datatype, self.opaque)
-                else:
-                    data = pack_mutation_head_sid(self.vbid, seqno, item.rev_seqno, item.flags, item.expiry, key,
-                                                  vlen, item.cas, datatype, self.opaque, sid)
-                if vlen >= LARGE_VALUE:
-                    # the value goes out as it is stored (no copy into the message): a continuation
-                    ready = self.ready
-                    ready.append(data)
-                    ready.append(memoryview(value))
-                    self.ready_bytes += len(data) + vlen
-                    self.last_sent_seqno = seqno
-                    self.items_sent += 1
-                    return
-                data += value
-            else:
-                data = DcpMutation(self.vbid, seqno, item.rev_seqno, item.flags, item.expiry, 0, key, value,
-                                   item.cas, datatype, self.opaque, 0, sid).encode()
-        elif item.is_expiration and opts.expiry_opcode and opts.delete_times:
-            data = DcpExpiration(self.vbid, seqno, item.rev_seqno, key, item.delete_time, value, item.cas,
-                                 datatype, self.opaque, sid).encode()
-        elif sid is not None:
-            data = DcpDeletion(self.vbid, seqno, item.rev_seqno, key, value, item.cas, datatype, self.opaque,
-                               item.delete_time if opts.delete_times else None, sid).encode()
-        else:
-            data = pack_deletion(self.vbid, seqno, item.rev_seqno, key, value, item.cas, datatype, self.opaque,
-                                 item.delete_time if opts.delete_times else None)
-        self.ready.append(data)
-        self.ready_bytes += len(data)
-        self.last_sent_seqno = seqno
-        self.items_sent += 1
-
-    def _queue_one(self, item: Item) -> None:
-        """An admitted item (`_admit`): a system event, a sync-write item, or a document (a commit
-        is one for a stream without sync writes)."""
-        if item.cid == SYSTEM_CID:
-            self._queue_event(item)
-        elif item.__class__ is not Item and self.opts.sync_writes:
-            self._queue_sync_item(item)
-        else:
-            self._queue_item(item)
-
-    def _queue_sync_item(self, item: Item) -> None:
-        """DCP_PREPARE, DCP_COMMIT or DCP_ABORT (prepare.md, commit.md, abort.md)."""
-        cls = item.__class__
-        key = item.key
-        if self.opts.collections:
-            key = self._prefixes[item.cid] + key
-        seqno = item.by_seqno
-        if cls is Prepare:
-            value, datatype = self._shape_value(item) if item.deleted or item.datatype & DATATYPE_XATTR else (
-                item.value, item.datatype)
-            msg = DcpPrepare(self.vbid, seqno, item.rev_seqno, item.flags, item.expiry, 0, key, value, item.cas,
-                             item.level, item.deleted, datatype, self.opaque, 0, self.stream_id)
-        elif cls is Commit:
-            if not self._prepare_was_sent(item.prepared_seqno, seqno):
-                self._queue_item(item)  # the consumer never got the prepare: send what it committed
-                return
-            msg = DcpCommit(self.vbid, item.prepared_seqno, seqno, key, self.opaque, self.stream_id)
-        elif cls is Abort:
-            msg = DcpAbort(self.vbid, item.prepared_seqno, seqno, key, self.opaque, self.stream_id)
-        else:
-            self._queue_item(item)
-            return
-        self._push(msg.encode())
-        self.last_sent_seqno = seqno
-        self.items_sent += 1
-
-    def _prepare_was_sent(self, prepared_seqno: int, seqno: int) -> bool:
-        """Did the consumer get the prepare a commit at `seqno` names? A backfill sends the prepares
-        in flight when it was planned, so a prepare of its range completed before that, by a commit
-        beyond the range (read from memory), was never sent: that commit goes out as the committed
-        mutation or deletion (KV-Engine's backfill reads such prepares from disk; our store keeps
-        only committed versions) - and an abort as an abort, which a consumer accepts without its
-        prepare (VBucket.apply_abort). Such a completion precedes the plan, so a backfill's entry
-        is dropped once the stream reads past the high seqno it was planned at."""
-        backfilled = self._backfilled
-        while backfilled and backfilled[0][3] < seqno:
-            backfilled.pop(0)
-        for start, end, sent, _ in backfilled:
-            if start <= prepared_seqno <= end:
-                return prepared_seqno in sent
-        return True
-
-    def _queue_event(self, item: Item) -> None:
-        """DCP_SYSTEM_EVENT (system_event.md) in the layout the connection asked for."""
-        ev = SystemEvent.of(item)
-        c = ev.collection
-        version, key, value = event_body(
-            ev.event, flatbuffers=self.opts.flatbuffers_events, manifest_uid=ev.manifest_uid, scope_id=ev.scope_id,
-            collection_id=c.uid if c else 0, name=c.name if c else ev.scope_name, max_ttl=c.max_ttl if c else 0,
-            history=c.history if c else False)
-        self._push(DcpSystemEvent(self.vbid, item.by_seqno, int(ev.event), version, key, value, self.opaque,
-                                  self.stream_id).encode())
-        self.last_sent_seqno = item.by_seqno
-        self.items_sent += 1
-
-    def _admit(self, items: list[Item]) -> list[Item]:
-        """What the stream's filter sends of these items (filter.py), in order; the filter follows
-        their system events. Stops after the event that leaves the filter empty."""
-        flt = self.filter
-        out = []
-        for item in items:
-            cid = item.cid
-            if cid == SYSTEM_CID:
-                ev = flt.event(item)
-                if ev is not None and (ev.event != SystemEventId.MODIFY_COLLECTION or self.opts.flatbuffers_events):
-                    out.append(item)
-                if flt.empty:
-                    self._emptied = True
-                    break
-            elif flt.allows(cid):
-                out.append(item)
-        return out
-
-    def _queue_items(self, items: list[Item], sync: bool = False) -> None:
-        """`_queue_one` for each admitted item, with runs of plain mutations encoded by the
-        protocol's `encode_mutations` into one Frames entry (the in-memory hot loop: compiled when
-        built, one bytes object per run, not per item)."""
-        opts = self.opts
-        if self.stream_id is not None or opts.no_value or opts.no_value_underlying_datatype or \
-                opts.compress_values or sync:
-            for item in items:
-                self._queue_one(item)
-            return
-        vbid, opaque, collections = self.vbid, self.opaque, opts.collections
-        i, n = 0, len(items)
-        while i < n:
-            data, stop = encode_mutations(items, i, vbid, opaque, collections, LARGE_VALUE)
-            if stop > i:
-                self.ready.append(Frames(data, stop - i))
-                self.ready_bytes += len(data)
-                self.items_sent += stop - i
-                self.last_sent_seqno = items[stop - 1].by_seqno
-            if stop < n:  # a deletion, xattrs, a large value, an event: the general path
-                self._queue_one(items[stop])
-                stop += 1
-            i = stop
-
-    def _seqno_advanced_if_needed(self) -> None:
-        """A collection-aware consumer learns the snapshot end it did not see an item for."""
-        if self.opts.collections and self.last_sent_seqno < self._marker_end and not self.dead:
-            self._push(DcpSeqnoAdvanced(self.vbid, self._marker_end, self.opaque, self.stream_id).encode())
-            self.last_sent_seqno = self._marker_end
-
-    # -- backfill (pages handed in by the owner) -------------------------------------------------
-    def backfill_begin(self, purge_seqno: int) -> None:
-        """The scan is open: queue the Disk|Checkpoint marker for the whole backfill range."""
-        rng = self.backfill
-        self.backfill_running = True
-        self._backfills += 1
-        self._marker(rng.start, rng.end, _DISK | _CHK | (_HISTORY | _MAY_DUPLICATE if rng.history else 0), purge_seqno,
-                     hcs=self.vb.persisted_hcs)
-
-    def _prepares_before(self, seqno: int) -> None:
-        """Queue the backfill's in-flight prepares below `seqno`, keeping the snapshot in seqno order."""
-        pending = self._backfill_prepares
-        while pending and pending[0].by_seqno < seqno:
-            self._queue_sync_item(pending.pop(0))
-
-    def backfill_page(self, items: list[Item]) -> None:
-        if self.dead:
-            return
-        end = self.end_seqno
-        skip_deletes = self.opts.skip_deletes_in_initial_backfill and self._initial_backfill
-        last = items[-1].by_seqno if items else 0
-        items = self._admit(items)
-        for item in items:
-            if item.by_seqno > end:
-                break
-            if self._backfill_prepares:
-                self._prepares_before(item.by_seqno)
-            if skip_deletes and item.deleted and item.cid != SYSTEM_CID:
-                continue
-            self._queue_one(item)
-            self.backfill_items += 1
-        if last:
-            self.last_read_seqno = min(last, end)
-        if self.ready_bytes > self.peak_ready_bytes:
-            self.peak_ready_bytes = self.ready_bytes
-        if self._emptied:
-            self._end(StreamEndReason.FILTER_EMPTY)
-
-    def backfill_rows(self, rows: list[tuple]) -> None:
-        """A page of raw store rows (`BackfillScan.next_rows`): plain mutations are encoded
-        straight from the row - no Item is built - everything else via `backfill_page`."""
-        opts = self.opts
-        if opts.no_value or opts.no_value_underlying_datatype or opts.compress_values or self._backfill_prepares:
-            self.backfill_page([item_from_row(r) for r in rows])
-            return
-        if self.dead:
-            return
-        end, vbid, opaque = self.end_seqno, self.vbid, self.opaque
-        prefixed = opts.collections
-        allows, prefixes = self.filter.allows, self._prefixes
-        append = self.ready.append
-        sid, system = self.stream_id, SYSTEM_CID
-        # with a stream-id, the alternative framing's one byte of key length: longer keys (none
-        # is: 250 bytes and a prefix) take the general path
-        pack = pack_mutation_head if sid is None else functools.partial(pack_mutation_head_sid, stream_id=sid)
-        short_keys = sid is not None
-        u64, xattr, large = _U64, DATATYPE_XATTR, LARGE_VALUE  # locals: this loop runs per row
-        nbytes = count = 0
-        last = self.last_sent_seqno
-        for r in rows:
-            seqno = r[1]
-            if seqno > end:
-                break
-            datatype = r[6]
-            cid = r[11]
-            if cid != system and not allows(cid):  # a document the filter hides (as _admit does)
-                continue
-            # an event, a deletion, a shaped value, or a key too long for the stream-id framing
-            if cid == system or r[7] or datatype & xattr or (short_keys and len(r[0]) > 250):
-                if nbytes:
-                    self.ready_bytes += nbytes
-                    self.items_sent += count
-                    self.backfill_items += count
-                    nbytes = count = 0
-                self.last_sent_seqno = last
-                self.backfill_page([item_from_row(r)])
-                last = self.last_sent_seqno
-                if self.dead:  # the filter was left empty
-                    return
-                continue
-            key, value = r[0], r[10]
-            if prefixed:
-                key = prefixes[cid] + key
-            vlen = len(value)
-            data = pack(vbid, seqno, r[2] & u64, r[4], r[5], key, vlen, r[3] & u64, datatype, opaque)
-            if vlen >= large:
-                append(data)
-                append(memoryview(value))
-                nbytes += len(data) + vlen
-            else:
-                data += value
-                append(data)
-                nbytes += len(data)
-            count += 1
-            last = seqno
-        self.ready_bytes += nbytes
-        self.items_sent += count
-        self.backfill_items += count
-        self.last_sent_seqno = last
-        if rows:
-            self.last_read_seqno = min(rows[-1][1], end)
-        if self.ready_bytes > self.peak_ready_bytes:
-            self.peak_ready_bytes = self.ready_bytes
-
-    @property
-    def takes_encoded_pages(self) -> bool:
-        """Does the stream send stored mutations - the default collection's - as they are
-        (`BackfillScan.next_chunk`)?"""
-        opts = self.opts
-        return (self.stream_id is None and not opts.no_value and not opts.no_value_underlying_datatype
-                and not opts.compress_values and self.filter.default
-                and not (self.backfill is not None and self.backfill.history) and not self._backfill_prepares)
-
-    def backfill_encoded(self, page: EncodedPage) -> None:
-        """A page SQLite encoded for this stream (opaque, key layout): queued as it is."""
-        if page.last_seqno > self.end_seqno:
-            raise ValueError(f"encoded page ends at {page.last_seqno}, past the stream's end {self.end_seqno}")
-        self.ready.append(Frames(page.data, page.count))
-        self.ready_bytes += len(page.data)
-        self.items_sent += page.count
-        self.backfill_items += page.count
-        self.last_sent_seqno = self.last_read_seqno = page.last_seqno
-        if self.ready_bytes > self.peak_ready_bytes:
-            self.peak_ready_bytes = self.ready_bytes
-
-    def backfill_complete(self) -> None:
-        """The scan reached the end of the range: continue from memory, or end the stream."""
-        rng = self.backfill
-        self.backfill = None
-        self.backfill_running = False
-        self._initial_backfill = False
-        if rng is None:
-            return
-        if self._backfill_prepares and not self.dead:
-            self._prepares_before(rng.end + 1)
-        self.last_read_seqno = rng.end
-        self._seqno_advanced_if_needed()
-        if self.disk_only or rng.end >= self.end_seqno:
-            self._end(StreamEndReason.OK)
-        elif self.cursor is None or self.cursor.dropped:
-            self._recover_from_drop()
-        else:
-            self.state = StreamState.IN_MEMORY
-        self._wake(self)
-
-    def backfill_failed(self) -> None:
-        self.set_dead(StreamEndReason.BACKFILL_FAIL)
 
     # -- memory --------------------------------------------------------------------------------
     def _recover_from_drop(self) -> None:
@@ -790,14 +311,14 @@ class ActiveStream:
         if items or (hidden and snap.new_marker and self.opts.collections and read_upto >= snap.end):
             if snap.new_marker:
                 if snap.type == CheckpointType.DISK:
-                    flags, start = _DISK, snap.checkpoint_snap_start
+                    flags, start = DISK, snap.checkpoint_snap_start
                 else:
-                    flags = _MEMORY
+                    flags = MEMORY
                     start = snap.start if snap.checkpoint_start or not items else items[0].by_seqno
                 if snap.checkpoint_start:
-                    flags |= _CHK
+                    flags |= CHK
                 if snap.history and self.opts.change_streams:
-                    flags |= _HISTORY | _MAY_DUPLICATE if snap.duplicates else _HISTORY
+                    flags |= HISTORY | MAY_DUPLICATE if snap.duplicates else HISTORY
                 if mvs is not None and not sync and mvs >= start:
                     self._marker(start, mvs, flags, self.vb.purge_seqno)  # a V2.0 marker's end is its MVS
                 else:
@@ -838,25 +359,25 @@ class ActiveStream:
         self.takeover_waiting_for = state
         self._push(DcpSetVbucketState(self.vbid, int(state), self.opaque).encode())
 
-    def snapshot_acked(self) -> None:
-        """The consumer answered a marker with the Ack flag."""
+    def snapshot_acked(self) -> tuple:
+        """The consumer answered a marker with the Ack flag: WAKE if one was outstanding."""
         if self.acks_outstanding:
             self.acks_outstanding -= 1
-            self._wake(self)
+            return WAKE_ONLY
+        return NOTHING
 
-    def vbucket_state_acked(self) -> None:
-        """The consumer answered our SET_VBUCKET_STATE."""
+    def vbucket_state_acked(self) -> tuple:
+        """The consumer answered our SET_VBUCKET_STATE: after PENDING our vbucket goes dead
+        (`SetVbucketState`) and what was written meanwhile drains; after ACTIVE the stream ends."""
         waiting = self.takeover_waiting_for
         if self.state is not StreamState.TAKEOVER_WAIT or waiting is None:
-            return
+            return NOTHING
         self.takeover_waiting_for = None
         if waiting == VBucketState.PENDING:
             self.state = StreamState.TAKEOVER_SEND
-            if self._set_vbucket_state is not None:
-                self._set_vbucket_state(self.vbid, VBucketState.DEAD)
-        else:
-            self._end(StreamEndReason.OK)
-        self._wake(self)
+            return (SetVbucketState(self.vbid, VBucketState.DEAD), WAKE)
+        self._end(StreamEndReason.OK)
+        return WAKE_ONLY
 
     @property
     def takeover_active(self) -> bool:

@@ -20,7 +20,8 @@ vbuckets are:
   top). A million-item backfill so holds about one page plus its queue.
 
 A running backfill is recorded with the caller's handle (anything with `cancel()`, such as the
-task reading it), or None while its scan opens in a group trip.
+task reading it), or None while its scan opens in a group trip; `retire` hands it back to be
+cancelled (outcomes.StopBackfill) rather than cancelling it here.
 """
 
 from collections import OrderedDict
@@ -139,12 +140,11 @@ class BackfillQueue:
         if self.running.get(stream) is handle:
             del self.running[stream]
 
-    def retire(self, stream: ActiveStream) -> None:
-        """The stream is gone: cancel its reading (the handle's owner closes the scan), unqueue it."""
-        handle = self.running.pop(stream, None)
-        if handle is not None:
-            handle.cancel()
+    def retire(self, stream: ActiveStream) -> object | None:
+        """The stream is gone: unqueue it; the handle of its running read, if any, for the caller
+        to cancel (outcomes.StopBackfill; the handle's owner closes the scan)."""
         self.waiting.pop(stream, None)
+        return self.running.pop(stream, None)
 
     # -- bytes -----------------------------------------------------------------------------------
     def buffered(self) -> int:

@@ -34,16 +34,16 @@ connection:
   (OPAQUE_NO_MATCH); a message the replica cannot take answers its status, which makes the
   producer drop the connection.
 * Flow control (`flow`, flow_control.py BufferAcker): the caller counts each message at its
-  charged size once processed; `ack` queues the DCP_BUFFER_ACK when a fifth of the buffer is
-  consumed or ACK_SECONDS after the first unacknowledged byte.
+  charged size once processed (`consumed`); the DCP_BUFFER_ACK goes out when a fifth of the buffer
+  is consumed, or ACK_SECONDS after the first unacknowledged byte (`ArmAckTimer`, then `ack`).
 
-What the consumer sends is queued in `out`, in order, for the caller to write after each call;
-`close_wanted` asks the caller to close the connection once that is written.
+Every entry point returns what the caller must do, in order, as outcome values (outcomes.py):
+`Send` what the consumer sends, `Close` the connection once that is written, `RollBack`,
+`ChangeState`, `ArmAckTimer`; a stream message is answered last, with a `Reply` or a `Refusal`.
 """
 
 import itertools
 import logging
-from typing import NamedTuple
 
 from dcpflow.engine.errors import EngineError
 from dcpflow.protocol import dcp as dcpproto
@@ -57,10 +57,11 @@ from dcpflow.protocol.opcodes import Opcode
 from dcpflow.protocol.status import Status
 
 from . import position
-from .active_stream import MAX_SEQNO
 from .errors import Refusal
 from .flow_control import BufferAcker
+from .outcomes import NOTHING, ArmAckTimer, ChangeState, Close, Reply, RollBack, Send
 from .passive_stream import PassiveState, PassiveStream
+from .stream_types import MAX_SEQNO
 
 log = logging.getLogger("dcpflow.server.consumer")  # the name operators filter the consumer's logs by
 
@@ -75,20 +76,6 @@ STREAM_ENDS_TO_RETRY = position.RESUMABLE_ENDS
 _REPLICA_STATES = (VBucketState.REPLICA, VBucketState.PENDING)
 _STRICT_VBUUID = int(StreamFlag.STRICT_VBUUID)
 _SNAPPY = int(Datatype.SNAPPY)
-
-
-class RollBack(NamedTuple):
-    """Roll the stream's replica vbucket back to `seqno` from disk, then call `rolled_back`."""
-
-    stream: PassiveStream
-    seqno: int
-
-
-class ChangeState(NamedTuple):
-    """Once no flush batch is in flight, call `change_state(stream, msg)` and answer with its reply."""
-
-    stream: PassiveStream
-    msg: dcpproto.DcpSetVbucketState
 
 
 def _reason_name(reason: int) -> str:
@@ -122,21 +109,18 @@ class ConsumerConnection:
         self.last_received = now
         self.changing_state = False  # vbucket changes the consumer makes itself (takeover, rollback)
         self.closed = False
-        self.out: list[bytes] = []  # to send, in order
-        self.close_wanted = False  # close the connection once `out` is sent
 
     def __repr__(self) -> str:
         return f"<ConsumerConnection {self.name!r} streams={len(self.streams)}>"
 
-    def _request(self, message, tag: object) -> int:
-        """Queue a request with a fresh opaque; its response goes to `tag`'s handling."""
+    def _request(self, message, tag: object) -> Send:
+        """A request with a fresh opaque; its response goes to `tag`'s handling."""
         opaque = next(self._opaques)
         self._waiting[opaque] = tag
-        self.out.append(message._replace(opaque=opaque).encode())
-        return opaque
+        return Send(message._replace(opaque=opaque).encode())
 
     # -- controls ---------------------------------------------------------------------------------
-    def open(self) -> None:
+    def open(self) -> tuple:
         """What kv_engine's consumer negotiates before its first stream request (control.md)."""
         wanted = [("connection_buffer_size", str(self.flow.buffer_size)), ("enable_noop", "true"),
                   ("set_noop_interval", f"{NOOP_INTERVAL:g}"), ("set_priority", "high"),
@@ -144,8 +128,7 @@ class ConsumerConnection:
                   ("v7_dcp_status_codes", "true")]
         if self.consumer_name:  # sync replication: prepares, commits and aborts, acknowledged by name
             wanted += [("enable_sync_writes", "true"), ("consumer_name", self.consumer_name)]
-        for key, value in wanted:
-            self._request(dcpproto.DcpControl(key.encode(), value.encode()), key)
+        return tuple(self._request(dcpproto.DcpControl(key.encode(), value.encode()), key) for key, value in wanted)
 
     def _control_reply(self, key: str, frame: Frame) -> None:
         self.controls[key] = frame.status
@@ -155,7 +138,7 @@ class ConsumerConnection:
             self.v7_status = True
 
     # -- ADD_STREAM -----------------------------------------------------------------------------
-    def add_stream(self, req: dcpproto.DcpAddStream, add_opaque: int) -> Refusal | None:
+    def add_stream(self, req: dcpproto.DcpAddStream, add_opaque: int) -> Refusal | tuple:
         """add-stream.md: the checks, then our STREAM_REQ; the reply waits for the producer's answer."""
         vbid = req.vbucket
         if req.flags & StreamFlag.CACHE_TRANSFER:
@@ -176,8 +159,7 @@ class ConsumerConnection:
                            f"{other.consumer.name!r}; close that stream first")
         stream = PassiveStream(self, vbid, req.flags, add_opaque, next(self._opaques))
         self._register(stream)
-        self.stream_request(stream)
-        return None
+        return self.stream_request(stream)
 
     def _register(self, stream: PassiveStream) -> None:
         old = self.streams.get(stream.vbid)
@@ -191,12 +173,11 @@ class ConsumerConnection:
         """Is the stream still this connection's live stream of its vbucket?"""
         return not self.closed and self.streams.get(stream.vbid) is stream and stream.live
 
-    def stream_request(self, stream: PassiveStream) -> None:
+    def stream_request(self, stream: PassiveStream) -> tuple:
         """Ask for the vbucket from where the replica stands: its high seqno, UUID and snapshot."""
         vb = self.engine.get_vbucket(stream.vbid)
         if vb is None:
-            self._finish(stream, Status.NOT_MY_VBUCKET)
-            return
+            return self._finish(stream, Status.NOT_MY_VBUCKET)
         pos = position.stored_position(vb.uuid, vb.high_seqno, vb.snapshot_start, vb.snapshot_end)
         if stream.rollbacks and stream.flags & _STRICT_VBUUID:
             pos = position.after_rollback_to_zero(pos)
@@ -205,44 +186,39 @@ class ConsumerConnection:
         req = position.stream_request(stream.vbid, pos, MAX_SEQNO, stream.flags, opaque=stream.opaque)
         stream.requested = req
         self._waiting[stream.opaque] = stream
-        self.out.append(req.encode())
+        return (Send(req.encode()),)
 
-    def _stream_req_reply(self, stream: PassiveStream, frame: Frame) -> RollBack | None:
+    def _stream_req_reply(self, stream: PassiveStream, frame: Frame) -> tuple:
         if stream.state is not PassiveState.PENDING or self.streams.get(stream.vbid) is not stream:
-            return None  # closed meanwhile
+            return NOTHING  # closed meanwhile
         try:
             reply = dcpproto.DcpStreamRequestResponse.from_frame(frame)
         except ProtocolError as e:
             log.warning("DCP consumer %s: malformed STREAM_REQ reply for vbucket %d: %s", self.name, stream.vbid, e)
-            self.request_failed(stream, Status.EINVAL)
-            return None
+            return self.request_failed(stream, Status.EINVAL)
         if reply.status == Status.ROLLBACK:
             stream.rollbacks += 1
             if stream.rollbacks > MAX_ROLLBACKS:
                 log.warning("DCP consumer %s: vbucket %d: %d rollbacks in a row; giving up", self.name,
                             stream.vbid, stream.rollbacks)
-                self.request_failed(stream, Status.ROLLBACK)
-                return None
+                return self.request_failed(stream, Status.ROLLBACK)
             stream.state = PassiveState.ROLLING_BACK
-            return RollBack(stream, reply.rollback_seqno)
+            return (RollBack(stream, reply.rollback_seqno),)
         if reply.status != Status.SUCCESS:
-            self.request_failed(stream, reply.status)
-            return None
+            return self.request_failed(stream, reply.status)
         vb = self.engine.get_vbucket(stream.vbid)
         if vb is None or vb.state not in _REPLICA_STATES:
-            self.request_failed(stream, Status.NOT_MY_VBUCKET)
-            return None
+            return self.request_failed(stream, Status.NOT_MY_VBUCKET)
         if reply.failover_log:
             vb.failover.replace(reply.failover_log)  # the replica's history is the producer's
             self.engine.flusher.persist_state(vb)
         stream.rollbacks = 0
         stream.state = PassiveState.READING
         stream.last_seqno = vb.high_seqno
-        self._answer_add_stream(stream, Status.SUCCESS)
+        answer = self._answer_add_stream(stream, Status.SUCCESS)
         # A new active (a promoted replica) waits for acks of prepares this replica already holds.
         stream.acked_hps = 0
-        self._ack_prepared(stream, vb)
-        return None
+        return answer + self._ack_prepared(stream, vb)
 
     @property
     def sync_replication(self) -> bool:
@@ -250,47 +226,52 @@ class ConsumerConnection:
         return bool(self.consumer_name) and self.controls.get("consumer_name") == Status.SUCCESS \
             and self.controls.get("enable_sync_writes") == Status.SUCCESS
 
-    def _ack_prepared(self, stream: PassiveStream, vb) -> None:
+    def _ack_prepared(self, stream: PassiveStream, vb) -> tuple:
         """DCP_SEQNO_ACKNOWLEDGED when the replica's high prepared seqno moved (passive_monitor.py)."""
         if vb.hps > stream.acked_hps and stream.state is PassiveState.READING and self.sync_replication:
             stream.acked_hps = vb.hps
-            self.out.append(dcpproto.DcpSeqnoAcknowledged(stream.vbid, vb.hps, stream.opaque).encode())
+            return (Send(dcpproto.DcpSeqnoAcknowledged(stream.vbid, vb.hps, stream.opaque).encode()),)
+        return NOTHING
 
-    def persisted(self, vbid: int) -> None:
+    def persisted(self, vbid: int) -> tuple:
         """The flusher persisted some of the vbucket: PersistToMajority prepares may be acked now."""
         stream = self.streams.get(vbid)
         vb = self.engine.get_vbucket(vbid)
         if stream is not None and vb is not None:
-            self._ack_prepared(stream, vb)
+            return self._ack_prepared(stream, vb)
+        return NOTHING
 
-    def rolled_back(self, stream: PassiveStream) -> None:
+    def rolled_back(self, stream: PassiveStream) -> tuple:
         """The caller rolled the replica back (RollBack): ask again from there, if still wanted."""
         if self.is_current(stream):
-            self.stream_request(stream)
+            return self.stream_request(stream)
+        return NOTHING
 
-    def _answer_add_stream(self, stream: PassiveStream, status: int) -> None:
+    def _answer_add_stream(self, stream: PassiveStream, status: int) -> tuple:
         if stream.add_opaque is None:
-            return
+            return NOTHING
         add_opaque, stream.add_opaque = stream.add_opaque, None
-        self.out.append(dcpproto.DcpAddStreamResponse(stream.opaque, add_opaque, status).encode())
+        return (Send(dcpproto.DcpAddStreamResponse(stream.opaque, add_opaque, status).encode()),)
 
-    def _finish(self, stream: PassiveStream, status: int) -> None:
+    def _finish(self, stream: PassiveStream, status: int) -> tuple:
         """The stream could not be established: answer the ADD_STREAM with `status`, forget it."""
-        self._answer_add_stream(stream, status)
+        answer = self._answer_add_stream(stream, status)
         self._kill(stream, None)
+        return answer
 
-    def request_failed(self, stream: PassiveStream, status: int) -> None:
+    def request_failed(self, stream: PassiveStream, status: int) -> tuple:
         """A stream request failed for good. If this consumer had asked again by itself (after a
         STREAM_END SLOW, BACKFILL_FAIL or ROLLBACK) there is no ADD_STREAM to answer, and whoever
         added the stream still counts it as running (replication/replicator.py): the connection is
         closed, so the cluster manager reconnects and adds its streams again, each from where its
         replica stands, instead of the vbucket silently no longer being replicated."""
         asked_again = stream.add_opaque is None
-        self._finish(stream, status)
+        answer = self._finish(stream, status)
         if asked_again and not self.closed:
             log.warning("DCP consumer %s: vbucket %d could not be streamed again (status 0x%x): closing the "
                         "connection so that its streams are added again", self.name, stream.vbid, status)
-            self.close_wanted = True
+            return answer + (Close(f"vbucket {stream.vbid} could not be streamed again (status 0x{status:x})"),)
+        return answer
 
     def _kill(self, stream: PassiveStream, reason: int | None) -> None:
         stream.state = PassiveState.DEAD
@@ -303,21 +284,32 @@ class ConsumerConnection:
             del self.registry[(self.bucket_name, stream.vbid)]
 
     # -- CLOSE_STREAM ---------------------------------------------------------------------------
-    def close_stream(self, vbid: int) -> Refusal | None:
+    def close_stream(self, vbid: int) -> Refusal | tuple:
         """close-stream.md: the consumer drops the stream at once; later messages for it answer
         STREAM_NOT_FOUND / KEY_ENOENT (tolerated by the producer)."""
         stream = self.streams.get(vbid)
         if stream is None or not stream.live:
             return Refusal(Status.KEY_ENOENT, f"no stream for vbucket {vbid} on this connection")
-        self._finish(stream, Status.KEY_ENOENT)  # an ADD_STREAM still waiting learns it is gone
+        answer = self._finish(stream, Status.KEY_ENOENT)  # an ADD_STREAM still waiting learns it is gone
         stream.end_reason = StreamEndReason.CLOSED
-        return None
+        return answer
 
     # -- stream messages ------------------------------------------------------------------------
-    def ack(self) -> None:
+    def consumed(self, nbytes: int, now: float) -> tuple:
+        """Flow control: `nbytes` of the producer's window were processed (buffer-ack.md): the
+        acknowledgement now, or the timer for it if these are the first unacknowledged bytes."""
+        flow = self.flow
+        if flow.consumed(nbytes, now):
+            return self.ack()
+        if flow.deadline is not None:
+            return (ArmAckTimer(flow.deadline - now),)
+        return NOTHING
+
+    def ack(self) -> tuple:
         """Acknowledge what was processed (the threshold was reached, or the deadline passed)."""
         if self.flow.unacked and not self.closed:
-            self.out.append(dcpproto.DcpBufferAck(self.flow.take()).encode())
+            return (Send(dcpproto.DcpBufferAck(self.flow.take()).encode()),)
+        return NOTHING
 
     def _stream_for(self, vbid: int, opaque: int) -> PassiveStream | int:
         """The reading stream the message belongs to, or the status to answer."""
@@ -328,13 +320,13 @@ class ConsumerConnection:
             return Status.OPAQUE_NO_MATCH if self.v7_status else Status.KEY_EEXISTS
         return stream
 
-    def message(self, msg, opaque: int, collections: bool) -> bytes | Refusal | ChangeState | None:
-        """A decoded stream message from the producer (already counted by `consumed`): its reply,
-        a Refusal to answer (logged), a ChangeState for the caller to run, or None."""
+    def message(self, msg, opaque: int, collections: bool) -> tuple:
+        """A decoded stream message from the producer (already counted by `consumed`): what to
+        send, then its answer if it has one: a Reply, a Refusal (logged), or a ChangeState to run."""
         op = msg.opcode
         found = self._stream_for(msg.vbucket, opaque)
         if found.__class__ is not PassiveStream:
-            return response(op, found, opaque=opaque)
+            return (Reply(response(op, found, opaque=opaque)),)
         stream = found
         try:
             if op == Opcode.DCP_MUTATION or op == Opcode.DCP_DELETION or op == Opcode.DCP_EXPIRATION:
@@ -346,16 +338,16 @@ class ConsumerConnection:
             if op == Opcode.DCP_STREAM_END:
                 return self._stream_end(stream, msg)
             if op == Opcode.DCP_SET_VBUCKET_STATE:
-                return ChangeState(stream, msg)
+                return (ChangeState(stream, msg),)
             if op == Opcode.DCP_SEQNO_ADVANCED:
                 stream.last_seqno = max(stream.last_seqno, msg.by_seqno)
                 return self._snapshot_progress(stream, msg.by_seqno)
             if op == Opcode.DCP_SYSTEM_EVENT:
-                return None  # only the default collection exists here: nothing to create or drop
+                return NOTHING  # only the default collection exists here: nothing to create or drop
         except EngineError as e:
             log.warning("DCP consumer %s: vbucket %d refused %s: %s", self.name, stream.vbid, Opcode(op).name, e)
-            return Refusal(e.status, e.reason)
-        return Refusal(Status.NOT_SUPPORTED, f"{Opcode(op).name} is not supported by this consumer")
+            return (Refusal(e.status, e.reason),)
+        return (Refusal(Status.NOT_SUPPORTED, f"{Opcode(op).name} is not supported by this consumer"),)
 
     def _key(self, key: bytes, collections: bool) -> bytes:
         if not collections:
@@ -365,7 +357,7 @@ class ConsumerConnection:
             raise EngineError(Status.UNKNOWN_COLLECTION, f"collection 0x{cid:x} does not exist here")
         return doc
 
-    def _apply(self, stream: PassiveStream, msg, collections: bool) -> bytes | None:
+    def _apply(self, stream: PassiveStream, msg, collections: bool) -> tuple:
         vb = self.engine.get_vbucket(stream.vbid)
         if vb is None:
             raise EngineError(Status.NOT_MY_VBUCKET, f"vbucket {stream.vbid} is gone")
@@ -383,13 +375,12 @@ class ConsumerConnection:
                                 delete_time=msg.delete_time, value=msg.value, datatype=msg.datatype)
         stream.items += 1
         stream.last_seqno = msg.by_seqno
-        if vb.hps > stream.acked_hps:
-            self._ack_prepared(stream, vb)
+        acks = self._ack_prepared(stream, vb) if vb.hps > stream.acked_hps else NOTHING
         if stream.ack_pending:
-            return self._snapshot_progress(stream, msg.by_seqno)
-        return None
+            return acks + self._snapshot_progress(stream, msg.by_seqno)
+        return acks
 
-    def _apply_sync(self, stream: PassiveStream, msg, collections: bool) -> bytes | None:
+    def _apply_sync(self, stream: PassiveStream, msg, collections: bool) -> tuple:
         """DCP_PREPARE / DCP_COMMIT / DCP_ABORT into the replica (engine apply_prepare / _commit / _abort)."""
         vb = self.engine.get_vbucket(stream.vbid)
         if vb is None:
@@ -410,33 +401,33 @@ class ConsumerConnection:
             seqno = msg.abort_seqno
         stream.items += 1
         stream.last_seqno = seqno
-        self._ack_prepared(stream, vb)
+        acks = self._ack_prepared(stream, vb)
         if stream.ack_pending:
-            return self._snapshot_progress(stream, seqno)
-        return None
+            return acks + self._snapshot_progress(stream, seqno)
+        return acks
 
-    def _marker(self, stream: PassiveStream, msg: dcpproto.DcpSnapshotMarker) -> bytes | None:
+    def _marker(self, stream: PassiveStream, msg: dcpproto.DcpSnapshotMarker) -> tuple:
         vb = self.engine.get_vbucket(stream.vbid)
         if vb is None:
             raise EngineError(Status.NOT_MY_VBUCKET, f"vbucket {stream.vbid} is gone")
         vb.snapshot_marker(msg.start_seqno, msg.end_seqno, disk=bool(msg.flags & SnapshotFlag.DISK))
         stream.snap_start, stream.snap_end = msg.start_seqno, msg.end_seqno
         stream.markers += 1
-        self._ack_prepared(stream, vb)  # the marker closed the previous snapshot (passive_monitor.py)
+        acks = self._ack_prepared(stream, vb)  # the marker closed the previous snapshot (passive_monitor.py)
         stream.ack_pending = bool(msg.flags & SnapshotFlag.ACK)
         if stream.ack_pending and vb.high_seqno >= msg.end_seqno:
-            return self._snapshot_progress(stream, vb.high_seqno)
-        return None
+            return acks + self._snapshot_progress(stream, vb.high_seqno)
+        return acks
 
-    def _snapshot_progress(self, stream: PassiveStream, seqno: int) -> bytes | None:
+    def _snapshot_progress(self, stream: PassiveStream, seqno: int) -> tuple:
         """snapshot-marker.md: a marker with the Ack flag is answered once the whole snapshot is in."""
         if stream.ack_pending and seqno >= stream.snap_end:
             stream.ack_pending = False
             stream.acks_sent += 1
-            return response(Opcode.DCP_SNAPSHOT_MARKER, opaque=stream.opaque)
-        return None
+            return (Reply(response(Opcode.DCP_SNAPSHOT_MARKER, opaque=stream.opaque)),)
+        return NOTHING
 
-    def _stream_end(self, stream: PassiveStream, msg: dcpproto.DcpStreamEnd) -> None:
+    def _stream_end(self, stream: PassiveStream, msg: dcpproto.DcpStreamEnd) -> tuple:
         reason = msg.reason
         if position.stream_end(reason, follows_map=False, takeover=stream.takeover).action == position.REOPEN:
             log.info("DCP consumer %s: vbucket %d stream ended (%s): requesting it again", self.name, stream.vbid,
@@ -444,10 +435,9 @@ class ConsumerConnection:
             self._by_opaque.pop(stream.opaque, None)
             stream.opaque = next(self._opaques)
             self._by_opaque[stream.opaque] = stream
-            self.stream_request(stream)
-            return None
+            return self.stream_request(stream)
         self._kill(stream, reason)
-        return None  # STREAM_END gets no reply
+        return NOTHING  # STREAM_END gets no reply
 
     def change_state(self, stream: PassiveStream, msg: dcpproto.DcpSetVbucketState) -> bytes:
         """set-vbucket-state.md: takeover moves this vbucket to pending, then to active; becoming
@@ -470,34 +460,36 @@ class ConsumerConnection:
         return dcpproto.DcpNoop(frame.opaque).response()
 
     # -- replies from the producer ----------------------------------------------------------------
-    def response(self, frame: Frame, now: float) -> RollBack | None:
+    def response(self, frame: Frame, now: float) -> tuple:
         """A response on this connection: to one of our requests (controls, stream requests)."""
         self.last_received = now
         tag = self._waiting.pop(frame.opaque, None)
         if tag is None:
             log.info("DCP consumer %s: unexpected reply to opcode 0x%02x (opaque %#x, status 0x%x)", self.name,
                      frame.opcode, frame.opaque, frame.status)
-            return None
+            return NOTHING
         if tag.__class__ is PassiveStream:
             return self._stream_req_reply(tag, frame)
         self._control_reply(tag, frame)
-        return None
+        return NOTHING
 
     # -- engine notifications -------------------------------------------------------------------
-    def vbucket_changed(self, vbid: int, event: str) -> None:
+    def vbucket_changed(self, vbid: int, event: str) -> tuple:
         """The vbucket changed under a stream (the cluster manager made it active, deleted it...):
         the stream is over. Changes this consumer makes itself (takeover, rollback) do not count."""
         if self.changing_state:
-            return
+            return NOTHING
         stream = self.streams.get(vbid)
         if stream is None:
-            return
+            return NOTHING
         vb = self.engine.get_vbucket(vbid)
         if event == "deleted" or vb is None or vb.state not in _REPLICA_STATES:
             log.info("DCP consumer %s: vbucket %d %s: closing its stream", self.name, vbid,
                      "deleted" if vb is None else f"is now {vb.state.name.lower()}")
-            self._finish(stream, Status.NOT_MY_VBUCKET)
+            answer = self._finish(stream, Status.NOT_MY_VBUCKET)
             stream.end_reason = StreamEndReason.STATE_CHANGED
+            return answer
+        return NOTHING
 
     # -- life cycle -----------------------------------------------------------------------------
     def release(self) -> None:
@@ -508,7 +500,6 @@ class ConsumerConnection:
         for stream in list(self.streams.values()):
             self._kill(stream, StreamEndReason.DISCONNECTED)
         self._waiting.clear()
-        self.out.clear()
 
     def stats(self) -> dict:
         p = f"eq_dcpq:{self.name}:"

@@ -51,6 +51,10 @@ class PassiveStream:
         return self.state is not PassiveState.DEAD
 
     @property
+    def ended(self) -> bool:
+        return self.state is PassiveState.DEAD
+
+    @property
     def takeover(self) -> bool:
         return bool(self.flags & _TAKEOVER)
 

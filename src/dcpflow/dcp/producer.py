@@ -13,7 +13,7 @@ shell (server/producer.py) what to do:
   a `Rollback`, or the `Started` ActiveStream (active_stream.py) with the failover log to reply
   with; the stream is registered (streams.py) and waiting for a send pass.
 * DCP_CLOSE_STREAM, vbucket state changes, rollbacks, lost privileges, shutdown - streams end with
-  the reason stream-end.md gives; the shell's `end_stream` is this one plus a send pass.
+  the reason stream-end.md gives.
 * Replies from the consumer (`reply`) - noop answers, acks of markers with the Ack flag and of
   SET_VBUCKET_STATE (takeover). NOT_MY_VBUCKET, STREAM_NOT_FOUND and OPAQUE_NO_MATCH (and
   KEY_EEXISTS/KEY_ENOENT unless `v7_dcp_status_codes`) are tolerated; any other error status
@@ -21,9 +21,12 @@ shell (server/producer.py) what to do:
 * Sending - `send_pass` (send_pass.py) picks what to write; backfills wait in `backfills`
   (backfills.py) for the shell to read them.
 
-The shell passes two hooks: `schedule()` (a send pass is wanted: the shell runs one soon, never
-inside the call) and `set_vbucket_state(vbid, state)` (a takeover stream marks its vbucket dead).
-Nothing here reads a clock: the callers pass `now`.
+Every entry point returns what the shell must do as outcome values (outcomes.py): `WAKE` (run a
+send pass soon), `ARM_NOOP_TIMER`, `Send`, `SetVbucketState` (a takeover stream marks its vbucket
+dead), `StopBackfill`, `Close`, `Tolerated`; a request also returns its answer. The one listener
+the shell may pass, `cursor_listener`, forwards the engine's notice that a stream's cursor was
+dropped (like the engine's seqno listener, it answers with `cursor_dropped`). Nothing here reads a
+clock: the callers pass `now`.
 """
 
 import itertools
@@ -31,19 +34,21 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from dcpflow.engine.failover import FailoverEntry
-from dcpflow.protocol.dcp import DcpStreamRequest, OpenFlag, StreamEndReason, VBucketState
+from dcpflow.protocol.dcp import DcpNoop, DcpStreamRequest, OpenFlag, StreamEndReason, VBucketState
 from dcpflow.protocol.opcodes import Opcode
 from dcpflow.protocol.status import Status
 
 from . import stream_request as rules
-from .active_stream import ActiveStream, StreamOptions
+from .active_stream import ActiveStream
 from .backfills import BackfillQueue
 from .controls import ControlContext, Effect, ProducerSettings, apply_control
 from .errors import Refusal
 from .filter import StreamFilter
 from .flow_control import FlowControlWindow
-from .noop import DEFAULT_IDLE_TIMEOUT, NoopPolicy
+from .noop import DEFAULT_IDLE_TIMEOUT, NoopAction, NoopPolicy
+from .outcomes import ARM_NOOP_TIMER, NOTHING, WAKE_ONLY, Close, Send, StopBackfill, Tolerated
 from .send_pass import SendPass, send_pass
+from .stream_types import StreamOptions
 from .streams import StreamRegistry
 
 _TOLERATED = frozenset({Status.NOT_MY_VBUCKET, Status.DCP_STREAM_NOT_FOUND, Status.OPAQUE_NO_MATCH})
@@ -64,31 +69,22 @@ class Rollback(NamedTuple):
 
 
 class Started(NamedTuple):
-    """The stream was accepted and started; the reply carries the vbucket's failover log."""
+    """The stream was accepted and started; the reply carries the vbucket's failover log, and
+    `then` runs after it (a send pass; the backfill of a stream it replaced stops)."""
 
     stream: ActiveStream
     failover_log: tuple[FailoverEntry, ...]
+    then: tuple = WAKE_ONLY
 
 
-class ReplyOutcome(NamedTuple):
-    """What a reply from the consumer means: `disconnect` for an error status that is not
-    tolerated; `tolerated` for one that is (the caller logs both)."""
-
-    tolerated: bool = False
-    disconnect: bool = False
-
-
-_ACCEPTED = ReplyOutcome()
-_TOLERATED_REPLY = ReplyOutcome(tolerated=True)
-_DISCONNECT = ReplyOutcome(disconnect=True)
+_EFFECTS = {Effect.NONE: NOTHING, Effect.NOOP_TIMER: (ARM_NOOP_TIMER,), Effect.SEND: WAKE_ONLY}
 
 
 class ProducerConnection:
     """See the module docstring."""
 
     def __init__(self, name: str, open_flags: int, engine, *, now: float, created: float,
-                 schedule: Callable[[], None] = lambda: None,
-                 set_vbucket_state: Callable[[int, VBucketState], object] | None = None,
+                 cursor_listener: Callable[[ActiveStream], None] | None = None,
                  idle_timeout: float = DEFAULT_IDLE_TIMEOUT):
         self.name = name
         self.open_flags = int(open_flags)
@@ -101,8 +97,7 @@ class ProducerConnection:
         self.backfills = BackfillQueue()
         self.bytes_sent = 0
         self.items_sent = 0
-        self._schedule = schedule
-        self._set_vbucket_state = set_vbucket_state
+        self._cursor_listener = cursor_listener
 
     @property
     def streams(self) -> dict[tuple[int, int | None], ActiveStream]:
@@ -113,17 +108,25 @@ class ProducerConnection:
         """Anything arrived from the consumer (dead-connections.md: it is alive)."""
         self.noop.last_received = now
 
-    def wake(self, stream: ActiveStream | None = None) -> None:
-        """The stream may have something to send (ActiveStream calls this too)."""
-        if stream is not None:
-            self.registry.pending[stream] = None
-        self._schedule()
+    def wake(self, stream: ActiveStream) -> tuple:
+        """The stream may have something to send (a write to its vbucket, a backfill page)."""
+        self.registry.pending[stream] = None
+        return WAKE_ONLY
+
+    def cursor_dropped(self, stream: ActiveStream) -> tuple:
+        """The engine dropped the stream's cursor (the `cursor_listener`): its next `fill`
+        backfills from where it is, or ends it with SLOW."""
+        return self.wake(stream)
 
     # -- DCP_CONTROL ----------------------------------------------------------------------------
     def control(self, key: str, value: str, *, now: float, collections: bool, snappy: bool = False
-                ) -> Refusal | Effect:
-        """One DCP_CONTROL (controls.py): the Refusal to answer, or what the caller must do now."""
-        return apply_control(self, key, value, ControlContext(now, collections, snappy))
+                ) -> Refusal | tuple:
+        """One DCP_CONTROL (controls.py): the Refusal to answer, or what the caller must do now
+        (re-arm the noop timer, or run a send pass for a larger window)."""
+        effect = apply_control(self, key, value, ControlContext(now, collections, snappy))
+        if effect.__class__ is Refusal:
+            return effect
+        return _EFFECTS[effect]
 
     def stream_options(self, collections: bool) -> StreamOptions:
         """What the connection's settings make of a stream requested now."""
@@ -186,22 +189,21 @@ class ProducerConnection:
             return Rollback(decision.rollback_seqno)
         if decision.status != Status.SUCCESS:
             return Refusal(decision.status, decision.reason)
-        if existing is not None:
-            self.retire(existing)
+        then = self.retire(existing) + WAKE_ONLY if existing is not None else WAKE_ONLY
         stream = ActiveStream(vb, name=f"dcp:{self.name}:{vbid}:{sid}:{next(_cursor_ids)}", opaque=opaque,
                               start_seqno=rng.start, end_seqno=rng.end, snap_start_seqno=rng.snap_start, flags=flags,
                               stream_id=sid, options=self.stream_options(collections),
                               client_purge_seqno=client_purge, filter=stream_filter,
-                              set_vbucket_state=self._set_vbucket_state, wake=self.wake)
+                              cursor_listener=self._cursor_listener)
         self.registry.add(stream)
         stream.start()
-        self.wake(stream)
-        return Started(stream, tuple(vb.failover.entries))
+        self.registry.pending[stream] = None
+        return Started(stream, tuple(vb.failover.entries), then)
 
     # -- ending streams -------------------------------------------------------------------------
-    def close_stream(self, vbid: int, sid: int | None) -> Refusal | None:
+    def close_stream(self, vbid: int, sid: int | None) -> Refusal | tuple:
         """close-stream.md: the stream ends with CLOSED (a STREAM_END only with
-        `send_stream_end_on_client_close_stream`); None on success."""
+        `send_stream_end_on_client_close_stream`); the Refusal to answer, or what to do."""
         if self.settings.stream_ids and sid is None:
             return Refusal(Status.DCP_STREAM_ID_INVALID,
                            "enable_stream_id is on: CLOSE_STREAM must carry a stream-id frame")
@@ -211,56 +213,62 @@ class ProducerConnection:
         if stream is None or stream.dead:
             return Refusal(Status.KEY_ENOENT, f"no stream for vbucket {vbid}"
                            + (f" with sid {sid}" if sid is not None else "") + " on this connection")
-        self.end_stream(stream, StreamEndReason.CLOSED)
-        return None
+        return self.end_stream(stream, StreamEndReason.CLOSED)
 
-    def end_stream(self, stream: ActiveStream, reason: StreamEndReason) -> None:
+    def end_stream(self, stream: ActiveStream, reason: StreamEndReason) -> tuple:
         """End a stream from outside (stream-end.md gives the reasons); it sends what is left."""
         stream.set_dead(reason)
-        self.retire(stream)
-        self.wake(stream)
+        stopped = self.retire(stream)
+        self.registry.pending[stream] = None
+        return stopped + WAKE_ONLY if stopped else WAKE_ONLY
 
-    def retire(self, stream: ActiveStream) -> None:
-        """Forget a dead stream and stop its backfill; keep it until its STREAM_END is written."""
+    def retire(self, stream: ActiveStream) -> tuple:
+        """Forget a dead stream and unqueue its backfill; keep it until its STREAM_END is written.
+        Returns the StopBackfill of a read still running, if any."""
         self.registry.remove(stream)
-        self.backfills.retire(stream)
+        handle = self.backfills.retire(stream)
+        return NOTHING if handle is None else (StopBackfill(handle),)
 
-    def forget(self, stream: ActiveStream) -> None:
+    def forget(self, stream: ActiveStream) -> tuple:
         """A dead stream wrote everything it had (send_pass.py)."""
         self.registry.drained(stream)
         if self.registry.is_registered(stream):
-            self.retire(stream)
+            return self.retire(stream)
+        return NOTHING
 
-    def vbucket_changed(self, vbid: int, event: str) -> None:
+    def vbucket_changed(self, vbid: int, event: str) -> tuple:
         """The engine says the vbucket changed state ("state") or rolled back ("rollback"): its
         streams end (STATE_CHANGED / ROLLBACK), except a takeover stream in its handshake, which
         causes the change itself."""
         streams = self.registry.by_vb.get(vbid)
         if not streams:
-            return
+            return NOTHING
         reason = StreamEndReason.ROLLBACK if event == "rollback" else StreamEndReason.STATE_CHANGED
-        for stream in list(streams):
-            if event == "state" and stream.takeover_active:
-                continue
-            self.end_stream(stream, reason)
+        return self._end_all([s for s in streams if not (event == "state" and s.takeover_active)], reason)
 
-    def lost_privileges(self) -> None:
+    def _end_all(self, streams: list[ActiveStream], reason: StreamEndReason) -> tuple:
+        actions: tuple = NOTHING
+        for stream in streams:
+            actions += self.end_stream(stream, reason)[:-1]  # all but the WAKE
+        return actions + WAKE_ONLY if streams else NOTHING
+
+    def lost_privileges(self) -> tuple:
         """Re-authentication or another bucket took DcpProducer away: every stream ends."""
-        for stream in list(self.registry.streams.values()):
-            self.end_stream(stream, StreamEndReason.LOST_PRIVILEGES)
+        return self._end_all(list(self.registry.streams.values()), StreamEndReason.LOST_PRIVILEGES)
 
-    def shutdown(self) -> list:
+    def shutdown(self) -> tuple:
         """The server is going away: every stream ends with DISCONNECTED. Returns what to write
-        before the connection closes (each stream's STREAM_END)."""
+        before the connection closes (each stream's STREAM_END) and the backfills to stop."""
         out: list = []
+        actions: tuple = NOTHING
         for stream in list(self.registry.streams.values()):
             stream.set_dead(StreamEndReason.DISCONNECTED)
             data = stream.pop()
             while data is not None:
                 out.append(data)
                 data = stream.pop()
-            self.retire(stream)
-        return out
+            actions += self.retire(stream)
+        return ((Send(b"".join(out)),) if out else NOTHING) + actions
 
     def release(self) -> None:
         """The connection is gone: release every cursor and forget every stream (nothing here may
@@ -272,34 +280,68 @@ class ProducerConnection:
         self.backfills.clear()
 
     # -- replies from the consumer --------------------------------------------------------------
-    def reply(self, status: int, opcode: int, opaque: int, now: float) -> ReplyOutcome:
+    def reply(self, status: int, opcode: int, opaque: int, now: float) -> tuple:
         """A response the consumer sent (to a noop, a marker with the Ack flag, or a takeover's
-        SET_VBUCKET_STATE)."""
+        SET_VBUCKET_STATE): `Tolerated`, `Close` for an error status that is not tolerated, or
+        what the takeover stream it answers needs done."""
         self.noop.last_received = now
         if status != Status.SUCCESS:
             if status in _TOLERATED or (not self.settings.v7_status and status in _TOLERATED_LEGACY):
-                return _TOLERATED_REPLY
-            return _DISCONNECT
+                return (Tolerated(status, opcode),)
+            return (Close(f"consumer answered opcode 0x{opcode:02x} with status 0x{status:x}"),)
         if opcode == Opcode.DCP_NOOP:
             self.noop.answered()
         elif opcode == Opcode.DCP_SNAPSHOT_MARKER or opcode == Opcode.DCP_SET_VBUCKET_STATE:
             for stream in list(self.registry.streams.values()):
                 if stream.opaque == opaque and stream.takeover:
                     if opcode == Opcode.DCP_SNAPSHOT_MARKER:
-                        stream.snapshot_acked()
+                        actions = stream.snapshot_acked()
                     else:
-                        stream.vbucket_state_acked()
-                    break
-        return _ACCEPTED
+                        actions = stream.vbucket_state_acked()
+                    if actions:
+                        self.registry.pending[stream] = None
+                    return actions
+        return NOTHING
+
+    def seqno_ack(self, vbid: int, seqno: int, now: float) -> Refusal | tuple:
+        """DCP_SEQNO_ACKNOWLEDGED (seqno-acknowledged.md): a replica's ack completes the sync
+        writes it satisfies on an active vbucket; one for a vbucket no longer active here is
+        dropped (its prepares moved with it). Only a connection with sync writes and a consumer
+        name may send it (EINVAL)."""
+        settings = self.settings
+        if not settings.sync_replication:
+            return Refusal(Status.EINVAL, "DCP_SEQNO_ACKNOWLEDGED needs enable_sync_writes and consumer_name first")
+        self.noop.last_received = now
+        vb = self.engine.get_vbucket(vbid)
+        if vb is not None and vb.state == VBucketState.ACTIVE:
+            vb.seqno_ack(settings.consumer_name, seqno)
+        return NOTHING
+
+    # -- the noop timer -------------------------------------------------------------------------
+    def noop_timer(self, now: float) -> tuple:
+        """The noop timer fired (no-op.md, dead-connections.md, noop.py): `Close` a consumer idle for
+        longer than the idle timeout, else `Send` a DCP_NOOP when one is due and none is
+        outstanding, and re-arm the timer; nothing once noops are off."""
+        noop = self.noop
+        if not noop.enabled:
+            return NOTHING
+        action = noop.tick(now)
+        if action is NoopAction.DISCONNECT:
+            return (Close(f"nothing received for {noop.idle(now):.1f} s (dcp_idle_timeout)"),)
+        if action is NoopAction.SEND:
+            return (Send(DcpNoop(noop.opaque).encode()), ARM_NOOP_TIMER)
+        return (ARM_NOOP_TIMER,)
 
     # -- sending --------------------------------------------------------------------------------
-    def buffer_ack(self, nbytes: int, now: float) -> None:
-        """DCP_BUFFER_ACKNOWLEDGEMENT (buffer-ack.md): more room in the window."""
+    def buffer_ack(self, nbytes: int, now: float) -> tuple:
+        """DCP_BUFFER_ACKNOWLEDGEMENT (buffer-ack.md): more room in the window: a send pass."""
         self.noop.last_received = now
         self.window.ack(nbytes)
+        return WAKE_ONLY
 
     def send_pass(self) -> SendPass:
-        """What to write now (send_pass.py)."""
+        """What to write now (send_pass.py); also which backfills to stop and whether to start
+        the queued ones."""
         p = send_pass(self.registry, self.window, self.backfills, self.settings.batch, self.forget)
         if p.sent:
             self.bytes_sent += p.sent

@@ -13,16 +13,19 @@ messages is split at the window; a message's uncopied value (a memoryview after 
 goes with it. Every message is charged its wire size as it is taken, so at most the window plus
 one message is outstanding.
 
-The caller writes `out` in order, after the replies it already queued, and runs another pass later
-if `more` (it stopped at its budget, not at the window). Nothing here writes or schedules.
+The caller writes `out` in order, after the replies it already queued, runs another pass later
+if `more` (it stopped at its budget, not at the window), stops the backfill reads in `stop` (of
+streams that ended by themselves) and starts the queued backfills if `backfill`. Nothing here
+writes or schedules.
 """
 
 from collections.abc import Callable
 from typing import NamedTuple
 
-from .active_stream import ActiveStream, Frames
+from .active_stream import ActiveStream
 from .backfills import BackfillQueue
 from .flow_control import FlowControlWindow
+from .stream_types import Frames
 from .streams import StreamRegistry
 
 #: Bytes taken per pass at most, whatever the priority (other connections get their turn).
@@ -41,12 +44,15 @@ class SendPass(NamedTuple):
     views: bool  # large values travel uncopied among them (write them with writelines)
     blocked: bool  # stopped at the flow-control window: a BUFFER_ACK resumes
     more: bool  # stopped at the pass's budget: run another pass
+    backfill: bool  # backfills wait in the queue: start what dcp/backfills.py allows
+    stop: tuple  # outcomes.StopBackfill of streams forgotten in this pass
 
 
 def send_pass(registry: StreamRegistry, window: FlowControlWindow, backfills: BackfillQueue, batch: int,
-              forget: Callable[[ActiveStream], None]) -> SendPass:
+              forget: Callable[[ActiveStream], tuple]) -> SendPass:
     """Take what the streams of a connection may send now, at most `batch` messages; `forget(stream)`
-    is told of each dead stream that has written everything. See the module docstring."""
+    is told of each dead stream that has written everything (and answers what to stop). See the
+    module docstring."""
     pending = registry.pending
     fc = window.buffer_size
     unacked = window.unacked
@@ -55,11 +61,12 @@ def send_pass(registry: StreamRegistry, window: FlowControlWindow, backfills: Ba
     budget_msgs, budget_bytes = batch, MAX_PASS_BYTES
     msgs = sent = 0
     blocked = more = False
+    stop: tuple = ()
     while pending and not blocked and not more:
         progress = False
         for stream in list(pending):
             if stream.dead and not stream.ready:
-                forget(stream)
+                stop += forget(stream)
                 continue
             if blocked:  # flow control: send nothing more, but let the backfills read ahead
                 if stream.backfill is not None and not stream.backfill_running:
@@ -106,7 +113,7 @@ def send_pass(registry: StreamRegistry, window: FlowControlWindow, backfills: Ba
             if turn:
                 progress = True
             if stream.dead and not stream.ready:
-                forget(stream)
+                stop += forget(stream)
             if blocked:
                 continue
             if msgs >= budget_msgs or sent >= budget_bytes:
@@ -117,4 +124,4 @@ def send_pass(registry: StreamRegistry, window: FlowControlWindow, backfills: Ba
     if blocked:
         window.pauses += 1
     window.unacked = unacked if fc else 0  # flow control off: nothing is outstanding
-    return SendPass(out, sent, msgs, views, blocked, more)
+    return SendPass(out, sent, msgs, views, blocked, more, bool(backfills.waiting), stop)

@@ -22,8 +22,9 @@ from dcpflow.engine.failover import RollbackDecision
 from dcpflow.protocol.dcp import StreamFlag, VBucketState
 from dcpflow.protocol.status import Status
 
-from .active_stream import MAX_SEQNO, ActiveStream
+from .active_stream import ActiveStream
 from .errors import Refusal
+from .stream_types import MAX_SEQNO
 
 # The flags as plain ints: `int & IntFlag` runs enum's __rand__ in Python, about twenty times per
 # stream request.

@@ -437,7 +437,7 @@ class Server:
         await self.mgmt.close()
         self.faults.close()
         for conn in list(self.connections):
-            if conn.dcp is not None and hasattr(conn.dcp, "shutdown"):
+            if conn.dcp is not None:
                 conn.dcp.shutdown()  # STREAM_END(Disconnected) for every stream, written before the close
             conn.close()
         self.work.stop()

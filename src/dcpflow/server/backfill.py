@@ -146,7 +146,7 @@ class BackfillOwner(Protocol):
 
     def end_stream(self, stream: ActiveStream, reason: StreamEndReason) -> None: ...
 
-    def wake(self, stream: ActiveStream | None = None) -> None: ...
+    def wake(self, stream: ActiveStream) -> None: ...
 
     def schedule(self) -> None: ...
 
@@ -254,48 +254,55 @@ class ConnectionBackfills:
                 if queue.drop_opening(stream):
                     requeue.append(stream)
                 continue
-            scan = None
-            try:
-                if isinstance(result, BaseException):
-                    raise result
-                scan, page = result
-                if stream.dead or producer.closed or stream.backfill is not rng or not queue.is_opening(stream):
-                    continue
-                end = opened(stream, scan.purge_seqno)  # dcp/backfills.py decides
-                if end is not None:
-                    log.info("DCP %s: vbucket %d purged tombstones above %d (purge seqno %d) before its backfill "
-                             "opened: STREAM_END(%s)", producer.name, stream.vbid, rng.start - 1,
-                             scan.purge_seqno, end.name)
-                    queue.drop_opening(stream)
-                    producer.end_stream(stream, end)
-                    continue
-                stream.backfill_begin(scan.purge_seqno)
-                if page is not None:
-                    self._feed(stream, scan, page)
-                if read_whole(page is not None, len(page[0]) if page is not None else 0, scan.closed):
-                    queue.drop_opening(stream)
-                    stream.backfill_complete()  # that was the whole range
-                else:
-                    started: list[bool] = []
-                    task = self.loop.create_task(self._continue_backfill(stream, rng, scan, started))
-                    # cancelled before its first step (the stream retired meanwhile), the task never
-                    # runs its own cleanup: close the scan for it
-                    task.add_done_callback(lambda _, scan=scan, started=started: started or _close_quietly(scan))
-                    queue.started(stream, task)
-                    scan = None  # the task owns it now
-                producer.wake(stream)
-            except Exception as e:
-                log.error("backfill of vbucket %d for %s failed", stream.vbid, producer.name,
-                          exc_info=(type(e), e, e.__traceback__))
-                queue.drop_opening(stream)
-                self._fail(stream)
-            finally:
-                if scan is not None and not scan.closed:
-                    _close_quietly(scan)
+            self._opened(stream, rng, result)
         queue.requeue_first(requeue)
         if not producer.closed:
             self.start()
             producer.schedule()
+
+    def _opened(self, stream: ActiveStream, rng, result) -> None:
+        """What a group trip brought back for one stream - (its open scan, its first page or None)
+        or the exception opening it raised: the stream begins its backfill, reads on in
+        `_continue_backfill` or is complete already; or it ends (purged, failed)."""
+        producer, queue = self.producer, self.queue
+        scan = None
+        try:
+            if isinstance(result, BaseException):
+                raise result
+            scan, page = result
+            if stream.dead or producer.closed or stream.backfill is not rng or not queue.is_opening(stream):
+                return
+            end = opened(stream, scan.purge_seqno)  # dcp/backfills.py decides
+            if end is not None:
+                log.info("DCP %s: vbucket %d purged tombstones above %d (purge seqno %d) before its backfill "
+                         "opened: STREAM_END(%s)", producer.name, stream.vbid, rng.start - 1, scan.purge_seqno,
+                         end.name)
+                queue.drop_opening(stream)
+                producer.end_stream(stream, end)
+                return
+            stream.backfill_begin(scan.purge_seqno)
+            if page is not None:
+                self._feed(stream, scan, page)
+            if read_whole(page is not None, len(page[0]) if page is not None else 0, scan.closed):
+                queue.drop_opening(stream)
+                stream.backfill_complete()  # that was the whole range
+            else:
+                started: list[bool] = []
+                task = self.loop.create_task(self._continue_backfill(stream, rng, scan, started))
+                # cancelled before its first step (the stream retired meanwhile), the task never
+                # runs its own cleanup: close the scan for it
+                task.add_done_callback(lambda _, scan=scan, started=started: started or _close_quietly(scan))
+                queue.started(stream, task)
+                scan = None  # the task owns it now
+            producer.wake(stream)
+        except Exception as e:
+            log.error("backfill of vbucket %d for %s failed", stream.vbid, producer.name,
+                      exc_info=(type(e), e, e.__traceback__))
+            queue.drop_opening(stream)
+            self._fail(stream)
+        finally:
+            if scan is not None and not scan.closed:
+                _close_quietly(scan)
 
     async def _continue_backfill(self, stream: ActiveStream, rng, scan, started: list[bool]) -> None:
         """The later pages of an open scan, one read in flight in the whole server (read lock),

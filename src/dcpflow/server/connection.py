@@ -32,15 +32,12 @@ built in commands.py).
 """
 
 import asyncio
-import json
 import logging
 import socket
 import time
 import traceback
 
 from dcpflow.engine.errors import EngineError
-from dcpflow.protocol import kv as kvproto
-from dcpflow.protocol.datatype import Datatype
 from dcpflow.protocol.errors import ProtocolError
 from dcpflow.protocol.frame import (
     MAX_PACKET_LEN,
@@ -50,7 +47,6 @@ from dcpflow.protocol.frame import (
     RequestFrameId,
     check_request_frame_infos,
     decode_frame_infos,
-    response,
 )
 from dcpflow.protocol.hello import Feature
 from dcpflow.protocol.keys import check_document_key
@@ -61,6 +57,8 @@ from dcpflow.protocol.status import Status
 from . import durable
 from .audit import COMMAND_ACCESS_FAILURE, INVALID_PACKET, PRIVILEGES_CHANGED
 from .auth import Privilege, User
+from .conn_handler import ConnHandler
+from .replies import Replies
 
 log = logging.getLogger("dcpflow.server")
 
@@ -87,8 +85,6 @@ _REORDERABLE = frozenset(int(op) for op in (
     Opcode.SUBDOC_MULTI_MUTATION))
 #: Durable writes one connection may have waiting at once; more wait in order.
 MAX_DETACHED = 256
-#: codes a client without XError does not know: it gets ETmpfail (KV-Engine remaps them the same way)
-_XERROR_STATUSES = frozenset((Status.LOCKED, Status.NOT_LOCKED, Status.SYNC_WRITE_RE_COMMIT_IN_PROGRESS))
 
 
 def _ran(frames: list[Frame], frame: Frame) -> int:
@@ -148,7 +144,7 @@ class Writer:
         return self._size
 
 
-class Connection(asyncio.Protocol):
+class Connection(Replies, asyncio.Protocol):
     """See the module docstring. Session state: `user`, `bucket`, `features`, and the per-bucket
     `privileges` of the user, recomputed whenever either changes."""
 
@@ -189,7 +185,7 @@ class Connection(asyncio.Protocol):
         self.known_config: tuple[int, int] | None = None  # the map version this client last received
         self.sasl = None  # an exchange in progress (auth.ScramServer)
         self.response_handler = None  # DCP: callable(frame) for responses from the peer
-        self.dcp = None  # DCP: the producer/consumer of this connection, once DCP_OPEN made one
+        self.dcp: ConnHandler | None = None  # DCP: the producer/consumer of this connection, once DCP_OPEN made one
         self.on_close: list = []  # callables run once the connection is gone (close streams, drop cursors)
         # opcode -> handler of every command this session may run as it stands (see _refresh_ready)
         self._ready: dict[int, object] = {}
@@ -572,46 +568,6 @@ class Connection(asyncio.Protocol):
         if self.debug:
             self.server.debug_print("bad-input", f"closing {self.peer}: {e}")
 
-    # -- replies -------------------------------------------------------------------------------
-    def error_reply(self, opcode: int, opaque: int, status: int, context: str | None = None) -> bytes:
-        """An error response; clients that negotiated XERROR also get the reason as JSON context."""
-        if self.xerror and context:
-            return kvproto.error_response(opcode, status, opaque, context)
-        return response(opcode, status, opaque=opaque)
-
-    def engine_error(self, frame: Frame, e: EngineError) -> bytes:
-        if e.status == Status.NOT_MY_VBUCKET:
-            return self.not_my_vbucket(frame)
-        if e.status in _XERROR_STATUSES and not self.xerror:
-            # BinaryProtocol.md#0x95-unlock-key: clients without XError get ETmpfail instead (and for a
-            # re-commit in progress, which is as temporary)
-            return response(frame.opcode, Status.ETMPFAIL, opaque=frame.opaque)
-        if e.status in (Status.UNKNOWN_COLLECTION, Status.UNKNOWN_SCOPE):
-            # Collections.md: these carry the uid of the manifest the lookup used (the bucket's: the
-            # lookup ran on this thread just now)
-            uid = self.bucket.engine.manifest.uid if self.bucket is not None else 0
-            doc = {"manifest_uid": format(uid, "x")}
-            if self.xerror:
-                doc["error"] = {"context": e.reason}
-            return response(frame.opcode, e.status, opaque=frame.opaque, datatype=Datatype.JSON,
-                            value=json.dumps(doc, separators=(",", ":")).encode())
-        return self.error_reply(frame.opcode, frame.opaque, e.status, e.reason)
-
-    def not_my_vbucket(self, frame: Frame) -> bytes:
-        """NOT_MY_VBUCKET carries the current map, unless the client already has it and negotiated
-        DedupeNotMyVbucketClustermap."""
-        bucket = self.bucket
-        if bucket is None:
-            return response(frame.opcode, Status.NOT_MY_VBUCKET, opaque=frame.opaque)
-        config = bucket.config()
-        if self.dedupe_nmvb and self.known_config is not None and \
-                self.known_config >= self.server.topology.version:
-            config = b""
-        else:
-            self.known_config = self.server.topology.version
-        return response(frame.opcode, Status.NOT_MY_VBUCKET, opaque=frame.opaque, value=config,
-                        datatype=Datatype.JSON if config else 0)
-
     # -- session -------------------------------------------------------------------------------
     def set_features(self, granted) -> None:
         self.features = frozenset(int(f) for f in granted)
@@ -646,7 +602,7 @@ class Connection(asyncio.Protocol):
         self.server.set_system(self, user is not None and self.server.is_system_user(user))
         self.privileges = int(self.user.privileges(self.bucket.name if self.bucket is not None else None))
         self._refresh_ready()
-        if self.dcp is not None and hasattr(self.dcp, "privileges_changed"):
+        if self.dcp is not None:
             self.dcp.privileges_changed()
 
     def select_bucket(self, bucket) -> None:
@@ -658,7 +614,7 @@ class Connection(asyncio.Protocol):
         else:
             self.privileges = int(self.user.privileges(bucket.name if bucket is not None else None))
         self._refresh_ready()
-        if self.dcp is not None and hasattr(self.dcp, "privileges_changed"):
+        if self.dcp is not None:
             self.dcp.privileges_changed()
 
 

@@ -1,7 +1,8 @@
 """DcpConsumer: the asyncio shell of one DCP consumer connection (the replica side).
 
 The rules live in dcpflow.dcp.consumer (ConsumerConnection) and dcp/passive_stream.py; this shell
-sends what they queue, runs the flow-control acknowledgement timer, rolls a replica back under
+executes the outcomes they return (`_do`, dcp/outcomes.py): sends what they answer, runs the
+flow-control acknowledgement timer, rolls a replica back under
 the server's maintenance lock (no flush batch in flight while the store rewinds), and changes a
 vbucket's state for a takeover once no flush is in flight (the reply tells the old active it may
 go dead, so the new state must be on disk first - Server.when_no_flush).
@@ -16,8 +17,9 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from dcpflow.dcp.consumer import DEFAULT_BUFFER_SIZE, ChangeState, ConsumerConnection, RollBack
+from dcpflow.dcp.consumer import DEFAULT_BUFFER_SIZE, ConsumerConnection
 from dcpflow.dcp.errors import Refusal
+from dcpflow.dcp.outcomes import ArmAckTimer, ChangeState, Close, Reply, RollBack, Send
 from dcpflow.dcp.passive_stream import PassiveStream
 from dcpflow.engine.errors import EngineError
 from dcpflow.protocol import dcp as dcpproto
@@ -34,7 +36,10 @@ _monotonic = time.monotonic
 
 
 class DcpConsumer:
-    """See the module docstring. One per DCP consumer connection; `state` holds its rules."""
+    """See the module docstring. One per DCP consumer connection; `state` holds its rules. A
+    conn_handler.ConnHandler."""
+
+    kind = "consumer"
 
     def __init__(self, conn: "Connection", name: str, flags: int, consumer_name: str | None = None, *,
                  buffer_size: int = DEFAULT_BUFFER_SIZE):
@@ -66,39 +71,41 @@ class DcpConsumer:
     def closed(self) -> bool:
         return self.state.closed
 
-    def _flush(self) -> None:
-        """Send what the state queued, in order; close the connection if it asked to."""
-        state = self.state
-        out = state.out
-        if out:
-            send = self.conn.writer.send
-            for data in out:
-                send(data)
-            out.clear()
-        if state.close_wanted:
-            state.close_wanted = False
-            self.conn.close()
+    def _do(self, actions: tuple) -> None:
+        """Execute what the state answered (dcp/outcomes.py), in order."""
+        for action in actions:
+            cls = action.__class__
+            if cls is Send:
+                self.conn.writer.send(action.data)
+            elif cls is ArmAckTimer:
+                if self._ack_timer is None:
+                    self._ack_timer = self.loop.call_later(action.delay, self._ack)
+            elif cls is RollBack:
+                self.loop.create_task(self._rollback(action))
+            elif cls is Close:
+                self.conn.close()
+            else:
+                raise TypeError(f"a consumer cannot execute {action!r} here")
 
     def _open(self) -> None:
         if not self.closed:
-            self.state.open()
-            self._flush()
+            self._do(self.state.open())
 
     # -- requests (server/dcp_commands.py) ------------------------------------------------------
     def add_stream(self, req: dcpproto.DcpAddStream, frame: Frame) -> bytes | None:
         """add-stream.md: None (the reply follows the producer's answer), or the refusal."""
-        refused = self.state.add_stream(req, frame.opaque)
-        self._flush()
-        if refused is not None:
-            return self.conn.error_reply(frame.opcode, frame.opaque, refused.status, refused.reason)
+        outcome = self.state.add_stream(req, frame.opaque)
+        if outcome.__class__ is Refusal:
+            return self.conn.error_reply(frame.opcode, frame.opaque, outcome.status, outcome.reason)
+        self._do(outcome)
         return None
 
     def close_stream(self, frame: Frame) -> bytes:
         req = dcpproto.DcpCloseStream.from_frame(frame)
-        refused = self.state.close_stream(req.vbucket)
-        self._flush()
-        if refused is not None:
-            return self.conn.error_reply(frame.opcode, frame.opaque, refused.status, refused.reason)
+        outcome = self.state.close_stream(req.vbucket)
+        if outcome.__class__ is Refusal:
+            return self.conn.error_reply(frame.opcode, frame.opaque, outcome.status, outcome.reason)
+        self._do(outcome)
         return response(frame.opcode, opaque=frame.opaque)
 
     def noop(self, frame: Frame) -> bytes:
@@ -112,13 +119,19 @@ class DcpConsumer:
         try:
             msg = dcpproto.decode_dcp(frame)
         except ProtocolError as e:
-            self._consumed(frame.wire_len, now)
+            self._do(state.consumed(frame.wire_len, now))
             return self.conn.error_reply(frame.opcode, frame.opaque, e.status, e.reason)
-        self._consumed(dcpproto.charged_size(msg), now)
-        outcome = state.message(msg, frame.opaque, self.conn.collections)
-        self._flush()
-        if outcome is None or outcome.__class__ is bytes:
-            return outcome
+        self._do(state.consumed(dcpproto.charged_size(msg), now))
+        actions = state.message(msg, frame.opaque, self.conn.collections)
+        if not actions:
+            return None
+        outcome = actions[-1]  # the answer to this message, if it has one, comes last
+        if outcome.__class__ is Send:
+            self._do(actions)
+            return None
+        self._do(actions[:-1])
+        if outcome.__class__ is Reply:
+            return outcome.data
         if outcome.__class__ is Refusal:
             return self.conn.error_reply(frame.opcode, frame.opaque, outcome.status, outcome.reason)
         try:
@@ -137,14 +150,6 @@ class DcpConsumer:
         return reply
 
     # -- flow control -----------------------------------------------------------------------------
-    def _consumed(self, nbytes: int, now: float) -> None:
-        """Flow control: `nbytes` of the producer's window were processed (buffer-ack.md)."""
-        flow = self.state.flow
-        if flow.consumed(nbytes, now):
-            self._ack()
-        elif self._ack_timer is None and flow.deadline is not None:
-            self._ack_timer = self.loop.call_later(flow.deadline - now, self._ack)
-
     def _cancel_ack_timer(self) -> None:
         if self._ack_timer is not None:
             self._ack_timer.cancel()
@@ -152,16 +157,12 @@ class DcpConsumer:
 
     def _ack(self) -> None:
         self._cancel_ack_timer()
-        self.state.ack()
-        self._flush()
+        self._do(self.state.ack())
 
     # -- replies from the producer ----------------------------------------------------------------
     def on_response(self, frame: Frame) -> None:
         """A response on this connection: to one of our requests (controls, stream requests)."""
-        rollback = self.state.response(frame, _monotonic())
-        self._flush()
-        if rollback is not None:
-            self.loop.create_task(self._rollback(rollback))
+        self._do(self.state.response(frame, _monotonic()))
         return None
 
     async def _rollback(self, order: RollBack) -> None:
@@ -180,21 +181,17 @@ class DcpConsumer:
                      reached, seqno)
         except Exception:
             log.exception("DCP consumer %s: rollback of vbucket %d to %d failed", self.name, stream.vbid, seqno)
-            state.request_failed(stream, Status.EINTERNAL)
-            self._flush()
+            self._do(state.request_failed(stream, Status.EINTERNAL))
             return
-        state.rolled_back(stream)
-        self._flush()
+        self._do(state.rolled_back(stream))
 
     # -- engine notifications -------------------------------------------------------------------
     def _on_vbucket_event(self, vbid: int, event: str) -> None:
-        self.state.vbucket_changed(vbid, event)
-        self._flush()
+        self._do(self.state.vbucket_changed(vbid, event))
 
     def _on_persisted(self, vbid: int, seqno: int) -> None:
         if vbid in self.state.streams and not self.closed:
-            self.state.persisted(vbid)  # PersistToMajority prepares are acknowledged once on disk
-            self._flush()
+            self._do(self.state.persisted(vbid))  # PersistToMajority prepares are acknowledged once on disk
 
     # -- life cycle -----------------------------------------------------------------------------
     def disconnect(self) -> None:
@@ -215,3 +212,10 @@ class DcpConsumer:
 
     def stats(self) -> dict:
         return self.state.stats()
+
+    def items_remaining(self) -> int:
+        """A consumer sends no items."""
+        return 0
+
+    def privileges_changed(self) -> None:
+        """Nothing to end here: the consumer's streams are the producer's to end."""

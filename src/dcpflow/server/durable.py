@@ -4,11 +4,11 @@ Pages: https://github.com/couchbase/kv_engine/blob/master/docs/BinaryProtocol.md
 info 0x01 "Durability Requirement": a level, and optionally a timeout in milliseconds) and the
 durability design in kv_engine's engines/ep/src/durability.
 
-The command's own handler (kv.py, subdoc.py) runs unchanged against a view of the connection whose
-vbuckets turn the one write the handler makes (set / add / replace / delete / write_version) into a
-prepare
-(engine/durability/): the handler's checks, its decoding and its reply are exactly those of the
-plain command. The reply is held until the prepare completes - sent as built once committed,
+The command's own handler (kv.py, subdoc.py) runs with the request's `SyncWrite` as its write
+mode: the one write it makes (set / add / replace / delete / write_version) goes through
+`sync.writer(vb)`, which makes it a prepare (engine/durability/); the handler's checks, its
+decoding, its reads and its reply are exactly those of the plain command. The reply is held until
+the prepare completes - sent as built once committed,
 SYNC_WRITE_AMBIGUOUS once aborted at its timeout (the write may still surface: replicas held it).
 Writes without the frame info never come here, so the plain path costs nothing more.
 """
@@ -47,10 +47,9 @@ def run(conn, frame: Frame, handler, payload: bytes):
     """Run `handler` as a sync write; returns its reply, or an awaitable of it."""
     if frame.opcode not in DURABLE_OPCODES:
         raise ProtocolError(f"{Opcode(frame.opcode).name} does not take a durability requirement")
-    level, timeout = requirement(payload)
-    view = _DurableConnection(conn, level, timeout)
-    reply = handler(view, frame)
-    prepared = view.prepared
+    sync = SyncWrite(*requirement(payload))
+    reply = handler(conn, frame, sync)
+    prepared = sync.prepared
     if prepared is None:  # nothing was written (a handler that refused raised instead)
         return reply
     vb, prepare = prepared
@@ -65,8 +64,8 @@ def run(conn, frame: Frame, handler, payload: bytes):
     vb.complete_sync_writes()  # a chain of one meets Majority at once
     if outcome.done():
         return _answer(outcome.result(), reply, prepare)
-    loop.call_later(timeout, _expire, loop, vb, prepare.by_seqno)
-    return _wait(outcome, reply, prepare, timeout)
+    loop.call_later(sync.timeout, _expire, loop, vb, prepare.by_seqno)
+    return _wait(outcome, reply, prepare, sync.timeout)
 
 
 def _expire(loop, vb, seqno: int) -> None:
@@ -95,39 +94,40 @@ def _answer(result: Outcome, reply, prepare):
                       "did not meet its durability level in time; it may or may not become visible")
 
 
-class _DurableConnection:
-    """The connection as a durable write's handler sees it: its vbuckets prepare instead of writing."""
+class SyncWrite:
+    """A request's durability requirement, the write mode its handler gets: `writer(vb)` is what the
+    handler writes through; `prepared` the (vbucket, prepare) once it wrote."""
 
-    def __init__(self, conn, level: int, timeout: float):
-        self._conn = conn
-        self._level = level
-        self._timeout = timeout
-        self.prepared = None  # (vbucket, prepare) once the handler wrote
+    __slots__ = ("level", "timeout", "prepared")
 
-    def __getattr__(self, name):
-        return getattr(self._conn, name)
+    def __init__(self, level: int, timeout: float):
+        self.level = level
+        self.timeout = timeout
+        self.prepared = None
 
-    def get_vbucket(self, vbid: int):
-        vb = self._conn.get_vbucket(vbid)
-        return None if vb is None else _DurableVBucket(vb, self)
+    def writer(self, vb) -> "_Prepares":
+        return _Prepares(vb, self)
 
 
-class _DurableVBucket:
-    """A vbucket whose writes are prepares at the request's level; reads pass through."""
+class _Prepares:
+    """The writes of a vbucket as prepares at the request's level (only the writes: the handler
+    reads the vbucket itself)."""
 
-    def __init__(self, vb, owner: _DurableConnection):
+    __slots__ = ("_vb", "_sync")
+
+    def __init__(self, vb, sync: SyncWrite):
         self._vb = vb
-        self._owner = owner
+        self._sync = sync
 
-    def __getattr__(self, name):
-        return getattr(self._vb, name)
+    def _one_write(self) -> SyncWrite:
+        if self._sync.prepared is not None:
+            raise RuntimeError("a durable request makes one write")
+        return self._sync
 
     def _prepare(self, key, value: bytes, mode: str, **kwargs):
-        owner = self._owner
-        if owner.prepared is not None:
-            raise RuntimeError("a durable request makes one write")
-        prepare = self._vb.prepare(key, value, level=owner._level, mode=mode, timeout=owner._timeout, **kwargs)
-        owner.prepared = (self._vb, prepare)
+        sync = self._one_write()
+        prepare = self._vb.prepare(key, value, level=sync.level, mode=mode, timeout=sync.timeout, **kwargs)
+        sync.prepared = (self._vb, prepare)
         return prepare
 
     def set(self, key, value: bytes, *, flags: int = 0, expiry: int = 0, datatype: int = 0, cas: int = 0):
@@ -143,9 +143,7 @@ class _DurableVBucket:
         return self._prepare(key, b"", "delete", cas=cas)
 
     def write_version(self, key, prev, value: bytes, **kwargs):  # sub-document mutations
-        owner = self._owner
-        if owner.prepared is not None:
-            raise RuntimeError("a durable request makes one write")
-        prepare = self._vb.prepare_version(key, prev, value, level=owner._level, timeout=owner._timeout, **kwargs)
-        owner.prepared = (self._vb, prepare)
+        sync = self._one_write()
+        prepare = self._vb.prepare_version(key, prev, value, level=sync.level, timeout=sync.timeout, **kwargs)
+        sync.prepared = (self._vb, prepare)
         return prepare

@@ -51,6 +51,7 @@ from dcpflow.protocol.opcodes import Opcode
 from dcpflow.protocol.status import Status
 
 from .connection import Connection
+from .durable import SyncWrite
 
 _JSON, _SNAPPY, _XATTR = int(Datatype.JSON), int(Datatype.SNAPPY), int(Datatype.XATTR)  # ints: IntFlag ops are slow
 _NUMBER_CHARS = b"0123456789.eE+-"
@@ -236,8 +237,9 @@ _QUIET_STORE_OPS = frozenset((_SET_Q, int(Opcode.ADD_Q), int(Opcode.REPLACE_Q)))
 _unpack_store_extras = kvproto.STORE_EXTRAS.unpack
 
 
-def store(conn: Connection, frame: Frame) -> bytes | None:
-    """SET / ADD / REPLACE and their quiet twins (silent on success).
+def store(conn: Connection, frame: Frame, sync: SyncWrite | None = None) -> bytes | None:
+    """SET / ADD / REPLACE and their quiet twins (silent on success); with `sync`, a durable write
+    (durable.py).
 
     The hottest write path: the frame is unpacked in one step, the common valid shape skips the
     typed decoder, and the success reply is packed here (mutation_reply's bytes)."""
@@ -259,18 +261,19 @@ def store(conn: Connection, frame: Frame) -> bytes | None:
     if vb is None:
         raise EngineError(Status.NOT_MY_VBUCKET, f"vbucket {vbid} is not on this node")
     conn.bucket.counters.cmd_set += 1
+    w = vb if sync is None else sync.writer(vb)
     if op in (_SET, _SET_Q):
         if framing and has_preserve_ttl(frame):
             expiry = _current_expiry(vb, key, expiry)
-        item = vb.set(key, value, flags=flags, expiry=expiry, datatype=datatype, cas=cas)
+        item = w.set(key, value, flags=flags, expiry=expiry, datatype=datatype, cas=cas)
     elif op in _ADD_OPS:
         if cas:
             raise ProtocolError("ADD must not carry a CAS (BinaryProtocol.md#0x01-set)")
-        item = vb.add(key, value, flags=flags, expiry=expiry, datatype=datatype)
+        item = w.add(key, value, flags=flags, expiry=expiry, datatype=datatype)
     else:
         if framing and has_preserve_ttl(frame):
             expiry = _current_expiry(vb, key, expiry)
-        item = vb.replace(key, value, flags=flags, expiry=expiry, datatype=datatype, cas=cas)
+        item = w.replace(key, value, flags=flags, expiry=expiry, datatype=datatype, cas=cas)
     if op in _QUIET_STORE_OPS:
         return None
     if conn.mutation_seqno:
@@ -288,11 +291,11 @@ def _current_expiry(vb: VBucket, key: bytes, default: int) -> int:
         raise
 
 
-def delete(conn: Connection, frame: Frame) -> bytes | None:
+def delete(conn: Connection, frame: Frame, sync: SyncWrite | None = None) -> bytes | None:
     req = kvproto.Delete.from_frame(frame)
     vb = active_vbucket(conn, frame.vbucket)
     conn.bucket.counters.cmd_delete += 1
-    item = vb.delete(doc_key(conn, req.key), cas=req.cas)
+    item = (vb if sync is None else sync.writer(vb)).delete(doc_key(conn, req.key), cas=req.cas)
     if req.quiet:
         return None
     return mutation_reply(conn, frame, vb, item.cas, item.by_seqno)
@@ -584,13 +587,14 @@ _DECREMENTS = (Opcode.DECREMENT, Opcode.DECREMENT_Q)
 _U64_MASK = (1 << 64) - 1
 
 
-def arithmetic(conn: Connection, frame: Frame) -> bytes | None:
+def arithmetic(conn: Connection, frame: Frame, sync: SyncWrite | None = None) -> bytes | None:
     """INCREMENT / DECREMENT (BinaryProtocol.md#0x05-increment): the value is the counter in ASCII
     decimal; a missing counter is created with `initial` unless expiry is 0xffffffff (KEY_ENOENT).
     Increments wrap at 2^64, decrements stop at 0. The reply value is the new counter as a u64."""
     req = kvproto.Arithmetic.from_frame(frame)
     key = doc_key(conn, req.key)
     vb = active_vbucket(conn, frame.vbucket)
+    w = vb if sync is None else sync.writer(vb)
     try:
         current = vb.writable(key, req.cas)
     except EngineError as e:
@@ -599,15 +603,15 @@ def arithmetic(conn: Connection, frame: Frame) -> bytes | None:
         if req.cas:
             raise
         counter = req.initial
-        item = vb.add(key, str(counter).encode(), expiry=req.expiry, datatype=_JSON)
+        item = w.add(key, str(counter).encode(), expiry=req.expiry, datatype=_JSON)
     else:
         text = current.value if not current.datatype & _XATTR else split_xattrs(current.value)[1]
         if not text.isdigit() or len(text) > 20 or int(text) > _U64_MASK:
             raise EngineError(Status.DELTA_BADVAL, f"the value of {key!r} is not an unsigned 64-bit counter")
         value = int(text)
         counter = max(0, value - req.delta) if req.opcode in _DECREMENTS else (value + req.delta) & _U64_MASK
-        item = vb.set(key, str(counter).encode(), flags=current.flags, expiry=current.expiry, datatype=_JSON,
-                      cas=current.cas)
+        item = w.set(key, str(counter).encode(), flags=current.flags, expiry=current.expiry, datatype=_JSON,
+                     cas=current.cas)
     conn.bucket.counters.cmd_set += 1
     if req.opcode in _ARITH_QUIET:
         return None
@@ -618,7 +622,7 @@ def arithmetic(conn: Connection, frame: Frame) -> bytes | None:
 _PREPENDS = (Opcode.PREPEND, Opcode.PREPEND_Q)
 
 
-def concat(conn: Connection, frame: Frame) -> bytes | None:
+def concat(conn: Connection, frame: Frame, sync: SyncWrite | None = None) -> bytes | None:
     """APPEND / PREPEND (BinaryProtocol.md#0x0e-append): add bytes to an existing document's value
     (NOT_STORED if there is none); flags and expiry stay, the result is JSON only if it parses."""
     req = kvproto.Concat.from_frame(frame)
@@ -639,7 +643,8 @@ def concat(conn: Connection, frame: Frame) -> bytes | None:
     if len(value) > MAX_VALUE_LEN:
         raise EngineError(Status.E2BIG, f"the result would be {len(value)} bytes; the limit is {MAX_VALUE_LEN}")
     datatype = _JSON if _looks_like_json(value) else 0
-    item = vb.set(key, value, flags=current.flags, expiry=current.expiry, datatype=datatype, cas=current.cas)
+    w = vb if sync is None else sync.writer(vb)
+    item = w.set(key, value, flags=current.flags, expiry=current.expiry, datatype=datatype, cas=current.cas)
     conn.bucket.counters.cmd_set += 1
     if req.quiet:
         return None

@@ -1,7 +1,7 @@
 """DcpProducer: the asyncio shell of one DCP producer connection.
 
 The rules live in dcpflow.dcp (ProducerConnection and the modules it names); this shell moves
-bytes and time:
+bytes and time, and executes the outcomes they return (`_do`, dcp/outcomes.py):
 
 * Scheduling - a send pass (`_step`, dcp/send_pass.py) runs from the event loop (`call_soon`)
   whenever a stream may have work: a write to its vbucket (the bucket's seqno listener), a backfill
@@ -26,13 +26,13 @@ import time
 from typing import TYPE_CHECKING
 
 from dcpflow.dcp.active_stream import ActiveStream
-from dcpflow.dcp.controls import Effect
 from dcpflow.dcp.errors import Refusal
-from dcpflow.dcp.noop import DEFAULT_IDLE_TIMEOUT, NoopAction
+from dcpflow.dcp.noop import DEFAULT_IDLE_TIMEOUT
+from dcpflow.dcp.outcomes import ARM_NOOP_TIMER, WAKE, Close, Send, SetVbucketState, StopBackfill, Tolerated
 from dcpflow.dcp.producer import ProducerConnection, Rollback
 from dcpflow.engine.errors import EngineError
 from dcpflow.protocol import dcp as dcpproto
-from dcpflow.protocol.dcp import StreamEndReason, VBucketState
+from dcpflow.protocol.dcp import StreamEndReason
 from dcpflow.protocol.errors import ProtocolError
 from dcpflow.protocol.frame import Frame
 from dcpflow.protocol.hello import Feature
@@ -53,7 +53,10 @@ _monotonic = time.monotonic
 
 
 class DcpProducer:
-    """See the module docstring. One per DCP producer connection; `state` holds its rules."""
+    """See the module docstring. One per DCP producer connection; `state` holds its rules. A
+    conn_handler.ConnHandler."""
+
+    kind = "producer"
 
     def __init__(self, conn: "Connection", name: str, flags: int):
         self.conn = conn
@@ -63,8 +66,7 @@ class DcpProducer:
         self.engine = conn.bucket.engine
         self.loop = asyncio.get_running_loop()
         self.state = ProducerConnection(
-            name, flags, self.engine, now=_monotonic(), created=time.time(), schedule=self.schedule,
-            set_vbucket_state=self._set_vbucket_state,
+            name, flags, self.engine, now=_monotonic(), created=time.time(), cursor_listener=self._on_cursor_dropped,
             idle_timeout=float(getattr(self.server.config, "dcp_idle_timeout", DEFAULT_IDLE_TIMEOUT)))
         self.backfills = ConnectionBackfills(self, self.server.backfills, self.state.backfills)
         # the seqno listener runs inside every write to the bucket: it reads these directly
@@ -98,6 +100,33 @@ class DcpProducer:
         """Something arrived from the consumer (dead-connections.md)."""
         self.state.received(_monotonic())
 
+    def _do(self, actions: tuple) -> None:
+        """Execute what the state answered (dcp/outcomes.py), in order."""
+        for action in actions:
+            if action is WAKE:
+                self.schedule()
+            elif action is ARM_NOOP_TIMER:
+                self._arm_timer()
+            else:
+                cls = action.__class__
+                if cls is Send:
+                    self.conn.writer.send(action.data)
+                elif cls is StopBackfill:
+                    action.handle.cancel()
+                elif cls is SetVbucketState:
+                    self.engine.set_vbucket_state(action.vbid, action.state)
+                    self.server.topology.bump()
+                elif cls is Tolerated:
+                    opcode = action.opcode
+                    self.server.log.log(logging.INFO, "dcp-reply", "DCP %s: consumer answered %s with status 0x%x "
+                                        "(tolerated)", self.name, Opcode(opcode).name
+                                        if opcode in Opcode._value2member_map_ else hex(opcode), action.status)
+                elif cls is Close:
+                    self.server.log.warning("dcp-protocol", "DCP %s: %s: disconnecting", self.name, action.reason)
+                    self.conn.close()
+                else:
+                    raise TypeError(f"a producer cannot execute {action!r}")
+
     # -- requests (server/dcp_commands.py) ------------------------------------------------------
     def control(self, key: str, value: str) -> tuple[int, str]:
         """One DCP_CONTROL; (status, reason)."""
@@ -105,10 +134,7 @@ class DcpProducer:
                                      snappy=Feature.SNAPPY in self.conn.features)
         if outcome.__class__ is Refusal:
             return outcome.status, outcome.reason
-        if outcome is Effect.NOOP_TIMER:
-            self._arm_timer()
-        elif outcome is Effect.SEND:
-            self.schedule()
+        self._do(outcome)
         return Status.SUCCESS, ""
 
     def stream_request(self, req: dcpproto.DcpStreamRequest, frame: Frame) -> bytes:
@@ -122,38 +148,30 @@ class DcpProducer:
         if outcome.__class__ is Rollback:
             return dcpproto.DcpStreamRequestResponse(Status.ROLLBACK, rollback_seqno=outcome.seqno,
                                                      opaque=frame.opaque).encode()
+        self._do(outcome.then)  # a send pass: runs after this reply is written
         return dcpproto.DcpStreamRequestResponse(Status.SUCCESS, outcome.failover_log, opaque=frame.opaque).encode()
 
     def close_stream(self, req: dcpproto.DcpCloseStream, frame: Frame) -> bytes | None:
         """None on success (the caller answers), else the error reply."""
-        refused = self.state.close_stream(req.vbucket, req.stream_id)
-        if refused is not None:
-            return self.conn.error_reply(frame.opcode, frame.opaque, refused.status, refused.reason)
+        outcome = self.state.close_stream(req.vbucket, req.stream_id)
+        if outcome.__class__ is Refusal:
+            return self.conn.error_reply(frame.opcode, frame.opaque, outcome.status, outcome.reason)
+        self._do(outcome)
         return None
 
     def buffer_ack(self, nbytes: int) -> None:
-        self.state.buffer_ack(nbytes, _monotonic())
-        self.schedule()
+        self._do(self.state.buffer_ack(nbytes, _monotonic()))
 
     def seqno_ack(self, vbid: int, seqno: int) -> None:
-        """A replica's DCP_SEQNO_ACKNOWLEDGED: the vbucket completes the sync writes it satisfies. An
-        ack for a vbucket no longer active here is dropped (its prepares moved with it)."""
-        settings = self.state.settings
-        if not settings.sync_replication:
-            raise ProtocolError("DCP_SEQNO_ACKNOWLEDGED needs enable_sync_writes and consumer_name first",
-                                Status.EINVAL)
-        self.state.received(_monotonic())
-        vb = self.engine.get_vbucket(vbid)
-        if vb is not None and vb.state == VBucketState.ACTIVE:
-            vb.seqno_ack(settings.consumer_name, seqno)
+        """A replica's DCP_SEQNO_ACKNOWLEDGED (ProducerConnection.seqno_ack decides)."""
+        outcome = self.state.seqno_ack(vbid, seqno, _monotonic())
+        if outcome.__class__ is Refusal:
+            raise ProtocolError(outcome.reason, outcome.status)
+        self._do(outcome)
 
     def end_stream(self, stream: ActiveStream, reason: StreamEndReason) -> None:
         """End a stream from outside (whatever sends what is left goes in the next pass)."""
-        self.state.end_stream(stream, reason)
-
-    def _set_vbucket_state(self, vbid: int, state: VBucketState) -> None:
-        self.engine.set_vbucket_state(vbid, state)
-        self.server.topology.bump()
+        self._do(self.state.end_stream(stream, reason))
 
     # -- engine notifications -------------------------------------------------------------------
     def _on_seqno(self, vbid: int, seqno: int) -> None:
@@ -171,17 +189,22 @@ class DcpProducer:
                 self.loop.call_soon(self._step)
 
     def _on_vbucket_event(self, vbid: int, event: str) -> None:
-        self.state.vbucket_changed(vbid, event)
+        self._do(self.state.vbucket_changed(vbid, event))
+
+    def _on_cursor_dropped(self, stream: ActiveStream) -> None:
+        """The engine dropped a stream's cursor (memory): it goes on from disk at the next pass."""
+        self._do(self.state.cursor_dropped(stream))
 
     def privileges_changed(self) -> None:
         """Re-authentication or another bucket: streams without DcpProducer on this bucket end."""
         conn = self.conn
         if conn.bucket is self.bucket and conn.privileges & Privilege.DCP_PRODUCER:
             return
-        self.state.lost_privileges()
+        self._do(self.state.lost_privileges())
 
-    def wake(self, stream: ActiveStream | None = None) -> None:
-        self.state.wake(stream)
+    def wake(self, stream: ActiveStream) -> None:
+        """The stream has something new (a backfill page): a send pass soon."""
+        self._do(self.state.wake(stream))
 
     def schedule(self) -> None:
         if not self._scheduled and not self.closed:
@@ -210,7 +233,9 @@ class DcpProducer:
                     transport.write(b"".join(p.out))  # small messages: one buffer beats many iovecs
             writer.bytes_sent += p.sent
             self.backfills.space_freed()
-        if state.backfills.waiting:
+        if p.stop:
+            self._do(p.stop)
+        if p.backfill:
             self.backfills.start()  # what this pass queued, in groups
         if p.more and not p.blocked and not writer.paused:
             self.schedule()
@@ -226,32 +251,12 @@ class DcpProducer:
 
     def _tick(self) -> None:
         self._timer = None
-        noop = self.state.noop
-        if self.closed or not noop.enabled:
-            return
-        now = _monotonic()
-        action = noop.tick(now)
-        if action is NoopAction.DISCONNECT:
-            self.server.log.warning("dcp-protocol", "DCP connection %s: nothing received for %.1f s "
-                                    "(dcp_idle_timeout): disconnecting", self.name, noop.idle(now))
-            self.conn.close()
-            return
-        if action is NoopAction.SEND:
-            self.conn.writer.send(dcpproto.DcpNoop(noop.opaque).encode())
-        self._timer = self.loop.call_later(noop.interval, self._tick)
+        if not self.closed:
+            self._do(self.state.noop_timer(_monotonic()))
 
     def on_response(self, frame: Frame) -> None:
         """A reply from the consumer (connection.response_handler)."""
-        status, opcode = frame.status, frame.opcode
-        outcome = self.state.reply(status, opcode, frame.opaque, _monotonic())
-        if outcome.tolerated:
-            self.server.log.log(logging.INFO, "dcp-reply", "DCP %s: consumer answered %s with status 0x%x "
-                                "(tolerated)", self.name,
-                                Opcode(opcode).name if opcode in Opcode._value2member_map_ else hex(opcode), status)
-        elif outcome.disconnect:
-            self.server.log.warning("dcp-protocol", "DCP %s: consumer answered opcode 0x%02x with status 0x%x: "
-                                    "disconnecting", self.name, opcode, status)
-            self.conn.close()
+        self._do(self.state.reply(frame.status, frame.opcode, frame.opaque, _monotonic()))
         return None
 
     # -- shutdown -------------------------------------------------------------------------------
@@ -259,9 +264,7 @@ class DcpProducer:
         """Server going away: every stream ends with DISCONNECTED, written before the close."""
         if self.closed:
             return
-        write = self.conn.writer.write
-        for data in self.state.shutdown():
-            write(data)
+        self._do(self.state.shutdown())
 
     def disconnect(self) -> None:
         """The connection is gone: release cursors, stop backfills and timers."""
@@ -281,3 +284,13 @@ class DcpProducer:
 
     def stats(self) -> dict:
         return self.state.stats()
+
+    def items_remaining(self) -> int:
+        """Up to each stream's end seqno or its vbucket's high seqno, from the last one sent."""
+        engine = self.engine
+        total = 0
+        for stream in list(self.streams.values()):
+            vb = engine.get_vbucket(stream.vbid)
+            if vb is not None:
+                total += max(0, min(vb.high_seqno, stream.end_seqno) - stream.last_sent_seqno)
+        return total

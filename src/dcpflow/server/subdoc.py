@@ -39,6 +39,7 @@ from dcpflow.protocol.subdoc import DocFlag, SubdocSpec
 from . import kv
 from .auth import Privilege
 from .connection import Connection
+from .durable import SyncWrite
 
 _JSON = int(Datatype.JSON)
 # Plain ints: IntFlag operators cost on every request.
@@ -201,7 +202,7 @@ def _template(specs) -> tuple[bytes, int]:
 
 
 def _run_mutations(conn: Connection, frame: Frame, wire_key: bytes, specs: tuple[SubdocSpec, ...], doc_flags: int,
-                   cas: int, expiry: int | None, user_flags: int | None) -> _Stored | Failure:
+                   cas: int, expiry: int | None, user_flags: int | None, sync: SyncWrite | None) -> _Stored | Failure:
     _check_xattr_negotiated(conn, specs)
     key = kv.doc_key(conn, wire_key)
     vb = kv.active_vbucket(conn, frame.vbucket)
@@ -252,8 +253,9 @@ def _run_mutations(conn: Connection, frame: Frame, wire_key: bytes, specs: tuple
     macros = outcome.macros
     finish = (lambda new_cas, seqno: expand_macros(new_value, new_datatype, macros, new_cas, seqno)) if macros \
         else None
-    item = vb.write_version(key, prev, new_value, flags=flags, expiry=expiry or 0, datatype=new_datatype,
-                            deleted=deleted, cas=cas, finish=finish)
+    item = (vb if sync is None else sync.writer(vb)).write_version(
+        key, prev, new_value, flags=flags, expiry=expiry or 0, datatype=new_datatype, deleted=deleted, cas=cas,
+        finish=finish)
     conn.bucket.counters.cmd_set += 1
     return _Stored(item, vb, outcome.returned, was_deleted)
 
@@ -262,10 +264,12 @@ def _token(conn: Connection, stored: _Stored) -> tuple[int | None, int | None]:
     return (stored.vb.uuid, stored.item.by_seqno) if conn.mutation_seqno else (None, None)
 
 
-def mutation_single(conn: Connection, frame: Frame) -> bytes:
-    """A single-path mutation: the new CAS (and mutation token); COUNTER also returns the value."""
+def mutation_single(conn: Connection, frame: Frame, sync: SyncWrite | None = None) -> bytes:
+    """A single-path mutation: the new CAS (and mutation token); COUNTER also returns the value.
+    With `sync`, a durable write (durable.py)."""
     req = sdproto.SubdocRequest.from_frame(frame)
-    stored = _run_mutations(conn, frame, req.key, (req.spec,), req.doc_flags, req.cas, req.expiry, req.user_flags)
+    stored = _run_mutations(conn, frame, req.key, (req.spec,), req.doc_flags, req.cas, req.expiry, req.user_flags,
+                            sync)
     if isinstance(stored, Failure):
         raise EngineError(stored.status, stored.reason or f"{Opcode(req.opcode).name} failed")
     uuid, seqno = _token(conn, stored)
@@ -315,7 +319,7 @@ def _one_body_mutation(conn: Connection, frame: Frame, op: int, flags: int, path
                                       returned.encode() if op == _SUBDOC_COUNTER else None)
 
 
-def multi_mutation(conn: Connection, frame: Frame) -> bytes:
+def multi_mutation(conn: Connection, frame: Frame, sync: SyncWrite | None = None) -> bytes:
     """SUBDOC_MULTI_MUTATION: all specs or none; on failure the first failing spec's index and status.
 
     The commonest request, one path mutation of a plain JSON document with no doc flags or expiry,
@@ -330,7 +334,8 @@ def multi_mutation(conn: Connection, frame: Frame) -> bytes:
             if reply is not None:
                 return reply
     req = sdproto.SubdocMultiMutation.from_frame(frame)
-    stored = _run_mutations(conn, frame, req.key, req.specs, req.doc_flags, req.cas, req.expiry, req.user_flags)
+    stored = _run_mutations(conn, frame, req.key, req.specs, req.doc_flags, req.cas, req.expiry, req.user_flags,
+                            sync)
     if isinstance(stored, Failure):
         if stored.index is None:
             raise EngineError(stored.status, stored.reason)

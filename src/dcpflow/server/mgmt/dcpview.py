@@ -18,6 +18,8 @@ replication link; its producer's items remaining is the replicas' lag behind thi
 import re
 from dataclasses import dataclass, field
 
+from ..conn_handler import StreamHandle
+
 _STREAM_KEY = re.compile(r"stream_(\d+)_(?:sid(\d+)_)?(.+)")
 
 
@@ -122,30 +124,23 @@ def stream_objects(conn) -> dict:
     return out
 
 
-def stream_ended(stream) -> bool:
-    """A producer stream is `dead`; a consumer stream no longer `live`."""
-    return bool(getattr(stream, "dead", False)) or getattr(stream, "live", True) is False
+def stream_ended(stream: StreamHandle) -> bool:
+    """A producer stream that is dead, a consumer stream no longer live (conn_handler.py)."""
+    return stream.ended
 
 
-def end_reason(stream):
+def end_reason(stream: StreamHandle):
     """Why a stream ended (a StreamEndReason or its number); None: its connection went away."""
-    return getattr(stream, "end_reason", None)
+    return stream.end_reason
 
 
 def kind(conn) -> str:
-    """"producer" or "consumer", as the connection's stats say."""
-    return str(conn.dcp.stats().get(f"eq_dcpq:{conn.dcp.name}:type", ""))
+    """"producer" or "consumer" (the connection's ConnHandler says)."""
+    return conn.dcp.kind
 
 
 def items_remaining(conn) -> int:
     """A producer connection's items remaining (as `view` counts them), read from its streams'
     positions instead of its stats: cheap enough for the sample taken every second, where a
     connection with 1024 streams has some 15,000 stats."""
-    engine = conn.dcp.bucket.engine
-    total = 0
-    for stream in list(conn.dcp.streams.values()):
-        last = getattr(stream, "last_sent_seqno", None)
-        vb = engine.get_vbucket(stream.vbid) if last is not None else None
-        if vb is not None:
-            total += max(0, min(vb.high_seqno, getattr(stream, "end_seqno", vb.high_seqno)) - last)
-    return total
+    return conn.dcp.items_remaining()
