@@ -12,7 +12,8 @@ import functools
 
 from dcpflow.engine.collections import SYSTEM_CID
 from dcpflow.engine.item import DATATYPE_XATTR, Item
-from dcpflow.engine.store import ITEM_COLUMNS, LARGE_VALUE, EncodedPage, item_from_row
+from dcpflow.engine.store import LARGE_VALUE, EncodedPage
+from dcpflow.engine.store_rows import ITEM_COLUMNS, item_from_row
 from dcpflow.protocol.dcp import (
     StreamEndReason,
     pack_mutation_head,

@@ -23,7 +23,8 @@ from .failover import MAX_FAILOVER_ENTRIES, FailoverEntry, FailoverTable, Rollba
 from .flusher import FlushBatch, Flusher
 from .hlc import HLC
 from .item import DeleteSource, Item
-from .store import BackfillScan, PurgeResult, RollbackResult, Store, VBucketStateRecord
+from .store import BackfillScan, RollbackResult, Store, VBucketStateRecord
+from .store_compaction import PurgeResult
 from .vbucket import VBucket, VBucketState, WithMetaOption
 
 __all__ = [

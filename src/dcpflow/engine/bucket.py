@@ -54,7 +54,6 @@ in the store too, so a restart purges them.
 """
 
 import json
-import math
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -63,28 +62,26 @@ from random import Random
 from dcpflow.protocol import keys
 from dcpflow.protocol.status import Status
 
+from .bucket_compaction import DROPPED_META, BucketCompaction
+from .bucket_listeners import BucketListeners, SeqnoListener, VBucketListener
+from .bucket_stats import BucketStats
 from .collections import Manifest, changes
 from .conflict import ConflictResolutionMode
 from .durability.items import make_prepare
 from .errors import EngineError
-from .eviction import BFILTER_FP_PROB, FULL_EVICTION, POLICIES, VALUE_ONLY, check_policy
+from .eviction import FULL_EVICTION, VALUE_ONLY, check_policy
 from .failover import FailoverEntry, FailoverTable
 from .flusher import Flusher
 from .hlc import HLC
 from .item import Item
 from .memory import BucketMemory, ItemPager
-from .store import HistoryRetention, PurgeResult, Store
+from .store import Store
 from .vbucket import VBucket, VBucketState
 
 DEFAULT_NUM_VBUCKETS = 1024
 MANIFEST_META = "collections_manifest"  # the store's meta rows of the collections
-DROPPED_META = "dropped_collections"
 DEFAULT_PURGE_INTERVAL = 259_200  # persistent_metadata_purge_age, 3 days
 
-SeqnoListener = Callable[[int, int], None]
-#: listener(vbid, event): event is "state" (state changed), "rollback", "failover" (a new branch of
-#: history on an active: `Bucket.failover`) or "deleted".
-VBucketListener = Callable[[int, str], None]
 
 
 #: The store's meta row where a clean shutdown leaves full eviction's warm-up stats (eviction.py).
@@ -114,7 +111,7 @@ def run_expiry_pager(bucket: "Bucket", now: float | None = None, limit: int | No
     return bucket.run_expiry_pager(now=now, limit=limit)
 
 
-class Bucket:
+class Bucket(BucketCompaction, BucketListeners, BucketStats):
     """A Couchbase-style bucket; see the module docstring.
 
     Data lives in `data_dir/<name>/store.sqlite3`. `num_vbuckets` and `conflict_resolution`
@@ -468,86 +465,6 @@ class Bucket:
             if todo:
                 vb.apply_collection_changes(todo, self.manifest.uid)
 
-    def purge_dropped_collections(self) -> int:
-        """Delete dropped collections' documents from the store, in every vbucket whose drop event
-        is persisted (the others wait for a later call); returns how many documents. A collection
-        purged everywhere is forgotten."""
-        self._check_idle()
-        if not self.dropped_collections:
-            return 0
-        pairs, waiting = [], set()
-        for vb in self._vbuckets.values():
-            dropped_at = vb.collections.dropped_at
-            for cid in self.dropped_collections:
-                if dropped_at.get(cid, 0) > vb.persisted_seqno:
-                    waiting.add(cid)
-                else:
-                    pairs.append((vb.id, cid))
-        n = self.store.purge_collections(pairs)
-        if waiting != self.dropped_collections:
-            self.dropped_collections = waiting
-            self.store.set_meta(DROPPED_META, json.dumps(sorted(waiting)))
-        return n
-
-    def collection_stats(self) -> dict[str, int]:
-        """Per collection over the vbuckets (kv_engine's `stats collections` keys): live documents
-        in active vbuckets and the highest seqno in any."""
-        out: dict[str, int] = {"manifest_uid": self.manifest.uid}
-        for scope in self.manifest.scopes:
-            for c in scope.collections:
-                p = f"0x{scope.uid:x}:0x{c.uid:x}:"
-                out[p + "items"] = sum(vb.collection_items(c.uid) for vb in self._vbuckets.values()
-                                       if vb.state == VBucketState.ACTIVE)
-                out[p + "high_seqno"] = max((vb.collection_high_seqno(c.uid) for vb in self._vbuckets.values()),
-                                            default=0)
-        return out
-
-    def compact(self, vbid: int | None = None, now: float | None = None,
-                keep_history: float | None = None) -> dict[int, PurgeResult]:
-        """Purge persisted tombstones older than `purge_interval`, advancing purge seqnos.
-
-        Also trims rollback history older than `rollback_history_seqnos` below the persisted
-        high seqno (None keeps all of it), and with `keep_history` to at most that fraction of each
-        vbucket's documents (the compaction a fragmented store gets: a rollback further back than
-        what is kept resets the vbucket to 0, as a couchstore file's compacted headers do). The
-        three steps apart (`compaction_plan`, `store.compact` on any thread, `finish_compaction`)
-        let an owner keep serving while the store works.
-        """
-        self._check_idle()
-        results = self.store.compact(self.compaction_plan(vbid, now, keep_history))
-        self.finish_compaction(results)
-        return results
-
-    def compaction_plan(self, vbid: int | None = None, now: float | None = None,
-                        keep_history: float | None = None) -> list[tuple]:
-        """(vb, deleted_before, history floor, the history collections' retention, history rows to
-        keep) for `Store.compact`."""
-        self._check_open()
-        now = self._clock() if now is None else now
-        deleted_before = int(now - self.purge_interval)
-        targets = [self.vbucket(vbid)] if vbid is not None else list(self._vbuckets.values())
-        plan = []
-        for vb in targets:
-            floor = 0
-            if self.rollback_history_seqnos is not None:
-                floor = max(0, vb.persisted_seqno - self.rollback_history_seqnos)
-            keep = HistoryRetention(tuple(sorted(vb.collections.history)), self.history_retention_seconds,
-                                    self.history_retention_bytes, now)
-            rows = None
-            if keep_history is not None:
-                rows = math.ceil(keep_history * (vb.num_items + vb.num_deleted))
-            plan.append((vb.id, deleted_before, floor, keep, rows))
-        return plan
-
-    def finish_compaction(self, results: dict[int, PurgeResult]) -> None:
-        """The store purged tombstones: drop the same versions from memory (a vbucket gone meanwhile
-        is skipped), then purge dropped collections from the store."""
-        for vbid, result in results.items():
-            vb = self._vbuckets.get(vbid)
-            if vb is not None:
-                vb.on_purged(result)
-        self.purge_dropped_collections()
-
     # -- memory -------------------------------------------------------------------------------
     def set_memory_quota(self, quota: int | None) -> None:
         """A new quota (bytes; None: unlimited), in force at once: the marks move, open checkpoints
@@ -661,148 +578,18 @@ class Bucket:
         if self.flusher.in_flight is not None:
             raise RuntimeError("a flush batch is in flight; complete it first")
 
-    # -- notifications --------------------------------------------------------------------------
-    def add_seqno_listener(self, listener: SeqnoListener) -> None:
-        """Call `listener(vbid, seqno)` whenever a vbucket's high seqno advances (on the owner
-        thread, inside the write): DCP streams wake up on it. Keep it cheap and non-raising.
 
-        Vbuckets only call back while someone listens: with no listener every write skips the call."""
-        self._seqno_listeners.append(listener)
-        if len(self._seqno_listeners) == 1:
-            self._set_seqno_hook(self._notify_seqno)
 
-    def remove_seqno_listener(self, listener: SeqnoListener) -> None:
-        self._seqno_listeners.remove(listener)
-        if not self._seqno_listeners:
-            self._set_seqno_hook(None)
 
-    def _set_seqno_hook(self, hook: SeqnoListener | None) -> None:
-        for vb in self._vbuckets.values():
-            vb._on_seqno = hook
 
-    def add_persistence_listener(self, listener: SeqnoListener) -> None:
-        """Call `listener(vbid, persisted_seqno)` after each flush batch completes."""
-        self._persistence_listeners.append(listener)
 
-    def remove_persistence_listener(self, listener: SeqnoListener) -> None:
-        self._persistence_listeners.remove(listener)
 
-    def add_vbucket_listener(self, listener: VBucketListener) -> None:
-        """Call `listener(vbid, event)` after a vbucket changed state ("state"), was rolled back
-        ("rollback"), failed over ("failover") or was deleted ("deleted"): DCP streams of that
-        vbucket end on it."""
-        self._vbucket_listeners.append(listener)
 
-    def remove_vbucket_listener(self, listener: VBucketListener) -> None:
-        self._vbucket_listeners.remove(listener)
 
-    def _notify_vbucket(self, vbid: int, event: str) -> None:
-        for listener in list(self._vbucket_listeners):
-            listener(vbid, event)
 
-    def _notify_seqno(self, vbid: int, seqno: int) -> None:
-        for listener in self._seqno_listeners:
-            listener(vbid, seqno)
 
-    def _after_flush(self) -> None:
-        """Checkpoints the flusher just wrote may be releasable now, not only at the next refused
-        write (a writer that was told ETMPFAIL finds room when it retries)."""
-        mem = self.memory
-        if mem.quota is not None and mem.checkpoint >= mem.checkpoint_upper:
-            self.recover_checkpoint_memory()
 
-    def _notify_persisted(self, vbid: int, seqno: int) -> None:
-        for listener in self._persistence_listeners:
-            listener(vbid, seqno)
 
-    # -- stats ----------------------------------------------------------------------------------
-    def _select(self, vbid: int | None) -> list[VBucket]:
-        if vbid is None:
-            return [self._vbuckets[v] for v in sorted(self._vbuckets)]
-        return [self.vbucket(vbid)]
 
-    def vbucket_seqno_stats(self, vbid: int | None = None) -> dict[str, int]:
-        """`stats vbucket-seqno [vb]`."""
-        out: dict[str, int] = {}
-        for vb in self._select(vbid):
-            p = f"vb_{vb.id}:"
-            snap_start, snap_end = vb.persisted_snapshot
-            out.update({
-                p + "high_seqno": vb.high_seqno,
-                p + "abs_high_seqno": vb.high_seqno,
-                p + "last_persisted_seqno": vb.persisted_seqno,
-                p + "uuid": vb.uuid,
-                p + "purge_seqno": vb.purge_seqno,
-                p + "last_persisted_snap_start": snap_start,
-                p + "last_persisted_snap_end": snap_end,
-                p + "high_prepared_seqno": vb.high_seqno,
-                p + "high_completed_seqno": vb.high_seqno,
-                p + "max_visible_seqno": vb.max_visible_seqno,
-            })
-        return out
 
-    def vbucket_details_stats(self, vbid: int | None = None) -> dict[str, int | str]:
-        """`stats vbucket-details [vb]`: "vb_N" is the state name, then vb_N:<stat>."""
-        out: dict[str, int | str] = {}
-        for vb in self._select(vbid):
-            stats = vb.stats()
-            out[f"vb_{vb.id}"] = stats.pop("state")
-            out.update({f"vb_{vb.id}:{k}": v for k, v in stats.items()})
-            out.update({f"vb_{vb.id}:checkpoint_{k}": v for k, v in vb.checkpoint_manager.stats().items()})
-        return out
 
-    def failovers_stats(self, vbid: int | None = None) -> dict[str, int]:
-        """`stats failovers [vb]`: vb_N:num_entries and vb_N:<i>:id / vb_N:<i>:seq, newest first."""
-        out: dict[str, int] = {}
-        for vb in self._select(vbid):
-            entries = vb.failover.entries
-            out[f"vb_{vb.id}:num_entries"] = len(entries)
-            out[f"vb_{vb.id}:num_erroneous_entries_erased"] = 0
-            for i, entry in enumerate(entries):
-                out[f"vb_{vb.id}:{i}:id"] = entry.uuid
-                out[f"vb_{vb.id}:{i}:seq"] = entry.seqno
-        return out
-
-    def stats(self) -> dict[str, int]:
-        """Bucket-wide counters (`stats` with no group)."""
-        by_state = {s: 0 for s in VBucketState}
-        items = {s: 0 for s in VBucketState}
-        resident = {s: 0 for s in VBucketState}  # documents with their value in memory
-        queue = 0
-        full = self.eviction_policy == FULL_EVICTION
-        for vb in self._vbuckets.values():
-            by_state[vb.state] += 1
-            items[vb.state] += vb.num_items
-            resident[vb.state] += vb.resident_entries() - vb.num_deleted if not full else vb.resident_entries()
-            queue += vb.high_seqno - vb.persisted_seqno
-        mem = self.memory
-        if not full:  # every key is in memory; the values the pager evicted and reads brought back
-            non_resident = max(0, mem.num_value_evictions - mem.num_bg_fetches)
-            resident[VBucketState.ACTIVE] -= non_resident
-        filters = [vb._filter for vb in self._vbuckets.values() if vb._filter is not None]
-
-        def perc(state: VBucketState) -> int:
-            n = items[state]
-            return 100 if n == 0 else max(0, min(100, 100 * resident[state] // n))
-        return {
-            "curr_items": items[VBucketState.ACTIVE],
-            "curr_items_tot": sum(items.values()),
-            "vb_active_num": by_state[VBucketState.ACTIVE],
-            "vb_replica_num": by_state[VBucketState.REPLICA],
-            "vb_pending_num": by_state[VBucketState.PENDING],
-            "vb_dead_num": by_state[VBucketState.DEAD],
-            "vb_replica_curr_items": items[VBucketState.REPLICA],
-            "ep_queue_size": queue,
-            "ep_total_persisted": self.flusher.items_flushed,
-            "ep_num_vbuckets": self.num_vbuckets,
-            "ep_item_eviction_policy": POLICIES[self.eviction_policy],
-            "vb_active_perc_mem_resident": perc(VBucketState.ACTIVE),
-            "vb_replica_perc_mem_resident": perc(VBucketState.REPLICA),
-            "ep_num_non_resident": max(0, sum(items.values()) - sum(resident.values())),
-            "vb_active_num_non_resident": max(0, items[VBucketState.ACTIVE] - resident[VBucketState.ACTIVE]),
-            "ep_bfilter_enabled": int(full),
-            "ep_bfilter_fp_prob": BFILTER_FP_PROB,
-            "ep_bfilter_key_count": sum(f.capacity for f in filters),
-            "ep_bfilter_memory": sum(f.size_in_bits for f in filters) // 8,
-            **self.memory.stats(),
-        }

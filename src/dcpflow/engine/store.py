@@ -100,7 +100,9 @@ from pathlib import Path
 from dcpflow.protocol.dcp import MUTATION_HEAD, encode_mutations_py, mutations_upto, stamp_mutations
 from dcpflow.protocol.frame import compiled
 
-from .item import DeleteSource, Item
+from .item import Item
+from .store_compaction import Compaction
+from .store_rows import _item, _s64, _u64, doc_key
 
 #: The items table's rowid `id` is vb << SEQNO_BITS | seqno (the module docstring): a 48-bit seqno
 #: leaves room for the vbucket above it.
@@ -372,18 +374,6 @@ WRITER_CACHE_KIB = 64 * 1024
 #: grown the server's RSS with the file (1M documents: 518 MB of RssFile).
 READER_MMAP_BYTES = 1 << 31
 
-_SIGN = 1 << 63
-_WRAP = 1 << 64
-_SOURCES = (DeleteSource.EXPLICIT, DeleteSource.TTL)
-
-
-def _s64(v: int) -> int:
-    return v - _WRAP if v >= _SIGN else v
-
-
-def _u64(v: int) -> int:
-    return v + _WRAP if v < 0 else v
-
 
 def _row(vb: int, it: Item) -> tuple:
     """The item's columns in `_BASE_COLS` order, as bound for the items and history tables (which
@@ -429,24 +419,6 @@ def _encoded_rows(vb: int, items: Iterable[Item]) -> list[tuple]:
 def _run_sizes(rows: list[tuple]) -> list[tuple[int, int | None]]:
     """(seqno, DCP message bytes or None) of encoded rows, in seqno order: what `_cut_runs` reads."""
     return sorted((r[2], None if r[12] is None else len(r[12])) for r in rows)
-
-
-def _item(r: Sequence) -> Item:
-    """Build an Item from a row in `_ITEM_COLS` order."""
-    return Item(r[0], r[10], r[4], r[5], _u64(r[3]), _u64(r[2]), r[1], r[6], bool(r[7]), r[8], _SOURCES[r[9]],
-                r[11])
-
-
-def doc_key(cid: int, key: bytes):
-    """The engine's key of a document (engine/collections.py): the key itself in the default
-    collection, (cid, key) in any other."""
-    return (cid, key) if cid else key
-
-
-#: Column order of `BackfillScan.next_rows`.
-ITEM_COLUMNS = ("key", "seqno", "rev_seqno", "cas", "flags", "expiry", "datatype", "deleted", "delete_time",
-                "delete_source", "value", "cid")
-item_from_row = _item
 
 
 def _cut_runs(tail: "_Tail", rows: Iterable[tuple[int, int | None]], run_bytes: int,
@@ -516,31 +488,6 @@ class VBucketStateRecord:
                 _s64(self.max_deleted_rev_seqno), self.hps, self.hcs)
 
 
-@dataclass(frozen=True, slots=True)
-class PurgeResult:
-    purged: list[tuple]  # (doc_key, seqno) of each purged tombstone
-    purge_seqno: int
-    max_deleted_rev_seqno: int
-    history_floor: int
-    history_start: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class HistoryRetention:
-    """What compaction keeps of the older versions of the collections that keep history (DCP
-    change streams): those written in the last `seconds` and, of those, the newest `bytes` (0:
-    no limit of that kind; both 0: none kept beyond the rollback history)."""
-
-    cids: tuple[int, ...]
-    seconds: float = 0
-    bytes: int = 0
-    now: float = 0
-
-    @property
-    def active(self) -> bool:
-        return bool(self.cids) and bool(self.seconds or self.bytes)
-
-
 def _connect(path: Path, synchronous: str) -> sqlite3.Connection:
     db = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30.0)
     db.execute("PRAGMA journal_mode=WAL")
@@ -548,7 +495,7 @@ def _connect(path: Path, synchronous: str) -> sqlite3.Connection:
     return db
 
 
-class Store:
+class Store(Compaction):
     """The bucket's database; see the module docstring."""
 
     def __init__(self, path: str | Path, *, synchronous: str = "FULL", keep_history: bool = True,
@@ -934,100 +881,6 @@ class Store:
         with self._lock:
             return self._db.execute("SELECT COUNT(*) FROM history WHERE vb = ?", (vb,)).fetchone()[0]
 
-    # -- maintenance ------------------------------------------------------------------------
-    def fragmentation(self) -> "Fragmentation":
-        """What the file holds besides the latest versions (on a read connection: any thread, no
-        wait for the writer): the rows of `items` and `history`, and the file's pages."""
-        db = self._readers.get()
-        try:
-            items = db.execute("SELECT count(*) FROM items").fetchone()[0]
-            history = db.execute("SELECT count(*) FROM history").fetchone()[0]
-            page_size = db.execute("PRAGMA page_size").fetchone()[0]
-            pages = db.execute("PRAGMA page_count").fetchone()[0]
-            free = db.execute("PRAGMA freelist_count").fetchone()[0]
-        finally:
-            self._readers.put(db)
-        return Fragmentation(items, history, pages * page_size, free * page_size)
-
-    def purge_tombstones(self, vb: int, deleted_before: int, *, history_floor: int = 0,
-                         keep: "HistoryRetention | None" = None, keep_history: int | None = None) -> PurgeResult:
-        """Compaction: purge tombstones deleted at or before `deleted_before` (unix seconds).
-
-        The purge seqno advances to the highest purged seqno. The rollback floor moves up to at
-        least the purge seqno (a purged tombstone's key can no longer be rolled back past it), to
-        `history_floor`, and with `keep_history` so that at most that many of the vbucket's most
-        recent older versions stay; history that only served seqnos below the floor is dropped - but
-        the older versions of the collections `keep` names are kept for its retention instead:
-        those written longer ago than its seconds, and the oldest beyond its bytes, go, and
-        `history_start` moves past them (from there on every version is still here).
-        """
-        with self._txn() as db:
-            return self._purge(db, vb, deleted_before, history_floor, keep, keep_history)
-
-    def compact(self, plan: Iterable[tuple[int, int, int, "HistoryRetention | None", int | None]]
-                ) -> dict[int, PurgeResult]:
-        """`purge_tombstones` for each (vb, deleted_before, history_floor, keep, keep_history) of
-        `plan`, in one transaction (one commit for a whole bucket, not one per vbucket)."""
-        with self._txn() as db:
-            return {vb: self._purge(db, vb, deleted_before, floor, keep, keep_history)
-                    for vb, deleted_before, floor, keep, keep_history in plan}
-
-    def _purge(self, db: sqlite3.Connection, vb: int, deleted_before: int, history_floor: int,
-               keep: "HistoryRetention | None", keep_history: int | None) -> PurgeResult:
-        state = db.execute("SELECT purge_seqno, max_deleted_rev_seqno, history_floor, history_start "
-                           "FROM vbucket_state WHERE vb = ?", (vb,)).fetchone()
-        if state is None:
-            raise KeyError(f"vbucket {vb} has no persisted state")
-        purge_seqno, max_rev, floor, history_start = state[0], _u64(state[1]), state[2], state[3]
-        rows = db.execute("SELECT key, seqno, rev_seqno, cid FROM items WHERE vb = ? AND deleted = 1 "
-                          "AND delete_time <= ?", (vb, deleted_before)).fetchall()
-        if rows:
-            db.executemany("DELETE FROM items WHERE vb = ? AND cid = ? AND key = ?",
-                           [(vb, r[3], r[0]) for r in rows])
-            purge_seqno = max(purge_seqno, max(r[1] for r in rows))
-            max_rev = max(max_rev, max(_u64(r[2]) for r in rows))
-        floor = max(floor, purge_seqno, history_floor)
-        kept = keep.cids if keep is not None and keep.active else ()
-        marks = ",".join("?" * len(kept))
-        if keep_history is not None:  # (the collections kept for their retention are not counted)
-            row = db.execute("SELECT superseded_by FROM history WHERE vb = ?"
-                             + (f" AND cid NOT IN ({marks})" if kept else "")
-                             + " ORDER BY superseded_by DESC LIMIT 1 OFFSET ?", (vb, *kept, keep_history)).fetchone()
-            if row is not None:
-                floor = max(floor, row[0])
-        if kept:
-            db.execute(f"DELETE FROM history WHERE vb = ? AND superseded_by <= ? AND cid NOT IN ({marks})",
-                       (vb, floor, *kept))
-            history_start = max(history_start, self._history_cut(db, vb, kept, keep))
-            db.execute(f"DELETE FROM history WHERE vb = ? AND seqno < ? AND cid IN ({marks})",
-                       (vb, history_start, *kept))
-        else:
-            db.execute("DELETE FROM history WHERE vb = ? AND superseded_by <= ?", (vb, floor))
-        db.execute("DELETE FROM snapshots WHERE vb = ? AND snap_end < ?", (vb, floor))
-        # completed prepares only a rollback below the floor could bring back
-        db.execute("DELETE FROM prepares WHERE vb = ? AND completed > 0 AND completed <= ?", (vb, floor))
-        db.execute("UPDATE vbucket_state SET purge_seqno = ?, max_deleted_rev_seqno = ?, "
-                   "history_floor = ?, history_start = ? WHERE vb = ?",
-                   (purge_seqno, _s64(max_rev), floor, history_start, vb))
-        return PurgeResult([(doc_key(r[3], r[0]), r[1]) for r in rows], purge_seqno, max_rev, floor,
-                           history_start)
-
-    @staticmethod
-    def _history_cut(db: sqlite3.Connection, vb: int, cids: tuple[int, ...], keep: "HistoryRetention") -> int:
-        """The lowest seqno the retention keeps the older versions of `cids` from."""
-        marks = ",".join("?" * len(cids))
-        cut = 0
-        if keep.seconds:
-            row = db.execute(f"SELECT max(seqno) FROM history WHERE vb = ? AND cid IN ({marks}) AND cas < ?",
-                             (vb, *cids, _s64(max(0, int((keep.now - keep.seconds) * 1e9))))).fetchone()
-            cut = max(cut, (row[0] or 0) + 1 if row[0] is not None else 0)
-        if keep.bytes:
-            row = db.execute(
-                f"SELECT max(seqno) FROM (SELECT seqno, sum(length(key) + length(value)) OVER (ORDER BY seqno DESC) "
-                f"AS newer FROM history WHERE vb = ? AND cid IN ({marks})) WHERE newer > ?",
-                (vb, *cids, keep.bytes)).fetchone()
-            cut = max(cut, row[0] + 1 if row[0] is not None else 0)
-        return cut
 
     def rollback(self, vb: int, seqno: int) -> "RollbackResult":
         """Discard everything after `seqno`; returns the seqno actually reached and its snapshot.
@@ -1083,23 +936,6 @@ class Store:
                        "completed > 0), 0), MIN(hcs, history_floor)) WHERE vb = ?",
                        (seqno, snap[0], snap[1], seqno, seqno, vb, vb))
             return RollbackResult(seqno, snap[0], snap[1])
-
-
-@dataclass(frozen=True, slots=True)
-class Fragmentation:
-    """What `Store.fragmentation` measured. `fraction` is the share of rows that are older versions
-    (what compaction can drop), as couchstore's fragmentation is the share of the file that is not
-    the latest data; free pages are reused by later writes (SQLite never shrinks a file by itself)."""
-
-    items: int
-    history: int
-    file_bytes: int
-    free_bytes: int
-
-    @property
-    def fraction(self) -> float:
-        total = self.items + self.history
-        return self.history / total if total else 0.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,7 +23,7 @@ from .collections import SYSTEM_CID, SystemEvent
 from .errors import EngineError
 from .item import NOT_RESIDENT, Item
 from .memory import HT_ITEM_OVERHEAD
-from .store import PurgeResult
+from .store_compaction import PurgeResult
 
 
 class ItemTable:
