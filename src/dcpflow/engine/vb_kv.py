@@ -18,6 +18,7 @@ from dcpflow.protocol.status import Status
 
 from .errors import EngineError
 from .expiry import to_absolute
+from .hashtable import same_version
 from .item import NOT_RESIDENT, DeleteSource, Item
 from .memory import HT_ITEM_OVERHEAD
 from .vb_locks import SYNC_BLOCK, in_progress
@@ -86,8 +87,6 @@ class ClientOps:
             return self._set_other(key, value, flags, expiry, datatype, cas)
         ht = self.ht
         prev = ht.get(key)
-        if prev is not None:
-            key = prev.key  # one key object for the hash table, the checkpoint's index and the new version
         locks = self.locks
         now = 0.0
         if expiry or locks or (prev is not None and prev.expiry):  # most writes need no clock
@@ -247,7 +246,7 @@ class ClientOps:
                       deleted: bool, cas: int, finish: Callable[[int, int], bytes] | None) -> tuple[Item, float]:
         """(the new version, now) of a read-modify-write, after its checks (`prev` still current, the
         lock); shared by `write_version` and `prepare_version`, which queue it or prepare it."""
-        if self.ht.get(key) is not prev:
+        if not same_version(self.ht.get(key), prev):
             raise EngineError(Status.KEY_EEXISTS, f"key {key!r} changed during the read-modify-write")
         now = self._clock()
         if self.locks:
