@@ -63,7 +63,8 @@ def number(top):
 puts = st.tuples(st.just("put"), keys, values, number(U32), number(U32), number(U64), number(U64), number(U64),
                  number(0xFF), st.sampled_from([False, True, 0, 2]), number(U32),
                  st.sampled_from([DeleteSource.EXPLICIT, DeleteSource.TTL, 0, 1, 2]))
-reads = st.tuples(st.sampled_from(["get", "get_default", "getitem", "del", "pop", "pop_default", "in"]), keys)
+reads = st.tuples(st.sampled_from(["get", "get_default", "getitem", "del", "pop", "pop_default", "in", "version"]),
+                  keys)
 walks = st.tuples(st.sampled_from(["len", "keys", "values", "items", "iter", "clear"]))
 
 
@@ -78,7 +79,7 @@ def apply(table, op):
     key = op[1]
     f = {"get": lambda: table.get(key), "get_default": lambda: table.get(key, "dflt"),
          "getitem": lambda: table[key], "pop": lambda: table.pop(key), "pop_default": lambda: table.pop(key, 7),
-         "in": lambda: key in table}.get(name)
+         "in": lambda: key in table, "version": lambda: table.version(key)}.get(name)
     if name == "del":
         def f():
             del table[key]
@@ -115,7 +116,7 @@ def test_growth_holes_and_compaction_answer_as_the_specification():
         elif r < 0.9:
             assert shape(c.pop(key, None)) == shape(spec.pop(key, None))
         else:
-            assert shape(c.get(key)) == shape(spec.get(key))
+            assert shape(c.get(key)) == shape(spec.get(key)) and c.version(key) == spec.version(key)
         if step % 5000 == 0:
             assert shape(list(c.items())) == shape(list(spec.items()))
     assert len(c) == len(spec) and shape(list(c.items())) == shape(list(spec.items()))

@@ -494,6 +494,33 @@ static PyObject *Table_get(Table *t, PyObject *const *args, Py_ssize_t nargs) {
     return rec_item(t, r);
 }
 
+/* version(key): (rev_seqno, expiry, deleted, value length) of the key's entry, or None - what a
+   SET over it needs, without building its document (or copying its value). A value that is not
+   resident has length 0. */
+static PyObject *Table_version(Table *t, PyObject *key) {
+    keyref k;
+    if (parse_key(key, &k) < 0) return NULL;
+    rec_t *r = lookup(t, &k, NULL);
+    if (r == NULL) Py_RETURN_NONE;
+    PyObject *res = PyTuple_New(4);
+    if (res == NULL) return NULL;
+    PyObject *rev = PyLong_FromUnsignedLongLong(r->rev_seqno);
+    PyObject *expiry = PyLong_FromUnsignedLong(r->expiry);
+    PyObject *vlen = PyLong_FromUnsignedLong((r->bits & B_NOT_RESIDENT) ? 0 : r->vlen);
+    if (rev == NULL || expiry == NULL || vlen == NULL) {
+        Py_XDECREF(rev);
+        Py_XDECREF(expiry);
+        Py_XDECREF(vlen);
+        Py_DECREF(res);
+        return NULL;
+    }
+    PyTuple_SET_ITEM(res, 0, rev);
+    PyTuple_SET_ITEM(res, 1, expiry);
+    PyTuple_SET_ITEM(res, 2, Py_NewRef((r->bits & B_DELETED) ? Py_True : Py_False));
+    PyTuple_SET_ITEM(res, 3, vlen);
+    return res;
+}
+
 static PyObject *Table_subscript(Table *t, PyObject *key) {
     keyref k;
     if (parse_key(key, &k) < 0) return NULL;
@@ -677,6 +704,8 @@ static PyMethodDef Table_methods[] = {
      "put(key, value, flags, expiry, cas, rev_seqno, by_seqno, datatype, deleted, delete_time, delete_source)"},
     {"get", (PyCFunction)(void (*)(void))Table_get, METH_FASTCALL, "get(key, default=None): the document or default"},
     {"pop", (PyCFunction)(void (*)(void))Table_pop, METH_FASTCALL, "pop(key[, default])"},
+    {"version", (PyCFunction)Table_version, METH_O,
+     "version(key): (rev_seqno, expiry, deleted, value length) of the entry, or None"},
     {"keys", (PyCFunction)Table_keys, METH_NOARGS, "an iterator over the keys, in insertion order"},
     {"values", (PyCFunction)Table_values, METH_NOARGS, "an iterator over the documents"},
     {"items", (PyCFunction)Table_items, METH_NOARGS, "an iterator over (key, document)"},

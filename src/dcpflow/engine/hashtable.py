@@ -11,7 +11,9 @@ about 56 plus the key.
 
 The seam is a mapping, so the engine reads it as it read the dict: `get`, `[key]`, `in`, `len`,
 `pop`, `del`, and `keys()`/`values()`/`items()` in insertion order (the item pager walks that
-order). A key is bytes (default collection) or (collection id, bytes). What differs from a dict:
+order); besides, `put` (the fields as plain ints and bytes: what `ht[key] = item` calls, and the
+SET path directly) and `version` (what a SET over an entry needs, without building its Item).
+A key is bytes (default collection) or (collection id, bytes). What differs from a dict:
 
 * a read builds a new `Item` from the record each time, so two reads of one version are equal,
   not identical: compare versions with `same_version` (by-seqno and CAS), never with `is`;
@@ -121,6 +123,14 @@ class TableSpec:
     def get(self, key, default=None):
         rec = self._d.get(_key(key)[0])
         return default if rec is None else self._item(rec)
+
+    def version(self, key) -> tuple[int, int, bool, int] | None:
+        """(rev_seqno, expiry, deleted, value length) of the key's entry, or None: what a SET over
+        it needs, without building its document (a value not resident has length 0)."""
+        rec = self._d.get(_key(key)[0])
+        if rec is None:
+            return None
+        return rec[5], rec[3], rec[8], (0 if rec[1] is self._not_resident else len(rec[1]))
 
     def __getitem__(self, key):
         rec = self._d.get(_key(key)[0])

@@ -86,8 +86,47 @@ class ClientOps:
         if key.__class__ is tuple:  # another collection than the default one
             return self._set_other(key, value, flags, expiry, datatype, cas)
         ht = self.ht
-        prev = ht.get(key)
         locks = self.locks
+        version = ht.version(key)  # (rev_seqno, expiry, deleted, value length) or None: no Item built
+        if not (cas or expiry or locks or (version is not None and version[1])):
+            # the plain SET (no CAS, no expiry before or after, no lock): the general path below, with
+            # the previous version's metadata only, and the new one put into the table field by field
+            seqno = self.high_seqno + 1
+            item = _new_item(Item)
+            item.key = key
+            item.value = value
+            item.flags = flags
+            item.expiry = 0
+            item.cas = new_cas = self.hlc.next()
+            item.rev_seqno = rev = version[0] + 1 if version is not None else self.max_deleted_rev_seqno + 1
+            item.by_seqno = seqno
+            item.datatype = datatype
+            item.deleted = False
+            item.delete_time = 0
+            item.delete_source = _EXPLICIT
+            item.cid = 0
+            self.checkpoint_manager.queue(item)  # first: it validates the seqno before anything changes
+            if version is None:
+                mem.meta += len(key) + HT_ITEM_OVERHEAD
+                mem.values += len(value)
+                self.ops_create += 1
+                self.num_items += 1
+            elif version[2]:
+                mem.values += len(value) - version[3]
+                self.num_deleted -= 1
+                self.ops_create += 1
+                self.num_items += 1
+            else:
+                mem.values += len(value) - version[3]
+                self.ops_update += 1
+            ht.put(key, value, flags, 0, new_cas, rev, seqno, datatype, False, 0, 0)
+            self.high_seqno = seqno
+            if self._dirty is not None:
+                self._dirty[self.id] = None
+            if self._on_seqno is not None:
+                self._on_seqno(self.id, seqno)
+            return item
+        prev = ht.get(key)
         now = 0.0
         if expiry or locks or (prev is not None and prev.expiry):  # most writes need no clock
             now = self._clock()
