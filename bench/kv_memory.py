@@ -62,6 +62,20 @@ def rss(pid: int) -> int:
     return 0
 
 
+def rss_anon(pid: int) -> int:
+    """Anonymous resident bytes of a process (Linux RssAnon; 0 elsewhere): its RSS without the
+    store's file pages that SQLite's readers map (mmap_size), which the kernel can drop at will and
+    which varied by hundreds of MiB between identical 1M runs."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("RssAnon:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
 def set_all(client: Client, keys: list[bytes], value: bytes, vbuckets: int, window: int = 64,
             stop_at: float | None = None) -> tuple[int, int]:
     """SET every key (windows of `window`, ETMPFAIL retried after 10 ms); returns (SETs acknowledged,
@@ -172,7 +186,7 @@ def density(args) -> None:
                                       "--memory-quota", args.density_quota)
             try:
                 client = Client.logged_in(port)
-                idle = rss(proc.pid)
+                idle, idle_anon = rss(proc.pid), rss_anon(proc.pid)
                 t0 = time.monotonic()
                 step = 20_000
                 for lo in range(0, n, step):
@@ -180,7 +194,7 @@ def density(args) -> None:
                 took = time.monotonic() - t0
                 client.settle(600)
                 stats = client.stats()
-                loaded = rss(proc.pid)
+                loaded, loaded_anon = rss(proc.pid), rss_anon(proc.pid)
                 meta, used = int(stats[b"ep_meta_data_memory"]), int(stats[b"mem_used"])
                 ckpt, ejected = int(stats[b"ep_checkpoint_memory"]), int(stats[b"ep_num_value_ejects"])
                 beyond = meta / n - key_len
@@ -195,6 +209,11 @@ def density(args) -> None:
                       f"bytes/item, {grown - key_len - len(value):,.0f} beyond key and value "
                       f"({(grown - key_len - len(value)) / KV_ENGINE_META_BYTES:.1f}x kv_engine's ~"
                       f"{KV_ENGINE_META_BYTES}); RSS / mem_used {loaded / used:.2f}")
+                grown_anon = (loaded_anon - idle_anon) / n
+                print(f"  server anonymous RSS (without the store's mapped file) idle {idle_anon / MiB:,.0f} MiB, "
+                      f"loaded {loaded_anon / MiB:,.0f} MiB: {grown_anon:,.0f} bytes/item, "
+                      f"{grown_anon - key_len - len(value):,.0f} beyond key and value; "
+                      f"anonymous RSS / mem_used {loaded_anon / used:.2f}")
             finally:
                 stop(proc)
 

@@ -123,6 +123,13 @@ def test_growth_holes_and_compaction_answer_as_the_specification():
 
 
 @compiled
+def test_the_specification_keeps_the_compiled_table_s_inline_limit():
+    from dcpflow.engine import _hashtable
+
+    assert INLINE_MAX == _hashtable.INLINE_MAX
+
+
+@compiled
 def test_a_large_value_is_the_same_object_and_a_small_one_a_copy():
     t = HashTable()
     big, small = b"b" * (INLINE_MAX + 1), bytearray(b"s" * 10)

@@ -29,6 +29,9 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#ifndef _WIN32
+#include <sys/mman.h>
+#endif
 
 #define INLINE_MAX 1024
 #define EMPTY 0xFFFFFFFFu
@@ -64,7 +67,8 @@ typedef struct {
    write (its Item, the request's bytes, the checkpoints' lists) and keep that memory from ever
    going back to the system once those are freed (measured: 540 bytes of RSS per 340-byte document
    with malloc, 420 with slabs). A record of at most SLAB_MAX bytes takes a block of its size
-   rounded up to 16 bytes, carved from pages of SLAB_PAGE bytes that come from 1 MiB chunks; a
+   rounded up to 16 bytes, carved from pages of SLAB_PAGE bytes that come from 1 MiB chunks
+   mapped from the system; a
    freed block goes on its class's free list for the next record of that class. Nothing goes back
    to the system: a table that shrinks keeps its blocks for the records that come next. Larger
    records (only very long keys) use malloc. Only called with the GIL held. */
@@ -80,6 +84,17 @@ static size_t slab_reserved;  /* bytes taken from the system for slabs */
 
 static inline size_t slab_class(size_t n) { return (n + 15) >> 4; }
 
+/* A chunk straight from the system (mmap): from malloc, a chunk could land in the C library's heap
+   between the large short-lived buffers of requests and flush batches, and pin their memory. */
+static char *slab_chunk_new(void) {
+#ifdef MAP_ANONYMOUS
+    void *p = mmap(NULL, SLAB_CHUNK, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    return p == MAP_FAILED ? NULL : (char *)p;
+#else
+    return malloc(SLAB_CHUNK);
+#endif
+}
+
 static void *slab_alloc(size_t n) {
     if (n > SLAB_MAX) return malloc(n);
     size_t c = slab_class(n);
@@ -87,7 +102,7 @@ static void *slab_alloc(size_t n) {
     if (b == NULL) {
         size_t bsize = c << 4;
         if (slab_chunk_end - slab_chunk_at < SLAB_PAGE) {
-            char *chunk = malloc(SLAB_CHUNK);
+            char *chunk = slab_chunk_new();
             if (chunk == NULL) return NULL;
             slab_reserved += SLAB_CHUNK;
             slab_chunk_at = chunk;

@@ -29,13 +29,14 @@ per entry, and `meta_bytes()` is the table's own exact count.
 
 import sys
 
+from dcpflow.protocol.frame import compiled
+
 from .item import NOT_RESIDENT, DeleteSource, Item
 
-try:
-    from ._hashtable import INLINE_MAX, Table
-except ImportError:  # not built: the specification serves
-    Table = None
-    INLINE_MAX = 1024
+#: The compiled table, or None (not built, or DCPFLOW_PURE_PYTHON set): then the specification serves.
+Table = compiled("Table", "dcpflow.engine._hashtable")
+#: Values up to this length are kept inside the record; longer ones by reference to their bytes.
+INLINE_MAX = 1024
 
 __all__ = ["ENTRY_OVERHEAD", "HashTable", "TableSpec", "same_version"]
 
