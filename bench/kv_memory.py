@@ -50,30 +50,28 @@ from serverproc import next_frame, start_server, stop
 MiB = 1 << 20
 
 
-def rss(pid: int) -> int:
-    """Resident bytes of a process (Linux /proc; 0 elsewhere)."""
+def _status(pid: int, field: str) -> int:
+    """A size field of a process's /proc status, in bytes (Linux; 0 elsewhere)."""
     try:
         with open(f"/proc/{pid}/status") as f:
             for line in f:
-                if line.startswith("VmRSS:"):
+                if line.startswith(field):
                     return int(line.split()[1]) * 1024
     except OSError:
         pass
     return 0
+
+
+def rss(pid: int) -> int:
+    """Resident bytes of a process."""
+    return _status(pid, "VmRSS:")
 
 
 def rss_anon(pid: int) -> int:
-    """Anonymous resident bytes of a process (Linux RssAnon; 0 elsewhere): its RSS without the
-    store's file pages that SQLite's readers map (mmap_size), which the kernel can drop at will and
-    which varied by hundreds of MiB between identical 1M runs."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("RssAnon:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
+    """Anonymous resident bytes of a process (RssAnon): its RSS without the store's file pages that
+    SQLite's readers map (mmap_size), which the kernel can drop at will and which varied by
+    hundreds of MiB between identical 1M runs."""
+    return _status(pid, "RssAnon:")
 
 
 def set_all(client: Client, keys: list[bytes], value: bytes, vbuckets: int, window: int = 64,

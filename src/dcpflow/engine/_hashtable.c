@@ -445,18 +445,18 @@ static PyObject *Table_put(Table *t, PyObject *const *args, Py_ssize_t nargs) {
 
 /* -- values out -------------------------------------------------------------------------------- */
 
+/* (a, b) from two new references; NULL (the other one released) if either is NULL. */
+static PyObject *pair_of(PyObject *a, PyObject *b) {
+    PyObject *t = (a != NULL && b != NULL) ? PyTuple_Pack(2, a, b) : NULL;
+    Py_XDECREF(a);
+    Py_XDECREF(b);
+    return t;
+}
+
 static PyObject *rec_key(const rec_t *r) {
     PyObject *b = PyBytes_FromStringAndSize((const char *)r->data, r->klen);
     if (b == NULL || r->cid == 0) return b;
-    PyObject *cid = PyLong_FromUnsignedLong(r->cid);
-    if (cid == NULL) {
-        Py_DECREF(b);
-        return NULL;
-    }
-    PyObject *t = PyTuple_Pack(2, cid, b);
-    Py_DECREF(cid);
-    Py_DECREF(b);
-    return t;
+    return pair_of(PyLong_FromUnsignedLong(r->cid), b);
 }
 
 /* The document of a record: factory(key, value, flags, expiry, cas, rev_seqno, by_seqno, datatype,
@@ -683,15 +683,7 @@ static PyObject *TableIter_next(TableIter *it) {
     if (it->kind == 1) return rec_item(t, r);
     PyObject *key = rec_key(r);
     if (key == NULL) return NULL;
-    PyObject *item = rec_item(t, r);
-    if (item == NULL) {
-        Py_DECREF(key);
-        return NULL;
-    }
-    PyObject *pair = PyTuple_Pack(2, key, item);
-    Py_DECREF(key);
-    Py_DECREF(item);
-    return pair;
+    return pair_of(key, rec_item(t, r));
 }
 
 static void TableIter_dealloc(TableIter *it) {

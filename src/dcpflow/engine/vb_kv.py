@@ -92,33 +92,14 @@ class ClientOps:
             # the plain SET (no CAS, no expiry before or after, no lock): the general path below, with
             # the previous version's metadata only, and the new one put into the table field by field
             seqno = self.high_seqno + 1
-            item = _new_item(Item)
-            item.key = key
-            item.value = value
-            item.flags = flags
-            item.expiry = 0
-            item.cas = new_cas = self.hlc.next()
-            item.rev_seqno = rev = version[0] + 1 if version is not None else self.max_deleted_rev_seqno + 1
-            item.by_seqno = seqno
-            item.datatype = datatype
-            item.deleted = False
-            item.delete_time = 0
-            item.delete_source = _EXPLICIT
-            item.cid = 0
+            new_cas = self.hlc.next()
+            rev = version[0] + 1 if version is not None else self.max_deleted_rev_seqno + 1
+            item = Item(key, value, flags, 0, new_cas, rev, seqno, datatype)  # (Document's compiled constructor)
             self.checkpoint_manager.queue(item)  # first: it validates the seqno before anything changes
             if version is None:
-                mem.meta += len(key) + HT_ITEM_OVERHEAD
-                mem.values += len(value)
-                self.ops_create += 1
-                self.num_items += 1
-            elif version[2]:
-                mem.values += len(value) - version[3]
-                self.num_deleted -= 1
-                self.ops_create += 1
-                self.num_items += 1
+                self._count_live(key, value, None, 0)
             else:
-                mem.values += len(value) - version[3]
-                self.ops_update += 1
+                self._count_live(key, value, version[2], version[3])
             ht.put(key, value, flags, 0, new_cas, rev, seqno, datatype, False, 0, 0)
             self.high_seqno = seqno
             if self._dirty is not None:
@@ -156,20 +137,10 @@ class ClientOps:
         item.delete_source = _EXPLICIT
         item.cid = 0
         self.checkpoint_manager.queue(item)  # first: it validates the seqno before anything changes
-        # _queue's accounting for a live version over `prev`
         if prev is None:
-            mem.meta += len(key) + HT_ITEM_OVERHEAD
-            mem.values += len(value)
-            self.ops_create += 1
-            self.num_items += 1
-        elif prev.deleted:
-            mem.values += len(value) - len(prev.value)
-            self.num_deleted -= 1
-            self.ops_create += 1
-            self.num_items += 1
+            self._count_live(key, value, None, 0)
         else:
-            mem.values += len(value) - len(prev.value)
-            self.ops_update += 1
+            self._count_live(key, value, prev.deleted, len(prev.value))
         if expiry:
             heapq.heappush(self._expiry_heap, (expiry, seqno, key))
         ht[key] = item
@@ -181,6 +152,24 @@ class ClientOps:
         if self._on_seqno is not None:
             self._on_seqno(self.id, seqno)
         return item
+
+    def _count_live(self, key: bytes, value: bytes, prev_deleted: bool | None, prev_len: int) -> None:
+        """_queue's accounting for a live version of a default-collection key over the previous one
+        (`prev_deleted` None: the key is new; `prev_len`: the length of its resident value)."""
+        mem = self._mem
+        if prev_deleted is None:
+            mem.meta += len(key) + HT_ITEM_OVERHEAD
+            mem.values += len(value)
+            self.ops_create += 1
+            self.num_items += 1
+        elif prev_deleted:
+            mem.values += len(value) - prev_len
+            self.num_deleted -= 1
+            self.ops_create += 1
+            self.num_items += 1
+        else:
+            mem.values += len(value) - prev_len
+            self.ops_update += 1
 
     def _set_other(self, key: tuple, value: bytes, flags: int, expiry: int, datatype: int, cas: int) -> Item:
         """`set` of a document of another collection than the default one: the general path."""
