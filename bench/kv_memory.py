@@ -57,16 +57,28 @@ from serverproc import next_frame, start_server, stop
 MiB = 1 << 20
 
 
-def rss(pid: int) -> int:
-    """Resident bytes of a process (Linux /proc; 0 elsewhere)."""
+def _status(pid: int, field: str) -> int:
+    """A size field of a process's /proc status, in bytes (Linux; 0 elsewhere)."""
     try:
         with open(f"/proc/{pid}/status") as f:
             for line in f:
-                if line.startswith("VmRSS:"):
+                if line.startswith(field):
                     return int(line.split()[1]) * 1024
     except OSError:
         pass
     return 0
+
+
+def rss(pid: int) -> int:
+    """Resident bytes of a process."""
+    return _status(pid, "VmRSS:")
+
+
+def rss_anon(pid: int) -> int:
+    """Anonymous resident bytes of a process (RssAnon): its RSS without the store's file pages that
+    SQLite's readers map (mmap_size), which the kernel can drop at will and which varied by
+    hundreds of MiB between identical 1M runs."""
+    return _status(pid, "RssAnon:")
 
 
 def set_all(client: Client, keys: list[bytes], value: bytes, vbuckets: int, window: int = 64,
@@ -179,7 +191,7 @@ def density(args) -> None:
                                       "--memory-quota", args.density_quota)
             try:
                 client = Client.logged_in(port)
-                idle = rss(proc.pid)
+                idle, idle_anon = rss(proc.pid), rss_anon(proc.pid)
                 t0 = time.monotonic()
                 step = 20_000
                 for lo in range(0, n, step):
@@ -187,7 +199,7 @@ def density(args) -> None:
                 took = time.monotonic() - t0
                 client.settle(600)
                 stats = client.stats()
-                loaded = rss(proc.pid)
+                loaded, loaded_anon = rss(proc.pid), rss_anon(proc.pid)
                 meta, used = int(stats[b"ep_meta_data_memory"]), int(stats[b"mem_used"])
                 ckpt, ejected = int(stats[b"ep_checkpoint_memory"]), int(stats[b"ep_num_value_ejects"])
                 beyond = meta / n - key_len
@@ -202,6 +214,11 @@ def density(args) -> None:
                       f"bytes/item, {grown - key_len - len(value):,.0f} beyond key and value "
                       f"({(grown - key_len - len(value)) / KV_ENGINE_META_BYTES:.1f}x kv_engine's ~"
                       f"{KV_ENGINE_META_BYTES}); RSS / mem_used {loaded / used:.2f}")
+                grown_anon = (loaded_anon - idle_anon) / n
+                print(f"  server anonymous RSS (without the store's mapped file) idle {idle_anon / MiB:,.0f} MiB, "
+                      f"loaded {loaded_anon / MiB:,.0f} MiB: {grown_anon:,.0f} bytes/item, "
+                      f"{grown_anon - key_len - len(value):,.0f} beyond key and value; "
+                      f"anonymous RSS / mem_used {loaded_anon / used:.2f}")
             finally:
                 stop(proc)
 

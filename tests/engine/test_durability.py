@@ -2,10 +2,13 @@
 commit on acks and persistence, abort at the timeout, durable deletes, HPS/HCS/MVS, warm-up with
 in-flight prepares, the replica's acknowledgements and a promoted replica re-driving its prepares."""
 
+import dataclasses
+
 import pytest
 
 from dcpflow.engine import EngineError, VBucketState
 from dcpflow.engine.durability import Abort, Commit, Level, Outcome, Prepare
+from dcpflow.engine.item import Item
 from dcpflow.protocol.status import Status
 
 MAJ, MAJ_PERSIST, PERSIST = Level.MAJORITY, Level.MAJORITY_AND_PERSIST_ON_MASTER, Level.PERSIST_TO_MAJORITY
@@ -17,6 +20,11 @@ def active(make_bucket, clock):
     vb = b.set_vbucket_state(0, VBucketState.ACTIVE)
     vb.set_topology(["a", "b"])
     return b, vb
+
+
+def fields(item) -> tuple:
+    """A version's fields (the hash table answers an Item for a Commit: same fields, not the same class)."""
+    return tuple(getattr(item, f.name) for f in dataclasses.fields(Item))
 
 
 def queued(vb):
@@ -44,8 +52,10 @@ def test_majority_commits_when_the_replica_acks_and_blocks_the_key_meanwhile(act
     assert outcomes == []
     assert vb.seqno_ack("b", 2) == [(p, Outcome.COMMITTED)]
     assert outcomes == [Outcome.COMMITTED]
-    got = vb.get(b"k")
-    assert isinstance(got, Commit) and got.value == b"new" and got.by_seqno == 4 and got.prepared_seqno == 2
+    got = vb.get(b"k")  # the hash table keeps the committed version's fields (an Item); the queue its Commit
+    assert got.value == b"new" and got.by_seqno == 4
+    commit = vb.checkpoint_manager.open_checkpoint.items()[-1]
+    assert isinstance(commit, Commit) and commit.prepared_seqno == 2 and fields(commit) == fields(got)
     assert got.cas == p.cas and vb.hcs == 2 and vb.max_visible_seqno == 4
     vb.set(b"k", b"after")  # unblocked
     # the commit is de-duplicated by the later version like any version; the prepare never is
@@ -198,7 +208,7 @@ def test_a_replica_acks_its_hps_at_snapshot_ends_and_persist_to_majority_after_p
     assert vb.hps == 2
     vb.snapshot_marker(4, 5)
     c = vb.apply_commit(b"a", prepared_seqno=1, commit_seqno=4)
-    assert isinstance(c, Commit) and c.value == b"1" and vb.ht[b"a"] is c
+    assert isinstance(c, Commit) and c.value == b"1" and fields(vb.ht[b"a"]) == fields(c)
     vb.apply_abort(b"p", prepared_seqno=2, abort_seqno=5)
     assert vb.hcs == 2 and vb.prepares == {} and b"p" not in vb.ht
     with pytest.raises(EngineError) as e:

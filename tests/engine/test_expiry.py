@@ -51,7 +51,7 @@ def test_get_of_an_expired_document_makes_an_expiration(bucket, clock):
     assert tomb.deleted and tomb.delete_source == DeleteSource.TTL and tomb.is_expiration
     assert (tomb.by_seqno, tomb.rev_seqno, tomb.delete_time) == (2, 2, int(clock.now))
     assert tomb.cas > live.cas
-    assert last_queued(vb) is tomb  # DCP will stream it as an Expiration
+    assert last_queued(vb) == tomb  # DCP will stream it as an Expiration
 
 
 def test_get_meta_also_expires(bucket, clock):

@@ -28,7 +28,7 @@ def test_metadata_is_stored_unchanged(replica):
     assert (m.cas, m.rev_seqno, m.by_seqno, m.flags, m.expiry, m.datatype) == (CAS, 9, 1, 4, 5, 1)
     assert d.deleted and d.delete_source == DeleteSource.EXPLICIT and d.delete_time == 1234
     assert e.is_expiration and e.delete_time == 1235
-    assert replica.high_seqno == 3 and replica.ht[b"a"] is m
+    assert replica.high_seqno == 3 and replica.ht[b"a"] == m
     assert replica.hlc.max_cas == CAS + 2
 
 

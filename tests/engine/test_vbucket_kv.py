@@ -26,7 +26,7 @@ def test_set_then_get(bucket):
     vb = bucket.vbucket(0)
     item = vb.set(b"k", b"value", flags=5, datatype=1)
     got = vb.get(b"k")
-    assert got is item
+    assert got == item
     assert (got.value, got.flags, got.datatype, got.by_seqno, got.rev_seqno) == (b"value", 5, 1, 1, 1)
     assert vb.high_seqno == 1 and vb.num_items == 1
 
@@ -83,7 +83,7 @@ def test_delete_leaves_a_tombstone_with_metadata_and_delete_time(bucket, clock):
     assert tomb.delete_time == int(clock.now) and tomb.value == b""
     assert (tomb.by_seqno, tomb.rev_seqno, tomb.flags) == (2, 2, 9) and tomb.cas > live.cas
     assert status_of(vb.get, b"k") == Status.KEY_ENOENT
-    assert vb.get_meta(b"k") is tomb and tomb.meta_expiry == tomb.delete_time
+    assert vb.get_meta(b"k") == tomb and tomb.meta_expiry == tomb.delete_time
     assert vb.num_items == 0 and vb.num_deleted == 1
     assert status_of(vb.delete, b"k") == Status.KEY_ENOENT
 

@@ -37,7 +37,7 @@ def test_set_with_meta_stores_the_given_metadata(vb):
     item = vb.set_with_meta(b"k", b"v", cas=REMOTE_CAS, rev_seqno=42, flags=7, expiry=2_000_000_000,
                             datatype=1)
     stored = vb.get(b"k")
-    assert stored is item
+    assert stored == item
     assert (stored.cas, stored.rev_seqno, stored.flags, stored.expiry, stored.datatype, stored.by_seqno) == (
         REMOTE_CAS, 42, 7, 2_000_000_000, 1, 1)
 
@@ -195,7 +195,7 @@ def test_del_with_meta_stores_a_tombstone_with_given_metadata(vb, clock):
 
 def test_del_with_meta_of_an_unknown_key_creates_a_tombstone(vb):
     tomb = vb.del_with_meta(b"never-seen", cas=REMOTE_CAS, rev_seqno=12)
-    assert vb.get_meta(b"never-seen") is tomb and tomb.deleted and vb.num_deleted == 1
+    assert vb.get_meta(b"never-seen") == tomb and tomb.deleted and vb.num_deleted == 1
 
 
 def test_del_with_meta_conflict_resolution_ignores_flags_and_expiry(vb):

@@ -684,3 +684,54 @@ def test_stamp_refuses_what_is_not_a_stored_run(fn):
         fn(dcp.DcpDeletion(0, 5, 1, b"k").encode(), 1, False)
     with pytest.raises(ValueError, match="opaque"):
         fn(one, 1 << 32, False)
+
+
+# -- Document's constructor ---------------------------------------------------------------------
+
+from dcpflow.protocol.dcp.documents import document_init_py  # noqa: E402
+
+needs_init = pytest.mark.skipif(Document.__init__ is document_init_py,
+                                reason="the compiled Document constructor is not built")
+_FIELD_NAMES = [f for f in Document.__dataclass_fields__]
+_init_values = st.one_of(st.integers(-2, 1 << 70), st.binary(max_size=8), st.none(), st.booleans())
+
+
+class _Property(Document):
+    """A subclass with a property in front of a field: the compiled constructor sets it by name."""
+
+    __slots__ = ("_flags",)
+
+    @property
+    def flags(self):
+        return self._flags
+
+    @flags.setter
+    def flags(self, v):
+        self._flags = ("set", v)
+
+
+@needs_init
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_init_values, max_size=14),
+       st.dictionaries(st.sampled_from(_FIELD_NAMES + ["nope", "self"]), _init_values, max_size=4),
+       st.sampled_from([Document, Item, _Property]))
+def test_the_compiled_document_constructor_is_the_dataclass_one(args, kwargs, cls):
+    """Same fields, or the same error type, for any positional and keyword arguments, on the
+    protocol's Document, the engine's Item and a subclass with a property in front of a field."""
+    def build(init):
+        doc = cls.__new__(cls)
+        try:
+            init(doc, *args, **kwargs)
+        except TypeError:
+            return TypeError
+        return [getattr(doc, name, "unset") for name in _FIELD_NAMES]
+
+    assert build(Document.__init__) == build(document_init_py)
+
+
+@needs_init
+def test_the_compiled_constructor_builds_what_the_dataclass_builds():
+    a = Item(b"k", b"v", 1, expiry=2, cid=8)
+    b = Item.__new__(Item)
+    document_init_py(b, b"k", b"v", 1, expiry=2, cid=8)
+    assert a == b and a.delete_source is b.delete_source and a.rev_seqno == 1

@@ -92,8 +92,8 @@ def test_keys_alone_over_the_quota_is_enomem(make_server):
     server = make_server(memory_quota=2 * MiB)
     with server.login() as c:
         statuses = set()
-        for i in range(20_000):
-            status = c.set(b"tiny%06d" % i, b"").status
+        for i in range(60_000):  # 200-byte keys and ~80 bytes of metadata each: 2 MiB holds ~7k
+            status = c.set(b"tiny%06d" % i + b"k" * 190, b"").status
             statuses.add(status)
             if status == Status.ENOMEM:
                 break
@@ -102,7 +102,7 @@ def test_keys_alone_over_the_quota_is_enomem(make_server):
         assert Status.ENOMEM in statuses
         reply = c.set(b"one-more", b"")
         assert reply.status == Status.ENOMEM and b"raise the quota" in reply.value
-        assert c.delete(b"tiny000000").status == Status.SUCCESS  # deletions still work
+        assert c.delete(b"tiny000000" + b"k" * 190).status == Status.SUCCESS  # deletions still work
 
 
 def test_the_management_apis_ram_quota_is_the_buckets(server):

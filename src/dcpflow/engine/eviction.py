@@ -50,6 +50,7 @@ from dcpflow.protocol.status import Status
 
 from .collections import SYSTEM_CID
 from .errors import EngineError
+from .hashtable import same_version
 from .item import NOT_RESIDENT, Item
 from .memory import HT_ITEM_OVERHEAD
 
@@ -244,7 +245,7 @@ class FullEviction:
         recommitting = self.recommitting
         freed = n = 0
         for key, item in entries:
-            if ht.get(key) is not item or item.by_seqno > persisted or key in locks:
+            if not same_version(ht.get(key), item) or item.by_seqno > persisted or key in locks:
                 continue
             if (prepares and key in prepares) or (recommitting and key in recommitting):
                 continue

@@ -31,7 +31,7 @@ floor under the size (dcpflow once had 64 KiB), 1024 vbuckets x 64 KiB exceeded 
 that stopped reading stopped every writer.
 
 **What is counted** (`used`): every hash-table entry's key and metadata (`HT_ITEM_OVERHEAD` per
-entry: the Python objects of a document version, measured), its value while resident, and the
+entry: what the table spends on a record beyond its key and value, hashtable.py), its value while resident, and the
 checkpoints' items (checkpoint.py, `ITEM_OVERHEAD` each). A version in both the hash table and a
 checkpoint is counted twice, as kv_engine counts its hash table and its checkpoints apart: the sum
 is an upper bound of what the documents cost. The interpreter, the store's page caches and the
@@ -54,12 +54,12 @@ from dcpflow.protocol.dcp import VBucketState
 from dcpflow.protocol.status import Status
 
 from .errors import EngineError
+from .hashtable import ENTRY_OVERHEAD, same_version
 from .item import NOT_RESIDENT, Item
 
-#: The Python objects of one hash-table entry besides its key and value bytes: the Item, its
-#: integers, the dict slot and the bytes objects' headers (tracemalloc: ~244 bytes for the entry
-#: and ~33 for each bytes header).
-HT_ITEM_OVERHEAD = 310
+#: What one hash-table entry costs besides its key and value bytes: the table's record head, its
+#: allocator rounding and its share of the table's arrays (hashtable.py; a dict of Items spent 310).
+HT_ITEM_OVERHEAD = ENTRY_OVERHEAD
 #: kv_engine's default marks, as fractions of the quota.
 MEM_HIGH_WAT = 0.85
 MEM_LOW_WAT = 0.75
@@ -278,7 +278,7 @@ class ItemPager:
         freed = 0
         n = 0
         for key, item in entries:
-            if ht.get(key) is not item:
+            if not same_version(ht.get(key), item):
                 continue  # changed since the snapshot
             value = item.value
             if value is NOT_RESIDENT or item.deleted or item.by_seqno > persisted or not value or key in locks:

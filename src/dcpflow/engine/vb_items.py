@@ -9,8 +9,8 @@ resident. An entry whose value the pager evicted holds NOT_RESIDENT: `_resident`
 back from the store through the vbucket's `fetch` (synchronously), or the caller fetches it off the
 owner thread and hands it to `restore`.
 
-This is the one module that builds and walks the table as a whole, so that a compact table (issue
-46: compact records rather than a Python object per version) replaces it here. A mixin of VBucket
+This is the one module that builds and walks the table as a whole; the table itself (compact
+records rather than a Python object per version, issue 46) is hashtable.py. A mixin of VBucket
 (vbucket.py), whose slots it uses.
 """
 

@@ -18,6 +18,7 @@ from dcpflow.protocol.status import Status
 
 from .errors import EngineError
 from .expiry import to_absolute
+from .hashtable import same_version
 from .item import NOT_RESIDENT, DeleteSource, Item
 from .memory import HT_ITEM_OVERHEAD
 from .vb_locks import SYNC_BLOCK, in_progress
@@ -89,12 +90,32 @@ class ClientOps:
         if key.__class__ is tuple:  # another collection than the default one
             return self._set_other(key, value, flags, expiry, datatype, cas)
         ht = self.ht
+        locks = self.locks
+        version = ht.version(key)  # (rev_seqno, expiry, deleted, value length) or None: no Item built
+        if not (cas or expiry or locks or (version is not None and version[1])) and (
+                version is not None or self._filter is None):
+            # the plain SET (no CAS, no expiry before or after, no lock, and the key in memory or no
+            # full eviction): the general path below, with the previous version's metadata only, and
+            # the new one put into the table field by field
+            seqno = self.high_seqno + 1
+            new_cas = self.hlc.next()
+            rev = version[0] + 1 if version is not None else self.max_deleted_rev_seqno + 1
+            item = Item(key, value, flags, 0, new_cas, rev, seqno, datatype)  # (Document's compiled constructor)
+            self.checkpoint_manager.queue(item)  # first: it validates the seqno before anything changes
+            if version is None:
+                self._count_live(key, value, None, 0)
+            else:
+                self._count_live(key, value, version[2], version[3])
+            ht.put(key, value, flags, 0, new_cas, rev, seqno, datatype, False, 0, 0)
+            self.high_seqno = seqno
+            if self._dirty is not None:
+                self._dirty[self.id] = None
+            if self._on_seqno is not None:
+                self._on_seqno(self.id, seqno)
+            return item
         prev = ht.get(key)
         if prev is None and self._filter is not None:  # full eviction: maybe on disk (eviction.py)
             prev = self._fetch_evicted(key, True)
-        if prev is not None:
-            key = prev.key  # one key object for the hash table, the checkpoint's index and the new version
-        locks = self.locks
         now = 0.0
         if expiry or locks or (prev is not None and prev.expiry):  # most writes need no clock
             now = self._clock()
@@ -124,22 +145,12 @@ class ClientOps:
         item.delete_source = _EXPLICIT
         item.cid = 0
         self.checkpoint_manager.queue(item)  # first: it validates the seqno before anything changes
-        # _queue's accounting for a live version over `prev`
         if prev is None:
-            mem.meta += len(key) + HT_ITEM_OVERHEAD
-            mem.values += len(value)
-            self.ops_create += 1
-            self.num_items += 1
+            self._count_live(key, value, None, 0)
             if self._filter is not None:
                 self._note_key(key)
-        elif prev.deleted:
-            mem.values += len(value) - len(prev.value)
-            self.num_deleted -= 1
-            self.ops_create += 1
-            self.num_items += 1
         else:
-            mem.values += len(value) - len(prev.value)
-            self.ops_update += 1
+            self._count_live(key, value, prev.deleted, len(prev.value))
         if expiry:
             heapq.heappush(self._expiry_heap, (expiry, seqno, key))
         ht[key] = item
@@ -151,6 +162,24 @@ class ClientOps:
         if self._on_seqno is not None:
             self._on_seqno(self.id, seqno)
         return item
+
+    def _count_live(self, key: bytes, value: bytes, prev_deleted: bool | None, prev_len: int) -> None:
+        """_queue's accounting for a live version of a default-collection key over the previous one
+        (`prev_deleted` None: the key is new; `prev_len`: the length of its resident value)."""
+        mem = self._mem
+        if prev_deleted is None:
+            mem.meta += len(key) + HT_ITEM_OVERHEAD
+            mem.values += len(value)
+            self.ops_create += 1
+            self.num_items += 1
+        elif prev_deleted:
+            mem.values += len(value) - prev_len
+            self.num_deleted -= 1
+            self.ops_create += 1
+            self.num_items += 1
+        else:
+            mem.values += len(value) - prev_len
+            self.ops_update += 1
 
     def _set_other(self, key: tuple, value: bytes, flags: int, expiry: int, datatype: int, cas: int) -> Item:
         """`set` of a document of another collection than the default one: the general path."""
@@ -255,7 +284,7 @@ class ClientOps:
                       deleted: bool, cas: int, finish: Callable[[int, int], bytes] | None) -> tuple[Item, float]:
         """(the new version, now) of a read-modify-write, after its checks (`prev` still current, the
         lock); shared by `write_version` and `prepare_version`, which queue it or prepare it."""
-        if self.ht.get(key) is not prev:
+        if not same_version(self.ht.get(key), prev):
             raise EngineError(Status.KEY_EEXISTS, f"key {key!r} changed during the read-modify-write")
         now = self._clock()
         if self.locks:

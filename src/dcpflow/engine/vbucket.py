@@ -1,6 +1,6 @@
 """VBucket: one partition of a bucket - hash table, seqnos, HLC, checkpoints, failover log.
 
-Memory-first: every document version lives in `ht` (a dict, the HashTable); a write assigns the
+Memory-first: every document version lives in `ht` (the HashTable of compact records, hashtable.py); a write assigns the
 next by-seqno and a CAS from the vbucket's HLC, replaces the key's entry in the hash table and
 queues the version into the CheckpointManager. Nothing touches disk on the write path: the
 flusher persists from the checkpoints later, in batches.
@@ -50,6 +50,7 @@ from .errors import EngineError
 from .eviction import FullEviction
 from .expiry import to_absolute
 from .failover import FailoverEntry, FailoverTable
+from .hashtable import HashTable
 from .hlc import HLC
 from .item import DATATYPE_XATTR, NOT_RESIDENT, DeleteSource, Item, retain_system_xattrs
 from .memory import HT_ITEM_OVERHEAD, BucketMemory
@@ -118,7 +119,7 @@ class VBucket(ClientOps, ItemTable, FullEviction, Locks, WithMeta, ReplicaApply,
             high_seqno=high_seqno, max_items=checkpoint_max_items, max_age=checkpoint_max_age,
             max_bytes=checkpoint_max_bytes, memory_quota=checkpoint_memory_quota, account=self._mem,
             persistent=persistent)
-        self.ht: dict[bytes, Item] = {}
+        self.ht = HashTable()
         self.num_items = 0  # live documents
         self.num_deleted = 0  # tombstones held in memory
         self.ops_create = self.ops_update = self.ops_delete = 0
@@ -388,7 +389,7 @@ class VBucket(ClientOps, ItemTable, FullEviction, Locks, WithMeta, ReplicaApply,
         is the persisted snapshot that seqno lies in (its end if it is a consistent point)."""
         self.forget_memory()
         self.evicted += 1
-        self.ht = {}
+        self.ht = HashTable()
         self._expiry_heap = []
         self.locks.clear()
         self.collections = VBCollections()

@@ -760,7 +760,127 @@ static PyObject *mutations_upto(PyObject *module, PyObject *const *args, Py_ssiz
     return Py_BuildValue("(nnK)", at, count, seqno);
 }
 
+/* -- Document.__init__ ------------------------------------------------------------------------
+   document_init_for(defaults) - the dataclass constructor of dcpflow.protocol.document.Document,
+   compiled: the same parameters (key and value required, then the ten fields with `defaults`, the
+   dataclass __init__'s own __defaults__), positional or by name, and the same TypeErrors for a
+   missing, unexpected or doubled argument. It stores the fields into the slots of the Document
+   being built (an instance of Document or of a subclass such as the engine's Item, whose slots
+   are Document's: _speedups.h), or through setattr for a subclass that puts something else in
+   front of them. dcp/documents.py installs it as Document.__init__; the dataclass's is its twin
+   (document_init_py, tests/protocol/test_speedups.py). Every document the engine's hash table
+   reads back is built through it. */
+
+#define INIT_FIELDS 12
+static const char *const INIT_NAMES[INIT_FIELDS] = {
+    "key", "value", "flags", "expiry", "cas", "rev_seqno", "by_seqno", "datatype", "deleted", "delete_time",
+    "delete_source", "cid"};
+static document_fields_t init_fields;
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *defaults[INIT_FIELDS];  /* NULL for key and value */
+} DocumentInit;
+
+static void DocumentInit_dealloc(DocumentInit *self) {
+    for (int i = 0; i < INIT_FIELDS; i++) Py_XDECREF(self->defaults[i]);
+    PyObject_Free(self);
+}
+
+/* self(document, *args, **kwargs): fills the document's fields. */
+static PyObject *DocumentInit_call(DocumentInit *self, PyObject *args, PyObject *kwargs) {
+    Py_ssize_t n = PyTuple_GET_SIZE(args);
+    if (n < 1) {
+        PyErr_SetString(PyExc_TypeError, "__init__() needs the document");
+        return NULL;
+    }
+    PyObject *doc = PyTuple_GET_ITEM(args, 0);
+    PyObject *v[INIT_FIELDS] = {0};
+    if (n - 1 > INIT_FIELDS) {
+        PyErr_Format(PyExc_TypeError, "__init__() takes from 3 to %d positional arguments but %zd were given",
+                     INIT_FIELDS + 1, n);
+        return NULL;
+    }
+    for (Py_ssize_t i = 1; i < n; i++) v[i - 1] = PyTuple_GET_ITEM(args, i);
+    if (kwargs != NULL) {
+        Py_ssize_t pos = 0;
+        PyObject *name, *value;
+        while (PyDict_Next(kwargs, &pos, &name, &value)) {
+            int at = -1;
+            if (PyUnicode_Check(name)) {
+                for (int i = 0; i < INIT_FIELDS; i++) {
+                    if (PyUnicode_Compare(name, init_fields.names[i]) == 0) {
+                        at = i;
+                        break;
+                    }
+                }
+            }
+            if (at < 0) {
+                PyErr_Format(PyExc_TypeError, "__init__() got an unexpected keyword argument '%S'", name);
+                return NULL;
+            }
+            if (v[at] != NULL) {
+                PyErr_Format(PyExc_TypeError, "__init__() got multiple values for argument '%S'", name);
+                return NULL;
+            }
+            v[at] = value;
+        }
+    }
+    for (int i = 0; i < INIT_FIELDS; i++) {
+        if (v[i] == NULL) {
+            if (self->defaults[i] == NULL) {
+                PyErr_Format(PyExc_TypeError, "__init__() missing required argument: '%s'", INIT_NAMES[i]);
+                return NULL;
+            }
+            v[i] = self->defaults[i];
+        }
+    }
+    if (document_fields_of(&init_fields, doc)) {
+        for (int i = 0; i < INIT_FIELDS; i++) {
+            PyObject **slot = (PyObject **)((char *)doc + init_fields.offsets[i]);
+            PyObject *old = *slot;
+            *slot = Py_NewRef(v[i]);
+            Py_XDECREF(old);
+        }
+    } else {
+        for (int i = 0; i < INIT_FIELDS; i++) {
+            if (PyObject_SetAttr(doc, init_fields.names[i], v[i]) < 0) return NULL;
+        }
+    }
+    Py_RETURN_NONE;
+}
+
+static PyTypeObject DocumentInitType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "dcpflow.protocol._speedups.DocumentInit",
+    .tp_basicsize = sizeof(DocumentInit),
+    .tp_dealloc = (destructor)DocumentInit_dealloc,
+    .tp_call = (ternaryfunc)DocumentInit_call,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Document's constructor, compiled (document_init_for).",
+};
+
+static PyObject *document_init_for(PyObject *Py_UNUSED(module), PyObject *defaults) {
+    if (!PyTuple_Check(defaults) || PyTuple_GET_SIZE(defaults) != INIT_FIELDS - 2) {
+        PyErr_SetString(PyExc_TypeError, "document_init_for(defaults): the dataclass __init__'s 10 defaults");
+        return NULL;
+    }
+    if (init_fields.n == 0 && document_fields_init(&init_fields, INIT_NAMES, INIT_FIELDS) < 0) return NULL;
+    DocumentInit *init = PyObject_New(DocumentInit, &DocumentInitType);
+    if (init == NULL) return NULL;
+    init->defaults[0] = init->defaults[1] = NULL;
+    for (int i = 2; i < INIT_FIELDS; i++) init->defaults[i] = Py_NewRef(PyTuple_GET_ITEM(defaults, i - 2));
+    /* bound as a method: Document.__init__(self, ...) */
+    PyObject *method = PyInstanceMethod_New((PyObject *)init);
+    Py_DECREF(init);
+    return method;
+}
+
+PyDoc_STRVAR(document_init_for_doc,
+"document_init_for(defaults) -> Document's __init__, compiled, for the dataclass __init__'s defaults.");
+
 static PyMethodDef methods[] = {
+    {"document_init_for", (PyCFunction)document_init_for, METH_O, document_init_for_doc},
     {"split", (PyCFunction)(void (*)(void))split, METH_FASTCALL, split_doc},
     {"encode_mutations", (PyCFunction)(void (*)(void))encode_mutations, METH_FASTCALL, encode_mutations_doc},
     {"walk_stream", (PyCFunction)(void (*)(void))walk_stream, METH_FASTCALL, walk_stream_doc},
@@ -780,5 +900,6 @@ static struct PyModuleDef module = {
 
 PyMODINIT_FUNC PyInit__speedups(void) {
     if (document_fields_init(&documents, FIELD_NAMES, N_FIELDS) < 0) return NULL;
+    if (PyType_Ready(&DocumentInitType) < 0) return NULL;
     return PyModule_Create(&module);
 }

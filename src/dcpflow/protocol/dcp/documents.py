@@ -7,6 +7,7 @@ from typing import NamedTuple
 
 from .. import rules
 from ..datatype import Datatype
+from ..document import Document
 from ..errors import ProtocolError
 from ..frame import (
     HEADER_LEN,
@@ -121,6 +122,14 @@ def encode_mutations_py(items: Sequence, start: int, vbucket: int, opaque: int, 
 
 #: The run encoder a producer uses: compiled when built (same bytes; tests/protocol/test_speedups.py).
 encode_mutations = compiled("encode_mutations") or encode_mutations_py
+
+#: Document's constructor: the dataclass's (its twin, kept here) or, when built, the compiled one,
+#: which stores the same fields without running Python code (tests/protocol/test_speedups.py). The
+#: engine's hash table builds an Item per read through it.
+document_init_py = Document.__init__
+_document_init_for = compiled("document_init_for")
+if _document_init_for is not None:
+    Document.__init__ = _document_init_for(document_init_py.__defaults__)
 
 
 def stamp_mutations_py(data: bytes, opaque: int, collections: bool) -> bytes:
