@@ -94,25 +94,7 @@ class ClientOps:
         version = ht.version(key)  # (rev_seqno, expiry, deleted, value length) or None: no Item built
         if not (cas or expiry or locks or (version is not None and version[1])) and (
                 version is not None or self._filter is None):
-            # the plain SET (no CAS, no expiry before or after, no lock, and the key in memory or no
-            # full eviction): the general path below, with the previous version's metadata only, and
-            # the new one put into the table field by field
-            seqno = self.high_seqno + 1
-            new_cas = self.hlc.next()
-            rev = version[0] + 1 if version is not None else self.max_deleted_rev_seqno + 1
-            item = Item(key, value, flags, 0, new_cas, rev, seqno, datatype)  # (Document's compiled constructor)
-            self.checkpoint_manager.queue(item)  # first: it validates the seqno before anything changes
-            if version is None:
-                self._count_live(key, value, None, 0)
-            else:
-                self._count_live(key, value, version[2], version[3])
-            ht.put(key, value, flags, 0, new_cas, rev, seqno, datatype, False, 0, 0)
-            self.high_seqno = seqno
-            if self._dirty is not None:
-                self._dirty[self.id] = None
-            if self._on_seqno is not None:
-                self._on_seqno(self.id, seqno)
-            return item
+            return self._plain_set(key, value, flags, datatype, version)
         prev = ht.get(key)
         if prev is None and self._filter is not None:  # full eviction: maybe on disk (eviction.py)
             prev = self._fetch_evicted(key, True)
@@ -157,6 +139,28 @@ class ClientOps:
         self.high_seqno = seqno
         if locks:  # (the vbucket's one dict of locks: cleared in place, never replaced)
             locks.pop(key, None)
+        if self._dirty is not None:
+            self._dirty[self.id] = None
+        if self._on_seqno is not None:
+            self._on_seqno(self.id, seqno)
+        return item
+
+    def _plain_set(self, key: bytes, value: bytes, flags: int, datatype: int, version: tuple | None) -> Item:
+        """`set`'s plain SET (no CAS, no expiry before or after, no lock, and the key in memory or no
+        full eviction): the general path with the previous version's metadata only (`version`, from
+        `HashTable.version`), and the new one put into the table field by field: no Item read back."""
+        ht = self.ht
+        seqno = self.high_seqno + 1
+        new_cas = self.hlc.next()
+        rev = version[0] + 1 if version is not None else self.max_deleted_rev_seqno + 1
+        item = Item(key, value, flags, 0, new_cas, rev, seqno, datatype)  # (Document's compiled constructor)
+        self.checkpoint_manager.queue(item)  # first: it validates the seqno before anything changes
+        if version is None:
+            self._count_live(key, value, None, 0)
+        else:
+            self._count_live(key, value, version[2], version[3])
+        ht.put(key, value, flags, 0, new_cas, rev, seqno, datatype, False, 0, 0)
+        self.high_seqno = seqno
         if self._dirty is not None:
             self._dirty[self.id] = None
         if self._on_seqno is not None:
