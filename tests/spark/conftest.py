@@ -3,25 +3,11 @@ fixtures of tests/server (an in-process server thread, or `dcpflow server` subpr
 
 Tests that need no Spark (options, offsets, schema) do not request `spark`, so running just them
 starts no JVM.
-
-Under pytest-xdist (scripts/test.sh runs the suite on two workers with `--dist loadgroup`) every
-test that uses the shared session is put in one group, so they all run on one worker and one JVM
-serves them: two local sessions would each start a JVM and fight over the same two cores. Tests
-that start Spark in processes of their own (a standalone cluster, a Connect server, a `dcpflow
-pipeline` subprocess) are not grouped and run beside them on the other worker.
 """
 
 import pytest
 
 from tests.server.conftest import make_server, server, spawn_server  # noqa: F401  (fixtures reused)
-
-SPARK_GROUP = pytest.mark.xdist_group("spark-session")
-
-
-def pytest_collection_modifyitems(items):
-    for item in items:
-        if "spark" in getattr(item, "fixturenames", ()):
-            item.add_marker(SPARK_GROUP)
 
 
 @pytest.fixture(scope="session")
