@@ -12,6 +12,7 @@ where x is defined in `__init__`). The few arrows left to a later pass are liste
 """
 
 import ast
+import functools
 import gc
 from pathlib import Path
 
@@ -99,6 +100,11 @@ def imports_of(name: str, path: Path, known: dict[str, Path], nested: bool = Tru
 
 
 def graph(nested: bool = True) -> dict[str, set[str]]:
+    return {name: set(targets) for name, targets in _graph(nested).items()}  # a copy: callers may change it
+
+
+@functools.cache  # read once per run: the walk over every module's tree is the slow part of these tests
+def _graph(nested: bool) -> dict[str, set[str]]:
     known = modules()
     return {name: imports_of(name, path, known, nested) for name, path in known.items()}
 

@@ -13,6 +13,7 @@ from dcpflow.protocol.dcp import VBucketState
 from dcpflow.protocol.opcodes import Opcode
 from dcpflow.protocol.status import Status
 
+from ..resources import wait_for
 from .helpers import (
     ClientModel,
     SdkWriter,
@@ -115,14 +116,13 @@ def test_kill9_failover_under_load_loses_no_replicated_write_and_the_client_roll
     writer = SdkWriter(cluster.connstr, keys)
     writer.start()
     assert writer.ready.wait(30)
-    deadline = time.monotonic() + 30  # writes replicated before the hold (a busy machine acks fewer per second)
-    while len(writer.acked) <= 100:
-        assert time.monotonic() < deadline, f"only {len(writer.acked)} writes acknowledged"
-        time.sleep(0.05)
+    wait_for(lambda: len(writer.acked) > 100, 60, "100 acknowledged writes before the hold")
     # Node 0's replication falls behind (its links are cut); writes and the client go on.
     cluster.run(mgr.hold_replication(cluster.address(dead)))
     held_at = len(writer.acked)
-    time.sleep(0.8)
+    # writes node 0 takes and never replicates: the failover must lose some of them (below)
+    wait_for(lambda: sum(a.vb in dead_vbs for a in writer.acked[held_at:]) >= 30, 60,
+             "writes acknowledged by node 0 while its replication is held")
     cluster.procs[dead].kill()  # kill -9 under load
     time.sleep(0.3)
     result = cluster.run(mgr.failover(cluster.address(dead)))
@@ -208,7 +208,7 @@ def test_rebalance_under_load_loses_nothing_and_clients_follow(cluster):
     result = cluster.run(mgr.rebalance(), 180)
     assert result["moved"] > 0 and result["nodes"] == 3
     before_stop = len(writer.acked)
-    time.sleep(0.8)
+    wait_for(lambda: len(writer.acked) > before_stop + 20, 60, "writes after the rebalance")
     writer.stop()
     assert len(writer.acked) > before_stop + 20, "the SDK stopped writing after the rebalance"
     wait_replicated(cluster)

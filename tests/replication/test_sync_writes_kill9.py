@@ -97,6 +97,7 @@ def copies_agree(cluster, rep: int, dead: int) -> None:
                                 f"copy {failover_log(cluster.ports[i], vb)}")
 
 
+@pytest.mark.slow
 def test_kill9_between_prepare_and_commit_loses_no_acknowledged_durable_write(make_cluster):
     rng = random.Random(int(os.environ.get("DCPFLOW_SYNC_KILL_SEED", "0")) or None)
     cluster = make_cluster(replicas=2, vbuckets=8)

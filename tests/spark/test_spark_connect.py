@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from dcpflow.load import Workload
 
 from .standalone import ConnectServer, state_of, stop_groups
@@ -17,6 +19,7 @@ from .test_source import conn, write
 REPO = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
 def test_pipeline_through_spark_connect_equals_the_server(server, tmp_path):
     work = Workload(docs=1500, updates=300, deletes=150, expiring=0, rounds=2, seed=12)
     truth = write(server.port, work, rounds=2)

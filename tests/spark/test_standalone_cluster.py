@@ -14,6 +14,8 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import pytest
+
 import dcpflow
 from dcpflow.load import Workload
 
@@ -49,6 +51,7 @@ def descendants(procs: dict, pid: int) -> set[int]:
     return found
 
 
+@pytest.mark.slow
 def test_pipeline_on_a_standalone_cluster_equals_the_server(server, tmp_path):
     work = Workload(docs=3000, updates=600, deletes=300, expiring=0, rounds=2, seed=11)
     truth = write(server.port, work, rounds=2)
