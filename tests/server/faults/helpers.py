@@ -5,6 +5,7 @@ Follower that reads into it in the background)."""
 from dcpflow.protocol import kv as kvproto
 from dcpflow.protocol.opcodes import Opcode
 from dcpflow.protocol.status import Status
+from dcpflow.server.kv import SEQNO_PERSISTENCE_TIMEOUT
 from tests.client.test_resilience import Follower, Mirror, caught_up, raw, wait_persisted  # noqa: F401
 from tests.server.mgmt.rest_client import http_of  # noqa: F401
 
@@ -29,6 +30,14 @@ def high_seqnos(client) -> dict[int, int]:
 
 
 def persisted(client, vb: int, seqno: int) -> None:
-    """SEQNO_PERSISTENCE: returns once vbucket `vb` has `seqno` on disk."""
-    reply = client.call(Opcode.SEQNO_PERSISTENCE, extras=seqno.to_bytes(8, "big"), vbucket=vb)
+    """SEQNO_PERSISTENCE: returns once vbucket `vb` has `seqno` on disk. The server answers
+    ETMPFAIL after its own SEQNO_PERSISTENCE_TIMEOUT (30 s), so the socket waits longer than that:
+    a flush slowed by a busy machine is waited for, and a flush that never comes fails on the
+    server's answer, not on a client timeout that says nothing."""
+    before = client.sock.gettimeout()
+    client.sock.settimeout(SEQNO_PERSISTENCE_TIMEOUT + 10)
+    try:
+        reply = client.call(Opcode.SEQNO_PERSISTENCE, extras=seqno.to_bytes(8, "big"), vbucket=vb)
+    finally:
+        client.sock.settimeout(before)
     assert reply.status == Status.SUCCESS, reply
