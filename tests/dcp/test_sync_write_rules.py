@@ -54,15 +54,7 @@ def test_a_named_replica_acks_the_prepare_and_plain_streams_see_only_the_commit(
     (commit,) = [m for m in later if isinstance(m, dcp.DcpCommit)]
     assert (commit.key, commit.prepared_seqno, commit.commit_seqno) == (b"k", 2, 4)
     seen = drain(plain)
-    items = [(m.key, m.value, m.by_seqno) for m in seen if isinstance(m, dcp.DcpMutation)]
-    assert items == [(b"k", b"old", 1), (b"other", b"x", 3), (b"k", b"new", 4)] or \
-        items == [(b"other", b"x", 3), (b"k", b"new", 4)]  # the first may be de-duplicated by the commit
-    assert not any(isinstance(m, dcp.DcpPrepare | dcp.DcpCommit | dcp.DcpAbort) for m in seen)
-    for m in markers(seen):  # a plain stream's snapshots end at a version it receives
-        assert m.end_seqno in (1, 3, 4) and m.version == MarkerVersion.V1
-    for m in markers(msgs):
-        assert m.version == MarkerVersion.V2_0
-        assert m.max_visible_seqno == (1 if m.end_seqno == 2 else m.end_seqno)
+    assert_plain_stream_sees_only_committed(seen, msgs, b"k", b"other")
 
 
 def test_disk_backfill_markers_carry_the_hcs_and_send_in_flight_prepares_to_sync_streams(engine):
@@ -132,3 +124,19 @@ def test_a_prepare_completed_before_the_backfill_is_planned_reaches_a_sync_strea
     assert disk.flags & SnapshotFlag.DISK and disk.end_seqno == 2  # the prepare's seqno was backfilled
     assert [(type(m).__name__, m.key, seqno_of(m)) for m in got if hasattr(m, "key")] == [
         ("DcpMutation", b"e", 2), ("DcpMutation", b"d", 3)]
+
+
+def assert_plain_stream_sees_only_committed(seen: list, msgs: list, key: bytes, other: bytes) -> None:
+    """What a plain stream (`seen`) and a sync-write stream (`msgs`) show of: `key` written at 1,
+    prepared at 2, `other` written at 3, the prepare committed at 4. The plain stream sees only
+    mutations, its markers ending at versions it receives; the sync stream's markers are V2.0 with
+    the max visible seqno (the end-to-end twin in test_sync_writes.py checks the same)."""
+    items = [(m.key, m.value, m.by_seqno) for m in seen if isinstance(m, dcp.DcpMutation)]
+    assert items == [(key, b"old", 1), (other, b"x", 3), (key, b"new", 4)] or \
+        items == [(other, b"x", 3), (key, b"new", 4)]  # the first may be de-duplicated by the commit
+    assert not any(isinstance(m, dcp.DcpPrepare | dcp.DcpCommit | dcp.DcpAbort) for m in seen)
+    for m in markers(seen):  # a plain stream's snapshots end at a version it receives
+        assert m.end_seqno in (1, 3, 4) and m.version == MarkerVersion.V1
+    for m in markers(msgs):
+        assert m.version == MarkerVersion.V2_0
+        assert m.max_visible_seqno == (1 if m.end_seqno == 2 else m.end_seqno)
