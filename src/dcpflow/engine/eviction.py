@@ -115,9 +115,7 @@ class FullEviction:
                               stored.delete_source, stored.cid)
         else:
             mem.num_bg_fetches += 1
-        self.ht[key] = stored
-        mem.meta += len(stored.key) + HT_ITEM_OVERHEAD
-        mem.values += len(stored.value)
+        self._admit(key, stored)
         return stored
 
     def _maybe_on_disk(self, key) -> Item:
@@ -137,11 +135,15 @@ class FullEviction:
         evicted meanwhile, and the caller's next `get` reads again."""
         if stored is None or evicted is None or evicted != self.evicted:
             return
+        self._admit(key, stored)
+        self._mem.num_bg_fetches += 1
+
+    def _admit(self, key, stored: Item) -> None:
+        """A version read from the store back into the hash table, with its memory counted."""
         self.ht[key] = stored
         mem = self._mem
         mem.meta += len(stored.key) + HT_ITEM_OVERHEAD
         mem.values += len(stored.value)
-        mem.num_bg_fetches += 1
 
     def _lookup(self, key, meta_only: bool = False) -> Item | None:
         """The key's hash-table entry, fetched back from the store under full eviction."""

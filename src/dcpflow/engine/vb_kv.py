@@ -91,10 +91,10 @@ class ClientOps:
             return self._set_other(key, value, flags, expiry, datatype, cas)
         ht = self.ht
         locks = self.locks
-        version = ht.version(key)  # (rev_seqno, expiry, deleted, value length) or None: no Item built
-        if not (cas or expiry or locks or (version is not None and version[1])) and (
-                version is not None or self._filter is None):
-            return self._plain_set(key, value, flags, datatype, version)
+        if not (cas or expiry or locks):
+            version = ht.version(key)  # (rev_seqno, expiry, deleted, value length) or None: no Item built
+            if (not version[1]) if version is not None else self._filter is None:
+                return self._plain_set(key, value, flags, datatype, version)
         prev = ht.get(key)
         if prev is None and self._filter is not None:  # full eviction: maybe on disk (eviction.py)
             prev = self._fetch_evicted(key, True)
