@@ -15,6 +15,7 @@ import pytest
 
 import dcpflow
 from dcpflow.server import Server, ServerConfig, UserDB, make_user
+from tests.processes import first_line, kill_group, popen
 
 from .client import RawClient
 
@@ -144,6 +145,8 @@ def admin(server):
 # subprocess servers
 
 READY = re.compile(r"dcpflow server ready: .* port=(\d+)")
+#: seconds a server subprocess may take to say it is ready (a warm-up on a busy machine): a bound on a failure
+READY_TIMEOUT = 300
 MGMT_PORT = re.compile(r" mgmt_port=(\d+)")
 
 
@@ -154,13 +157,14 @@ class ServerProcess:
         env = dict(os.environ)
         src = str(Path(dcpflow.__file__).resolve().parents[1])
         env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
-        self.proc = subprocess.Popen([sys.executable, "-m", "dcpflow.cli", "server", "--port", "0", *args],
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
-        line = self.proc.stdout.readline()
+        # a session of its own: cleanup() ends whatever the server started with it, and a server
+        # that never says it is ready fails the test after a deadline instead of hanging the suite
+        self.proc = popen([sys.executable, "-m", "dcpflow.cli", "server", "--port", "0", *args],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
+        line = first_line(self.proc, READY_TIMEOUT)
         match = READY.search(line)
         if match is None:
-            self.proc.kill()
-            self.proc.wait(30)
+            kill_group(self.proc)
             err = self.proc.stderr.read()
             self.proc.stdout.close()
             self.proc.stderr.close()
@@ -179,9 +183,7 @@ class ServerProcess:
         return self.proc.wait(30)
 
     def cleanup(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(30)
+        kill_group(self.proc)
         self.proc.stdout.close()
         self.proc.stderr.close()
 
