@@ -64,7 +64,7 @@ class ConsumerPeer(RawClient):
             return True
         return False
 
-    def wait(self, pred, timeout: float = 10.0) -> Frame:
+    def wait(self, pred, timeout: float = 60.0) -> Frame:
         """The first frame matching `pred` (from the inbox or the socket); others are kept."""
         for i, frame in enumerate(self.inbox):
             if pred(frame):
