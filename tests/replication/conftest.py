@@ -1,6 +1,7 @@
 """Fixtures for the replication tests: the real server of tests/server plus a consumer peer."""
 
 import asyncio
+import contextlib
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -15,7 +16,9 @@ from dcpflow.replication.commands import free_ports
 from dcpflow.replication.node import NodeProcess
 from tests.server import conftest as _server_fixtures
 from tests.server.client import RawClient
+from tests.server.conftest import stop_all
 
+from . import xdcr_helpers
 from .driver import ConsumerPeer
 
 # The real server fixtures of tests/server, reused here.
@@ -34,6 +37,18 @@ def set_state(srv, vb: int, state: VBucketState) -> None:
         opaque = c.next_opaque()
         c.send(kv.SetVbucket(vb, int(state), opaque=opaque).encode())
         assert c.recv().status == Status.SUCCESS
+
+
+@pytest.fixture(autouse=True)
+def _no_replicator_outlives_its_test():
+    """A test that left a replicator running (a second one that failed to start, a stop skipped
+    when the first stop raised) fails, and the replicator is stopped."""
+    yield
+    left = list(xdcr_helpers.RUNNING)
+    for rep in left:
+        with contextlib.suppress(BaseException):
+            rep.stop()
+    assert not left, f"{len(left)} replicator(s) left running by the test, stopped now"
 
 
 @pytest.fixture
@@ -70,7 +85,7 @@ class LoopThread:
 
     def __init__(self):
         self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True, name="dcpflow-test-loop")
         self.thread.start()
 
     def run(self, coro, timeout: float = 120.0):
@@ -150,8 +165,7 @@ def make_cluster(tmp_path):
         return h.start()
 
     yield make
-    for h in made:
-        h.close()
+    stop_all(made, ClusterHarness.close)
 
 
 @pytest.fixture

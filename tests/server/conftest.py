@@ -56,7 +56,7 @@ class ServerThread:
         self._ready = threading.Event()
         self._stop: asyncio.Event | None = None
         self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread = threading.Thread(target=self._run, daemon=True, name="dcpflow-test-server")
 
     def _run(self) -> None:
         async def main():
@@ -111,6 +111,18 @@ class ServerThread:
         return self.client().login(**kwargs)
 
 
+def stop_all(things, stop) -> None:
+    """stop(thing) for each of them, every one even when one fails (its error is raised after)."""
+    errors = []
+    for thing in things:
+        try:
+            stop(thing)
+        except Exception as e:
+            errors.append(e)
+    if errors:
+        raise errors[0]
+
+
 @pytest.fixture
 def make_server(tmp_path):
     """make_server(**config) -> a started ServerThread (64 vbuckets, test users); stopped at teardown."""
@@ -125,8 +137,7 @@ def make_server(tmp_path):
         return st.start()
 
     yield make
-    for st in started:
-        st.stop()
+    stop_all(started, ServerThread.stop)
 
 
 @pytest.fixture
@@ -199,8 +210,7 @@ def spawn_server():
         return p
 
     yield spawn
-    for p in procs:
-        p.cleanup()
+    stop_all(procs, ServerProcess.cleanup)
 
 @contextlib.contextmanager
 def held_flush(engine):

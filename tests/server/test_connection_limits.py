@@ -77,7 +77,7 @@ def test_connections_beyond_the_limit_use_the_reserve_or_are_closed(make_server)
         assert counts["reserve"] == 1 and counts["limit"] == 1
         # room again: an ordinary user gets in
         clients.pop().close()
-        wait_for(lambda: server.call(lambda: len(server.server.connections)) == 4)
+        wait_for(lambda: server.call(lambda: len(server.server.connections)) <= 4)  # the closed one is gone
         with server.login(user="writer", password="writepw") as again:
             assert again.set(b"k", b"again").status == Status.SUCCESS
         admin.close()
