@@ -96,6 +96,11 @@ class LoopThread:
         self.thread.join(10)
 
 
+#: seconds a node process may take to say it is ready: three start at once, and on two busy cores a
+#: Python process that imports the server can take far longer than the 30 s the CLI allows
+NODE_START_TIMEOUT = 180
+
+
 class ClusterHarness:
     def __init__(self, root: Path, nodes: int = 3, replicas: int = 1, vbuckets: int = 16):
         self.root = root
@@ -109,7 +114,7 @@ class ClusterHarness:
 
     def start(self) -> "ClusterHarness":
         with ThreadPoolExecutor(len(self.procs)) as ex:
-            list(ex.map(lambda p: p.start(), self.procs))
+            list(ex.map(lambda p: p.start(NODE_START_TIMEOUT), self.procs))
 
         async def make():
             mgr = ClusterManager([("127.0.0.1", p) for p in self.ports], num_vbuckets=self.vbuckets,
@@ -119,7 +124,7 @@ class ClusterHarness:
                 node.process = proc
 
             async def restart(node):
-                await asyncio.to_thread(node.process.start)
+                await asyncio.to_thread(node.process.start, NODE_START_TIMEOUT)
 
             mgr.restart_node = restart
             return await mgr.start()
