@@ -10,7 +10,7 @@ from dcpflow.protocol.frame import Frame
 from dcpflow.protocol.hello import Feature
 from dcpflow.protocol.opcodes import Opcode
 from dcpflow.protocol.status import Status
-from tests.server.client import Closed, RawClient
+from tests.server.client import REPLY_TIMEOUT, Closed, RawClient
 
 MAX = 0xFFFFFFFFFFFFFFFF
 
@@ -46,7 +46,7 @@ class ConsumerPeer(RawClient):
                     raise Closed("the consumer closed the connection")
                 self.decoder.feed(data)
         finally:
-            self.sock.settimeout(10.0)
+            self.sock.settimeout(REPLY_TIMEOUT)
 
     def _auto(self, frame: Frame) -> bool:
         """Handle the consumer's housekeeping requests; True if consumed."""

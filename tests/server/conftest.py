@@ -94,12 +94,12 @@ class ServerThread:
     def call(self, fn, *args):
         async def run():
             return fn(*args)
-        return asyncio.run_coroutine_threadsafe(run(), self.loop).result(30)
+        return asyncio.run_coroutine_threadsafe(run(), self.loop).result(60)  # bounds a failure only
 
     def stop(self) -> None:
         if self.loop is not None and self._thread.is_alive():
             self.loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(30)
+        self._thread.join(120)  # a clean shutdown flushes what is still in memory: slow on a busy machine
         assert not self._thread.is_alive(), "server thread did not stop"
 
     def client(self, source: str | None = None) -> RawClient:
