@@ -214,13 +214,13 @@ def test_idle_strangers_cannot_lock_the_administrator_out(tmp_path):
         assert 'kv_max_connections{type="client"} 96' in _metric(mgmt_port, "kv_max_connections")
         for _ in range(200):
             strangers.append(socket.create_connection(("127.0.0.1", port), timeout=10))
-        wait_for(lambda: _metric(mgmt_port, "kv_total_connections ") == "kv_total_connections 200", timeout=30)
+        wait_for(lambda: _metric(mgmt_port, "kv_total_connections ") == "kv_total_connections 200")
         started = time.monotonic()
         with RawClient(port).login(bucket="default") as admin:
             admin.num_vbuckets = 16
             assert admin.set(b"k", b"admin was let in").status == Status.SUCCESS
             assert admin.get(b"k").value == b"admin was let in"
-        assert time.monotonic() - started < 30  # not a timeout's doing: 600 s
+        assert time.monotonic() - started < 300  # not a timeout's doing (600 s), even on a busy machine
         evicted = _metric(mgmt_port, 'kv_connections_refused_total{reason="unauthenticated_evicted"}')
         assert int(evicted.split()[-1]) >= 200 - 112 + 1
         assert _closed_by_peer(strangers[0])  # the oldest made room first
