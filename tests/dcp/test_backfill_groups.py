@@ -94,9 +94,11 @@ def test_a_trip_stops_at_its_byte_budget_and_the_rest_open_later(make_server, sm
 def test_a_trip_abandoned_by_a_disconnect_closes_the_scans_it_opened(make_server, small_vbuckets, monkeypatch):
     opened = []
     real = backfill._open_scans
+    entered, proceed = threading.Event(), threading.Event()
 
     def slow(store, work, budget):
-        time.sleep(0.5)  # the consumer goes away meanwhile
+        entered.set()
+        proceed.wait(60)  # the consumer goes away meanwhile
         # no first pages: a scan that read its whole vbucket would close itself
         out = real(store, [w[:-1] + (False,) for w in work], budget)
         opened.extend(r[0] for r in out if isinstance(r, tuple))
@@ -106,8 +108,13 @@ def test_a_trip_abandoned_by_a_disconnect_closes_the_scans_it_opened(make_server
     srv = make_server(data_dir=small_vbuckets)
     c = DcpClient(srv.port).connect()
     request_all(c)
-    time.sleep(0.2)
+    assert entered.wait(60)  # a trip is on its worker thread
     c.close()
+    deadline = time.monotonic() + 60
+    while srv.call(lambda: [conn for conn in srv.server.connections if conn.dcp is not None]):
+        assert time.monotonic() < deadline, "the server did not see the consumer go"
+        time.sleep(0.02)
+    proceed.set()  # the trip goes on, for nobody
     deadline = time.monotonic() + 60
     while not opened or not all(scan.closed for scan in opened):
         assert time.monotonic() < deadline, f"{sum(not s.closed for s in opened)} scans left open (read transactions)"
