@@ -1,6 +1,6 @@
 """Snapshot markers, stream ends and takeover without a socket: the rules tests/dcp/test_snapshots.py,
 test_stream_end.py and test_takeover.py check over a server, asserted on the bytes a
-ProducerConnection's send passes return (decoded) and on what its entry points return, over the
+DcpProducer's send passes return (decoded) and on what its entry points return, over the
 real engine (checkpoints, flusher and store run by the test, on its own thread).
 
 snapshot-marker.md "Implementation notes" as KV-Engine's code behaves (the first marker starts at

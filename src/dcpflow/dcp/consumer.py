@@ -1,4 +1,4 @@
-"""ConsumerConnection: the replica side of DCP, driven by ADD_STREAM, without I/O.
+"""DcpConsumer: the replica side of DCP, driven by ADD_STREAM, without I/O.
 
 Pages (https://github.com/couchbase/kv_engine/blob/master/docs/dcp/documentation/): commands/
 add-stream.md, stream-request.md, snapshot-marker.md, set-vbucket-state.md, stream-end.md,
@@ -85,7 +85,7 @@ def _reason_name(reason: int) -> str:
         return str(reason)
 
 
-class ConsumerConnection:
+class DcpConsumer:
     """See the module docstring. `registry` is the server's (bucket, vbid) -> live PassiveStream,
     shared by every consumer connection: one vbucket is replicated by one stream at a time."""
 
@@ -111,7 +111,7 @@ class ConsumerConnection:
         self.closed = False
 
     def __repr__(self) -> str:
-        return f"<ConsumerConnection {self.name!r} streams={len(self.streams)}>"
+        return f"<DcpConsumer {self.name!r} streams={len(self.streams)}>"
 
     def _request(self, message, tag: object) -> Send:
         """A request with a fresh opaque; its response goes to `tag`'s handling."""

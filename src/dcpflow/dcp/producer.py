@@ -1,4 +1,4 @@
-"""ProducerConnection: the state of one DCP producer connection, without I/O.
+"""DcpProducer: the state of one DCP producer connection, without I/O.
 
 Pages (https://github.com/couchbase/kv_engine/blob/master/docs/dcp/documentation/): commands/
 open-connection.md, control.md, stream-request.md, close-stream.md, buffer-ack.md, no-op.md,
@@ -80,7 +80,7 @@ class Started(NamedTuple):
 _EFFECTS = {Effect.NONE: NOTHING, Effect.NOOP_TIMER: (ARM_NOOP_TIMER,), Effect.SEND: WAKE_ONLY}
 
 
-class ProducerConnection:
+class DcpProducer:
     """See the module docstring."""
 
     def __init__(self, name: str, open_flags: int, engine, *, now: float, created: float,

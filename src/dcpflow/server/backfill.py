@@ -37,7 +37,7 @@ from dcpflow.dcp.backfills import (
     opened,
     read_whole,
 )
-from dcpflow.dcp.producer import ProducerConnection
+from dcpflow.dcp.producer import DcpProducer
 from dcpflow.engine.store import EncodedPage
 from dcpflow.protocol.dcp import StreamEndReason
 
@@ -136,12 +136,12 @@ def _close_quietly(scan) -> None:
 # -- on the loop ------------------------------------------------------------------------------------
 
 class BackfillOwner(Protocol):
-    """What the backfills of a connection need of it (producer.DcpProducer)."""
+    """What the backfills of a connection need of it (producer.ProducerShell)."""
 
     name: str
     engine: object  # the engine Bucket: its store is scanned
     loop: asyncio.AbstractEventLoop
-    state: ProducerConnection
+    state: DcpProducer
     closed: bool
 
     def end_stream(self, stream: ActiveStream, reason: StreamEndReason) -> None: ...

@@ -1,6 +1,6 @@
-"""DcpProducer: the asyncio shell of one DCP producer connection.
+"""ProducerShell: the asyncio shell of one DCP producer connection.
 
-The rules live in dcpflow.dcp (ProducerConnection and the modules it names); this shell moves
+The rules live in dcpflow.dcp (DcpProducer and the modules it names); this shell moves
 bytes and time, and executes the outcomes they return (`_do`, dcp/outcomes.py):
 
 * Scheduling - a send pass (`_step`, dcp/send_pass.py) runs from the event loop (`call_soon`)
@@ -29,7 +29,7 @@ from dcpflow.dcp.active_stream import ActiveStream
 from dcpflow.dcp.errors import Refusal
 from dcpflow.dcp.noop import DEFAULT_IDLE_TIMEOUT
 from dcpflow.dcp.outcomes import ARM_NOOP_TIMER, WAKE, Close, Send, SetVbucketState, StopBackfill, Tolerated
-from dcpflow.dcp.producer import ProducerConnection, Rollback
+from dcpflow.dcp.producer import DcpProducer, Rollback
 from dcpflow.engine.errors import EngineError
 from dcpflow.protocol import dcp as dcpproto
 from dcpflow.protocol.dcp import StreamEndReason
@@ -52,7 +52,7 @@ WRITE_BUFFER_HIGH = 1024 * 1024
 _monotonic = time.monotonic
 
 
-class DcpProducer:
+class ProducerShell:
     """See the module docstring. One per DCP producer connection; `state` holds its rules. A
     conn_handler.ConnHandler."""
 
@@ -65,7 +65,7 @@ class DcpProducer:
         self.bucket = conn.bucket
         self.engine = conn.bucket.engine
         self.loop = asyncio.get_running_loop()
-        self.state = ProducerConnection(
+        self.state = DcpProducer(
             name, flags, self.engine, now=_monotonic(), created=time.time(), cursor_listener=self._on_cursor_dropped,
             idle_timeout=float(getattr(self.server.config, "dcp_idle_timeout", DEFAULT_IDLE_TIMEOUT)))
         self.backfills = ConnectionBackfills(self, self.server.backfills, self.state.backfills)
@@ -86,7 +86,7 @@ class DcpProducer:
         conn.on_close.append(self.disconnect)
 
     def __repr__(self) -> str:
-        return f"<DcpProducer {self.name!r} streams={len(self.streams)}>"
+        return f"<ProducerShell {self.name!r} streams={len(self.streams)}>"
 
     @property
     def streams(self) -> dict[tuple[int, int | None], ActiveStream]:
@@ -163,7 +163,7 @@ class DcpProducer:
         self._do(self.state.buffer_ack(nbytes, _monotonic()))
 
     def seqno_ack(self, vbid: int, seqno: int) -> None:
-        """A replica's DCP_SEQNO_ACKNOWLEDGED (ProducerConnection.seqno_ack decides)."""
+        """A replica's DCP_SEQNO_ACKNOWLEDGED (DcpProducer.seqno_ack decides)."""
         outcome = self.state.seqno_ack(vbid, seqno, _monotonic())
         if outcome.__class__ is Refusal:
             raise ProtocolError(outcome.reason, outcome.status)
