@@ -38,10 +38,11 @@ def engine_fixture(num_vbuckets: int):
 
 
 def producer(engine, flags: int = OpenFlag.PRODUCER, name: str = "t", **kw) -> DcpProducer:
-    """A producer connection; the engine's cursor drops reach it as they reach the server's shell
-    (`cursor_dropped`; the WAKE it answers is what `drain`'s send passes do anyway)."""
-    p = DcpProducer(name, flags, engine, now=100.0, created=0.0,
-                           cursor_listener=lambda stream: p.cursor_dropped(stream), **kw)
+    """A producer connection; the engine's cursor drops reach it as they reach the server's shell,
+    through the bucket's cursor listeners (`cursor_dropped`; the WAKE it answers is what `drain`'s
+    send passes do anyway)."""
+    p = DcpProducer(name, flags, engine, now=100.0, created=0.0, **kw)
+    engine.add_cursor_listener(p.cursor_dropped)
     return p
 
 

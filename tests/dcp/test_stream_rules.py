@@ -319,6 +319,41 @@ def test_a_dropped_cursor_without_opt_in_ends_slow_and_with_it_backfills(engine)
         p.release()
 
 
+def test_a_dropped_cursor_wakes_only_the_stream_that_read_with_it(engine):
+    """The engine's notice of a dropped cursor, handed in as (vbid, cursor name), answers WAKE and
+    marks that stream for the next send pass; another connection's cursor, another vbucket or a
+    cursor no stream holds answers nothing."""
+    fill(engine, 0, 3)
+    p, other = producer(engine, name="mine"), producer(engine, name="other")
+    controls(p, supports_cursor_dropping="true")
+    stream, theirs = ask(p, 0, 0, MAX), ask(other, 0, 0, MAX)
+    drain(p)
+    drain(other)
+    assert p.cursor_dropped(0, theirs.name) == () and p.cursor_dropped(1, stream.name) == ()
+    assert p.cursor_dropped(0, "dcp:nobody") == ()
+    assert not p.registry.pending
+    assert p.cursor_dropped(0, stream.name) == (WAKE,)
+    assert stream in p.registry.pending
+    p.release()
+    other.release()
+
+
+def test_the_state_machines_take_no_callbacks():
+    """One way to answer (issue 44): the producer, consumer and stream state machines return
+    outcome values; none of their constructors takes a callable to call back into its shell."""
+    import inspect
+
+    from dcpflow.dcp.active_stream import ActiveStream
+    from dcpflow.dcp.consumer import DcpConsumer
+    from dcpflow.dcp.passive_stream import PassiveStream
+    from dcpflow.dcp.producer import DcpProducer
+    for cls in (DcpProducer, DcpConsumer, ActiveStream, PassiveStream):
+        for param in inspect.signature(cls.__init__).parameters.values():
+            callback = "Callable" in str(param.annotation) or param.name.endswith(("listener", "callback")) \
+                or param.name.startswith("on_") or param.name in ("schedule", "wake", "set_vbucket_state")
+            assert not callback, f"{cls.__name__}({param.name}) is a callback into the shell"
+
+
 # -- takeover (rebalance.md) ------------------------------------------------------------------
 
 def test_takeover_handshake(engine):

@@ -23,14 +23,14 @@ shell (server/producer.py) what to do:
 
 Every entry point returns what the shell must do as outcome values (outcomes.py): `WAKE` (run a
 send pass soon), `ARM_NOOP_TIMER`, `Send`, `SetVbucketState` (a takeover stream marks its vbucket
-dead), `StopBackfill`, `Close`, `Tolerated`; a request also returns its answer. The one listener
-the shell may pass, `cursor_listener`, forwards the engine's notice that a stream's cursor was
-dropped (like the engine's seqno listener, it answers with `cursor_dropped`). Nothing here reads a
-clock: the callers pass `now`.
+dead), `StopBackfill`, `Close`, `Tolerated`; a request also returns its answer. The engine's
+notices reach it through the shell, which listens to the engine and hands them in: a vbucket's
+state change (`vbucket_changed`), a dropped cursor (`cursor_dropped`); writes wake streams through
+`registry.pending`. Nothing is injected (no callbacks) and nothing here reads a clock: the callers
+pass `now`.
 """
 
 import itertools
-from collections.abc import Callable
 from typing import NamedTuple
 
 from dcpflow.engine.failover import FailoverEntry
@@ -84,7 +84,6 @@ class DcpProducer:
     """See the module docstring."""
 
     def __init__(self, name: str, open_flags: int, engine, *, now: float, created: float,
-                 cursor_listener: Callable[[ActiveStream], None] | None = None,
                  idle_timeout: float = DEFAULT_IDLE_TIMEOUT):
         self.name = name
         self.open_flags = int(open_flags)
@@ -97,7 +96,6 @@ class DcpProducer:
         self.backfills = BackfillQueue()
         self.bytes_sent = 0
         self.items_sent = 0
-        self._cursor_listener = cursor_listener
 
     @property
     def streams(self) -> dict[tuple[int, int | None], ActiveStream]:
@@ -113,10 +111,14 @@ class DcpProducer:
         self.registry.pending[stream] = None
         return WAKE_ONLY
 
-    def cursor_dropped(self, stream: ActiveStream) -> tuple:
-        """The engine dropped the stream's cursor (the `cursor_listener`): its next `fill`
-        backfills from where it is, or ends it with SLOW."""
-        return self.wake(stream)
+    def cursor_dropped(self, vbid: int, cursor_name: str) -> tuple:
+        """The engine dropped a checkpoint cursor of vbucket `vbid` (Bucket.add_cursor_listener):
+        if one of this connection's streams read with it, a send pass for it (its next `fill`
+        backfills from where it is, or ends it with SLOW); another connection's cursor: nothing."""
+        for stream in self.registry.by_vb.get(vbid, ()):
+            if stream.name == cursor_name:
+                return self.wake(stream)
+        return NOTHING
 
     # -- DCP_CONTROL ----------------------------------------------------------------------------
     def control(self, key: str, value: str, *, now: float, collections: bool, snappy: bool = False
@@ -193,8 +195,7 @@ class DcpProducer:
         stream = ActiveStream(vb, name=f"dcp:{self.name}:{vbid}:{sid}:{next(_cursor_ids)}", opaque=opaque,
                               start_seqno=rng.start, end_seqno=rng.end, snap_start_seqno=rng.snap_start, flags=flags,
                               stream_id=sid, options=self.stream_options(collections),
-                              client_purge_seqno=client_purge, filter=stream_filter,
-                              cursor_listener=self._cursor_listener)
+                              client_purge_seqno=client_purge, filter=stream_filter)
         self.registry.add(stream)
         stream.start()
         self.registry.pending[stream] = None

@@ -66,7 +66,7 @@ class ProducerShell:
         self.engine = conn.bucket.engine
         self.loop = asyncio.get_running_loop()
         self.state = DcpProducer(
-            name, flags, self.engine, now=_monotonic(), created=time.time(), cursor_listener=self._on_cursor_dropped,
+            name, flags, self.engine, now=_monotonic(), created=time.time(),
             idle_timeout=float(getattr(self.server.config, "dcp_idle_timeout", DEFAULT_IDLE_TIMEOUT)))
         self.backfills = ConnectionBackfills(self, self.server.backfills, self.state.backfills)
         # the seqno listener runs inside every write to the bucket: it reads these directly
@@ -78,6 +78,7 @@ class ProducerShell:
         self.closed = False
         self.engine.add_seqno_listener(self._on_seqno)
         self.engine.add_vbucket_listener(self._on_vbucket_event)
+        self.engine.add_cursor_listener(self._on_cursor_dropped)
         # A DCP stream is a bulk transfer: let the transport buffer more before pausing us, so a
         # pass of MAX_PASS_BYTES does not pause/resume the connection every time.
         conn.transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH)
@@ -191,9 +192,10 @@ class ProducerShell:
     def _on_vbucket_event(self, vbid: int, event: str) -> None:
         self._do(self.state.vbucket_changed(vbid, event))
 
-    def _on_cursor_dropped(self, stream: ActiveStream) -> None:
-        """The engine dropped a stream's cursor (memory): it goes on from disk at the next pass."""
-        self._do(self.state.cursor_dropped(stream))
+    def _on_cursor_dropped(self, vbid: int, cursor_name: str) -> None:
+        """The engine dropped a cursor (memory): a stream of ours reading with it goes on from disk
+        at the next pass."""
+        self._do(self.state.cursor_dropped(vbid, cursor_name))
 
     def privileges_changed(self) -> None:
         """Re-authentication or another bucket: streams without DcpProducer on this bucket end."""
@@ -278,6 +280,7 @@ class ProducerShell:
         try:
             self.engine.remove_seqno_listener(self._on_seqno)
             self.engine.remove_vbucket_listener(self._on_vbucket_event)
+            self.engine.remove_cursor_listener(self._on_cursor_dropped)
         except ValueError:
             pass
         self.server.dcp_names.release(self.bucket.name, self.name, self.conn)
