@@ -39,6 +39,7 @@ from dcpflow.dcp.backfills import (
 )
 from dcpflow.dcp.producer import DcpProducer
 from dcpflow.engine.store import EncodedPage
+from dcpflow.engine.store_rows import VALUE
 from dcpflow.protocol.dcp import StreamEndReason
 
 log = logging.getLogger("dcpflow.server.dcp")
@@ -80,7 +81,7 @@ def _read_page(scan, encoded: bool, opaque: int, collections: bool) -> tuple[lis
         if chunk.__class__ is EncodedPage:
             items, nbytes = items + chunk.count, nbytes + len(chunk.data)
         else:
-            items, nbytes = items + len(chunk), nbytes + sum(len(r[10]) + 64 for r in chunk)
+            items, nbytes = items + len(chunk), nbytes + sum(len(r[VALUE]) + 64 for r in chunk)
         if not encoded:
             break
     return chunks, items, nbytes
