@@ -8,7 +8,7 @@ import time
 import pytest
 from pyspark.errors import PySparkException
 
-from dcpflow.load import Loader, Workload, churn_round, load_initial
+from dcpflow.client.workload import Loader, Workload, churn_round, load_initial
 from dcpflow.protocol.opcodes import Opcode
 from dcpflow.protocol.status import Status
 from dcpflow.spark.pipeline import Pipeline, PipelineConfig

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from dcpflow.load import Workload
+from dcpflow.client.workload import Workload
 
 from .standalone import ConnectServer, state_of, stop_groups
 from .test_source import conn, write

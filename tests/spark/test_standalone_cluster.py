@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import dcpflow
-from dcpflow.load import Workload
+from dcpflow.client.workload import Workload
 
 from .standalone import StandaloneCluster, state_of, stop_groups
 from .test_source import conn, write
