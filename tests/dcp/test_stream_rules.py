@@ -338,6 +338,22 @@ def test_a_dropped_cursor_wakes_only_the_stream_that_read_with_it(engine):
     other.release()
 
 
+def test_a_failed_backfill_read_ends_the_stream_with_backfill_fail(engine):
+    """The shell reports a backfill read that raised (server/backfill.py); the producer decides:
+    the stream ends with BACKFILL_FAIL (stream-end.md), its backfill unqueued; a stream already
+    ended is left as it is."""
+    fill(engine, 5, 4)
+    to_disk_only(engine, 5)
+    p = producer(engine, name="bf")
+    stream = ask(p, 5, 0, MAX)
+    assert stream.backfill is not None
+    assert p.backfill_failed(stream) == (WAKE,)
+    assert stream.dead and stream.backfill is None
+    assert ends(drain(p, backfill=False)) == [(5, StreamEndReason.BACKFILL_FAIL)]
+    assert p.backfill_failed(stream) == ()
+    p.release()
+
+
 def test_the_state_machines_take_no_callbacks():
     """One way to answer (issue 44): the producer, consumer and stream state machines return
     outcome values; none of their constructors takes a callable to call back into its shell."""

@@ -343,7 +343,10 @@ class DcpConsumer:
                 stream.last_seqno = max(stream.last_seqno, msg.by_seqno)
                 return self._snapshot_progress(stream, msg.by_seqno)
             if op == Opcode.DCP_SYSTEM_EVENT:
-                return NOTHING  # only the default collection exists here: nothing to create or drop
+                # Items are applied under their collection ids whatever the events say; the node's
+                # manifest is its own bucket's, not changed from the stream (kv_engine's replica
+                # makes and drops collections from these events).
+                return NOTHING
         except EngineError as e:
             log.warning("DCP consumer %s: vbucket %d refused %s: %s", self.name, stream.vbid, Opcode(op).name, e)
             return (Refusal(e.status, e.reason),)

@@ -223,6 +223,12 @@ class DcpProducer:
         self.registry.pending[stream] = None
         return stopped + WAKE_ONLY if stopped else WAKE_ONLY
 
+    def backfill_failed(self, stream: ActiveStream) -> tuple:
+        """The store could not be read for the stream's backfill: it ends with BACKFILL_FAIL
+        (stream-end.md; the consumer may re-request from where it stands); a stream already
+        ended stays as it is."""
+        return NOTHING if stream.dead else self.end_stream(stream, StreamEndReason.BACKFILL_FAIL)
+
     def retire(self, stream: ActiveStream) -> tuple:
         """Forget a dead stream and unqueue its backfill; keep it until its STREAM_END is written.
         Returns the StopBackfill of a read still running, if any."""

@@ -182,5 +182,3 @@ class StreamBackfill:
         else:
             self.state = StreamState.IN_MEMORY
 
-    def backfill_failed(self) -> None:
-        self.set_dead(StreamEndReason.BACKFILL_FAIL)

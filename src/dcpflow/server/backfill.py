@@ -147,6 +147,8 @@ class BackfillOwner(Protocol):
 
     def end_stream(self, stream: ActiveStream, reason: StreamEndReason) -> None: ...
 
+    def backfill_failed(self, stream: ActiveStream) -> None: ...
+
     def wake(self, stream: ActiveStream) -> None: ...
 
     def schedule(self) -> None: ...
@@ -203,8 +205,7 @@ class ConnectionBackfills:
             scan.page_size = next_page_size(count, size)
 
     def _fail(self, stream: ActiveStream) -> None:
-        if not stream.dead:
-            self.producer.end_stream(stream, StreamEndReason.BACKFILL_FAIL)
+        self.producer.backfill_failed(stream)
 
     async def _open_group(self, group: list[ActiveStream]) -> None:
         """Open the scans of several queued backfills, with their first pages, in one trip to a

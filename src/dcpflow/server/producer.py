@@ -170,6 +170,10 @@ class ProducerShell:
             raise ProtocolError(outcome.reason, outcome.status)
         self._do(outcome)
 
+    def backfill_failed(self, stream: ActiveStream) -> None:
+        """The backfill's read failed (DcpProducer.backfill_failed decides)."""
+        self._do(self.state.backfill_failed(stream))
+
     def end_stream(self, stream: ActiveStream, reason: StreamEndReason) -> None:
         """End a stream from outside (whatever sends what is left goes in the next pass)."""
         self._do(self.state.end_stream(stream, reason))
