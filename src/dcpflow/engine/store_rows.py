@@ -43,22 +43,8 @@ class ItemRow(NamedTuple):
     cid: int
 
 
-class BackfillRow(NamedTuple):
-    """An `ItemRow` and whether the row keeps its encoded DCP message (a backfill's raw rows)."""
-
-    key: bytes
-    seqno: int
-    rev_seqno: int
-    cas: int
-    flags: int
-    expiry: int
-    datatype: int
-    deleted: int
-    delete_time: int
-    delete_source: int
-    value: bytes
-    cid: int
-    encoded: int
+#: An `ItemRow` and whether the row keeps its encoded DCP message (a backfill's raw rows).
+BackfillRow = NamedTuple("BackfillRow", [*ItemRow.__annotations__.items(), ("encoded", int)])
 
 
 class FlushRow(NamedTuple):
@@ -87,8 +73,6 @@ ITEM_COLUMNS = ItemRow._fields
  ENCODED) = (BackfillRow._fields.index(f) for f in (
     "key", "seqno", "rev_seqno", "cas", "flags", "expiry", "datatype", "deleted", "delete_time",
     "delete_source", "value", "cid", "encoded"))
-if BackfillRow._fields[:len(ITEM_COLUMNS)] != ITEM_COLUMNS:
-    raise ImportError("BackfillRow must begin with ItemRow's fields")
 #: Where the flusher's row keeps its message and its seqno.
 FLUSH_SEQNO, FLUSH_DCP = FlushRow._fields.index("seqno"), FlushRow._fields.index("dcp")
 
