@@ -27,7 +27,6 @@ from typing import TYPE_CHECKING
 
 from dcpflow.dcp.active_stream import ActiveStream
 from dcpflow.dcp.errors import Refusal
-from dcpflow.dcp.noop import DEFAULT_IDLE_TIMEOUT
 from dcpflow.dcp.outcomes import ARM_NOOP_TIMER, WAKE, Close, Send, SetVbucketState, StopBackfill, Tolerated
 from dcpflow.dcp.producer import DcpProducer, Rollback
 from dcpflow.engine.errors import EngineError
@@ -67,7 +66,7 @@ class ProducerShell:
         self.loop = asyncio.get_running_loop()
         self.state = DcpProducer(
             name, flags, self.engine, now=_monotonic(), created=time.time(),
-            idle_timeout=float(getattr(self.server.config, "dcp_idle_timeout", DEFAULT_IDLE_TIMEOUT)))
+            idle_timeout=float(self.server.config.dcp_idle_timeout))
         self.backfills = ConnectionBackfills(self, self.server.backfills, self.state.backfills)
         # the seqno listener runs inside every write to the bucket: it reads these directly
         self._by_vb = self.state.registry.by_vb
