@@ -40,7 +40,7 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from dcpflow.load import Loader, key_for, make_doc
+from dcpflow.client.workload import Loader, key_for, make_doc
 from dcpflow.spark.demo import EmbeddedServer
 from spark_ingest import load
 

@@ -5,7 +5,7 @@ what the server lost and its state table ends equal to the server's contents."""
 
 import time
 
-from dcpflow.load import Workload
+from dcpflow.client.workload import Workload
 from dcpflow.protocol import kv as kvproto
 from dcpflow.protocol.opcodes import Opcode
 from dcpflow.protocol.status import Status

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from dcpflow.load import Workload
+from dcpflow.client.workload import Workload
 from tests.processes import run_group, stop_groups
 
 from .standalone import ConnectServer, state_of

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import dcpflow
-from dcpflow.load import Workload
+from dcpflow.client.workload import Workload
 from tests.processes import run_group, stop_groups
 
 from .standalone import StandaloneCluster, state_of
