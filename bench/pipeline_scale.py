@@ -59,7 +59,11 @@ def rss_kib(pid: int, field: str = "VmRSS") -> int:
 def descendants(pid: int) -> set[int]:
     out, todo = set(), [pid]
     while todo:
-        for task in Path(f"/proc/{todo.pop()}/task").glob("*"):
+        try:
+            tasks = list(Path(f"/proc/{todo.pop()}/task").iterdir())
+        except OSError:  # the process ended meanwhile (a Python worker, say)
+            continue
+        for task in tasks:
             try:
                 children = [int(c) for c in (task / "children").read_text().split()]
             except OSError:
