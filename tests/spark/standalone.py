@@ -190,12 +190,9 @@ class ConnectServer:
 def state_of(lake: Path) -> dict:
     """(scope, collection, key) -> value of a pipeline's state table (delta), read without Spark;
     one row per key."""
-    import pyarrow.dataset as ds
-
     from dcpflow.spark.state import open_state
 
-    table = ds.dataset(open_state(lake / "state").files(), format="parquet").to_table(
-        columns=["scope", "collection", "key", "value"])
+    table = open_state(lake / "state").to_arrow(["scope", "collection", "key", "value"])
     state = {(r["scope"], r["collection"], r["key"]): r["value"] for r in table.to_pylist()}
     assert len(state) == table.num_rows
     return state

@@ -333,14 +333,9 @@ def query_name(query) -> str:
 
 
 def _state_dict(pipeline: Pipeline) -> dict[tuple[str, str, str], str]:
-    """The state table read without Spark (pyarrow over its live Parquet files), by its key
-    (scope, collection, key)."""
-    import pyarrow.dataset as ds
-
-    files = pipeline.writer.files()
-    if not files:
-        return {}
-    table = ds.dataset(files, format="parquet").to_table(columns=["scope", "collection", "key", "value"])
+    """The state table read without Spark (as Delta by delta-rs, deletion vectors honoured; a
+    snapshot as its Parquet files), by its key (scope, collection, key)."""
+    table = pipeline.writer.to_arrow(["scope", "collection", "key", "value"])
     keys = zip(*(table.column(c).to_pylist() for c in ("scope", "collection", "key")), strict=True)
     return dict(zip(keys, table.column("value").to_pylist(), strict=True))
 
