@@ -581,6 +581,12 @@ class CheckpointManager:
         self._roll_over(cp)
         return True
 
+    @property
+    def has_dcp_cursors(self) -> bool:
+        """Whether a cursor other than the persistence cursor is registered: without one,
+        `release_for_memory` has nothing to drop or close for."""
+        return len(self.cursors) > (self.persistence_cursor is not None)
+
     def release_for_memory(self, wanted: Callable[[], bool], *, undroppable: bool = False,
                            close_open: bool = False) -> int:
         """Drop cursors that pin old checkpoints, the one pinning the oldest first, while `wanted()`;
