@@ -317,6 +317,20 @@ def test_seqno_persistence_waits_for_the_flusher(admin):
         == Status.ERANGE
 
 
+def test_a_wait_for_a_seqno_already_persisted_is_done_at_once(server, admin):
+    """SEQNO_PERSISTENCE (and a range scan's snapshot requirement) check the persisted seqno when the
+    request arrives and wait from a task that starts later: a flush completing in between tells its
+    listeners before the wait is registered, so a wait for an already-persisted seqno must be done at
+    once, not parked for a next flush that may never come (the lost wake-up timed out after 30 s)."""
+    reply = admin.set(b"flushed", b"v")
+    vb, (_, seqno) = admin.vbucket_of(b"flushed"), token(reply)
+    assert admin.call(Opcode.SEQNO_PERSISTENCE, extras=struct.pack(">Q", seqno), vbucket=vb).status \
+        == Status.SUCCESS
+    bucket = server.server.buckets["default"]
+    assert server.call(lambda: bucket.wait_persisted(vb, seqno).done())
+    assert not server.call(lambda: bucket.wait_persisted(vb, seqno + 1).done())  # a later one still waits
+
+
 def test_seqno_persistence_keeps_replies_in_order(admin):
     """A waiting SEQNO_PERSISTENCE holds back the replies of the requests pipelined behind it."""
     admin.call(Opcode.STOP_PERSISTENCE)

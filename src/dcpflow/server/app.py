@@ -264,8 +264,17 @@ class ServerBucket:
                 for i in range(self.engine.num_vbuckets)]
 
     def wait_persisted(self, vbid: int, seqno: int) -> asyncio.Future:
+        """A future done once the vbucket has persisted `seqno`: done already when it has. A caller
+        checks the persisted seqno when a request arrives and asks for this future later, from a
+        task; a flush that completed in between has told its listeners already, so a future kept
+        only for the next flush would wait for one that may never come (SEQNO_PERSISTENCE then
+        timed out on a seqno persisted long before)."""
         fut = asyncio.get_running_loop().create_future()
-        self._waiters.setdefault(vbid, []).append((seqno, fut))
+        vb = self.engine.vbuckets.get(vbid)
+        if vb is not None and vb.persisted_seqno >= seqno:
+            fut.set_result(vb.persisted_seqno)
+        else:
+            self._waiters.setdefault(vbid, []).append((seqno, fut))
         return fut
 
     def _on_persisted(self, vbid: int, persisted: int) -> None:
