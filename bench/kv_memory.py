@@ -260,11 +260,18 @@ def full(args) -> None:
             t0 = time.monotonic()
             done = refused = 0
             step = 20_000
+            mark = (0, t0)
             for lo in range(0, n, step):
                 d, r = set_all(client, [DENSITY_KEY % i for i in range(lo, min(lo + step, n))], value, args.vbuckets)
                 done, refused = done + d, refused + r
-                if args.progress and (lo // step) % 25 == 24:
-                    print(f"  {done:,} SET, RSS {rss(proc.pid) / MiB:,.0f} MiB", flush=True)
+                if args.progress and (lo // step) % 5 == 4:
+                    st = client.stats()
+                    now = time.monotonic()
+                    print(f"  {done:,} SET at {now - t0:,.0f} s ({(done - mark[0]) / (now - mark[1]):,.0f}/s lately), "
+                          f"{refused:,} ETMPFAIL, RSS {rss(proc.pid) / MiB:,.0f} MiB, mem_used "
+                          f"{int(st[b'mem_used']) / MiB:,.0f} MiB, resident {int(st[b'vb_active_perc_mem_resident'])}%",
+                          flush=True)
+                    mark = (done, now)
             took = time.monotonic() - t0
             client.settle(3600)
             stats = client.stats()
@@ -393,7 +400,8 @@ def main() -> int:
     p.add_argument("--pause", type=float, default=5.0, help="stalled: seconds idle after each storm (default 5)")
     p.add_argument("--storm-quota", default="100m", help="stalled: the bucket's quota (default 100m, the server's)")
     p.add_argument("--vbuckets", type=int, default=1024)
-    p.add_argument("--progress", action="store_true", help="quota: print RSS every 200k documents")
+    p.add_argument("--progress", action="store_true", help="quota: print RSS every 200k documents; full: rate, RSS, mem_used and "
+                   "resident ratio every 100k")
     p.add_argument("--smoke", action="store_true",
                    help="a seconds-long run that checks the bench works: 3,000 documents into 8 MiB, 300 keys, "
                         "2 storms of 1 s")

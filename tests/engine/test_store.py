@@ -553,3 +553,34 @@ def test_compaction_can_keep_only_the_newest_history(store):
     assert (frag.items, frag.history) == (3, 4) and frag.fraction == 4 / 7 and frag.file_bytes > 0
     assert store.rollback(0, result.history_floor - 1).seqno == 0  # below the floor: reset, as a compacted
     # couchstore file does; at or above it a rollback is exact (test_rollback_below_the_history_floor_...)
+
+
+def _mapped_bytes(path) -> int | None:
+    """Resident bytes of this process's mappings of `path` (Linux /proc/self/smaps), None elsewhere."""
+    try:
+        with open("/proc/self/smaps") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    total, mine = 0, False
+    for line in lines:
+        head = line.split()
+        if head and "-" in head[0] and len(head) >= 5 and not head[0].endswith(":"):
+            mine = len(head) >= 6 and head[5] == str(path)
+        elif mine and line.startswith("Rss:"):
+            total += int(head[1]) * 1024
+    return total
+
+
+def test_measuring_fragmentation_leaves_no_page_of_the_file_mapped(store):
+    """The fragmentation check counts every row, every 10 s while a server writes: through a
+    memory-mapped reader the pages it walked stayed resident (and counted in the server's RSS) as
+    long as the connection idled in its pool. It reads through a connection without a map."""
+    if _mapped_bytes(store.path) is None:
+        pytest.skip("needs /proc/self/smaps")
+    w = Writer(store)
+    for part in range(4):
+        w.write(0, *[w.put(b"k%d-%d" % (part, i), b"v" * 2000) for i in range(500)])
+    store._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    assert store.fragmentation().items == 2000
+    assert _mapped_bytes(store.path) == 0
