@@ -400,8 +400,8 @@ def main() -> int:
     p.add_argument("--pause", type=float, default=5.0, help="stalled: seconds idle after each storm (default 5)")
     p.add_argument("--storm-quota", default="100m", help="stalled: the bucket's quota (default 100m, the server's)")
     p.add_argument("--vbuckets", type=int, default=1024)
-    p.add_argument("--progress", action="store_true", help="quota: print RSS every 200k documents; full: rate, RSS, mem_used and "
-                   "resident ratio every 100k")
+    p.add_argument("--progress", action="store_true", help="quota: print RSS every 200k documents; full: rate, "
+                   "RSS, mem_used and resident ratio every 100k")
     p.add_argument("--smoke", action="store_true",
                    help="a seconds-long run that checks the bench works: 3,000 documents into 8 MiB, 300 keys, "
                         "2 storms of 1 s")
