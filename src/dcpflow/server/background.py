@@ -36,6 +36,13 @@ PAGER_INTERVAL = 0.1
 #: The history a compaction for fragmentation keeps, as a fraction of each vbucket's documents:
 #: after it, fragmentation is at most about 20%, so the next one waits for new overwrites.
 HISTORY_KEPT = 0.25
+#: A fragmentation measure counts every stored row (Store.fragmentation): O(rows), so at a fixed
+#: interval its share of a worker thread grew with the bucket (22% of one at 2.7M documents, on
+#: the way to all of it at 10M). The next measure of a bucket waits this many times as long as the
+#: last one took: at most a twentieth of a thread, whatever the size.
+FRAGMENTATION_COST_PACE = 20.0
+#: The clock the pacing reads (tests replace it).
+fragmentation_clock = time.monotonic
 #: The longest a failing maintenance task waits before it tries again.
 MAINTENANCE_MAX_BACKOFF = 300.0
 
@@ -288,8 +295,14 @@ class Background:
             bucket.fragmentation_checks += 1  # looks, measured or not (one at a time: tests wait for two)
             if engine.closed or engine.flusher.items_flushed == bucket.checked_at_items:
                 continue
+            now = fragmentation_clock()
+            if now < bucket.fragmentation_due:
+                continue
             bucket.checked_at_items = engine.flusher.items_flushed
             bucket.fragmentation = await asyncio.get_running_loop().run_in_executor(None, engine.store.fragmentation)
+            bucket.fragmentation_measures += 1
+            took = fragmentation_clock() - now
+            bucket.fragmentation_due = now + took * FRAGMENTATION_COST_PACE
             if bucket.fragmentation.fraction > threshold:
                 await self.compact(bucket, keep_history=HISTORY_KEPT)
                 bucket.fragmentation_compactions += 1
