@@ -89,8 +89,9 @@ from .background import (  # noqa: F401 - the constants are the server's setting
     Background,
     out_of_files,
 )
+from .bg_fetch import BgFetcher
 from .boundedlog import BoundedLog, RateLimiter, printable
-from .commands import COMMANDS
+from .commands import COMMANDS, READ_AHEAD
 from .connection import Connection
 from .counters import Counters
 from .dcp_commands import DcpNames
@@ -202,6 +203,7 @@ class ServerBucket:
             self.uuid = uuidlib.uuid4().hex
             engine.store.set_meta("bucket_uuid", self.uuid)
         self.counters = Counters()
+        self.bg_fetcher = BgFetcher(engine.store)  # reads of documents not in memory (bg_fetch.py)
         # Settings the management API keeps for this bucket (server/mgmt/buckets.py owns their meaning);
         # its RAM quota is the engine's memory quota.
         self.settings: dict = json.loads(engine.store.get_meta("mgmt_settings") or "{}")
@@ -326,6 +328,7 @@ class Server:
         self._tasks: list[asyncio.Task] = []
         self._error_maps: dict[int, bytes] = {}
         self.commands = COMMANDS  # opcode -> Command: what every connection answers (commands.py)
+        self.read_ahead = READ_AHEAD  # what runs on the requests behind one that waits (commands.py)
         self.dcp_names = DcpNames()  # a DCP connection name opened again closes the older connection
         self.passive_streams: dict = {}  # (bucket, vbid) -> the live PassiveStream replicating it
         self.backfills = BackfillScheduler()  # DCP backfill threads and their server-wide limits

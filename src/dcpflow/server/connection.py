@@ -154,6 +154,8 @@ class Connection(Replies, asyncio.Protocol):
         self.server = server
         self.system = False  # authenticated as an administrator (counted in the server's reserve)
         self.commands = server.commands  # opcode -> Command (commands.py)
+        # (conn, frames): the requests buffered behind one this in-order connection waits for (commands.py)
+        self.read_ahead = server.read_ahead
         self.debug = server.config.debug
         self.transport: asyncio.Transport | None = None
         self.writer: Writer | None = None
@@ -328,6 +330,10 @@ class Connection(Replies, asyncio.Protocol):
                                     self._detach(frame, reply)  # the next requests go on meanwhile
                                     overtaken = True
                                     break
+                                if self.read_ahead is not None and self.bucket is not None:
+                                    ran = _ran(frames, frame)
+                                    self.read_ahead(self, [f for f in frames[ran:] if f.magic == _REQUEST
+                                                           and ready.get(f.opcode) is not None])
                                 self._wait_for(frame, reply)
                                 return
                             if self._closing:
