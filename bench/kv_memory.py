@@ -286,11 +286,8 @@ def full(args) -> None:
             stop(proc, timeout=1800)
         # A clean restart on the same data (warm-up loads counts and key filters, no document), then
         # every document read back from that server: all of them start on disk.
-        t0 = time.monotonic()
-        proc, port = start_server(tmp, args.vbuckets, *opts)
-        warm = time.monotonic() - t0
+        proc, client, warm = _warm_start(tmp, args.vbuckets, opts)
         try:
-            client = Client.logged_in(port)
             stats = client.stats()
             print(f"  warm-up of a clean restart (start to ready, same data): {warm:.1f} s, "
                   f"{warm / FULL_WARMUP_SECONDS:.2f}x the {FULL_WARMUP_SECONDS:.0f} s target; curr_items "
@@ -323,11 +320,8 @@ def full(args) -> None:
                 stop(proc, timeout=1800)
         if not args.full_crash:
             return
-        t0 = time.monotonic()
-        proc, port = start_server(tmp, args.vbuckets, *opts)
-        warm = time.monotonic() - t0
+        proc, client, warm = _warm_start(tmp, args.vbuckets, opts)
         try:
-            client = Client.logged_in(port)
             stats = client.stats()
             sample = [DENSITY_KEY % i for i in range(0, n, max(1, n // 1000))]
             got = get_all(client, sample, args.vbuckets)
@@ -337,6 +331,18 @@ def full(args) -> None:
                   f"{sum(v == value for v in got.values()):,} of {len(sample):,} sampled documents read back")
         finally:
             stop(proc, timeout=1800)
+
+
+def _warm_start(data_dir: str, vbuckets: int, opts: tuple) -> tuple:
+    """A server started on existing data: (process, logged-in client, seconds from start to ready)."""
+    t0 = time.monotonic()
+    proc, port = start_server(data_dir, vbuckets, *opts)
+    warm = time.monotonic() - t0
+    try:
+        return proc, Client.logged_in(port), warm
+    except BaseException:
+        stop(proc)
+        raise
 
 
 def _full_progress(client: Client, pid: int, what: str, done: int, t0: float, mark: tuple[int, float],
