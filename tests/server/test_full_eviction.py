@@ -66,13 +66,19 @@ def test_pipelined_gets_of_documents_on_disk_are_read_in_batches(make_server):
         for key, value in docs.items():
             assert c.set(key, value).status == Status.SUCCESS
         assert evict_everything(server, engine) == 64
-        before = bucket.bg_fetcher.batches
-        c.send(b"".join(request(Opcode.GET_K, key=k, vbucket=c.vbucket_of(k), opaque=i) for i, k in enumerate(docs)))
-        replies = [c.recv() for _ in docs]
+        before, negatives = bucket.bg_fetcher.batches, int(c.stats()["ep_bfilter_negatives"])
+        keys = [*list(docs)[:32], b"nosuch", *list(docs)[32:]]  # a miss among them: answered, counted once
+        c.send(b"".join(request(Opcode.GET_K, key=k, vbucket=c.vbucket_of(k), opaque=i) for i, k in enumerate(keys)))
+        replies = [c.recv() for _ in keys]
+        assert [r.opaque for r in replies] == list(range(len(keys)))  # in order
+        assert replies[32].status == Status.KEY_ENOENT
+        del replies[32]
         assert {r.key: bytes(r.value) for r in replies} == docs
         assert all(r.status == Status.SUCCESS for r in replies)
         assert bucket.bg_fetcher.keys_read == 64 and bucket.bg_fetcher.batches - before <= 8
-        assert int(c.stats()["ep_bg_fetched"]) == 64
+        stats = c.stats()
+        assert int(stats["ep_bg_fetched"]) == 64
+        assert (int(stats["ep_bfilter_negatives"]) - negatives, int(stats["get_misses"])) == (1, 1)
 
 
 def test_eviction_policy_over_rest(make_server):

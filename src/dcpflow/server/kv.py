@@ -217,16 +217,17 @@ def read_ahead(conn: Connection, frames) -> None:
         if op not in GET_OPS or extras or value or not wire_key:
             continue
         vb = conn.get_vbucket(vbid)
-        if vb is None:
+        if vb is None or vb.state != VBucketState.ACTIVE:
             continue
         key = wire_key
         try:
             if conn.collections or len(key) > MAX_KEY_LEN:
                 key = doc_key(conn, key)
-            item = vb.get(key, False)
         except (EngineError, ProtocolError):
             continue
-        if item.value is NOT_RESIDENT:
+        if vb.recommitting and key in vb.recommitting:
+            continue
+        if vb.needs_fetch(key):  # (no side effect: the GET itself counts, expires, answers)
             fetcher.fetch(vb.id, key).add_done_callback(functools.partial(_read_ahead_done, vb, key, vb.evicted))
 
 
