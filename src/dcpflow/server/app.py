@@ -167,7 +167,7 @@ USERS_OVERLAY_FILE = "users-managed.json"  # auth.UserDB.attach_overlay
 #: Seconds between two looks at the rate-limited logs (an interval that ended writes its summary).
 LOG_TICK = 1.0
 #: Seconds between two measures of a bucket's fragmentation (only after the flusher wrote; and no
-#: sooner than FRAGMENTATION_COST_PACE times what the last one took: background.py).
+#: sooner than FRAGMENTATION_COST_PACE times the CPU the last one took: background.py).
 FRAGMENTATION_CHECK_INTERVAL = 10.0
 #: Descriptors kept for everything but client connections: each bucket's store (the database, its
 #: WAL and shared memory, pooled backfill readers), the listening sockets, the audit file, pipes.
@@ -220,7 +220,7 @@ class ServerBucket:
         self.checked_at_items = -1  # the flusher's count when fragmentation was last measured
         self.fragmentation = None  # the last Store.fragmentation() measured
         self.fragmentation_measures = 0  # Store.fragmentation() calls of the check
-        self.fragmentation_due = 0.0  # background.fragmentation_clock() time the next measure may run
+        self.fragmentation_due = 0.0  # monotonic time the next measure may run (background.py)
         self.flushed_at = 0.0  # monotonic time of the last batch the flusher wrote (seal_runs waits)
         self.recovered_at = 0.0  # monotonic time the pager task last recovered checkpoint memory
         self.tmp_oom_seen = 0  # the engine's ETMPFAIL count when the flusher last collected a batch
