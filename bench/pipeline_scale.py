@@ -12,11 +12,13 @@ measured in the same run.
 3. **sink limit** (the baseline): Spark writing the same rows, read from Parquet (the change log
    just written), into a second change log (Parquet) and then through the same state writer into a
    second Delta table: everything the pipeline does except reading DCP. Target: catch-up ≥ 0.5×.
-4. **live**: both queries on a 1 s processing-time trigger while a writer thread upserts existing
-   documents at `--rate` writes/s for `--live` seconds, each value carrying its write's number.
+4. **live**: both queries on a 1 s processing-time trigger (`Pipeline.run_live`, the product's
+   live loop: a query whose Python worker missed Spark's wait is restarted from its checkpoint)
+   while a writer thread upserts existing documents at `--rate` writes/s for `--live` seconds,
+   each value carrying its write's number; then the loop drains both queries and stops.
    Freshness of a write = the end of the first state batch whose change-log version (the batch
-   that brought the write: its rows' `_commit_version`) covers it - from the state query's progress
-   reports - minus the time its upsert was acknowledged. p50/p99 over all writes. Target: p99 ≤ 5 s
+   that brought the write: its rows' `_commit_version`) covers it - from the loop's batch reports -
+   minus the time its upsert was acknowledged. p50/p99 over all writes. Target: p99 ≤ 5 s
    at 5,000 writes/s.
 5. **memory**: peak RSS (VmHWM) of the Spark JVM - in local mode it is the driver and the executor
    at once - and of this driver Python process, plus the highest sampled total RSS of Spark's
@@ -37,10 +39,9 @@ import sys
 import tempfile
 import threading
 import time
-from datetime import datetime
 from pathlib import Path
 
-from dcpflow.load import Loader, key_for, make_doc
+from dcpflow.client.workload import Loader, key_for, make_doc
 from dcpflow.spark.demo import EmbeddedServer
 from spark_ingest import load
 
@@ -58,7 +59,11 @@ def rss_kib(pid: int, field: str = "VmRSS") -> int:
 def descendants(pid: int) -> set[int]:
     out, todo = set(), [pid]
     while todo:
-        for task in Path(f"/proc/{todo.pop()}/task").glob("*"):
+        try:
+            tasks = list(Path(f"/proc/{todo.pop()}/task").iterdir())
+        except OSError:  # the process ended meanwhile (a Python worker, say)
+            continue
+        for task in tasks:
             try:
                 children = [int(c) for c in (task / "children").read_text().split()]
             except OSError:
@@ -183,19 +188,13 @@ def live_writes(connection: str, docs: int, seed: int, rate: int, seconds: float
         loader.close()
 
 
-def freshness(spark, pipeline, reports: list[dict], acks: dict) -> list[float]:
-    """Seconds from each acknowledged write to the end of the first state batch covering it."""
+def freshness(pipeline, reports: list, acks: dict) -> list[float]:
+    """Seconds from each acknowledged write to the end of the first state batch covering it (the
+    live loop's BatchReports: a state batch's `version` is the newest change-log version it merged)."""
     from pyspark.sql import functions as F
 
-    ends = []  # (change-log version merged, wall time the state batch ended)
-    for p in reports:
-        if not p.get("numInputRows"):
-            continue
-        version = pipeline.state_version(p)
-        start = datetime.fromisoformat(p["timestamp"].replace("Z", "+00:00")).timestamp()
-        if version is not None:
-            ends.append((version, start + p["durationMs"]["triggerExecution"] / 1000))
-    ends.sort()
+    ends = sorted((r.version, r.ended) for r in reports
+                  if r.query == "state" and r.version is not None and r.ended is not None)
     brought = (pipeline.changelog().filter(F.col("_change_type") == "upsert")
                .select(F.get_json_object("value", "$.w").cast("long").alias("w"), "_commit_version")
                .filter(F.col("w").isNotNull()).groupBy("w").agg(F.min("_commit_version").alias("v")).collect())
@@ -274,7 +273,20 @@ def main() -> int:
         print(f"catch-up / sink limit: {ratio:.2f}x (target >= 0.5)", flush=True)
 
         print(f"live: {args.rate:,} writes/s for {args.live:.0f}s, 1 s trigger...", flush=True)
-        changelog_q, state_q = pipeline.start_live("1 second")
+        live_reports: list = []
+        done = threading.Event()
+        failed: list[BaseException] = []
+
+        def run() -> None:
+            # the product's own live loop: a query whose Python worker missed Spark's 10 s to
+            # connect back is restarted from its checkpoint; `done` drains both queries, then stops
+            try:
+                pipeline.run_live("1 second", live_reports.append, stop=done)
+            except BaseException as e:  # noqa: BLE001 - reported by the main thread
+                failed.append(e)
+
+        live = threading.Thread(target=run, daemon=True)
+        live.start()
         acks: dict[int, float] = {}
         stop = threading.Event()
         writer = threading.Thread(target=live_writes, args=(connection, args.docs, seed, args.rate, args.live,
@@ -283,26 +295,16 @@ def main() -> int:
         writer.start()
         writer.join()
         written_in = time.monotonic() - live_started
-        # drain: until the state has merged the change log's newest version (bounded)
-        deadline = time.monotonic() + max(60.0, args.live)
-        for query in (changelog_q, state_q):
-            query.processAllAvailable()
-        while time.monotonic() < deadline:
-            if state_q.exception() or changelog_q.exception():
-                raise RuntimeError(f"a live query failed: {state_q.exception() or changelog_q.exception()}")
-            state_q.processAllAvailable()
-            if not state_q.status.get("isDataAvailable") and not changelog_q.status.get("isDataAvailable"):
-                break
-            time.sleep(0.5)
-        state_reports = state_q.recentProgress
-        changelog_reports = changelog_q.recentProgress
-        pipeline.stop_live(changelog_q, state_q)
-        for name, reps in (("change log", changelog_reports), ("state", state_reports)):
-            busy = [r["durationMs"]["triggerExecution"] / 1000 for r in reps if r.get("numInputRows")]
-            rows_in = sum(r["numInputRows"] for r in reps if r.get("numInputRows"))
+        done.set()  # drain: every write acknowledged so far reaches the state, then both queries stop
+        live.join()
+        if failed:
+            raise failed[0]
+        for name in ("changelog", "state"):
+            busy = [r.seconds for r in live_reports if r.query == name]
+            rows_in = sum(r.rows for r in live_reports if r.query == name)
             print(f"live {name} batches: {len(busy)}, {rows_in:,} rows, duration median {pct(busy, 0.5):.2f}s "
                   f"p99 {pct(busy, 0.99):.2f}s (where the freshness goes)", flush=True)
-        fresh = freshness(spark, pipeline, state_reports, acks)
+        fresh = freshness(pipeline, live_reports, acks)
         print(f"live: {len(acks):,} writes in {written_in:.1f}s ({len(acks) / written_in:,.0f}/s acknowledged), "
               f"{len(fresh):,} seen in the state", flush=True)
         print(f"freshness p50 {pct(fresh, 0.5):.2f}s p99 {pct(fresh, 0.99):.2f}s max {max(fresh, default=0):.2f}s "

@@ -46,7 +46,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from dcpflow.load import Loader, key_for, make_doc
+from dcpflow.client.workload import Loader, key_for, make_doc
 from dcpflow.spark.demo import EmbeddedServer
 from serverproc import cpu_seconds
 

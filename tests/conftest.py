@@ -16,6 +16,8 @@ tests/test_*.py, after every directory - would run alone at the end while the ot
 so tests marked `slow` are moved to the front. Without xdist nothing is marked or moved.
 """
 
+import threading
+
 import pytest
 
 
@@ -59,3 +61,21 @@ def pytest_collection_modifyitems(config, items):
             if names and "@" not in item.nodeid:
                 _tag_with_group(item, "_".join(names))
     return result
+
+
+#: Threads of the test helpers that run an event loop (a server, a replicator, a cluster manager):
+#: one that outlives its test keeps its clients reconnecting, for ever with some settings, to ports
+#: the OS hands to the servers of later tests.
+LOOP_THREAD_PREFIX = "dcpflow-test-"
+
+
+@pytest.fixture(autouse=True)
+def _no_loop_thread_outlives_its_test():
+    """A test whose helpers' loop threads are still running once its fixtures are torn down fails."""
+    before = set(threading.enumerate())
+    yield
+    left = [t for t in threading.enumerate() if t not in before and t.name.startswith(LOOP_THREAD_PREFIX)]
+    for t in left:
+        t.join(10)  # ending, at most: their owners stopped them and waited
+    left = [t.name for t in left if t.is_alive()]
+    assert not left, f"threads left running by the test: {left}"

@@ -7,11 +7,12 @@ that the script exits 0 and prints the line that carries its figure.
 """
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.processes import run_group
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "bench"
@@ -54,8 +55,8 @@ def test_bench_smoke(script, tmp_path):
                TMPDIR=str(tmp_path))  # whatever a bench leaves behind goes with the test's directory
     # A hang must fail the test, not stall CI: no smoke takes more than about a minute.
     name, *extra = script.split()
-    proc = subprocess.run([sys.executable, str(BENCH / name), *extra, "--smoke"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=600)
+    proc = run_group([sys.executable, str(BENCH / name), *extra, "--smoke"], cwd=ROOT, env=env,
+                     capture_output=True, text=True, timeout=600)
     report = f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
     assert proc.returncode == 0, f"bench/{script} --smoke exited {proc.returncode}\n{report}"
     assert FIGURE_LINES[script] in proc.stdout, f"bench/{script} --smoke printed no figure\n{report}"
@@ -70,7 +71,7 @@ def test_subdoc_smoke(script, lines, tmp_path):
     """The --subdoc figures (sub-document commands against GET/SET) run end to end too."""
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""),
                TMPDIR=str(tmp_path))
-    proc = subprocess.run([sys.executable, str(BENCH / script), "--smoke", "--subdoc"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=600)
+    proc = run_group([sys.executable, str(BENCH / script), "--smoke", "--subdoc"], cwd=ROOT, env=env,
+                     capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert all(line in proc.stdout for line in lines), proc.stdout

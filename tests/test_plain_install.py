@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.processes import run_group
+
 from .server.client import RawClient
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -29,7 +31,7 @@ pytestmark = pytest.mark.slow
 
 
 def run(*cmd, timeout: float = DEADLINE, check: bool = True, **kwargs) -> subprocess.CompletedProcess:
-    done = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=timeout, **kwargs)
+    done = run_group([str(c) for c in cmd], capture_output=True, text=True, timeout=timeout, **kwargs)
     if check and done.returncode != 0:
         raise AssertionError(f"{cmd} exited {done.returncode}:\n{done.stdout}\n{done.stderr}")
     return done

@@ -6,11 +6,12 @@ writing it: pytest-dev/pytest-xdist#1386)."""
 
 import re
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.processes import run_group
 
 pytest.importorskip("xdist")
 
@@ -63,8 +64,8 @@ def test_groups_run_on_one_worker_each(tmp_path):
     (tree / "test_module.py").write_text(MODULE_FIXTURE_TESTS)
     (tree / "test_single.py").write_text(SINGLE_TESTS)
     (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    slow: long\n")
-    done = subprocess.run([sys.executable, "-m", "pytest", "-n", "2", "--dist", "loadgroup", "-v", "-p",
-                           "no:cacheprovider", "tests"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    done = run_group([sys.executable, "-m", "pytest", "-n", "2", "--dist", "loadgroup", "-v", "-p",
+                      "no:cacheprovider", "tests"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     ran = re.findall(r"\[(gw\d)\] \[\s*\d+%\] PASSED (\S+)", done.stdout)
     assert len(ran) == 6 + 4 + 9, done.stdout[-3000:]

@@ -31,6 +31,7 @@ from .protocol.frame import (
     Magic,
     RequestFrameId,
     ResponseFrameId,
+    parse_stream_id,
 )
 from .protocol.hello import Feature
 from .protocol.messages import decode_message
@@ -262,7 +263,7 @@ def _frame_infos(frame: Frame) -> list[dict]:
         item = {"id": fid, "name": ids(fid).name if fid in ids._value2member_map_ else "UNKNOWN",
                 "payload": payload.hex()}
         if not frame.is_response and fid == RequestFrameId.DCP_STREAM_ID and len(payload) == 2:
-            item["stream_id"] = int.from_bytes(payload, "big")
+            item["stream_id"] = parse_stream_id(payload)
         out.append(item)
     return out
 

@@ -58,7 +58,7 @@ def engine_vbucket(st: ServerThread, vb: int, attr: str):
     return st.call(lambda: getattr(st.server.buckets["default"].engine.vbucket(vb), attr))
 
 
-def flush_to_disk(st: ServerThread, vb: int, timeout: float = 10.0) -> None:
+def flush_to_disk(st: ServerThread, vb: int, timeout: float = 60.0) -> None:
     """Persist the vbucket and start a new checkpoint, so a stream from an earlier seqno must be
     served from disk (a Disk snapshot)."""
     def wait():

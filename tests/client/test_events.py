@@ -19,7 +19,7 @@ from dcpflow.client.streams import OPEN
 from dcpflow.protocol.dcp import StreamEndReason
 from dcpflow.protocol.keys import vbucket_for_key
 
-from .conftest import PASSWORD, USER, contents, keys_in, run, url, write
+from .conftest import PASSWORD, USER, contents, engine_vbucket, flush_to_disk, keys_in, run, url, write
 
 
 async def collect(client, **kw) -> list:
@@ -99,7 +99,13 @@ def test_expirations_arrive_as_their_own_event(make_server):
     with server.login() as w:
         w.set(b"short-lived", b"x", expiry=int(time.time()) + 1)
         w.set(b"kept", b"y")
-    time.sleep(2.5)
+    vb = vbucket_for_key(b"short-lived", server.config.num_vbuckets)
+    written = engine_vbucket(server, vb, "high_seqno")
+    deadline = time.monotonic() + 60  # the pager expires it within about 1.2 s, unless the machine is busy
+    while engine_vbucket(server, vb, "high_seqno") == written:  # the expiration takes the next seqno
+        assert time.monotonic() < deadline, "the expiry pager did not expire the document"
+        time.sleep(0.05)
+    flush_to_disk(server, vb)  # and the stream reads it from disk, below
 
     async def go():
         async with await DcpClient.connect(url(server.port), USER, PASSWORD) as c:
@@ -126,8 +132,11 @@ def test_offsets_are_saved_on_time_while_the_stream_is_idle(server, writer, tmp_
                 if isinstance(await it.__anext__(), Mutation):
                     seen += 1
             waiter = asyncio.ensure_future(it.__anext__())  # idle: nothing more will come
-            await asyncio.sleep(1.0)
-            saved = store.load()
+            deadline = time.monotonic() + 30  # saved within 0.2 s, unless the machine is busy
+            while (saved := store.load()) is None or saved.offsets != stream.offsets:
+                if time.monotonic() > deadline:
+                    break
+                await asyncio.sleep(0.05)
             waiter.cancel()
             return saved, dict(stream.offsets)
     saved, offsets = run(go())

@@ -16,6 +16,7 @@ import pytest
 from dcpflow.client import DcpClient
 from dcpflow.client.groups import BucketDocs, Membership, key_of, split
 from dcpflow.client.offsets import Offset
+from tests.processes import kill_group, popen
 
 from .conftest import NUM_VBUCKETS, PASSWORD, USER, run, url, write
 from .test_tail import _env
@@ -86,14 +87,27 @@ def test_a_leaving_member_removes_itself():
 
 
 # -- real processes ---------------------------------------------------------------------------------
+#: the member processes of the running test: whatever it leaves running (a failed assertion, a stop
+#: that timed out) is killed after it, not left reconnecting to its server's port for minutes
+_STARTED: list["Member"] = []
+
+
+@pytest.fixture(autouse=True)
+def _members_end_with_their_test():
+    yield
+    while _STARTED:
+        kill_group(_STARTED.pop().proc)
+
+
 class Member:
     """A `dcpflow tail --group` process; its stdout lines and stderr `group` lines are collected
     (with the time each arrived) by two threads."""
 
     def __init__(self, port: int, group: str, *extra: str):
-        self.proc = subprocess.Popen([sys.executable, "-m", "dcpflow.cli", "tail", url(port), "--group", group,
-                                      "--save-interval", "0.5", *extra],
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
+        self.proc = popen([sys.executable, "-m", "dcpflow.cli", "tail", url(port), "--group", group,
+                           "--save-interval", "0.5", *extra],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
+        _STARTED.append(self)
         self.lines: list[dict] = []
         self.shares: list[tuple[float, dict]] = []
         self.stderr: list[str] = []
@@ -126,7 +140,11 @@ class Member:
     def stop(self, sig=signal.SIGTERM) -> None:
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
-        self.proc.wait(30)
+        try:
+            self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            kill_group(self.proc)
+            raise AssertionError(f"member {self.proc.pid} did not stop within 60 s of signal {sig}") from None
         for t in self.readers:  # the pipes are at their end: every line has been collected
             t.join(30)
 

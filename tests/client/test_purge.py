@@ -19,7 +19,7 @@ def purged_server(make_server):
             w.set(k, b"v", vbucket=VB)
         for k in keys[:2]:
             w.delete(k, vbucket=VB)
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60
     while engine_vbucket(server, VB, "purge_seqno") < 8:
         assert time.monotonic() < deadline, "compaction did not purge the tombstones"
         time.sleep(0.05)

@@ -12,13 +12,14 @@ import pytest
 
 import dcpflow
 from dcpflow.client.tail import parse_vbuckets
+from tests.processes import kill_group, popen
 
 from .conftest import url, write
 
 
-def tail(*args: str, timeout: float = 60, **popen) -> subprocess.CompletedProcess:
+def tail(*args: str, timeout: float = 60, **kwargs) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "dcpflow.cli", "tail", *args], capture_output=True, text=True,
-                          timeout=timeout, env=_env(), **popen)
+                          timeout=timeout, env=_env(), **kwargs)
 
 
 def _env() -> dict:
@@ -65,9 +66,8 @@ def test_table_format_and_vbucket_selection(server, writer):
 def test_ctrl_c_saves_offsets(server, writer, tmp_path):
     state = tmp_path / "offsets.json"
     write(writer, 50)
-    proc = subprocess.Popen([sys.executable, "-m", "dcpflow.cli", "tail", url(server.port), "--state", str(state),
-                             "--from", "beginning"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=_env())
+    proc = popen([sys.executable, "-m", "dcpflow.cli", "tail", url(server.port), "--state", str(state),
+                  "--from", "beginning"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
     try:
         received = []
         deadline = time.monotonic() + 30
@@ -79,9 +79,7 @@ def test_ctrl_c_saves_offsets(server, writer, tmp_path):
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=30)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+        kill_group(proc)
     assert proc.returncode == 130, err
     assert "offsets saved" in err
     saved = json.loads(state.read_text())
@@ -239,20 +237,27 @@ def test_mitigate_rollbacks_prints_a_change_only_once_it_is_persisted(server, wr
         held = write(writer, 10, prefix="held")
         plain = tail(url(server.port), "--until", "now")
         assert {d["key"] for d in lines(plain.stdout)} >= {k.decode() for k in held}  # streamed at once
-        proc = subprocess.Popen([sys.executable, "-m", "dcpflow.cli", "tail", url(server.port), "--until", "now",
-                                 "--mitigate-rollbacks", "--persistence-poll-interval", "0.02", "--state", str(state)],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
-        printed = []
-        deadline = time.monotonic() + 60
-        while {d["key"] for d in printed} < {k.decode() for k in docs}:
-            line = proc.stdout.readline()
-            assert line and time.monotonic() < deadline, proc.stderr.read() if proc.poll() is not None else printed
-            printed.append(json.loads(line))
-        assert proc.poll() is None  # still waiting for the held changes
-        assert not [d for d in printed if d["key"].startswith("held")]
+        proc = popen([sys.executable, "-m", "dcpflow.cli", "tail", url(server.port), "--until", "now",
+                      "--mitigate-rollbacks", "--persistence-poll-interval", "0.02", "--state", str(state)],
+                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
+        try:
+            printed = []
+            deadline = time.monotonic() + 60
+            while {d["key"] for d in printed} < {k.decode() for k in docs}:
+                line = proc.stdout.readline()
+                assert line and time.monotonic() < deadline, proc.stderr.read() if proc.poll() is not None else printed
+                printed.append(json.loads(line))
+            assert proc.poll() is None  # still waiting for the held changes
+            assert not [d for d in printed if d["key"].startswith("held")]
+        except BaseException:
+            kill_group(proc)  # not left reconnecting to this port once the server is gone
+            raise
     finally:
         assert http.post("/faults/buckets/default/persistence/resume").status == 200
-    out, err = proc.communicate(timeout=60)
+    try:
+        out, err = proc.communicate(timeout=60)
+    finally:
+        kill_group(proc)
     assert proc.returncode == 0, err
     printed += lines(out)
     assert {d["key"] for d in printed} == {k.decode() for k in docs} | {k.decode() for k in held}

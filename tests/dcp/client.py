@@ -11,7 +11,7 @@ from dcpflow.protocol.frame import Frame, request
 from dcpflow.protocol.hello import Feature
 from dcpflow.protocol.opcodes import Opcode
 from dcpflow.protocol.status import Status
-from tests.server.client import Closed, RawClient
+from tests.server.client import REPLY_TIMEOUT, Closed, RawClient
 
 STREAM_MESSAGES = (dcp.DcpSnapshotMarker, dcp.DcpMutation, dcp.DcpDeletion, dcp.DcpExpiration, dcp.DcpStreamEnd,
                    dcp.DcpSeqnoAdvanced, dcp.DcpSetVbucketState)
@@ -98,16 +98,16 @@ class DcpClient(RawClient):
     def _decode(frame: Frame):
         return dcp.decode_dcp(frame)
 
-    def next_message(self, timeout: float = 10.0):
+    def next_message(self, timeout: float = REPLY_TIMEOUT):
         if self.backlog:
             return self.backlog.pop(0)
         self.sock.settimeout(timeout)
         try:
             return self._decode(self.recv_frame(time.monotonic() + timeout))
         finally:
-            self.sock.settimeout(10.0)
+            self.sock.settimeout(REPLY_TIMEOUT)
 
-    def messages_until(self, stop, timeout: float = 20.0, ack: bool = False) -> list:
+    def messages_until(self, stop, timeout: float = REPLY_TIMEOUT, ack: bool = False) -> list:
         """Read messages until `stop(msg)` is true for one (included); with ack, BUFFER_ACK each."""
         out = []
         deadline = time.monotonic() + timeout
@@ -144,7 +144,7 @@ class DcpClient(RawClient):
             except Closed:
                 self.closed_by_server = True
                 break
-        self.sock.settimeout(10.0)
+        self.sock.settimeout(REPLY_TIMEOUT)
         return out
 
 

@@ -9,7 +9,7 @@ scan, apply `dcp.backfills.opened` to its purge seqno, hand the pages to the str
 import pytest
 
 from dcpflow.dcp.backfills import opened
-from dcpflow.dcp.producer import ProducerConnection
+from dcpflow.dcp.producer import DcpProducer
 from dcpflow.engine import Bucket, VBucketState
 from dcpflow.engine.store import EncodedPage
 from dcpflow.protocol import dcp
@@ -37,11 +37,12 @@ def engine_fixture(num_vbuckets: int):
     return engine
 
 
-def producer(engine, flags: int = OpenFlag.PRODUCER, name: str = "t", **kw) -> ProducerConnection:
-    """A producer connection; the engine's cursor drops reach it as they reach the server's shell
-    (`cursor_dropped`; the WAKE it answers is what `drain`'s send passes do anyway)."""
-    p = ProducerConnection(name, flags, engine, now=100.0, created=0.0,
-                           cursor_listener=lambda stream: p.cursor_dropped(stream), **kw)
+def producer(engine, flags: int = OpenFlag.PRODUCER, name: str = "t", **kw) -> DcpProducer:
+    """A producer connection; the engine's cursor drops reach it as they reach the server's shell,
+    through the bucket's cursor listeners (`cursor_dropped`; the WAKE it answers is what `drain`'s
+    send passes do anyway)."""
+    p = DcpProducer(name, flags, engine, now=100.0, created=0.0, **kw)
+    engine.add_cursor_listener(p.cursor_dropped)
     return p
 
 
@@ -62,7 +63,7 @@ def to_disk_only(engine, vb: int) -> None:
     engine.flush_all()
 
 
-def written(p: ProducerConnection, vb: int) -> None:
+def written(p: DcpProducer, vb: int) -> None:
     """The engine told of a write to `vb`: its streams may have work (the shell's seqno listener)."""
     for stream in p.registry.by_vb.get(vb, ()):
         p.wake(stream)
@@ -94,7 +95,7 @@ def decode(chunks) -> list:
     return list(d.messages())
 
 
-def run_backfills(p: ProducerConnection) -> int:
+def run_backfills(p: DcpProducer) -> int:
     """Run the connection's queued backfills to their end, as server/backfill.py does (one scan per
     stream, its pages handed in whole); how many ran."""
     store = p.engine.store
@@ -129,7 +130,7 @@ def run_backfills(p: ProducerConnection) -> int:
     return ran
 
 
-def drain(p: ProducerConnection, *, backfill: bool = True, rounds: int = 1000) -> list:
+def drain(p: DcpProducer, *, backfill: bool = True, rounds: int = 1000) -> list:
     """Everything the connection sends now (send passes until none has anything), decoded; queued
     backfills run in between when `backfill`."""
     out: list = []

@@ -94,9 +94,11 @@ def test_a_trip_stops_at_its_byte_budget_and_the_rest_open_later(make_server, sm
 def test_a_trip_abandoned_by_a_disconnect_closes_the_scans_it_opened(make_server, small_vbuckets, monkeypatch):
     opened = []
     real = backfill._open_scans
+    entered, proceed = threading.Event(), threading.Event()
 
     def slow(store, work, budget):
-        time.sleep(0.5)  # the consumer goes away meanwhile
+        entered.set()
+        proceed.wait(60)  # the consumer goes away meanwhile
         # no first pages: a scan that read its whole vbucket would close itself
         out = real(store, [w[:-1] + (False,) for w in work], budget)
         opened.extend(r[0] for r in out if isinstance(r, tuple))
@@ -106,9 +108,14 @@ def test_a_trip_abandoned_by_a_disconnect_closes_the_scans_it_opened(make_server
     srv = make_server(data_dir=small_vbuckets)
     c = DcpClient(srv.port).connect()
     request_all(c)
-    time.sleep(0.2)
+    assert entered.wait(60)  # a trip is on its worker thread
     c.close()
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60
+    while srv.call(lambda: [conn for conn in srv.server.connections if conn.dcp is not None]):
+        assert time.monotonic() < deadline, "the server did not see the consumer go"
+        time.sleep(0.02)
+    proceed.set()  # the trip goes on, for nobody
+    deadline = time.monotonic() + 60
     while not opened or not all(scan.closed for scan in opened):
         assert time.monotonic() < deadline, f"{sum(not s.closed for s in opened)} scans left open (read transactions)"
         time.sleep(0.05)
@@ -141,7 +148,7 @@ def test_a_stream_retired_before_its_continuation_starts_closes_its_scan(make_se
     srv = make_server(data_dir=small_vbuckets)
     c = DcpClient(srv.port).connect()
     request_all(c)
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60
     ends = 0
     while ends < VBS - 1:  # every stream but vbucket 3's ends OK; that one was closed quietly
         frame = c.recv_frame(deadline)
@@ -200,7 +207,7 @@ def test_continuation_reads_count_the_budgets_of_trips_in_flight(make_server, bi
     c = DcpClient(srv.port).connect()
     c.controls(connection_buffer_size=1000)  # nothing is acknowledged: what is read stays queued
     c.send(b"".join(dcp.DcpStreamRequest(vb, 0, 4200, 0, 0, 0, 0, b"", c.next_opaque()).encode() for vb in range(6)))
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60
     while state["large_reads"] < 6:
         assert time.monotonic() < deadline
         time.sleep(0.01)

@@ -1,6 +1,6 @@
 """DCP and collections without a socket: the rules tests/dcp/test_collections.py checks over a
 server (stream-request-value.md, system_event.md, seqno-advanced.md), asserted on what a
-ProducerConnection returns and sends over the real engine: system events at their seqnos, filters
+DcpProducer returns and sends over the real engine: system events at their seqnos, filters
 by collection and by scope, the manifest uid on resumption, stream-ids for several filtered
 streams of one vbucket, FILTER_EMPTY, FlatBuffers events, backfills that skip dropped collections
 and ToLatest of a filtered stream."""

@@ -1,17 +1,17 @@
-"""The consumer side without a socket: ConsumerConnection and PassiveStream (dcp/consumer.py,
+"""The consumer side without a socket: DcpConsumer and PassiveStream (dcp/consumer.py,
 dcp/passive_stream.py) driven with the frames a producer sends, asserting the bytes they queue and
 the outcomes they return (RollBack, ChangeState, Refusal, replies). tests/replication/test_consumer.py
 checks the same rules end to end, over a server and a relay.
 
 add-stream.md, stream-request.md, snapshot-marker.md, stream-end.md, set-vbucket-state.md;
 rebalance.md ("Initial Stream Handshake", "VBucket Takeover"), failure-scenarios.md, rollback.md.
-The last tests connect a ConsumerConnection to a ProducerConnection in memory (bytes relayed by
+The last tests connect a DcpConsumer to a DcpProducer in memory (bytes relayed by
 the test), so a replica follows an active and rolls back where it diverged."""
 
 import pytest
 
 from dcpflow.dcp import consumer as consumer_mod
-from dcpflow.dcp.consumer import ConsumerConnection
+from dcpflow.dcp.consumer import DcpConsumer
 from dcpflow.dcp.errors import Refusal
 from dcpflow.dcp.outcomes import ChangeState, Close, Reply, RollBack, Send
 from dcpflow.dcp.passive_stream import PassiveState
@@ -43,11 +43,11 @@ def active(tmp_path):
 
 
 class Shell:
-    """What server/consumer.py does with the outcomes a ConsumerConnection returns, minus the socket:
+    """What server/consumer.py does with the outcomes a DcpConsumer returns, minus the socket:
     `Send` data is collected in `out` (in order), `Close` sets `close_wanted`; the answer to the
     call (a Refusal, a RollBack, a ChangeState, a message's Reply bytes) is returned, None if none."""
 
-    def __init__(self, state: ConsumerConnection):
+    def __init__(self, state: DcpConsumer):
         self.state = state
         self.out: list[bytes] = []
         self.close_wanted = False
@@ -102,7 +102,7 @@ class Shell:
 
 
 def consumer(engine, registry=None, name="replication:a", v7=True, consumer_name=None) -> Shell:
-    c = Shell(ConsumerConnection(name, 0, engine, "default", {} if registry is None else registry, now=100.0,
+    c = Shell(DcpConsumer(name, 0, engine, "default", {} if registry is None else registry, now=100.0,
                                  created=0.0, consumer_name=consumer_name))
     c.open()
     for f in sent(c):  # the producer accepts every control (v7 status codes unless told otherwise)
@@ -161,13 +161,13 @@ def mutation(vb, seqno, key, value=b'{"v":1}', opaque=0):
 # -- controls and ADD_STREAM ------------------------------------------------------------------
 
 def test_consumer_negotiates_controls_after_open(replica):
-    c = Shell(ConsumerConnection("r", 0, replica, "default", {}, now=100.0, created=0.0))
+    c = Shell(DcpConsumer("r", 0, replica, "default", {}, now=100.0, created=0.0))
     c.open()
     got = {f.key.decode(): f.value.decode() for f in sent(c)}
     assert got == {"connection_buffer_size": str(consumer_mod.DEFAULT_BUFFER_SIZE), "enable_noop": "true",
                    "set_noop_interval": "1", "set_priority": "high", "enable_expiry_opcode": "true",
                    "supports_cursor_dropping_vulcan": "true", "v7_dcp_status_codes": "true"}
-    named = Shell(ConsumerConnection("r", 0, replica, "default", {}, now=100.0, created=0.0, consumer_name="n1"))
+    named = Shell(DcpConsumer("r", 0, replica, "default", {}, now=100.0, created=0.0, consumer_name="n1"))
     named.open()
     got = [(f.key, f.value) for f in sent(named)]
     assert got[-2:] == [(b"enable_sync_writes", b"true"), (b"consumer_name", b"n1")]
@@ -432,7 +432,7 @@ def test_vbucket_made_active_by_the_manager_ends_the_stream(replica):
 # -- a consumer and a producer connected in memory --------------------------------------------
 
 def relay(prod, cons, *, rounds: int = 50) -> list[tuple[int, int]]:
-    """Carry bytes between a ProducerConnection and a ConsumerConnection until neither has more:
+    """Carry bytes between a DcpProducer and a DcpConsumer until neither has more:
     the consumer's STREAM_REQs are answered by the producer's `stream_request`, the producer's
     send passes (and backfills) are applied by the consumer, its RollBack orders carried out on
     its engine. Returns the rollbacks: (asked, reached)."""

@@ -1,5 +1,5 @@
 """DCP_CONTROL on a producer without a socket (dcp/controls.py): every key, its accepted values,
-and the status and reason of every refusal, against a ProducerConnection over a real bucket."""
+and the status and reason of every refusal, against a DcpProducer over a real bucket."""
 
 import pytest
 
@@ -7,7 +7,7 @@ from dcpflow.dcp.controls import CONTROLS, PRIORITY_BATCH
 from dcpflow.dcp.errors import Refusal
 from dcpflow.dcp.noop import DEFAULT_NOOP_INTERVAL
 from dcpflow.dcp.outcomes import ARM_NOOP_TIMER, NOTHING, WAKE
-from dcpflow.dcp.producer import ProducerConnection, Started
+from dcpflow.dcp.producer import DcpProducer, Started
 from dcpflow.protocol.dcp import DcpStreamRequest, OpenFlag
 from dcpflow.protocol.status import Status
 
@@ -16,12 +16,12 @@ OK = NOTHING  # accepted, nothing more to do
 
 @pytest.fixture
 def make(engine):
-    def make(flags: int = OpenFlag.PRODUCER) -> ProducerConnection:
-        return ProducerConnection("t", flags, engine, now=100.0, created=0.0)
+    def make(flags: int = OpenFlag.PRODUCER) -> DcpProducer:
+        return DcpProducer("t", flags, engine, now=100.0, created=0.0)
     return make
 
 
-def control(p: ProducerConnection, key: str, value: str, *, now: float = 100.0, collections: bool = False):
+def control(p: DcpProducer, key: str, value: str, *, now: float = 100.0, collections: bool = False):
     return p.control(key, value, now=now, collections=collections)
 
 

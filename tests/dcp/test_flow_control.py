@@ -43,7 +43,7 @@ def test_never_more_than_buffer_plus_one_message(server, clients, writer, backfi
     acked = 0
     got = []
     while not any(isinstance(m, dcp.DcpStreamEnd) for m in got):
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + 60
         while True:  # the producer fills the window, then stops
             read_available(c, 0.02)
             outstanding = c.received_bytes - acked
@@ -80,8 +80,9 @@ def test_noops_are_not_charged(server, clients):
     c = clients()
     c.controls(connection_buffer_size=1, enable_noop="true", set_noop_interval="0.1")
     c.stream_request(0)  # an idle stream: nothing but noops
-    deadline = time.monotonic() + 1.0
-    while time.monotonic() < deadline:
+    deadline = time.monotonic() + 60  # three noops come in 0.3 s, unless the machine is busy
+    while c.noops < 3:
+        assert time.monotonic() < deadline, f"{c.noops} noops"
         c.quiet(0.1)
-    assert c.noops >= 3 and c.received_bytes == 0
+    assert c.received_bytes == 0
 

@@ -1,6 +1,6 @@
 """Flow control without a socket: the rules tests/dcp/test_flow_control.py checks over a server
 (flow-control.md, buffer-ack.md as KV-Engine's code behaves), asserted on the bytes a
-ProducerConnection's send passes return between the consumer's acknowledgements: every message
+DcpProducer's send passes return between the consumer's acknowledgements: every message
 is charged its wire size, never more than the buffer plus one message is unacknowledged, nothing
 more goes out until an ack, any ack size resumes it, and size 0 disables it. A hypothesis
 property covers buffer sizes, value sizes (LARGE_VALUE ones are sent without copying), memory or

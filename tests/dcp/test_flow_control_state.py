@@ -4,7 +4,7 @@ an acknowledgement; the consumer acknowledges at a fifth of its buffer or after 
 
 
 from dcpflow.dcp.flow_control import ACK_SECONDS, BufferAcker, FlowControlWindow
-from dcpflow.dcp.producer import ProducerConnection
+from dcpflow.dcp.producer import DcpProducer
 from dcpflow.dcp.send_pass import MAX_PASS_BYTES, TURN_MESSAGES
 from dcpflow.engine.store import LARGE_VALUE
 from dcpflow.protocol import dcp
@@ -31,8 +31,8 @@ def test_window_charges_and_acks():
 
 # -- the send pass over real streams ------------------------------------------------------------------
 
-def producer(engine, buffer_size: int, priority: str = "medium") -> ProducerConnection:
-    p = ProducerConnection("t", OpenFlag.PRODUCER, engine, now=0.0, created=0.0)
+def producer(engine, buffer_size: int, priority: str = "medium") -> DcpProducer:
+    p = DcpProducer("t", OpenFlag.PRODUCER, engine, now=0.0, created=0.0)
     assert p.control("connection_buffer_size", str(buffer_size), now=0.0, collections=False) is not None
     p.control("set_priority", priority, now=0.0, collections=False)
     return p

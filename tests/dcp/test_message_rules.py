@@ -1,5 +1,5 @@
 """What the stream messages carry, without a socket: the rules tests/dcp/test_messages.py checks
-over a server, asserted on the messages a ProducerConnection's send passes return (decoded), over
+over a server, asserted on the messages a DcpProducer's send passes return (decoded), over
 the real engine. MUTATION fields, DELETION V1/V2, EXPIRATION (only with the expiry opcode *and*
 delete times: `enable_expiry_opcode` alone is accepted and does nothing, erratum 13), xattrs kept
 or stripped, the NoValue variants, SkipDeletesInInitialBackfill and SEQNO_ADVANCED."""

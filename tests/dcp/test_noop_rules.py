@@ -1,4 +1,4 @@
-"""The noop timer of a producer connection without a socket: ProducerConnection.noop_timer driven
+"""The noop timer of a producer connection without a socket: DcpProducer.noop_timer driven
 with the times a timer fires at, asserting the outcomes it returns (a DCP_NOOP to send, re-arm the
 timer, close an idle connection). The rules as KV-Engine's code behaves (no-op.md and
 dead-connections.md describe noops only when idle: erratum 37): with `enable_noop` a noop every

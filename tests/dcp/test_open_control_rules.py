@@ -1,7 +1,7 @@
 """DCP_OPEN and DCP_CONTROL without a socket: the rules tests/dcp/test_open_control.py checks over
 a server, asserted on what the protocol's decoders refuse (the frame: DCP_OPEN flags and value,
 the shapes of DCP_CONTROL, DCP_CLOSE_STREAM and DCP_GET_FAILOVER_LOG) and on what
-`ProducerConnection.control` returns for every key (dcp/controls.py's table; the values' own
+`DcpProducer.control` returns for every key (dcp/controls.py's table; the values' own
 rules and reasons are in test_controls_table.py).
 
 open-connection.md and control.md as KV-Engine's code behaves: DCP_OPEN flags 0x02, 0x10 and 0x80

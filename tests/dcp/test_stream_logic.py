@@ -134,7 +134,7 @@ def test_backfill_failed_ends_the_stream():
     s = ActiveStream(vb, name="t", opaque=1, start_seqno=0, end_seqno=10, snap_start_seqno=0, flags=0x02)
     s.start()
     assert s.backfill is not None
-    s.backfill_failed()
+    s.set_dead(StreamEndReason.BACKFILL_FAIL)  # what DcpProducer.backfill_failed does to it
     (end,) = decode(list(s.ready))
     assert end.reason == StreamEndReason.BACKFILL_FAIL and s.dead and s.backfill is None
 

@@ -1,5 +1,5 @@
 """DCP_STREAM_REQ without a socket: the rules tests/dcp/test_stream_request.py and test_rollback.py
-check over a server, asserted on what `ProducerConnection.stream_request` returns (a Refusal, a
+check over a server, asserted on what `DcpProducer.stream_request` returns (a Refusal, a
 Rollback, or the Started stream and its failover log) and on the bytes the stream then sends.
 
 KV-Engine's stream-request.md, stream-request-value.md and rollback.md (as its code decides; the

@@ -1,6 +1,6 @@
 """Snapshot markers, stream ends and takeover without a socket: the rules tests/dcp/test_snapshots.py,
 test_stream_end.py and test_takeover.py check over a server, asserted on the bytes a
-ProducerConnection's send passes return (decoded) and on what its entry points return, over the
+DcpProducer's send passes return (decoded) and on what its entry points return, over the
 real engine (checkpoints, flusher and store run by the test, on its own thread).
 
 snapshot-marker.md "Implementation notes" as KV-Engine's code behaves (the first marker starts at
@@ -317,6 +317,57 @@ def test_a_dropped_cursor_without_opt_in_ends_slow_and_with_it_backfills(engine)
         else:
             assert ends(msgs) == [(vb, StreamEndReason.SLOW)]
         p.release()
+
+
+def test_a_dropped_cursor_wakes_only_the_stream_that_read_with_it(engine):
+    """The engine's notice of a dropped cursor, handed in as (vbid, cursor name), answers WAKE and
+    marks that stream for the next send pass; another connection's cursor, another vbucket or a
+    cursor no stream holds answers nothing."""
+    fill(engine, 0, 3)
+    p, other = producer(engine, name="mine"), producer(engine, name="other")
+    controls(p, supports_cursor_dropping="true")
+    stream, theirs = ask(p, 0, 0, MAX), ask(other, 0, 0, MAX)
+    drain(p)
+    drain(other)
+    assert p.cursor_dropped(0, theirs.name) == () and p.cursor_dropped(1, stream.name) == ()
+    assert p.cursor_dropped(0, "dcp:nobody") == ()
+    assert not p.registry.pending
+    assert p.cursor_dropped(0, stream.name) == (WAKE,)
+    assert stream in p.registry.pending
+    p.release()
+    other.release()
+
+
+def test_a_failed_backfill_read_ends_the_stream_with_backfill_fail(engine):
+    """The shell reports a backfill read that raised (server/backfill.py); the producer decides:
+    the stream ends with BACKFILL_FAIL (stream-end.md), its backfill unqueued; a stream already
+    ended is left as it is."""
+    fill(engine, 5, 4)
+    to_disk_only(engine, 5)
+    p = producer(engine, name="bf")
+    stream = ask(p, 5, 0, MAX)
+    assert stream.backfill is not None
+    assert p.backfill_failed(stream) == (WAKE,)
+    assert stream.dead and stream.backfill is None
+    assert ends(drain(p, backfill=False)) == [(5, StreamEndReason.BACKFILL_FAIL)]
+    assert p.backfill_failed(stream) == ()
+    p.release()
+
+
+def test_the_state_machines_take_no_callbacks():
+    """One way to answer (issue 44): the producer, consumer and stream state machines return
+    outcome values; none of their constructors takes a callable to call back into its shell."""
+    import inspect
+
+    from dcpflow.dcp.active_stream import ActiveStream
+    from dcpflow.dcp.consumer import DcpConsumer
+    from dcpflow.dcp.passive_stream import PassiveStream
+    from dcpflow.dcp.producer import DcpProducer
+    for cls in (DcpProducer, DcpConsumer, ActiveStream, PassiveStream):
+        for param in inspect.signature(cls.__init__).parameters.values():
+            callback = "Callable" in str(param.annotation) or param.name.endswith(("listener", "callback")) \
+                or param.name.startswith("on_") or param.name in ("schedule", "wake", "set_vbucket_state")
+            assert not callback, f"{cls.__name__}({param.name}) is a callback into the shell"
 
 
 # -- takeover (rebalance.md) ------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Sync writes over DCP without a socket: ProducerConnection streams over an engine whose vbucket
+"""Sync writes over DCP without a socket: DcpProducer streams over an engine whose vbucket
 holds prepares (prepare.md, commit.md, abort.md, seqno-acknowledged.md, snapshot-marker.md V2.0).
 A stream that enabled sync writes gets DCP_PREPARE / DCP_COMMIT; any other only committed versions,
 its snapshots ending at the max visible seqno; a named consumer's DCP_SEQNO_ACKNOWLEDGED completes

@@ -288,6 +288,26 @@ def test_rollback_to_a_snapshot_end_restores_older_versions(make_bucket):
     assert make_bucket().vbucket(0).ht[b"k1"].value == b"v9"
 
 
+def test_a_dropped_cursor_is_told_to_the_cursor_listeners_with_its_vbucket_and_name(make_bucket):
+    """Bucket.add_cursor_listener: every cursor a vbucket's checkpoints drop - on demand here, as
+    memory pressure does - reaches each listener as (vbid, cursor name), after the cursor's own
+    on_drop; a removed listener hears nothing more (the DCP producer's shell listens so)."""
+    b = make_bucket()
+    heard, own = [], []
+    b.add_cursor_listener(lambda vbid, name: heard.append((vbid, name)))
+    removed = []
+    b.add_cursor_listener(removed.append)
+    b.remove_cursor_listener(removed.append)
+    vb = b.set_vbucket_state(2, VBucketState.ACTIVE)
+    vb.set(b"k", b"v")
+    cm = vb.checkpoint_manager
+    cursor = cm.register_cursor("dcp:x", 0, droppable=True, on_drop=lambda c: own.append(list(heard))).cursor
+    cm.drop_cursor(cursor)
+    assert heard == [(2, "dcp:x")] and own == [[]]  # the cursor's owner first, then the listeners
+    assert removed == []
+    b.close()
+
+
 def test_rollback_inside_a_deduplicated_snapshot_reports_that_snapshot(make_bucket):
     b = make_bucket()
     rep = make_replica_with(b, 12, per_snapshot=12)  # one snapshot: memory de-duplicates it

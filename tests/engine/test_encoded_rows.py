@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from dcpflow.engine import store as store_mod
 from dcpflow.engine.item import DeleteSource, Item
+from dcpflow.engine.store_rows import FLUSH_DCP, FLUSH_SEQNO, FlushRow
 from dcpflow.protocol import dcp as dcpproto
 
 
@@ -100,3 +101,27 @@ def test_an_object_that_is_not_a_document_is_left_to_the_python_row():
     rows = store_mod._encoded_rows_c(5, [Item(**fields), other], row_py)
     assert seen == [other]
     assert rows[0] == rows[1] == store_mod._encoded_row(5, Item(**fields))
+
+
+@pytest.mark.parametrize("build", ["python", "compiled"])
+def test_the_flushers_rows_are_flush_rows_field_by_field(build):
+    """store_rows.FlushRow is the layout the items table's upsert is made from; both builders'
+    rows - the compiled one's too, whose C code numbers its own slots - read by its field names
+    give back each field of the item."""
+    if build == "compiled" and store_mod._encoded_rows_c is None:
+        pytest.skip("the compiled rows are not built")
+    rows = store_mod._encoded_rows if build == "compiled" else store_mod._encoded_rows_py
+    plain = Item(b"key", b"value", 0x01020304, 7, (1 << 63) + 2, 9, 42, 1)
+    gone = Item(b"gone", b"", cas=5, rev_seqno=3, by_seqno=43, deleted=True, delete_time=99,
+                delete_source=DeleteSource.TTL, cid=8)
+    for it, row in zip((plain, gone), rows(3, [plain, gone]), strict=True):
+        assert len(row) == len(FlushRow._fields)
+        r = FlushRow._make(row)
+        assert (r.vb, r.key, r.seqno, r.flags, r.expiry, r.datatype, r.cid) == \
+            (3, it.key, it.by_seqno, it.flags, it.expiry, it.datatype, it.cid)
+        assert (r.rev_seqno % (1 << 64), r.cas % (1 << 64)) == (it.rev_seqno, it.cas)  # signed 64-bit
+        assert (bool(r.deleted), r.delete_time, r.delete_source) == (it.deleted, it.delete_time, int(it.delete_source))
+        assert (row[FLUSH_SEQNO], row[FLUSH_DCP]) == (r.seqno, r.dcp)
+    p_row, g_row = (FlushRow._make(r) for r in rows(3, [plain, gone]))
+    assert p_row.value == bytearray() and bytes(p_row.dcp).endswith(b"keyvalue")  # the message ends with key, value
+    assert g_row.value == bytearray() and g_row.dcp is None

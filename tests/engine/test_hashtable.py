@@ -66,6 +66,9 @@ puts = st.tuples(st.just("put"), keys, values, number(U32), number(U32), number(
 reads = st.tuples(st.sampled_from(["get", "get_default", "getitem", "del", "pop", "pop_default", "in", "version"]),
                   keys)
 walks = st.tuples(st.sampled_from(["len", "keys", "values", "items", "iter", "clear"]))
+replies = st.tuples(st.just("reply"), keys, number(0xFF), number(U32),
+                    st.one_of(st.binary(max_size=8), st.just(b"k" * 65536), st.just("k")),
+                    st.sampled_from([True, False, 0, 1]))
 
 
 def apply(table, op):
@@ -77,6 +80,8 @@ def apply(table, op):
              "items": lambda: list(table.items()), "iter": lambda: list(table), "clear": table.clear}[name]
         return outcome(f)
     key = op[1]
+    if name == "reply":
+        return outcome(lambda: table.reply(*op[1:]))
     f = {"get": lambda: table.get(key), "get_default": lambda: table.get(key, "dflt"),
          "getitem": lambda: table[key], "pop": lambda: table.pop(key), "pop_default": lambda: table.pop(key, 7),
          "in": lambda: key in table, "version": lambda: table.version(key)}.get(name)
@@ -88,7 +93,7 @@ def apply(table, op):
 
 @compiled
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.lists(st.one_of(puts, puts, reads, reads, walks), max_size=80))
+@given(st.lists(st.one_of(puts, puts, reads, reads, replies, walks), max_size=80))
 def test_the_compiled_table_answers_as_its_specification(ops):
     c, spec = both()
     for op in ops:
@@ -117,6 +122,7 @@ def test_growth_holes_and_compaction_answer_as_the_specification():
             assert shape(c.pop(key, None)) == shape(spec.pop(key, None))
         else:
             assert shape(c.get(key)) == shape(spec.get(key)) and c.version(key) == spec.version(key)
+            assert c.reply(key, 0x0C, step, b"kk", step % 2) == spec.reply(key, 0x0C, step, b"kk", step % 2)
         if step % 5000 == 0:
             assert shape(list(c.items())) == shape(list(spec.items()))
     assert len(c) == len(spec) and shape(list(c.items())) == shape(list(spec.items()))

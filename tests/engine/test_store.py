@@ -584,3 +584,32 @@ def test_measuring_fragmentation_leaves_no_page_of_the_file_mapped(store):
     store._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     assert store.fragmentation().items == 2000
     assert _mapped_bytes(store.path) == 0
+
+
+def test_a_backfills_rows_are_backfill_rows_read_by_name(store):
+    """store_rows.BackfillRow is the layout of `next_rows` (the SELECT is made from its names):
+    each field read by its name - or by its index constant, as the DCP backfill reads it - is
+    the written version's, for an encoded plain mutation, a tombstone and a large value alike."""
+    from dcpflow.engine import store_rows
+    from dcpflow.engine.store_rows import BackfillRow
+
+    w = Writer(store)
+    plain = Item(b"plain", b"value", flags=7, expiry=9, cas=(1 << 63) + 5, rev_seqno=(1 << 63) + 1, by_seqno=1,
+                 datatype=1)
+    gone = Item(b"gone", b"", cas=20, rev_seqno=2, by_seqno=2, deleted=True, delete_time=1234,
+                delete_source=DeleteSource.TTL)
+    large = Item(b"large", b"x" * 9000, cas=30, rev_seqno=3, by_seqno=3)
+    w.high[0] = 3
+    w.write(0, plain, gone, large)
+    rows = [BackfillRow._make(r) for r in store.scan(0, 0, 100).next_rows()]
+    assert [r.key for r in rows] == [b"plain", b"gone", b"large"]
+    for row, it in zip(rows, (plain, gone, large), strict=True):
+        assert (row.seqno, row.flags, row.expiry, row.datatype, row.value, row.cid) == \
+            (it.by_seqno, it.flags, it.expiry, it.datatype, it.value, it.cid)
+        assert (store_rows._u64(row.cas), store_rows._u64(row.rev_seqno)) == (it.cas, it.rev_seqno)
+        assert (bool(row.deleted), row.delete_time, row.delete_source) == \
+            (it.deleted, it.delete_time, int(it.delete_source))
+        assert store_rows.item_from_row(row) == it
+        for name in BackfillRow._fields:
+            assert row[getattr(store_rows, name.upper())] == getattr(row, name)
+    assert [r.encoded for r in rows] == [1, 0, 0]  # only the plain mutation keeps its message

@@ -1,8 +1,13 @@
 """Client KV operations on a VBucket: results, metadata rules and error statuses."""
 
+import dataclasses
+
 import pytest
 
 from dcpflow.engine import DeleteSource, EngineError, VBucketState, vbucket_for_key
+from dcpflow.engine.item import NOT_RESIDENT
+from dcpflow.protocol.kv import GetResponse
+from dcpflow.protocol.opcodes import Opcode
 from dcpflow.protocol.status import Status
 
 
@@ -170,3 +175,47 @@ def test_op_counters_and_item_counts(bucket):
     vb.add(b"b", b"again")
     assert (vb.ops_create, vb.ops_update, vb.ops_delete) == (3, 1, 1)
     assert (vb.num_items, vb.num_deleted) == (2, 0)
+
+
+def general_reply(vb, key, opcode: int, opaque: int, reply_key: bytes, json: bool) -> bytes:
+    """The GET reply the general path gives (server/kv.py's _get_reply on VBucket.get's Item), for
+    a document with no xattrs and no lock."""
+    item = vb.get(key)
+    return GetResponse(item.flags, item.value, item.cas, item.datatype if json else 0, reply_key, opaque,
+                       opcode=opcode).encode()
+
+
+def test_get_reply_is_the_general_get_s_reply_or_leaves_the_case_to_it(bucket, clock):
+    """VBucket.get_reply packs a GET's reply from the table's record: the same bytes as the general
+    path for a live, resident document without expiry, lock or xattrs (JSON or not, GET or GETK,
+    with and without the JSON feature, a value inline or referenced), and None - the general path
+    answers - for a miss, a tombstone, an expiry, a lock, xattrs, an evicted value and a vbucket
+    that is not active."""
+    vb = bucket.vbucket(0)
+    docs = {b"j": (b'{"a":1}', 1, 0xCAFE), b"raw": (b"\x00bytes", 0, 0), b"big": (b"[" + b"1," * 3000 + b"1]", 1, 7),
+            b"empty": (b"", 0, 1), b"k" * 250: (b"v", 0, 0xFFFFFFFF)}
+    for key, (value, datatype, flags) in docs.items():
+        vb.set(key, value, flags=flags, datatype=datatype)
+        for opcode, reply_key in ((Opcode.GET, b""), (Opcode.GET_K, key), (Opcode.GET_KQ, key)):
+            for json in (True, False):
+                got = vb.get_reply(key, int(opcode), 0xDEADBEEF, reply_key, json)
+                assert got == general_reply(vb, key, int(opcode), 0xDEADBEEF, reply_key, json), (key, opcode, json)
+    vb.set((8, b"c"), b"in a collection", flags=3)  # the table's collection keys too
+    assert vb.get_reply((8, b"c"), 0, 1, b"", True) == general_reply(vb, (8, b"c"), 0, 1, b"", True)
+
+    assert vb.get_reply(b"missing", 0, 1, b"", True) is None
+    vb.set(b"ttl", b"v", expiry=100)
+    assert vb.get_reply(b"ttl", 0, 1, b"", True) is None  # the clock decides: the general path reads it
+    vb.set(b"x", b"\x00\x00\x00\x00body", datatype=0x04)
+    assert vb.get_reply(b"x", 0, 1, b"", True) is None  # xattrs are stripped by the general path
+    vb.set(b"gone", b"v")
+    vb.delete(b"gone")
+    assert vb.get_reply(b"gone", 0, 1, b"", True) is None
+    vb.get_locked(b"j", 15)
+    assert vb.get_reply(b"j", 0, 1, b"", True) is None and vb.get_reply(b"raw", 0, 1, b"", True) is None  # hidden CAS
+    vb.unlock(b"j", vb.lock_cas(b"j"))
+    assert vb.get_reply(b"j", 0, 1, b"", True) is not None
+    vb.ht[b"raw"] = dataclasses.replace(vb.ht[b"raw"], value=NOT_RESIDENT)  # as the item pager leaves it
+    assert vb.get_reply(b"raw", 0, 1, b"", True) is None
+    bucket.set_vbucket_state(0, VBucketState.REPLICA)
+    assert vb.get_reply(b"j", 0, 1, b"", True) is None

@@ -1,6 +1,7 @@
 """The byte layouts other layers used to spell by hand, now protocol functions (issue 44 point 4):
 the xattr section's length prefix and pairs, the durability FrameInfo, the mutation token, whole
-reply headers and the sub-document spec heads. Each is checked against the codec that already
+reply headers, the sub-document spec heads, the stream-id FrameInfo, a header field read in place
+and the ${Mutation.CAS} macro's byte order. Each is checked against the codec that already
 encodes the same bytes, both ways, over generated inputs."""
 
 import struct
@@ -24,12 +25,16 @@ from dcpflow.protocol.datatype import (
     xattr_pair_spans,
 )
 from dcpflow.protocol.frame import (
+    HEADER,
+    HEADER_FIELDS,
     RequestFrameId,
     check_request_frame_infos,
     decode_all,
     decode_frame_infos,
     durability_frame,
     parse_durability,
+    parse_stream_id,
+    stream_id_frame,
 )
 from dcpflow.protocol.opcodes import Opcode
 
@@ -134,3 +139,32 @@ def test_spec_heads_read_what_a_spec_encodes(flags, opcode, path, value):
     assert sd.MUTATION_SPEC_HEAD.unpack_from(mutation) == (opcode, flags, len(path), len(value))
     assert mutation[sd.MUTATION_SPEC_HEAD.size:] == path + value
     assert sd.MUTATION_SPEC_HEAD.size == struct.calcsize(">BBHI") and Opcode.SUBDOC_GET in sd.LOOKUP_OPCODES
+
+
+@given(sid=st.integers(1, 0xFFFF))
+def test_parse_stream_id_inverts_stream_id_frame(sid):
+    ((fid, payload),) = decode_frame_infos(stream_id_frame(sid))
+    assert fid == RequestFrameId.DCP_STREAM_ID and parse_stream_id(payload) == sid
+    assert parse_stream_id(payload + b"\x00") is None and parse_stream_id(payload[:1]) is None
+
+
+@given(fields=st.tuples(st.sampled_from([0x80, 0x81]), st.integers(0, 255), st.integers(0, 0xFFFF),
+                        st.integers(0, 255), st.integers(0, 255), st.integers(0, 0xFFFF),
+                        st.integers(0, 0xFFFFFFFF), st.integers(0, 0xFFFFFFFF), st.integers(0, (1 << 64) - 1)),
+       lead=st.binary(max_size=9))
+def test_a_field_reads_what_its_struct_packs_at_any_base(fields, lead):
+    """Field.read (a reader addressing a frame in place, as client/follow.py does) against the
+    struct the codec packs the header with."""
+    data = lead + HEADER.pack(*fields)
+    assert [f.read(data, len(lead)) for f in HEADER_FIELDS.values()] == list(fields)
+
+
+@given(cas=st.integers(0, (1 << 64) - 1))
+def test_the_cas_macro_is_the_cas_bytes_read_little_endian(cas):
+    text = sd.cas_macro_text(cas)
+    assert text[:3] == b'"0x' and text[-1:] == b'"' and len(text) == 20
+    assert int(text[3:-1], 16) == struct.unpack("<Q", struct.pack(">Q", cas))[0]
+
+
+def test_the_cas_macro_of_a_known_cas():
+    assert sd.cas_macro_text(0x0102030405060708) == b'"0x0807060504030201"'

@@ -1,6 +1,7 @@
 """Fixtures for the replication tests: the real server of tests/server plus a consumer peer."""
 
 import asyncio
+import contextlib
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -15,7 +16,9 @@ from dcpflow.replication.commands import free_ports
 from dcpflow.replication.node import NodeProcess
 from tests.server import conftest as _server_fixtures
 from tests.server.client import RawClient
+from tests.server.conftest import stop_all
 
+from . import xdcr_helpers
 from .driver import ConsumerPeer
 
 # The real server fixtures of tests/server, reused here.
@@ -34,6 +37,18 @@ def set_state(srv, vb: int, state: VBucketState) -> None:
         opaque = c.next_opaque()
         c.send(kv.SetVbucket(vb, int(state), opaque=opaque).encode())
         assert c.recv().status == Status.SUCCESS
+
+
+@pytest.fixture(autouse=True)
+def _no_replicator_outlives_its_test():
+    """A test that left a replicator running (a second one that failed to start, a stop skipped
+    when the first stop raised) fails, and the replicator is stopped."""
+    yield
+    left = list(xdcr_helpers.RUNNING)
+    for rep in left:
+        with contextlib.suppress(BaseException):
+            rep.stop()
+    assert not left, f"{len(left)} replicator(s) left running by the test, stopped now"
 
 
 @pytest.fixture
@@ -70,7 +85,7 @@ class LoopThread:
 
     def __init__(self):
         self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True, name="dcpflow-test-loop")
         self.thread.start()
 
     def run(self, coro, timeout: float = 120.0):
@@ -79,6 +94,11 @@ class LoopThread:
     def close(self) -> None:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(10)
+
+
+#: seconds a node process may take to say it is ready: three start at once, and on two busy cores a
+#: Python process that imports the server can take far longer than the 30 s the CLI allows
+NODE_START_TIMEOUT = 180
 
 
 class ClusterHarness:
@@ -94,7 +114,7 @@ class ClusterHarness:
 
     def start(self) -> "ClusterHarness":
         with ThreadPoolExecutor(len(self.procs)) as ex:
-            list(ex.map(lambda p: p.start(), self.procs))
+            list(ex.map(lambda p: p.start(NODE_START_TIMEOUT), self.procs))
 
         async def make():
             mgr = ClusterManager([("127.0.0.1", p) for p in self.ports], num_vbuckets=self.vbuckets,
@@ -104,7 +124,7 @@ class ClusterHarness:
                 node.process = proc
 
             async def restart(node):
-                await asyncio.to_thread(node.process.start)
+                await asyncio.to_thread(node.process.start, NODE_START_TIMEOUT)
 
             mgr.restart_node = restart
             return await mgr.start()
@@ -150,8 +170,7 @@ def make_cluster(tmp_path):
         return h.start()
 
     yield make
-    for h in made:
-        h.close()
+    stop_all(made, ClusterHarness.close)
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ from dcpflow.protocol.frame import Frame
 from dcpflow.protocol.hello import Feature
 from dcpflow.protocol.opcodes import Opcode
 from dcpflow.protocol.status import Status
-from tests.server.client import Closed, RawClient
+from tests.server.client import REPLY_TIMEOUT, Closed, RawClient
 
 MAX = 0xFFFFFFFFFFFFFFFF
 
@@ -46,7 +46,7 @@ class ConsumerPeer(RawClient):
                     raise Closed("the consumer closed the connection")
                 self.decoder.feed(data)
         finally:
-            self.sock.settimeout(10.0)
+            self.sock.settimeout(REPLY_TIMEOUT)
 
     def _auto(self, frame: Frame) -> bool:
         """Handle the consumer's housekeeping requests; True if consumed."""
@@ -64,7 +64,7 @@ class ConsumerPeer(RawClient):
             return True
         return False
 
-    def wait(self, pred, timeout: float = 10.0) -> Frame:
+    def wait(self, pred, timeout: float = 60.0) -> Frame:
         """The first frame matching `pred` (from the inbox or the socket); others are kept."""
         for i, frame in enumerate(self.inbox):
             if pred(frame):

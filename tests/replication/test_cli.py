@@ -4,7 +4,6 @@ import base64
 import contextlib
 import json
 import os
-import random
 import re
 import signal
 import socket
@@ -18,6 +17,7 @@ import pytest
 from couchbase.diagnostics import PingState, ServiceType
 
 import dcpflow
+from dcpflow.replication.commands import free_ports
 
 from .helpers import sdk_connect
 
@@ -51,21 +51,7 @@ def cli(*args, check: bool = True, timeout: float = 120) -> subprocess.Completed
 
 def free_range(n: int) -> int:
     """A base port with n free ports above it (probed now; nothing fixed)."""
-    for _ in range(200):
-        base = random.randint(20000, 60000)
-        socks = []
-        try:
-            for i in range(n):
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", base + i))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError("no free port range")
+    return free_ports(n, consecutive=True)[0]
 
 
 class Up:
@@ -144,7 +130,7 @@ def test_cluster_lifecycle(up, tmp_path):
         assert all(ep.state == PingState.OK for ep in management)
     finally:
         sdk.close()
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 60
     while True:
         st = json.loads(cli("status", "--json", "--data-dir", str(data)).stdout)
         if sum(n["replication_lag_items"] for n in st["nodes"]) == 0 and \
@@ -184,7 +170,7 @@ def test_cluster_lifecycle(up, tmp_path):
     assert cli("down", "--data-dir", str(data)).stdout.strip() == "cluster stopped"
     assert u.proc.wait(30) == 0
     for n in st["nodes"]:
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 60
         while True:
             try:
                 os.kill(n["pid"], 0)
@@ -278,3 +264,18 @@ def test_up_with_plain_over_tcp_and_a_chosen_control_port(up, tmp_path):
     status, mechs, _ = _plain_auth(nodes[0])
     assert status == Status.AUTH_ERROR and b"PLAIN" not in mechs.split()
     assert json.loads(cli("status", "--json", "--data-dir", str(data)).stdout)["nodes"]
+
+
+def test_free_ports_are_below_the_ports_the_kernel_hands_out():
+    """`--base-port 0` and the test clusters restart nodes on the ports they had: a port of the
+    ephemeral range may be taken by then as the local end of any outgoing connection (or by a
+    listener on port 0), and the node could not come back."""
+    from dcpflow.replication.commands import EPHEMERAL_RANGE_FILE
+    low = int(EPHEMERAL_RANGE_FILE.read_text().split()[0])
+    for ports in (free_ports(5), free_ports(4, consecutive=True)):
+        assert len(set(ports)) == len(ports) and all(1024 <= p < low for p in ports), (ports, low)
+        socks = [socket.create_server(("127.0.0.1", p)) for p in ports]  # free indeed
+        for s in socks:
+            s.close()
+    row = free_ports(4, consecutive=True)
+    assert row == list(range(row[0], row[0] + 4))

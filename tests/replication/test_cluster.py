@@ -128,7 +128,7 @@ def test_kill9_failover_under_load_loses_no_replicated_write_and_the_client_roll
     result = cluster.run(mgr.failover(cluster.address(dead)))
     assert result["promoted"] == len(dead_vbs) and result["without_copy"] == 0
     failed_over_at = len(writer.acked)
-    deadline = time.monotonic() + 20  # the SDK learns the new map (config polling, NOT_MY_VBUCKET)
+    deadline = time.monotonic() + 60  # the SDK learns the new map (config polling, NOT_MY_VBUCKET)
     while len([a for a in writer.acked[failed_over_at:] if a.vb in dead_vbs]) < 30:
         assert time.monotonic() < deadline, "the SDK did not follow the new map"
         time.sleep(0.05)
@@ -328,7 +328,7 @@ def test_status_reports_lag_and_down_nodes(cluster):
     cluster.run(mgr.hold_replication(cluster.address(1), hold=False))
     wait_replicated(cluster)
     cluster.procs[2].kill()
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60
     while cluster.status()["nodes"][2]["status"] != "down":
         assert time.monotonic() < deadline
         time.sleep(0.05)

@@ -37,10 +37,10 @@ def test_the_newest_generation_still_whole_on_the_target_is_chosen():
     assert gens.safe_for({0: [(0xD, 50), (0xB, 20)]}) is old  # 0xC is unknown now, 0xB ended at 50
     assert gens.safe_for({0: LOG}) is new
     assert gens.safe_for({0: [(0xE, 0)]}) is BEGINNING
-    gens.drop_newer_than(old)
-    assert gens.items == [old]
-    gens.drop_newer_than(BEGINNING)
-    assert gens.items == []
+    gens.forget(old, [0], [0])  # vbucket 0 goes back to `old`: the newer ones say what it says of it
+    assert [(g.source, g.target) for g in gens.items] == [(old.source, old.target)] * 3
+    gens.forget(BEGINNING, [0], [0])
+    assert [(g.source, g.target) for g in gens.items] == [({}, {})] * 3
 
 
 def test_store_round_trip_keeps_the_last_generations_and_refuses_another_replication(tmp_path):
@@ -87,3 +87,41 @@ def test_broken_mappings_round_trip_and_a_malformed_list_is_refused(tmp_path):
     (tmp_path / "s" / "checkpoints.json").write_text(json.dumps(doc))
     with pytest.raises(CheckpointError, match="broken is not a list of"):
         store.load({})
+
+
+def test_a_rewind_of_some_vbuckets_keeps_what_the_checkpoints_say_of_the_others(tmp_path):
+    """A target restarted without persisting anything comes back on new branches whose failover
+    logs still hold the old branch up to seqno 0. The first reply from it names one vbucket (0);
+    the rewind of that one must not make the checkpoints forget that vbucket 1 held our writes up
+    to seqno 5 on the old branch, or the next full check finds vbucket 1 whole (its record would
+    be the first checkpoint's, seqno 0) and its lost writes are never sent again (the bidirectional
+    kill -9 test's tombstone on A and nothing on B, under load, where the first news of the
+    restart came in a write reply rather than at a checkpoint)."""
+    from types import SimpleNamespace
+
+    from dcpflow.replication.xdcr.replicator import XdcrReplicator
+
+    old, new = 0xB, 0xC
+    rep = XdcrReplicator("couchbase://127.0.0.1:1/a", "couchbase://127.0.0.1:2/b", username="u", password="p",
+                         state_dir=tmp_path)
+    rep.source = SimpleNamespace(num_vbuckets=2)
+    rep.target = SimpleNamespace(client=SimpleNamespace(num_vbuckets=2))
+    first = Generation({0: Offset.at(7, 0), 1: Offset.at(7, 0)}, {0: (old, 0), 1: (old, 0)})
+    later = Generation({0: Offset.at(7, 10), 1: Offset.at(7, 10)}, {0: (old, 5), 1: (old, 5)})
+    rep._generations = Generations({}, [later, first])
+    rep.positions = {0: Offset.at(7, 12), 1: Offset.at(7, 12)}
+    restarted = {0: [(new, 0), (old, 0)], 1: [(new, 0), (old, 0)]}
+
+    async def check(vbuckets):
+        return await rep._lost_target_vbuckets(vbuckets, {vb: restarted[vb] for vb in vbuckets})
+
+    import asyncio
+    lost = asyncio.run(check([0]))  # the write reply's vbucket
+    assert set(lost) == {0}
+    rep._rewind(lost)
+    assert rep.positions[0].seqno == 0 and rep.positions[1].seqno == 12
+    lost = asyncio.run(check([0, 1]))  # the next checkpoint looks at every vbucket
+    assert set(lost) == {1}, "vbucket 1's writes 1..5 on the old branch were lost and must be sent again"
+    rep._rewind(lost)
+    assert rep.positions == {0: Offset.at(7, 0), 1: Offset.at(7, 0)}
+    assert rep._generations.newest.target == {0: (old, 0), 1: (old, 0)}

@@ -2,6 +2,7 @@
 and run replicators on an event loop of their own (in a thread) or as `dcpflow xdcr` processes."""
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -54,6 +55,12 @@ def wait_for(condition, timeout: float = 120.0, what: str = "condition"):
     raise AssertionError(f"timed out waiting for {what}")
 
 
+#: replicators started and not stopped yet: tests/replication/conftest.py stops those a test left
+#: running (a replicator retries a server that went away for ever, and would reach whichever
+#: server of a later test is given its port)
+RUNNING: "set[InProcess]" = set()
+
+
 class InProcess:
     """A replicator on its own event loop in a thread: `stop()` checkpoints and ends it."""
 
@@ -64,11 +71,17 @@ class InProcess:
         self.loop = asyncio.new_event_loop()
         self.error: BaseException | None = None
         self._stop: asyncio.Event | None = None
-        self._thread = threading.Thread(target=self._main, daemon=True)
+        self._thread = threading.Thread(target=self._main, daemon=True, name="dcpflow-test-xdcr")
         self._started = threading.Event()
         self._thread.start()
-        self._started.wait(30)
-        self.run(self.replicator.ready.wait())
+        RUNNING.add(self)
+        try:
+            self._started.wait(60)
+            self.run(self.replicator.ready.wait())
+        except BaseException:  # not ready in time: not left running either
+            with contextlib.suppress(BaseException):
+                self.stop()
+            raise
 
     def _main(self) -> None:
         asyncio.set_event_loop(self.loop)
@@ -97,10 +110,11 @@ class InProcess:
         return dict(self.replicator.stats)
 
     def stop(self) -> dict:
-        if self._thread.is_alive():
+        if self._thread.is_alive() and self._stop is not None:
             self.loop.call_soon_threadsafe(self._stop.set)
             self._thread.join(60)
         assert not self._thread.is_alive(), "replicator did not stop"
+        RUNNING.discard(self)
         if self.error is not None:
             raise self.error
         return self.stats

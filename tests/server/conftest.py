@@ -15,6 +15,7 @@ import pytest
 
 import dcpflow
 from dcpflow.server import Server, ServerConfig, UserDB, make_user
+from tests.processes import first_line, kill_group, popen
 
 from .client import RawClient
 
@@ -55,7 +56,7 @@ class ServerThread:
         self._ready = threading.Event()
         self._stop: asyncio.Event | None = None
         self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread = threading.Thread(target=self._run, daemon=True, name="dcpflow-test-server")
 
     def _run(self) -> None:
         async def main():
@@ -93,12 +94,12 @@ class ServerThread:
     def call(self, fn, *args):
         async def run():
             return fn(*args)
-        return asyncio.run_coroutine_threadsafe(run(), self.loop).result(30)
+        return asyncio.run_coroutine_threadsafe(run(), self.loop).result(60)  # bounds a failure only
 
     def stop(self) -> None:
         if self.loop is not None and self._thread.is_alive():
             self.loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(30)
+        self._thread.join(120)  # a clean shutdown flushes what is still in memory: slow on a busy machine
         assert not self._thread.is_alive(), "server thread did not stop"
 
     def client(self, source: str | None = None) -> RawClient:
@@ -108,6 +109,18 @@ class ServerThread:
 
     def login(self, **kwargs) -> RawClient:
         return self.client().login(**kwargs)
+
+
+def stop_all(things, stop) -> None:
+    """stop(thing) for each of them, every one even when one fails (its error is raised after)."""
+    errors = []
+    for thing in things:
+        try:
+            stop(thing)
+        except Exception as e:
+            errors.append(e)
+    if errors:
+        raise errors[0]
 
 
 @pytest.fixture
@@ -124,8 +137,7 @@ def make_server(tmp_path):
         return st.start()
 
     yield make
-    for st in started:
-        st.stop()
+    stop_all(started, ServerThread.stop)
 
 
 @pytest.fixture
@@ -144,6 +156,8 @@ def admin(server):
 # subprocess servers
 
 READY = re.compile(r"dcpflow server ready: .* port=(\d+)")
+#: seconds a server subprocess may take to say it is ready (a warm-up on a busy machine): a bound on a failure
+READY_TIMEOUT = 300
 MGMT_PORT = re.compile(r" mgmt_port=(\d+)")
 
 
@@ -154,13 +168,14 @@ class ServerProcess:
         env = dict(os.environ)
         src = str(Path(dcpflow.__file__).resolve().parents[1])
         env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
-        self.proc = subprocess.Popen([sys.executable, "-m", "dcpflow.cli", "server", "--port", "0", *args],
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
-        line = self.proc.stdout.readline()
+        # a session of its own: cleanup() ends whatever the server started with it, and a server
+        # that never says it is ready fails the test after a deadline instead of hanging the suite
+        self.proc = popen([sys.executable, "-m", "dcpflow.cli", "server", "--port", "0", *args],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
+        line = first_line(self.proc, READY_TIMEOUT)
         match = READY.search(line)
         if match is None:
-            self.proc.kill()
-            self.proc.wait(30)
+            kill_group(self.proc)
             err = self.proc.stderr.read()
             self.proc.stdout.close()
             self.proc.stderr.close()
@@ -179,9 +194,7 @@ class ServerProcess:
         return self.proc.wait(30)
 
     def cleanup(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(30)
+        kill_group(self.proc)
         self.proc.stdout.close()
         self.proc.stderr.close()
 
@@ -197,8 +210,7 @@ def spawn_server():
         return p
 
     yield spawn
-    for p in procs:
-        p.cleanup()
+    stop_all(procs, ServerProcess.cleanup)
 
 @contextlib.contextmanager
 def held_flush(engine):

@@ -9,8 +9,10 @@ from couchbase.options import ClusterOptions, ClusterTimeoutOptions
 
 def connect(port: int, query: str = "", user: str = "Administrator", password: str = "password",
             scheme: str = "couchbase", **options) -> Cluster:
-    timeouts = ClusterTimeoutOptions(kv_timeout=timedelta(seconds=5), connect_timeout=timedelta(seconds=10),
-                                     bootstrap_timeout=timedelta(seconds=10))
+    # bounds on a failure, not expectations: a server sharing two busy cores with the suite can take
+    # seconds to answer (a test that wants a timeout sets its own)
+    timeouts = ClusterTimeoutOptions(kv_timeout=timedelta(seconds=30), connect_timeout=timedelta(seconds=60),
+                                     bootstrap_timeout=timedelta(seconds=60))
     return Cluster(f"{scheme}://127.0.0.1:{port}{query}",
                    ClusterOptions(PasswordAuthenticator(user, password), timeout_options=timeouts,
                                   **options))

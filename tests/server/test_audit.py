@@ -30,7 +30,7 @@ def audit_events(caplog, name: str | None = None) -> list[dict]:
     return out
 
 
-def wait_for(fn, timeout: float = 10.0):
+def wait_for(fn, timeout: float = 60.0):
     import time
     deadline = time.monotonic() + timeout
     while not fn():

@@ -6,6 +6,7 @@ port, whose limit is fitted to the descriptor limit with the KV one. Running out
 anyway pauses accepting, is logged once per interval (never a traceback per accept), and the
 connections that waited are served once descriptors are free."""
 
+import asyncio
 import contextlib
 import os
 import re
@@ -23,11 +24,12 @@ from dcpflow.protocol.frame import request
 from dcpflow.protocol.opcodes import Opcode
 from dcpflow.protocol.status import Status
 from dcpflow.server.app import FD_HEADROOM, MGMT_MIN_CONNECTIONS, connection_limits
+from tests.processes import first_line, kill_group, popen, stop
 
 from .client import Closed, RawClient
 
 
-def wait_for(fn, timeout: float = 10.0):
+def wait_for(fn, timeout: float = 60.0):  # bounds a failure only: a busy machine may need much of it
     deadline = time.monotonic() + timeout
     while not fn():
         assert time.monotonic() < deadline, "condition not met in time"
@@ -75,7 +77,7 @@ def test_connections_beyond_the_limit_use_the_reserve_or_are_closed(make_server)
         assert counts["reserve"] == 1 and counts["limit"] == 1
         # room again: an ordinary user gets in
         clients.pop().close()
-        wait_for(lambda: server.call(lambda: len(server.server.connections)) == 4)
+        wait_for(lambda: server.call(lambda: len(server.server.connections)) <= 4)  # the closed one is gone
         with server.login(user="writer", password="writepw") as again:
             assert again.set(b"k", b"again").status == Status.SUCCESS
         admin.close()
@@ -93,12 +95,14 @@ def _spawn(args: list[str], nofile: int, loop: str, tmp_path: Path) -> tuple[sub
     def limit():
         resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
 
-    proc = subprocess.Popen([sys.executable, "-m", "dcpflow.cli", "server", "--port", "0", "--mgmt-port", "0",
-                             "--loop", loop, *args], stdout=subprocess.PIPE, stderr=err.open("w"), env=env,
-                            preexec_fn=limit, text=True)
-    line = proc.stdout.readline()
+    proc = popen([sys.executable, "-m", "dcpflow.cli", "server", "--port", "0", "--mgmt-port", "0",
+                  "--loop", loop, *args], stdout=subprocess.PIPE, stderr=err.open("w"), env=env,
+                 preexec_fn=limit, text=True)
+    line = first_line(proc)
     m = re.search(r" port=(\d+).* mgmt_port=(\d+)", line)
-    assert m, (line, err.read_text())
+    if not m:
+        kill_group(proc)
+        raise AssertionError((line, err.read_text()))
     return proc, int(m.group(1)), int(m.group(2)), err
 
 
@@ -114,9 +118,11 @@ def _limited_server(tmp_path: Path, nofile: int, *args: str):
     finally:
         for s in socks:
             s.close()
-        proc.terminate()
-        proc.wait(30)
-        proc.stdout.close()
+        try:
+            stop(proc)
+        finally:
+            kill_group(proc)
+            proc.stdout.close()
 
 
 @pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
@@ -131,31 +137,36 @@ def test_running_out_of_descriptors_is_logged_once_per_interval(tmp_path, loop):
                                          "--auth-timeout", "600"], 1024, loop, tmp_path)
     resource.prlimit(proc.pid, resource.RLIMIT_NOFILE, (300, 300))
     hogs, waiting = [], []
+    started = time.monotonic()
     try:
         for _ in range(300):
             hogs.append(socket.create_connection(("127.0.0.1", port), timeout=10))
         for _ in range(100):
             waiting.append(socket.create_connection(("127.0.0.1", port), timeout=10))
         # exhaustion is noticed (accepts keep failing while the hogs stay), and logged once
-        wait_for(lambda: "cannot accept connections: Too many open files" in err.read_text(), timeout=20)
+        wait_for(lambda: "cannot accept connections: Too many open files" in err.read_text())
         time.sleep(1.0)  # the listener retries four times a second meanwhile
         for s in hogs:
             s.close()
         hogs.clear()
         for s in waiting[-3:]:
-            s.settimeout(20)
+            s.settimeout(60)
             s.sendall(request(Opcode.NOOP, opaque=7))
             reply = s.recv(24)
             assert reply[:2] == bytes([0x81, Opcode.NOOP]) and int.from_bytes(reply[6:8], "big") == Status.SUCCESS
     finally:
         for s in hogs + waiting:
             s.close()
-        proc.terminate()
-        proc.wait(30)
-        proc.stdout.close()
+        try:
+            stop(proc)
+        finally:
+            kill_group(proc)
+            proc.stdout.close()
+    exhausted_for = time.monotonic() - started  # at most: a busy machine makes it long
     text = err.read_text()
     lines = [line for line in text.splitlines() if "cannot accept connections" in line]
-    assert 1 <= len(lines) <= 3, text[-3000:]  # one per 10 s: the run may straddle an interval or two
+    # one per 10 s, and one at the start of the first interval
+    assert 1 <= len(lines) <= 2 + exhausted_for // 10, (exhausted_for, text[-3000:])
     assert "Traceback" not in text and "Invalid file descriptor" not in text, text[-3000:]
     assert len(text) < 4000, text[-3000:]
 
@@ -203,13 +214,13 @@ def test_idle_strangers_cannot_lock_the_administrator_out(tmp_path):
         assert 'kv_max_connections{type="client"} 96' in _metric(mgmt_port, "kv_max_connections")
         for _ in range(200):
             strangers.append(socket.create_connection(("127.0.0.1", port), timeout=10))
-        wait_for(lambda: _metric(mgmt_port, "kv_total_connections ") == "kv_total_connections 200", timeout=30)
+        wait_for(lambda: _metric(mgmt_port, "kv_total_connections ") == "kv_total_connections 200")
         started = time.monotonic()
         with RawClient(port).login(bucket="default") as admin:
             admin.num_vbuckets = 16
             assert admin.set(b"k", b"admin was let in").status == Status.SUCCESS
             assert admin.get(b"k").value == b"admin was let in"
-        assert time.monotonic() - started < 30  # not a timeout's doing: 600 s
+        assert time.monotonic() - started < 300  # not a timeout's doing (600 s), even on a busy machine
         evicted = _metric(mgmt_port, 'kv_connections_refused_total{reason="unauthenticated_evicted"}')
         assert int(evicted.split()[-1]) >= 200 - 112 + 1
         assert _closed_by_peer(strangers[0])  # the oldest made room first
@@ -223,9 +234,9 @@ def test_the_reserve_is_counted_after_authentication(make_server):
     authenticated), and two administrators still get in."""
     server = make_server(max_connections=2, system_connections=2, auth_timeout=600)
     strangers = [socket.create_connection(("127.0.0.1", server.port), timeout=10) for _ in range(4)]
-    # each of ours is either accepted or was already made to give way: under a parallel suite another
-    # process may reach this port (an ephemeral port it used before) and take a slot first, and a
-    # plain count of the server's connections would then never reach four
+    # each of ours is either accepted or was already made to give way: a plain count of the server's
+    # connections would never reach four if anything else took a slot first (the CI run's failure
+    # here was the server's own: test_a_connection_being_made_is_counted_once)
     ours = {f"127.0.0.1:{s.getsockname()[1]}" for s in strangers}
 
     def settled() -> bool:
@@ -251,6 +262,67 @@ def test_the_reserve_is_counted_after_authentication(make_server):
             c.close()
         for s in strangers:
             s.close()
+
+
+def _accepted_pair() -> tuple[socket.socket, socket.socket]:
+    """A TCP connection on 127.0.0.1 as a listener hands it over: (accepted non-blocking socket, client)."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        client = socket.create_connection(listener.getsockname(), timeout=10)
+        accepted, _ = listener.accept()
+    accepted.setblocking(False)
+    return accepted, client
+
+
+def _on_loop(server, coro, timeout: float = 30):
+    return asyncio.run_coroutine_threadsafe(coro, server.loop).result(timeout)
+
+
+def test_a_connection_being_made_is_counted_once(make_server):
+    """A socket counts against the limit from its accept until its connection is made, then as
+    that connection - never as both: asyncio makes the connection (connection_made) a pass or two
+    before the task that made it ends, and a socket accepted in between saw the limit reached and
+    closed a stranger for a slot that was free (the CI run's `closed the unauthenticated connection
+    ... (0.0 s old) to admit a new one` with four strangers in four slots)."""
+    server = make_server(max_connections=1, system_connections=1, auth_timeout=600)
+    (first, first_client), (second, second_client) = _accepted_pair(), _accepted_pair()
+
+    async def accept_while_the_first_is_made():
+        srv = server.server
+        srv._admit(first, None)
+        while not srv.connections:  # made: its task ends a pass or two later
+            await asyncio.sleep(0)
+        srv._admit(second, None)  # two slots, one taken: room, nothing to close
+        while srv.total_connections < 2:
+            await asyncio.sleep(0.01)
+        return len(srv.connections), dict(srv.refused_connections)
+
+    try:
+        connections, refused = _on_loop(server, accept_while_the_first_is_made())
+        assert refused["unauthenticated_evicted"] == 0 and connections == 2
+        assert not _closed_by_peer(first_client, 0.2)
+    finally:
+        first_client.close()
+        second_client.close()
+
+
+def test_an_http_connection_being_made_is_counted_once(make_server):
+    """The management port's count of its connections, the same way: once while being made, once made."""
+    server = make_server(mgmt_max_connections=2)
+    accepted, client = _accepted_pair()
+
+    async def count_when_made():
+        mgmt = server.server.mgmt
+        assert mgmt.open_connections == 0
+        mgmt._accepted(accepted, None)
+        assert mgmt.open_connections == 1
+        while not mgmt._runner.server.connections:
+            await asyncio.sleep(0)
+        return mgmt.open_connections
+
+    try:
+        assert _on_loop(server, count_when_made()) == 1
+    finally:
+        client.close()
 
 
 def test_unauthenticated_connections_time_out_and_authenticated_ones_stay(make_server):

@@ -16,7 +16,7 @@ from dcpflow.protocol.keys import make_key
 from dcpflow.protocol.opcodes import Opcode
 from dcpflow.protocol.status import Status
 
-from .client import RawClient
+from .client import REPLY_TIMEOUT, RawClient
 from .conftest import held_flush
 
 
@@ -196,7 +196,7 @@ def test_set_vbucket_replies_once_the_new_state_is_on_disk(server):
         except TimeoutError:
             early = None
         finally:
-            c.sock.settimeout(10)
+            c.sock.settimeout(REPLY_TIMEOUT)
         stored = server.call(lambda: engine.store.load_vbucket_states()[5].state)
         assert early is None, f"replied while the state on disk was {stored}"
         release.set()

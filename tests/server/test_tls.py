@@ -55,7 +55,7 @@ def test_sdk_over_tls(spawn_server, tmp_path, cert):
     cluster = connect(tls_port, "?ssl=no_verify", scheme="couchbases")
     try:
         coll = cluster.bucket("default").default_collection()
-        coll.upsert("over-tls", {"ok": True}, timeout=timedelta(seconds=5))
+        coll.upsert("over-tls", {"ok": True}, timeout=timedelta(seconds=30))
         assert coll.get("over-tls").content_as[dict] == {"ok": True}
     finally:
         cluster.close()

@@ -10,10 +10,8 @@ application ships (`spark.executorEnv.PYTHONPATH`) or what its Python has instal
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -25,6 +23,7 @@ import pyspark
 
 import dcpflow
 from dcpflow.spark.session import log4j2_file
+from tests.processes import stop_groups
 
 SPARK_HOME = Path(pyspark.__file__).resolve().parent
 
@@ -52,39 +51,6 @@ def cluster_env(conf_dir: Path) -> dict[str, str]:
                SPARK_DAEMON_MEMORY="256m",
                SPARK_DAEMON_JAVA_OPTS=f"-Dlog4j2.configurationFile=file:{log4j2_file()} -XX:TieredStopAtLevel=1")
     return env
-
-
-def process_groups_alive(pgids: list[int]) -> list[int]:
-    """PIDs of live (not zombie) processes in these process groups."""
-    alive = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2:].split()
-        if fields[0] != "Z" and int(fields[2]) in pgids:
-            alive.append(int(entry.name))
-    return alive
-
-
-def stop_groups(procs: list[subprocess.Popen], timeout: float = 30) -> None:
-    """SIGTERM every process group, then SIGKILL what is left; wait until none of them lives."""
-    pgids = [p.pid for p in procs]
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pgid in pgids:
-            with contextlib.suppress(ProcessLookupError):  # the group has ended already
-                os.killpg(pgid, sig)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            for p in procs:
-                p.poll()  # reap our direct children
-            if not process_groups_alive(pgids):
-                return
-            time.sleep(0.1)
-    raise RuntimeError(f"processes still alive after SIGKILL: {process_groups_alive(pgids)}")
 
 
 class StandaloneCluster:
@@ -224,12 +190,9 @@ class ConnectServer:
 def state_of(lake: Path) -> dict:
     """(scope, collection, key) -> value of a pipeline's state table (delta), read without Spark;
     one row per key."""
-    import pyarrow.dataset as ds
-
     from dcpflow.spark.state import open_state
 
-    table = ds.dataset(open_state(lake / "state").files(), format="parquet").to_table(
-        columns=["scope", "collection", "key", "value"])
+    table = open_state(lake / "state").to_arrow(["scope", "collection", "key", "value"])
     state = {(r["scope"], r["collection"], r["key"]): r["value"] for r in table.to_pylist()}
     assert len(state) == table.num_rows
     return state

@@ -1,7 +1,6 @@
 """`dcpflow demo` (the README's first command) end to end, and the CLI's clear errors."""
 
 import re
-import subprocess
 import sys
 from collections import Counter
 
@@ -9,6 +8,7 @@ import pyarrow.dataset as pads
 import pytest
 
 from dcpflow.cli import main
+from tests.processes import run_group
 
 from .test_pipeline_runs import quick_jvm
 
@@ -16,9 +16,9 @@ from .test_pipeline_runs import quick_jvm
 def test_demo_end_to_end_with_the_spark_native_state(tmp_path):
     # Small, so it fits the test budget; the state kept by Spark-native compaction (the delta
     # writer is exercised by test_source.py). Exit status 0 means state == server, key by key.
-    proc = subprocess.run([sys.executable, "-m", "dcpflow.cli", "demo", "--docs", "3000", "--rounds", "2",
-                           "--vbuckets", "16", "--state-format", "snapshot", "--dir", str(tmp_path / "demo")],
-                          capture_output=True, text=True, timeout=300, env=quick_jvm())
+    proc = run_group([sys.executable, "-m", "dcpflow.cli", "demo", "--docs", "3000", "--rounds", "2",
+                      "--vbuckets", "16", "--state-format", "snapshot", "--dir", str(tmp_path / "demo")],
+                     capture_output=True, text=True, timeout=300, env=quick_jvm())
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     out = proc.stdout
     assert "OK: state table == server contents" in out

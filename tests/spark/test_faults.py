@@ -5,7 +5,7 @@ what the server lost and its state table ends equal to the server's contents."""
 
 import time
 
-from dcpflow.load import Workload
+from dcpflow.client.workload import Workload
 from dcpflow.protocol import kv as kvproto
 from dcpflow.protocol.opcodes import Opcode
 from dcpflow.protocol.status import Status
@@ -71,3 +71,43 @@ def test_a_rollback_forced_mid_pipeline_leaves_the_state_equal_to_the_server(spa
     markers = pipeline.changelog().filter("_change_type = 'rollback'").select("vbucket").distinct().collect()
     lost = {v["vbucket"] for v in failover.json["vbuckets"] if v["lost"]}
     assert {r["vbucket"] for r in markers} == lost | {vb}  # rolled back where the server lost something
+
+
+def test_the_live_run_restarts_a_query_whose_python_worker_missed_sparks_wait(spark, make_server, tmp_path):
+    """On a loaded machine Spark's wait for a new Python worker to connect back (a fixed 10 s) can
+    expire and fail a live query; `run_live` starts that query again from its checkpoint instead of
+    ending the run, and nothing is lost or merged twice (the failed batch runs again under its id)."""
+    import threading
+
+    server = make_server(num_vbuckets=8)
+    truth = write(server.port, Workload(docs=300, updates=60, deletes=20, expiring=0, rounds=1, seed=13), rounds=1)
+    pipeline = Pipeline(spark, PipelineConfig(connection=conn(server.port), username=USER, password=PASSWORD,
+                                              lake=tmp_path / "lake", state_format="delta"))
+    apply, failed = pipeline.writer.apply, []
+
+    def missed_once(df, batch_id):
+        if not failed:
+            failed.append(batch_id)
+            raise RuntimeError("Python worker failed to connect back.")  # Spark's words when its 10 s expire
+        apply(df, batch_id)
+
+    pipeline.writer.apply = missed_once
+    reports, errors, stop = [], [], threading.Event()
+
+    def run():
+        try:
+            pipeline.run_live("0 seconds", reports.append, poll=0.2, stop=stop)
+        except BaseException as e:  # noqa: BLE001 - asserted below
+            errors.append(e)
+
+    live = threading.Thread(target=run, daemon=True)
+    live.start()
+    deadline = time.monotonic() + 240
+    while _state(pipeline) != truth and live.is_alive():
+        assert time.monotonic() < deadline, "the state never reached the server's contents"
+        time.sleep(0.5)
+    stop.set()
+    live.join(120)
+    assert not live.is_alive() and not errors, errors
+    assert failed == [0] and _state(pipeline) == truth
+    assert any(r.query == "state" and r.ended for r in reports)

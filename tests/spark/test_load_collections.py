@@ -5,7 +5,7 @@ from datetime import timedelta
 
 import pytest
 
-from dcpflow.load import (
+from dcpflow.client.workload import (
     COLLECTION_OF,
     ByKind,
     Loader,

@@ -10,7 +10,7 @@ from dcpflow.client import Offset
 from dcpflow.client.offsets import OffsetError
 from dcpflow.protocol.failover import divergence
 from dcpflow.spark import offsets as off
-from dcpflow.spark.offsets import EARLIEST, SourceOffset, VbOffset
+from dcpflow.spark.offsets import EARLIEST, SourceOffset
 from tests.protocol.failover_model import histories
 
 pending_maps = st.dictionaries(st.integers(0, 63), st.integers(0, 500), min_size=1, max_size=40)
@@ -46,7 +46,7 @@ def test_fair_share_serves_rollback_rereads_first():
 
 
 def state(seqnos, uuid=100):
-    return SourceOffset({vb: VbOffset.at(uuid if s else 0, s) for vb, s in seqnos.items()}, batch=4)
+    return SourceOffset({vb: Offset.at(uuid if s else 0, s) for vb, s in seqnos.items()}, batch=4)
 
 
 def logs(vbs, uuid=100):
@@ -85,7 +85,7 @@ def test_plan_rereads_a_vbucket_whose_history_changed():
     end = off.plan(start, {0: 12, 1: 9, 2: 7}, failover)
     # vb 1: a new failover entry; vb 2: the high seqno went below what we read (history lost).
     assert end.resets == {1, 2}
-    assert end.vbuckets[1] == VbOffset.at(555, 9) and end.vbuckets[2] == VbOffset.at(100, 7)
+    assert end.vbuckets[1] == Offset.at(555, 9) and end.vbuckets[2] == Offset.at(100, 7)
     work = {r.vbucket: r for r in off.ranges(start, end)}
     assert work[1].reset and work[1].start == EARLIEST and work[1].end_seqno == 9
     assert not work[0].reset and work[0].start.seqno == 10
@@ -97,7 +97,7 @@ def test_plan_rereads_a_vbucket_whose_history_changed():
 def test_plan_rollback_of_an_emptied_vbucket_still_sends_the_marker():
     start = state({0: 4})
     end = off.plan(start, {0: 0}, {0: [(7, 0)]})
-    assert end.resets == {0} and end.vbuckets[0] == VbOffset.at(7, 0)
+    assert end.resets == {0} and end.vbuckets[0] == Offset.at(7, 0)
     assert [r.reset for r in off.ranges(start, end)] == [True]
 
 
@@ -107,33 +107,33 @@ def test_plan_fail_policy_raises_naming_the_vbucket():
 
 
 def test_offsets_json_round_trip_and_errors():
-    o = SourceOffset({0: VbOffset(1, 5, 4, 9), 7: VbOffset.at(2, 0)}, batch=12, resets=frozenset({7}))
+    o = SourceOffset({0: Offset(1, 5, 4, 9), 7: Offset.at(2, 0)}, batch=12, resets=frozenset({7}))
     doc = json.loads(json.dumps(o.to_json()))
     # compact: the snapshot only when the offset is inside one
     assert doc["vbuckets"] == {"0": [1, 5, 4, 9], "7": [2, 0]}
     assert SourceOffset.from_json(doc) == o
-    first = SourceOffset({3: VbOffset.at(1, 2)}, batch=1, origin={3: VbOffset.at(1, 0)})
+    first = SourceOffset({3: Offset.at(1, 2)}, batch=1, origin={3: Offset.at(1, 0)})
     assert SourceOffset.from_json(json.dumps(first.to_json())) == first
-    start = SourceOffset({3: VbOffset.at(1, 0)}, initial=True)
+    start = SourceOffset({3: Offset.at(1, 0)}, initial=True)
     assert SourceOffset.from_json(start.to_json()) == start
     with pytest.raises(off.OffsetError, match="origin vbucket 3: missing 'seqno'"):
         SourceOffset.from_json({"vbuckets": {}, "origin": {"3": {"vbuuid": 1}}})
     with pytest.raises(off.OffsetError, match="no 'vbuckets'"):
         SourceOffset.from_json({"0": 1})
     with pytest.raises(off.OffsetError, match="unknown field"):
-        VbOffset.from_json({"vbuuid": 1, "seqno": 2, "extra": 3}, "vbucket 0")
+        Offset.from_json({"vbuuid": 1, "seqno": 2, "extra": 3}, "vbucket 0")
 
 
 def test_the_first_batch_reads_from_the_start_it_was_planned_from():
     """Spark re-asks initialOffset() to (re)run the first batch; after a driver restart with
     startingOffsets=latest that is a newer point. The end offset keeps the planned start."""
-    initial = SourceOffset({0: VbOffset.at(100, 5), 1: VbOffset.at(100, 7)}, initial=True)
+    initial = SourceOffset({0: Offset.at(100, 5), 1: Offset.at(100, 7)}, initial=True)
     end = off.plan(initial, {0: 9, 1: 7}, logs(range(2)))
     assert end.origin == initial.vbuckets and not end.initial
     planned = [(r.vbucket, r.start.seqno, r.end_seqno) for r in off.ranges(initial, end)]
     assert planned == [(0, 5, 9)]
     end = SourceOffset.from_json(json.loads(json.dumps(end.to_json())))  # through the offset log
-    moved = SourceOffset({0: VbOffset.at(100, 12), 1: VbOffset.at(100, 8)}, initial=True)  # a new reader's
+    moved = SourceOffset({0: Offset.at(100, 12), 1: Offset.at(100, 8)}, initial=True)  # a new reader's
     assert [(r.vbucket, r.start.seqno, r.end_seqno) for r in off.ranges(moved, end)] == planned
     # Later batches start from a logged end offset: no origin, the start is the start.
     nxt = off.plan(end, {0: 11, 1: 7}, logs(range(2)))
@@ -146,7 +146,7 @@ def test_the_first_batch_reads_from_the_start_it_was_planned_from():
 @settings(max_examples=50, deadline=None)
 @given(st.lists(st.integers(0, 1000), min_size=0, max_size=80), st.integers(1, 8))
 def test_group_partitions_all_work_into_balanced_groups(weights, n):
-    work = [off.VbRange(vb, VbOffset.at(1, 0), w, 1) for vb, w in enumerate(weights)]
+    work = [off.VbRange(vb, Offset.at(1, 0), w, 1) for vb, w in enumerate(weights)]
     groups = off.group(work, n)
     assert len(groups) == min(n, len(work))
     assert sorted(r.vbucket for g in groups for r in g) == list(range(len(work)))
@@ -159,22 +159,22 @@ def test_group_partitions_all_work_into_balanced_groups(weights, n):
 def test_resolve_words_and_json():
     high, uuids = {0: 5, 1: 6}, {0: 10, 1: 11}
     assert off.resolve("earliest", [0, 1], high, uuids) == {0: EARLIEST, 1: EARLIEST}
-    assert off.resolve("latest", [0, 1], high, uuids) == {0: VbOffset.at(10, 5), 1: VbOffset.at(11, 6)}
-    spec = off.OffsetSpec({1: VbOffset.at(11, 2)})
-    assert off.resolve(spec, [0, 1], high, uuids) == {0: EARLIEST, 1: VbOffset.at(11, 2)}
+    assert off.resolve("latest", [0, 1], high, uuids) == {0: Offset.at(10, 5), 1: Offset.at(11, 6)}
+    spec = off.OffsetSpec({1: Offset.at(11, 2)})
+    assert off.resolve(spec, [0, 1], high, uuids) == {0: EARLIEST, 1: Offset.at(11, 2)}
 
 
 def test_vbucket_offsets_in_every_form_and_their_errors():
     """[vbuuid, seqno], [vbuuid, seqno, snapshot_start, snapshot_end] and the object form (what
     earlier checkpoints hold, and what users write in startingOffsets) mean the same."""
     big = (1 << 64) - 1
-    assert VbOffset.from_json([big, 5], "vb 0") == VbOffset(big, 5, 5, 5)
-    assert VbOffset.from_json([1, 5, 4, 9], "vb 0") == VbOffset(1, 5, 4, 9)
-    assert VbOffset.from_json({"vbuuid": 1, "seqno": 5, "snapshot_start": 4, "snapshot_end": 9}, "vb 0") == \
-        VbOffset(1, 5, 4, 9)
-    assert VbOffset.from_json({"vbuuid": 1, "seqno": 5}, "vb 0") == VbOffset(1, 5, 5, 5)
-    for o in (VbOffset(1, 5, 4, 9), VbOffset(1, 5, 5, 9), VbOffset(1, 5, 4, 5), VbOffset.at(3, 0)):
-        assert VbOffset.from_json(json.loads(json.dumps(o.to_json())), "vb 0") == o
+    assert Offset.from_json([big, 5], "vb 0") == Offset(big, 5, 5, 5)
+    assert Offset.from_json([1, 5, 4, 9], "vb 0") == Offset(1, 5, 4, 9)
+    assert Offset.from_json({"vbuuid": 1, "seqno": 5, "snapshot_start": 4, "snapshot_end": 9}, "vb 0") == \
+        Offset(1, 5, 4, 9)
+    assert Offset.from_json({"vbuuid": 1, "seqno": 5}, "vb 0") == Offset(1, 5, 5, 5)
+    for o in (Offset(1, 5, 4, 9), Offset(1, 5, 5, 9), Offset(1, 5, 4, 5), Offset.at(3, 0)):
+        assert Offset.from_json(json.loads(json.dumps(o.to_json())), "vb 0") == o
     for bad, message in (([1, 2, 3], r"expected \[vbuuid, seqno\]"), ([], "expected"), ("7", "expected"),
                          ([True, 5], "vbuuid must be an unsigned 64-bit integer"),
                          ([1, -5], "seqno must be an unsigned 64-bit integer"),
@@ -182,7 +182,7 @@ def test_vbucket_offsets_in_every_form_and_their_errors():
                          ([1, 5, 6, 9], "snapshot_start <= seqno <= snapshot_end"),
                          ([1, 5, 1, 4], "snapshot_start <= seqno <= snapshot_end")):
         with pytest.raises(off.OffsetError, match=message):
-            VbOffset.from_json(bad, "vbucket 4")
+            Offset.from_json(bad, "vbucket 4")
 
 
 def test_an_offset_of_1024_vbuckets_stays_small():
@@ -190,25 +190,25 @@ def test_an_offset_of_1024_vbuckets_stays_small():
     keeps the first batch's end offset of a whole bucket at ~32 bytes per vbucket (the object
     form, with an origin of 1024 earliest offsets, took ~170)."""
     uuid = 251679046518038
-    end = SourceOffset({vb: VbOffset.at(uuid + vb, 900 + vb) for vb in range(1024)}, batch=1,
+    end = SourceOffset({vb: Offset.at(uuid + vb, 900 + vb) for vb in range(1024)}, batch=1,
                        origin={vb: off.EARLIEST for vb in range(1024)})
     doc = end.to_json()
     assert doc["origin"] == {}  # reading from seqno 0 goes unsaid
     text = json.dumps(doc)
     assert len(text) < 34 * 1024
     assert SourceOffset.from_json(text) == end
-    mixed = SourceOffset({1: VbOffset.at(5, 9), 2: VbOffset.at(5, 7)}, batch=1,
-                         origin={1: off.EARLIEST, 2: VbOffset(5, 3, 1, 4)})
+    mixed = SourceOffset({1: Offset.at(5, 9), 2: Offset.at(5, 7)}, batch=1,
+                         origin={1: off.EARLIEST, 2: Offset(5, 3, 1, 4)})
     assert mixed.to_json()["origin"] == {"2": [5, 3, 1, 4]}
     assert SourceOffset.from_json(json.dumps(mixed.to_json())) == mixed
     assert [r.start for r in off.ranges(SourceOffset(dict(mixed.vbuckets)), SourceOffset.from_json(mixed.to_json()))] \
-        == [off.EARLIEST, VbOffset(5, 3, 1, 4)]
+        == [off.EARLIEST, Offset(5, 3, 1, 4)]
 
 
 def test_ranges_survive_pickling_as_spark_ships_them():
     import pickle
 
-    work = [off.VbRange(3, VbOffset(7, 5, 4, 9), 20, 8), off.VbRange(4, EARLIEST, 6, 8, reset=True)]
+    work = [off.VbRange(3, Offset(7, 5, 4, 9), 20, 8), off.VbRange(4, EARLIEST, 6, 8, reset=True)]
     assert pickle.loads(pickle.dumps(work)) == work
 
 
@@ -217,8 +217,8 @@ def test_lag_reads_progress_offsets_in_either_form():
     a query's progress (compact offsets now, object offsets in progress from earlier versions)."""
     from dcpflow.spark.pipeline import lag_of
 
-    end = SourceOffset({0: VbOffset.at(1, 10), 1: VbOffset(1, 4, 3, 6)}, batch=2).to_json()
-    latest = SourceOffset({0: VbOffset.at(1, 15), 1: VbOffset.at(1, 4), 2: VbOffset.at(1, 3)}).to_json()
+    end = SourceOffset({0: Offset.at(1, 10), 1: Offset(1, 4, 3, 6)}, batch=2).to_json()
+    latest = SourceOffset({0: Offset.at(1, 15), 1: Offset.at(1, 4), 2: Offset.at(1, 3)}).to_json()
     assert lag_of({"sources": [{"endOffset": json.dumps(end), "latestOffset": json.dumps(latest)}]}) == 5 + 0 + 3
     old = {"vbuckets": {"0": {"vbuuid": 1, "seqno": 10}}}
     assert lag_of({"sources": [{"endOffset": old, "latestOffset": latest}]}) == 5 + 4 + 3
@@ -228,10 +228,10 @@ def test_lag_reads_progress_offsets_in_either_form():
 
 # -- one offset model, one divergence rule ------------------------------------------------------------
 
-vb_offsets = st.builds(lambda v, a, b, c, uid: VbOffset(v, sorted((a, b, c))[1], min(a, b, c), max(a, b, c), uid),
+vb_offsets = st.builds(lambda v, a, b, c, uid: Offset(v, sorted((a, b, c))[1], min(a, b, c), max(a, b, c), uid),
                        st.integers(0, (1 << 64) - 1), st.integers(0, 1000), st.integers(0, 1000),
                        st.integers(0, 1000), st.one_of(st.none(), st.integers(0, 1 << 32)))
-at_offsets = st.builds(VbOffset.at, st.integers(0, (1 << 64) - 1), st.integers(0, 1000))
+at_offsets = st.builds(Offset.at, st.integers(0, (1 << 64) - 1), st.integers(0, 1000))
 
 
 @st.composite
@@ -252,17 +252,18 @@ def test_source_offsets_round_trip_in_the_clients_compact_form(o):
     assert doc["vbuckets"] == {str(vb): off_.to_json() for vb, off_ in sorted(o.vbuckets.items())}
     if o.origin is not None:
         assert doc["origin"] == {str(vb): s.to_json() for vb, s in sorted(o.origin.items()) if s != EARLIEST}
-    assert VbOffset is Offset
+    # read back, each vbucket's offset is the client's own Offset (the source has no type of its own)
+    assert all(v.__class__ is Offset for v in SourceOffset.from_json(doc).vbuckets.values())
 
 
 def test_a_manifest_uid_rides_along_offsets_and_ranges():
     import pickle
 
-    start = SourceOffset({0: VbOffset(5, 10, 10, 10, manifest_uid=3)}, batch=2)
+    start = SourceOffset({0: Offset(5, 10, 10, 10, manifest_uid=3)}, batch=2)
     assert start.to_json()["vbuckets"] == {"0": [5, 10, 10, 10, 3]}
     assert SourceOffset.from_json(json.dumps(start.to_json())) == start
     end = off.plan(start, {0: 15}, {0: [(5, 0)]})
-    assert end.vbuckets[0] == VbOffset(5, 15, 15, 15, 3)
+    assert end.vbuckets[0] == Offset(5, 15, 15, 15, 3)
     work = off.ranges(start, end)
     assert pickle.loads(pickle.dumps(work)) == work and work[0].start.manifest_uid == 3
 
@@ -275,7 +276,7 @@ def test_the_driver_rereads_whenever_the_server_would_roll_back(history):
     for is a re-read the driver plans - and on the newest branch it re-reads nothing it need not."""
     p, consumers = history
     for c in consumers:
-        spark = off.diverged(VbOffset.at(c.vbuuid, c.seqno), p.log, p.high)
+        spark = off.diverged(Offset.at(c.vbuuid, c.seqno), p.log, p.high)
         server = divergence(p.log, c.vbuuid, c.seqno, c.snapshot_start, c.snapshot_end, p.high)
         if server is not None and c.seqno > 0:
             assert spark

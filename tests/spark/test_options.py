@@ -2,7 +2,8 @@
 
 import pytest
 
-from dcpflow.spark.offsets import OffsetSpec, VbOffset
+from dcpflow.client import Offset
+from dcpflow.spark.offsets import OffsetSpec
 from dcpflow.spark.options import DcpOptionError, parse_options, parse_size, parse_vbuckets
 
 BASE = {"connection": "couchbase://127.0.0.1:11999/default", "username": "u", "password": "p"}
@@ -64,11 +65,11 @@ def test_credentials_required():
 
 def test_offsets_json_forms():
     o = opts(startingOffsets='{"batch": 3, "vbuckets": {"0": {"vbuuid": 9, "seqno": 4}, "1": "latest"}}')
-    assert o.starting_offsets == OffsetSpec({0: VbOffset(9, 4, 4, 4), 1: "latest"}, 3)
+    assert o.starting_offsets == OffsetSpec({0: Offset(9, 4, 4, 4), 1: "latest"}, 3)
     o = opts(endingOffsets='{"2": [9, 4, 3, 6]}')
-    assert o.ending_offsets.vbuckets == {2: VbOffset(9, 4, 3, 6)}
+    assert o.ending_offsets.vbuckets == {2: Offset(9, 4, 3, 6)}
     o = opts(startingOffsets='{"batch": 1, "vbuckets": {"0": [9, 4], "5": [9, 7, 6, 8]}, "origin": {}}')
-    assert o.starting_offsets == OffsetSpec({0: VbOffset(9, 4, 4, 4), 5: VbOffset(9, 7, 6, 8)}, 1)
+    assert o.starting_offsets == OffsetSpec({0: Offset(9, 4, 4, 4), 5: Offset(9, 7, 6, 8)}, 1)
 
 
 def test_sizes_and_vbucket_lists():

@@ -14,8 +14,7 @@ from pathlib import Path
 import pytest
 
 from dcpflow.protocol.status import Status
-
-from .standalone import stop_groups
+from tests.processes import run_group, stop_groups
 
 REPO = Path(__file__).resolve().parents[2]
 BATCH = re.compile(r"\] changelog batch (\d+): ([\d,]+) rows")
@@ -100,9 +99,9 @@ def test_printed_batches_are_what_restore_as_of_takes(spark, make_server, tmp_pa
     source = make_server(data_dir=tmp_path / "source")
     fill(source, 300)
     lake = tmp_path / "lake"
-    run = subprocess.run([sys.executable, "-m", "dcpflow.cli", "pipeline", "--connection", url(source), "--lake",
-                          str(lake), "--max-seqnos-per-trigger", "120", "--partitions", "2"], cwd=REPO,
-                         stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=600, env=quick_jvm())
+    run = run_group([sys.executable, "-m", "dcpflow.cli", "pipeline", "--connection", url(source), "--lake",
+                     str(lake), "--max-seqnos-per-trigger", "120", "--partitions", "2"], cwd=REPO,
+                    stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=600, env=quick_jvm())
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     printed = {int(n): int(rows.replace(",", "")) for n, rows in BATCH.findall(run.stdout)}
     assert len(printed) >= 3, run.stdout

@@ -8,7 +8,7 @@ import time
 import pytest
 from pyspark.errors import PySparkException
 
-from dcpflow.load import Loader, Workload, churn_round, load_initial
+from dcpflow.client.workload import Loader, Workload, churn_round, load_initial
 from dcpflow.protocol.opcodes import Opcode
 from dcpflow.protocol.status import Status
 from dcpflow.spark.pipeline import Pipeline, PipelineConfig
@@ -267,7 +267,7 @@ def _check_worker_repair(port, before):
     high, logs = before
     vb = max(high, key=lambda v: high[v])
     uuid = logs[vb][0][0]
-    planned = off.VbRange(vb, off.VbOffset.at(uuid, high[vb] // 2), high[vb], uuid)
+    planned = off.VbRange(vb, off.Offset.at(uuid, high[vb] // 2), high[vb], uuid)
     opts = parse_options(source_options(port))
     batches = list(read_partition(opts, spark_schema(StringType()), DcpPartition([planned], 9)))
     rows = [r for b in batches for r in b.to_pylist()]

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from dcpflow.load import Workload
+from dcpflow.client.workload import Workload
+from tests.processes import run_group, stop_groups
 
-from .standalone import ConnectServer, state_of, stop_groups
+from .standalone import ConnectServer, state_of
 from .test_source import conn, write
 
 REPO = Path(__file__).resolve().parents[2]
@@ -34,10 +35,10 @@ def test_pipeline_through_spark_connect_equals_the_server(server, tmp_path):
             stop_groups([client])
         assert client.returncode == 0, (tmp_path / "client.log").read_text()[-4000:]
         # the same through the command line: `dcpflow pipeline --remote`
-        cli = subprocess.run([sys.executable, "-m", "dcpflow.cli", "pipeline", "--connection", conn(server.port),
-                              "--lake", str(tmp_path / "cli-lake"), "--remote", f"sc://127.0.0.1:{connect.port}",
-                              "--partitions", "2"], cwd=REPO, stdin=subprocess.DEVNULL, capture_output=True,
-                             text=True, timeout=180)
+        cli = run_group([sys.executable, "-m", "dcpflow.cli", "pipeline", "--connection", conn(server.port),
+                         "--lake", str(tmp_path / "cli-lake"), "--remote", f"sc://127.0.0.1:{connect.port}",
+                         "--partitions", "2"], cwd=REPO, stdin=subprocess.DEVNULL, capture_output=True,
+                        text=True, timeout=180)
         assert cli.returncode == 0 and "caught up" in cli.stdout, cli.stderr[-4000:]
     assert state_of(tmp_path / "cli-lake") == {("_default", "_default", k): v for k, v in truth.items()}
     result = json.loads(out)

@@ -17,9 +17,10 @@ from pathlib import Path
 import pytest
 
 import dcpflow
-from dcpflow.load import Workload
+from dcpflow.client.workload import Workload
+from tests.processes import run_group, stop_groups
 
-from .standalone import StandaloneCluster, state_of, stop_groups
+from .standalone import StandaloneCluster, state_of
 from .test_source import conn, write
 
 PACKAGE_ROOT = str(Path(dcpflow.__file__).resolve().parents[1])
@@ -102,10 +103,10 @@ def test_pipeline_on_a_standalone_cluster_equals_the_server(server, tmp_path):
         conf = {"spark.executorEnv.PYTHONPATH": PACKAGE_ROOT, "spark.executor.cores": "1", "spark.cores.max": "2",
                 "spark.executor.memory": "512m", "spark.driver.memory": "512m", "spark.driver.host": "127.0.0.1",
                 "spark.driver.bindAddress": "127.0.0.1", "spark.ui.port": "0"}
-        cli = subprocess.run([sys.executable, "-m", "dcpflow.cli", "pipeline", "--connection", conn(server.port),
-                              "--lake", str(tmp_path / "cli-lake"), "--master", cluster.url, "--partitions", "2",
-                              *(a for k, v in conf.items() for a in ("--conf", f"{k}={v}"))],
-                             cwd=REPO, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300)
+        cli = run_group([sys.executable, "-m", "dcpflow.cli", "pipeline", "--connection", conn(server.port),
+                         "--lake", str(tmp_path / "cli-lake"), "--master", cluster.url, "--partitions", "2",
+                         *(a for k, v in conf.items() for a in ("--conf", f"{k}={v}"))],
+                        cwd=REPO, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300)
         assert cli.returncode == 0 and "caught up" in cli.stdout, cli.stderr[-4000:] + cluster.logs()
 
     truth_state = {("_default", "_default", k): v for k, v in truth.items()}

@@ -83,11 +83,19 @@ def writer(request, tmp_path):
 
 
 def read_three_ways(spark, writer):
-    files = writer.files()
+    """The state by Spark, by DuckDB and by Polars, each the way docs/spark.md tells users: DuckDB
+    scans the writer's Arrow stream (delta-rs for a Delta table: deletion vectors honoured),
+    Polars reads a Delta table with `read_delta` and a snapshot's Parquet files with
+    `read_parquet`."""
     df = writer.read(spark)
     by_spark = {} if df is None else {r["key"]: r["value"] for r in df.select("key", "value").collect()}
-    by_duck = dict(duckdb.sql(f"select key, value from read_parquet({files!r})").fetchall()) if files else {}
-    by_polars = dict(pl.read_parquet(files).select("key", "value").iter_rows()) if files else {}
+    stream = writer.scan(["key", "value"])
+    by_duck = dict(duckdb.sql("select key, value from stream").fetchall()) if stream is not None else {}
+    if writer.format == "delta":
+        by_polars = dict(pl.read_delta(str(writer.path)).select("key", "value").iter_rows()) if df is not None else {}
+    else:
+        files = writer.files()
+        by_polars = dict(pl.read_parquet(files).select("key", "value").iter_rows()) if files else {}
     return by_spark, by_duck, by_polars
 
 
@@ -209,3 +217,54 @@ def test_a_merge_runs_no_stage_wider_than_the_cores(spark, tmp_path):
     assert widths and max(widths) <= int(spark.conf.get("spark.sql.shuffle.partitions")), widths
     state = dict(writer.read(spark).select("key", "value").collect())
     assert state["k0-1"] == "y" and state["new"] == "z" and len(state) == NUM_VB * 29 + 1
+
+
+def test_a_live_merge_writes_its_rows_not_the_table(spark, tmp_path):
+    """With deletion vectors a MERGE writes the batch's changed and new rows and marks the old
+    versions deleted in the files that held them, instead of rewriting every file holding a key
+    of the batch (with DCP's random keys: every file of the table, O(table) per live batch). The
+    table's readers leave the marked rows out: Spark, DuckDB over delta-rs's scan, Polars'
+    read_delta; a plain Parquet listing of its files is refused."""
+    import json
+
+    writer = DeltaStateWriter(tmp_path / "state")
+    schema = schema_ddl("string", "STRING")
+    writer.apply(spark.createDataFrame([change(v, s, f"k{v}-{s}", "mutation", 1, "x") for v in range(NUM_VB)
+                                        for s in range(1, 30)], schema), 0)
+    writer.apply(spark.createDataFrame([change(0, 40, "k0-1", "mutation", 2, "y"), change(1, 40, "k1-2", "deletion", 2),
+                                        change(1, 41, "new", "mutation", 2, "z")], schema), 1)
+    log = sorted((writer.path / "_delta_log").glob("*.json"))[-1]
+    actions = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+    written = sum(json.loads(a["add"]["stats"])["numRecords"] for a in actions
+                  if "add" in a and not a["add"].get("deletionVector"))
+    assert written == 2, actions  # k0-1's new version and "new"; the 115 untouched rows stay where they were
+    assert any("add" in a and a["add"].get("deletionVector") for a in actions)
+    want = {f"k{v}-{s}": "x" for v in range(NUM_VB) for s in range(1, 30)} | {"k0-1": "y", "new": "z"}
+    del want["k1-2"]
+    assert read_three_ways(spark, writer) == (want,) * 3
+    with pytest.raises(ValueError, match="deletion vectors"):
+        writer.files()
+
+
+@pytest.mark.parametrize("remove_first", [True, False])
+def test_the_log_reader_keeps_a_file_whose_deletion_vector_changed(tmp_path, remove_first):
+    """A MERGE that deletes rows of a file removes (path, old vector) and adds (path, new vector) in
+    one commit, in either order (the Delta protocol reconciles files by path and vector id): the
+    file stays live, listed as masked. Keyed by path alone, the remove after the add dropped it."""
+    import json
+
+    from dcpflow.spark.state import DeltaLog
+
+    log = tmp_path / "_delta_log"
+    log.mkdir()
+    dv = {"storageType": "u", "pathOrInlineDv": "vector0", "offset": 1, "sizeInBytes": 34, "cardinality": 2}
+    commits = [[{"add": {"path": "a.parquet"}}, {"add": {"path": "b.parquet"}}],
+               [{"remove": {"path": "a.parquet"}}, {"add": {"path": "a.parquet", "deletionVector": dv}},
+                {"txn": {"appId": "dcpflow-state", "version": 1}}]]
+    if not remove_first:
+        commits[1][:2] = commits[1][1::-1]
+    for version, actions in enumerate(commits):
+        (log / f"{version:020d}.json").write_text("".join(json.dumps(a) + "\n" for a in actions))
+    snapshot = DeltaLog(tmp_path).snapshot()
+    assert snapshot.files == ["b.parquet"] and snapshot.masked == ["a.parquet"]
+    assert snapshot.txns == {"dcpflow-state": 1}

@@ -104,8 +104,7 @@ class NameFollower:
                 cid, _ = decode_leb128(data, a + HEADER_LEN + ext)
                 if cid not in self.accept:
                     field = _BY_SEQNO.get((op, ext))
-                    seqno = (int.from_bytes(data[a + field.offset:a + field.stop], "big") if field is not None
-                             else sync_seqno(_decode(data, a, b)))
+                    seqno = field.read(data, a) if field is not None else sync_seqno(_decode(data, a, b))
                     keep = DcpSeqnoAdvanced(vb, seqno).encode()
             if keep is _SAME:
                 keep = data[a:b]

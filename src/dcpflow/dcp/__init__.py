@@ -12,7 +12,7 @@ under commands/, and the overview pages flow-control.md, dead-connections.md, re
 rollback.md), with names a reader of those pages finds here. One job per module:
 
 Producer side (a consumer asked this node for vbucket streams):
-  producer        ProducerConnection: one producer connection's state and its answers to requests
+  producer        DcpProducer: one producer connection's state and its answers to requests
   controls        DCP_CONTROL as a table: key -> value rules -> effect
   flow_control    the producer's window (and the consumer's acknowledgements)
   noop            when to send a DCP_NOOP, when to give up on an idle consumer
@@ -26,7 +26,7 @@ Producer side (a consumer asked this node for vbucket streams):
   stream_types    a stream's states and options, a backfill's range, a ready-queue entry
 
 Consumer side (this node replicates vbuckets from a producer elsewhere):
-  consumer        ConsumerConnection: ADD_STREAM, its stream requests, applying what arrives
+  consumer        DcpConsumer: ADD_STREAM, its stream requests, applying what arrives
   passive_stream  PassiveStream: one replicated vbucket's position
   position        the one consumer-side stream position: offsets, snapshots, stream ends and
                   rollback points, for the replica consumer and the client's Feed alike

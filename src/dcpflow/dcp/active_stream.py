@@ -67,7 +67,6 @@ was written meanwhile, sends SET_VBUCKET_STATE(active), waits for that reply and
 STREAM_END(OK).
 """
 from collections import deque
-from collections.abc import Callable
 
 from dcpflow.engine.checkpoint import CheckpointType, Cursor, CursorDropped, Snapshot
 from dcpflow.engine.collections import SYSTEM_CID
@@ -104,15 +103,14 @@ class ActiveStream(StreamBackfill, StreamMessages):
 
     `vb` is the engine VBucket. What the stream needs done beyond queuing bytes it returns as
     outcomes (outcomes.py): the takeover handshake's `SetVbucketState`, and whether a send pass is
-    wanted. `cursor_listener(stream)`, if given, hears of the engine dropping the stream's cursor
-    (the engine's notification, like a write's: the listener runs inside the engine's call and
-    must only schedule a send pass).
+    wanted. When the engine drops the stream's cursor, the stream notes it (`_on_cursor_dropped`,
+    the cursor's own callback) and its next `fill` goes on from disk; the connection hears of the
+    drop from the engine's cursor listeners and answers with a send pass (producer.cursor_dropped).
     """
 
     def __init__(self, vb, *, name: str, opaque: int, start_seqno: int, end_seqno: int, snap_start_seqno: int,
                  flags: int = 0, stream_id: int | None = None, options: StreamOptions | None = None,
-                 client_purge_seqno: int | None = None, filter: StreamFilter | None = None,
-                 cursor_listener: "Callable[[ActiveStream], None] | None" = None):
+                 client_purge_seqno: int | None = None, filter: StreamFilter | None = None):
         self.vb = vb
         self.vbid = vb.id
         self.name = name
@@ -132,7 +130,6 @@ class ActiveStream(StreamBackfill, StreamMessages):
         self.client_purge_seqno = client_purge_seqno
         self.takeover = bool(flags & _TAKEOVER)
         self.disk_only = bool(flags & _DISK_ONLY)
-        self._cursor_listener = cursor_listener
         self.state = StreamState.IN_MEMORY
         self.ready: deque[bytes] = deque()
         self.ready_bytes = 0
@@ -213,13 +210,11 @@ class ActiveStream(StreamBackfill, StreamMessages):
             self.cursor = None
 
     def _on_cursor_dropped(self, cursor: Cursor) -> None:
-        """CheckpointManager callback (memory quota): note it; the listener has the owner wake us to
-        act on it (the next `fill` backfills from where we are, or ends with SLOW)."""
+        """CheckpointManager callback (memory quota): note it; the next `fill` backfills from where
+        we are, or ends with SLOW (the connection is woken for it: producer.cursor_dropped)."""
         if cursor is self.cursor:
             self.cursor_dropped = True
             self.cursor_drops += 1
-            if self._cursor_listener is not None:
-                self._cursor_listener(self)
 
     def release(self) -> None:
         """The connection is gone: drop the cursor and the queue, send nothing."""

@@ -1,4 +1,4 @@
-"""ConsumerConnection: the replica side of DCP, driven by ADD_STREAM, without I/O.
+"""DcpConsumer: the replica side of DCP, driven by ADD_STREAM, without I/O.
 
 Pages (https://github.com/couchbase/kv_engine/blob/master/docs/dcp/documentation/): commands/
 add-stream.md, stream-request.md, snapshot-marker.md, set-vbucket-state.md, stream-end.md,
@@ -85,7 +85,7 @@ def _reason_name(reason: int) -> str:
         return str(reason)
 
 
-class ConsumerConnection:
+class DcpConsumer:
     """See the module docstring. `registry` is the server's (bucket, vbid) -> live PassiveStream,
     shared by every consumer connection: one vbucket is replicated by one stream at a time."""
 
@@ -111,7 +111,7 @@ class ConsumerConnection:
         self.closed = False
 
     def __repr__(self) -> str:
-        return f"<ConsumerConnection {self.name!r} streams={len(self.streams)}>"
+        return f"<DcpConsumer {self.name!r} streams={len(self.streams)}>"
 
     def _request(self, message, tag: object) -> Send:
         """A request with a fresh opaque; its response goes to `tag`'s handling."""
@@ -343,7 +343,10 @@ class ConsumerConnection:
                 stream.last_seqno = max(stream.last_seqno, msg.by_seqno)
                 return self._snapshot_progress(stream, msg.by_seqno)
             if op == Opcode.DCP_SYSTEM_EVENT:
-                return NOTHING  # only the default collection exists here: nothing to create or drop
+                # Items are applied under their collection ids whatever the events say; the node's
+                # manifest is its own bucket's, not changed from the stream (kv_engine's replica
+                # makes and drops collections from these events).
+                return NOTHING
         except EngineError as e:
             log.warning("DCP consumer %s: vbucket %d refused %s: %s", self.name, stream.vbid, Opcode(op).name, e)
             return (Refusal(e.status, e.reason),)

@@ -67,7 +67,7 @@ class ProducerSettings:
 
 
 class Controlled(Protocol):
-    """What DCP_CONTROL may read and change (producer.ProducerConnection)."""
+    """What DCP_CONTROL may read and change (producer.DcpProducer)."""
 
     open_flags: int
     settings: ProducerSettings

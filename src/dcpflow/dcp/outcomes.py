@@ -1,6 +1,6 @@
 """What the DCP state machines answer: outcome values the asyncio shells execute.
 
-Every entry point of ProducerConnection (producer.py), ConsumerConnection (consumer.py) and their
+Every entry point of DcpProducer (producer.py), DcpConsumer (consumer.py) and their
 streams returns what must happen next instead of doing it: there are no callbacks to inject and no
 outbox to read. A call returns a tuple of these, in the order they must run (often `NOTHING`); a
 request that is answered also returns its answer (a Refusal, a `Started`, reply bytes...).

@@ -24,7 +24,7 @@ class PassiveState(Enum):
 
 
 class PassiveStream:
-    """One replicated vbucket of a consumer connection. `consumer` is its ConsumerConnection (the
+    """One replicated vbucket of a consumer connection. `consumer` is its DcpConsumer (the
     server-wide registry of passive streams names the connection holding a vbucket by it)."""
 
     def __init__(self, consumer, vbid: int, flags: int, add_opaque: int | None, opaque: int):

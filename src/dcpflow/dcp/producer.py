@@ -1,4 +1,4 @@
-"""ProducerConnection: the state of one DCP producer connection, without I/O.
+"""DcpProducer: the state of one DCP producer connection, without I/O.
 
 Pages (https://github.com/couchbase/kv_engine/blob/master/docs/dcp/documentation/): commands/
 open-connection.md, control.md, stream-request.md, close-stream.md, buffer-ack.md, no-op.md,
@@ -23,14 +23,14 @@ shell (server/producer.py) what to do:
 
 Every entry point returns what the shell must do as outcome values (outcomes.py): `WAKE` (run a
 send pass soon), `ARM_NOOP_TIMER`, `Send`, `SetVbucketState` (a takeover stream marks its vbucket
-dead), `StopBackfill`, `Close`, `Tolerated`; a request also returns its answer. The one listener
-the shell may pass, `cursor_listener`, forwards the engine's notice that a stream's cursor was
-dropped (like the engine's seqno listener, it answers with `cursor_dropped`). Nothing here reads a
-clock: the callers pass `now`.
+dead), `StopBackfill`, `Close`, `Tolerated`; a request also returns its answer. The engine's
+notices reach it through the shell, which listens to the engine and hands them in: a vbucket's
+state change (`vbucket_changed`), a dropped cursor (`cursor_dropped`); writes wake streams through
+`registry.pending`. Nothing is injected (no callbacks) and nothing here reads a clock: the callers
+pass `now`.
 """
 
 import itertools
-from collections.abc import Callable
 from typing import NamedTuple
 
 from dcpflow.engine.failover import FailoverEntry
@@ -80,11 +80,10 @@ class Started(NamedTuple):
 _EFFECTS = {Effect.NONE: NOTHING, Effect.NOOP_TIMER: (ARM_NOOP_TIMER,), Effect.SEND: WAKE_ONLY}
 
 
-class ProducerConnection:
+class DcpProducer:
     """See the module docstring."""
 
     def __init__(self, name: str, open_flags: int, engine, *, now: float, created: float,
-                 cursor_listener: Callable[[ActiveStream], None] | None = None,
                  idle_timeout: float = DEFAULT_IDLE_TIMEOUT):
         self.name = name
         self.open_flags = int(open_flags)
@@ -97,7 +96,6 @@ class ProducerConnection:
         self.backfills = BackfillQueue()
         self.bytes_sent = 0
         self.items_sent = 0
-        self._cursor_listener = cursor_listener
 
     @property
     def streams(self) -> dict[tuple[int, int | None], ActiveStream]:
@@ -113,10 +111,14 @@ class ProducerConnection:
         self.registry.pending[stream] = None
         return WAKE_ONLY
 
-    def cursor_dropped(self, stream: ActiveStream) -> tuple:
-        """The engine dropped the stream's cursor (the `cursor_listener`): its next `fill`
-        backfills from where it is, or ends it with SLOW."""
-        return self.wake(stream)
+    def cursor_dropped(self, vbid: int, cursor_name: str) -> tuple:
+        """The engine dropped a checkpoint cursor of vbucket `vbid` (Bucket.add_cursor_listener):
+        if one of this connection's streams read with it, a send pass for it (its next `fill`
+        backfills from where it is, or ends it with SLOW); another connection's cursor: nothing."""
+        for stream in self.registry.by_vb.get(vbid, ()):
+            if stream.name == cursor_name:
+                return self.wake(stream)
+        return NOTHING
 
     # -- DCP_CONTROL ----------------------------------------------------------------------------
     def control(self, key: str, value: str, *, now: float, collections: bool, snappy: bool = False
@@ -193,8 +195,7 @@ class ProducerConnection:
         stream = ActiveStream(vb, name=f"dcp:{self.name}:{vbid}:{sid}:{next(_cursor_ids)}", opaque=opaque,
                               start_seqno=rng.start, end_seqno=rng.end, snap_start_seqno=rng.snap_start, flags=flags,
                               stream_id=sid, options=self.stream_options(collections),
-                              client_purge_seqno=client_purge, filter=stream_filter,
-                              cursor_listener=self._cursor_listener)
+                              client_purge_seqno=client_purge, filter=stream_filter)
         self.registry.add(stream)
         stream.start()
         self.registry.pending[stream] = None
@@ -221,6 +222,12 @@ class ProducerConnection:
         stopped = self.retire(stream)
         self.registry.pending[stream] = None
         return stopped + WAKE_ONLY if stopped else WAKE_ONLY
+
+    def backfill_failed(self, stream: ActiveStream) -> tuple:
+        """The store could not be read for the stream's backfill: it ends with BACKFILL_FAIL
+        (stream-end.md; the consumer may re-request from where it stands); a stream already
+        ended stays as it is."""
+        return NOTHING if stream.dead else self.end_stream(stream, StreamEndReason.BACKFILL_FAIL)
 
     def retire(self, stream: ActiveStream) -> tuple:
         """Forget a dead stream and unqueue its backfill; keep it until its STREAM_END is written.

@@ -13,7 +13,19 @@ import functools
 from dcpflow.engine.collections import SYSTEM_CID
 from dcpflow.engine.item import DATATYPE_XATTR, Item
 from dcpflow.engine.store import LARGE_VALUE, EncodedPage
-from dcpflow.engine.store_rows import ITEM_COLUMNS, item_from_row
+from dcpflow.engine.store_rows import (
+    CAS,
+    CID,
+    DATATYPE,
+    DELETED,
+    EXPIRY,
+    FLAGS,
+    KEY,
+    REV_SEQNO,
+    SEQNO,
+    VALUE,
+    item_from_row,
+)
 from dcpflow.protocol.dcp import (
     StreamEndReason,
     pack_mutation_head,
@@ -21,9 +33,6 @@ from dcpflow.protocol.dcp import (
 )
 
 from .stream_types import CHK, DISK, HISTORY, MAY_DUPLICATE, U64, Frames, StreamState
-
-assert ITEM_COLUMNS[:7] == ("key", "seqno", "rev_seqno", "cas", "flags", "expiry", "datatype")
-assert ITEM_COLUMNS[7] == "deleted" and ITEM_COLUMNS[10] == "value" and ITEM_COLUMNS[11] == "cid"
 
 
 class StreamBackfill:
@@ -67,8 +76,9 @@ class StreamBackfill:
             self._end(StreamEndReason.FILTER_EMPTY)
 
     def backfill_rows(self, rows: list[tuple]) -> None:
-        """A page of raw store rows (`BackfillScan.next_rows`): plain mutations are encoded
-        straight from the row - no Item is built - everything else via `backfill_page`."""
+        """A page of raw store rows (`BackfillScan.next_rows`, store_rows.BackfillRow as plain
+        tuples, read by its field constants): plain mutations are encoded straight from the row - no
+        Item is built - everything else via `backfill_page`."""
         opts = self.opts
         if opts.no_value or opts.no_value_underlying_datatype or opts.compress_values or self._backfill_prepares:
             self.backfill_page([item_from_row(r) for r in rows])
@@ -88,15 +98,15 @@ class StreamBackfill:
         nbytes = count = 0
         last = self.last_sent_seqno
         for r in rows:
-            seqno = r[1]
+            seqno = r[SEQNO]
             if seqno > end:
                 break
-            datatype = r[6]
-            cid = r[11]
+            datatype = r[DATATYPE]
+            cid = r[CID]
             if cid != system and not allows(cid):  # a document the filter hides (as _admit does)
                 continue
             # an event, a deletion, a shaped value, or a key too long for the stream-id framing
-            if cid == system or r[7] or datatype & xattr or (short_keys and len(r[0]) > 250):
+            if cid == system or r[DELETED] or datatype & xattr or (short_keys and len(r[KEY]) > 250):
                 if nbytes:
                     self.ready_bytes += nbytes
                     self.items_sent += count
@@ -108,11 +118,11 @@ class StreamBackfill:
                 if self.dead:  # the filter was left empty
                     return
                 continue
-            key, value = r[0], r[10]
+            key, value = r[KEY], r[VALUE]
             if prefixed:
                 key = prefixes[cid] + key
             vlen = len(value)
-            data = pack(vbid, seqno, r[2] & u64, r[4], r[5], key, vlen, r[3] & u64, datatype, opaque)
+            data = pack(vbid, seqno, r[REV_SEQNO] & u64, r[FLAGS], r[EXPIRY], key, vlen, r[CAS] & u64, datatype, opaque)
             if vlen >= large:
                 append(data)
                 append(memoryview(value))
@@ -172,5 +182,3 @@ class StreamBackfill:
         else:
             self.state = StreamState.IN_MEMORY
 
-    def backfill_failed(self) -> None:
-        self.set_dead(StreamEndReason.BACKFILL_FAIL)

@@ -550,6 +550,69 @@ static PyObject *Table_version(Table *t, PyObject *key) {
     return res;
 }
 
+/* reply(key, opcode, opaque, reply_key, json): the whole success reply of a GET of the key, packed
+   from its record - the memcached binary protocol's response header (magic 0x81, `opcode`, key
+   length, 4 bytes of extras, datatype, status 0, body length, `opaque`, CAS), the flags as the
+   extras, `reply_key` (the key for GETK, b"" for GET) and the value - or None when the record is
+   not the common case a GET answers straight from the table: no entry, a tombstone, an expiry
+   set (the caller reads the clock), a value not resident, a datatype beyond JSON (xattrs), or a
+   body too long for the header. The datatype sent is the stored one when `json` is true (the
+   client negotiated JSON), else 0. No document is built: the value's bytes are copied once, into
+   the reply (https://github.com/couchbase/kv_engine/blob/master/docs/BinaryProtocol.md). */
+#define GET_HEAD 28  /* the 24-byte header and the 4-byte flags */
+
+static inline void put_be16(unsigned char *p, uint32_t v) { p[0] = (unsigned char)(v >> 8); p[1] = (unsigned char)v; }
+static inline void put_be32(unsigned char *p, uint32_t v) {
+    for (int i = 3; i >= 0; i--, v >>= 8) p[i] = (unsigned char)v;
+}
+static inline void put_be64(unsigned char *p, uint64_t v) {
+    for (int i = 7; i >= 0; i--, v >>= 8) p[i] = (unsigned char)v;
+}
+
+static PyObject *Table_reply(Table *t, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "reply(key, opcode, opaque, reply_key, json) takes 5 arguments");
+        return NULL;
+    }
+    keyref k;
+    if (parse_key(args[0], &k) < 0) return NULL;
+    unsigned long long opcode, opaque;
+    if (as_u(args[1], 0xFF, "opcode", &opcode) < 0 || as_u(args[2], U32, "opaque", &opaque) < 0) return NULL;
+    PyObject *reply_key = args[3];
+    if (!PyBytes_Check(reply_key)) {
+        PyErr_SetString(PyExc_TypeError, "reply_key must be bytes");
+        return NULL;
+    }
+    Py_ssize_t rklen = PyBytes_GET_SIZE(reply_key);
+    if (rklen > 0xFFFF) {
+        PyErr_SetString(PyExc_ValueError, "reply_key is at most 65535 bytes");
+        return NULL;
+    }
+    int json = PyObject_IsTrue(args[4]);
+    if (json < 0) return NULL;
+    const rec_t *r = lookup(t, &k, NULL);
+    if (r == NULL || (r->bits & (B_DELETED | B_NOT_RESIDENT)) || r->expiry || (r->datatype & ~1u)) Py_RETURN_NONE;
+    size_t body = 4 + (size_t)rklen + r->vlen;
+    if (body > U32) Py_RETURN_NONE;
+    PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(24 + body));
+    if (out == NULL) return NULL;
+    unsigned char *p = (unsigned char *)PyBytes_AS_STRING(out);
+    p[0] = 0x81;
+    p[1] = (unsigned char)opcode;
+    put_be16(p + 2, (uint32_t)rklen);
+    p[4] = 4;
+    p[5] = json ? r->datatype : 0;
+    p[6] = p[7] = 0;
+    put_be32(p + 8, (uint32_t)body);
+    put_be32(p + 12, (uint32_t)opaque);
+    put_be64(p + 16, r->cas);
+    put_be32(p + 24, r->flags);
+    memcpy(p + GET_HEAD, PyBytes_AS_STRING(reply_key), (size_t)rklen);
+    const char *v = (r->bits & B_VALUE_REF) ? PyBytes_AS_STRING(rec_ref(r)) : (const char *)r->data + r->klen;
+    memcpy(p + GET_HEAD + rklen, v, r->vlen);
+    return out;
+}
+
 static PyObject *Table_subscript(Table *t, PyObject *key) {
     keyref k;
     if (parse_key(key, &k) < 0) return NULL;
@@ -725,6 +788,8 @@ static PyMethodDef Table_methods[] = {
      "put(key, value, flags, expiry, cas, rev_seqno, by_seqno, datatype, deleted, delete_time, delete_source)"},
     {"get", (PyCFunction)(void (*)(void))Table_get, METH_FASTCALL, "get(key, default=None): the document or default"},
     {"pop", (PyCFunction)(void (*)(void))Table_pop, METH_FASTCALL, "pop(key[, default])"},
+    {"reply", (PyCFunction)(void (*)(void))Table_reply, METH_FASTCALL,
+     "reply(key, opcode, opaque, reply_key, json): a GET's whole success reply packed from the record, or None"},
     {"version", (PyCFunction)Table_version, METH_O,
      "version(key): (rev_seqno, expiry, deleted, value length) of the entry, or None"},
     {"keys", (PyCFunction)Table_keys, METH_NOARGS, "an iterator over the keys, in insertion order"},

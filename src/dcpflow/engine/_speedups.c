@@ -18,7 +18,7 @@ enum {
 static const char *const FIELD_NAMES[N_FIELDS] = {
     "key", "value", "flags", "expiry", "cas", "rev_seqno", "by_seqno", "datatype", "deleted", "delete_time",
     "delete_source", "cid"};
-#define ROW_LEN 14  /* store._encoded_row: the 12 columns of _row, `dcp` and `cid` */
+#define ROW_LEN 14  /* engine/store_rows.FlushRow, in its order (tests/engine/test_encoded_rows.py reads these rows by its names) */
 static document_fields_t documents;
 
 /* u64 value of an exact int in [0, 2^64): 1, or 0 with no error set. The common values (below

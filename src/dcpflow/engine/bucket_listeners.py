@@ -1,6 +1,6 @@
-"""Who a bucket tells about its changes: DCP streams wake on a vbucket's new high seqno, the
-replication and persistence waiters on each flushed batch, the server on vbucket state changes.
-A mixin of `Bucket` (bucket.py), whose listener lists it keeps."""
+"""Who a bucket tells about its changes: DCP streams wake on a vbucket's new high seqno and on a
+dropped checkpoint cursor, the replication and persistence waiters on each flushed batch, the
+server on vbucket state changes. A mixin of `Bucket` (bucket.py), whose listener lists it keeps."""
 
 from collections.abc import Callable
 
@@ -8,6 +8,8 @@ SeqnoListener = Callable[[int, int], None]
 #: listener(vbid, event): event is "state" (state changed), "rollback", "failover" (a new branch of
 #: history on an active: `Bucket.failover`) or "deleted".
 VBucketListener = Callable[[int, str], None]
+#: listener(vbid, cursor_name): the vbucket's checkpoints dropped that cursor (memory, or on demand).
+CursorListener = Callable[[int, str], None]
 
 
 class BucketListeners:
@@ -48,6 +50,20 @@ class BucketListeners:
 
     def remove_vbucket_listener(self, listener: VBucketListener) -> None:
         self._vbucket_listeners.remove(listener)
+
+    def add_cursor_listener(self, listener: CursorListener) -> None:
+        """Call `listener(vbid, cursor_name)` when a vbucket's checkpoints drop a cursor (over the
+        checkpoint memory quota, or CheckpointManager.drop_cursor): the DCP stream reading with it
+        goes on from disk, and its connection runs a send pass for it. On the owner thread, inside
+        the write or the memory recovery that dropped it: keep it cheap and non-raising."""
+        self._cursor_listeners.append(listener)
+
+    def remove_cursor_listener(self, listener: CursorListener) -> None:
+        self._cursor_listeners.remove(listener)
+
+    def _notify_cursor_dropped(self, vbid: int, cursor) -> None:
+        for listener in list(self._cursor_listeners):
+            listener(vbid, cursor.name)
 
     def _notify_vbucket(self, vbid: int, event: str) -> None:
         for listener in list(self._vbucket_listeners):

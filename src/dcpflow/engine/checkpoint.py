@@ -238,7 +238,7 @@ class CheckpointManager:
 
     __slots__ = ("max_items", "max_age", "max_bytes", "memory_quota", "account", "persistent", "_clock", "_next_id",
                  "checkpoints", "cursors", "high_seqno", "mem_usage", "num_dropped_cursors", "persisted_seqno",
-                 "persistence_cursor", "history_cids")
+                 "persistence_cursor", "history_cids", "on_drop")
 
     def __init__(self, *, high_seqno: int = 0, max_items: int = 10_000, max_age: float | None = 5.0,
                  max_bytes: float = _NEVER, memory_quota: int | None = None, account: BucketMemory | None = None,
@@ -260,6 +260,9 @@ class CheckpointManager:
         self.num_dropped_cursors = 0
         self.persisted_seqno = high_seqno  # closed checkpoints above this are kept for the flusher
         self.history_cids: frozenset[int] = frozenset()  # collections whose versions are all kept
+        # told of every cursor dropped here, after the cursor's own `on_drop` (the bucket sets it:
+        # its cursor listeners, bucket_listeners.py)
+        self.on_drop: Callable[[Cursor], None] | None = None
         self._open(CheckpointType.MEMORY, high_seqno + 1, high_seqno + 1, high_seqno, fixed_end=False)
         self.persistence_cursor: Cursor | None = None
         if persistent:
@@ -529,6 +532,8 @@ class CheckpointManager:
         self.account.num_cursors_dropped += 1
         if cursor.on_drop is not None:
             cursor.on_drop(cursor)
+        if self.on_drop is not None:
+            self.on_drop(cursor)
 
     def _drop_cursors(self) -> None:
         """Over this vbucket's quota: drop droppable cursors pinning the oldest checkpoints."""
@@ -575,6 +580,12 @@ class CheckpointManager:
             return False
         self._roll_over(cp)
         return True
+
+    @property
+    def has_dcp_cursors(self) -> bool:
+        """Whether a cursor other than the persistence cursor is registered: without one,
+        `release_for_memory` has nothing to drop or close for."""
+        return len(self.cursors) > (self.persistence_cursor is not None)
 
     def release_for_memory(self, wanted: Callable[[], bool], *, undroppable: bool = False,
                            close_open: bool = False) -> int:

@@ -108,10 +108,6 @@ class Flusher:
         `mark_dirty` does, without a call)."""
         return self._dirty
 
-    @property
-    def dirty_vbuckets(self) -> list[int]:
-        return list(self._dirty)
-
     def persist_state(self, vb: "VBucket") -> None:
         """Write a vbucket's state row now (state change); deferred while a batch is in flight,
         so an older row in that batch cannot overwrite it."""

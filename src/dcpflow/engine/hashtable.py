@@ -12,7 +12,8 @@ about 56 plus the key.
 The seam is a mapping, so the engine reads it as it read the dict: `get`, `[key]`, `in`, `len`,
 `pop`, `del`, and `keys()`/`values()`/`items()` in insertion order (the item pager walks that
 order); besides, `put` (the fields as plain ints and bytes: what `ht[key] = item` calls, and the
-SET path directly) and `version` (what a SET over an entry needs, without building its Item).
+SET path directly), `version` (what a SET over an entry needs, without building its Item) and
+`reply` (a GET's whole reply packed from the record: the GET path builds no Item at all).
 A key is bytes (default collection) or (collection id, bytes). What differs from a dict:
 
 * a read builds a new `Item` from the record each time, so two reads of one version are equal,
@@ -29,7 +30,9 @@ per entry, and `meta_bytes()` is the table's own exact count.
 
 import sys
 
-from dcpflow.protocol.frame import compiled
+from dcpflow.protocol.datatype import Datatype
+from dcpflow.protocol.frame import Magic, compiled
+from dcpflow.protocol.kv import GET_RESPONSE_HEAD
 
 from .item import NOT_RESIDENT, DeleteSource, Item
 
@@ -43,6 +46,9 @@ __all__ = ["ENTRY_OVERHEAD", "HashTable", "TableSpec", "same_version"]
 _U32 = (1 << 32) - 1
 _U64 = (1 << 64) - 1
 _SOURCES = (DeleteSource.EXPLICIT, DeleteSource.TTL)
+_pack_get_head = GET_RESPONSE_HEAD.pack
+_RESPONSE = int(Magic.RESPONSE)
+_JSON_BIT = int(Datatype.JSON)  # the one datatype bit `reply` sends as stored
 
 
 def same_version(a: Item | None, b: Item | None) -> bool:
@@ -132,6 +138,31 @@ class TableSpec:
         if rec is None:
             return None
         return rec[5], rec[3], rec[8], (0 if rec[1] is self._not_resident else len(rec[1]))
+
+    def reply(self, key, opcode, opaque, reply_key, json) -> bytes | None:
+        """A GET's whole success reply packed from the key's entry - the response header, the flags,
+        `reply_key` (the key for GETK, b"" for GET) and the value, the datatype sent only if `json`
+        (the client negotiated JSON) - or None when the entry is not the common case a GET answers
+        straight from the table: none, a tombstone, an expiry set, a value not resident, a datatype
+        beyond JSON (xattrs), or a body too long for the header. No document is built."""
+        k = _key(key)[0]
+        opcode = _u(opcode, 0xFF, "opcode")
+        opaque = _u(opaque, _U32, "opaque")
+        if not isinstance(reply_key, bytes):
+            raise TypeError("reply_key must be bytes")
+        if len(reply_key) > 0xFFFF:
+            raise ValueError("reply_key is at most 65535 bytes")
+        json = bool(json)
+        rec = self._d.get(k)
+        if rec is None or rec[8] or rec[1] is self._not_resident or rec[3] or rec[7] & ~_JSON_BIT:
+            return None
+        value = rec[1]
+        body = 4 + len(reply_key) + len(value)
+        if body > _U32:
+            return None
+        head = _pack_get_head(_RESPONSE, opcode, len(reply_key), 4, rec[7] if json else 0, 0, body, opaque, rec[4],
+                              rec[2])
+        return b"".join((head, reply_key, value))
 
     def __getitem__(self, key):
         rec = self._d.get(_key(key)[0])

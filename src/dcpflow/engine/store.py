@@ -102,7 +102,19 @@ from dcpflow.protocol.frame import compiled
 
 from .item import Item
 from .store_compaction import Compaction
-from .store_rows import _item, _s64, _u64, doc_key
+from .store_rows import (
+    ENCODED,
+    FLUSH_DCP,
+    FLUSH_SEQNO,
+    ITEM_COLUMNS,
+    SEQNO,
+    VALUE,
+    FlushRow,
+    _item,
+    _s64,
+    _u64,
+    doc_key,
+)
 
 #: The items table's rowid `id` is vb << SEQNO_BITS | seqno (the module docstring): a 48-bit seqno
 #: leaves room for the vbucket above it.
@@ -165,8 +177,9 @@ def _vb_rowids(vb: int) -> tuple[int, int]:
 _ITEM_INDEXES = ("CREATE UNIQUE INDEX items_by_key ON items (vb, key)",
                  "CREATE INDEX items_unencoded_by_id ON items (id) WHERE dcp IS NULL")
 
-#: The 12 columns `_row` binds, then the collection id: the items and history tables have both.
-_BASE_COLS = "vb, key, seqno, rev_seqno, cas, flags, expiry, datatype, deleted, delete_time, delete_source, value"
+#: The 12 columns `_row` binds (FlushRow's up to `value`), then the collection id: the items and
+#: history tables have both.
+_BASE_COLS = ", ".join(FlushRow._fields[:FlushRow._fields.index("value") + 1])
 _COLS = _BASE_COLS + ", cid"
 
 
@@ -178,8 +191,8 @@ def _value_of(row: str = "") -> str:
 
 
 _VALUE = _value_of()
-_ITEM_COLS = (f"key, seqno, rev_seqno, cas, flags, expiry, datatype, deleted, delete_time, delete_source, {_VALUE}, "
-              "cid")
+#: A read's columns (store_rows.ItemRow), the value taken from an encoded row's message.
+_ITEM_COLS = ", ".join(_VALUE if c == "value" else c for c in ITEM_COLUMNS)
 # Range queries by seqno take rowids: (_rowid(vb, start), _rowid(vb, end)].
 _NEXT_UNENCODED = ("SELECT seqno FROM items INDEXED BY items_unencoded_by_id WHERE id > ? AND id <= ? "
                    "AND dcp IS NULL ORDER BY id LIMIT 1")
@@ -195,11 +208,14 @@ _INSERT_HISTORY = (f"INSERT OR REPLACE INTO history ({_COLS}, superseded_by) "
                    "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)")
 #: The writer's upsert keeps the key's row and moves it to its new seqno's rowid; the history
 #: trigger below sees the version it replaces.
-_UPSERT_ITEM = (f"INSERT INTO items (id, {_BASE_COLS}, dcp, cid) "
-                f"VALUES (?1 << {SEQNO_BITS} | ?3, ?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14) "
+#: Its columns are FlushRow's, in order; the rowid is made of the row's vb and seqno.
+_UPSERT_PARAMS = len(FlushRow._fields)  # parameters of one row of _UPSERT_ITEM
+_UPSERT_VB, _UPSERT_SEQNO = FlushRow._fields.index("vb") + 1, FLUSH_SEQNO + 1  # their parameter numbers
+_UPSERT_ITEM = (f"INSERT INTO items (id, {', '.join(FlushRow._fields)}) "
+                f"VALUES (?{_UPSERT_VB} << {SEQNO_BITS} | ?{_UPSERT_SEQNO}, "
+                + ",".join(f"?{i}" for i in range(1, _UPSERT_PARAMS + 1)) + ") "
                 "ON CONFLICT (vb, cid, key) DO UPDATE SET id = excluded.id, " +
-                ", ".join(f"{c} = excluded.{c}" for c in (*_BASE_COLS.split(", ")[2:], "dcp")))
-_UPSERT_PARAMS = 14  # parameters of one row of _UPSERT_ITEM
+                ", ".join(f"{c} = excluded.{c}" for c in FlushRow._fields if c not in ("vb", "key", "cid")))
 #: Rows per multi-row upsert statement (a power of two; a shorter chunk is split into powers of two,
 #: so a handful of statements serve every batch). One statement runs in one sqlite3_step, so the
 #: flusher thread gives up and takes back the GIL once per chunk instead of once per row: beside a
@@ -210,9 +226,10 @@ UPSERT_CHUNK = 256
 @functools.cache
 def _upsert_items_sql(n: int) -> str:
     """_UPSERT_ITEM for `n` rows in one statement (_UPSERT_PARAMS parameters a row, numbered on)."""
-    one = f"VALUES (?1 << {SEQNO_BITS} | ?3, " + ",".join(f"?{i}" for i in range(1, _UPSERT_PARAMS + 1)) + ")"
+    one = f"VALUES (?{_UPSERT_VB} << {SEQNO_BITS} | ?{_UPSERT_SEQNO}, " \
+        + ",".join(f"?{i}" for i in range(1, _UPSERT_PARAMS + 1)) + ")"
     assert one in _UPSERT_ITEM
-    values = ", ".join(f"(?{b + 1} << {SEQNO_BITS} | ?{b + 3}, "
+    values = ", ".join(f"(?{b + _UPSERT_VB} << {SEQNO_BITS} | ?{b + _UPSERT_SEQNO}, "
                        + ", ".join(f"?{b + i}" for i in range(1, _UPSERT_PARAMS + 1)) + ")"
                        for b in range(0, _UPSERT_PARAMS * n, _UPSERT_PARAMS))
     return _UPSERT_ITEM.replace(one, f"VALUES {values}")
@@ -390,7 +407,8 @@ def _row(vb: int, it: Item) -> tuple:
 
 
 def _encoded_row(vb: int, it: Item) -> tuple:
-    """The items table's row (`_UPSERT_ITEM`): `_row`, the `dcp` column and the collection id. A
+    """The items table's row (`_UPSERT_ITEM`; a store_rows.FlushRow, as a plain tuple): `_row`, the
+    `dcp` column and the collection id. A
     plain mutation of the default collection with a value below ENCODED_VALUE_LIMIT keeps its whole
     DCP_MUTATION there (opaque 0, no collection prefix) and an empty `value`; anything a backfill
     must shape, filter by collection or send without a copy has `dcp` NULL."""
@@ -418,7 +436,7 @@ def _encoded_rows(vb: int, items: Iterable[Item]) -> list[tuple]:
 
 def _run_sizes(rows: list[tuple]) -> list[tuple[int, int | None]]:
     """(seqno, DCP message bytes or None) of encoded rows, in seqno order: what `_cut_runs` reads."""
-    return sorted((r[2], None if r[12] is None else len(r[12])) for r in rows)
+    return sorted((r[FLUSH_SEQNO], None if r[FLUSH_DCP] is None else len(r[FLUSH_DCP])) for r in rows)
 
 
 def _cut_runs(tail: "_Tail", rows: Iterable[tuple[int, int | None]], run_bytes: int,
@@ -930,11 +948,12 @@ class Store(Compaction):
                               (_rowid(vb, seqno), _rowid(vb, MAX_STORED_SEQNO))).fetchall()
             self._tails.pop(vb, None)  # the triggers drop the runs around what changes here
             for cid, key in keys:
-                prev = db.execute(f"SELECT {_COLS} FROM history WHERE vb = ? AND cid = ? AND key = ? AND seqno <= ? "
+                prev = db.execute(f"SELECT {', '.join(ITEM_COLUMNS)} FROM history WHERE vb = ? AND cid = ? "
+                                  "AND key = ? AND seqno <= ? "
                                   "ORDER BY seqno DESC LIMIT 1", (vb, cid, key, seqno)).fetchone()
                 db.execute("DELETE FROM items WHERE vb = ? AND cid = ? AND key = ?", (vb, cid, key))
                 if prev is not None:  # with its encoded head, so backfills keep the fast path
-                    db.execute(_UPSERT_ITEM, _encoded_row(vb, _item(prev[1:])))
+                    db.execute(_UPSERT_ITEM, _encoded_row(vb, _item(prev)))
             db.execute("DELETE FROM history WHERE vb = ? AND superseded_by > ?", (vb, seqno))
             row = db.execute("SELECT snap_start, snap_end FROM snapshots WHERE vb = ? AND snap_start <= ? "
                              "ORDER BY snap_start DESC, snap_end DESC LIMIT 1", (vb, seqno)).fetchone()
@@ -1106,11 +1125,11 @@ class BackfillScan:
         end = self._top - self._base
         latest = self._db.execute(_ROW_PAGE, (self._base | pos, self._top, n)).fetchall()
         older = self._db.execute(self._history_sql, (self.vb, pos, end, *self.history, n)).fetchall()
-        rows = list(heapq.merge(latest, older, key=lambda r: r[1]))[:n]
+        rows = list(heapq.merge(latest, older, key=lambda r: r[SEQNO]))[:n]
         if len(latest) < n and len(older) < n and len(rows) == len(latest) + len(older):
             self.close()  # both read to the range's end
         elif rows:
-            self._pos = rows[-1][1]
+            self._pos = rows[-1][SEQNO]
         return rows
 
     def next_chunk(self, opaque: int, collections: bool) -> "EncodedPage | list[tuple]":
@@ -1185,7 +1204,7 @@ class BackfillScan:
         nbytes = streak = 0
         more = False
         for r in cur:
-            if stop_at_run is not None and r[12]:
+            if stop_at_run is not None and r[ENCODED]:
                 streak += 1
                 if streak >= stop_at_run:
                     del rows[len(rows) - (streak - 1):]  # the run's first rows: they come encoded
@@ -1194,13 +1213,13 @@ class BackfillScan:
             else:
                 streak = 0
             rows.append(r)
-            nbytes += len(r[10])
+            nbytes += len(r[VALUE])
             if nbytes >= self.page_bytes:
                 more = True
                 break
         cur.close()
         if rows:
-            self._pos = rows[-1][1]
+            self._pos = rows[-1][SEQNO]
         if not more and len(rows) < self.page_size:  # a short page: nothing more up to `top`
             if top == self._top:
                 self.close()  # the last: the next call answers [] without a query

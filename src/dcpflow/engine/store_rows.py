@@ -1,16 +1,80 @@
-"""The store's columns as the engine reads them (store.py writes them): SQLite integers are
-signed 64-bit, so CAS and rev seqnos are stored wrapped (`_s64`) and read back unwrapped
-(`_u64`); a row of `ITEM_COLUMNS` becomes an `Item`; a stored (cid, key) becomes the engine's key
-of a document (`doc_key`). Kept apart from store.py so that compaction (store_compaction.py) and
-the readers of backfill rows share one definition without importing the whole store."""
+"""The store's rows as named types the engine owns, and their columns as the engine reads them
+(store.py writes them).
+
+* `ItemRow` - a version as a read gives it back (the SELECTs' column lists are made from its
+  field names); `BackfillRow` - the same with `encoded`, the row a DCP backfill reads
+  (`BackfillScan.next_rows`).
+* `FlushRow` - what the flusher binds to the items table (`_UPSERT_ITEM`, made from its names);
+  the compiled flusher (engine/_speedups.c) builds the same tuples, held to this type by
+  tests/engine/test_encoded_rows.py.
+
+Rows travel as the plain tuples SQLite hands out (building a named tuple per row would cost a
+backfill's time); readers take a field by the index constants below, made from the types'
+field names, never by a number of their own. SQLite integers are signed 64-bit, so CAS and rev
+seqnos are stored wrapped (`_s64`) and read back unwrapped (`_u64`); a row becomes an `Item`
+(`item_from_row`); a stored (cid, key) becomes the engine's key of a document (`doc_key`). Kept
+apart from store.py so that compaction (store_compaction.py) and the readers of backfill rows
+share one definition without importing the whole store."""
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 from .item import DeleteSource, Item
 
 _SIGN = 1 << 63
 _WRAP = 1 << 64
 _SOURCES = (DeleteSource.EXPLICIT, DeleteSource.TTL)
+
+
+class ItemRow(NamedTuple):
+    """A version as the items and history tables give it back."""
+
+    key: bytes
+    seqno: int
+    rev_seqno: int  # signed 64-bit as stored (_u64 reads it back)
+    cas: int  # likewise
+    flags: int
+    expiry: int
+    datatype: int
+    deleted: int  # 0 or 1
+    delete_time: int
+    delete_source: int  # index into DeleteSource (EXPLICIT, TTL)
+    value: bytes  # for an encoded row, the end of its stored message
+    cid: int
+
+
+#: An `ItemRow` and whether the row keeps its encoded DCP message (a backfill's raw rows).
+BackfillRow = NamedTuple("BackfillRow", [*ItemRow.__annotations__.items(), ("encoded", int)])
+
+
+class FlushRow(NamedTuple):
+    """The items table's row as the flusher binds it (store._encoded_row, _speedups.c)."""
+
+    vb: int
+    key: bytearray
+    seqno: int
+    rev_seqno: int  # signed 64-bit (_s64)
+    cas: int  # likewise
+    flags: int
+    expiry: int
+    datatype: int
+    deleted: int
+    delete_time: int
+    delete_source: int
+    value: "bytearray | bytes"  # empty when `dcp` holds the whole message
+    dcp: "bytearray | None"  # a plain mutation's DCP_MUTATION (opaque 0, no collection prefix)
+    cid: int
+
+
+#: Column order of a read (`ItemRow`), and the one the SELECTs list.
+ITEM_COLUMNS = ItemRow._fields
+#: Where each field of an ItemRow or BackfillRow is (the same places: BackfillRow only adds one).
+(KEY, SEQNO, REV_SEQNO, CAS, FLAGS, EXPIRY, DATATYPE, DELETED, DELETE_TIME, DELETE_SOURCE, VALUE, CID,
+ ENCODED) = (BackfillRow._fields.index(f) for f in (
+    "key", "seqno", "rev_seqno", "cas", "flags", "expiry", "datatype", "deleted", "delete_time",
+    "delete_source", "value", "cid", "encoded"))
+#: Where the flusher's row keeps its message and its seqno.
+FLUSH_SEQNO, FLUSH_DCP = FlushRow._fields.index("seqno"), FlushRow._fields.index("dcp")
 
 
 def _s64(v: int) -> int:
@@ -22,20 +86,15 @@ def _u64(v: int) -> int:
 
 
 def _item(r: Sequence) -> Item:
-    """Build an Item from a row in `_ITEM_COLS` order."""
-    return Item(r[0], r[10], r[4], r[5], _u64(r[3]), _u64(r[2]), r[1], r[6], bool(r[7]), r[8], _SOURCES[r[9]],
-                r[11])
+    """Build an Item from an ItemRow (or a BackfillRow)."""
+    return Item(r[KEY], r[VALUE], r[FLAGS], r[EXPIRY], _u64(r[CAS]), _u64(r[REV_SEQNO]), r[SEQNO], r[DATATYPE],
+                bool(r[DELETED]), r[DELETE_TIME], _SOURCES[r[DELETE_SOURCE]], r[CID])
 
 
 def doc_key(cid: int, key: bytes):
     """The engine's key of a document (engine/collections.py): the key itself in the default
     collection, (cid, key) in any other."""
     return (cid, key) if cid else key
-
-
-#: Column order of `BackfillScan.next_rows`.
-ITEM_COLUMNS = ("key", "seqno", "rev_seqno", "cas", "flags", "expiry", "datatype", "deleted", "delete_time",
-                "delete_source", "value", "cid")
 
 
 item_from_row = _item

@@ -34,6 +34,7 @@ from dcpflow.protocol.subdoc import (
     TRAITS,
     PathFlag,
     SubdocSpec,
+    cas_macro_text,
     is_virtual,
     xattr_key_of,
 )
@@ -401,10 +402,10 @@ def expand_macros(value: bytes, datatype: int, macros: tuple[tuple[bytes, bytes]
     section, body = value[:end], value[end:]
     for placeholder, macro in macros:
         if macro == MACRO_CAS:
-            text = f'"0x{int.from_bytes(cas.to_bytes(8, "big"), "little"):016x}"'
+            text = cas_macro_text(cas)
         elif macro == MACRO_SEQNO:
-            text = f'"0x{seqno:016x}"'
+            text = f'"0x{seqno:016x}"'.encode()
         else:
-            text = f'"0x{crc32c(body) & _U32:08x}"'
-        section = section.replace(placeholder, text.encode())
+            text = f'"0x{crc32c(body) & _U32:08x}"'.encode()
+        section = section.replace(placeholder, text)
     return section + body

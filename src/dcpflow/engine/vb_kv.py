@@ -59,6 +59,16 @@ class ClientOps:
             return self._resident(item)
         return item
 
+    def get_reply(self, key, opcode: int, opaque: int, reply_key: bytes, json: bool) -> bytes | None:
+        """The whole success reply of a GET (`HashTable.reply`: packed from the table's record, no
+        Item built, the value copied once) when the document is the common case - an active
+        vbucket with no lock or recommit in progress, the key live and resident, no expiry, no
+        xattrs - else None, and `get` answers (a miss, a tombstone, an expiry to check against the
+        clock, an evicted value, a hidden CAS, an error)."""
+        if self.state is not _ACTIVE or self.locks or self.recommitting:
+            return None
+        return self.ht.reply(key, opcode, opaque, reply_key, json)
+
     def _check_memory(self) -> None:
         mem = self._mem
         if mem.values + mem.meta + mem.checkpoint > mem.mutation_limit or mem.checkpoint >= mem.checkpoint_quota:

@@ -45,6 +45,10 @@ class Field(NamedTuple):
     def stop(self) -> int:
         return self.offset + self.size
 
+    def read(self, data, base: int = 0) -> int:
+        """The field's big-endian value in `data`, whose frame starts `base` bytes in."""
+        return int.from_bytes(data[base + self.offset:base + self.offset + self.size], "big")
+
 
 _STRUCT_ITEM = re.compile(r"(\d*)([a-zA-Z?])")
 
@@ -167,7 +171,7 @@ class Frame(NamedTuple):
             return None
         for fid, payload in decode_frame_infos(self.framing):
             if fid == RequestFrameId.DCP_STREAM_ID and len(payload) == 2:
-                return int.from_bytes(payload, "big")
+                return parse_stream_id(payload)
         return None
 
     def encode(self) -> bytes:
@@ -253,6 +257,12 @@ def decode_frame_infos(data: bytes) -> list[tuple[int, bytes]]:
 def stream_id_frame(stream_id: int) -> bytes:
     """The DCP stream-id FrameInfo (id 2, u16) a producer puts on every stream message."""
     return encode_frame_info(RequestFrameId.DCP_STREAM_ID, stream_id.to_bytes(2, "big"))
+
+
+def parse_stream_id(payload: bytes) -> int | None:
+    """The stream-id of a DCP_STREAM_ID frame info's payload (2 bytes, big-endian), None if it
+    has another size."""
+    return int.from_bytes(payload, "big") if len(payload) == 2 else None
 
 
 def durability_frame(level: int, timeout_ms: int | None = None) -> bytes:
@@ -452,8 +462,7 @@ def unframe_stream_id(buf, pos: int, fend: int) -> tuple[int | None, bytes]:
         raise ProtocolError(f"opcode 0x{opcode:02x}: lengths (framing {flen}, key {klen}, extras {elen}) do not fit "
                             f"a body of {body} bytes")
     infos = decode_frame_infos(bytes(buf[pos + HEADER_LEN:pos + HEADER_LEN + flen]))
-    sid = next((int.from_bytes(v, "big") for fid, v in infos if fid == RequestFrameId.DCP_STREAM_ID and len(v) == 2),
-               None)
+    sid = next((parse_stream_id(v) for fid, v in infos if fid == RequestFrameId.DCP_STREAM_ID and len(v) == 2), None)
     if sid is None:
         raise ProtocolError(f"opcode 0x{opcode:02x}: framing extras carry no DCP stream-id")
     head = HEADER.pack(Magic.REQUEST, opcode, klen, elen, datatype, vbucket, body - flen, opaque, cas)

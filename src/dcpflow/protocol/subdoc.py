@@ -136,6 +136,13 @@ MACROS = (MACRO_CAS, MACRO_SEQNO, MACRO_VALUE_CRC32C)
 _BASE64_MARK = b"cb-content-base64-encoded:"
 
 
+def cas_macro_text(cas: int) -> bytes:
+    """What ${Mutation.CAS} expands to: the CAS's 8 bytes in network order read as a little-endian
+    number (what transactions decode), as a JSON string "0x" and 16 hex digits (kv_engine's
+    ExtendedAttributes.md, "Macros")."""
+    return f'"0x{int.from_bytes(cas.to_bytes(8, "big"), "little"):016x}"'.encode()
+
+
 def xattr_key_of(path: bytes) -> bytes:
     """The xattr key of an xattr path: up to the first '.' or '[' (ExtendedAttributes.md)."""
     for i, ch in enumerate(path):

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import json
 import os
+import random
 import secrets
 import signal
 import socket
@@ -29,13 +30,43 @@ READY_PREFIX = "dcpflow cluster ready:"
 # up
 
 
-def free_ports(n: int) -> list[int]:
-    """N ports free on 127.0.0.1 right now (all bound at once, so they differ)."""
-    socks = [socket.socket() for _ in range(n)]
+#: where the kernel says which ports it hands out itself (Linux; its default is 32768-60999)
+EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+#: how far below the ephemeral range free_ports looks
+SPARE_PORTS = 12_000
+
+
+def free_ports(n: int, consecutive: bool = False) -> list[int]:
+    """N ports free on 127.0.0.1 right now (all bound at once, so they differ; `consecutive`: N
+    in a row), below the kernel's ephemeral range: a node restarted after a crash or a failover
+    comes back on its port, and a port of the ephemeral range may have been taken meanwhile as
+    the local end of any outgoing connection, or by a listener on port 0 (Couchbase's own ports,
+    11210 and 8091, are below it too)."""
     try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
+        top = int(EPHEMERAL_RANGE_FILE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        top = 32768
+    bottom = max(1024, top - SPARE_PORTS)
+    rng = random.SystemRandom()
+    if top - bottom >= 4 * n:
+        for _ in range(200):
+            base = rng.randrange(bottom, top - n + 1)
+            ports = list(range(base, base + n)) if consecutive else rng.sample(range(bottom, top), n)
+            if _all_bindable(ports):
+                return ports
+    raise OSError(f"found no {n} free ports between {bottom} and {top} on 127.0.0.1")
+
+
+def _all_bindable(ports: list[int]) -> bool:
+    socks = []
+    try:
+        for port in ports:
+            s = socket.socket()
+            socks.append(s)
+            s.bind(("127.0.0.1", port))
+        return True
+    except OSError:
+        return False
     finally:
         for s in socks:
             s.close()

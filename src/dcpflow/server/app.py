@@ -316,7 +316,9 @@ class Server:
             "http_limit": 0, "http_evicted": 0, "http_timeout": 0}
         self.throttle = LoginThrottle(config.login_failures, config.login_lockout)  # failed logins (throttle.py)
         self.work = Background(self)  # the flusher, the item pager, expiry, compaction (background.py)
-        self._opening: set[asyncio.Task] = set()  # accepted sockets whose Connection is being made (TLS)
+        # accepted sockets whose Connection is not made yet (a TLS handshake, or the loop's next pass)
+        # -> the task making it: each counts against the limit until connection_made counts it instead
+        self._opening: dict[Connection, asyncio.Task] = {}
         self.started = time.time()
         self.topology: Topology | None = None
         self.port: int | None = None
@@ -438,7 +440,7 @@ class Server:
         for listener in (self._listener, self._tls_listener):
             if listener is not None:
                 listener.close()
-        for task in list(self._opening):
+        for task in list(self._opening.values()):
             task.cancel()
         await self.mgmt.close()
         self.faults.close()
@@ -496,9 +498,10 @@ class Server:
                 sock.close()
                 return True
             keep_accepting = False
-        task = asyncio.get_running_loop().create_task(self._open(sock, tls))
-        self._opening.add(task)
-        task.add_done_callback(self._opening.discard)
+        conn = Connection(self)
+        task = asyncio.get_running_loop().create_task(self._open(conn, sock, tls))
+        self._opening[conn] = task
+        task.add_done_callback(lambda _: self._opening.pop(conn, None))  # it failed before it was made
         return keep_accepting
 
     def _evict_unauthenticated(self) -> bool:
@@ -528,10 +531,10 @@ class Server:
                              "%g s", conn.peer, self.config.auth_timeout)
             conn.close()
 
-    async def _open(self, sock: socket.socket, tls: ssl.SSLContext | None) -> None:
+    async def _open(self, conn: Connection, sock: socket.socket, tls: ssl.SSLContext | None) -> None:
         loop = asyncio.get_running_loop()
         try:
-            await loop.connect_accepted_socket(lambda: Connection(self), sock, ssl=tls,
+            await loop.connect_accepted_socket(lambda: conn, sock, ssl=tls,
                                                ssl_handshake_timeout=self.config.auth_timeout if tls else None)
         except (OSError, ssl.SSLError, TimeoutError) as e:  # a TLS handshake that failed, a peer that left
             self.log.warning("connection-setup", "a connection from %s failed before it was made: %s", _peer(sock), e)
@@ -576,6 +579,10 @@ class Server:
         conn.system = system
 
     def connection_made(self, conn: Connection) -> None:
+        # counted as opening until now, as a connection from now: its task ends a pass or two later,
+        # and a socket accepted meanwhile must not see it twice (a stranger would be closed for a
+        # slot that was free)
+        self._opening.pop(conn, None)
         if self.closed:
             conn.transport.close()
             return

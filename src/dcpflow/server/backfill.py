@@ -37,8 +37,9 @@ from dcpflow.dcp.backfills import (
     opened,
     read_whole,
 )
-from dcpflow.dcp.producer import ProducerConnection
+from dcpflow.dcp.producer import DcpProducer
 from dcpflow.engine.store import EncodedPage
+from dcpflow.engine.store_rows import VALUE
 from dcpflow.protocol.dcp import StreamEndReason
 
 log = logging.getLogger("dcpflow.server.dcp")
@@ -80,7 +81,7 @@ def _read_page(scan, encoded: bool, opaque: int, collections: bool) -> tuple[lis
         if chunk.__class__ is EncodedPage:
             items, nbytes = items + chunk.count, nbytes + len(chunk.data)
         else:
-            items, nbytes = items + len(chunk), nbytes + sum(len(r[10]) + 64 for r in chunk)
+            items, nbytes = items + len(chunk), nbytes + sum(len(r[VALUE]) + 64 for r in chunk)
         if not encoded:
             break
     return chunks, items, nbytes
@@ -136,15 +137,17 @@ def _close_quietly(scan) -> None:
 # -- on the loop ------------------------------------------------------------------------------------
 
 class BackfillOwner(Protocol):
-    """What the backfills of a connection need of it (producer.DcpProducer)."""
+    """What the backfills of a connection need of it (producer.ProducerShell)."""
 
     name: str
     engine: object  # the engine Bucket: its store is scanned
     loop: asyncio.AbstractEventLoop
-    state: ProducerConnection
+    state: DcpProducer
     closed: bool
 
     def end_stream(self, stream: ActiveStream, reason: StreamEndReason) -> None: ...
+
+    def backfill_failed(self, stream: ActiveStream) -> None: ...
 
     def wake(self, stream: ActiveStream) -> None: ...
 
@@ -202,8 +205,7 @@ class ConnectionBackfills:
             scan.page_size = next_page_size(count, size)
 
     def _fail(self, stream: ActiveStream) -> None:
-        if not stream.dead:
-            self.producer.end_stream(stream, StreamEndReason.BACKFILL_FAIL)
+        self.producer.backfill_failed(stream)
 
     async def _open_group(self, group: list[ActiveStream]) -> None:
         """Open the scans of several queued backfills, with their first pages, in one trip to a

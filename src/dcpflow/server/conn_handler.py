@@ -2,8 +2,9 @@
 
 kv_engine names the DCP half of a connection a ConnHandler (DcpProducer and DcpConsumer derive
 from it; https://github.com/couchbase/kv_engine/blob/master/engines/ep/src/connhandler.h). Here
-DCP_OPEN (dcp_commands.py) sets `Connection.dcp` to one of the two asyncio shells,
-producer.DcpProducer or consumer.DcpConsumer; the connection, the server's shutdown, the fault
+the logic keeps kv_engine's names, dcp.producer.DcpProducer and dcp.consumer.DcpConsumer, without
+I/O; DCP_OPEN (dcp_commands.py) sets `Connection.dcp` to the asyncio shell that runs one of them,
+producer.ProducerShell or consumer.ConsumerShell; the connection, the server's shutdown, the fault
 injector and the management views reach either through this Protocol instead of asking which
 attributes it happens to have. The streams of either role answer `StreamHandle`.
 """

@@ -1,6 +1,6 @@
-"""DcpConsumer: the asyncio shell of one DCP consumer connection (the replica side).
+"""ConsumerShell: the asyncio shell of one DCP consumer connection (the replica side).
 
-The rules live in dcpflow.dcp.consumer (ConsumerConnection) and dcp/passive_stream.py; this shell
+The rules live in dcpflow.dcp.consumer (DcpConsumer) and dcp/passive_stream.py; this shell
 executes the outcomes they return (`_do`, dcp/outcomes.py): sends what they answer, runs the
 flow-control acknowledgement timer, rolls a replica back under
 the server's maintenance lock (no flush batch in flight while the store rewinds), and changes a
@@ -17,7 +17,7 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from dcpflow.dcp.consumer import DEFAULT_BUFFER_SIZE, ConsumerConnection
+from dcpflow.dcp.consumer import DEFAULT_BUFFER_SIZE, DcpConsumer
 from dcpflow.dcp.errors import Refusal
 from dcpflow.dcp.outcomes import ArmAckTimer, ChangeState, Close, Reply, RollBack, Send
 from dcpflow.dcp.passive_stream import PassiveStream
@@ -35,7 +35,7 @@ log = logging.getLogger("dcpflow.server.consumer")
 _monotonic = time.monotonic
 
 
-class DcpConsumer:
+class ConsumerShell:
     """See the module docstring. One per DCP consumer connection; `state` holds its rules. A
     conn_handler.ConnHandler."""
 
@@ -49,7 +49,7 @@ class DcpConsumer:
         self.bucket = conn.bucket
         self.engine = conn.bucket.engine
         self.loop = asyncio.get_running_loop()
-        self.state = ConsumerConnection(name, flags, self.engine, self.bucket.name, self.server.passive_streams,
+        self.state = DcpConsumer(name, flags, self.engine, self.bucket.name, self.server.passive_streams,
                                         now=_monotonic(), created=time.time(), consumer_name=consumer_name,
                                         buffer_size=buffer_size)
         self._ack_timer: asyncio.TimerHandle | None = None
@@ -61,7 +61,7 @@ class DcpConsumer:
         self.loop.call_soon(self._open)
 
     def __repr__(self) -> str:
-        return f"<DcpConsumer {self.name!r} streams={len(self.streams)}>"
+        return f"<ConsumerShell {self.name!r} streams={len(self.streams)}>"
 
     @property
     def streams(self) -> dict[int, PassiveStream]:

@@ -21,8 +21,8 @@ from dcpflow.protocol.frame import Frame, response
 from dcpflow.protocol.status import Status
 
 from .auth import Privilege
-from .consumer import DcpConsumer
-from .producer import DcpProducer
+from .consumer import ConsumerShell
+from .producer import ProducerShell
 
 if TYPE_CHECKING:
     from .connection import Connection
@@ -52,10 +52,10 @@ class DcpNames:
         return len(self._holders)
 
 
-def _producer(conn: "Connection", frame: Frame) -> DcpProducer:
+def _producer(conn: "Connection", frame: Frame) -> ProducerShell:
     """The connection's producer; anything else is refused (a consumer connection is closed)."""
     p = conn.dcp
-    if isinstance(p, DcpProducer):
+    if isinstance(p, ProducerShell):
         return p
     if p is not None:
         conn.close()  # "Disconnect: if this command is sent to a consumer endpoint"
@@ -64,10 +64,10 @@ def _producer(conn: "Connection", frame: Frame) -> DcpProducer:
                         Status.EINVAL)
 
 
-def _consumer(conn: "Connection", frame: Frame) -> DcpConsumer:
+def _consumer(conn: "Connection", frame: Frame) -> ConsumerShell:
     """The connection's consumer; a producer connection is disconnected (add-stream.md, "Disconnect")."""
     c = conn.dcp
-    if isinstance(c, DcpConsumer):
+    if isinstance(c, ConsumerShell):
         return c
     if c is not None:
         conn.close()
@@ -94,13 +94,13 @@ def dcp_open(conn: "Connection", frame: Frame) -> bytes:
     if older is not None:
         conn.server.log.log(logging.INFO, "dcp-name-reused", "DCP connection name %r reused: disconnecting the "
                             "older connection %s", name, older.peer)
-        if isinstance(older.dcp, DcpProducer):
+        if isinstance(older.dcp, ProducerShell):
             older.dcp.shutdown()
         older.close()
     if req.is_producer:
-        conn.dcp = DcpProducer(conn, name, req.flags)
+        conn.dcp = ProducerShell(conn, name, req.flags)
     else:
-        conn.dcp = DcpConsumer(conn, name, req.flags, req.consumer_name)
+        conn.dcp = ConsumerShell(conn, name, req.flags, req.consumer_name)
     conn.agent = conn.agent or name
     return response(frame.opcode, opaque=frame.opaque)
 
@@ -129,7 +129,7 @@ def dcp_stream_req(conn: "Connection", frame: Frame) -> bytes:
 def dcp_close_stream(conn: "Connection", frame: Frame) -> bytes:
     """DCP_CLOSE_STREAM 0x52 (close-stream.md), on either role. In the table without a privilege
     because both roles receive it; a producer needs DcpProducer."""
-    if isinstance(conn.dcp, DcpConsumer):
+    if isinstance(conn.dcp, ConsumerShell):
         return conn.dcp.close_stream(frame)
     p = _producer(conn, frame)
     if not conn.privileges & Privilege.DCP_PRODUCER:
@@ -147,7 +147,7 @@ def dcp_get_failover_log(conn: "Connection", frame: Frame) -> bytes:
                             "GET_FAILOVER_LOG 0x96)")
     if not conn.privileges & (Privilege.DCP_PRODUCER | Privilege.META_READ):
         return conn.access_refused(frame, "the failover log needs DcpProducer or MetaRead on this bucket")
-    if isinstance(conn.dcp, DcpProducer):
+    if isinstance(conn.dcp, ProducerShell):
         conn.dcp.received()
     vb = conn.get_vbucket(req.vbucket)
     if vb is None:
@@ -175,7 +175,7 @@ def dcp_seqno_ack(conn: "Connection", frame: Frame) -> None:
 def dcp_noop(conn: "Connection", frame: Frame) -> bytes | None:
     """DCP_NOOP 0x5c: a consumer answers the producer's keep-alive; a producer that receives a
     noop *request* disconnects (no-op.md)."""
-    if isinstance(conn.dcp, DcpConsumer):
+    if isinstance(conn.dcp, ConsumerShell):
         return conn.dcp.noop(frame)
     _producer(conn, frame)
     conn.server.log.warning("dcp-protocol", "DCP %s: the consumer sent a DCP_NOOP request (a producer only "
@@ -201,12 +201,12 @@ def dcp_stats(conn: "Connection", vbid: int | None) -> dict:
     out: dict = {}
     for other in list(conn.server.connections):
         p = other.dcp
-        if isinstance(p, DcpProducer) and p.bucket is conn.bucket and not p.closed:
+        if isinstance(p, ProducerShell) and p.bucket is conn.bucket and not p.closed:
             out.update(p.stats())
-    out["ep_dcp_count"] = sum(1 for c in conn.server.connections if isinstance(c.dcp, DcpProducer))
+    out["ep_dcp_count"] = sum(1 for c in conn.server.connections if isinstance(c.dcp, ProducerShell))
     for other in list(conn.server.connections):
         c = other.dcp
-        if isinstance(c, DcpConsumer) and c.bucket is conn.bucket and not c.closed:
+        if isinstance(c, ConsumerShell) and c.bucket is conn.bucket and not c.closed:
             out.update(c.stats())
     return out
 

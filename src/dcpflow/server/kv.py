@@ -174,7 +174,9 @@ _GET_WITH_KEY = frozenset((int(Opcode.GET_K), int(Opcode.GET_KQ)))
 
 def get(conn: Connection, frame: Frame) -> bytes | None:
     """GET / GETQ / GETK / GETKQ. The hottest read path: the frame is unpacked in one step (no
-    property calls) and the common, valid shape skips the typed decoder."""
+    property calls), the common, valid shape skips the typed decoder, and a live, resident
+    document without expiry, lock or xattrs is answered with the reply the hash table packs from
+    its record (VBucket.get_reply); anything else takes the general path (`_get_reply`)."""
     _, op, _, vbid, opaque, _, _, extras, wire_key, value = frame
     if extras or value or not wire_key:
         kvproto.Get.from_frame(frame)
@@ -186,6 +188,10 @@ def get(conn: Connection, frame: Frame) -> bytes | None:
     key = wire_key
     if conn.collections or len(key) > MAX_KEY_LEN:
         key = doc_key(conn, key)
+    reply = vb.get_reply(key, op, opaque, wire_key if op in _GET_WITH_KEY else b"", conn.json)
+    if reply is not None:  # the common case, packed from the table (no Item built)
+        counters.get_hits += 1
+        return reply
     try:
         item = vb.get(key, False)
     except EngineError as e:

@@ -1,6 +1,6 @@
-"""DcpProducer: the asyncio shell of one DCP producer connection.
+"""ProducerShell: the asyncio shell of one DCP producer connection.
 
-The rules live in dcpflow.dcp (ProducerConnection and the modules it names); this shell moves
+The rules live in dcpflow.dcp (DcpProducer and the modules it names); this shell moves
 bytes and time, and executes the outcomes they return (`_do`, dcp/outcomes.py):
 
 * Scheduling - a send pass (`_step`, dcp/send_pass.py) runs from the event loop (`call_soon`)
@@ -27,9 +27,8 @@ from typing import TYPE_CHECKING
 
 from dcpflow.dcp.active_stream import ActiveStream
 from dcpflow.dcp.errors import Refusal
-from dcpflow.dcp.noop import DEFAULT_IDLE_TIMEOUT
 from dcpflow.dcp.outcomes import ARM_NOOP_TIMER, WAKE, Close, Send, SetVbucketState, StopBackfill, Tolerated
-from dcpflow.dcp.producer import ProducerConnection, Rollback
+from dcpflow.dcp.producer import DcpProducer, Rollback
 from dcpflow.engine.errors import EngineError
 from dcpflow.protocol import dcp as dcpproto
 from dcpflow.protocol.dcp import StreamEndReason
@@ -52,7 +51,7 @@ WRITE_BUFFER_HIGH = 1024 * 1024
 _monotonic = time.monotonic
 
 
-class DcpProducer:
+class ProducerShell:
     """See the module docstring. One per DCP producer connection; `state` holds its rules. A
     conn_handler.ConnHandler."""
 
@@ -65,9 +64,9 @@ class DcpProducer:
         self.bucket = conn.bucket
         self.engine = conn.bucket.engine
         self.loop = asyncio.get_running_loop()
-        self.state = ProducerConnection(
-            name, flags, self.engine, now=_monotonic(), created=time.time(), cursor_listener=self._on_cursor_dropped,
-            idle_timeout=float(getattr(self.server.config, "dcp_idle_timeout", DEFAULT_IDLE_TIMEOUT)))
+        self.state = DcpProducer(
+            name, flags, self.engine, now=_monotonic(), created=time.time(),
+            idle_timeout=float(self.server.config.dcp_idle_timeout))
         self.backfills = ConnectionBackfills(self, self.server.backfills, self.state.backfills)
         # the seqno listener runs inside every write to the bucket: it reads these directly
         self._by_vb = self.state.registry.by_vb
@@ -78,6 +77,7 @@ class DcpProducer:
         self.closed = False
         self.engine.add_seqno_listener(self._on_seqno)
         self.engine.add_vbucket_listener(self._on_vbucket_event)
+        self.engine.add_cursor_listener(self._on_cursor_dropped)
         # A DCP stream is a bulk transfer: let the transport buffer more before pausing us, so a
         # pass of MAX_PASS_BYTES does not pause/resume the connection every time.
         conn.transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH)
@@ -86,7 +86,7 @@ class DcpProducer:
         conn.on_close.append(self.disconnect)
 
     def __repr__(self) -> str:
-        return f"<DcpProducer {self.name!r} streams={len(self.streams)}>"
+        return f"<ProducerShell {self.name!r} streams={len(self.streams)}>"
 
     @property
     def streams(self) -> dict[tuple[int, int | None], ActiveStream]:
@@ -163,11 +163,15 @@ class DcpProducer:
         self._do(self.state.buffer_ack(nbytes, _monotonic()))
 
     def seqno_ack(self, vbid: int, seqno: int) -> None:
-        """A replica's DCP_SEQNO_ACKNOWLEDGED (ProducerConnection.seqno_ack decides)."""
+        """A replica's DCP_SEQNO_ACKNOWLEDGED (DcpProducer.seqno_ack decides)."""
         outcome = self.state.seqno_ack(vbid, seqno, _monotonic())
         if outcome.__class__ is Refusal:
             raise ProtocolError(outcome.reason, outcome.status)
         self._do(outcome)
+
+    def backfill_failed(self, stream: ActiveStream) -> None:
+        """The backfill's read failed (DcpProducer.backfill_failed decides)."""
+        self._do(self.state.backfill_failed(stream))
 
     def end_stream(self, stream: ActiveStream, reason: StreamEndReason) -> None:
         """End a stream from outside (whatever sends what is left goes in the next pass)."""
@@ -191,9 +195,10 @@ class DcpProducer:
     def _on_vbucket_event(self, vbid: int, event: str) -> None:
         self._do(self.state.vbucket_changed(vbid, event))
 
-    def _on_cursor_dropped(self, stream: ActiveStream) -> None:
-        """The engine dropped a stream's cursor (memory): it goes on from disk at the next pass."""
-        self._do(self.state.cursor_dropped(stream))
+    def _on_cursor_dropped(self, vbid: int, cursor_name: str) -> None:
+        """The engine dropped a cursor (memory): a stream of ours reading with it goes on from disk
+        at the next pass."""
+        self._do(self.state.cursor_dropped(vbid, cursor_name))
 
     def privileges_changed(self) -> None:
         """Re-authentication or another bucket: streams without DcpProducer on this bucket end."""
@@ -278,6 +283,7 @@ class DcpProducer:
         try:
             self.engine.remove_seqno_listener(self._on_seqno)
             self.engine.remove_vbucket_listener(self._on_vbucket_event)
+            self.engine.remove_cursor_listener(self._on_cursor_dropped)
         except ValueError:
             pass
         self.server.dcp_names.release(self.bucket.name, self.name, self.conn)

@@ -193,7 +193,7 @@ def run_demo(docs: int = 100_000, workdir: str | Path | None = None, vbuckets: i
 def _load(server: EmbeddedServer, connection: str, docs: int, rounds: int, say):
     """Step 2: the bucket made magma with history, scope `shop` and its collections made through
     the SDK, and the initial documents loaded. Returns (SDK client, loader by kind, workload)."""
-    from dcpflow.load import ByKind, Loader, Workload, create_collections, load_initial
+    from dcpflow.client.workload import ByKind, Loader, Workload, create_collections, load_initial
 
     work = Workload(docs=docs, updates=max(docs // 10, 10), deletes=max(docs // 50, 5),
                     expiring=max(docs // 100, 5), ttl=2, rounds=rounds)
@@ -229,7 +229,7 @@ def _live(pipeline: Pipeline, loader, work, result: DemoResult, say) -> dict:
     """Step 4: one-second micro-batches while the workload's rounds of updates, bursts,
     deletions and expiring sessions arrive, then until the sessions have expired. Returns what
     the rounds did, by kind."""
-    from dcpflow.load import burst_round, churn_round
+    from dcpflow.client.workload import burst_round, churn_round
 
     rounds = work.rounds
     say(f"live: micro-batches every second while {rounds} rounds of updates, bursts of versions, deletes "
@@ -333,14 +333,9 @@ def query_name(query) -> str:
 
 
 def _state_dict(pipeline: Pipeline) -> dict[tuple[str, str, str], str]:
-    """The state table read without Spark (pyarrow over its live Parquet files), by its key
-    (scope, collection, key)."""
-    import pyarrow.dataset as ds
-
-    files = pipeline.writer.files()
-    if not files:
-        return {}
-    table = ds.dataset(files, format="parquet").to_table(columns=["scope", "collection", "key", "value"])
+    """The state table read without Spark (as Delta by delta-rs, deletion vectors honoured; a
+    snapshot as its Parquet files), by its key (scope, collection, key)."""
+    table = pipeline.writer.to_arrow(["scope", "collection", "key", "value"])
     keys = zip(*(table.column(c).to_pylist() for c in ("scope", "collection", "key")), strict=True)
     return dict(zip(keys, table.column("value").to_pylist(), strict=True))
 

@@ -41,8 +41,6 @@ class HistoryDiverged(RuntimeError):
     """rollback=fail and a vbucket's history changed since the committed offset."""
 
 
-#: A vbucket's offset: the client's (the name is what this module called it before they were one).
-VbOffset = Offset
 EARLIEST = BEGINNING
 _new = tuple.__new__
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -74,6 +75,8 @@ class BatchReport:
     #: the change-log version (`_commit_version`, `restore --as-of`) the batch wrote, or for a
     #: state batch the newest one it merged; None when unknown
     version: int | None = None
+    #: when the batch ended (epoch seconds: its report's start plus its duration), None if unknown
+    ended: float | None = None
 
     def describe(self) -> str:
         """`changelog batch 3` / `state through batch 3`: the numbering restore --as-of takes."""
@@ -94,6 +97,18 @@ def lag_of(progress: dict) -> int | None:
     except (KeyError, IndexError, TypeError, ValueError):  # OffsetError and bad JSON are ValueErrors
         return None
     return sum(max(0, v.seqno - (read[vb].seqno if vb in read else 0)) for vb, v in now.items())
+
+
+def batch_end(progress: dict) -> float | None:
+    """When a progress report's batch ended, in epoch seconds: the trigger's start (the report's
+    `timestamp`, UTC) plus the trigger's whole duration."""
+    from datetime import datetime
+
+    try:
+        start = datetime.fromisoformat(progress["timestamp"].replace("Z", "+00:00")).timestamp()
+        return start + progress["durationMs"]["triggerExecution"] / 1000
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None
 
 
 def source_version(progress: dict) -> int | None:
@@ -180,16 +195,21 @@ class Pipeline:
         return reports
 
     def run_live(self, interval: str, on_batch: Callable[[BatchReport], None] | None = None,
-                 poll: float = 0.5) -> None:
+                 poll: float = 0.5, stop: threading.Event | None = None) -> None:
         """Both queries on a processing-time trigger until one of them stops: a failed query (or a
         JVM gone) raises PipelineFailed at once, after the other is stopped; Ctrl-C stops both
-        between batches."""
+        between batches. `stop` set: both finish what the change log's source has now (so every
+        change made before is in the state), report it and stop."""
         queries = self.start_live(interval)
         restarts = 0
         readers = [ProgressReader(queries[0], "changelog", self.changelog_version),
                    ProgressReader(queries[1], "state", self.state_version)]
         try:
             while True:
+                draining = stop is not None and stop.is_set()
+                if draining:
+                    with contextlib.suppress(Exception):  # a query that failed: looked at below
+                        self.stop_live(*queries)
                 for name, query, reader in zip(("changelog", "state"), queries, readers, strict=True):
                     try:
                         active = query.isActive
@@ -197,19 +217,25 @@ class Pipeline:
                     except Exception as e:
                         raise PipelineFailed(f"the {name} query failed: {failure_line(e)}") from e
                     for report in reports:
+                        restarts = 0  # a query that moves on again: only failures in a row end the run
                         if on_batch:
                             on_batch(report)
                     if not active:
                         error = _query_error(query)
+                        if draining and not error:
+                            continue
                         if error and transient(error) and restarts < RESTARTS:
                             restarts += 1
                             log.warning("the %s query failed: %s; restarting it from its checkpoint", name, error)
                             queries = self.restart(name, queries, interval)
-                            readers = [ProgressReader(queries[0], "changelog", self.changelog_version),
-                                       ProgressReader(queries[1], "state", self.state_version)]
+                            i = 0 if name == "changelog" else 1  # the other query's reader goes on
+                            readers[i] = ProgressReader(queries[i], name, readers[i].version)
                             break
                         raise PipelineFailed(f"the {name} query " + (f"failed: {error}" if error else "stopped"))
-                time.sleep(poll)
+                else:
+                    if draining:
+                        return
+                    time.sleep(poll)
         except KeyboardInterrupt:
             self.stop_live(*queries)
             raise
@@ -359,7 +385,7 @@ class ProgressReader:
             self._reported.add(p["batchId"])
             out.append(BatchReport(self.name, p["batchId"], input_rows(p),
                                    p.get("durationMs", {}).get("triggerExecution", 0) / 1000, lag_of(p),
-                                   self.version(p)))
+                                   self.version(p), batch_end(p)))
         return out
 
 

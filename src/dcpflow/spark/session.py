@@ -10,6 +10,7 @@ installed (jars.py), are listed in `spark.jars` from local files: a session neve
 
 from __future__ import annotations
 
+import hashlib
 import os
 import sys
 import tempfile
@@ -40,9 +41,58 @@ def log4j2_file() -> Path:
     return path
 
 
-def prepare_environment() -> None:
-    """Make Python workers use this interpreter and find the `dcpflow` package."""
-    os.environ["PYSPARK_PYTHON"] = sys.executable
+#: A worker's interpreter, for sessions on this machine: Spark puts its own `pyspark.zip` (and
+#: py4j's) first on every Python worker's PYTHONPATH, so workers import PySpark from the zip, where
+#: Python keeps no compiled bytecode and compiles every module it imports at each start. A worker
+#: Spark starts without its daemon (a streaming source's runner, a data source's planner) must
+#: connect back within Spark's fixed 10 s; on a loaded machine the zip's compiling alone made it
+#: miss that (measured: 6-10 s to import the streaming runner from the zip against 4 s from the
+#: installed package, load 23). This wrapper drops that installation's zips from PYTHONPATH and
+#: runs the interpreter, which then imports the same PySpark from its installed, compiled package.
+WORKER_PYTHON = """\
+#!/bin/sh
+# dcpflow: run {python} with PySpark imported from its installed package, not {lib}*.zip
+set -f
+kept=
+IFS=:
+for entry in $PYTHONPATH; do
+  case "$entry" in
+    {lib}*.zip) ;;
+    *) kept="${{kept:+$kept:}}$entry" ;;
+  esac
+done
+unset IFS
+PYTHONPATH=$kept
+export PYTHONPATH
+exec '{python}' "$@"
+"""
+
+
+def worker_python() -> str:
+    """The interpreter local sessions' workers run: WORKER_PYTHON's wrapper around this one when
+    PySpark is installed as a package (its zip then duplicates it), else this interpreter."""
+    import pyspark
+
+    package = Path(pyspark.__file__).resolve().parent
+    lib = package / "python" / "lib"
+    if "'" in sys.executable or not (lib / "pyspark.zip").exists() or os.name != "posix":
+        return sys.executable
+    text = WORKER_PYTHON.format(python=sys.executable, lib=f"{lib}{os.sep}")
+    uid = os.getuid() if hasattr(os, "getuid") else 0
+    digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+    path = Path(tempfile.gettempdir()) / f"dcpflow-python-{uid}-{digest}.sh"
+    if not path.exists() or path.read_text() != text:
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(text)
+        tmp.chmod(0o755)
+        os.replace(tmp, path)
+    return str(path)
+
+
+def prepare_environment(python: str | None = None) -> None:
+    """Make Python workers use this interpreter (or `python`, a wrapper of it) and find the
+    `dcpflow` package."""
+    os.environ["PYSPARK_PYTHON"] = python or sys.executable
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     package_root = str(Path(__file__).resolve().parents[2])  # the directory containing dcpflow/
     paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
@@ -59,7 +109,7 @@ def local_session(app_name: str = "dcpflow", *, cores: int | None = None, driver
     `fast_start` adds the JVM flag (-XX:TieredStopAtLevel=1) that shortens start-up at the price of
     peak JIT speed: for tests, not for benchmarks.
     """
-    prepare_environment()
+    prepare_environment(worker_python())
     from pyspark.sql import SparkSession
 
     n = cores or os.cpu_count() or 2

@@ -7,9 +7,11 @@ idempotent per batch id (Spark re-runs a batch after a failure with the same id)
   Spark's executors: nothing of the batch reaches the driver but the few rollback and drop
   markers. The batch id goes into the merge's commit as a Delta app transaction
   (`spark.databricks.delta.write.txnAppId`/`txnVersion`), so Delta itself skips a replayed batch.
-  Needs Delta's jars in the session (jars.py). Deletion vectors stay off, so the table's live
-  files are whole Parquet files that any Parquet reader (DuckDB, Polars, pyarrow) reads as they
-  are, listed by `files()` from the Delta log.
+  Needs Delta's jars in the session (jars.py). Deletion vectors are on, so a live MERGE writes
+  the batch's rows and marks the old versions deleted instead of rewriting every file that holds
+  a key of the batch (DCP's keys are random: every file, O(table) per batch). Its files then hold
+  rows that are no longer live, so readers without Spark read it as Delta, through delta-rs:
+  `scan()` (DuckDB scans that stream), `polars.read_delta`.
 * `SnapshotStateWriter` - Spark only, no jars: latest(current snapshot ∪ batch) is written to a
   new versioned directory, then a pointer is flipped. Costs O(state) per batch, so give its query
   a longer trigger interval (it is a compaction).
@@ -86,7 +88,7 @@ class StateWriter:
         raise NotImplementedError
 
     def files(self) -> list[str]:
-        """The Parquet files that make up the current state (readable by Spark, DuckDB, Polars)."""
+        """The Parquet files that make up the current state, each read whole (Spark, DuckDB, Polars)."""
         raise NotImplementedError
 
     def read(self, spark):
@@ -96,14 +98,33 @@ class StateWriter:
             return None
         return spark.read.parquet(*files)
 
+    def scan(self, columns: list[str] | None = None):
+        """The current state as a stream of Arrow record batches (a `pyarrow.RecordBatchReader`,
+        read once), read without Spark - what DuckDB scans (`duckdb.sql("select ... from r")`) and
+        `polars.from_arrow(r)` takes; None if there is no state yet."""
+        import pyarrow.dataset as ds
+
+        files = self.files()
+        return ds.dataset(files, format="parquet").scanner(columns=columns).to_reader() if files else None
+
+    def to_arrow(self, columns: list[str] | None = None):
+        """The current state as a pyarrow Table (no rows if there is no state yet)."""
+        import pyarrow as pa
+
+        reader = self.scan(columns)
+        if reader is None:
+            return pa.table({c: pa.array([], pa.string()) for c in (columns or STATE_COLUMNS)})
+        return reader.read_all()
+
 
 class DeltaStateWriter(StateWriter):
     """The state as a Delta table, merged by Spark (Delta Lake's `MERGE INTO`)."""
 
     format = "delta"
 
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, deletion_vectors: bool = True):
         self.path = Path(path).resolve()
+        self.deletion_vectors = deletion_vectors  # for a table this writer creates
         self.merged: dict[int, int | None] = {}  # batch id -> change-log version, merged by this process
 
     def changelog_version(self, batch_id: int) -> int | None:
@@ -148,7 +169,7 @@ class DeltaStateWriter(StateWriter):
             # the batch id rides in the same commit.
             (latest.filter(F.col(CHANGE_TYPE) == UPSERT).select(*STATE_COLUMNS).write.format("delta")
              .mode("append").option("txnAppId", APP_ID).option("txnVersion", batch_id).option("userMetadata", meta)
-             .option("delta.enableDeletionVectors", "false").save(str(self.path)))
+             .option("delta.enableDeletionVectors", str(self.deletion_vectors).lower()).save(str(self.path)))
             return
         view = f"dcpflow_state_batch_{os.getpid()}_{batch_id}"
         latest.createOrReplaceTempView(view)
@@ -190,9 +211,29 @@ class DeltaStateWriter(StateWriter):
         return spark.read.format("delta").load(str(self.path)) if self.exists() else None
 
     def files(self) -> list[str]:
+        """The live files when none has a deletion vector (a table made with deletion_vectors=False);
+        otherwise read the table through a Delta reader: `dataset()`, `to_arrow()`,
+        `polars.read_delta`."""
         if not self.exists():
             return []
-        return [str(self.path / p) for p in DeltaLog(self.path).snapshot().files]
+        snapshot = DeltaLog(self.path).snapshot()
+        if snapshot.masked:
+            raise ValueError(f"{self.path}: {len(snapshot.masked)} of its files have rows deleted by deletion vectors, "
+                             f"which a plain Parquet read would return: read it as Delta (dataset(), to_arrow(), "
+                             f"polars.read_delta, Spark)")
+        return [str(self.path / p) for p in snapshot.files]
+
+    def scan(self, columns: list[str] | None = None):
+        """The table read as Delta by delta-rs (the `deltalake` package, its DataFusion scan): the
+        live files with the rows their deletion vectors delete left out. (delta-rs's
+        `to_pyarrow_dataset` refuses a table with deletion vectors: a pyarrow dataset cannot
+        leave rows out.)"""
+        if not self.exists():
+            return None
+        import pyarrow as pa
+        from deltalake import DeltaTable
+
+        return pa.RecordBatchReader.from_stream(DeltaTable(str(self.path)).scan(columns=columns))
 
 
 #: Delta's setting for the tasks that rebuild a table's snapshot from its log (a shuffle; 50 by default).
@@ -223,13 +264,26 @@ def _once(batch_df):
     return batch_df.persist(StorageLevel.MEMORY_AND_DISK)
 
 
+def _file_id(action: dict) -> tuple[str, str | None]:
+    """A live file's identity in a Delta log: its path and its deletion vector's id (the Delta
+    protocol's reconciliation key). A MERGE that deletes rows of a file removes (path, old vector)
+    and adds (path, new vector) in one commit, in either order: the path alone would lose the file."""
+    dv = action.get("deletionVector")
+    if not dv:
+        return urllib.parse.unquote(action["path"]), None
+    return urllib.parse.unquote(action["path"]), f"{dv['storageType']}{dv['pathOrInlineDv']}@{dv.get('offset')}"
+
+
 def _quoted(path: Path) -> str:
     return str(path).replace("`", "``")
 
 
 class DeltaSnapshot:
-    def __init__(self, version: int, files: list[str], txns: dict[str, int]):
-        self.version, self.files, self.txns = version, files, txns
+    """`files`: the live files read whole; `masked`: those a deletion vector hides rows of (only a
+    Delta reader reads them right)."""
+
+    def __init__(self, version: int, files: list[str], txns: dict[str, int], masked: list[str] = ()):
+        self.version, self.files, self.txns, self.masked = version, files, txns, list(masked)
 
 
 class DeltaLog:
@@ -244,7 +298,7 @@ class DeltaLog:
         self.log = self.path / "_delta_log"
 
     def snapshot(self) -> DeltaSnapshot:
-        files: dict[str, None] = {}
+        files: dict[tuple, None] = {}  # live (path, deletion vector id or None), in log order
         txns: dict[str, int] = {}
         start = 0
         try:
@@ -264,7 +318,7 @@ class DeltaLog:
                     if line.strip():
                         self._action(json.loads(line), files, txns)
             version = v
-        return DeltaSnapshot(version, list(files), txns)
+        return DeltaSnapshot(version, [f for f, dv in files if not dv], txns, [f for f, dv in files if dv])
 
     def changelog_version(self, batch_id: int, look: int = 20) -> int | None:
         """The change-log version recorded by the commit of state batch `batch_id` (searched among
@@ -290,11 +344,9 @@ class DeltaLog:
     def _action(self, action: dict, files: dict, txns: dict) -> None:
         if "add" in action:
             add = action["add"]
-            if add.get("deletionVector"):
-                raise ValueError(f"{self.path} has deletion vectors: read it with a Delta reader (Spark, delta-rs)")
-            files[urllib.parse.unquote(add["path"])] = None
+            files[_file_id(add)] = None
         elif "remove" in action:
-            files.pop(urllib.parse.unquote(action["remove"]["path"]), None)
+            files.pop(_file_id(action["remove"]), None)
         elif "txn" in action:
             txns[action["txn"]["appId"]] = int(action["txn"]["version"])
 

@@ -79,7 +79,7 @@ class SyntheticReader(DataSourceReader):
         return _slices(0, self.s.rows, self.s.partitions_n)
 
     def read(self, partition: _Slice) -> Iterator[pa.RecordBatch]:
-        from dcpflow.load import key_for, make_doc
+        from dcpflow.client.workload import key_for, make_doc
 
         s = self.s
         keys_pool = [key_for(i, s.seed) for i in range(POOL)]

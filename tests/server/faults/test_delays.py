@@ -28,7 +28,7 @@ def held_now(http, opcode: str) -> int:
     return sum(r["held_now"] for r in http.get("/faults").json["delays"] if r["opcode"] == opcode)
 
 
-def wait_for(condition, timeout: float = 20.0, what: str = "condition") -> None:
+def wait_for(condition, timeout: float = 60.0, what: str = "condition") -> None:
     deadline = time.monotonic() + timeout
     while not condition():
         assert time.monotonic() < deadline, f"{what} not met within {timeout} s"

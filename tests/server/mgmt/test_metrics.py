@@ -43,7 +43,7 @@ def value(samples: dict, name: str, **labels) -> float:
     return found[0]
 
 
-def wait_for(http, check, timeout: float = 20.0) -> dict:
+def wait_for(http, check, timeout: float = 60.0) -> dict:
     deadline = time.monotonic() + timeout
     while True:
         samples = scrape(http)

@@ -14,7 +14,8 @@ Why the target half: a target that crashes loses its unpersisted writes, and com
 new branch of its failover log. A generation whose target seqnos all lie on what the target
 still has is a safe place to resume from; a newer one is not. `Generations.safe_for` finds the
 newest safe one (`target_survives` applies the failover-log rule); the oldest of all is "from
-the beginning", which is always safe. The file keeps the last `KEEP` generations.
+the beginning", which is always safe. Going back there for some vbuckets rewrites what the newer
+generations say of those (`Generations.forget`) and keeps the rest. The file keeps the last `KEEP` generations.
 
 A generation also names the broken mappings of its moment: collections whose source documents
 were skipped because the target lacked them, still to be backfilled once it has them (namespaces.py).
@@ -107,13 +108,28 @@ class Generations:
                 return g
         return BEGINNING
 
-    def drop_newer_than(self, generation: Generation) -> None:
-        """Forget the generations after `generation` (their target positions were lost)."""
+    def forget(self, safe: Generation, source_vbuckets, target_vbuckets) -> None:
+        """What the generations after `safe` say of these vbuckets was lost (the target lost our
+        writes there, the source positions go back to `safe`'s): from now on each says what `safe`
+        says of them, and keeps what it says of the others. Dropping those generations instead
+        would leave the other vbuckets' records at `safe`'s, lower than what was written since:
+        a loss of those writes found later (on a target restart, the first reply names only some
+        vbuckets) would then look survived, and they would never be sent again."""
+        def like_safe(table: dict, safe_table: dict, vbuckets) -> dict:
+            table = dict(table)
+            for vb in vbuckets:
+                if vb in safe_table:
+                    table[vb] = safe_table[vb]
+                else:
+                    table.pop(vb, None)
+            return table
+
         for i, g in enumerate(self.items):
-            if g is generation:
-                del self.items[:i]
+            if g is safe:
                 return
-        self.items.clear()
+            broken = tuple(sorted(set(g.broken) | set(safe.broken)))  # backfills done since may be lost too
+            self.items[i] = Generation(like_safe(g.source, safe.source, source_vbuckets),
+                                       like_safe(g.target, safe.target, target_vbuckets), broken)
 
 
 class CheckpointStore:

@@ -415,7 +415,7 @@ class XdcrReplicator:
         self._broken |= set(safe.broken)  # backfills done after `safe` may have been lost as well
         for tvb in lost:
             self._written.pop(tvb, None)
-        gens.drop_newer_than(safe)
+        gens.forget(safe, affected, lost)  # the checkpoints keep what they say of the other vbuckets
         self.stats["target_rewinds"] += 1
 
     # -- checkpoints and status ---------------------------------------------------------------

@@ -62,7 +62,7 @@ class Faults:
         self.delays = Delays(self._delays_changed)
         self.recent: deque[dict] = deque(maxlen=MAX_RECENT)
         #: async fn(address) -> dict, the cluster manager's failover of a node; a dcpflow cluster
-        #: node sets it (replication/node.py). None on a single server.
+        #: node sets it (dcpflow/node.py). None on a single server.
         self.node_failover = None
 
     # -- bookkeeping ------------------------------------------------------------------------------

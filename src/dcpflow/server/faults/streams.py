@@ -11,13 +11,13 @@ from typing import NamedTuple
 
 from dcpflow.protocol.dcp import StreamEndReason
 
-from ..producer import DcpProducer
+from ..producer import ProducerShell
 
 
 class StreamRef(NamedTuple):
     """An open producer stream: its connection and what identifies it there."""
 
-    producer: DcpProducer
+    producer: ProducerShell
     stream: object  # dcp/active_stream.py ActiveStream
     vbucket: int
     sid: int | None
@@ -35,12 +35,12 @@ def dcp_name(conn) -> str | None:
     return None if dcp is None else dcp.name
 
 
-def producers(server, bucket=None, name: str | None = None) -> list[DcpProducer]:
+def producers(server, bucket=None, name: str | None = None) -> list[ProducerShell]:
     """Open producer connections, of `bucket` (a ServerBucket) and named `name` when given."""
     out = []
     for conn in list(server.connections):
         p = conn.dcp
-        if isinstance(p, DcpProducer) and not p.closed and (bucket is None or p.bucket is bucket) \
+        if isinstance(p, ProducerShell) and not p.closed and (bucket is None or p.bucket is bucket) \
                 and (name is None or p.name == name):
             out.append(p)
     return out

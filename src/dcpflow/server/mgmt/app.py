@@ -444,7 +444,9 @@ class ManagementListener:
         self._socks: list[tuple[socket.socket, ssl.SSLContext | None]] = []
         self._runner: web.AppRunner | None = None
         self._listeners: list[Listener] = []
-        self._opening: set[asyncio.Task] = set()
+        # accepted sockets handed to aiohttp -> the task making the connection: counted while their
+        # handler has no transport (open_connections), then among aiohttp's connections
+        self._opening: dict[web.RequestHandler, asyncio.Task] = {}
         self.closing = False  # the config streams (streaming.py) end when set
         # connections with no request in progress, oldest first -> since when: those that never sent
         # one (closed after auth_timeout, evicted first) and those between requests (http_idle_timeout)
@@ -489,7 +491,10 @@ class ManagementListener:
     @property
     def open_connections(self) -> int:
         """HTTP connections open, or being opened (a TLS handshake)."""
-        return len(self._runner.server.connections) + len(self._opening) if self._runner is not None else 0
+        if self._runner is None:
+            return 0
+        # a handler is made (has its transport) a pass or two before its task ends: counted once
+        return len(self._runner.server.connections) + sum(h.transport is None for h in self._opening)
 
     def _accepted(self, sock: socket.socket, tls: ssl.SSLContext | None) -> bool:
         """Hand an accepted socket to aiohttp. At `mgmt_max_connections` (each costs a descriptor
@@ -511,15 +516,17 @@ class ManagementListener:
             # beyond the limit is closed once this one is made (_open), and the listener waits a pass
             keep_accepting = False
         loop = asyncio.get_running_loop()
-        task = loop.create_task(self._open(loop, sock, tls))
-        self._opening.add(task)
-        task.add_done_callback(self._opening.discard)
+        handler = self._runner.server()  # aiohttp's protocol factory
+        task = loop.create_task(self._open(loop, handler, sock, tls))
+        self._opening[handler] = task
+        task.add_done_callback(lambda _: self._opening.pop(handler, None))
         return keep_accepting
 
-    async def _open(self, loop: asyncio.AbstractEventLoop, sock: socket.socket, tls: ssl.SSLContext | None) -> None:
+    async def _open(self, loop: asyncio.AbstractEventLoop, handler: web.RequestHandler, sock: socket.socket,
+                    tls: ssl.SSLContext | None) -> None:
         try:
-            _, handler = await loop.connect_accepted_socket(
-                self._runner.server, sock, ssl=tls,
+            await loop.connect_accepted_socket(
+                lambda: handler, sock, ssl=tls,
                 ssl_handshake_timeout=self.server.config.auth_timeout if tls else None)
         except (OSError, ssl.SSLError, TimeoutError):  # a failed TLS handshake, a client that left
             sock.close()
@@ -586,7 +593,7 @@ class ManagementListener:
         for listener in self._listeners:
             listener.close()  # closes the sockets of _socks
         self._listeners.clear()
-        for task in list(self._opening):
+        for task in list(self._opening.values()):
             task.cancel()
         await self.observer.stop()
         if self._runner is not None:

@@ -81,7 +81,7 @@ class ConnectionView:
 
 def dcp_connections(server) -> list:
     """The server's connections that are DCP producers or consumers, open ones only."""
-    return [c for c in list(server.connections) if c.dcp is not None and not getattr(c.dcp, "closed", False)]
+    return [c for c in list(server.connections) if c.dcp is not None and not c.dcp.closed]
 
 
 def view(conn) -> ConnectionView:
