@@ -25,10 +25,12 @@ subprocess:
   and RSS climbed storm after storm; with them the two curves should stay alike.
 
 * full: `--full-items` (1M; the target is 10M) documents of the density shape SET into a bucket
-  with full eviction (`--eviction-policy fullEviction`) and a `--full-quota` (512m) quota: the
-  server's largest RSS against quota + 200 MB (the target, as the ratio), then every document read
-  back and checked, then a clean restart on the same data: warm-up time (process start to ready:
-  full eviction loads counts and key filters, not documents) against 60 s, and the RSS after it.
+  with full eviction (`--eviction-policy fullEviction`) and a `--full-quota` (512m) quota, then a
+  clean restart on the same data: warm-up time (process start to ready: full eviction loads counts
+  and key filters, not documents) against 60 s; then every document read back from that server
+  (all of them start on disk) and checked. The server's largest RSS over the load and the
+  read-back against quota + 200 MB (the target, as the ratio). `--full-crash` ends the last
+  server with SIGKILL and times the warm-up after it (no stats saved: the rows are walked).
 
     .venv/bin/python bench/kv_memory.py                     # all four cases
     .venv/bin/python bench/kv_memory.py --case density --items 100000,1000000
@@ -250,6 +252,7 @@ FULL_WARMUP_SECONDS = 60.0
 def full(args) -> None:
     value = density_value(args.density_value_size)
     n = args.full_items
+    step = 20_000
     with tempfile.TemporaryDirectory(prefix="dcpflow-bench-") as tmp:
         opts = ("--allow-plain-over-tcp", "--memory-quota", args.full_quota, "--eviction-policy", "fullEviction")
         proc, port = start_server(tmp, args.vbuckets, *opts)
@@ -259,15 +262,16 @@ def full(args) -> None:
             sampler = RssSampler(proc.pid)
             t0 = time.monotonic()
             done = refused = 0
-            step = 20_000
+            mark = (0, t0)
             for lo in range(0, n, step):
                 d, r = set_all(client, [DENSITY_KEY % i for i in range(lo, min(lo + step, n))], value, args.vbuckets)
                 done, refused = done + d, refused + r
-                if args.progress and (lo // step) % 25 == 24:
-                    print(f"  {done:,} SET, RSS {rss(proc.pid) / MiB:,.0f} MiB", flush=True)
+                if args.progress and (lo // step) % 5 == 4:
+                    mark = _full_progress(client, proc.pid, "SET", done, t0, mark, f", {refused:,} ETMPFAIL")
             took = time.monotonic() - t0
             client.settle(3600)
             stats = client.stats()
+            largest_load = sampler.stop()
             q = int(stats[b"ep_max_size"])
             print(f"full: {n:,} documents ({len(DENSITY_KEY % 0)}-byte keys, {len(value)}-byte JSON values, "
                   f"{args.vbuckets} vbuckets) into a {q / MiB:,.0f} MiB quota with full eviction in {took:.0f} s "
@@ -276,36 +280,80 @@ def full(args) -> None:
             print(f"  curr_items {int(stats[b'curr_items']):,}, resident {resident}%, "
                   f"mem_used {int(stats[b'mem_used']) / MiB:,.0f} MiB, metadata "
                   f"{int(stats[b'ep_meta_data_memory']) / MiB:,.0f} MiB, key filters "
-                  f"{int(stats[b'ep_bfilter_memory']) / MiB:,.1f} MiB")
+                  f"{int(stats[b'ep_bfilter_memory']) / MiB:,.1f} MiB; server RSS idle {idle / MiB:,.0f} MiB, "
+                  f"largest during the load {largest_load / MiB:,.0f} MiB, now {rss(proc.pid) / MiB:,.0f} MiB")
+        finally:
+            stop(proc, timeout=1800)
+        # A clean restart on the same data (warm-up loads counts and key filters, no document), then
+        # every document read back from that server: all of them start on disk.
+        proc, client, warm = _warm_start(tmp, args.vbuckets, opts)
+        try:
+            stats = client.stats()
+            print(f"  warm-up of a clean restart (start to ready, same data): {warm:.1f} s, "
+                  f"{warm / FULL_WARMUP_SECONDS:.2f}x the {FULL_WARMUP_SECONDS:.0f} s target; curr_items "
+                  f"{int(stats[b'curr_items']):,}, RSS {rss(proc.pid) / MiB:,.0f} MiB, "
+                  f"mem_used {int(stats[b'mem_used']) / MiB:,.0f} MiB")
+            sampler = RssSampler(proc.pid)
             t1 = time.monotonic()
             bad = 0
+            mark = (0, t1)
             for lo in range(0, n, step):
                 keys = [DENSITY_KEY % i for i in range(lo, min(lo + step, n))]
                 bad += sum(1 for v in get_all(client, keys, args.vbuckets).values() if v != value)
+                if args.progress and (lo // step) % 50 == 49:
+                    mark = _full_progress(client, proc.pid, "GET", lo + len(keys), t1, mark, f", {bad:,} wrong")
             read_took = time.monotonic() - t1
-            largest = sampler.stop()
+            largest_read = sampler.stop()
             stats = client.stats()
             print(f"  read back {n:,} in {read_took:.0f} s ({n / read_took:,.0f} GETs/s): {n - bad:,} right, "
-                  f"{bad:,} wrong or missing; ep_bg_fetched {int(stats[b'ep_bg_fetched']):,}")
-            print(f"  server RSS: idle {idle / MiB:,.0f} MiB, largest {largest / MiB:,.0f} MiB = quota "
-                  f"{(largest - q) / 1e6:+,.0f} MB; against quota + 200 MB: "
+                  f"{bad:,} wrong or missing; ep_bg_fetched {int(stats[b'ep_bg_fetched']):,}, resident "
+                  f"{int(stats[b'vb_active_perc_mem_resident'])}%, mem_used {int(stats[b'mem_used']) / MiB:,.0f} MiB")
+            largest = max(largest_load, largest_read)
+            print(f"  server RSS: largest during the read-back {largest_read / MiB:,.0f} MiB; largest of both "
+                  f"{largest / MiB:,.0f} MiB = quota {(largest - q) / 1e6:+,.0f} MB; against quota + 200 MB: "
                   f"{largest / (q + FULL_RSS_SLACK):.2f}x")
         finally:
-            stop(proc, timeout=600)
-        t0 = time.monotonic()
-        proc, port = start_server(tmp, args.vbuckets, *opts)
-        warm = time.monotonic() - t0
+            if args.full_crash:
+                proc.kill()
+                proc.wait()
+            else:
+                stop(proc, timeout=1800)
+        if not args.full_crash:
+            return
+        proc, client, warm = _warm_start(tmp, args.vbuckets, opts)
         try:
-            client = Client.logged_in(port)
             stats = client.stats()
             sample = [DENSITY_KEY % i for i in range(0, n, max(1, n // 1000))]
             got = get_all(client, sample, args.vbuckets)
-            print(f"  warm-up (start to ready, same data): {warm:.1f} s, {warm / FULL_WARMUP_SECONDS:.2f}x the "
-                  f"{FULL_WARMUP_SECONDS:.0f} s target; curr_items {int(stats[b'curr_items']):,}, RSS "
-                  f"{rss(proc.pid) / MiB:,.0f} MiB, mem_used {int(stats[b'mem_used']) / MiB:,.0f} MiB; "
+            print(f"  warm-up after kill -9 (no stats saved: the rows are walked): {warm:.1f} s, "
+                  f"{warm / FULL_WARMUP_SECONDS:.2f}x the {FULL_WARMUP_SECONDS:.0f} s target; curr_items "
+                  f"{int(stats[b'curr_items']):,}, RSS {rss(proc.pid) / MiB:,.0f} MiB; "
                   f"{sum(v == value for v in got.values()):,} of {len(sample):,} sampled documents read back")
         finally:
-            stop(proc, timeout=600)
+            stop(proc, timeout=1800)
+
+
+def _warm_start(data_dir: str, vbuckets: int, opts: tuple) -> tuple:
+    """A server started on existing data: (process, logged-in client, seconds from start to ready)."""
+    t0 = time.monotonic()
+    proc, port = start_server(data_dir, vbuckets, *opts)
+    warm = time.monotonic() - t0
+    try:
+        return proc, Client.logged_in(port), warm
+    except BaseException:
+        stop(proc)
+        raise
+
+
+def _full_progress(client: Client, pid: int, what: str, done: int, t0: float, mark: tuple[int, float],
+                   extra: str) -> tuple[int, float]:
+    """A progress line of the full case (--progress): count, recent rate, RSS, mem_used, resident."""
+    st = client.stats()
+    now = time.monotonic()
+    print(f"  {done:,} {what} at {now - t0:,.0f} s ({(done - mark[0]) / max(now - mark[1], 1e-9):,.0f}/s lately)"
+          f"{extra}, RSS {rss(pid) / MiB:,.0f} MiB, mem_used {int(st[b'mem_used']) / MiB:,.0f} MiB, resident "
+          f"{int(st[b'vb_active_perc_mem_resident'])}%", flush=True)
+    return done, now
 
 
 def stalled_consumer(port: int, vbuckets: int) -> socket.socket:
@@ -379,6 +427,8 @@ def main() -> int:
     p.add_argument("--full-items", type=int, default=1_000_000, help="full: documents (default 1000000; the "
                                                                      "target is 10000000)")
     p.add_argument("--full-quota", default="512m", help="full: the bucket's quota (default 512m)")
+    p.add_argument("--full-crash", action="store_true", help="full: end the read-back's server with SIGKILL and "
+                   "time the warm-up after it (the rows walked)")
     p.add_argument("--items", type=lambda t: [int(x) for x in t.split(",")], default=[100_000, 1_000_000],
                    help="density: comma-separated item counts (default 100000,1000000)")
     p.add_argument("--density-value-size", type=int, default=310, help="density: JSON value bytes (default 310)")
@@ -393,7 +443,8 @@ def main() -> int:
     p.add_argument("--pause", type=float, default=5.0, help="stalled: seconds idle after each storm (default 5)")
     p.add_argument("--storm-quota", default="100m", help="stalled: the bucket's quota (default 100m, the server's)")
     p.add_argument("--vbuckets", type=int, default=1024)
-    p.add_argument("--progress", action="store_true", help="quota: print RSS every 200k documents")
+    p.add_argument("--progress", action="store_true", help="quota: print RSS every 200k documents; full: rate, "
+                   "RSS, mem_used and resident ratio every 100k")
     p.add_argument("--smoke", action="store_true",
                    help="a seconds-long run that checks the bench works: 3,000 documents into 8 MiB, 300 keys, "
                         "2 storms of 1 s")

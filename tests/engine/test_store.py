@@ -555,6 +555,37 @@ def test_compaction_can_keep_only_the_newest_history(store):
     # couchstore file does; at or above it a rollback is exact (test_rollback_below_the_history_floor_...)
 
 
+def _mapped_bytes(path) -> int | None:
+    """Resident bytes of this process's mappings of `path` (Linux /proc/self/smaps), None elsewhere."""
+    try:
+        with open("/proc/self/smaps") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    total, mine = 0, False
+    for line in lines:
+        head = line.split()
+        if head and "-" in head[0] and len(head) >= 5 and not head[0].endswith(":"):
+            mine = len(head) >= 6 and head[5] == str(path)
+        elif mine and line.startswith("Rss:"):
+            total += int(head[1]) * 1024
+    return total
+
+
+def test_measuring_fragmentation_leaves_no_page_of_the_file_mapped(store):
+    """The fragmentation check counts every row, every 10 s while a server writes: through a
+    memory-mapped reader the pages it walked stayed resident (and counted in the server's RSS) as
+    long as the connection idled in its pool. It reads through a connection without a map."""
+    if _mapped_bytes(store.path) is None:
+        pytest.skip("needs /proc/self/smaps")
+    w = Writer(store)
+    for part in range(4):
+        w.write(0, *[w.put(b"k%d-%d" % (part, i), b"v" * 2000) for i in range(500)])
+    store._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    assert store.fragmentation().items == 2000
+    assert _mapped_bytes(store.path) == 0
+
+
 def test_a_backfills_rows_are_backfill_rows_read_by_name(store):
     """store_rows.BackfillRow is the layout of `next_rows` (the SELECT is made from its names):
     each field read by its name - or by its index constant, as the DCP backfill reads it - is

@@ -3,13 +3,14 @@ for rollback is compacted without waiting for the hourly compaction, its history
 quarter of the documents, so an overwrite storm cannot grow the file without end. And the
 persistence backlog a write storm can build is bounded by the checkpoint quota."""
 
+import time
 
 import pytest
 
 from dcpflow.protocol.frame import request
 from dcpflow.protocol.opcodes import Opcode
 from dcpflow.protocol.status import Status
-from dcpflow.server import app
+from dcpflow.server import app, background
 from tests.resources import wait_for
 
 MiB = 1024 * 1024
@@ -60,6 +61,37 @@ def test_without_a_threshold_history_keeps_growing(make_server, quick_checks):
             overwrite(c, keys, b"%04d" % r * 100)
             wait_for(lambda: server.call(lambda: engine.stats()["ep_queue_size"]) == 0, what="persisted")
     assert engine.store.fragmentation().history >= 500 * 9
+
+
+def test_a_fragmentation_measure_waits_twenty_times_what_the_last_one_took(make_server, quick_checks, monkeypatch):
+    """A measure counts every stored row, so it costs more as the bucket grows: the next one waits
+    FRAGMENTATION_COST_PACE times the CPU the last one took (at 10M documents a measure every 10 s
+    would have kept a thread busy). Here each measure "takes" 10 s of the measuring thread's clock,
+    so after the first none is due again for 200 s while writes and checks go on."""
+    clock = [1000.0]
+    monkeypatch.setattr(background, "fragmentation_clock", lambda: clock[0])
+    server = make_server(memory_quota=None)
+    bucket = server.server.buckets["default"]
+    measure = bucket.engine.store.fragmentation
+
+    def slow_measure():
+        clock[0] += 10.0
+        return measure()
+
+    monkeypatch.setattr(bucket.engine.store, "fragmentation", slow_measure)
+    with server.login() as c:
+        for r in range(6):
+            overwrite(c, [b"k%03d" % i for i in range(50)], b"%04d" % r)
+            flushed = bucket.engine.flusher.items_flushed
+            wait_for(lambda flushed=flushed: bucket.engine.flusher.items_flushed > flushed
+                     or server.call(lambda: bucket.engine.stats()["ep_queue_size"]) == 0, what="persisted")
+            checks = bucket.fragmentation_checks
+            wait_for(lambda checks=checks: bucket.fragmentation_checks > checks + 1, what="a check after the round")
+        assert bucket.fragmentation_measures == 1
+        assert bucket.fragmentation_due >= server.call(time.monotonic) + 150
+        server.call(lambda: setattr(bucket, "fragmentation_due", 0.0))  # as if the 200 s had passed
+        overwrite(c, [b"k%03d" % i for i in range(50)], b"last")
+        wait_for(lambda: bucket.fragmentation_measures == 2, what="a measure once due")
 
 
 def test_a_write_storm_against_stopped_persistence_meets_etmpfail_within_the_checkpoint_quota(make_server):

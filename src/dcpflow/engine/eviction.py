@@ -118,6 +118,15 @@ class FullEviction:
         self._admit(key, stored)
         return stored
 
+    def needs_fetch(self, key) -> bool:
+        """Whether a GET of `key` would read the store: its entry's value is evicted, or (full
+        eviction) memory lacks the key and the filter may have it. No side effect - no stat, no
+        expiry - for a caller that starts reads early (the server's read-ahead)."""
+        item = self.ht.get(key)
+        if item is None:
+            return self._filter is not None and key in self._filter
+        return item.value is NOT_RESIDENT
+
     def _maybe_on_disk(self, key) -> Item:
         """A GET without fetch (`get(key, fetch=False)`: the server reads off the event loop) of a
         key memory lacks: KEY_ENOENT if the filter says so, else a stand-in entry with NOT_RESIDENT

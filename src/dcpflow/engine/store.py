@@ -840,6 +840,21 @@ class Store(Compaction):
             self._point.put(db)
         return _item(row) if row else None
 
+    def read_many(self, keys: Sequence[tuple]) -> list[Item | None]:
+        """`read` of each (vb, key), on one pooled read connection: a batch of background fetches
+        (server/bg_fetch.py). In the order given, None for a key the store does not have."""
+        out: list[Item | None] = []
+        sql = f"SELECT {_ITEM_COLS} FROM items WHERE vb = ? AND cid = ? AND key = ?"
+        db = self._point.get()
+        try:
+            for vb, key in keys:
+                cid, key = key if key.__class__ is tuple else (0, key)
+                row = db.execute(sql, (vb, cid, key)).fetchone()
+                out.append(_item(row) if row else None)
+        finally:
+            self._point.put(db)
+        return out
+
     def load_key_rows(self, vb: int, page_size: int = 50_000) -> Iterator[list[tuple]]:
         """Full eviction's warm-up (engine/eviction.py): pages of (cid, key, seqno, deleted, expiry)
         of the vbucket's latest versions in seqno order, read by rowid range (a sequential walk of

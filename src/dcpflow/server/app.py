@@ -89,8 +89,9 @@ from .background import (  # noqa: F401 - the constants are the server's setting
     Background,
     out_of_files,
 )
+from .bg_fetch import BgFetcher
 from .boundedlog import BoundedLog, RateLimiter, printable
-from .commands import COMMANDS
+from .commands import COMMANDS, READ_AHEAD
 from .connection import Connection
 from .counters import Counters
 from .dcp_commands import DcpNames
@@ -165,7 +166,8 @@ CREATED_BUCKETS_FILE = "buckets.json"
 USERS_OVERLAY_FILE = "users-managed.json"  # auth.UserDB.attach_overlay
 #: Seconds between two looks at the rate-limited logs (an interval that ended writes its summary).
 LOG_TICK = 1.0
-#: Seconds between two measures of a bucket's fragmentation (only after the flusher wrote).
+#: Seconds between two measures of a bucket's fragmentation (only after the flusher wrote; and no
+#: sooner than FRAGMENTATION_COST_PACE times the CPU the last one took: background.py).
 FRAGMENTATION_CHECK_INTERVAL = 10.0
 #: Descriptors kept for everything but client connections: each bucket's store (the database, its
 #: WAL and shared memory, pooled backfill readers), the listening sockets, the audit file, pipes.
@@ -201,6 +203,7 @@ class ServerBucket:
             self.uuid = uuidlib.uuid4().hex
             engine.store.set_meta("bucket_uuid", self.uuid)
         self.counters = Counters()
+        self.bg_fetcher = BgFetcher(engine.store)  # reads of documents not in memory (bg_fetch.py)
         # Settings the management API keeps for this bucket (server/mgmt/buckets.py owns their meaning);
         # its RAM quota is the engine's memory quota.
         self.settings: dict = json.loads(engine.store.get_meta("mgmt_settings") or "{}")
@@ -216,6 +219,8 @@ class ServerBucket:
         self.compactions = self.fragmentation_compactions = self.fragmentation_checks = 0
         self.checked_at_items = -1  # the flusher's count when fragmentation was last measured
         self.fragmentation = None  # the last Store.fragmentation() measured
+        self.fragmentation_measures = 0  # Store.fragmentation() calls of the check
+        self.fragmentation_due = 0.0  # monotonic time the next measure may run (background.py)
         self.flushed_at = 0.0  # monotonic time of the last batch the flusher wrote (seal_runs waits)
         self.recovered_at = 0.0  # monotonic time the pager task last recovered checkpoint memory
         self.tmp_oom_seen = 0  # the engine's ETMPFAIL count when the flusher last collected a batch
@@ -334,6 +339,7 @@ class Server:
         self._tasks: list[asyncio.Task] = []
         self._error_maps: dict[int, bytes] = {}
         self.commands = COMMANDS  # opcode -> Command: what every connection answers (commands.py)
+        self.read_ahead = READ_AHEAD  # what runs on the requests behind one that waits (commands.py)
         self.dcp_names = DcpNames()  # a DCP connection name opened again closes the older connection
         self.passive_streams: dict = {}  # (bucket, vbid) -> the live PassiveStream replicating it
         self.backfills = BackfillScheduler()  # DCP backfill threads and their server-wide limits

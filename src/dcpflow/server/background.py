@@ -36,6 +36,22 @@ PAGER_INTERVAL = 0.1
 #: The history a compaction for fragmentation keeps, as a fraction of each vbucket's documents:
 #: after it, fragmentation is at most about 20%, so the next one waits for new overwrites.
 HISTORY_KEPT = 0.25
+#: A fragmentation measure counts every stored row (Store.fragmentation): O(rows), so at a fixed
+#: interval its share of a worker thread grew with the bucket (22% of one at 2.7M documents, on
+#: the way to all of it at 10M). The next measure of a bucket waits this many times the CPU time
+#: the last one took: at most a twentieth of a thread's CPU, whatever the size. (CPU, not wall
+#: time: on a busy machine a measure of a small store waits for a core, and its wall time would
+#: have put compaction off.)
+FRAGMENTATION_COST_PACE = 20.0
+#: The clock a measure's cost is read on: the measuring thread's CPU time (tests replace it).
+fragmentation_clock = time.thread_time
+
+
+def _timed_measure(store) -> tuple:
+    """(store.fragmentation(), the CPU seconds it took), on the worker thread that measures."""
+    t0 = fragmentation_clock()
+    got = store.fragmentation()
+    return got, fragmentation_clock() - t0
 #: The longest a failing maintenance task waits before it tries again.
 MAINTENANCE_MAX_BACKOFF = 300.0
 
@@ -288,8 +304,13 @@ class Background:
             bucket.fragmentation_checks += 1  # looks, measured or not (one at a time: tests wait for two)
             if engine.closed or engine.flusher.items_flushed == bucket.checked_at_items:
                 continue
+            if time.monotonic() < bucket.fragmentation_due:
+                continue
             bucket.checked_at_items = engine.flusher.items_flushed
-            bucket.fragmentation = await asyncio.get_running_loop().run_in_executor(None, engine.store.fragmentation)
+            bucket.fragmentation, took = await asyncio.get_running_loop().run_in_executor(
+                None, _timed_measure, engine.store)
+            bucket.fragmentation_measures += 1
+            bucket.fragmentation_due = time.monotonic() + took * FRAGMENTATION_COST_PACE
             if bucket.fragmentation.fraction > threshold:
                 await self.compact(bucket, keep_history=HISTORY_KEPT)
                 bucket.fragmentation_compactions += 1

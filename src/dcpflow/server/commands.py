@@ -41,6 +41,10 @@ def build(entries: Iterable[tuple[tuple[int, ...], Command]]) -> dict[int, Comma
     return table
 
 
+#: What a connection that runs its requests in order does with the requests buffered behind one
+#: that waits (Connection.read_ahead): GETs of documents on disk start their reads (kv.read_ahead).
+READ_AHEAD = kv.read_ahead
+
 COMMANDS: dict[int, Command] = build([
     # the session (session.py): HELLO, SASL, buckets, cluster map, error map
     _entry([Opcode.HELLO], session.hello, **_SESSION),

@@ -154,6 +154,8 @@ class Connection(Replies, asyncio.Protocol):
         self.server = server
         self.system = False  # authenticated as an administrator (counted in the server's reserve)
         self.commands = server.commands  # opcode -> Command (commands.py)
+        # (conn, frames): the requests buffered behind one this in-order connection waits for (commands.py)
+        self.read_ahead = server.read_ahead
         self.debug = server.config.debug
         self.transport: asyncio.Transport | None = None
         self.writer: Writer | None = None
@@ -324,11 +326,9 @@ class Connection(Replies, asyncio.Protocol):
                                         return
                             else:
                                 decoder.consume(_ran(frames, frame))
-                                if self.unordered and frame.opcode in _REORDERABLE and len(detached) < MAX_DETACHED:
-                                    self._detach(frame, reply)  # the next requests go on meanwhile
-                                    overtaken = True
+                                if self._park(frames, frame, reply):
+                                    overtaken = True  # the next requests go on meanwhile
                                     break
-                                self._wait_for(frame, reply)
                                 return
                             if self._closing:
                                 decoder.consume(_ran(frames, frame))
@@ -353,6 +353,20 @@ class Connection(Replies, asyncio.Protocol):
                     self.close()
                     return
                 write(self.error_reply(e.opcode or 0, e.opaque or 0, e.status, e.reason))
+
+    def _park(self, frames: list, frame, reply) -> bool:
+        """A request whose reply must wait: detached when the session allows it (True: the requests
+        after it go on), else waited for in order - with the reads of the GETs buffered behind it
+        started meanwhile (bg_fetch.py), so a pipelined read-back of documents on disk is batched."""
+        if self.unordered and frame.opcode in _REORDERABLE and len(self._detached) < MAX_DETACHED:
+            self._detach(frame, reply)
+            return True
+        if self.read_ahead is not None and self.bucket is not None:
+            ready = self._ready
+            self.read_ahead(self, [f for f in frames[_ran(frames, frame):] if f.magic == _REQUEST
+                                   and ready.get(f.opcode) is not None])
+        self._wait_for(frame, reply)
+        return False
 
     def _next_pass(self) -> None:
         """Run the rest of the buffered requests on the next event-loop pass."""

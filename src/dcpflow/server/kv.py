@@ -26,6 +26,8 @@ the collection exists or not, as kv_engine does.
 """
 
 import asyncio
+import contextlib
+import functools
 import json
 
 from dcpflow.engine.collections import DEFAULT_SCOPE, Manifest, ManifestError
@@ -200,6 +202,50 @@ def get(conn: Connection, frame: Frame) -> bytes | None:
     return _get_reply(conn, vb, item, key, wire_key, op, opaque)
 
 
+#: GET, GETQ, GETK, GETKQ: the reads `read_ahead` starts early.
+GET_OPS = frozenset((int(Opcode.GET), int(Opcode.GET_Q), int(Opcode.GET_K), int(Opcode.GET_KQ)))
+#: The most buffered requests one read-ahead looks at.
+READ_AHEAD_MAX = 64
+
+
+def read_ahead(conn: Connection, frames) -> None:
+    """A connection that runs its requests in order waits for a GET of a document on disk
+    (`_bg_fetch`); the GETs buffered behind it (`frames`) would each wait their turn for a read of
+    their own, so their background fetches start now, in the same batch (bg_fetch.py), and a
+    document read comes back into the hash table as soon as it is read (`VBucket.restore`, which
+    keeps what changed meanwhile): the GET, when its turn comes, finds it in memory. A pipelined
+    read-back of documents on disk then costs a batch per window, not a thread hand-off per GET.
+    Only well-formed GETs of this bucket's active vbuckets; anything else waits for its turn."""
+    bucket = conn.bucket
+    fetcher = bucket.bg_fetcher
+    for frame in frames[:READ_AHEAD_MAX]:
+        _, op, _, vbid, _, _, _, extras, wire_key, value = frame
+        if op not in GET_OPS or extras or value or not wire_key:
+            continue
+        vb = conn.get_vbucket(vbid)
+        if vb is None or vb.state != VBucketState.ACTIVE:
+            continue
+        key = wire_key
+        try:
+            if conn.collections or len(key) > MAX_KEY_LEN:
+                key = doc_key(conn, key)
+        except (EngineError, ProtocolError):
+            continue
+        if vb.recommitting and key in vb.recommitting:
+            continue
+        if vb.needs_fetch(key):  # (no side effect: the GET itself counts, expires, answers)
+            fetcher.fetch(vb.id, key).add_done_callback(functools.partial(_read_ahead_done, vb, key, vb.evicted))
+
+
+def _read_ahead_done(vb: VBucket, key, evicted: int, fut) -> None:
+    """A read-ahead's document back into the hash table, if it still may (VBucket.restore); a read
+    that failed, or a version that changed meanwhile, is left to the GET's own fetch."""
+    if fut.cancelled() or fut.exception() is not None:
+        return
+    with contextlib.suppress(EngineError):
+        vb.restore(key, fut.result(), evicted)
+
+
 def _missed(counters, op: int, e: EngineError) -> None:
     """A GET that found nothing: counted as a miss; a quiet GET answers nothing, others the error."""
     if e.status == Status.KEY_ENOENT:
@@ -221,12 +267,11 @@ def _get_reply(conn: Connection, vb: VBucket, item, key: bytes, wire_key: bytes,
 
 
 async def _bg_fetch(conn: Connection, vb: VBucket, key: bytes, wire_key: bytes, op: int, opaque: int) -> bytes | None:
-    """The GET of an evicted value: read on a worker thread (Store.read: a pooled read connection
-    that no flush batch holds up), put back into the hash table here, then answered as the key
-    stands now (it may have changed meanwhile)."""
-    engine = conn.bucket.engine
+    """The GET of an evicted value: read on a worker thread with the bucket's other background
+    fetches (bg_fetch.py: a pooled read connection that no flush batch holds up), put back into
+    the hash table here, then answered as the key stands now (it may have changed meanwhile)."""
     evicted = vb.evicted  # full eviction: whether the read is still current when it is done
-    stored = await asyncio.get_running_loop().run_in_executor(None, engine.store.read, vb.id, key)
+    stored = await conn.bucket.bg_fetcher.fetch(vb.id, key)
     vb.restore(key, stored, evicted)
     counters = conn.bucket.counters
     try:
