@@ -192,6 +192,29 @@ def test_a_state_batch_reports_its_rows_once(spark, writer, tmp_path):
     assert sum(p["numInputRows"] for p in query.recentProgress) == len(rows)
 
 
+def test_a_batch_is_cached_on_disk_not_in_the_heap(spark):
+    """A writer caches its batch for its several reads of it; a catch-up batch is the whole bucket,
+    and cached in memory it killed a 2 GB JVM at 10,000,000 rows (Spark builds a partition's
+    in-memory cache in the heap before spilling it). Spark's own storage accounting: the batch
+    adds bytes on disk and none in memory."""
+    from dcpflow.spark.state import _once
+
+    def stored():
+        infos = spark.sparkContext._jsc.sc().getRDDStorageInfo()
+        return sum(i.memSize() for i in infos), sum(i.diskSize() for i in infos)
+
+    memory, disk = stored()
+    schema = schema_ddl("string", "STRING")
+    batch = _once(spark.createDataFrame([change(v, s, f"k{v}-{s}", "mutation", 1, "x" * 200) for v in range(NUM_VB)
+                                         for s in range(1, 500)], schema))
+    try:
+        assert batch.count() == NUM_VB * 499
+        now_memory, now_disk = stored()
+        assert now_memory == memory and now_disk > disk, (memory, disk, now_memory, now_disk)
+    finally:
+        batch.unpersist(blocking=True)
+
+
 def test_a_merge_runs_no_stage_wider_than_the_cores(spark, tmp_path):
     """A live batch's MERGE was mostly Delta rebuilding the table's snapshot in its default 50
     tasks (a task's fixed cost each, for a log of a few files): every stage of a merge is now as

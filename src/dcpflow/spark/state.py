@@ -255,13 +255,19 @@ def merge_settings(spark) -> dict[str, str]:
 
 
 def _once(batch_df):
-    """The batch, cached on the executors (memory, else their disk) for the several reads a writer
-    makes of it. Besides sparing re-reads of the change log: `foreachBatch` hands over a DataFrame
-    over the batch's own plan, and every computation of it adds to the query's `numInputRows`, so
-    uncached, a plan reading it three times reported three times the batch's rows."""
+    """The batch, cached on the executors' local disks for the several reads a writer makes of it.
+    Besides sparing re-reads of the change log: `foreachBatch` hands over a DataFrame over the
+    batch's own plan, and every computation of it adds to the query's `numInputRows`, so uncached,
+    a plan reading it three times reported three times the batch's rows.
+
+    On disk, not in memory: a catch-up batch is the whole bucket, and Spark builds a partition's
+    in-memory cache in the heap before it can spill it. A 10,000,000-row first batch killed a 2 GB
+    JVM that way (OutOfMemoryError, bench/RESULTS.md), as did 3,000,000 rows in 1 GB; on disk the
+    same batches went through, the heap holding one cached chunk at a time whatever the batch's
+    size. A live batch is small, so its cost on disk is little more than a write to the page cache."""
     from pyspark import StorageLevel
 
-    return batch_df.persist(StorageLevel.MEMORY_AND_DISK)
+    return batch_df.persist(StorageLevel.DISK_ONLY)
 
 
 def _file_id(action: dict) -> tuple[str, str | None]:
