@@ -2,8 +2,8 @@
 state table, then live changes at a steady rate with a 1 s trigger, against the sink's own limit
 measured in the same run.
 
-1. A `dcpflow server` subprocess (quota for N documents) loaded with N documents by `dcpflow
-   load`'s generator through the official SDK.
+1. A `dcpflow server` subprocess (quota for N documents) loaded with N documents of `dcpflow
+   load`'s generator (plain SETs pipelined over dcpflow's own KV connection: `Setter`).
 2. **catch-up**: `Pipeline.run_available_now()` - DCP → change log (Parquet) → Delta state
    (`MERGE INTO` in Spark; the first batch into an empty table is an append) - rows/s end to end.
    Before it, a warm-up runs the sink's path (Parquet, a Delta append and a MERGE) on 20,000
@@ -15,8 +15,8 @@ measured in the same run.
 4. **live**: both queries on a 1 s processing-time trigger (`Pipeline.run_live`, the product's
    live loop: a query whose Python worker missed Spark's wait is restarted from its checkpoint)
    while a writer thread upserts existing documents at `--rate` writes/s for `--live` seconds
-   (plain SETs pipelined over dcpflow's own KV connection: the SDK's one thread could not keep
-   5,000/s), each value carrying its write's number; then the loop drains both queries and stops.
+   (`Setter` again: the SDK's one thread could not keep 5,000/s), each value carrying its write's
+   number; then the loop drains both queries and stops.
    Freshness of a write = the end of the first state batch whose change-log version (the batch
    that brought the write: its rows' `_commit_version`) covers it - from the loop's batch reports -
    minus the time its upsert was acknowledged. p50/p99 over all writes. Target: p99 ≤ 5 s
@@ -44,7 +44,6 @@ from pathlib import Path
 
 from dcpflow.client.workload import key_for, make_doc
 from dcpflow.spark.demo import EmbeddedServer
-from spark_ingest import load
 
 
 def rss_kib(pid: int, field: str = "VmRSS") -> int:
@@ -87,8 +86,8 @@ class MemoryWatch:
 
     def __init__(self):
         self.workers_peak = 0
-        # This process loaded the documents through the SDK (batches of 20,000 on 4 threads): its
-        # peak so far is the loader's. Linux resets a process's VmHWM to its current RSS on "5"
+        # This process loaded the documents (up to 2,000 SETs in flight): its peak so far is the
+        # loader's. Linux resets a process's VmHWM to its current RSS on "5"
         # written to clear_refs, so the driver's peak is the pipeline's own.
         with contextlib.suppress(OSError):
             Path("/proc/self/clear_refs").write_text("5")
@@ -159,68 +158,104 @@ def warm_up(spark, base: Path, rows: int) -> float:
     return time.perf_counter() - started
 
 
-def live_writes(connection: str, docs: int, seed: int, rate: int, seconds: float, acks: dict, stop: threading.Event,
-                window: int = 500):
-    """Upsert existing documents at `rate` per second in 20 ticks a second, each value carrying its
-    write's number ("w"); acks[i] = the time write i was acknowledged. Plain SETs pipelined over
-    dcpflow's own KV connection (at most `window` in flight), not the SDK: one SDK thread topped
-    out at 700-1,700 acknowledged writes/s on this machine, short of the 5,000/s asked, and what
-    is timed is the server's acknowledgement either way."""
-    asyncio.run(_live_writes(connection, docs, seed, rate, seconds, acks, stop, window))
+class Setter:
+    """Plain SETs pipelined over dcpflow's own KV connection, at most `window` in flight: what
+    the bench writes with (the SDK's one thread topped out at 700-1,700 acknowledged writes/s on
+    this machine, and loading 10,000,000 documents through it took 34 minutes). What is timed is
+    the server's acknowledgement either way. `on_ack(n)` runs when write n is acknowledged; a
+    refused or lost write fails the run."""
 
+    def __init__(self, client, window: int):
+        self.client = client
+        self.window = window
+        self.pending: set = set()
+        self.failed: list[str] = []
 
-async def _live_writes(connection: str, docs: int, seed: int, rate: int, seconds: float, acks: dict,
-                       stop: threading.Event, window: int) -> None:
-    from dcpflow.client.client import DcpClient
-    from dcpflow.protocol import kv as kvproto
-    from dcpflow.protocol.datatype import DATATYPE_JSON
-    from dcpflow.protocol.keys import make_key
-    from dcpflow.protocol.status import Status
+    @classmethod
+    async def connect(cls, connection: str, window: int = 1000) -> Setter:
+        from dcpflow.client.client import DcpClient
 
-    client = await DcpClient.connect(connection, "Administrator", "password", agent="dcpflow-bench-writer")
-    failed: list = []  # writes the server refused (status) or that were lost with the connection
-    ticks = 20
-    per_tick = max(1, rate // ticks)
-    n = 0
-    try:
-        start = time.monotonic()
-        tick = 0
-        pending: set = set()
-        while not stop.is_set() and time.monotonic() - start < seconds:
-            for _ in range(per_tick):
-                key = key_for((n * 7919) % docs, seed)
-                doc = make_doc(key, 1, seed)
-                value = doc[:-1] + b',"w":%d}' % n
-                vb = client.cluster_map.vbucket_for_key(key.encode())
-                conn = await client.kv_connection(client.node_for_vbucket(vb))
-                wire = make_key(key.encode(), 0) if conn.collections else key.encode()
-                future = conn.request(kvproto.Store(wire, value, vbucket=vb, datatype=DATATYPE_JSON))
-                future.add_done_callback(_acked(acks, failed, n, Status))
-                pending.add(future)
-                future.add_done_callback(pending.discard)
-                n += 1
-                while len(pending) >= window:
-                    await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-            tick += 1
-            delay = start + tick / ticks - time.monotonic()
-            if delay > 0:
-                await asyncio.sleep(delay)
-        if pending:
-            await asyncio.wait(pending, timeout=60)
-    finally:
-        await client.close()
-    if failed:
-        raise RuntimeError(f"{len(failed):,} of {n:,} live writes failed (first: {failed[0]})")
+        return cls(await DcpClient.connect(connection, "Administrator", "password", agent="dcpflow-bench"), window)
 
+    async def set(self, n: int, key: str, value: bytes, on_ack=None) -> None:
+        from dcpflow.protocol import kv as kvproto
+        from dcpflow.protocol.datatype import DATATYPE_JSON
+        from dcpflow.protocol.keys import make_key
 
-def _acked(acks: dict, failed: list, n: int, status_type):
-    def done(future) -> None:
+        raw = key.encode()
+        vb = self.client.cluster_map.vbucket_for_key(raw)
+        conn = await self.client.kv_connection(self.client.node_for_vbucket(vb))
+        future = conn.request(kvproto.Store(make_key(raw, 0) if conn.collections else raw, value, vbucket=vb,
+                                            datatype=DATATYPE_JSON))
+        future.add_done_callback(lambda f: self._done(f, n, on_ack))
+        self.pending.add(future)
+        while len(self.pending) >= self.window:
+            await asyncio.wait(self.pending, return_when=asyncio.FIRST_COMPLETED)
+
+    def _done(self, future, n: int, on_ack) -> None:
+        from dcpflow.protocol.status import Status
+
+        self.pending.discard(future)
         frame = None if future.cancelled() or future.exception() is not None else future.result()
-        if frame is not None and frame.status == status_type.SUCCESS:
-            acks[n] = time.time()
+        if frame is not None and frame.status == Status.SUCCESS:
+            if on_ack is not None:
+                on_ack(n)
         else:
-            failed.append(f"write {n}: " + ("connection lost" if frame is None else f"status 0x{frame.status:02x}"))
-    return done
+            why = "connection lost" if frame is None else f"status 0x{frame.status:02x}"
+            self.failed.append(f"write {n}: {why}")
+
+    async def close(self, written: int) -> None:
+        try:
+            if self.pending:
+                await asyncio.wait(self.pending, timeout=120)
+        finally:
+            await self.client.close()
+        if self.failed or self.pending:
+            raise RuntimeError(f"{len(self.failed) + len(self.pending):,} of {written:,} writes failed or were not "
+                               f"acknowledged (first: {(self.failed or ['no reply'])[0]})")
+
+
+def load(connection: str, docs: int, seed: int) -> float:
+    """The documents of `dcpflow load`'s generator, version 0, keys 0..docs-1; seconds taken."""
+    async def run() -> None:
+        setter = await Setter.connect(connection, window=2000)
+        for i in range(docs):
+            key = key_for(i, seed)
+            await setter.set(i, key, make_doc(key, 0, seed))
+            if (i + 1) % 1_000_000 == 0:
+                print(f"  loaded {i + 1:,}/{docs:,}", flush=True)
+        await setter.close(docs)
+
+    started = time.monotonic()
+    asyncio.run(run())
+    return time.monotonic() - started
+
+
+def live_writes(connection: str, docs: int, seed: int, rate: int, seconds: float, acks: dict, stop: threading.Event):
+    """Upsert existing documents at `rate` per second in 20 ticks a second, each value carrying its
+    write's number ("w"); acks[i] = the time write i was acknowledged."""
+    def acked(n: int) -> None:
+        acks[n] = time.time()
+
+    async def run() -> None:
+        setter = await Setter.connect(connection, window=500)
+        ticks, n, tick = 20, 0, 0
+        per_tick = max(1, rate // ticks)
+        start = time.monotonic()
+        try:
+            while not stop.is_set() and time.monotonic() - start < seconds:
+                for _ in range(per_tick):
+                    key = key_for((n * 7919) % docs, seed)
+                    await setter.set(n, key, make_doc(key, 1, seed)[:-1] + b',"w":%d}' % n, acked)
+                    n += 1
+                tick += 1
+                delay = start + tick / ticks - time.monotonic()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+        finally:
+            await setter.close(n)
+
+    asyncio.run(run())
 
 
 def freshness(pipeline, reports: list, acks: dict) -> list[float]:
