@@ -239,7 +239,7 @@ def live_writes(connection: str, docs: int, seed: int, rate: int, seconds: float
         acks[n] = time.time()
 
     async def run() -> None:
-        setter = await Setter.connect(connection, window=500)
+        setter = await Setter.connect(connection, window=5000)
         ticks, n, tick = 20, 0, 0
         per_tick = max(1, rate // ticks)
         start = time.monotonic()
