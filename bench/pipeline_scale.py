@@ -14,9 +14,9 @@ measured in the same run.
    second Delta table: everything the pipeline does except reading DCP. Target: catch-up ≥ 0.5×.
 4. **live**: both queries on a 1 s processing-time trigger (`Pipeline.run_live`, the product's
    live loop: a query whose Python worker missed Spark's wait is restarted from its checkpoint)
-   while a writer thread upserts existing documents at `--rate` writes/s for `--live` seconds
-   (`Setter` again: the SDK's one thread could not keep 5,000/s), each value carrying its write's
-   number; then the loop drains both queries and stops.
+   while a writer process upserts existing documents at `--rate` writes/s for `--live` seconds
+   (`Setter` again, its documents made before the clock starts: the SDK's one thread could not
+   keep 5,000/s), each value carrying its write's number; then the loop drains both queries and stops.
    Freshness of a write = the end of the first state batch whose change-log version (the batch
    that brought the write: its rows' `_commit_version`) covers it - from the loop's batch reports -
    minus the time its upsert was acknowledged. p50/p99 over all writes. Target: p99 ≤ 5 s
@@ -43,7 +43,12 @@ import threading
 import time
 from pathlib import Path
 
+from dcpflow.client.client import DcpClient
 from dcpflow.client.workload import key_for, make_doc
+from dcpflow.protocol import kv as kvproto
+from dcpflow.protocol.datatype import DATATYPE_JSON
+from dcpflow.protocol.keys import make_key
+from dcpflow.protocol.status import Status
 from dcpflow.spark.demo import EmbeddedServer
 
 
@@ -174,15 +179,9 @@ class Setter:
 
     @classmethod
     async def connect(cls, connection: str, window: int = 1000) -> Setter:
-        from dcpflow.client.client import DcpClient
-
         return cls(await DcpClient.connect(connection, "Administrator", "password", agent="dcpflow-bench"), window)
 
     async def set(self, n: int, key: str, value: bytes, on_ack=None) -> None:
-        from dcpflow.protocol import kv as kvproto
-        from dcpflow.protocol.datatype import DATATYPE_JSON
-        from dcpflow.protocol.keys import make_key
-
         raw = key.encode()
         vb = self.client.cluster_map.vbucket_for_key(raw)
         conn = await self.client.kv_connection(self.client.node_for_vbucket(vb))
@@ -194,8 +193,6 @@ class Setter:
             await asyncio.wait(self.pending, return_when=asyncio.FIRST_COMPLETED)
 
     def _done(self, future, n: int, on_ack) -> None:
-        from dcpflow.protocol.status import Status
-
         self.pending.discard(future)
         frame = None if future.cancelled() or future.exception() is not None else future.result()
         if frame is not None and frame.status == Status.SUCCESS:
@@ -232,8 +229,7 @@ def load(connection: str, docs: int, seed: int) -> float:
     return time.monotonic() - started
 
 
-def live_writes(connection: str, docs: int, seed: int, rate: int, seconds: float, acks: dict,
-                stop: threading.Event) -> float:
+def live_writes(connection: str, docs: int, seed: int, rate: int, seconds: float, acks: dict) -> float:
     """Upsert existing documents at `rate` per second in 20 ticks a second, each value carrying its
     write's number ("w"); acks[i] = the time write i was acknowledged. Returns the seconds spent
     writing, from the first write to the last acknowledgement."""
@@ -253,7 +249,7 @@ def live_writes(connection: str, docs: int, seed: int, rate: int, seconds: float
         per_tick = max(1, rate // ticks)
         start = time.monotonic()
         try:
-            while not stop.is_set() and time.monotonic() - start < seconds and n + per_tick <= total:
+            while time.monotonic() - start < seconds and n + per_tick <= total:
                 for _ in range(per_tick):
                     await setter.set(n, keys[n], values[n], acked)
                     n += 1
@@ -274,7 +270,7 @@ def _writer_process(connection: str, docs: int, seed: int, rate: int, seconds: f
     (acks, seconds spent writing, error or None)."""
     acks: dict[int, float] = {}
     try:
-        out.send((acks, live_writes(connection, docs, seed, rate, seconds, acks, threading.Event()), None))
+        out.send((acks, live_writes(connection, docs, seed, rate, seconds, acks), None))
     except BaseException as e:  # noqa: BLE001 - reported by the parent
         out.send((acks, 0.0, f"{type(e).__name__}: {e}"))
     finally:

@@ -212,14 +212,14 @@ class DeltaStateWriter(StateWriter):
 
     def files(self) -> list[str]:
         """The live files when none has a deletion vector (a table made with deletion_vectors=False);
-        otherwise read the table through a Delta reader: `dataset()`, `to_arrow()`,
+        otherwise read the table through a Delta reader: `scan()`, `to_arrow()`,
         `polars.read_delta`."""
         if not self.exists():
             return []
         snapshot = DeltaLog(self.path).snapshot()
         if snapshot.masked:
             raise ValueError(f"{self.path}: {len(snapshot.masked)} of its files have rows deleted by deletion vectors, "
-                             f"which a plain Parquet read would return: read it as Delta (dataset(), to_arrow(), "
+                             f"which a plain Parquet read would return: read it as Delta (scan(), to_arrow(), "
                              f"polars.read_delta, Spark)")
         return [str(self.path / p) for p in snapshot.files]
 
