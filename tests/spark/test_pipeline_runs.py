@@ -77,6 +77,15 @@ def descendants(pid: int) -> set[int]:
     return out
 
 
+def cmdline(pid: int) -> bytes:
+    """A process's command line, or b"" once it has exited: Spark and its workers start and reap
+    short-lived children, so one listed by descendants() may be gone when it is read."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
 def alive(pids: set[int]) -> set[int]:
     live = set()
     for pid in pids:
@@ -153,7 +162,7 @@ def test_pipeline_stops_with_one_line_when_the_jvm_dies(make_server, tmp_path):
                   "1 second", "--state-format", "snapshot", "--partitions", "2"])
     try:
         wait_for_line(proc, re.compile(r"changelog batch \d+"))
-        jvms = [p for p in descendants(proc.pid) if b"java" in Path(f"/proc/{p}/cmdline").read_bytes()]
+        jvms = [p for p in descendants(proc.pid) if b"java" in cmdline(p)]
         assert jvms
         for p in jvms:
             os.kill(p, signal.SIGKILL)
@@ -190,5 +199,5 @@ def test_demo_stopped_by_sigterm_leaves_nothing_behind(tmp_path):
     deadline = time.monotonic() + 30
     while alive(children) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert not alive(children), [Path(f"/proc/{p}/cmdline").read_bytes()[:200] for p in alive(children)]
+    assert not alive(children), [cmdline(p)[:200] for p in alive(children)]
     assert not list(tmp.glob("dcpflow-demo-*"))
