@@ -111,8 +111,11 @@ def _changed_between_create_and_continue(server, engine, trim_history: bool):
             reply = c.set(k, b'{"v": "%s"}' % k, vbucket=VB, datatype=1)
             before[k] = (b'{"v": "%s"}' % k, reply.cas, struct_token(reply)[1])
         evict_everything(server, engine)
-        scan_id = rs.RangeScanCreateResponse.from_frame(create(c, ALL, VB)).scan_id
-        got, _ = continue_all(c, scan_id, VB, item_limit=2)
+        reply = create(c, ALL, VB)
+        assert reply.status == Status.SUCCESS, reply
+        scan_id = rs.RangeScanCreateResponse.from_frame(reply).scan_id
+        got, frames = continue_all(c, scan_id, VB, item_limit=2)
+        assert frames[-1].status == Status.RANGE_SCAN_MORE, frames[-1]
         updated, deleted = keys[5], keys[7]
         new_seqno = struct_token(c.set(updated, b'{"v": "new"}', vbucket=VB, datatype=1))[1]
         assert c.delete(deleted, vbucket=VB).status == Status.SUCCESS
@@ -125,6 +128,7 @@ def _changed_between_create_and_continue(server, engine, trim_history: bool):
             got.extend(more)
             if frames[-1].status == Status.RANGE_SCAN_COMPLETE:
                 return before, updated, new_seqno, deleted, {d.key: (d.value, d.cas, d.seqno) for d in got}
+            assert frames[-1].status == Status.RANGE_SCAN_MORE, frames[-1]
 
 
 @pytest.mark.parametrize("policy", POLICIES)
