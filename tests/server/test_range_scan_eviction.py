@@ -8,6 +8,7 @@ says; `seqno_exists` finds a version that is only on disk; nothing scanned comes
 import json
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -204,3 +205,66 @@ def test_the_sdk_scans_evicted_documents(make_server, policy):
     assert got["some"] == {f"doc{i:03}": expected[f"doc{i:03}"] for i in range(10, 20)}
     assert got["prefix"] == {k: v for k, v in expected.items() if k.startswith("doc1")}
     assert resident(server, engine) == 0
+
+
+class HeldReads:
+    """The bucket's store as its BgFetcher sees it, whose reads by version wait for `release`
+    (`entered` is set once one is waiting): a continue held in the middle of its reads."""
+
+    def __init__(self, store):
+        self._store = store
+        self.entered, self.release = threading.Event(), threading.Event()
+
+    def read_versions(self, wanted):
+        self.entered.set()
+        assert self.release.wait(60), "the test never released the held read"
+        return self._store.read_versions(wanted)
+
+    def __getattr__(self, name):
+        return getattr(self._store, name)
+
+
+def test_a_continue_that_is_reading_holds_the_scan(make_server):
+    """While a continue waits for its values, another continue of the scan answers EBUSY and a
+    cancel ends the scan: the held continue then answers KEY_ENOENT (the scan is gone), and sends
+    nothing of it."""
+    server = make_server(eviction_policy="valueOnly")
+    engine = server.server.buckets["default"].engine
+    keys = sorted(keys_in(VB, 6, prefix="held"))
+    with login(server) as c, login(server) as other:
+        for k in keys:
+            assert c.set(k, b"v" + k, vbucket=VB).status == Status.SUCCESS
+        evict_everything(server, engine)
+        fetcher = server.server.buckets["default"].bg_fetcher
+        held = fetcher._store = HeldReads(fetcher._store)
+        for cancel in (False, True):
+            held.entered.clear()
+            held.release.clear()
+            scan_id = rs.RangeScanCreateResponse.from_frame(create(c, ALL, VB)).scan_id
+            opaque = c.next_opaque()
+            c.send(rs.RangeScanContinue(VB, scan_id, opaque=opaque, item_limit=2).encode())
+            assert held.entered.wait(60)
+            assert continue_all(other, scan_id, VB)[1][-1].status == Status.EBUSY
+            if cancel:
+                other.send(rs.RangeScanCancel(VB, scan_id, other.next_opaque()).encode())
+                assert other.recv().status == Status.SUCCESS
+            held.release.set()
+            reply = c.recv()
+            assert reply.opaque == opaque
+            if cancel:
+                assert reply.status == Status.KEY_ENOENT
+            else:
+                assert reply.status == Status.RANGE_SCAN_MORE
+                page = rs.RangeScanContinueResponse.from_frame(reply).documents
+                assert [(d.key, d.value) for d in page] == [(k, b"v" + k) for k in keys[:2]]
+                assert [d.key for d in scan_all_from(c, scan_id)] == keys[2:]
+
+
+def scan_all_from(c, scan_id: bytes) -> list:
+    out = []
+    while True:
+        got, frames = continue_all(c, scan_id, VB)
+        out.extend(got)
+        if frames[-1].status != Status.RANGE_SCAN_MORE:
+            assert frames[-1].status == Status.RANGE_SCAN_COMPLETE, frames[-1]
+            return out

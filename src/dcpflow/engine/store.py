@@ -84,6 +84,10 @@ clustered by seqno, no runs) were never released and are refused.
 CAS and rev seqno are u64 on the wire but SQLite integers are signed 64-bit, so they are stored
 two's-complement and converted back on read.
 
+KV range scans read the store through `ScanReads` (store_scan_reads.py): a key range's metadata
+from the key index, a seqno's key by rowid, and a document's version by seqno (history's copy
+when the latest moved on).
+
 Threading: all methods may be called from any thread; one lock serialises the writer
 connection. Scans open their own connection (`BackfillScan`), so a backfill never blocks a flush.
 """

@@ -11,6 +11,29 @@ A continue answers in frames of about FRAME_BYTES, the last one RANGE_SCAN_MORE 
 RANGE_SCAN_COMPLETE; one continue returns at most
 CONTINUE_BYTES (then MORE), so a scan without limits cannot make one huge reply. A vbucket that
 stopped being active cancels its scans (NOT_MY_VBUCKET).
+
+kv_engine scans a disk snapshot, so a scan returns every live document of the range with its
+value whatever is in memory. The snapshot (engine/range_scan.py) holds a document whose value
+was not resident - evicted, or under full eviction only on disk, whose metadata the create reads
+from the store's key index on a worker thread - by its metadata. A continue reads those values
+for the page it sends, a window of at most READ_WINDOW items at a time, through the bucket's
+BgFetcher (bg_fetch.py: off the event loop, batched with the GETs' reads), by version; what it
+reads is sent, never put back into memory (kv_engine's scans do not page documents in, and a
+scan must not push the working set out of the quota). A key-only scan reads no value. While a
+continue reads, another continue of the same scan answers EBUSY.
+
+A document changed after the create: kv_engine's snapshot still has the version it had, and so
+do we while the store does. A resident value was taken with the snapshot. A value read from the
+store is the snapshot's version if the store's latest is still that one, or else if the history
+kept for rollback still has it (compaction trims it): sent with the snapshot's metadata. Once the
+store no longer has that version, the continue sends the key's latest stored version if it is
+live (its own value, seqno and CAS: a document that exists is never lost, nor sent with a value
+that is not its metadata's), and leaves the key out if it was deleted or expired since. A
+document is never sent with an empty value it does not have.
+
+`seqno_exists` is kv_engine's check of the by-seqno index: the store's row with that seqno (its
+rowid is the vbucket and seqno, one point lookup on a worker thread) must exist and memory must
+hold no newer version of its key.
 """
 
 import asyncio
