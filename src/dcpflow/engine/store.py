@@ -84,6 +84,10 @@ clustered by seqno, no runs) were never released and are refused.
 CAS and rev seqno are u64 on the wire but SQLite integers are signed 64-bit, so they are stored
 two's-complement and converted back on read.
 
+KV range scans read the store through `ScanReads` (store_scan_reads.py): a key range's metadata
+from the key index, a seqno's key by rowid, and a document's version by seqno (history's copy
+when the latest moved on).
+
 Threading: all methods may be called from any thread; one lock serialises the writer
 connection. Scans open their own connection (`BackfillScan`), so a backfill never blocks a flush.
 """
@@ -97,29 +101,31 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from dcpflow.protocol.dcp import MUTATION_HEAD, encode_mutations_py, mutations_upto, stamp_mutations
+from dcpflow.protocol.dcp import encode_mutations_py, mutations_upto, stamp_mutations
 from dcpflow.protocol.frame import compiled
 
 from .item import Item
 from .store_compaction import Compaction
 from .store_rows import (
+    _ITEM_COLS,
     ENCODED,
     FLUSH_DCP,
     FLUSH_SEQNO,
     ITEM_COLUMNS,
+    MAX_STORED_SEQNO,
     SEQNO,
+    SEQNO_BITS,
     VALUE,
     FlushRow,
     _item,
+    _rowid,
     _s64,
     _u64,
+    _value_of,
     doc_key,
 )
+from .store_scan_reads import ScanReads
 
-#: The items table's rowid `id` is vb << SEQNO_BITS | seqno (the module docstring): a 48-bit seqno
-#: leaves room for the vbucket above it.
-SEQNO_BITS = 48
-MAX_STORED_SEQNO = (1 << SEQNO_BITS) - 1
 _ITEMS_TABLE = f"""
     id INTEGER PRIMARY KEY,
     vb INTEGER NOT NULL, key BLOB NOT NULL, seqno INTEGER NOT NULL CHECK (seqno BETWEEN 0 AND {MAX_STORED_SEQNO}),
@@ -163,10 +169,6 @@ _TABLES = (
 )
 
 
-def _rowid(vb: int, seqno: int) -> int:
-    return vb << SEQNO_BITS | seqno
-
-
 def _vb_rowids(vb: int) -> tuple[int, int]:
     """A vbucket's first and last possible rowid: `id >= ? AND id <= ?` takes all its rows (or runs)."""
     return _rowid(vb, 0), _rowid(vb, MAX_STORED_SEQNO)
@@ -183,16 +185,6 @@ _BASE_COLS = ", ".join(FlushRow._fields[:FlushRow._fields.index("value") + 1])
 _COLS = _BASE_COLS + ", cid"
 
 
-def _value_of(row: str = "") -> str:
-    """A row's value (`row`: "" or "OLD." in a trigger): in `value`, or for an encoded row (whose
-    `value` is empty) the end of its message."""
-    return (f"CASE WHEN {row}dcp IS NULL THEN {row}value "
-            f"ELSE substr({row}dcp, {MUTATION_HEAD.size + 1} + length({row}key)) END")
-
-
-_VALUE = _value_of()
-#: A read's columns (store_rows.ItemRow), the value taken from an encoded row's message.
-_ITEM_COLS = ", ".join(_VALUE if c == "value" else c for c in ITEM_COLUMNS)
 # Range queries by seqno take rowids: (_rowid(vb, start), _rowid(vb, end)].
 _NEXT_UNENCODED = ("SELECT seqno FROM items INDEXED BY items_unencoded_by_id WHERE id > ? AND id <= ? "
                    "AND dcp IS NULL ORDER BY id LIMIT 1")
@@ -513,7 +505,7 @@ def _connect(path: Path, synchronous: str) -> sqlite3.Connection:
     return db
 
 
-class Store(Compaction):
+class Store(Compaction, ScanReads):
     """The bucket's database; see the module docstring."""
 
     def __init__(self, path: str | Path, *, synchronous: str = "FULL", keep_history: bool = True,

@@ -19,6 +19,8 @@ share one definition without importing the whole store."""
 from collections.abc import Sequence
 from typing import NamedTuple
 
+from dcpflow.protocol.dcp import MUTATION_HEAD
+
 from .item import DeleteSource, Item
 
 _SIGN = 1 << 63
@@ -68,6 +70,28 @@ class FlushRow(NamedTuple):
 
 #: Column order of a read (`ItemRow`), and the one the SELECTs list.
 ITEM_COLUMNS = ItemRow._fields
+#: The history table's read columns: the same, all plain columns there.
+HISTORY_COLS = ", ".join(ITEM_COLUMNS)
+
+#: The items table's rowid `id` is vb << SEQNO_BITS | seqno (store.py's module docstring): a 48-bit
+#: seqno leaves room for the vbucket above it.
+SEQNO_BITS = 48
+MAX_STORED_SEQNO = (1 << SEQNO_BITS) - 1
+
+
+def _rowid(vb: int, seqno: int) -> int:
+    return vb << SEQNO_BITS | seqno
+
+
+def _value_of(row: str = "") -> str:
+    """A row's value (`row`: "" or "OLD." in a trigger): in `value`, or for an encoded row (whose
+    `value` is empty) the end of its message."""
+    return (f"CASE WHEN {row}dcp IS NULL THEN {row}value "
+            f"ELSE substr({row}dcp, {MUTATION_HEAD.size + 1} + length({row}key)) END")
+
+
+#: A read's columns of the items table (ItemRow), the value taken from an encoded row's message.
+_ITEM_COLS = ", ".join(_value_of() if c == "value" else c for c in ITEM_COLUMNS)
 #: Where each field of an ItemRow or BackfillRow is (the same places: BackfillRow only adds one).
 (KEY, SEQNO, REV_SEQNO, CAS, FLAGS, EXPIRY, DATATYPE, DELETED, DELETE_TIME, DELETE_SOURCE, VALUE, CID,
  ENCODED) = (BackfillRow._fields.index(f) for f in (
