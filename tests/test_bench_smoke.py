@@ -31,6 +31,7 @@ FIGURE_LINES = {
     "kv_pressure.py": "ratio quota/no quota",
     "producer.py": "in-memory producer",
     "producer_instructions.py": "instructions per streamed item",
+    "range_scan.py": "ratio on-disk/resident",
     "replication.py": "ratio replicated/written",
     "pipeline_scale.py": "catch-up / sink limit",
     "spark_ingest.py": "dcp changelog / synthetic changelog",
