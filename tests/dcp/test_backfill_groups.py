@@ -111,15 +111,10 @@ def test_a_trip_abandoned_by_a_disconnect_closes_the_scans_it_opened(make_server
     request_all(c)
     assert entered.wait(60)  # a trip is on its worker thread
     c.close()
-    deadline = time.monotonic() + 60
-    while srv.call(lambda: [conn for conn in srv.server.connections if conn.dcp is not None]):
-        assert time.monotonic() < deadline, "the server did not see the consumer go"
-        time.sleep(0.02)
+    wait_for(lambda: not srv.call(lambda: [conn for conn in srv.server.connections if conn.dcp is not None]),
+             what="the server seeing the consumer go")
     proceed.set()  # the trip goes on, for nobody
-    deadline = time.monotonic() + 60
-    while not opened or not all(scan.closed for scan in opened):
-        assert time.monotonic() < deadline, f"{sum(not s.closed for s in opened)} scans left open (read transactions)"
-        time.sleep(0.05)
+    wait_for(lambda: opened and all(scan.closed for scan in opened), what="every scan the trip opened closed")
 
 
 def test_a_stream_retired_before_its_continuation_starts_closes_its_scan(make_server, small_vbuckets, monkeypatch):
@@ -175,46 +170,115 @@ def big_and_small(tmp_path):
 @pytest.mark.slow
 def test_continuation_reads_count_the_budgets_of_trips_in_flight(make_server, big_and_small, monkeypatch):
     """Large backfills reading on while a trip of small ones is on the worker: what the trip brings
-    back lands on top of what they read, so their reads must leave the trip's budget free. The
-    connection's backfill bytes stay within dcp_backfill_byte_limit plus a page or so per reader."""
-    go = threading.Event()
-    state = {"buffered": 0, "peak": 0, "large_reads": 0}
-    real_read, real_open, real_feed = backfill._read_page, backfill._open_scans, backfill.ConnectionBackfills._feed
+    back lands on top of what they read, so their reads leave the trip's budget free
+    (BackfillQueue.room counts the budgets of the trips in flight). A trip starts only while the
+    connection's backfill bytes leave room for its whole budget; the continuations beside it may
+    take what is left beyond the budget, no more.
 
-    def read_page(scan, *a):
-        if scan.vb < 6:
-            state["large_reads"] += 1
-            if state["large_reads"] > 6:  # the continuations wait until the small trip is out
-                go.wait(10)
-        return real_read(scan, *a)
+    Step by step: the six large streams open (their first pages, ~13 MB, queued: below the limit
+    less a trip's budget) and their continuations are held; the 32 small streams queue and go in
+    one trip, held on its worker thread; the continuations read all they may (until each waits for
+    room); then the trip returns and its pages land. Every continuation page read while the trip
+    was out was read below dcp_backfill_byte_limit with the budget counted, and once the trip's
+    pages landed the connection's backfill bytes are within the limit plus a page per reader: the
+    continuation page that crossed the line and the trip's last first page."""
+    limit, budget = backfills.BACKFILL_BYTE_LIMIT, backfills.OPEN_GROUP_BYTES
+    large, small = range(6), range(6, 38)
+    state: dict = {"peak": 0, "before": [], "pages": [], "small": []}
+    held: list[int] = []  # large streams whose continuation waits at the gate
+    gate = asyncio.Event()  # the large continuations read on once it is set (on the server's loop)
+    hold_start = threading.Event()  # while set, queued backfills do not open (the small ones gather)
+    trip_in, trip_go = threading.Event(), threading.Event()
+    trip: dict = {}
+    real_open, real_feed = backfill._open_scans, backfill.ConnectionBackfills._feed
+    real_continue, real_start = backfill.ConnectionBackfills._continue_backfill, backfill.ConnectionBackfills.start
 
-    def open_scans(store, work, budget):
-        if all(w[0] >= 6 for w in work):
-            go.set()
-            deadline = time.monotonic() + 5  # until the large backfills read all they may
-            while state["buffered"] < backfills.BACKFILL_BYTE_LIMIT - (1 << 20) and time.monotonic() < deadline:
-                time.sleep(0.01)
-        return real_open(store, work, budget)
+    async def continue_backfill(self, stream, rng, scan, started):
+        if stream.vbid in large:
+            held.append(stream.vbid)
+            await gate.wait()
+        await real_continue(self, stream, rng, scan, started)
 
-    def feed(self, stream, scan, page):
-        real_feed(self, stream, scan, page)
-        state["buffered"] = self.queue.buffered()
-        state["peak"] = max(state["peak"], state["buffered"])
+    def start(self):
+        if not hold_start.is_set():
+            real_start(self)
 
-    monkeypatch.setattr(backfill, "_read_page", read_page)
+    def open_scans(store, work, budget_):
+        if all(w[0] in small for w in work):  # the trip of small ones: held on its worker thread
+            trip.update(vbs=[w[0] for w in work], budget=budget_)
+            trip_in.set()
+            assert trip_go.wait(60), "the test never let the trip go"
+            out = real_open(store, work, budget_)
+            trip["returned"] = True
+            return out
+        return real_open(store, work, budget_)
+
+    def feed(self, stream, scan, page_):
+        if stream.vbid in large and trip_in.is_set() and not trip_go.is_set():
+            # a continuation page read while the trip was out, and what counted when it was read:
+            # a continuation feeds its page before the next one takes the read lock, nothing is
+            # sent (no acks) and the trip is held, so the bytes are those its room check saw
+            state["before"].append(self.queue.bytes())
+            state["pages"].append(page_[2])
+        if stream.vbid in small:
+            state["small"].append(page_[2])
+        real_feed(self, stream, scan, page_)
+        state["peak"] = max(state["peak"], self.queue.buffered())
+
+    monkeypatch.setattr(backfill.ConnectionBackfills, "_continue_backfill", continue_backfill)
+    monkeypatch.setattr(backfill.ConnectionBackfills, "start", start)
     monkeypatch.setattr(backfill, "_open_scans", open_scans)
     monkeypatch.setattr(backfill.ConnectionBackfills, "_feed", feed)
     srv = make_server(data_dir=big_and_small)
     c = DcpClient(srv.port).connect()
-    c.controls(connection_buffer_size=1000)  # nothing is acknowledged: what is read stays queued
-    c.send(b"".join(dcp.DcpStreamRequest(vb, 0, 4200, 0, 0, 0, 0, b"", c.next_opaque()).encode() for vb in range(6)))
-    deadline = time.monotonic() + 60
-    while state["large_reads"] < 6:
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
-    time.sleep(0.2)
-    c.send(b"".join(dcp.DcpStreamRequest(vb, 0, 140, 0, 0, 0, 0, b"", c.next_opaque()).encode()
-                    for vb in range(6, 38)))
-    time.sleep(4)
-    assert state["peak"] <= backfills.BACKFILL_BYTE_LIMIT + 3 * backfills.BACKFILL_PAGE_BYTES
-    c.close()
+    try:
+        c.controls(connection_buffer_size=1000)  # nothing is acknowledged: what is read stays queued
+        c.send(b"".join(dcp.DcpStreamRequest(vb, 0, 4200, 0, 0, 0, 0, b"", c.next_opaque()).encode() for vb in large))
+        (shell,) = wait_for(lambda: srv.call(lambda: [conn.dcp for conn in srv.server.connections if conn.dcp]),
+                            what="the producer")
+        reader, queue = shell.backfills, shell.state.backfills  # ConnectionBackfills, BackfillQueue
+        # every large stream opened (its first page queued) and holds at the gate; no trip in flight
+        wait_for(lambda: srv.call(lambda: sorted(held) == list(large) and not reader._openers),
+                 what="the large streams opened")
+        first_pages = srv.call(queue.buffered)
+        assert first_pages + budget <= limit  # so the small trip starts, with its whole budget
+
+        hold_start.set()
+        c.send(b"".join(dcp.DcpStreamRequest(vb, 0, 140, 0, 0, 0, 0, b"", c.next_opaque()).encode() for vb in small))
+        wait_for(lambda: srv.call(lambda: sorted(s.vbid for s in queue.waiting) == list(small)),
+                 what="the small streams queued")
+
+        def release():
+            hold_start.clear()
+            reader.start()
+
+        srv.call(release)
+        assert trip_in.wait(60), "the small streams' trip did not start"
+        assert trip["vbs"] == list(small) and trip["budget"] == budget
+
+        srv.call(gate.set)  # the large continuations read on beside the trip
+
+        def all_wait_for_room():
+            tasks = [t for s, t in queue.running.items() if s.vbid in large and t is not None]
+            waiting = [f for f in reader._space_waiters if not f.done()]
+            return tasks and len(waiting) == len(tasks) and not reader.scheduler.read_lock.locked()
+
+        wait_for(lambda: srv.call(all_wait_for_room), what="the continuations waiting for room")
+        read, reserved = srv.call(lambda: (queue.buffered(), queue.trip_bytes))
+        assert "returned" not in trip and reserved == budget  # the trip is still out
+        assert state["pages"], "no continuation read while the trip was out"
+        # each read while the trip was out started below the limit with the trip's budget counted,
+        # and they read on until that line: the last one crossed it
+        assert max(state["before"]) < limit, (state["before"], reserved, limit)
+        assert read + reserved >= limit, (read, reserved, limit)
+
+        trip_go.set()  # the trip reads its pages and they land
+        wait_for(lambda: "returned" in trip and srv.call(lambda: not reader._openers and queue.trip_bytes == 0),
+                 what="the trip's pages landed")
+        assert sum(state["small"]) >= budget  # the trip brought back its whole budget
+        # beyond the limit: the continuation page that crossed it, and the trip's last page
+        assert state["peak"] <= limit + max(state["pages"]) + max(state["small"]), (state, limit)
+    finally:
+        trip_go.set()
+        srv.call(gate.set)
+        c.close()

@@ -155,6 +155,19 @@ def test_plain_vbucket_comes_as_pages_of_page_size(store):
     assert [f.opaque for c in chunks for f in frames(c.data)] == [1] * 1000
 
 
+def test_a_page_size_set_between_pages_sizes_the_next_page(store):
+    """The backfill sizes a scan's next page by the bytes of the last one (dcp/backfills.py
+    next_page_size): a page size lowered after the first page takes effect on the second, not
+    four times over (the widening for sparse seqnos is relative to the page size in force)."""
+    write(store, 3, [Item(b"k%04d" % i, b"v" * 100, by_seqno=i + 1) for i in range(2000)])
+    with store.scan(3, 0, 2000, page_size=512) as scan:
+        assert scan.next_chunk(1, False).count == 512
+        scan.page_size = 100
+        assert [scan.next_chunk(1, False).count for _ in range(3)] == [100, 100, 100]
+        scan.page_size = 200
+        assert scan.next_chunk(1, False).count == 200
+
+
 def test_the_range_end_is_respected(store):
     write(store, 0, [Item(b"k%d" % i, b"v", by_seqno=i + 1) for i in range(20)])
     chunks = read_chunks(store, 0, 4, 11, 1000, 9, False)

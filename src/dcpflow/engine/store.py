@@ -1073,7 +1073,9 @@ class BackfillScan:
         self.vb, self.start, self.end, self.page_size = vb, start, end, page_size
         self.page_bytes = 1 << 20  # values per page of rows, about (at least one row)
         self.min_run = 32  # seqnos of plain rows worth an encoded page of their own (next_chunk)
-        self._span = page_size  # seqnos the next encoded page covers (next_chunk)
+        # how many times page_size the next encoded page covers (next_chunk): a factor, not seqnos,
+        # so a page size the backfill sets between pages takes effect on the next one
+        self._widen = 1
         self._pool = pool
         self._db = pool.get() if pool is not None else _reader(path)
         self.closed = False
@@ -1163,10 +1165,10 @@ class BackfillScan:
             row = db.execute(_NEXT_UNENCODED, (base | pos, base | stop)).fetchone()
             upto = stop if row is None else row[0] - 1
             if upto > pos and (row is None or upto - pos >= self.min_run):
-                span = max(self.page_size, min(self._span, 4 * self.page_size))
+                span = self.page_size * self._widen
                 hi = min(upto, pos + span)
                 data, count, last = db.execute(_ENCODED_PAGE, (base | pos, base | hi)).fetchone()
-                self._span = span * 2 if count * 2 < self.page_size and hi < upto else self.page_size
+                self._widen = min(4, self._widen * 2) if count * 2 < self.page_size and hi < upto else 1
                 self._pos = hi
                 if hi == end:
                     self.close()
