@@ -28,7 +28,8 @@ from datetime import timedelta
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from serverproc import call, child_env, cpu_seconds, login, next_frame, start_server, stop  # noqa: E402
+from kv import Client  # noqa: E402
+from serverproc import child_env, cpu_seconds, start_server, stop  # noqa: E402
 
 
 def rss_mib(pid: int) -> float:
@@ -36,28 +37,6 @@ def rss_mib(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     return 0.0
-
-
-def settle(port: int, timeout: float = 600.0) -> float:
-    """Wait until the server has persisted every write (STAT ep_queue_size 0), so the resident scan
-    does not share the machine with the flusher working off the load. Returns the seconds waited."""
-    from dcpflow.protocol.frame import request
-    from dcpflow.protocol.opcodes import Opcode
-
-    sock, decoder = login(port, b"bench/range_scan")
-    began = time.monotonic()
-    try:
-        while time.monotonic() - began < timeout:
-            frame, stats = call(sock, decoder, request(Opcode.STAT)), {}
-            while frame.key:
-                stats[frame.key] = frame.value
-                frame = next_frame(sock, decoder)
-            if int(stats.get(b"ep_queue_size", b"0")) == 0:
-                break
-            time.sleep(0.2)
-    finally:
-        sock.close()
-    return time.monotonic() - began
 
 
 def scan(port: int, concurrency: int, server_pid: int) -> tuple[int, int, float, float, float]:
@@ -102,15 +81,20 @@ def main() -> None:
     if args.smoke:
         args.docs, args.vbuckets = 2000, 64
     data = tempfile.mkdtemp(prefix="bench-range-scan-")
-    extra = ("--eviction-policy", "fullEviction", "--memory-quota", "4g")
+    extra = ("--allow-plain-over-tcp", "--eviction-policy", "fullEviction", "--memory-quota", "4g")  # PLAIN: kv.Client
     try:
         server, port = start_server(data, args.vbuckets, *extra)
         try:
             began = time.monotonic()
             subprocess.run([sys.executable, "-m", "dcpflow.cli", "load", "--connection", f"couchbase://127.0.0.1:{port}",
                             "--docs", str(args.docs)], check=True, stdout=subprocess.DEVNULL, env=child_env())
-            print(f"loaded {args.docs:,} documents in {time.monotonic() - began:.1f} s, all persisted "
-                  f"{settle(port):.1f} s later; server RSS {rss_mib(server.pid):,.0f} MiB")
+            loaded = time.monotonic() - began
+            # the flusher done first, so the resident scan does not share the machine with it
+            client = Client.logged_in(port)
+            settled = client.settle(600)
+            client.sock.close()
+            print(f"loaded {args.docs:,} documents in {loaded:.1f} s, all persisted {settled:.1f} s later; "
+                  f"server RSS {rss_mib(server.pid):,.0f} MiB")
             resident = scan(port, args.concurrency, server.pid)
             print(f"resident scan: {report(resident)}; server RSS {rss_mib(server.pid):,.0f} MiB")
         finally:
