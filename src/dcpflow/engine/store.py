@@ -111,6 +111,7 @@ from .store_rows import (
     ENCODED,
     FLUSH_DCP,
     FLUSH_SEQNO,
+    ITEM_BY_KEY,
     ITEM_COLUMNS,
     MAX_STORED_SEQNO,
     SEQNO,
@@ -815,8 +816,7 @@ class Store(Compaction, ScanReads):
     # -- reads ------------------------------------------------------------------------------
     def get(self, vb: int, key: bytes, cid: int = 0) -> Item | None:
         with self._lock:
-            row = self._db.execute(f"SELECT {_ITEM_COLS} FROM items WHERE vb = ? AND cid = ? AND key = ?",
-                                   (vb, cid, key)).fetchone()
+            row = self._db.execute(ITEM_BY_KEY, (vb, cid, key)).fetchone()
         return _item(row) if row else None
 
     def read(self, vb: int, key) -> Item | None:
@@ -826,8 +826,7 @@ class Store(Compaction, ScanReads):
         cid, key = key if key.__class__ is tuple else (0, key)
         db = self._point.get()
         try:
-            row = db.execute(f"SELECT {_ITEM_COLS} FROM items WHERE vb = ? AND cid = ? AND key = ?",
-                             (vb, cid, key)).fetchone()
+            row = db.execute(ITEM_BY_KEY, (vb, cid, key)).fetchone()
         finally:
             self._point.put(db)
         return _item(row) if row else None
@@ -836,12 +835,11 @@ class Store(Compaction, ScanReads):
         """`read` of each (vb, key), on one pooled read connection: a batch of background fetches
         (server/bg_fetch.py). In the order given, None for a key the store does not have."""
         out: list[Item | None] = []
-        sql = f"SELECT {_ITEM_COLS} FROM items WHERE vb = ? AND cid = ? AND key = ?"
         db = self._point.get()
         try:
             for vb, key in keys:
                 cid, key = key if key.__class__ is tuple else (0, key)
-                row = db.execute(sql, (vb, cid, key)).fetchone()
+                row = db.execute(ITEM_BY_KEY, (vb, cid, key)).fetchone()
                 out.append(_item(row) if row else None)
         finally:
             self._point.put(db)

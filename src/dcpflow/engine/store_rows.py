@@ -92,6 +92,8 @@ def _value_of(row: str = "") -> str:
 
 #: A read's columns of the items table (ItemRow), the value taken from an encoded row's message.
 _ITEM_COLS = ", ".join(_value_of() if c == "value" else c for c in ITEM_COLUMNS)
+#: A key's latest version (ItemRow): the point reads of GETs, bg fetches and range scans.
+ITEM_BY_KEY = f"SELECT {_ITEM_COLS} FROM items WHERE vb = ? AND cid = ? AND key = ?"
 #: Where each field of an ItemRow or BackfillRow is (the same places: BackfillRow only adds one).
 (KEY, SEQNO, REV_SEQNO, CAS, FLAGS, EXPIRY, DATATYPE, DELETED, DELETE_TIME, DELETE_SOURCE, VALUE, CID,
  ENCODED) = (BackfillRow._fields.index(f) for f in (

@@ -19,9 +19,8 @@ A mixin of `Store` (store.py), whose `_point` pool it uses.
 from collections.abc import Sequence
 
 from .item import Item
-from .store_rows import _ITEM_COLS, HISTORY_COLS, SEQNO, _item, _rowid, _u64, doc_key
+from .store_rows import HISTORY_COLS, ITEM_BY_KEY, SEQNO, _item, _rowid, _u64, doc_key
 
-_BY_KEY = f"SELECT {_ITEM_COLS} FROM items WHERE vb = ? AND cid = ? AND key = ?"
 _IN_HISTORY = f"SELECT {HISTORY_COLS} FROM history WHERE vb = ? AND cid = ? AND key = ? AND seqno = ?"
 #: A range's metadata: every column before `value` (so no value is read).
 _META = "SELECT key, seqno, rev_seqno, cas, flags, expiry, datatype FROM items WHERE vb = ? AND cid = ? AND key "
@@ -69,7 +68,7 @@ class ScanReads:
         try:
             for vb, key, seqno in wanted:
                 cid, key = key if key.__class__ is tuple else (0, key)
-                row = db.execute(_BY_KEY, (vb, cid, key)).fetchone()
+                row = db.execute(ITEM_BY_KEY, (vb, cid, key)).fetchone()
                 if row is None or row[SEQNO] != seqno:
                     older = db.execute(_IN_HISTORY, (vb, cid, key, seqno)).fetchone()
                     row = older if older is not None else row
