@@ -231,8 +231,6 @@ def continue_(conn: Connection, frame: Frame):
     req = rsproto.RangeScanContinue.from_frame(frame)
     scans = scans_of(conn)
     scan = _live_scan(conn, scans, req.scan_id, frame.vbucket)
-    if scan.busy:
-        raise EngineError(Status.EBUSY, f"range scan {scan.id.hex()} is already being continued")
     byte_limit = min(req.byte_limit or CONTINUE_BYTES, CONTINUE_BYTES)
     if scan.cold:
         return _continue_reading(conn, frame, scans, scan, req.item_limit, byte_limit)
@@ -249,7 +247,7 @@ async def _continue_reading(conn: Connection, frame: Frame, scans: RangeScans, s
     time, its missing values read (`_values`), then taken within the limits; a value read for an
     item beyond them is read again by the next continue (a window is at most READ_WINDOW items,
     fewer when the byte limit leaves room for fewer)."""
-    if scan.busy:  # another connection's continue started after this one was taken
+    if scan.busy:  # only a scan that reads values is ever busy: the one check is here
         raise EngineError(Status.EBUSY, f"range scan {scan.id.hex()} is already being continued")
     scan.busy = True
     try:
