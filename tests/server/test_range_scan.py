@@ -56,7 +56,12 @@ def scan_all(c, config, vb=VB, empty_ok=False, **limits) -> list:
     if empty_ok and reply.status == S.KEY_ENOENT:
         return []
     assert reply.status == S.SUCCESS, reply
-    scan_id = rs.RangeScanCreateResponse.from_frame(reply).scan_id
+    return continue_to_end(c, rs.RangeScanCreateResponse.from_frame(reply).scan_id, vb, **limits)
+
+
+def continue_to_end(c, scan_id: bytes, vb=VB, **limits) -> list:
+    """Every entry of an open scan from where it stands: continues until RANGE_SCAN_COMPLETE, each
+    answer before it RANGE_SCAN_MORE."""
     out = []
     while True:
         got, frames = continue_all(c, scan_id, vb, **limits)

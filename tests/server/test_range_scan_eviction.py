@@ -20,7 +20,7 @@ from tests.resources import wait_for
 
 from .conftest import NUM_VBUCKETS, keys_in
 from .test_full_eviction import evict_everything
-from .test_range_scan import continue_all, create, login, scan_all, struct_token
+from .test_range_scan import continue_all, continue_to_end, create, login, scan_all, struct_token
 
 REPO = Path(__file__).resolve().parents[2]
 POLICIES = ("valueOnly", "fullEviction")
@@ -111,12 +111,8 @@ def _changed_between_create_and_continue(server, engine, trim_history: bool):
                                      and engine.flusher.in_flight is None), what="the flusher to catch up")
         if trim_history:
             server.call(lambda: engine.compact(VB, keep_history=0.0))
-        while True:
-            more, frames = continue_all(c, scan_id, VB, item_limit=3)
-            got.extend(more)
-            if frames[-1].status == Status.RANGE_SCAN_COMPLETE:
-                return before, updated, new_seqno, deleted, {d.key: (d.value, d.cas, d.seqno) for d in got}
-            assert frames[-1].status == Status.RANGE_SCAN_MORE, frames[-1]
+        got.extend(continue_to_end(c, scan_id, VB, item_limit=3))
+        return before, updated, new_seqno, deleted, {d.key: (d.value, d.cas, d.seqno) for d in got}
 
 
 @pytest.mark.parametrize("policy", POLICIES)
@@ -244,14 +240,4 @@ def test_a_continue_that_is_reading_holds_the_scan(make_server):
                 assert reply.status == Status.RANGE_SCAN_MORE
                 page = rs.RangeScanContinueResponse.from_frame(reply).documents
                 assert [(d.key, d.value) for d in page] == [(k, b"v" + k) for k in keys[:2]]
-                assert [d.key for d in scan_all_from(c, scan_id)] == keys[2:]
-
-
-def scan_all_from(c, scan_id: bytes) -> list:
-    out = []
-    while True:
-        got, frames = continue_all(c, scan_id, VB)
-        out.extend(got)
-        if frames[-1].status != Status.RANGE_SCAN_MORE:
-            assert frames[-1].status == Status.RANGE_SCAN_COMPLETE, frames[-1]
-            return out
+                assert [d.key for d in continue_to_end(c, scan_id)] == keys[2:]
